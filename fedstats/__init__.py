@@ -1,0 +1,1 @@
+"""fedstats: federated statistics."""

@@ -1,0 +1,36 @@
+"""Federated runtime of fedstats: the protocol every algorithm speaks, and a simulator.
+
+* :mod:`~fedstats.federation.protocol` -- :class:`FederatedAlgorithm` (a client step and a
+  server step over named numeric arrays), :data:`Message`, :class:`SkipRound`,
+  :class:`ProtocolError`, :func:`validate_message`, :func:`message_nbytes`;
+* :mod:`~fedstats.federation.runner` -- :func:`run`, which simulates the server and all
+  clients in one process (keeping client data and private states on the client side; the
+  server only ever receives validated reply arrays) and returns a :class:`RunResult` with
+  the final states, a per-round :class:`History` of :class:`RoundRecord` and the
+  :class:`Communication` counters. It supports partial participation, client failures,
+  vectorised (batched) client steps, progress bars and checkpoint/resume.
+"""
+
+from .protocol import (
+    FederatedAlgorithm,
+    Message,
+    ProtocolError,
+    SkipRound,
+    message_nbytes,
+    validate_message,
+)
+from .runner import Communication, History, RoundRecord, RunResult, run
+
+__all__ = [
+    "FederatedAlgorithm",
+    "Message",
+    "SkipRound",
+    "ProtocolError",
+    "validate_message",
+    "message_nbytes",
+    "run",
+    "RunResult",
+    "History",
+    "RoundRecord",
+    "Communication",
+]

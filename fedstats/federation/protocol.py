@@ -1,0 +1,132 @@
+"""The federated protocol: an algorithm is a client step and a server step over named arrays.
+
+Every federated algorithm of fedstats is a :class:`FederatedAlgorithm`. The runtime
+(:func:`fedstats.federation.run`) only moves :data:`Message` objects between the server
+and the clients; it never hands client data, or a client's private state, to the server.
+
+* ``broadcast(server_state, client, round)`` -> the message the server sends that client;
+* ``client_step(message, private_state, data, rng)`` -> ``(reply, new_private_state)``,
+  run on the client; ``data`` never leaves it, neither does ``private_state``;
+* ``server_step(server_state, replies, round)`` -> ``(new_server_state, metrics)``, where
+  ``replies`` maps the ids of the clients that answered to their replies.
+
+A reply must hold exactly the arrays named in :attr:`FederatedAlgorithm.reply_keys`,
+each a numeric numpy array; the runtime rejects anything else before the server sees it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+Message = dict[str, np.ndarray]
+"""A message: plain named numeric numpy arrays, nothing else."""
+
+ClientId = Hashable
+
+
+class SkipRound(Exception):
+    """Raised by a client step that declines to update this round (e.g. a non-PD cavity).
+
+    The runtime records the client as *skipped* (not failed) and leaves its state unchanged.
+    """
+
+
+class ProtocolError(RuntimeError):
+    """A message that breaks the protocol (undeclared key, non-numeric array, ...)."""
+
+
+class FederatedAlgorithm(ABC):
+    """Base class of a federated algorithm: a client step and a server step.
+
+    Subclasses declare :attr:`reply_keys` (the names of the arrays a client sends up) and
+    implement the five methods below. All randomness comes from the ``rng`` arguments.
+    """
+
+    #: names of the arrays every client reply must contain (and nothing else)
+    reply_keys: tuple[str, ...] = ()
+
+    @abstractmethod
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> Any:
+        """Initial server state (never contains client data)."""
+
+    @abstractmethod
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> Any:
+        """Initial private state of a client, computed on the client from its own data."""
+
+    @abstractmethod
+    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
+        """The message the server sends to ``client`` at the start of ``round``."""
+
+    @abstractmethod
+    def client_step(
+        self, message: Message, state: Any, data: Any, rng: np.random.Generator
+    ) -> tuple[Message, Any]:
+        """One round on one client: returns ``(reply, new_private_state)``."""
+
+    def client_steps(
+        self,
+        messages: Sequence[Message],
+        states: Sequence[Any],
+        datas: Sequence[Any],
+        rngs: Sequence[np.random.Generator],
+    ) -> list[tuple[Message, Any] | BaseException]:
+        """Run :meth:`client_step` for several clients at once (in-process simulation only).
+
+        The result for each client must be what :meth:`client_step` would give on that
+        client's own inputs; subclasses override this to vectorise across clients (one
+        compiled kernel for all of them). An entry may be an exception: that client failed
+        (or raised :class:`SkipRound`) and the others go on. The default loops.
+        """
+        out: list[tuple[Message, Any] | BaseException] = []
+        for m, s, d, r in zip(messages, states, datas, rngs):
+            try:
+                out.append(self.client_step(m, s, d, r))
+            except Exception as exc:  # noqa: BLE001 - the runtime records it
+                out.append(exc)
+        return out
+
+    @abstractmethod
+    def server_step(
+        self, server_state: Any, replies: Mapping[ClientId, Message], round: int
+    ) -> tuple[Any, dict[str, float]]:
+        """Aggregate the replies of the clients that answered: ``(new_state, metrics)``."""
+
+    def converged(self, server_state: Any, metrics: Mapping[str, float]) -> bool:
+        """Whether the run may stop after this round (default: never before the cap)."""
+        return False
+
+
+def validate_message(message: Any, keys: Sequence[str], *, who: str = "client") -> Message:
+    """Check that ``message`` holds exactly the arrays named ``keys``, numeric and finite.
+
+    Returns a new dict of read-only numpy arrays (copies), so that neither side can keep a
+    reference into the other's memory. Raises :class:`ProtocolError` otherwise.
+    """
+    if not isinstance(message, Mapping):
+        raise ProtocolError(f"{who} sent a {type(message).__name__}, not a mapping of arrays")
+    got, want = set(message), set(keys)
+    if got != want:
+        extra, missing = sorted(map(str, got - want)), sorted(map(str, want - got))
+        raise ProtocolError(f"{who} sent keys {sorted(map(str, got))}: undeclared {extra}, missing {missing}")
+    out: Message = {}
+    for k in keys:
+        v = message[k]
+        if not isinstance(v, (np.ndarray, np.generic)):
+            raise ProtocolError(f"{who} sent {k!r} as {type(v).__name__}, not a numpy array")
+        arr = np.array(v, copy=True)
+        if arr.dtype.kind not in "biuf":
+            raise ProtocolError(f"{who} sent {k!r} with dtype {arr.dtype}, not numeric")
+        if not np.all(np.isfinite(arr)):
+            raise ProtocolError(f"{who} sent {k!r} with NaN or inf")
+        arr.setflags(write=False)
+        out[k] = arr
+    return out
+
+
+def message_nbytes(message: Mapping[str, np.ndarray]) -> int:
+    """Payload size of a message in bytes (sum of the arrays' ``nbytes``)."""
+    return int(sum(np.asarray(v).nbytes for v in message.values()))

@@ -1,0 +1,227 @@
+"""Federated expectation propagation with Gaussian sites (Algorithms 2-3 of the linear-models paper).
+
+The server holds the global approximation ``q(phi) = prior(phi) * prod_k site_k(phi)`` in
+natural parameters and broadcasts it. Each device keeps its own site (never sent), forms
+the cavity ``q / site_k``, computes the moments of its tilted distribution
+``cavity * f_k`` with a pluggable estimator (:mod:`fedstats.inference.tilted`), moves its
+site towards ``tilted / cavity`` by a damping factor ``delta`` and sends only the change
+``(dr, dQ)``. The server adds the changes of the devices that answered.
+
+Positive-definiteness repair. If the summed changes would make the global precision
+indefinite (Monte-Carlo noise, large simultaneous steps), the server backs off: it applies
+``gamma * sum dQ_k`` with ``gamma`` halved until the result is PD, and tells each device
+the accepted fraction ``gamma`` with its next broadcast. A device keeps its last change
+as *pending* until then, so ``q = prior * prod_k (site_k + accept_k * pending_k)`` holds
+exactly after every round, also for devices that miss rounds or fail.
+
+Example
+-------
+>>> import numpy as np
+>>> from fedstats.inference.ep import FederatedEP
+>>> from fedstats.inference.gaussian import NaturalGaussian
+>>> # see fedstats.linear.HierarchicalLinearModel for a complete model
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..federation.protocol import FederatedAlgorithm, Message, SkipRound
+from .gaussian import NaturalGaussian, is_pd
+from .tilted import SiteModel, TiltedEstimator, TiltedResult
+
+
+@dataclass(frozen=True)
+class EPServerState:
+    """What the server holds: the prior, the global approximation and the round count."""
+
+    prior: NaturalGaussian
+    q: NaturalGaussian
+    n_clients: int
+    round: int = 0
+    converged: bool = False
+    accept: dict = field(default_factory=dict)  # client -> accepted fraction of its pending change
+    last_gamma: float = 1.0
+
+
+@dataclass(frozen=True)
+class EPClientState:
+    """What stays on a device: its sufficient statistics, its site and its last diagnostics."""
+
+    stats: dict[str, np.ndarray]
+    site: NaturalGaussian
+    pending: NaturalGaussian | None = None  # last change sent, until the server says how much it took
+    n_updates: int = 0
+    diagnostics: dict[str, float] = field(default_factory=dict)
+
+
+class FederatedEP(FederatedAlgorithm):
+    """Federated Gaussian EP over global parameters ``phi``.
+
+    Parameters
+    ----------
+    model : SiteModel
+        Supplies the device likelihood ``f_k(phi)`` and ``client_stats(data)``.
+    prior : NaturalGaussian
+        Gaussian prior of ``phi`` (PD).
+    estimator : TiltedEstimator
+        How a device computes its tilted moments.
+    damping : float in (0, 1]
+        ``delta``: new site = (1 - delta) old + delta proposed, in natural parameters
+        (1 reproduces the paper).
+    tol : float
+        Convergence: the largest change of a component of the global mean, in units of
+        its posterior sd, and of a log sd, must fall below ``tol``.
+    max_backoff : int
+        Halvings of the server's step ``gamma`` for the PD repair before the round's
+        update is dropped altogether.
+    """
+
+    reply_keys = ("dr", "dQ")
+
+    def __init__(self, model: SiteModel, prior: NaturalGaussian, estimator: TiltedEstimator, *,
+                 damping: float = 1.0, tol: float = 1e-3, max_backoff: int = 20):
+        if not (0.0 < damping <= 1.0):
+            raise ValueError(f"damping must lie in (0, 1], got {damping}")
+        if prior.dim != model.phi_dim:
+            raise ValueError(f"prior has dimension {prior.dim}, model's phi has {model.phi_dim}")
+        if not prior.is_proper():
+            raise ValueError("the prior's precision must be positive definite")
+        self.model, self.prior, self.estimator = model, prior, estimator
+        self.damping, self.tol, self.max_backoff = float(damping), float(tol), int(max_backoff)
+
+    # ---------------------------------------------------------------- server side
+    def init_server(self, clients: Sequence[Any], rng: np.random.Generator) -> EPServerState:
+        return EPServerState(prior=self.prior, q=self.prior, n_clients=len(clients))
+
+    def broadcast(self, state: EPServerState, client: Any, round: int) -> Message:
+        return {"r": state.q.r, "Q": state.q.Q, "accept": np.array(state.accept.get(client, 1.0))}
+
+    def server_step(self, state: EPServerState, replies: Mapping[Any, Message], round: int):
+        old = state.q
+        if not replies:
+            return replace(state, round=state.round + 1), {"answered": 0.0}
+        dr = sum(m["dr"] for m in replies.values())
+        dQ = sum(m["dQ"] for m in replies.values())
+        gamma = 1.0
+        for _ in range(self.max_backoff + 1):
+            q = NaturalGaussian(old.r + gamma * dr, old.Q + gamma * dQ)
+            if q.is_proper():
+                break
+            gamma /= 2
+        else:  # nothing usable this round: accept none of it
+            gamma, q = 0.0, old
+        accept = dict(state.accept)
+        accept.update({k: gamma for k in replies})
+        (m0, c0), (m1, c1) = old.moments(), q.moments()
+        sd0, sd1 = np.sqrt(np.diag(c0)), np.sqrt(np.diag(c1))
+        metrics = {
+            "answered": float(len(replies)),
+            "max_mean_change_sd": float(np.max(np.abs(m1 - m0) / sd1)),
+            "max_log_sd_change": float(np.max(np.abs(np.log(sd1 / sd0)))),
+            "gamma": gamma,
+        }
+        done = state.round >= 1 and max(metrics["max_mean_change_sd"], metrics["max_log_sd_change"]) < self.tol
+        done = done and gamma == 1.0
+        return replace(state, q=q, round=state.round + 1, converged=bool(done), accept=accept,
+                       last_gamma=gamma), metrics
+
+    def converged(self, state: EPServerState, metrics) -> bool:
+        return state.converged
+
+    # ---------------------------------------------------------------- client side
+    def init_client(self, client: Any, data: Any, rng: np.random.Generator) -> EPClientState:
+        return EPClientState(stats=self.model.client_stats(data), site=NaturalGaussian.flat(self.model.phi_dim))
+
+    def client_step(self, message: Message, state: EPClientState, data: Any, rng: np.random.Generator):
+        out = self.client_steps([message], [state], [data], [rng])[0]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def client_steps(self, messages, states, datas, rngs):
+        """All participating devices at once: one vectorised tilted-moment call."""
+        results: list[Any] = [None] * len(states)
+        todo, cav_means, cav_covs = [], [], []
+        states = [self._commit(m, st) for m, st in zip(messages, states)]
+        for i, (msg, st) in enumerate(zip(messages, states)):
+            cavity = NaturalGaussian.from_message(msg) / st.site
+            if not cavity.is_proper():
+                results[i] = SkipRound("cavity precision is not positive definite")
+                continue
+            m, c = cavity.moments()
+            todo.append(i)
+            cav_means.append(m)
+            cav_covs.append(c)
+        if todo:
+            seeds = np.array([rngs[i].integers(2**63 - 1) for i in todo])
+            try:
+                tilted = self.estimator.estimate(self.model, np.stack(cav_means), np.stack(cav_covs),
+                                                 [states[i].stats for i in todo], seeds)
+            except Exception as exc:  # noqa: BLE001 - reported per device by the runtime
+                tilted = [exc] * len(todo)
+            for i, t in zip(todo, tilted):
+                try:
+                    results[i] = t if isinstance(t, BaseException) else self._update_site(messages[i], states[i], t)
+                except Exception as exc:  # noqa: BLE001 - one device's failure is its own
+                    results[i] = exc
+        return results
+
+    def _update_site(self, msg: Message, state: EPClientState, tilted: TiltedResult):
+        if not tilted.ok:
+            raise SkipRound(tilted.message or "tilted moments unavailable")
+        cavity = NaturalGaussian.from_message(msg) / state.site
+        proposed = tilted.natural() / cavity
+        new_site = state.site.interpolate(proposed, self.damping)
+        change = new_site / state.site
+        reply = {"dr": change.r, "dQ": change.Q}
+        new_state = replace(state, pending=change, n_updates=state.n_updates + 1,
+                            diagnostics=dict(tilted.diagnostics))
+        return reply, new_state
+
+    @staticmethod
+    def _commit(msg: Message, state: EPClientState) -> EPClientState:
+        """Apply the accepted fraction of the pending change to the site (device side)."""
+        if state.pending is None:
+            return state
+        return replace(state, site=state.site * (state.pending ** float(msg["accept"])), pending=None)
+
+    def committed_sites(self, server: EPServerState, states: Mapping[Any, EPClientState]) -> dict:
+        """Each device's site as the server's ``q`` counts it (pending changes accepted)."""
+        msg = lambda k: {"accept": np.array(server.accept.get(k, 1.0))}  # noqa: E731
+        return {k: self._commit(msg(k), st).site for k, st in states.items()}
+
+    # ---------------------------------------------------------------- after the fit
+    def local_tilted(self, q: NaturalGaussian, sites: Sequence[NaturalGaussian],
+                     stats: Sequence[dict[str, np.ndarray]], seeds: Sequence[int],
+                     *, use_cavity: bool = True) -> list[TiltedResult]:
+        """Each device's tilted distribution at the final ``q`` (computed on the devices).
+
+        ``sites`` are the committed sites (:meth:`committed_sites`). With
+        ``use_cavity=True`` (correct) the device combines its likelihood with the cavity
+        ``q / site_k``. ``use_cavity=False`` combines it with ``q`` itself, counting the
+        device's data twice; it exists only to demonstrate that error in tests.
+        """
+        cavs = [(q / s) if use_cavity else q for s in sites]
+        for c in cavs:
+            if not c.is_proper():
+                raise FloatingPointError("a device's cavity is not positive definite; refit with more damping")
+        moments = [c.moments() for c in cavs]
+        return self.estimator.estimate(self.model, np.stack([m for m, _ in moments]),
+                                       np.stack([c for _, c in moments]), list(stats),
+                                       np.asarray(seeds), keep_draws=True)
+
+
+def check_invariants(server: EPServerState, sites: Sequence[NaturalGaussian], *, atol: float = 1e-9) -> None:
+    """Raise ``AssertionError`` unless ``q = prior * prod sites`` and ``q`` is PD."""
+    r = server.prior.r + sum(s.r for s in sites)
+    Q = server.prior.Q + sum(s.Q for s in sites)
+    scale = max(1.0, float(np.max(np.abs(server.q.Q))))
+    if not (np.allclose(r, server.q.r, atol=atol * scale, rtol=0) and np.allclose(Q, server.q.Q, atol=atol * scale, rtol=0)):
+        raise AssertionError("global approximation differs from prior times sites")
+    if not server.q.is_proper():
+        raise AssertionError("global precision is not positive definite")
