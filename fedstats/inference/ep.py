@@ -146,7 +146,7 @@ class FederatedEP(FederatedAlgorithm):
     def client_steps(self, messages, states, datas, rngs):
         """All participating devices at once: one vectorised tilted-moment call."""
         results: list[Any] = [None] * len(states)
-        todo, cav_means, cav_covs = [], [], []
+        todo, cav_means, cav_covs, hints = [], [], [], []
         states = [self._commit(m, st) for m, st in zip(messages, states)]
         for i, (msg, st) in enumerate(zip(messages, states)):
             cavity = NaturalGaussian.from_message(msg) / st.site
@@ -154,6 +154,7 @@ class FederatedEP(FederatedAlgorithm):
                 results[i] = SkipRound("cavity precision is not positive definite")
                 continue
             m, c = cavity.moments()
+            hints.append(NaturalGaussian.from_message(msg).moments())  # q = cavity * site
             todo.append(i)
             cav_means.append(m)
             cav_covs.append(c)
@@ -161,7 +162,7 @@ class FederatedEP(FederatedAlgorithm):
             seeds = np.array([rngs[i].integers(2**63 - 1) for i in todo])
             try:
                 tilted = self.estimator.estimate(self.model, np.stack(cav_means), np.stack(cav_covs),
-                                                 [states[i].stats for i in todo], seeds)
+                                                 [states[i].stats for i in todo], seeds, hint=hints)
             except Exception as exc:  # noqa: BLE001 - reported per device by the runtime
                 tilted = [exc] * len(todo)
             for i, t in zip(todo, tilted):
@@ -213,7 +214,7 @@ class FederatedEP(FederatedAlgorithm):
         moments = [c.moments() for c in cavs]
         return self.estimator.estimate(self.model, np.stack([m for m, _ in moments]),
                                        np.stack([c for _, c in moments]), list(stats),
-                                       np.asarray(seeds), keep_draws=True)
+                                       np.asarray(seeds), keep_draws=True, hint=[q.moments()] * len(cavs))
 
 
 def check_invariants(server: EPServerState, sites: Sequence[NaturalGaussian], *, atol: float = 1e-9) -> None:

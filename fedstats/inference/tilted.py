@@ -103,14 +103,24 @@ class TiltedEstimator(ABC):
         seeds: np.ndarray,
         *,
         keep_draws: bool = False,
+        hint: list[tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> list[TiltedResult]:
-        """Tilted moments for B devices: ``cavity_mean`` (B, p), ``cavity_cov`` (B, p, p)."""
+        """Tilted moments for B devices: ``cavity_mean`` (B, p), ``cavity_cov`` (B, p, p).
+
+        ``hint`` optionally gives each device's current Gaussian guess of its tilted
+        (mean, cov); estimators may use it (e.g. as a starting point).
+        """
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
 # --------------------------------------------------------------------------- helpers
+# Compiled kernels, shared by every estimator instance in the process: a kernel depends on
+# the model's structure (``model.cache_key()``) and the estimator's static options only, so
+# repeated fits (studies, notebooks, tests) compile once.
+_COMPILED: dict[Any, Any] = {}
+
 def _stack_stats(stats: list[dict[str, np.ndarray]], pad_to: int) -> dict[str, np.ndarray]:
     """Stack per-device stats along a new leading axis, padding by repeating the first."""
     keys = stats[0].keys()
@@ -139,7 +149,7 @@ class ExactTilted(TiltedEstimator):
 
     name = "exact"
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
+    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False, hint=None):
         if not hasattr(model, "exact_site"):
             raise TypeError(f"{type(model).__name__} has no exact Gaussian site; use another estimator")
         out = []
@@ -203,7 +213,6 @@ class LaplaceTilted(TiltedEstimator):
 
     def __init__(self, *, newton_steps: int = 30):
         self.newton_steps = int(newton_steps)
-        self._cache: dict[Any, Any] = {}
 
     def __repr__(self):
         return f"LaplaceTilted(newton_steps={self.newton_steps})"
@@ -212,25 +221,26 @@ class LaplaceTilted(TiltedEstimator):
         import jax
 
         key = ("laplace", model.cache_key(), self.newton_steps)
-        if key not in self._cache:
+        if key not in _COMPILED:
             _, newton = _laplace_fns(model, self.newton_steps)
-            self._cache[key] = jax.jit(jax.vmap(newton))
-        return self._cache[key]
+            _COMPILED[key] = jax.jit(jax.vmap(newton))
+        return _COMPILED[key]
 
-    def _modes(self, model, cavity_mean, cavity_cov, stats):
+    def _modes(self, model, cavity_mean, cavity_cov, stats, hint=None):
         import jax
 
         B = len(stats)
         Bp = _bucket(B)
-        x0 = np.stack([np.concatenate([m, model.init_local(s)[1]]) for m, s in zip(cavity_mean, stats)])
+        start = cavity_mean
+        x0 = np.stack([np.concatenate([m, model.init_local(s)[1]]) for m, s in zip(start, stats)])
         args = (_pad(x0, Bp), _pad(cavity_mean, Bp), _pad(_cavity_precision(cavity_cov), Bp), _stack_stats(stats, Bp))
         with jax.enable_x64(True):
             x, negH, g = self._compiled(model)(*args)
             x, negH, g = (np.asarray(a)[:B] for a in (x, negH, g))
         return x, negH, g
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
-        x, negH, g = self._modes(model, cavity_mean, cavity_cov, stats)
+    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False, hint=None):
+        x, negH, g = self._modes(model, cavity_mean, cavity_cov, stats, hint)
         p = model.phi_dim
         out = []
         for xi, Hi, gi in zip(x, negH, g):
@@ -289,10 +299,10 @@ class ImportanceTilted(LaplaceTilted):
         import jax
 
         key = ("is", model.cache_key())
-        if key not in self._cache:
+        if key not in _COMPILED:
             log_target, _ = _laplace_fns(model, 0)
-            self._cache[key] = jax.jit(jax.vmap(jax.vmap(log_target, in_axes=(0, None, None, None))))
-        return self._cache[key]
+            _COMPILED[key] = jax.jit(jax.vmap(jax.vmap(log_target, in_axes=(0, None, None, None))))
+        return _COMPILED[key]
 
     def _proposal(self, model, cav_mean, cav_cov, mode, negH, stats):
         """Components (weight, mean, cov) of the proposal over x = (phi, z)."""
@@ -311,11 +321,11 @@ class ImportanceTilted(LaplaceTilted):
             return [(1.0, mode, lap_cov)]
         return [(self.defensive, *cav), (1.0 - self.defensive, mode, lap_cov)]
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
+    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False, hint=None):
         import jax
         from scipy.special import logsumexp
 
-        x, negH, _ = self._modes(model, cavity_mean, cavity_cov, stats)
+        x, negH, _ = self._modes(model, cavity_mean, cavity_cov, stats, hint)
         B, D = x.shape
         p, M = model.phi_dim, self.num_draws
         draws = np.empty((B, M, D))
@@ -415,7 +425,6 @@ class NUTSTilted(TiltedEstimator):
         self.target_accept_prob = float(target_accept_prob)
         self.max_tree_depth = int(max_tree_depth)
         self.precision_correction = bool(precision_correction)
-        self._cache: dict[Any, Any] = {}
 
     def __repr__(self):
         return (f"NUTSTilted(num_warmup={self.num_warmup}, num_samples={self.num_samples}, "
@@ -428,8 +437,8 @@ class NUTSTilted(TiltedEstimator):
 
         key = ("nuts", model.cache_key(), self.num_warmup, self.num_samples, self.target,
                self.dense_mass, self.target_accept_prob, self.max_tree_depth)
-        if key in self._cache:
-            return self._cache[key]
+        if key in _COMPILED:
+            return _COMPILED[key]
         p, d = model.phi_dim, model.theta_dim
         augmented = self.target == "augmented"
         W, S = self.num_warmup, self.num_samples
@@ -462,10 +471,10 @@ class NUTSTilted(TiltedEstimator):
 
         chains = jax.vmap(one_chain, in_axes=(0, 0, None, None, None))
         fn = jax.jit(jax.vmap(chains))
-        self._cache[key] = fn
+        _COMPILED[key] = fn
         return fn
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
+    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False, hint=None):
         import jax
         from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 

@@ -69,8 +69,13 @@ class HM2Site:
                 self.sigma_known, self.log_sigma_prior)
 
     # ------------------------------------------------------------------ device side
-    def client_stats(self, X: np.ndarray, y: np.ndarray, sigma: float | None = None) -> dict[str, np.ndarray]:
-        """Sufficient statistics, computed on the device."""
+    def client_stats(self, data) -> dict[str, np.ndarray]:
+        """Sufficient statistics of a device's ``(X, y, sigma)``, computed on the device."""
+        X, y, sigma = data
+        return self.stats_from(X, y, sigma)
+
+    def stats_from(self, X: np.ndarray, y: np.ndarray, sigma: float | None = None) -> dict[str, np.ndarray]:
+        """Sufficient statistics ``A = X^T X, b = X^T y, c = y^T y, n`` (and sigma^2 if known)."""
         stats = {"A": X.T @ X, "b": X.T @ y, "c": np.array(float(y @ y)), "n": np.array(float(len(y)))}
         if self.sigma_known:
             if sigma is None or not np.isfinite(sigma) or sigma <= 0:

@@ -1,0 +1,392 @@
+"""HM2: hierarchical Bayesian linear regression fitted by federated EP.
+
+Model (Example 4.1 of the linear-models paper, generalised)::
+
+    y_k | theta_k, sigma_k ~ N(X_k theta_k, sigma_k^2 I)        on device k
+    theta_k | mu, tau      ~ N(mu, diag(tau))  (or tau * I)
+    mu ~ N(m0, s0^2 I),    log tau ~ N(l0, t0^2)
+    sigma_k known, or log sigma_k ~ N(a0, b0^2), a local nuisance that never leaves device k
+
+The global ``phi = (mu, log tau)`` is fitted by federated EP
+(:class:`fedstats.inference.ep.FederatedEP`); device posteriors come from each device's
+*cavity* (spec §2.5: ``q`` itself would count the device's data twice).
+
+Example
+-------
+>>> import numpy as np
+>>> from fedstats import FederatedData
+>>> from fedstats.linear import HierarchicalLinearModel
+>>> rng = np.random.default_rng(0)
+>>> Xs = [rng.normal(size=(30, 2)) for _ in range(5)]
+>>> ys = [X @ np.array([1.0, -0.5]) + 0.1 * rng.normal(size=30) for X in Xs]
+>>> data = FederatedData.from_arrays(Xs, ys)
+>>> res = HierarchicalLinearModel(fit_intercept=False, sigma=0.1, tau=0.1).fit(data, seed=1)
+>>> res.global_posterior.mean.round(1)
+array([ 1. , -0.5])
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..federation import run
+from ..inference.ep import FederatedEP, check_invariants
+from ..inference.gaussian import NaturalGaussian
+from ..inference.posterior import GaussianPosterior, SamplePosterior
+from ..inference.tilted import TiltedEstimator, TiltedResult, make_estimator
+from ._hm2_site import HM2Site
+
+_FORMAT = 1
+
+
+def _normal_pair(value, name) -> tuple[float, float]:
+    try:
+        m, s = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (mean, sd) pair, got {value!r}") from None
+    if not (np.isfinite(m) and np.isfinite(s) and s > 0):
+        raise ValueError(f"{name} must have a finite mean and a positive sd, got {value!r}")
+    return m, s
+
+
+class HierarchicalLinearModel:
+    """Hierarchical Bayesian linear regression (HM2) fitted by federated EP.
+
+    Parameters
+    ----------
+    tau : {"diag", "iso"} or float or array
+        Prior covariance of theta_k around mu: one unknown variance per coefficient
+        (``"diag"``), one shared unknown variance (``"iso"``), or known variances.
+    sigma : None, float, or dict
+        Noise sd: ``None`` (unknown, sampled on each device with a log-normal prior), a
+        known value for all devices, or a dict ``{client: sd}``.
+    fit_intercept : bool
+        Prepend a column of ones (coefficient ``"intercept"``) on every device.
+    prior_mu, prior_log_tau, prior_log_sigma : (mean, sd)
+        Normal priors on each component of mu, of log tau, and of log sigma_k.
+    estimator : str or TiltedEstimator
+        ``"auto"`` (``exact`` when tau and sigma are known, else ``importance``),
+        ``"exact"``, ``"laplace"``, ``"importance"``, ``"nuts"``, or an instance.
+    estimator_options : dict
+        Passed to the estimator when given by name (e.g. ``{"num_samples": 2000}``).
+    damping : float in (0, 1] or None
+        EP damping delta; ``None`` means 1 (the paper) for every built-in estimator, the
+        server's PD back-off handling unstable steps.
+    rounds : int
+        Maximum number of EP rounds.
+    tol : float
+        Stop when no global mean moves by more than ``tol`` posterior sd (and no log sd
+        by more than ``tol``) in a round.
+    participation : float, int or callable
+        Devices per round (see :func:`fedstats.federation.run`).
+    """
+
+    def __init__(self, *, tau="diag", sigma=None, fit_intercept=True, prior_mu=(0.0, 1.0),
+                 prior_log_tau=(0.0, 1.0), prior_log_sigma=(0.0, 1.0), estimator="auto",
+                 estimator_options=None, damping=None, rounds=10, tol=0.02, participation=1.0):
+        self.tau, self.sigma, self.fit_intercept = tau, sigma, fit_intercept
+        self.prior_mu, self.prior_log_tau, self.prior_log_sigma = prior_mu, prior_log_tau, prior_log_sigma
+        self.estimator, self.estimator_options = estimator, estimator_options
+        self.damping, self.rounds, self.tol, self.participation = damping, rounds, tol, participation
+
+    # ------------------------------------------------------------------ set-up
+    def _site(self, d: int) -> HM2Site:
+        if isinstance(self.tau, str):
+            if self.tau not in ("diag", "iso"):
+                raise ValueError(f"tau must be 'diag', 'iso' or known variances, not {self.tau!r}")
+            kind, known = self.tau, None
+        else:
+            known = np.broadcast_to(np.asarray(self.tau, dtype=float), (d,))
+            if not np.all(np.isfinite(known) & (known > 0)):
+                raise ValueError(f"known tau must be positive, got {self.tau!r}")
+            kind, known = "known", tuple(float(v) for v in known)
+        return HM2Site(d=d, tau_kind=kind, tau_known=known, sigma_known=self.sigma is not None,
+                       log_sigma_prior=_normal_pair(self.prior_log_sigma, "prior_log_sigma"))
+
+    def _prior(self, site: HM2Site) -> NaturalGaussian:
+        m0, s0 = _normal_pair(self.prior_mu, "prior_mu")
+        l0, t0 = _normal_pair(self.prior_log_tau, "prior_log_tau")
+        mean = np.r_[np.full(site.d, m0), np.full(site.n_log_tau, l0)]
+        sd = np.r_[np.full(site.d, s0), np.full(site.n_log_tau, t0)]
+        return NaturalGaussian.from_moments(mean, np.diag(sd**2))
+
+    def _estimator(self, site: HM2Site) -> TiltedEstimator:
+        spec = self.estimator
+        if spec == "auto":
+            spec = "exact" if (site.tau_kind == "known" and site.sigma_known) else "importance"
+        return make_estimator(spec, **(self.estimator_options or {}))
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, data, *, seed: int = 0, rounds: int | None = None, progress: bool | None = None,
+            checkpoint=None, resume: bool = False, batched: bool = True) -> "HierarchicalResult":
+        """Fit by federated EP; returns a :class:`HierarchicalResult`.
+
+        ``data`` is a :class:`fedstats.FederatedData`; raw rows stay with their device
+        (each device reduces them to sufficient statistics locally).
+        """
+        from ..data import FederatedData
+
+        if not isinstance(data, FederatedData):
+            raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
+        names = (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
+        site = self._site(len(names))
+        sigma = _client_sigmas(self.sigma, data.clients)
+        devices = _Devices(data, self.fit_intercept, sigma, site)
+        prior = self._prior(site)
+        est = self._estimator(site)
+        damping = 1.0 if self.damping is None else float(self.damping)
+        alg = FederatedEP(site, prior, est, damping=damping, tol=float(self.tol))
+        t0 = time.perf_counter()
+        out = run(alg, devices, rounds=int(rounds or self.rounds), participation=self.participation,
+                  seed=seed, progress=progress, checkpoint=checkpoint, resume=resume, batched=batched,
+                  min_rounds=min(2, int(rounds or self.rounds)))
+        check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
+        return HierarchicalResult(
+            model=self, site=site, algorithm=alg, feature_names=names, clients=list(data.clients),
+            server=out.server_state, client_states=out.client_states, history=out.history,
+            communication=out.communication, converged=out.converged, seconds=time.perf_counter() - t0,
+            seed=seed,
+        )
+
+
+def _client_sigmas(sigma, clients) -> dict | None:
+    if sigma is None:
+        return None
+    if isinstance(sigma, dict):
+        missing = [c for c in clients if c not in sigma]
+        if missing:
+            raise ValueError(f"sigma is missing for clients {missing[:5]}")
+        return {c: float(sigma[c]) for c in clients}
+    return {c: float(sigma) for c in clients}
+
+
+class _Devices:
+    """The per-device view of the data the runtime hands to each client step."""
+
+    def __init__(self, data, intercept, sigma, site):
+        self.data, self.intercept, self.sigma, self.site = data, intercept, sigma, site
+        self.clients = list(data.clients)
+
+    def __getitem__(self, client):
+        cd = self.data[client]
+        X = np.column_stack([np.ones(len(cd.y)), cd.X]) if self.intercept else np.asarray(cd.X)
+        return (X, np.asarray(cd.y), None if self.sigma is None else self.sigma[client])
+
+
+# ---------------------------------------------------------------------------- result
+@dataclass
+class HierarchicalResult:
+    """A fitted HM2: global and device posteriors, predictions, history, communication."""
+
+    model: HierarchicalLinearModel
+    site: HM2Site
+    algorithm: Any
+    feature_names: list[str]
+    clients: list
+    server: Any
+    client_states: dict
+    history: Any
+    communication: Any
+    converged: bool
+    seconds: float
+    seed: int = 0
+    _device_cache: dict = field(default_factory=dict, repr=False)
+
+    # -------------------------------------------------------------- global
+    @property
+    def phi_names(self) -> list[str]:
+        names = [f"mu[{n}]" for n in self.feature_names] if self.site.learn_mu else []
+        if self.site.tau_kind == "diag":
+            names += [f"log_tau[{n}]" for n in self.feature_names]
+        elif self.site.tau_kind == "iso":
+            names += ["log_tau"]
+        return names
+
+    @property
+    def global_posterior(self) -> GaussianPosterior:
+        """Gaussian EP approximation q(phi) of the posterior of phi = (mu, log tau)."""
+        return GaussianPosterior.from_natural(self.server.q.r, self.server.q.Q, names=self.phi_names)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.history)
+
+    def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        """Global posterior table: mean, sd, lower, upper, p_value; plus tau on its own scale."""
+        g = self.global_posterior
+        df = g.summary(level=level, kind=kind)
+        if self.site.tau_kind != "known":
+            # tau = exp(log tau): quantiles map through exp; the mean is the log-normal mean.
+            idx = [i for i, n in enumerate(g.names) if n.startswith("log_tau")]
+            lo, hi = g.credible_interval(level, kind="eti")
+            m, s = g.mean[idx], g.sd[idx]
+            lm = np.exp(m + s**2 / 2)
+            tau = pd.DataFrame({"mean": lm, "sd": lm * np.sqrt(np.expm1(s**2)), "lower": np.exp(lo[idx]),
+                                "upper": np.exp(hi[idx]), "p_value": np.nan},
+                               index=[g.names[i].replace("log_tau", "tau") for i in idx])
+            df = pd.concat([df, tau])
+        return df
+
+    # -------------------------------------------------------------- devices
+    def _device_results(self) -> dict[Any, TiltedResult]:
+        if not self._device_cache:
+            alg = self.algorithm
+            sites = alg.committed_sites(self.server, self.client_states)
+            seeds = [int(np.random.default_rng([self.seed, 7, i]).integers(2**62)) for i in range(len(self.clients))]
+            res = alg.local_tilted(self.server.q, [sites[c] for c in self.clients],
+                                   [self.client_states[c].stats for c in self.clients], seeds)
+            self._device_cache.update(zip(self.clients, res))
+        return self._device_cache
+
+    def client_posterior(self, client) -> GaussianPosterior | SamplePosterior:
+        """Posterior of theta_k from the device's cavity (computed on the device).
+
+        Exact (Gaussian) when tau and sigma are known; otherwise a weighted or MCMC sample
+        of theta_k, Rao-Blackwellised over phi and sigma_k.
+        """
+        if client not in self.client_states:
+            raise KeyError(f"unknown client {client!r}; known clients include {self.clients[:5]}")
+        tilted = self._device_results()[client]
+        return _theta_posterior(self.site, tilted, self.client_states[client].stats, self.feature_names,
+                                seed=self.seed)
+
+    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        """Long table of every device's coefficients: client, name, mean, sd, lower, upper, p_value."""
+        frames = []
+        for c in self.clients:
+            df = self.client_posterior(c).summary(level=level, kind=kind)
+            df = df[["mean", "sd", "lower", "upper", "p_value"]].rename_axis("name").reset_index()
+            df.insert(0, "client", c)
+            frames.append(df)
+        return pd.concat(frames, ignore_index=True)
+
+    def client_noise(self, client) -> np.ndarray:
+        """Draws (or the known value) of sigma_k, for predictive intervals."""
+        tilted = self._device_results()[client]
+        stats = self.client_states[client].stats
+        if self.site.sigma_known:
+            return np.array([np.sqrt(float(stats["sigma2"]))])
+        return np.exp(tilted.draws["z"][:, 0])
+
+    # -------------------------------------------------------------- prediction
+    def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
+        """Predictions for the rows of ``X`` (features as in the training data).
+
+        With ``client`` one of the fitted devices, its posterior is used. With a new or
+        missing ``client``, the population-level prior predictive of a new device
+        (fast adaptation level 2). Returns columns mean, lower, upper (credible interval
+        of the mean response) and pred_lower, pred_upper (predictive interval).
+        """
+        X = np.atleast_2d(np.asarray(X, dtype=float))
+        if X.shape[1] != len(self.feature_names) - int(self.model.fit_intercept):
+            raise ValueError(f"X has {X.shape[1]} columns, the model was fitted on "
+                             f"{len(self.feature_names) - int(self.model.fit_intercept)} features")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X contains NaN or inf")
+        Xd = np.column_stack([np.ones(len(X)), X]) if self.model.fit_intercept else X
+        rng = np.random.default_rng(seed)
+        if client is not None and client in self.client_states:
+            post = self.client_posterior(client)
+            sig = self.client_noise(client)
+        else:
+            post = self.new_client_posterior(level=2)
+            sig = self._population_noise(rng, n)
+        theta = post.sample(n, seed=rng)
+        mean_draws = theta @ Xd.T  # (n, rows)
+        noise = rng.choice(sig, size=n)[:, None] * rng.standard_normal(mean_draws.shape)
+        a = (1 - level) / 2
+        lo, hi = np.quantile(mean_draws, [a, 1 - a], axis=0)
+        plo, phi_ = np.quantile(mean_draws + noise, [a, 1 - a], axis=0)
+        return pd.DataFrame({"mean": Xd @ post.mean, "lower": lo, "upper": hi, "pred_lower": plo, "pred_upper": phi_})
+
+    def _population_noise(self, rng, n) -> np.ndarray:
+        if self.site.sigma_known:
+            return np.array([np.sqrt(float(np.mean([s.stats["sigma2"] for s in self.client_states.values()])))])
+        draws = np.concatenate([self.client_noise(c) for c in self.clients])
+        return rng.choice(draws, size=n)
+
+    def new_client_posterior(self, X=None, y=None, *, level: int | None = None, sigma: float | None = None,
+                             n: int = 4000, seed: int = 0):
+        """Fast adaptation to a device that took no part in the fit (spec §2.6).
+
+        level 1: plug-in, theta_new = E_q[mu] (a point; returned as a Gaussian with zero
+        covariance is not useful, so an array is returned).
+        level 2: prior predictive theta_new ~ int N(mu, diag tau) q(phi) dphi (no data).
+        level 3: with a few data points ``(X, y)``: the device's tilted distribution with
+        cavity q (it has no site yet). Default: 3 when data are given, else 2.
+        """
+        level = level or (3 if X is not None else 2)
+        q = self.global_posterior
+        d = self.site.d
+        if level == 1:
+            return q.mean[:d].copy() if self.site.learn_mu else np.asarray(self.site.mu_known)
+        if level == 2:
+            rng = np.random.default_rng(seed)
+            phi = q.sample(n, seed=rng)
+            import jax
+
+            with jax.enable_x64(True):
+                mu, tau = jax.vmap(self.site.split_phi)(jax.numpy.asarray(phi))
+            theta = np.asarray(mu) + np.sqrt(np.asarray(tau)) * rng.standard_normal((n, d))
+            return SamplePosterior(theta, names=self.feature_names)
+        if level != 3:
+            raise ValueError(f"level must be 1, 2 or 3, got {level}")
+        if X is None or y is None:
+            raise ValueError("level 3 needs the new device's X and y")
+        X = np.atleast_2d(np.asarray(X, dtype=float))
+        y = np.asarray(y, dtype=float).reshape(-1)
+        if len(X) != len(y) or not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
+            raise ValueError("X and y must be finite with the same number of rows")
+        if self.site.sigma_known and sigma is None:
+            raise ValueError("this model has a known noise sd: pass sigma for the new device")
+        Xd = np.column_stack([np.ones(len(X)), X]) if self.model.fit_intercept else X
+        stats = self.site.stats_from(Xd, y, sigma)
+        est = self.algorithm.estimator
+        m, c = self.server.q.moments()
+        tilted = est.estimate(self.algorithm.model, m[None], c[None], [stats], np.array([seed]),
+                              keep_draws=True, hint=[(m, c)])[0]
+        if not tilted.ok:
+            raise FloatingPointError(f"adaptation failed: {tilted.message}")
+        return _theta_posterior(self.site, tilted, stats, self.feature_names, seed=seed)
+
+    # -------------------------------------------------------------- persistence
+    def save(self, path) -> None:
+        """Pickle the result (model options, server and device states, history)."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_device_cache"}
+        with open(Path(path), "wb") as f:
+            pickle.dump({"format": _FORMAT, "state": state}, f)
+
+    @classmethod
+    def load(cls, path) -> "HierarchicalResult":
+        with open(Path(path), "rb") as f:
+            blob = pickle.load(f)
+        if not isinstance(blob, dict) or blob.get("format") != _FORMAT:
+            raise ValueError(f"{path} is not a fedstats HM2 result (format {_FORMAT})")
+        return cls(**blob["state"])
+
+
+def _theta_posterior(site: HM2Site, tilted: TiltedResult, stats, names, *, seed: int = 0):
+    """theta_k's posterior from a tilted result: exact Gaussian, or Rao-Blackwellised draws."""
+    if tilted.draws is None:
+        if site.tau_kind == "known" and site.sigma_known:
+            m, C = site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats)
+            return GaussianPosterior(m, C, names=names)
+        # Laplace: draw phi (and z) from the Gaussian moments of phi; z at the device estimate.
+        rng = np.random.default_rng(seed)
+        phi = rng.multivariate_normal(tilted.mean, tilted.cov, size=4000)
+        z = np.repeat(site.init_local(stats)[1][None], len(phi), axis=0)
+        weights = None
+    else:
+        phi, z, weights = tilted.draws["phi"], tilted.draws["z"], tilted.weights
+    m, V = site.theta_conditional(phi, z, stats)
+    rng = np.random.default_rng(seed)
+    L = np.linalg.cholesky(V)
+    theta = m + np.einsum("mij,mj->mi", L, rng.standard_normal(m.shape))
+    return SamplePosterior(theta, names=names, weights=weights)

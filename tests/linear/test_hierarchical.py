@@ -1,0 +1,185 @@
+"""HM2 by federated EP: exactness against pooled closed forms, EP invariants, failures."""
+
+import numpy as np
+import pytest
+
+from fedstats import FederatedData
+from fedstats.federation import run
+from fedstats.inference.ep import check_invariants
+from fedstats.linear import HierarchicalLinearModel
+from fedstats.inference.ep import FederatedEP
+from fedstats.linear.hierarchical import HierarchicalResult, _Devices
+
+TAU = np.array([0.5, 2.0, 1.0])
+SIGMA = np.array([0.3, 0.5, 0.8, 0.4, 1.0])
+
+
+def make_data(K=5, d=3, seed=0, n=None):
+    rng = np.random.default_rng(seed)
+    n = n or [8, 15, 4, 30, 11][:K]
+    mu = rng.normal(size=d)
+    Xs, ys = [], []
+    for k in range(K):
+        th = mu + np.sqrt(TAU[:d]) * rng.normal(size=d)
+        X = rng.normal(size=(n[k], d))
+        Xs.append(X)
+        ys.append(X @ th + SIGMA[k] * rng.normal(size=n[k]))
+    return FederatedData.from_arrays(Xs, ys, clients=[f"c{k}" for k in range(K)])
+
+
+def pooled_exact(data, tau, sigma, s0=1.0):
+    """Posterior of (mu, theta_1..K) from the joint Gaussian on pooled data (the oracle)."""
+    K, d = data.n_clients, data.n_features
+    P = np.zeros(((K + 1) * d,) * 2)
+    h = np.zeros((K + 1) * d)
+    Dinv = np.diag(1 / tau)
+    P[:d, :d] = np.eye(d) / s0**2
+    for k, c in enumerate(data.clients):
+        X, y = data[c].X, data[c].y
+        i = slice((k + 1) * d, (k + 2) * d)
+        # theta_k | mu ~ N(mu, D): quadratic form (theta - mu)^T D^-1 (theta - mu)
+        P[:d, :d] += Dinv
+        P[i, i] += Dinv + X.T @ X / sigma[k] ** 2
+        P[:d, i] -= Dinv
+        P[i, :d] -= Dinv
+        h[i] += X.T @ y / sigma[k] ** 2
+    cov = np.linalg.inv(P)
+    return cov @ h, cov
+
+
+def exact_model(**kw):
+    sig = {f"c{k}": s for k, s in enumerate(SIGMA)}
+    return HierarchicalLinearModel(tau=TAU, sigma=sig, fit_intercept=False, estimator="exact", **kw)
+
+
+def test_exact_one_round_equals_pooled_posterior():
+    data = make_data()
+    res = exact_model(rounds=1).fit(data)
+    mean, cov = pooled_exact(data, TAU, SIGMA)
+    g = res.global_posterior
+    np.testing.assert_allclose(g.mean, mean[:3], atol=1e-10, rtol=0)
+    np.testing.assert_allclose(g.cov, cov[:3, :3], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("schedule", [
+    [["c4", "c3", "c2", "c1", "c0"]],
+    [["c1", "c3"], ["c0", "c2", "c4"]],
+    [["c0"], ["c1"], ["c2"], ["c3"], ["c4"]],
+    [["c2", "c4"], [], ["c0", "c1", "c3"]],
+])
+def test_exact_any_order_and_covering_pattern_then_fixed(schedule):
+    data = make_data()
+    mean, cov = pooled_exact(data, TAU, SIGMA)
+    extra = [["c0", "c1", "c2", "c3", "c4"]] * 2  # further rounds must leave it fixed
+    res = exact_model(participation=lambda r, rng: (schedule + extra)[r],
+                      rounds=len(schedule) + 2, tol=0).fit(data)
+    np.testing.assert_allclose(res.global_posterior.mean, mean[:3], atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.global_posterior.cov, cov[:3, :3], atol=1e-10, rtol=0)
+
+
+def test_exact_device_posteriors_equal_pooled_marginals_and_q_double_counts():
+    data = make_data()
+    res = exact_model(rounds=2).fit(data)
+    mean, cov = pooled_exact(data, TAU, SIGMA)
+    for k, c in enumerate(data.clients):
+        post = res.client_posterior(c)
+        i = slice((k + 1) * 3, (k + 2) * 3)
+        np.testing.assert_allclose(post.mean, mean[i], atol=1e-10, rtol=0)
+        np.testing.assert_allclose(post.cov, cov[i, i], atol=1e-10, rtol=0)
+    # Using q instead of the cavity counts the device's data twice: detectably over-confident.
+    alg = res.algorithm
+    sites = alg.committed_sites(res.server, res.client_states)
+    wrong = alg.local_tilted(res.server.q, [sites[c] for c in data.clients],
+                             [res.client_states[c].stats for c in data.clients], [0] * 5, use_cavity=False)
+    right = alg.local_tilted(res.server.q, [sites[c] for c in data.clients],
+                             [res.client_states[c].stats for c in data.clients], [0] * 5)
+    for w, r in zip(wrong, right):
+        assert np.all(np.diag(w.cov) < 0.95 * np.diag(r.cov))
+
+
+def test_damping_to_zero_leaves_q_unchanged():
+    data = make_data()
+    res = exact_model(rounds=3, damping=1e-12, tol=0).fit(data)
+    prior_mean, prior_cov = np.zeros(3), np.eye(3)
+    np.testing.assert_allclose(res.global_posterior.mean, prior_mean, atol=1e-9)
+    np.testing.assert_allclose(res.global_posterior.cov, prior_cov, atol=1e-9)
+
+
+def _ep_run(data, rounds, est="importance", participation=1.0, fail=None, checkpoint=None, resume=False):
+    model = HierarchicalLinearModel(tau="diag", sigma=None, fit_intercept=False, estimator=est,
+                                    estimator_options={"num_draws": 400} if est == "importance" else None)
+    site = model._site(data.n_features)
+
+    class Flaky(FederatedEP):
+        calls = 0
+
+        def client_steps(self, messages, states, datas, rngs):
+            out = super().client_steps(messages, states, datas, rngs)
+            Flaky.calls += 1
+            if fail is not None and Flaky.calls == fail[1] + 1:
+                i = [d[1] is data[fail[0]].y for d in datas].index(True)
+                out[i] = RuntimeError("device went offline")
+            return out
+
+    alg = Flaky(site, model._prior(site), model._estimator(site), damping=0.7)
+    dev = _Devices(data, False, None, site)
+    return alg, run(alg, dev, rounds=rounds, participation=participation, seed=3, checkpoint=checkpoint,
+                    resume=resume)
+
+
+def test_invariants_hold_after_every_round(tmp_path):
+    data = make_data(n=[40, 40, 40, 40, 40])
+    ckpt = tmp_path / "run.ckpt"
+    for r in range(1, 5):
+        alg, out = _ep_run(data, r, checkpoint=ckpt, resume=True)
+        sites = alg.committed_sites(out.server_state, out.client_states)
+        check_invariants(out.server_state, list(sites.values()))
+        assert out.server_state.q.is_proper()
+    assert len(out.history) == 4
+
+
+def test_failing_client_changes_only_its_own_update():
+    data = make_data(n=[40, 40, 40, 40, 40])
+    _, failed = _ep_run(data, 3, fail=("c2", 1))
+    assert "c2" in failed.history[1].failed
+    # The same run in which c2 simply did not take part in round 1.
+    schedule = [list(data.clients), ["c0", "c1", "c3", "c4"], list(data.clients)]
+    _, skipped = _ep_run(data, 3, participation=schedule)
+    np.testing.assert_allclose(failed.server_state.q.r, skipped.server_state.q.r, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(failed.server_state.q.Q, skipped.server_state.q.Q, rtol=1e-12, atol=1e-12)
+
+
+def test_result_api_predict_save_load(tmp_path):
+    data = make_data(n=[40, 40, 40, 40, 40])
+    res = HierarchicalLinearModel(estimator_options={"num_draws": 800}, rounds=4).fit(data, seed=1)
+    s = res.summary(level=0.9)
+    assert list(s.columns) == ["mean", "sd", "lower", "upper", "p_value"]
+    assert "mu[intercept]" in s.index and "tau[x0]" in s.index
+    cs = res.client_summary(level=0.9)
+    assert len(cs) == 5 * 4 and set(cs["client"]) == set(data.clients)
+    X = data["c1"].X[:3]
+    p = res.predict(X, client="c1", level=0.9)
+    assert np.all(p["pred_lower"] <= p["lower"]) and np.all(p["upper"] <= p["pred_upper"])
+    assert np.all((p["lower"] <= p["mean"]) & (p["mean"] <= p["upper"]))
+    new = res.predict(X, client=None, level=0.9)
+    assert np.all(new["pred_upper"] - new["pred_lower"] > p["pred_upper"] - p["pred_lower"])
+    path = tmp_path / "fit.pkl"
+    res.save(path)
+    back = HierarchicalResult.load(path)
+    np.testing.assert_allclose(back.global_posterior.mean, res.global_posterior.mean)
+    with pytest.raises(ValueError, match="columns"):
+        res.predict(np.ones((2, 7)), client="c1")
+    with pytest.raises(KeyError, match="unknown client"):
+        res.client_posterior("nope")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(tau="full"), "tau must be"),
+    (dict(tau=-1.0), "positive"),
+    (dict(prior_mu=(0, -1)), "prior_mu"),
+    (dict(estimator="gibbs"), "unknown tilted estimator"),
+    (dict(damping=0.0), "damping"),
+])
+def test_bad_options_raise(bad, match):
+    with pytest.raises(ValueError, match=match):
+        HierarchicalLinearModel(**bad).fit(make_data())
