@@ -1,0 +1,75 @@
+"""The fedstats command: fit, JSON shape, predictions, one-line errors."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedstats.cli import main
+
+
+@pytest.fixture()
+def csv(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = []
+    for site, shift in [("A", 0.0), ("B", 0.5), ("C", -0.5)]:
+        for _ in range(30):
+            x1, x2 = rng.normal(size=2)
+            grp = rng.choice(["u", "v"])
+            rows.append({"site": site, "x1": x1, "x2": x2, "grp": grp,
+                         "y": 1 + shift + 2 * x1 - x2 + 0.3 * (grp == "v") + 0.2 * rng.normal()})
+    df = pd.DataFrame(rows)
+    p = tmp_path / "d.csv"
+    df.to_csv(p, index=False)
+    t = tmp_path / "t.csv"
+    df.drop(columns="y").iloc[[0, 40, 80, 1]].to_csv(t, index=False)
+    return p, t, df
+
+
+def test_fit_writes_json_with_documented_shape(csv, tmp_path, capsys):
+    p, t, df = csv
+    out = tmp_path / "o.json"
+    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm2", "--level", "0.9",
+               "--rounds", "4", "--seed", "1", "--output", str(out), "--predict", str(t)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "Global posterior" in printed and "Client B" in printed
+    j = json.loads(out.read_text())
+    assert set(j) == {"model", "level", "clients", "global", "client", "rounds", "communication",
+                      "runtime_s", "predictions"}
+    assert j["model"] == "hm2" and j["level"] == 0.9 and j["clients"] == ["A", "B", "C"]
+    assert {"name", "mean", "sd", "lower", "upper"} <= set(j["global"][0])
+    names = [r["name"] for r in j["client"]["A"]]
+    assert names == ["intercept", "x1", "x2", "grp[v]"]  # default features: all but --by/--target
+    x1 = j["client"]["A"][1]
+    assert x1["lower"] < 2 < x1["upper"] and x1["p_value"] < 0.01
+    assert j["communication"]["bytes_up"] > 0 and j["rounds"] >= 2
+    preds = j["predictions"]
+    assert [r["client"] for r in preds] == ["A", "B", "C", "A"]  # the rows' order
+    for r, truth in zip(preds, df["y"].iloc[[0, 40, 80, 1]]):
+        assert r["lower"] < r["mean"] < r["upper"]
+        assert r["lower"] - 0.5 < truth < r["upper"] + 0.5
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["fit", "missing.csv", "--by", "site", "--target", "y"], "file not found"),
+    (["fit", "{p}", "--by", "nope", "--target", "y"], "column(s) not found: nope"),
+    (["fit", "{p}", "--by", "site", "--target", "y", "--model", "gp"], "unknown model"),
+    (["fit", "{nan}", "--by", "site", "--target", "y"], "NaN"),
+    (["fit", "{few}", "--by", "site", "--target", "y"], "'C'"),
+    (["fit", "{p}", "--by", "site", "--target", "y", "--level", "2"], "--level"),
+    (["nonsense"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_nonzero(csv, tmp_path, capsys, args, msg):
+    p, _, df = csv
+    bad = df.copy()
+    bad.loc[5, "x1"] = np.nan
+    bad.to_csv(tmp_path / "nan.csv", index=False)
+    df[(df.site != "C") | (df.index < 62)].to_csv(tmp_path / "few.csv", index=False)
+    args = [a.format(p=p, nan=tmp_path / "nan.csv", few=tmp_path / "few.csv") for a in args]
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert err.count("\n") == 1 and err.startswith("fedstats: error:") and "Traceback" not in err
+    assert msg in err
