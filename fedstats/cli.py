@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--features", nargs="+", help="feature columns (default: all but --by and --target)")
     f.add_argument("--model", default="hm2", help=f"model: {', '.join(MODELS)} (default hm2)")
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
-    f.add_argument("--rounds", type=int, default=10, help="maximum EP rounds (default 10)")
+    f.add_argument("--rounds", type=int, default=15, help="maximum EP rounds (default 15)")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--output", help="write the results as JSON here")
     f.add_argument("--predict", help="CSV of rows to predict (same client and feature columns)")

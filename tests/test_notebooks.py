@@ -18,7 +18,7 @@ def test_notebook_runs(path, monkeypatch):
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
-    assert "truth inside every 90% interval: True" in "".join(
+    assert "EP covers the truth wherever pooled NUTS does: True" in "".join(
         o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 

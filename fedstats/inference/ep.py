@@ -24,6 +24,7 @@ Example
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -104,7 +105,7 @@ class FederatedEP(FederatedAlgorithm):
     def server_step(self, state: EPServerState, replies: Mapping[Any, Message], round: int):
         old = state.q
         if not replies:
-            return replace(state, round=state.round + 1), {"answered": 0.0}
+            return replace(state, round=state.round + 1), {}
         dr = sum(m["dr"] for m in replies.values())
         dQ = sum(m["dQ"] for m in replies.values())
         gamma = 1.0
@@ -120,7 +121,6 @@ class FederatedEP(FederatedAlgorithm):
         (m0, c0), (m1, c1) = old.moments(), q.moments()
         sd0, sd1 = np.sqrt(np.diag(c0)), np.sqrt(np.diag(c1))
         metrics = {
-            "answered": float(len(replies)),
             "max_mean_change_sd": float(np.max(np.abs(m1 - m0) / sd1)),
             "max_log_sd_change": float(np.max(np.abs(np.log(sd1 / sd0)))),
             "gamma": gamma,
@@ -207,14 +207,32 @@ class FederatedEP(FederatedAlgorithm):
         ``q / site_k``. ``use_cavity=False`` combines it with ``q`` itself, counting the
         device's data twice; it exists only to demonstrate that error in tests.
         """
-        cavs = [(q / s) if use_cavity else q for s in sites]
-        for c in cavs:
-            if not c.is_proper():
-                raise FloatingPointError("a device's cavity is not positive definite; refit with more damping")
+        cavs = [fractional_cavity(q, s) if use_cavity else (q, 0.0) for s in sites]
+        partial = sum(1 for _, a in cavs if a < 1.0) if use_cavity else 0
+        if partial:
+            warnings.warn(f"{partial} device(s) had a cavity that is not positive definite; their posteriors "
+                          "use q / site**alpha with the largest alpha < 1 that is (see fractional_cavity)",
+                          RuntimeWarning, stacklevel=2)
+        cavs = [c for c, _ in cavs]
         moments = [c.moments() for c in cavs]
         return self.estimator.estimate(self.model, np.stack([m for m, _ in moments]),
                                        np.stack([c for _, c in moments]), list(stats),
                                        np.asarray(seeds), keep_draws=True, hint=[q.moments()] * len(cavs))
+
+
+def fractional_cavity(q: NaturalGaussian, site: NaturalGaussian,
+                      alphas=(1.0, 0.9, 0.75, 0.5, 0.25, 0.0)) -> tuple[NaturalGaussian, float]:
+    """``q / site**alpha`` with the largest ``alpha`` in ``alphas`` that is positive definite.
+
+    ``alpha = 1`` is the cavity. A site more precise than ``q`` in some direction (possible
+    in EP when other sites are negative there) makes it improper; removing only part of the
+    site keeps most of the correction for the device's own data (``alpha = 0`` is ``q``).
+    """
+    for a in alphas:
+        c = q / (site ** a)
+        if c.is_proper():
+            return c, a
+    raise FloatingPointError("the global approximation q is not positive definite")
 
 
 def check_invariants(server: EPServerState, sites: Sequence[NaturalGaussian], *, atol: float = 1e-9) -> None:
