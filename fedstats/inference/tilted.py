@@ -135,8 +135,9 @@ def _pad(a: np.ndarray, pad_to: int) -> np.ndarray:
 
 
 def _bucket(b: int) -> int:
-    """Batch size rounded up to a power of two, so varying participation rarely recompiles."""
-    return 1 << max(0, (b - 1).bit_length())
+    """Batch size rounded up to a multiple of 8: few distinct shapes (few compilations) when
+    participation varies, little padding when it does not."""
+    return -(-b // 8) * 8
 
 
 def _cavity_precision(cavity_cov: np.ndarray) -> np.ndarray:
