@@ -46,7 +46,6 @@ class EPServerState:
     round: int = 0
     converged: bool = False
     accept: dict = field(default_factory=dict)  # client -> accepted fraction of its pending change
-    last_gamma: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -127,8 +126,7 @@ class FederatedEP(FederatedAlgorithm):
         }
         done = state.round >= 1 and max(metrics["max_mean_change_sd"], metrics["max_log_sd_change"]) < self.tol
         done = done and gamma == 1.0
-        return replace(state, q=q, round=state.round + 1, converged=bool(done), accept=accept,
-                       last_gamma=gamma), metrics
+        return replace(state, q=q, round=state.round + 1, converged=bool(done), accept=accept), metrics
 
     def converged(self, state: EPServerState, metrics) -> bool:
         return state.converged

@@ -264,15 +264,18 @@ class ImportanceTilted(LaplaceTilted):
     The proposal is an equal mixture of the cavity (for phi; the Laplace marginal for
     local nuisances) and the Laplace approximation of the tilted target, so the weights
     stay bounded where Laplace is poor (e.g. funnel-shaped first rounds) and are nearly
-    uniform where the tilted is close to Gaussian. Each component is sampled in
-    antithetic pairs, so the unweighted sample mean equals the proposal mean exactly. The
-    estimate is
+    uniform within the Laplace component where the tilted is close to Gaussian. Each
+    component is sampled in equal numbers of antithetic pairs (stratified), so each
+    stratum's sample mean equals its component mean exactly. With normalised weights
+    ``w_i`` and ``W_j`` the weight mass of stratum j, the estimate is
 
     ``mean = sum_i w_i x_i``,
-    ``cov  = proposal cov + (weighted cov - unweighted sample cov)``,
+    ``cov  = sum_i w_i (x_i - mean)(x_i - mean)^T
+              - sum_j W_j [sample second moment of stratum j - its exact value]``
 
-    which is consistent and whose Monte-Carlo noise shrinks with the spread of the
-    weights: EP's site differences, sensitive to noise, stay clean near convergence.
+    (both about ``mean``): consistent, and free of the stratum's sampling noise wherever
+    the weights are uniform within it, which is exact for a Gaussian tilted. EP's site
+    differences, sensitive to noise, stay clean near convergence.
 
     Parameters
     ----------
@@ -339,9 +342,9 @@ class ImportanceTilted(LaplaceTilted):
         for b in range(B):
             rng = np.random.default_rng(int(seeds[b]))
             comps = self._proposal(model, cavity_mean[b], cavity_cov[b], x[b], negH[b], stats[b])
-            props.append(comps)
             # Equal numbers of draws per component (stratified), antithetic within each.
             sizes = [M // len(comps)] * len(comps)
+            props.append((comps, sizes))
             chunks, chols = [], []
             for (w, m, C), n in zip(comps, sizes):
                 L = np.linalg.cholesky(C)
@@ -367,13 +370,21 @@ class ImportanceTilted(LaplaceTilted):
             ess = 1.0 / np.sum(w**2)
             xb = draws[b]
             mw = w @ xb
-            cw = symmetrize((xb - mw).T @ ((xb - mw) * w[:, None]))
-            xbar = xb.mean(axis=0)
-            cu = symmetrize((xb - xbar).T @ (xb - xbar) / M)
-            comps = props[b]
-            pm = sum(w_ * m for w_, m, _ in comps)
-            pc = sum(w_ * (C + np.outer(m - pm, m - pm)) for w_, m, C in comps)
-            cov = symmetrize(pc + (cw - cu))
+            comps, sizes = props[b]
+            # Control variates per stratum: the draws of component j have known exact moments,
+            # and W_j is the weight mass they carry. Where the weights are nearly uniform within
+            # a stratum, replacing W_j x (their sample second moment) by W_j x (its exact value)
+            # removes that stratum's sampling noise; first moments need no correction since
+            # antithetic pairs reproduce each component's mean exactly.
+            d = xb - mw
+            S2 = d.T @ (d * w[:, None])
+            start = 0
+            for (_, m, C), n in zip(comps, sizes):
+                dj = d[start:start + n]
+                Wj = w[start:start + n].sum()
+                S2 -= Wj * (dj.T @ dj / n - (C + np.outer(m - mw, m - mw)))
+                start += n
+            cov = symmetrize(S2)
             good = ess >= self.min_ess_fraction * M and is_pd(cov[:p, :p])
             res = TiltedResult(
                 mw[:p], cov[:p, :p], ok=bool(good),

@@ -320,11 +320,12 @@ class HierarchicalResult:
                              n: int = 4000, seed: int = 0):
         """Fast adaptation to a device that took no part in the fit (spec §2.6).
 
-        level 1: plug-in, theta_new = E_q[mu] (a point; returned as a Gaussian with zero
-        covariance is not useful, so an array is returned).
-        level 2: prior predictive theta_new ~ int N(mu, diag tau) q(phi) dphi (no data).
-        level 3: with a few data points ``(X, y)``: the device's tilted distribution with
-        cavity q (it has no site yet). Default: 3 when data are given, else 2.
+        level 1: plug-in ``theta_new = E_q[mu]``, returned as an array (a point, no posterior).
+        level 2: prior predictive ``theta_new ~ int N(mu, diag tau) q(phi) dphi`` (no data),
+        a :class:`SamplePosterior` of ``n`` draws.
+        level 3: with a few data points ``(X, y)`` (and ``sigma`` when the noise is known):
+        the device's tilted distribution with cavity q (it has no site yet).
+        Default: 3 when data are given, else 2.
         """
         level = level or (3 if X is not None else 2)
         q = self.global_posterior
