@@ -43,7 +43,7 @@ def main(argv=None) -> dict:
     sigma = 0.05
 
     t0 = time.perf_counter()
-    res = HierarchicalLinearModel(fit_intercept=False, sigma=sigma, rounds=8).fit(data, seed=a.seed)
+    res = HierarchicalLinearModel(fit_intercept=False, sigma=sigma).fit(data, seed=a.seed)
     t_ep = time.perf_counter() - t0
 
     t0 = time.perf_counter()
