@@ -208,6 +208,10 @@ def _laplace_fns(model: SiteModel, newton_steps: int):
 class LaplaceTilted(TiltedEstimator):
     """Laplace approximation of the collapsed tilted target (deterministic, vectorised).
 
+    Fast and noise-free, but it matches the tilted's mode, not its mean: on skewed
+    parameters such as a log variance with few devices it is biased (0.53 posterior sd on
+    log tau with K = 8 in the test battery). Prefer ``ImportanceTilted`` there.
+
     Parameters
     ----------
     newton_steps : int

@@ -98,3 +98,43 @@ def test_default_fit_converges_across_federations(K, seed):
     assert not last.skipped and not last.failed
     g = res.global_posterior
     assert np.all(np.abs(g.mean - np.r_[truth["mu"], truth["log_tau"]]) / g.sd < 3.5)
+
+
+@pytest.fixture(scope="module")
+def iso_federation():
+    """K = 8 devices, d = 2 plus intercept, unknown noise, one shared tau; pooled NUTS reference."""
+    from fedstats.linear.hierarchical import pooled_nuts
+
+    data, truth = hm2_federation(n_clients=8, n_obs=[15, 30, 60, 20, 40, 25, 50, 35], mu=[0.5, -1.0],
+                                 tau=[0.4, 0.4], sigma=0.7, seed=21)
+    ref = pooled_nuts(data, tau="iso", sigma=None, fit_intercept=True, num_warmup=1000, num_samples=2000,
+                      num_chains=2, seed=3)
+    return data, ref
+
+
+@pytest.mark.parametrize("estimator, options", [
+    ("importance", {}),
+    ("laplace", {}),
+    ("nuts", dict(num_warmup=300, num_samples=1000, num_chains=2, target="augmented")),
+    ("nuts", dict(num_warmup=300, num_samples=1000, num_chains=2, target="collapsed")),
+])
+def test_every_estimator_matches_pooled_nuts_unknown_noise_iso_tau(iso_federation, estimator, options):
+    """The shared battery: each tilted estimator, unknown sigma_k, tau = tau I, intercept."""
+    data, ref = iso_federation
+    res = HierarchicalLinearModel(tau="iso", estimator=estimator, estimator_options=options).fit(data, seed=2)
+    g = res.global_posterior
+    assert g.names == ["mu[intercept]", "mu[x1]", "mu[x2]", "log_tau"]
+    rm, rs = ref["phi"].mean(0), ref["phi"].std(0)
+    # Laplace matches modes, not means: on the skewed log tau it lands about 0.5 sd off
+    # (measured 0.53 here), which is why it is not the default.
+    tol, band = (0.6, (0.7, 1.4)) if estimator == "laplace" else (0.2, (0.8, 1.25))
+    assert np.all(np.abs(g.mean - rm) / rs < tol), np.abs(g.mean - rm) / rs
+    assert np.all((g.sd / rs > band[0]) & (g.sd / rs < band[1])), g.sd / rs
+    # device posteriors against the pooled marginals of theta_k
+    for k, c in enumerate(data.clients):
+        post = res.client_posterior(c)
+        th = ref["theta"][:, k, :]
+        assert np.all(np.abs(post.mean - th.mean(0)) / th.std(0) < 0.3)
+        assert np.all(np.abs(post.sd / th.std(0) - 1) < 0.3)
+    pred = res.predict(data[data.clients[0]].X[:4], client=data.clients[0], level=0.9)
+    assert np.all(pred["pred_upper"] - pred["pred_lower"] > pred["upper"] - pred["lower"])
