@@ -216,12 +216,15 @@ class LaplaceTilted(TiltedEstimator):
     ----------
     newton_steps : int
         Damped Newton iterations from the cavity mean (each with a line search).
+    num_draws : int
+        Draws from the Laplace Gaussian returned with ``keep_draws`` (device posteriors).
     """
 
     name = "laplace"
 
-    def __init__(self, *, newton_steps: int = 30):
+    def __init__(self, *, newton_steps: int = 30, num_draws: int = 4000):
         self.newton_steps = int(newton_steps)
+        self.num_draws = int(num_draws)  # only for keep_draws (device posteriors)
 
     def __repr__(self):
         return f"LaplaceTilted(newton_steps={self.newton_steps})"
@@ -252,13 +255,17 @@ class LaplaceTilted(TiltedEstimator):
         x, negH, g = self._modes(model, cavity_mean, cavity_cov, stats, hint)
         p = model.phi_dim
         out = []
-        for xi, Hi, gi in zip(x, negH, g):
+        for b, (xi, Hi, gi) in enumerate(zip(x, negH, g)):
             if not (np.all(np.isfinite(xi)) and is_pd(Hi)):
                 out.append(TiltedResult(np.full(p, np.nan), np.full((p, p), np.nan), ok=False,
                                         message="Laplace: no PD mode found"))
                 continue
             cov = symmetrize(np.linalg.inv(Hi))
-            out.append(TiltedResult(xi[:p], cov[:p, :p], diagnostics={"grad_norm": float(np.linalg.norm(gi))}))
+            res = TiltedResult(xi[:p], cov[:p, :p], diagnostics={"grad_norm": float(np.linalg.norm(gi))})
+            if keep_draws:  # draws of (phi, z) from the Laplace Gaussian, for device posteriors
+                xs = np.random.default_rng(int(seeds[b])).multivariate_normal(xi, cov, size=self.num_draws)
+                res.draws = {"phi": xs[:, :p], "z": xs[:, p:]}
+            out.append(res)
         return out
 
 

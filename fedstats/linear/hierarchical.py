@@ -379,17 +379,10 @@ class HierarchicalResult:
 
 def _theta_posterior(site: HM2Site, tilted: TiltedResult, stats, names, *, seed: int = 0):
     """theta_k's posterior from a tilted result: exact Gaussian, or Rao-Blackwellised draws."""
-    if tilted.draws is None:
-        if site.tau_kind == "known" and site.sigma_known:
-            m, C = site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats)
-            return GaussianPosterior(m, C, names=names)
-        # Laplace: draw phi (and z) from the Gaussian moments of phi; z at the device estimate.
-        rng = np.random.default_rng(seed)
-        phi = rng.multivariate_normal(tilted.mean, tilted.cov, size=4000)
-        z = np.repeat(site.init_local(stats)[1][None], len(phi), axis=0)
-        weights = None
-    else:
-        phi, z, weights = tilted.draws["phi"], tilted.draws["z"], tilted.weights
+    if tilted.draws is None:  # exact estimator: phi = mu is Gaussian, theta_k linear in it
+        m, C = site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats)
+        return GaussianPosterior(m, C, names=names)
+    phi, z, weights = tilted.draws["phi"], tilted.draws["z"], tilted.weights
     m, V = site.theta_conditional(phi, z, stats)
     rng = np.random.default_rng(seed)
     L = np.linalg.cholesky(V)
