@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from fedstats.datasets.synthetic import hm2_federation
@@ -72,7 +74,7 @@ def main(argv=None) -> dict:
                 "truth_in_90": [bool(v) for v in (nlo <= tv) & (tv <= nhi)]}
     out = {
         "example": f"HM2 uncertainty example, K={K}, d=4, n=100 per device, sigma={sigma} known",
-        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax backend {jax.default_backend()}",
         "ep": {"estimator": repr(res.algorithm.estimator), "damping": res.algorithm.damping,
                "rounds": res.rounds, "seconds": round(t_ep, 2),
                "bytes_up": res.communication.bytes_up, "bytes_down": res.communication.bytes_down},

@@ -81,6 +81,10 @@ def _fit(args) -> dict:
         missing = [c for c in cols if c not in tdf.columns]
         if missing:
             raise CLIError(f"{args.predict}: column(s) not found: {', '.join(missing)}")
+        if tdf[args.by].isna().any():
+            lines = ", ".join(str(i + 2) for i in np.flatnonzero(tdf[args.by].isna().to_numpy())[:5])
+            raise CLIError(f"{args.predict}: column {args.by!r} has missing client ids (line(s) {lines})")
+        _design(tdf, list(data.feature_names), args.predict)  # schema errors before the fit
         test = tdf
     t0 = time.perf_counter()
     res = HierarchicalLinearModel(rounds=args.rounds).fit(data, seed=args.seed, progress=None)
@@ -89,7 +93,7 @@ def _fit(args) -> dict:
     out = {
         "model": args.model,
         "level": args.level,
-        "clients": [str(c) for c in data.clients],
+        "clients": [_id_key(c) for c in data.clients],
         "global": _records(g, ["mean", "sd", "lower", "upper"]),
         "client": {},
         "rounds": res.rounds,
@@ -100,7 +104,7 @@ def _fit(args) -> dict:
     for c in data.clients:
         s = res.client_posterior(c).summary(level=args.level)
         tables[c] = s
-        out["client"][str(c)] = _records(s, ["mean", "sd", "lower", "upper", "p_value"])
+        out["client"][_id_key(c)] = _records(s, ["mean", "sd", "lower", "upper", "p_value"])
     if test is not None:
         out["predictions"] = _predict(res, data, test, args)
     _print_tables(g, tables, res, args, runtime)
@@ -130,17 +134,26 @@ def _design(test: pd.DataFrame, names: list[str], path: str) -> np.ndarray:
     return np.column_stack(cols) if cols else np.empty((len(test), 0))
 
 
+def _id_key(value) -> str:
+    """A client id as text; a float that is a whole number reads like the int (1.0 -> "1")."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        value = int(value)
+    return str(value)
+
+
 def _predict(res, data, test: pd.DataFrame, args) -> list[dict]:
     X = _design(test, list(data.feature_names), args.predict)
-    by = test[args.by].to_numpy()
-    known = set(data.clients)
+    ids = test[args.by]
+    # Ids are matched as text, so 3, 3.0 and "3" name the same client whatever the column types.
+    known = {_id_key(c): c for c in data.clients}
+    keys = np.array([_id_key(v) for v in ids])
     rows: list[dict] = [{} for _ in range(len(test))]
-    for c in pd.unique(by):
-        idx = np.flatnonzero(by == c)
+    for key in pd.unique(keys):
+        idx = np.flatnonzero(keys == key)
         # A client not in the fit is predicted as a new client (population prior predictive).
-        p = res.predict(X[idx], client=c if c in known else None, level=args.level, seed=args.seed)
+        p = res.predict(X[idx], client=known.get(key), level=args.level, seed=args.seed)
         for i, (_, r) in zip(idx, p.iterrows()):
-            rows[i] = {"client": str(c), "mean": float(r["mean"]), "lower": float(r["pred_lower"]),
+            rows[i] = {"client": key, "mean": float(r["mean"]), "lower": float(r["pred_lower"]),
                        "upper": float(r["pred_upper"])}
     return rows
 

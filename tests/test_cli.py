@@ -73,3 +73,26 @@ def test_bad_input_is_one_line_and_nonzero(csv, tmp_path, capsys, args, msg):
     assert rc != 0
     assert err.count("\n") == 1 and err.startswith("fedstats: error:") and "Traceback" not in err
     assert msg in err
+
+
+def test_predict_matches_numeric_ids_as_text_and_rejects_missing_ids(csv, tmp_path, capsys):
+    p, _, df = csv
+    df = df.assign(site=df.site.map({"A": 1, "B": 2, "C": 3}))
+    df.to_csv(p, index=False)
+    test = df.drop(columns="y").iloc[[0, 40, 80]].assign(site=[1.0, 2.0, 9.0])  # 9: a new client
+    t = tmp_path / "t.csv"
+    test.to_csv(t, index=False)
+    out = tmp_path / "o.json"
+    base = ["fit", str(p), "--by", "site", "--target", "y", "--rounds", "3", "--level", "0.9"]
+    assert main([*base, "--output", str(out), "--predict", str(t)]) == 0
+    j = json.loads(out.read_text())
+    assert j["clients"] == ["1", "2", "3"]
+    preds = j["predictions"]
+    assert [r["client"] for r in preds] == ["1", "2", "9"]
+    width = [r["upper"] - r["lower"] for r in preds]
+    assert width[2] > 1.5 * max(width[:2])  # known clients use their own posterior, 9 the population
+    test.iloc[[0, 2]].assign(site=[1.0, np.nan]).to_csv(t, index=False)
+    capsys.readouterr()
+    assert main([*base, "--predict", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing client ids (line(s) 3)" in err

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..federation.protocol import FederatedAlgorithm, Message, SkipRound
-from .gaussian import NaturalGaussian, is_pd
+from .gaussian import NaturalGaussian
 from .tilted import SiteModel, TiltedEstimator, TiltedResult
 
 
@@ -42,10 +42,11 @@ class EPServerState:
 
     prior: NaturalGaussian
     q: NaturalGaussian
-    n_clients: int
     round: int = 0
     converged: bool = False
     accept: dict = field(default_factory=dict)  # client -> accepted fraction of its pending change
+    clients: tuple = ()
+    quiet: frozenset = frozenset()  # devices that answered since the last round that moved q by >= tol
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class FederatedEP(FederatedAlgorithm):
         (1 reproduces the paper).
     tol : float
         Convergence: the largest change of a component of the global mean, in units of
-        its posterior sd, and of a log sd, must fall below ``tol``.
+        its posterior sd, and of a log sd, must fall below ``tol`` in consecutive rounds
+        in which every device has answered at least once.
     max_backoff : int
         Halvings of the server's step ``gamma`` for the PD repair before the round's
         update is dropped altogether.
@@ -96,7 +98,7 @@ class FederatedEP(FederatedAlgorithm):
 
     # ---------------------------------------------------------------- server side
     def init_server(self, clients: Sequence[Any], rng: np.random.Generator) -> EPServerState:
-        return EPServerState(prior=self.prior, q=self.prior, n_clients=len(clients))
+        return EPServerState(prior=self.prior, q=self.prior, clients=tuple(clients))
 
     def broadcast(self, state: EPServerState, client: Any, round: int) -> Message:
         return {"r": state.q.r, "Q": state.q.Q, "accept": np.array(state.accept.get(client, 1.0))}
@@ -124,9 +126,13 @@ class FederatedEP(FederatedAlgorithm):
             "max_log_sd_change": float(np.max(np.abs(np.log(sd1 / sd0)))),
             "gamma": gamma,
         }
-        done = state.round >= 1 and max(metrics["max_mean_change_sd"], metrics["max_log_sd_change"]) < self.tol
-        done = done and gamma == 1.0
-        return replace(state, q=q, round=state.round + 1, converged=bool(done), accept=accept), metrics
+        small = state.round >= 1 and gamma == 1.0 and max(metrics["max_mean_change_sd"],
+                                                           metrics["max_log_sd_change"]) < self.tol
+        # With partial participation a quiet round says little about the devices that sat
+        # it out: converged only once every device has answered in quiet rounds.
+        quiet = state.quiet | frozenset(replies) if small else frozenset()
+        done = small and quiet.issuperset(state.clients)
+        return replace(state, q=q, round=state.round + 1, converged=bool(done), accept=accept, quiet=quiet), metrics
 
     def converged(self, state: EPServerState, metrics) -> bool:
         return state.converged
@@ -144,7 +150,7 @@ class FederatedEP(FederatedAlgorithm):
     def client_steps(self, messages, states, datas, rngs):
         """All participating devices at once: one vectorised tilted-moment call."""
         results: list[Any] = [None] * len(states)
-        todo, cav_means, cav_covs, hints = [], [], [], []
+        todo, cav_means, cav_covs = [], [], []
         states = [self._commit(m, st) for m, st in zip(messages, states)]
         for i, (msg, st) in enumerate(zip(messages, states)):
             cavity = NaturalGaussian.from_message(msg) / st.site
@@ -152,7 +158,6 @@ class FederatedEP(FederatedAlgorithm):
                 results[i] = SkipRound("cavity precision is not positive definite")
                 continue
             m, c = cavity.moments()
-            hints.append(NaturalGaussian.from_message(msg).moments())  # q = cavity * site
             todo.append(i)
             cav_means.append(m)
             cav_covs.append(c)
@@ -160,7 +165,7 @@ class FederatedEP(FederatedAlgorithm):
             seeds = np.array([rngs[i].integers(2**63 - 1) for i in todo])
             try:
                 tilted = self.estimator.estimate(self.model, np.stack(cav_means), np.stack(cav_covs),
-                                                 [states[i].stats for i in todo], seeds, hint=hints)
+                                                 [states[i].stats for i in todo], seeds)
             except Exception as exc:  # noqa: BLE001 - reported per device by the runtime
                 tilted = [exc] * len(todo)
             for i, t in zip(todo, tilted):
@@ -215,7 +220,7 @@ class FederatedEP(FederatedAlgorithm):
         moments = [c.moments() for c in cavs]
         return self.estimator.estimate(self.model, np.stack([m for m, _ in moments]),
                                        np.stack([c for _, c in moments]), list(stats),
-                                       np.asarray(seeds), keep_draws=True, hint=[q.moments()] * len(cavs))
+                                       np.asarray(seeds), keep_draws=True)
 
 
 def fractional_cavity(q: NaturalGaussian, site: NaturalGaussian,

@@ -80,10 +80,10 @@ class TiltedResult:
     draws: dict[str, np.ndarray] | None = None
     weights: np.ndarray | None = None
 
-    def natural(self, precision_correction: float = 1.0) -> NaturalGaussian:
-        """Natural parameters of N(mean, cov); the precision may be scaled by a correction."""
+    def natural(self) -> NaturalGaussian:
+        """Natural parameters of N(mean, cov)."""
         L = cholesky(self.cov)
-        Q = symmetrize(chol_solve(L, np.eye(self.mean.size))) * precision_correction
+        Q = symmetrize(chol_solve(L, np.eye(self.mean.size)))
         return NaturalGaussian(Q @ self.mean, Q)
 
 
@@ -103,13 +103,8 @@ class TiltedEstimator(ABC):
         seeds: np.ndarray,
         *,
         keep_draws: bool = False,
-        hint: list[tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> list[TiltedResult]:
-        """Tilted moments for B devices: ``cavity_mean`` (B, p), ``cavity_cov`` (B, p, p).
-
-        ``hint`` optionally gives each device's current Gaussian guess of its tilted
-        (mean, cov); estimators may use it (e.g. as a starting point).
-        """
+        """Tilted moments for B devices: ``cavity_mean`` (B, p), ``cavity_cov`` (B, p, p)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -150,7 +145,7 @@ class ExactTilted(TiltedEstimator):
 
     name = "exact"
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False, hint=None):
+    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
         if not hasattr(model, "exact_site"):
             raise TypeError(f"{type(model).__name__} has no exact Gaussian site; use another estimator")
         out = []
@@ -238,21 +233,20 @@ class LaplaceTilted(TiltedEstimator):
             _COMPILED[key] = jax.jit(jax.vmap(newton))
         return _COMPILED[key]
 
-    def _modes(self, model, cavity_mean, cavity_cov, stats, hint=None):
+    def _modes(self, model, cavity_mean, cavity_cov, stats):
         import jax
 
         B = len(stats)
         Bp = _bucket(B)
-        start = cavity_mean
-        x0 = np.stack([np.concatenate([m, model.init_local(s)[1]]) for m, s in zip(start, stats)])
+        x0 = np.stack([np.concatenate([m, model.init_local(s)[1]]) for m, s in zip(cavity_mean, stats)])
         args = (_pad(x0, Bp), _pad(cavity_mean, Bp), _pad(_cavity_precision(cavity_cov), Bp), _stack_stats(stats, Bp))
         with jax.enable_x64(True):
             x, negH, g = self._compiled(model)(*args)
             x, negH, g = (np.asarray(a)[:B] for a in (x, negH, g))
         return x, negH, g
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False, hint=None):
-        x, negH, g = self._modes(model, cavity_mean, cavity_cov, stats, hint)
+    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
+        x, negH, g = self._modes(model, cavity_mean, cavity_cov, stats)
         p = model.phi_dim
         out = []
         for b, (xi, Hi, gi) in enumerate(zip(x, negH, g)):
@@ -324,7 +318,8 @@ class ImportanceTilted(LaplaceTilted):
         return _COMPILED[key]
 
     def _proposal(self, model, cav_mean, cav_cov, mode, negH, stats):
-        """Components (weight, mean, cov) of the proposal over x = (phi, z)."""
+        """Components (weight, mean, cov) of the proposal over x = (phi, z), and whether the
+        Laplace approximation was usable."""
         p, D = model.phi_dim, mode.size
         laplace_ok = bool(np.all(np.isfinite(mode)) and is_pd(negH))
         if laplace_ok:
@@ -335,16 +330,24 @@ class ImportanceTilted(LaplaceTilted):
             z_cov = 0.25 * np.eye(D - p)
         cav = (np.concatenate([cav_mean, z_mean]), _blockdiag(cav_cov, z_cov))
         if not laplace_ok:
-            return [(1.0, *cav)]
+            return [(1.0, *cav)], False
         if self.defensive == 0.0:
-            return [(1.0, mode, lap_cov)]
-        return [(self.defensive, *cav), (1.0 - self.defensive, mode, lap_cov)]
+            return [(1.0, mode, lap_cov)], True
+        return [(self.defensive, *cav), (1.0 - self.defensive, mode, lap_cov)], True
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False, hint=None):
+    def _stratum_sizes(self, weights):
+        """Draws per component: proportional to its weight, even (antithetic pairs), at least
+        one pair each, summing to ``num_draws``."""
+        M = self.num_draws
+        pairs = [max(1, int(round(w * M / 2))) for w in weights]
+        pairs[-1] = M // 2 - sum(pairs[:-1])
+        return [2 * q for q in pairs]
+
+    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
         import jax
         from scipy.special import logsumexp
 
-        x, negH, _ = self._modes(model, cavity_mean, cavity_cov, stats, hint)
+        x, negH, _ = self._modes(model, cavity_mean, cavity_cov, stats)
         B, D = x.shape
         p, M = model.phi_dim, self.num_draws
         draws = np.empty((B, M, D))
@@ -352,21 +355,23 @@ class ImportanceTilted(LaplaceTilted):
         props = []
         for b in range(B):
             rng = np.random.default_rng(int(seeds[b]))
-            comps = self._proposal(model, cavity_mean[b], cavity_cov[b], x[b], negH[b], stats[b])
-            # Equal numbers of draws per component (stratified), antithetic within each.
-            sizes = [M // len(comps)] * len(comps)
-            props.append((comps, sizes))
+            comps, laplace_ok = self._proposal(model, cavity_mean[b], cavity_cov[b], x[b], negH[b], stats[b])
+            # Draws per component in proportion to its weight (stratified), antithetic within
+            # each; the density below uses the realised fractions n_j / M, so the weights are
+            # exact for the mixture actually sampled.
+            sizes = self._stratum_sizes([c[0] for c in comps])
+            props.append((comps, sizes, laplace_ok))
             chunks, chols = [], []
-            for (w, m, C), n in zip(comps, sizes):
+            for (_, m, C), n in zip(comps, sizes):
                 L = np.linalg.cholesky(C)
                 e = rng.standard_normal((n // 2, D))
                 chunks.append(m + np.concatenate([e, -e]) @ L.T)
                 chols.append(L)
             draws[b] = np.concatenate(chunks)
             dens = []
-            for (w, m, C), L in zip(comps, chols):
+            for (_, m, C), L, n in zip(comps, chols, sizes):
                 u = np.linalg.solve(L, (draws[b] - m).T)
-                dens.append(np.log(w) - 0.5 * np.sum(u**2, axis=0) - np.sum(np.log(np.diag(L))))
+                dens.append(np.log(n / M) - 0.5 * np.sum(u**2, axis=0) - np.sum(np.log(np.diag(L))))
             logq[b] = logsumexp(np.stack(dens), axis=0)
         Bp = _bucket(B)
         args = (_pad(draws, Bp), _pad(cavity_mean, Bp), _pad(_cavity_precision(cavity_cov), Bp), _stack_stats(stats, Bp))
@@ -381,7 +386,7 @@ class ImportanceTilted(LaplaceTilted):
             ess = 1.0 / np.sum(w**2)
             xb = draws[b]
             mw = w @ xb
-            comps, sizes = props[b]
+            comps, sizes, laplace_ok = props[b]
             # Control variates per stratum: the draws of component j have known exact moments,
             # and W_j is the weight mass they carry. Where the weights are nearly uniform within
             # a stratum, replacing W_j x (their sample second moment) by W_j x (its exact value)
@@ -401,7 +406,7 @@ class ImportanceTilted(LaplaceTilted):
                 mw[:p], cov[:p, :p], ok=bool(good),
                 message="" if good else f"importance: ESS {ess:.0f} of {M} draws",
                 diagnostics={"ess": float(ess), "max_weight": float(w.max()),
-                             "laplace_ok": float(len(comps) == 2 or self.defensive == 0.0)},
+                             "laplace_ok": float(laplace_ok)},
             )
             if keep_draws:
                 res.draws = {"phi": xb[:, :p], "z": xb[:, p:]}
@@ -508,7 +513,7 @@ class NUTSTilted(TiltedEstimator):
         _COMPILED[key] = fn
         return fn
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False, hint=None):
+    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
         import jax
         from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 
@@ -549,9 +554,9 @@ class NUTSTilted(TiltedEstimator):
             cv = None
             if self.control_variates:
                 cv = zero_variance_moments(zs[b].reshape(-1, zs.shape[-1]), scores[b].reshape(-1, zs.shape[-1]), p)
+            diag["control_variates"] = float(cv is not None)  # 0: too few draws for the CV regression
             if cv is not None:
                 mean, cov = cv
-                diag["control_variates"] = 1.0
             elif self.precision_correction and n_eff > p + 3:
                 # E[inv(sample cov)] = (n-1)/(n-p-2) * true precision for Gaussian draws.
                 cov = cov * (n_eff - 1) / (n_eff - p - 2)

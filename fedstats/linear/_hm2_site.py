@@ -31,8 +31,6 @@ class HM2Site:
         One log tau per coefficient, one shared log tau, or tau fixed at ``tau_known``.
     tau_known : tuple of float or None
         Known prior variances (length d) when ``tau_kind == "known"``.
-    learn_mu : bool
-        Whether mu is part of phi (otherwise fixed at ``mu_known``).
     sigma_known : bool
         Whether each device knows its noise sd (``stats["sigma2"]``) or samples log sigma_k.
     log_sigma_prior : (float, float)
@@ -42,8 +40,6 @@ class HM2Site:
     d: int
     tau_kind: str = "diag"
     tau_known: tuple | None = None
-    learn_mu: bool = True
-    mu_known: tuple | None = None
     sigma_known: bool = False
     log_sigma_prior: tuple = (0.0, 1.0)
 
@@ -54,7 +50,7 @@ class HM2Site:
 
     @property
     def phi_dim(self) -> int:
-        return (self.d if self.learn_mu else 0) + self.n_log_tau
+        return self.d + self.n_log_tau
 
     @property
     def theta_dim(self) -> int:
@@ -65,8 +61,7 @@ class HM2Site:
         return 0 if self.sigma_known else 1
 
     def cache_key(self) -> tuple:
-        return ("HM2Site", self.d, self.tau_kind, self.tau_known, self.learn_mu, self.mu_known,
-                self.sigma_known, self.log_sigma_prior)
+        return ("HM2Site", self.d, self.tau_kind, self.tau_known, self.sigma_known, self.log_sigma_prior)
 
     # ------------------------------------------------------------------ device side
     def client_stats(self, data) -> dict[str, np.ndarray]:
@@ -97,10 +92,7 @@ class HM2Site:
         """(mu, tau) from phi (jax or numpy)."""
         import jax.numpy as jnp
 
-        if self.learn_mu:
-            mu, rest = phi[: self.d], phi[self.d:]
-        else:
-            mu, rest = jnp.asarray(self.mu_known, dtype=phi.dtype), phi
+        mu, rest = phi[: self.d], phi[self.d:]
         if self.tau_kind == "diag":
             tau = jnp.exp(rest)
         elif self.tau_kind == "iso":
@@ -170,7 +162,7 @@ class HM2Site:
         """The Gaussian site in mu when tau and sigma are known (phi = mu)."""
         from ..inference.gaussian import NaturalGaussian, cholesky, chol_solve
 
-        if not (self.learn_mu and self.tau_kind == "known" and self.sigma_known):
+        if not (self.tau_kind == "known" and self.sigma_known):
             raise TypeError("the exact site needs phi = mu with tau and sigma known")
         dinv = 1.0 / np.asarray(self.tau_known, dtype=float)
         s2 = float(stats["sigma2"])

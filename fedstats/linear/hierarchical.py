@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import pickle
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,9 @@ class HierarchicalLinearModel:
         spec = self.estimator
         if spec == "auto":
             spec = "exact" if (site.tau_kind == "known" and site.sigma_known) else "importance"
+        if spec == "exact" and not (site.tau_kind == "known" and site.sigma_known):
+            raise ValueError("estimator='exact' needs known tau and sigma (the site is Gaussian in mu only "
+                             "then); use 'importance', 'nuts' or 'laplace'")
         return make_estimator(spec, **(self.estimator_options or {}))
 
     # ------------------------------------------------------------------ fit
@@ -152,12 +156,27 @@ class HierarchicalLinearModel:
                   seed=seed, progress=progress, checkpoint=checkpoint, resume=resume, batched=batched,
                   min_rounds=min(2, int(rounds or self.rounds)))
         check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
+        _check_participation(out.history, list(data.clients))
         return HierarchicalResult(
             model=self, site=site, algorithm=alg, feature_names=names, clients=list(data.clients),
             server=out.server_state, client_states=out.client_states, history=out.history,
             communication=out.communication, converged=out.converged, seconds=time.perf_counter() - t0,
             seed=seed,
         )
+
+
+def _check_participation(history, clients) -> None:
+    """Raise if no device ever answered (q would be the prior); warn about silent devices."""
+    answered = {c for rec in history for c in rec.answered}
+    if not answered:
+        reasons = {c: why for rec in history for c, why in rec.failed.items()}
+        first = next(iter(reasons.items()), None)
+        detail = f"; e.g. client {first[0]!r}: {first[1]}" if first else ""
+        raise RuntimeError(f"no device answered in {len(history)} round(s), the fit is the prior{detail}")
+    silent = [c for c in clients if c not in answered]
+    if silent:
+        warnings.warn(f"{len(silent)} device(s) never answered and are not in the fit: {silent[:5]}",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _client_sigmas(sigma, clients) -> dict | None:
@@ -206,7 +225,7 @@ class HierarchicalResult:
     # -------------------------------------------------------------- global
     @property
     def phi_names(self) -> list[str]:
-        names = [f"mu[{n}]" for n in self.feature_names] if self.site.learn_mu else []
+        names = [f"mu[{n}]" for n in self.feature_names]
         if self.site.tau_kind == "diag":
             names += [f"log_tau[{n}]" for n in self.feature_names]
         elif self.site.tau_kind == "iso":
@@ -258,8 +277,10 @@ class HierarchicalResult:
         if client not in self.client_states:
             raise KeyError(f"unknown client {client!r}; known clients include {self.clients[:5]}")
         tilted = self._device_results()[client]
+        # Each device draws its own normals (the seed folds in the device's index).
+        seed = np.random.default_rng([self.seed, 11, self.clients.index(client)])
         return _theta_posterior(self.site, tilted, self.client_states[client].stats, self.feature_names,
-                                seed=self.seed)
+                                seed=seed)
 
     def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
         """Long table of every device's coefficients: client, name, mean, sd, lower, upper, p_value."""
@@ -271,13 +292,25 @@ class HierarchicalResult:
             frames.append(df)
         return pd.concat(frames, ignore_index=True)
 
-    def client_noise(self, client) -> np.ndarray:
-        """Draws (or the known value) of sigma_k, for predictive intervals."""
+    def client_noise(self, client) -> SamplePosterior | float:
+        """Posterior of sigma_k: its known value (a float), or a :class:`SamplePosterior`
+        with the tilted run's draws and weights."""
         tilted = self._device_results()[client]
-        stats = self.client_states[client].stats
         if self.site.sigma_known:
-            return np.array([np.sqrt(float(stats["sigma2"]))])
-        return np.exp(tilted.draws["z"][:, 0])
+            return float(np.sqrt(float(self.client_states[client].stats["sigma2"])))
+        return SamplePosterior(np.exp(tilted.draws["z"][:, :1]), names=["sigma"], weights=tilted.weights)
+
+    def _joint_draws(self, client, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` joint draws of (theta_k, sigma_k) from device k's posterior: resampled by the
+        importance weights, each theta with the sigma of the same tilted draw."""
+        post = self.client_posterior(client)
+        noise = self.client_noise(client)
+        if isinstance(post, GaussianPosterior):  # exact mode: sigma is known
+            return post.sample(n, seed=rng), np.full(n, noise)
+        w = post.weights
+        idx = rng.integers(0, post.n_draws, size=n) if w is None else rng.choice(post.n_draws, size=n, p=w)
+        sig = np.full(n, noise) if np.isscalar(noise) else noise.draws[idx, 0]
+        return post.draws[idx], sig
 
     # -------------------------------------------------------------- prediction
     def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
@@ -297,24 +330,30 @@ class HierarchicalResult:
         Xd = np.column_stack([np.ones(len(X)), X]) if self.model.fit_intercept else X
         rng = np.random.default_rng(seed)
         if client is not None and client in self.client_states:
-            post = self.client_posterior(client)
-            sig = self.client_noise(client)
+            mean = Xd @ self.client_posterior(client).mean
+            theta, sig = self._joint_draws(client, n, rng)
         else:
-            post = self.new_client_posterior(level=2)
-            sig = self._population_noise(rng, n)
-        theta = post.sample(n, seed=rng)
+            post = self.new_client_posterior(level=2, n=n, seed=seed)
+            mean = Xd @ post.mean
+            theta, sig = post.draws, self._population_noise(rng, post.n_draws)
         mean_draws = theta @ Xd.T  # (n, rows)
-        noise = rng.choice(sig, size=n)[:, None] * rng.standard_normal(mean_draws.shape)
+        noise = sig[:, None] * rng.standard_normal(mean_draws.shape)
         a = (1 - level) / 2
         lo, hi = np.quantile(mean_draws, [a, 1 - a], axis=0)
         plo, phi_ = np.quantile(mean_draws + noise, [a, 1 - a], axis=0)
-        return pd.DataFrame({"mean": Xd @ post.mean, "lower": lo, "upper": hi, "pred_lower": plo, "pred_upper": phi_})
+        return pd.DataFrame({"mean": mean, "lower": lo, "upper": hi, "pred_lower": plo, "pred_upper": phi_})
 
     def _population_noise(self, rng, n) -> np.ndarray:
+        """Noise sd of a new device: the fitted devices' sigma posteriors, mixed in equal
+        parts (each resampled by its weights). Known noise: the root mean known variance."""
         if self.site.sigma_known:
-            return np.array([np.sqrt(float(np.mean([s.stats["sigma2"] for s in self.client_states.values()])))])
-        draws = np.concatenate([self.client_noise(c) for c in self.clients])
-        return rng.choice(draws, size=n)
+            return np.full(n, np.sqrt(float(np.mean([s.stats["sigma2"] for s in self.client_states.values()]))))
+        which = rng.integers(0, len(self.clients), size=n)
+        out = np.empty(n)
+        for j in np.unique(which):
+            at = np.flatnonzero(which == j)
+            out[at] = self.client_noise(self.clients[j]).sample(len(at), seed=rng)[:, 0]
+        return out
 
     def new_client_posterior(self, X=None, y=None, *, level: int | None = None, sigma: float | None = None,
                              n: int = 4000, seed: int = 0):
@@ -331,7 +370,7 @@ class HierarchicalResult:
         q = self.global_posterior
         d = self.site.d
         if level == 1:
-            return q.mean[:d].copy() if self.site.learn_mu else np.asarray(self.site.mu_known)
+            return q.mean[:d].copy()
         if level == 2:
             rng = np.random.default_rng(seed)
             phi = q.sample(n, seed=rng)
@@ -356,7 +395,7 @@ class HierarchicalResult:
         est = self.algorithm.estimator
         m, c = self.server.q.moments()
         tilted = est.estimate(self.algorithm.model, m[None], c[None], [stats], np.array([seed]),
-                              keep_draws=True, hint=[(m, c)])[0]
+                              keep_draws=True)[0]
         if not tilted.ok:
             raise FloatingPointError(f"adaptation failed: {tilted.message}")
         return _theta_posterior(self.site, tilted, stats, self.feature_names, seed=seed)
@@ -377,7 +416,7 @@ class HierarchicalResult:
         return cls(**blob["state"])
 
 
-def _theta_posterior(site: HM2Site, tilted: TiltedResult, stats, names, *, seed: int = 0):
+def _theta_posterior(site: HM2Site, tilted: TiltedResult, stats, names, *, seed=0):
     """theta_k's posterior from a tilted result: exact Gaussian, or Rao-Blackwellised draws."""
     if tilted.draws is None:  # exact estimator: phi = mu is Gaussian, theta_k linear in it
         m, C = site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats)
