@@ -158,6 +158,12 @@ class HM2Site:
         m = np.einsum("mij,mj->mi", V, h)
         return m, 0.5 * (V + np.swapaxes(V, 1, 2))
 
+    def noise_variance(self, phi: np.ndarray, z: np.ndarray, stats) -> np.ndarray:
+        """sigma_k^2 at each of a batch of draws (its known value, or exp(2 log sigma_k))."""
+        if self.sigma_known:
+            return np.full(len(phi), float(stats["sigma2"]))
+        return np.exp(2 * np.asarray(z)[:, 0])
+
     def exact_site(self, stats):
         """The Gaussian site in mu when tau and sigma are known (phi = mu)."""
         from ..inference.gaussian import NaturalGaussian, cholesky, chol_solve

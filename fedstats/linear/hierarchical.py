@@ -27,34 +27,17 @@ array([ 1. , -0.5])
 
 from __future__ import annotations
 
-import pickle
-import time
-import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from ..federation import run
-from ..inference.ep import FederatedEP, check_invariants
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
-from ..inference.tilted import TiltedEstimator, TiltedResult, make_estimator
+from ..inference.tilted import TiltedEstimator, make_estimator
+from ._ep_model import EPLinearResult, fit_ep, log_scale_rows
+from ._ep_model import normal_pair as _normal_pair
 from ._hm2_site import HM2Site
-
-_FORMAT = 1
-
-
-def _normal_pair(value, name) -> tuple[float, float]:
-    try:
-        m, s = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a (mean, sd) pair, got {value!r}") from None
-    if not (np.isfinite(m) and np.isfinite(s) and s > 0):
-        raise ValueError(f"{name} must have a finite mean and a positive sd, got {value!r}")
-    return m, s
 
 
 class HierarchicalLinearModel:
@@ -143,40 +126,14 @@ class HierarchicalLinearModel:
             raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
         names = (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
         site = self._site(len(names))
-        sigma = _client_sigmas(self.sigma, data.clients)
-        devices = _Devices(data, self.fit_intercept, sigma, site)
-        prior = self._prior(site)
         est = self._estimator(site)
         # Parallel EP from flat sites overshoots when the first tilteds are far from Gaussian;
         # only exact (Gaussian) sites are safe undamped.
         damping = (1.0 if est.name == "exact" else 0.5) if self.damping is None else float(self.damping)
-        alg = FederatedEP(site, prior, est, damping=damping, tol=float(self.tol))
-        t0 = time.perf_counter()
-        out = run(alg, devices, rounds=int(rounds or self.rounds), participation=self.participation,
-                  seed=seed, progress=progress, checkpoint=checkpoint, resume=resume, batched=batched,
-                  min_rounds=min(2, int(rounds or self.rounds)))
-        check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
-        _check_participation(out.history, list(data.clients))
-        return HierarchicalResult(
-            model=self, site=site, algorithm=alg, feature_names=names, clients=list(data.clients),
-            server=out.server_state, client_states=out.client_states, history=out.history,
-            communication=out.communication, converged=out.converged, seconds=time.perf_counter() - t0,
-            seed=seed,
-        )
-
-
-def _check_participation(history, clients) -> None:
-    """Raise if no device ever answered (q would be the prior); warn about silent devices."""
-    answered = {c for rec in history for c in rec.answered}
-    if not answered:
-        reasons = {c: why for rec in history for c, why in rec.failed.items()}
-        first = next(iter(reasons.items()), None)
-        detail = f"; e.g. client {first[0]!r}: {first[1]}" if first else ""
-        raise RuntimeError(f"no device answered in {len(history)} round(s), the fit is the prior{detail}")
-    silent = [c for c in clients if c not in answered]
-    if silent:
-        warnings.warn(f"{len(silent)} device(s) never answered and are not in the fit: {silent[:5]}",
-                      RuntimeWarning, stacklevel=3)
+        return fit_ep(HierarchicalResult, self, data, site, self._prior(site), est, names=names,
+                      sigma=_client_sigmas(self.sigma, data.clients), damping=damping, tol=self.tol,
+                      rounds=rounds or self.rounds, participation=self.participation, seed=seed,
+                      progress=progress, checkpoint=checkpoint, resume=resume, batched=batched)
 
 
 def _client_sigmas(sigma, clients) -> dict | None:
@@ -190,39 +147,12 @@ def _client_sigmas(sigma, clients) -> dict | None:
     return {c: float(sigma) for c in clients}
 
 
-class _Devices:
-    """The per-device view of the data the runtime hands to each client step."""
-
-    def __init__(self, data, intercept, sigma, site):
-        self.data, self.intercept, self.sigma, self.site = data, intercept, sigma, site
-        self.clients = list(data.clients)
-
-    def __getitem__(self, client):
-        cd = self.data[client]
-        X = np.column_stack([np.ones(len(cd.y)), cd.X]) if self.intercept else np.asarray(cd.X)
-        return (X, np.asarray(cd.y), None if self.sigma is None else self.sigma[client])
-
-
 # ---------------------------------------------------------------------------- result
 @dataclass
-class HierarchicalResult:
-    """A fitted HM2: global and device posteriors, predictions, history, communication."""
+class HierarchicalResult(EPLinearResult):
+    """A fitted HM2: global and device posteriors, predictions, fast adaptation, history,
+    communication (see :class:`fedstats.linear._ep_model.EPLinearResult`)."""
 
-    model: HierarchicalLinearModel
-    site: HM2Site
-    algorithm: Any
-    feature_names: list[str]
-    clients: list
-    server: Any
-    client_states: dict
-    history: Any
-    communication: Any
-    converged: bool
-    seconds: float
-    seed: int = 0
-    _device_cache: dict = field(default_factory=dict, repr=False)
-
-    # -------------------------------------------------------------- global
     @property
     def phi_names(self) -> list[str]:
         names = [f"mu[{n}]" for n in self.feature_names]
@@ -232,116 +162,17 @@ class HierarchicalResult:
             names += ["log_tau"]
         return names
 
-    @property
-    def global_posterior(self) -> GaussianPosterior:
-        """Gaussian EP approximation q(phi) of the posterior of phi = (mu, log tau)."""
-        return GaussianPosterior.from_natural(self.server.q.r, self.server.q.Q, names=self.phi_names)
-
-    @property
-    def rounds(self) -> int:
-        return len(self.history)
-
     def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
         """Global posterior table: mean, sd, lower, upper, p_value; plus tau on its own scale."""
         g = self.global_posterior
         df = g.summary(level=level, kind=kind)
         if self.site.tau_kind != "known":
-            # tau = exp(log tau): quantiles map through exp; the mean is the log-normal mean.
-            idx = [i for i, n in enumerate(g.names) if n.startswith("log_tau")]
-            lo, hi = g.credible_interval(level, kind="eti")
-            m, s = g.mean[idx], g.sd[idx]
-            lm = np.exp(m + s**2 / 2)
-            tau = pd.DataFrame({"mean": lm, "sd": lm * np.sqrt(np.expm1(s**2)), "lower": np.exp(lo[idx]),
-                                "upper": np.exp(hi[idx]), "p_value": np.nan},
-                               index=[g.names[i].replace("log_tau", "tau") for i in idx])
-            df = pd.concat([df, tau])
+            df = pd.concat([df, log_scale_rows(g, "log_tau", level, "tau")])
         return df
 
-    # -------------------------------------------------------------- devices
-    def _device_results(self) -> dict[Any, TiltedResult]:
-        if not self._device_cache:
-            alg = self.algorithm
-            sites = alg.committed_sites(self.server, self.client_states)
-            seeds = [int(np.random.default_rng([self.seed, 7, i]).integers(2**62)) for i in range(len(self.clients))]
-            res = alg.local_tilted(self.server.q, [sites[c] for c in self.clients],
-                                   [self.client_states[c].stats for c in self.clients], seeds)
-            self._device_cache.update(zip(self.clients, res))
-        return self._device_cache
-
-    def client_posterior(self, client) -> GaussianPosterior | SamplePosterior:
-        """Posterior of theta_k from the device's cavity (computed on the device).
-
-        Exact (Gaussian) when tau and sigma are known; otherwise a weighted or MCMC sample
-        of theta_k, Rao-Blackwellised over phi and sigma_k.
-        """
-        if client not in self.client_states:
-            raise KeyError(f"unknown client {client!r}; known clients include {self.clients[:5]}")
-        tilted = self._device_results()[client]
-        # Each device draws its own normals (the seed folds in the device's index).
-        seed = np.random.default_rng([self.seed, 11, self.clients.index(client)])
-        return _theta_posterior(self.site, tilted, self.client_states[client].stats, self.feature_names,
-                                seed=seed)
-
-    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
-        """Long table of every device's coefficients: client, name, mean, sd, lower, upper, p_value."""
-        frames = []
-        for c in self.clients:
-            df = self.client_posterior(c).summary(level=level, kind=kind)
-            df = df[["mean", "sd", "lower", "upper", "p_value"]].rename_axis("name").reset_index()
-            df.insert(0, "client", c)
-            frames.append(df)
-        return pd.concat(frames, ignore_index=True)
-
-    def client_noise(self, client) -> SamplePosterior | float:
-        """Posterior of sigma_k: its known value (a float), or a :class:`SamplePosterior`
-        with the tilted run's draws and weights."""
-        tilted = self._device_results()[client]
-        if self.site.sigma_known:
-            return float(np.sqrt(float(self.client_states[client].stats["sigma2"])))
-        return SamplePosterior(np.exp(tilted.draws["z"][:, :1]), names=["sigma"], weights=tilted.weights)
-
-    def _joint_draws(self, client, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` joint draws of (theta_k, sigma_k) from device k's posterior: resampled by the
-        importance weights, each theta with the sigma of the same tilted draw."""
-        post = self.client_posterior(client)
-        noise = self.client_noise(client)
-        if isinstance(post, GaussianPosterior):  # exact mode: sigma is known
-            return post.sample(n, seed=rng), np.full(n, noise)
-        w = post.weights
-        idx = rng.integers(0, post.n_draws, size=n) if w is None else rng.choice(post.n_draws, size=n, p=w)
-        sig = np.full(n, noise) if np.isscalar(noise) else noise.draws[idx, 0]
-        return post.draws[idx], sig
-
-    # -------------------------------------------------------------- prediction
-    def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
-        """Predictions for the rows of ``X`` (features as in the training data).
-
-        With ``client`` one of the fitted devices, its posterior is used. With a new or
-        missing ``client``, the population-level prior predictive of a new device
-        (fast adaptation level 2). Returns columns mean, lower, upper (credible interval
-        of the mean response) and pred_lower, pred_upper (predictive interval).
-        """
-        X = np.atleast_2d(np.asarray(X, dtype=float))
-        if X.shape[1] != len(self.feature_names) - int(self.model.fit_intercept):
-            raise ValueError(f"X has {X.shape[1]} columns, the model was fitted on "
-                             f"{len(self.feature_names) - int(self.model.fit_intercept)} features")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X contains NaN or inf")
-        Xd = np.column_stack([np.ones(len(X)), X]) if self.model.fit_intercept else X
-        rng = np.random.default_rng(seed)
-        if client is not None and client in self.client_states:
-            mean = Xd @ self.client_posterior(client).mean
-            theta, sig = self._joint_draws(client, n, rng)
-        else:
-            post = self.new_client_posterior(level=2, n=n, seed=seed)
-            mean = Xd @ post.mean
-            theta, sig = post.draws, self._population_noise(rng, post.n_draws)
-        mean_draws = theta @ Xd.T  # (n, rows)
-        noise = sig[:, None] * rng.standard_normal(mean_draws.shape)
-        a = (1 - level) / 2
-        lo, hi = np.quantile(mean_draws, [a, 1 - a], axis=0)
-        plo, phi_ = np.quantile(mean_draws + noise, [a, 1 - a], axis=0)
-        return pd.DataFrame({"mean": mean, "lower": lo, "upper": hi, "pred_lower": plo, "pred_upper": phi_})
+    def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+        post = self.new_client_posterior(level=2, n=n, seed=int(rng.integers(2**31)))
+        return post.draws, self._population_noise(rng, n)
 
     def _population_noise(self, rng, n) -> np.ndarray:
         """Noise sd of a new device: the fitted devices' sigma posteriors, mixed in equal
@@ -398,35 +229,13 @@ class HierarchicalResult:
                               keep_draws=True)[0]
         if not tilted.ok:
             raise FloatingPointError(f"adaptation failed: {tilted.message}")
-        return _theta_posterior(self.site, tilted, stats, self.feature_names, seed=seed)
-
-    # -------------------------------------------------------------- persistence
-    def save(self, path) -> None:
-        """Pickle the result (model options, server and device states, history)."""
-        state = {k: v for k, v in self.__dict__.items() if k != "_device_cache"}
-        with open(Path(path), "wb") as f:
-            pickle.dump({"format": _FORMAT, "state": state}, f)
-
-    @classmethod
-    def load(cls, path) -> "HierarchicalResult":
-        with open(Path(path), "rb") as f:
-            blob = pickle.load(f)
-        if not isinstance(blob, dict) or blob.get("format") != _FORMAT:
-            raise ValueError(f"{path} is not a fedstats HM2 result (format {_FORMAT})")
-        return cls(**blob["state"])
-
-
-def _theta_posterior(site: HM2Site, tilted: TiltedResult, stats, names, *, seed=0):
-    """theta_k's posterior from a tilted result: exact Gaussian, or Rao-Blackwellised draws."""
-    if tilted.draws is None:  # exact estimator: phi = mu is Gaussian, theta_k linear in it
-        m, C = site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats)
-        return GaussianPosterior(m, C, names=names)
-    phi, z, weights = tilted.draws["phi"], tilted.draws["z"], tilted.weights
-    m, V = site.theta_conditional(phi, z, stats)
-    rng = np.random.default_rng(seed)
-    L = np.linalg.cholesky(V)
-    theta = m + np.einsum("mij,mj->mi", L, rng.standard_normal(m.shape))
-    return SamplePosterior(theta, names=names, weights=weights)
+        if tilted.draws is None:  # exact estimator
+            return GaussianPosterior(*self.site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats),
+                                     names=self.feature_names)
+        m, V = self.site.theta_conditional(tilted.draws["phi"], tilted.draws["z"], stats)
+        rng = np.random.default_rng(seed)
+        theta = m + np.einsum("mij,mj->mi", np.linalg.cholesky(V), rng.standard_normal(m.shape))
+        return SamplePosterior(theta, names=self.feature_names, weights=tilted.weights)
 
 
 # ---------------------------------------------------------------------------- centralised reference

@@ -8,7 +8,8 @@ from fedstats.federation import run
 from fedstats.inference.ep import check_invariants
 from fedstats.linear import HierarchicalLinearModel
 from fedstats.inference.ep import FederatedEP
-from fedstats.linear.hierarchical import HierarchicalResult, _Devices
+from fedstats.linear._ep_model import Devices
+from fedstats.linear.hierarchical import HierarchicalResult
 
 TAU = np.array([0.5, 2.0, 1.0])
 SIGMA = np.array([0.3, 0.5, 0.8, 0.4, 1.0])
@@ -122,7 +123,7 @@ def _ep_run(data, rounds, est="importance", participation=1.0, fail=None, checkp
             return out
 
     alg = Flaky(site, model._prior(site), model._estimator(site), damping=0.7)
-    dev = _Devices(data, False, None, site)
+    dev = Devices(data, False)
     return alg, run(alg, dev, rounds=rounds, participation=participation, seed=3, checkpoint=checkpoint,
                     resume=resume)
 
@@ -171,7 +172,7 @@ def test_invariants_hold_through_server_backoff(participation):
     gammas = []
     for r in range(1, 7):
         alg = FederatedEP(site, model._prior(site), _Overshooting(), damping=1.0, tol=0.0)
-        out = run(alg, _Devices(data, False, sig, site), rounds=r, participation=participation, seed=0)
+        out = run(alg, Devices(data, False, sig), rounds=r, participation=participation, seed=0)
         sites = alg.committed_sites(out.server_state, out.client_states)
         check_invariants(out.server_state, list(sites.values()))
         assert out.server_state.q.is_proper()

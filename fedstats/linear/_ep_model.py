@@ -1,0 +1,253 @@
+"""What every linear model fitted by federated EP shares: the fit loop, device views, and a
+result with global and device posteriors, predictions and persistence.
+
+A model supplies a *site* (``fedstats.inference.tilted.SiteModel``) that also gives, in
+numpy and for a batch of tilted draws ``(phi, z)``:
+
+* ``theta_conditional(phi, z, stats)``: mean and covariance of the device's coefficients
+  given them (Gaussian, so device posteriors are Rao-Blackwellised);
+* ``noise_variance(phi, z, stats)``: the device's noise variance at each draw.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..federation import run
+from ..inference.ep import FederatedEP, check_invariants
+from ..inference.gaussian import NaturalGaussian
+from ..inference.posterior import GaussianPosterior, SamplePosterior
+from ..inference.tilted import TiltedEstimator, TiltedResult
+
+_FORMAT = 1
+
+
+def normal_pair(value, name) -> tuple[float, float]:
+    """A validated (mean, sd) pair of a normal prior."""
+    try:
+        m, s = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (mean, sd) pair, got {value!r}") from None
+    if not (np.isfinite(m) and np.isfinite(s) and s > 0):
+        raise ValueError(f"{name} must have a finite mean and a positive sd, got {value!r}")
+    return m, s
+
+
+class Devices:
+    """The per-device view of the data the runtime hands to each client step:
+    ``(X, y, known noise sd or None)`` with the intercept column prepended if asked."""
+
+    def __init__(self, data, intercept: bool, sigma: dict | None = None):
+        self.data, self.intercept, self.sigma = data, intercept, sigma
+        self.clients = list(data.clients)
+
+    def __getitem__(self, client):
+        cd = self.data[client]
+        X = np.column_stack([np.ones(len(cd.y)), cd.X]) if self.intercept else np.asarray(cd.X)
+        return (X, np.asarray(cd.y), None if self.sigma is None else self.sigma[client])
+
+
+def check_participation(history, clients) -> None:
+    """Raise if no device ever answered (q would be the prior); warn about silent devices."""
+    answered = {c for rec in history for c in rec.answered}
+    if not answered:
+        reasons = {c: why for rec in history for c, why in rec.failed.items()}
+        first = next(iter(reasons.items()), None)
+        detail = f"; e.g. client {first[0]!r}: {first[1]}" if first else ""
+        raise RuntimeError(f"no device answered in {len(history)} round(s), the fit is the prior{detail}")
+    silent = [c for c in clients if c not in answered]
+    if silent:
+        warnings.warn(f"{len(silent)} device(s) never answered and are not in the fit: {silent[:5]}",
+                      RuntimeWarning, stacklevel=4)
+
+
+def fit_ep(result_cls, model, data, site, prior: NaturalGaussian, est: TiltedEstimator, *, names, sigma=None,
+           damping: float, tol: float, rounds: int, participation, seed: int, progress, checkpoint, resume,
+           batched: bool):
+    """Run federated EP for ``site`` on ``data`` and wrap the outcome in ``result_cls``."""
+    devices = Devices(data, model.fit_intercept, sigma)
+    alg = FederatedEP(site, prior, est, damping=damping, tol=float(tol))
+    t0 = time.perf_counter()
+    out = run(alg, devices, rounds=int(rounds), participation=participation, seed=seed, progress=progress,
+              checkpoint=checkpoint, resume=resume, batched=batched, min_rounds=min(2, int(rounds)))
+    check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
+    check_participation(out.history, list(data.clients))
+    return result_cls(
+        model=model, site=site, algorithm=alg, feature_names=list(names), clients=list(data.clients),
+        server=out.server_state, client_states=out.client_states, history=out.history,
+        communication=out.communication, converged=out.converged, seconds=time.perf_counter() - t0, seed=seed,
+    )
+
+
+def log_scale_rows(g: GaussianPosterior, prefix: str, level: float, new_prefix: str) -> pd.DataFrame:
+    """Summary rows of ``exp(x)`` for the components of ``g`` named ``prefix...``: the
+    log-normal mean and sd, and the equal-tailed interval mapped through exp."""
+    idx = [i for i, n in enumerate(g.names) if n.startswith(prefix)]
+    lo, hi = g.credible_interval(level, kind="eti")
+    m, s = g.mean[idx], g.sd[idx]
+    lm = np.exp(m + s**2 / 2)
+    return pd.DataFrame({"mean": lm, "sd": lm * np.sqrt(np.expm1(s**2)), "lower": np.exp(lo[idx]),
+                         "upper": np.exp(hi[idx]), "p_value": np.nan},
+                        index=[new_prefix + g.names[i][len(prefix):] for i in idx])
+
+
+@dataclass
+class EPLinearResult:
+    """A linear model fitted by federated EP: global and device posteriors, predictions,
+    round history and communication. Subclasses name phi's components (``phi_names``)
+    and say what a device that took no part in the fit looks like (``_population_draws``)."""
+
+    model: Any
+    site: Any
+    algorithm: Any
+    feature_names: list[str]
+    clients: list
+    server: Any
+    client_states: dict
+    history: Any
+    communication: Any
+    converged: bool
+    seconds: float
+    seed: int = 0
+    _device_cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def phi_names(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def global_posterior(self) -> GaussianPosterior:
+        """The Gaussian EP approximation q(phi) of the posterior of the global parameters."""
+        return GaussianPosterior.from_natural(self.server.q.r, self.server.q.Q, names=self.phi_names)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.history)
+
+    # -------------------------------------------------------------- devices
+    def _device_results(self) -> dict[Any, TiltedResult]:
+        """Each device's tilted distribution at the final q, from its cavity (computed on the device)."""
+        if not self._device_cache:
+            alg = self.algorithm
+            sites = alg.committed_sites(self.server, self.client_states)
+            seeds = [int(np.random.default_rng([self.seed, 7, i]).integers(2**62)) for i in range(len(self.clients))]
+            res = alg.local_tilted(self.server.q, [sites[c] for c in self.clients],
+                                   [self.client_states[c].stats for c in self.clients], seeds)
+            self._device_cache.update(zip(self.clients, res))
+        return self._device_cache
+
+    def _check_client(self, client) -> None:
+        if client not in self.client_states:
+            raise KeyError(f"unknown client {client!r}; known clients include {self.clients[:5]}")
+
+    def client_posterior(self, client) -> GaussianPosterior | SamplePosterior:
+        """Posterior of device ``client``'s coefficients, from its cavity (spec §2.5).
+
+        Exact (Gaussian) when the estimator is exact; otherwise a weighted or MCMC sample of
+        the coefficients, Rao-Blackwellised over the global and local parameters.
+        """
+        self._check_client(client)
+        tilted = self._device_results()[client]
+        stats = self.client_states[client].stats
+        if tilted.draws is None:  # exact estimator: the site is Gaussian, the coefficients linear in phi
+            m, C = self.site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats)
+            return GaussianPosterior(m, C, names=self.feature_names)
+        m, V = self.site.theta_conditional(tilted.draws["phi"], tilted.draws["z"], stats)
+        # Each device draws its own normals (the seed folds in the device's index).
+        rng = np.random.default_rng([self.seed, 11, self.clients.index(client)])
+        theta = m + np.einsum("mij,mj->mi", np.linalg.cholesky(V), rng.standard_normal(m.shape))
+        return SamplePosterior(theta, names=self.feature_names, weights=tilted.weights)
+
+    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        """Long table of every device's coefficients: client, name, mean, sd, lower, upper, p_value."""
+        frames = []
+        for c in self.clients:
+            df = self.client_posterior(c).summary(level=level, kind=kind)
+            df = df[["mean", "sd", "lower", "upper", "p_value"]].rename_axis("name").reset_index()
+            df.insert(0, "client", c)
+            frames.append(df)
+        return pd.concat(frames, ignore_index=True)
+
+    def client_noise(self, client) -> SamplePosterior | float:
+        """Posterior of device ``client``'s noise sd: a float when it is known, else a
+        :class:`SamplePosterior` aligned with the tilted draws (same weights)."""
+        self._check_client(client)
+        tilted = self._device_results()[client]
+        stats = self.client_states[client].stats
+        if tilted.draws is None:
+            return float(np.sqrt(self.site.noise_variance(tilted.mean[None], np.zeros((1, 0)), stats)[0]))
+        var = self.site.noise_variance(tilted.draws["phi"], tilted.draws["z"], stats)
+        if np.ptp(var) == 0:
+            return float(np.sqrt(var[0]))
+        return SamplePosterior(np.sqrt(var)[:, None], names=["sigma"], weights=tilted.weights)
+
+    def _joint_draws(self, client, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` joint draws of (coefficients, noise sd) from the device's posterior:
+        resampled by the importance weights, each with the noise of the same tilted draw."""
+        post, noise = self.client_posterior(client), self.client_noise(client)
+        if isinstance(post, GaussianPosterior):
+            return post.sample(n, seed=rng), np.full(n, noise)
+        w = post.weights
+        idx = rng.integers(0, post.n_draws, size=n) if w is None else rng.choice(post.n_draws, size=n, p=w)
+        sig = np.full(n, noise) if np.isscalar(noise) else noise.draws[idx, 0]
+        return post.draws[idx], sig
+
+    def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+        """(coefficients, noise sd) of a device that took no part in the fit."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- prediction
+    def _design(self, X) -> np.ndarray:
+        X = np.atleast_2d(np.asarray(X, dtype=float))
+        k = len(self.feature_names) - int(self.model.fit_intercept)
+        if X.shape[1] != k:
+            raise ValueError(f"X has {X.shape[1]} columns, the model was fitted on {k} features")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X contains NaN or inf")
+        return np.column_stack([np.ones(len(X)), X]) if self.model.fit_intercept else X
+
+    def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
+        """Predictions for the rows of ``X`` (features as in the training data).
+
+        With ``client`` one of the fitted devices, its posterior is used; with a new or
+        missing ``client``, the population-level predictive of a new device. Returns
+        columns mean, lower, upper (credible interval of the mean response) and
+        pred_lower, pred_upper (predictive interval, noise included).
+        """
+        Xd = self._design(X)
+        rng = np.random.default_rng(seed)
+        if client is not None and client in self.client_states:
+            mean = Xd @ self.client_posterior(client).mean
+            theta, sig = self._joint_draws(client, n, rng)
+        else:
+            theta, sig = self._population_draws(n, rng)
+            mean = Xd @ theta.mean(axis=0)
+        mean_draws = theta @ Xd.T  # (n, rows)
+        noisy = mean_draws + sig[:, None] * rng.standard_normal(mean_draws.shape)
+        a = (1 - level) / 2
+        lo, hi = np.quantile(mean_draws, [a, 1 - a], axis=0)
+        plo, phi_ = np.quantile(noisy, [a, 1 - a], axis=0)
+        return pd.DataFrame({"mean": mean, "lower": lo, "upper": hi, "pred_lower": plo, "pred_upper": phi_})
+
+    # -------------------------------------------------------------- persistence
+    def save(self, path) -> None:
+        """Pickle the result (model options, server and device states, history)."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_device_cache"}
+        with open(Path(path), "wb") as f:
+            pickle.dump({"format": _FORMAT, "kind": type(self).__name__, "state": state}, f)
+
+    @classmethod
+    def load(cls, path):
+        with open(Path(path), "rb") as f:
+            blob = pickle.load(f)
+        if not isinstance(blob, dict) or blob.get("format") != _FORMAT or blob.get("kind") != cls.__name__:
+            raise ValueError(f"{path} is not a fedstats {cls.__name__} (format {_FORMAT})")
+        return cls(**blob["state"])
