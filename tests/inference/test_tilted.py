@@ -109,6 +109,15 @@ def test_zero_variance_moments_exact_for_gaussian_and_less_noisy_for_gamma():
     m, C = zero_variance_moments(x, -(x - mu) @ np.linalg.inv(S), 3)
     np.testing.assert_allclose(m, mu[:3], atol=1e-10)
     np.testing.assert_allclose(C, S[:3, :3], atol=1e-10)
+    # 32 dimensions, 600 draws: too few for all D^2 products, the reduced set stays exact
+    A = rng.normal(size=(32, 32))
+    S32 = A @ A.T / 32 + np.eye(32)
+    mu32 = rng.normal(size=32)
+    x = rng.multivariate_normal(mu32, S32, size=600)
+    m, C = zero_variance_moments(x, -(x - mu32) @ np.linalg.inv(S32), 2)
+    np.testing.assert_allclose(m, mu32[:2], atol=1e-8)
+    np.testing.assert_allclose(C, S32[:2, :2], atol=1e-8)
+    assert zero_variance_moments(x[:200], -(x[:200] - mu32) @ np.linalg.inv(S32), 2) is None
     zv, plain = [], []
     for _ in range(100):
         g = rng.gamma(5.0, 1.0, size=(1000, 1))

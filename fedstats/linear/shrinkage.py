@@ -1,0 +1,383 @@
+"""Federated Bayesian lasso and ridge with variable selection and posterior tests (spec §3).
+
+Each device has its own coefficients beta_k with i.i.d. shrinkage priors whose strength
+lambda (and, by default, the noise variance sigma^2) is shared: ``phi = (log lambda,
+log sigma^2)`` is fitted by federated EP, and each device's posterior of beta_k comes from
+its cavity. Predictor i is selected on device k when its credible interval excludes 0.
+
+>>> import numpy as np
+>>> from fedstats import FederatedData
+>>> from fedstats.linear import BayesianRidge
+>>> rng = np.random.default_rng(0)
+>>> Xs = [rng.normal(size=(60, 3)) for _ in range(3)]
+>>> ys = [X @ [2.0, 0.0, -1.0] + 0.3 * rng.normal(size=60) for X in Xs]
+>>> res = BayesianRidge().fit(FederatedData.from_arrays(Xs, ys), seed=0, progress=False)
+>>> res.selected(0.9).groupby("name")["selected"].sum().to_dict()
+{'x0': 3, 'x1': 0, 'x2': 3}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats as st
+
+from ..inference.gaussian import NaturalGaussian
+from ..inference.posterior import SamplePosterior
+from ..inference.tilted import TiltedEstimator, make_estimator
+from ._ep_model import EPLinearResult, fit_ep, log_scale_rows, normal_pair
+from ._shrinkage_site import ShrinkageSite
+
+
+class BayesianShrinkage:
+    """Hierarchical shrinkage regression (Bayesian lasso or ridge) fitted by federated EP.
+
+    Parameters
+    ----------
+    penalty : {"lasso", "ridge"}
+        Laplace(0, b) or N(0, sigma^2 / lambda) priors on each penalised coefficient.
+    scale : {"sd", "variance"}
+        Lasso scale b = sigma / lambda (Park-Casella, default) or sigma^2 / lambda (the
+        journal version of the paper).
+    noise : {"shared", "device"}
+        One noise variance sigma^2 in phi (default), or one per device, sampled locally
+        with a normal prior on log sigma_k^2 (then phi = log lambda and the lasso scale
+        uses sigma_k).
+    fit_intercept : bool
+        An unpenalised per-device intercept with a N(0, intercept_sd^2) prior.
+    prior_log_lambda, prior_log_sigma2 : (mean, sd)
+        Normal priors on log lambda and log sigma^2 (LogNormal(0, 1) by default).
+    estimator : str or TiltedEstimator
+        ``"auto"``: NUTS on the collapsed scale-mixture target for the lasso (4 chains),
+        importance sampling for the ridge (whose coefficients integrate out exactly).
+    estimator_options : dict
+        Passed to the estimator when given by name.
+    damping, rounds, tol, participation
+        As in :class:`fedstats.linear.HierarchicalLinearModel`. Damping 0.5 leaves a residual
+        about equal to the last round's change, hence ``tol = 0.05`` by default.
+    """
+
+    def __init__(self, penalty: str = "lasso", *, scale: str = "sd", noise: str = "shared", fit_intercept=True,
+                 intercept_sd: float = 10.0, prior_log_lambda=(0.0, 1.0), prior_log_sigma2=(0.0, 1.0),
+                 estimator="auto", estimator_options=None, damping: float = 0.5, rounds: int = 15,
+                 tol: float = 0.05, participation=1.0):
+        for name, value, allowed in (("penalty", penalty, ("lasso", "ridge")), ("scale", scale, ("sd", "variance")),
+                                     ("noise", noise, ("shared", "device"))):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
+        self.penalty, self.scale, self.noise = penalty, scale, noise
+        self.fit_intercept, self.intercept_sd = bool(fit_intercept), float(intercept_sd)
+        self.prior_log_lambda, self.prior_log_sigma2 = prior_log_lambda, prior_log_sigma2
+        self.estimator, self.estimator_options = estimator, estimator_options
+        self.damping, self.rounds, self.tol, self.participation = damping, rounds, tol, participation
+
+    def __repr__(self):
+        return f"{type(self).__name__}(penalty={self.penalty!r}, scale={self.scale!r}, noise={self.noise!r})"
+
+    # ------------------------------------------------------------------ set-up
+    def _site(self, d: int) -> ShrinkageSite:
+        if not (np.isfinite(self.intercept_sd) and self.intercept_sd > 0):
+            raise ValueError(f"intercept_sd must be positive, got {self.intercept_sd}")
+        return ShrinkageSite(d=d, penalty=self.penalty, scale=self.scale, noise=self.noise,
+                             intercept=self.fit_intercept, intercept_sd=self.intercept_sd,
+                             log_sigma2_prior=normal_pair(self.prior_log_sigma2, "prior_log_sigma2"))
+
+    def _prior(self, site: ShrinkageSite) -> NaturalGaussian:
+        pairs = [normal_pair(self.prior_log_lambda, "prior_log_lambda")]
+        if site.noise == "shared":
+            pairs.append(normal_pair(self.prior_log_sigma2, "prior_log_sigma2"))
+        m, s = np.array(pairs).T
+        return NaturalGaussian.from_moments(m, np.diag(s**2))
+
+    def _estimator(self, site: ShrinkageSite) -> TiltedEstimator:
+        spec, opts = self.estimator, dict(self.estimator_options or {})
+        if spec == "auto":
+            spec = "nuts" if site.penalty == "lasso" else "importance"
+        if spec == "exact":
+            raise ValueError("the shrinkage model has no exact Gaussian site; use 'nuts' or 'importance'")
+        if spec == "nuts":
+            opts.setdefault("target", "collapsed")
+            opts.setdefault("vectorize", "chains")  # per-device trajectories differ widely in length
+            if opts["target"] != "collapsed":
+                raise ValueError("the shrinkage model is sampled on its collapsed target (target='collapsed')")
+        if spec in ("importance", "laplace") and site.penalty == "lasso":
+            raise ValueError(f"estimator {spec!r} is not reliable for the lasso's {site.d} local scales; use 'nuts'")
+        return make_estimator(spec, **opts)
+
+    def _check(self, data) -> list[str]:
+        from ..data import FederatedData
+
+        if not isinstance(data, FederatedData):
+            raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
+        _check_design(data)
+        return (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, data, *, seed: int = 0, rounds: int | None = None, progress: bool | None = None,
+            checkpoint=None, resume: bool = False, batched: bool = True) -> "ShrinkageResult":
+        """Fit by federated EP; returns a :class:`ShrinkageResult`. Raw rows stay on their
+        device, which shares only the changes of its EP site for (log lambda, log sigma^2)."""
+        names = self._check(data)
+        site = self._site(len(names) - int(self.fit_intercept))
+        if not 0 < float(self.damping) <= 1:
+            raise ValueError(f"damping must lie in (0, 1], got {self.damping}")
+        return fit_ep(ShrinkageResult, self, data, site, self._prior(site), self._estimator(site), names=names,
+                      damping=float(self.damping), tol=self.tol, rounds=rounds or self.rounds,
+                      participation=self.participation, seed=seed, progress=progress, checkpoint=checkpoint,
+                      resume=resume, batched=batched)
+
+    def fit_centralised(self, data, *, seed: int = 0, num_warmup: int = 1000, num_samples: int = 2000,
+                        num_chains: int = 4) -> "CentralisedShrinkageResult":
+        """The same Bayesian model on the pooled rows (one coefficient vector, one intercept),
+        by NumPyro NUTS with the Laplace or normal prior written directly (not the scale
+        mixture): a reference for tests, notebooks and benchmarks, not a federated method."""
+        names = self._check(data)
+        if self.noise != "shared":
+            raise ValueError("the centralised reference pools all rows: use noise='shared'")
+        return _pooled_nuts(self, data, names, seed=seed, num_warmup=num_warmup, num_samples=num_samples,
+                            num_chains=num_chains)
+
+
+class BayesianLasso(BayesianShrinkage):
+    """Federated Bayesian lasso: :class:`BayesianShrinkage` with ``penalty="lasso"``."""
+
+    def __init__(self, **options):
+        super().__init__("lasso", **options)
+
+
+class BayesianRidge(BayesianShrinkage):
+    """Federated Bayesian ridge: :class:`BayesianShrinkage` with ``penalty="ridge"``."""
+
+    def __init__(self, **options):
+        super().__init__("ridge", **options)
+
+
+def _check_design(data) -> None:
+    """Refuse designs that would give a silently wrong answer; warn about weak ones."""
+    import warnings
+
+    d = data.n_features
+    for c in data.clients:
+        X = np.asarray(data[c].X)
+        n = len(X)
+        const = [data.feature_names[j] for j in np.flatnonzero(np.ptp(X, axis=0) == 0)] if n > 1 else []
+        if const:
+            warnings.warn(f"client {c!r}: predictor(s) {const[:5]} are constant; the prior alone decides "
+                          "their coefficients at this site (their intervals reflect shrinkage, not data)",
+                          RuntimeWarning, stacklevel=4)
+        if n < d + 1:
+            warnings.warn(f"client {c!r} has {n} rows for {d} predictors: its coefficients are identified "
+                          "only through the shrinkage prior", RuntimeWarning, stacklevel=4)
+    # Collinearity is checked client by client (never on pooled rows): columns that are
+    # linearly dependent at every client carry one effect under two names, and selecting
+    # between them would be meaningless.
+    ranks = {c: np.linalg.matrix_rank(np.asarray(data[c].X) - np.asarray(data[c].X).mean(axis=0))
+             for c in data.clients}
+    if d and all(r < d for r in ranks.values()) and any(data[c].n > d for c in data.clients):
+        raise ValueError(f"the {d} predictors are linearly dependent at every client (ranks {sorted(set(ranks.values()))}); "
+                         "drop the redundant columns")
+    # (a constant column is reported above; here only dependence among the varying ones)
+    varying = {c: int(np.sum(np.ptp(np.asarray(data[c].X), axis=0) > 0)) for c in data.clients}
+    deficient = [c for c, r in ranks.items() if r < varying[c] and data[c].n > d]
+    if deficient:
+        warnings.warn(f"client(s) {deficient[:5]}: predictors are linearly dependent there; their split of the "
+                      "effect between those columns is decided by the prior", RuntimeWarning, stacklevel=4)
+
+
+# ---------------------------------------------------------------------------- selection and tests
+class _Selection:
+    """Selection by credible intervals and posterior tests; needs ``clients``,
+    ``client_posterior(c)`` and ``feature_names`` (the intercept is never tested)."""
+
+    def _penalised(self) -> list[str]:
+        return [n for n in self.feature_names if n != "intercept"]
+
+    def selected(self, level: float = 0.9, kind: str = "eti") -> pd.DataFrame:
+        """Per client and predictor: mean, sd, interval at ``level``, p_value and
+        ``selected`` (the interval excludes 0)."""
+        frames = []
+        for c in self.clients:
+            s = self.client_posterior(c).summary(level=level, kind=kind).loc[self._penalised()]
+            s = s[["mean", "sd", "lower", "upper", "p_value"]].rename_axis("name").reset_index()
+            s["selected"] = (s["lower"] > 0) | (s["upper"] < 0)
+            s.insert(0, "client", c)
+            frames.append(s)
+        return pd.concat(frames, ignore_index=True)
+
+    def test(self, level: float = 0.9, names=None, clients=None) -> pd.DataFrame:
+        """Posterior tests of each coefficient's sign, per client.
+
+        Columns: ``p_positive`` = P(beta > 0 | data), ``p_negative``, ``p_value`` = p_B =
+        2 min(p_positive, p_negative) (the two-sided posterior tail probability) and
+        ``reject`` = p_B < 1 - level, which holds exactly when the equal-tailed interval at
+        ``level`` excludes 0.
+        """
+        names = self._penalised() if names is None else list(names)
+        rows = []
+        for c in (self.clients if clients is None else clients):
+            post = self.client_posterior(c)
+            idx = [post.names.index(n) for n in names]
+            pos = post.prob_positive()[idx]
+            neg = 1.0 - pos  # draws exactly at 0 count half on each side
+            pb = post.tail_probability()[idx]
+            for n, a, b, p in zip(names, pos, neg, pb):
+                rows.append({"client": c, "name": n, "p_positive": float(a), "p_negative": float(b),
+                             "p_value": float(p), "reject": bool(p < 1 - level)})
+        return pd.DataFrame(rows)
+
+    def joint_test(self, names, client, level: float = 0.9) -> dict:
+        """Is beta = 0 for a group of coefficients credible at ``level``?
+
+        With m and C the posterior mean and covariance of the group (size g), the Gaussian
+        approximation's ``level`` credible ellipsoid is ``{b: (b - m)^T C^-1 (b - m) <=
+        chi2_g(level)}``. Returns the statistic ``m^T C^-1 m``, ``p_value`` = the posterior
+        mass of the Gaussian approximation outside the ellipsoid through 0
+        (``1 - F_chi2_g(stat)``), and ``reject`` = 0 lies outside the ellipsoid
+        (``p_value < 1 - level``). For g = 1 it is the Gaussian version of p_B.
+        """
+        names = list(names)
+        post = self.client_posterior(client)
+        missing = [n for n in names if n not in post.names]
+        if missing or not names:
+            raise ValueError(f"unknown coefficient(s) {missing}; choose from {self._penalised()}")
+        idx = [post.names.index(n) for n in names]
+        m, C = post.mean[idx], post.cov[np.ix_(idx, idx)]
+        stat = float(m @ np.linalg.solve(C, m))
+        p = float(st.chi2.sf(stat, df=len(idx)))
+        return {"client": client, "names": names, "statistic": stat, "df": len(idx), "p_value": p,
+                "reject": p < 1 - level}
+
+
+@dataclass
+class ShrinkageResult(_Selection, EPLinearResult):
+    """A fitted federated lasso or ridge (see :class:`EPLinearResult` for the common API)."""
+
+    @property
+    def phi_names(self) -> list[str]:
+        return ["log_lambda", "log_sigma2"] if self.site.noise == "shared" else ["log_lambda"]
+
+    def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        """Global posterior: log lambda (and log sigma^2), then lambda (sigma^2) on their scale."""
+        g = self.global_posterior
+        out = [g.summary(level=level, kind=kind), log_scale_rows(g, "log_lambda", level, "lambda")]
+        if self.site.noise == "shared":
+            out.append(log_scale_rows(g, "log_sigma2", level, "sigma2"))
+        return pd.concat(out)
+
+    def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+        phi = self.global_posterior.sample(n, seed=rng)
+        return self.site.prior_draws(phi, rng)
+
+    def predict_selected(self, X, client, level: float = 0.9) -> np.ndarray:
+        """Point predictions with the posterior means of the selected predictors and the
+        excluded ones set to 0 (spec §5.1; the intercept is always kept)."""
+        return _predict_selected(self, X, client, level)
+
+
+def _predict_selected(res, X, client, level) -> np.ndarray:
+    Xd = res._design(X)
+    post = res.client_posterior(client)
+    lo, hi = post.credible_interval(level)
+    keep = (lo > 0) | (hi < 0) | (np.array(post.names) == "intercept")
+    return Xd @ np.where(keep, post.mean, 0.0)
+
+
+# ---------------------------------------------------------------------------- centralised reference
+@dataclass
+class CentralisedShrinkageResult(_Selection):
+    """The pooled-data fit: one coefficient vector for every client, by NUTS.
+
+    ``client_posterior(c)`` returns the pooled posterior for any fitted client (and
+    ``"pooled"``), so ``selected``, ``test`` and ``predict`` work as for the federated fit.
+    """
+
+    model: BayesianShrinkage
+    feature_names: list[str]
+    fitted_clients: list
+    beta: SamplePosterior
+    phi: SamplePosterior
+    sigma: np.ndarray
+    diagnostics: dict
+    seconds: float
+
+    @property
+    def clients(self) -> list:
+        return ["pooled"]
+
+    @property
+    def global_posterior(self) -> SamplePosterior:
+        return self.phi
+
+    def client_posterior(self, client="pooled") -> SamplePosterior:
+        if client != "pooled" and client not in self.fitted_clients:
+            raise KeyError(f"unknown client {client!r}")
+        return self.beta
+
+    def _design(self, X) -> np.ndarray:
+        return EPLinearResult._design(self, X)
+
+    def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
+        """As :meth:`EPLinearResult.predict`, from the pooled posterior (``client`` ignored)."""
+        Xd = self._design(X)
+        rng = np.random.default_rng(seed)
+        idx = rng.integers(0, self.beta.n_draws, size=n)
+        mean_draws = self.beta.draws[idx] @ Xd.T
+        noisy = mean_draws + self.sigma[idx][:, None] * rng.standard_normal(mean_draws.shape)
+        a = (1 - level) / 2
+        lo, hi = np.quantile(mean_draws, [a, 1 - a], axis=0)
+        plo, phi_ = np.quantile(noisy, [a, 1 - a], axis=0)
+        return pd.DataFrame({"mean": Xd @ self.beta.mean, "lower": lo, "upper": hi, "pred_lower": plo,
+                             "pred_upper": phi_})
+
+    def predict_selected(self, X, client="pooled", level: float = 0.9) -> np.ndarray:
+        return _predict_selected(self, X, client, level)
+
+
+def _pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num_samples, num_chains):
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.diagnostics import summary as mcmc_summary
+    from numpyro.infer import MCMC, NUTS
+
+    t0 = time.perf_counter()
+    X = np.concatenate([np.asarray(data[c].X) for c in data.clients])
+    y = np.concatenate([np.asarray(data[c].y) for c in data.clients])
+    (l0, t0_), (s0, u0) = (normal_pair(model.prior_log_lambda, "prior_log_lambda"),
+                          normal_pair(model.prior_log_sigma2, "prior_log_sigma2"))
+    d = X.shape[1]
+
+    def numpyro_model(X, y):
+        log_lam = numpyro.sample("log_lambda", dist.Normal(l0, t0_))
+        log_s2 = numpyro.sample("log_sigma2", dist.Normal(s0, u0))
+        if model.penalty == "lasso":
+            log_b = (0.5 if model.scale == "sd" else 1.0) * log_s2 - log_lam
+            beta = numpyro.sample("beta", dist.Laplace(0.0, jnp.exp(log_b)).expand([d]).to_event(1))
+        else:
+            beta = numpyro.sample("beta", dist.Normal(0.0, jnp.exp(0.5 * (log_s2 - log_lam))).expand([d]).to_event(1))
+        mean = X @ beta
+        if model.fit_intercept:
+            mean = mean + numpyro.sample("intercept", dist.Normal(0.0, model.intercept_sd))
+        numpyro.sample("y", dist.Normal(mean, jnp.exp(0.5 * log_s2)), obs=y)
+
+    with jax.enable_x64(True):
+        mcmc = MCMC(NUTS(numpyro_model, target_accept_prob=0.9), num_warmup=num_warmup, num_samples=num_samples,
+                    num_chains=num_chains, chain_method="sequential", progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(seed), X, y)
+        s = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
+        grouped = mcmc.get_samples(group_by_chain=True)
+        summ = mcmc_summary({k: np.asarray(v) for k, v in grouped.items()}, prob=0.9)
+    rhat = max(float(np.max(v["r_hat"])) for v in summ.values())
+    ess = min(float(np.min(v["n_eff"])) for v in summ.values())
+    beta = s["beta"] if not model.fit_intercept else np.column_stack([s["intercept"], s["beta"]])
+    return CentralisedShrinkageResult(
+        model=model, feature_names=names, fitted_clients=list(data.clients),
+        beta=SamplePosterior(beta, names=names),
+        phi=SamplePosterior(np.column_stack([s["log_lambda"], s["log_sigma2"]]), names=["log_lambda", "log_sigma2"]),
+        sigma=np.exp(0.5 * s["log_sigma2"]), diagnostics={"rhat_max": rhat, "ess_min": ess},
+        seconds=time.perf_counter() - t0)

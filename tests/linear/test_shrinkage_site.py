@@ -1,0 +1,75 @@
+"""The lasso/ridge site against direct computations: collapsed likelihood, conditionals, prior."""
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from fedstats.linear._shrinkage_site import ShrinkageSite
+
+
+def design(n=25, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, d))])
+    y = X @ np.r_[0.5, rng.normal(size=d)] + 0.3 * rng.normal(size=n)
+    return X, y
+
+
+@pytest.mark.parametrize("penalty, scale, noise", [
+    ("ridge", "sd", "shared"), ("ridge", "sd", "device"), ("lasso", "sd", "shared"),
+    ("lasso", "variance", "shared"), ("lasso", "sd", "device"),
+])
+def test_collapsed_likelihood_equals_the_multivariate_normal(penalty, scale, noise):
+    X, y = design()
+    site = ShrinkageSite(d=4, penalty=penalty, scale=scale, noise=noise, intercept_sd=3.0)
+    rng = np.random.default_rng(1)
+    phi = rng.normal(size=site.phi_dim) * 0.5
+    z = rng.normal(size=site.local_dim) * 0.5
+    with jax.enable_x64(True):
+        got = float(site.log_collapsed(jax.numpy.asarray(phi), jax.numpy.asarray(z), site.stats_from(X, y)))
+    log_lam = phi[0]
+    log_s2 = phi[1] if noise == "shared" else z[0]
+    u = z[int(noise == "device"):]
+    s2 = np.exp(log_s2)
+    lp_z = st.norm.logpdf(z[0]) if noise == "device" else 0.0
+    if penalty == "ridge":
+        D = np.full(4, s2 / np.exp(log_lam))
+    else:
+        b = (np.sqrt(s2) if scale == "sd" else s2) / np.exp(log_lam)
+        D = b**2 * np.exp(u)
+        lp_z += np.sum(st.expon(scale=2.0).logpdf(np.exp(u)) + u)  # density of u = log e
+    D = np.r_[9.0, D]
+    ref = st.multivariate_normal(np.zeros(len(y)), s2 * np.eye(len(y)) + X @ np.diag(D) @ X.T).logpdf(y) + lp_z
+    np.testing.assert_allclose(got, ref, rtol=1e-10)
+
+
+def test_theta_conditional_is_the_gaussian_posterior():
+    X, y = design()
+    site = ShrinkageSite(d=4, penalty="lasso")
+    rng = np.random.default_rng(2)
+    phi, z = rng.normal(size=(3, 2)) * 0.3, rng.normal(size=(3, 4))
+    m, V = site.theta_conditional(phi, z, site.stats_from(X, y))
+    for i in range(3):
+        s2 = np.exp(phi[i, 1])
+        D = np.r_[100.0, (np.sqrt(s2) / np.exp(phi[i, 0])) ** 2 * np.exp(z[i])]
+        P = X.T @ X / s2 + np.diag(1 / D)
+        np.testing.assert_allclose(V[i], np.linalg.inv(P), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(m[i], np.linalg.solve(P, X.T @ y / s2), rtol=1e-9, atol=1e-12)
+
+
+def test_scale_mixture_prior_is_laplace():
+    site = ShrinkageSite(d=3, penalty="lasso", intercept=False)
+    phi = np.tile([np.log(2.0), np.log(0.25)], (40000, 1))  # b = 0.5 / 2 = 0.25
+    beta, sig = site.prior_draws(phi, np.random.default_rng(0))
+    np.testing.assert_allclose(sig, 0.5)
+    assert st.kstest(beta[:, 0], st.laplace(scale=0.25).cdf).pvalue > 0.01
+    ridge = ShrinkageSite(d=3, penalty="ridge", intercept=False)
+    beta, _ = ridge.prior_draws(phi, np.random.default_rng(0))
+    assert st.kstest(beta[:, 1], st.norm(scale=np.sqrt(0.25 / 2.0)).cdf).pvalue > 0.01
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="penalty"):
+        ShrinkageSite(d=2, penalty="elastic")
+    with pytest.raises(ValueError, match="noise"):
+        ShrinkageSite(d=2, noise="none")
