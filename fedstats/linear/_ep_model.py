@@ -99,6 +99,17 @@ def log_scale_rows(g: GaussianPosterior, prefix: str, level: float, new_prefix: 
                         index=[new_prefix + g.names[i][len(prefix):] for i in idx])
 
 
+def prediction_frame(Xd, mean, theta, sig, level: float, rng) -> pd.DataFrame:
+    """mean, credible (lower, upper) and predictive (pred_lower, pred_upper) intervals of
+    the rows of ``Xd`` from joint draws of coefficients ``theta`` and noise sd ``sig``."""
+    mean_draws = theta @ Xd.T  # (n, rows)
+    noisy = mean_draws + sig[:, None] * rng.standard_normal(mean_draws.shape)
+    a = (1 - level) / 2
+    lo, hi = np.quantile(mean_draws, [a, 1 - a], axis=0)
+    plo, phi_ = np.quantile(noisy, [a, 1 - a], axis=0)
+    return pd.DataFrame({"mean": mean, "lower": lo, "upper": hi, "pred_lower": plo, "pred_upper": phi_})
+
+
 @dataclass
 class EPLinearResult:
     """A linear model fitted by federated EP: global and device posteriors, predictions,
@@ -230,12 +241,7 @@ class EPLinearResult:
         else:
             theta, sig = self._population_draws(n, rng)
             mean = Xd @ theta.mean(axis=0)
-        mean_draws = theta @ Xd.T  # (n, rows)
-        noisy = mean_draws + sig[:, None] * rng.standard_normal(mean_draws.shape)
-        a = (1 - level) / 2
-        lo, hi = np.quantile(mean_draws, [a, 1 - a], axis=0)
-        plo, phi_ = np.quantile(noisy, [a, 1 - a], axis=0)
-        return pd.DataFrame({"mean": mean, "lower": lo, "upper": hi, "pred_lower": plo, "pred_upper": phi_})
+        return prediction_frame(Xd, mean, theta, sig, level, rng)
 
     # -------------------------------------------------------------- persistence
     def save(self, path) -> None:

@@ -27,7 +27,7 @@ from scipy import stats as st
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
-from ._ep_model import EPLinearResult, fit_ep, log_scale_rows, normal_pair
+from ._ep_model import EPLinearResult, fit_ep, log_scale_rows, normal_pair, prediction_frame
 from ._shrinkage_site import ShrinkageSite
 
 
@@ -323,13 +323,7 @@ class CentralisedShrinkageResult(_Selection):
         Xd = self._design(X)
         rng = np.random.default_rng(seed)
         idx = rng.integers(0, self.beta.n_draws, size=n)
-        mean_draws = self.beta.draws[idx] @ Xd.T
-        noisy = mean_draws + self.sigma[idx][:, None] * rng.standard_normal(mean_draws.shape)
-        a = (1 - level) / 2
-        lo, hi = np.quantile(mean_draws, [a, 1 - a], axis=0)
-        plo, phi_ = np.quantile(noisy, [a, 1 - a], axis=0)
-        return pd.DataFrame({"mean": Xd @ self.beta.mean, "lower": lo, "upper": hi, "pred_lower": plo,
-                             "pred_upper": phi_})
+        return prediction_frame(Xd, Xd @ self.beta.mean, self.beta.draws[idx], self.sigma[idx], level, rng)
 
     def predict_selected(self, X, client="pooled", level: float = 0.9) -> np.ndarray:
         return _predict_selected(self, X, client, level)

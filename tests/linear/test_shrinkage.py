@@ -122,3 +122,15 @@ def test_table2_cases_over_runs(case, runs):
                               for c in train.clients]))
     assert np.mean(false) <= 0.12 and np.mean(correct) >= 0.85
     assert 0.8 * paper <= np.mean(armse) <= 1.2 * paper, np.mean(armse)
+
+
+def test_centralised_predictions_cover():
+    data = one_client(n=80)
+    ref = BayesianRidge().fit_centralised(data, seed=0, num_warmup=300, num_samples=500, num_chains=2)
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(400, 5))
+    y = 0.4 + X @ np.array([1.5, 0.0, -0.8, 0.0, 0.3]) + 0.7 * rng.normal(size=400)
+    p = ref.predict(X, level=0.9)
+    cover = np.mean((p["pred_lower"] <= y) & (y <= p["pred_upper"]))
+    assert 0.85 <= cover <= 0.95
+    assert np.all(p["pred_lower"] < p["lower"]) and np.all(p["upper"] < p["pred_upper"])
