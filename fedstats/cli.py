@@ -84,8 +84,7 @@ def _fit(args) -> dict:
         if tdf[args.by].isna().any():
             lines = ", ".join(str(i + 2) for i in np.flatnonzero(tdf[args.by].isna().to_numpy())[:5])
             raise CLIError(f"{args.predict}: column {args.by!r} has missing client ids (line(s) {lines})")
-        _design(tdf, list(data.feature_names), args.predict)  # schema errors before the fit
-        test = tdf
+        test = (tdf, _design(tdf, list(data.feature_names), args.predict))  # schema errors before the fit
     t0 = time.perf_counter()
     res = HierarchicalLinearModel(rounds=args.rounds).fit(data, seed=args.seed, progress=None)
     runtime = time.perf_counter() - t0
@@ -106,7 +105,7 @@ def _fit(args) -> dict:
         tables[c] = s
         out["client"][_id_key(c)] = _records(s, ["mean", "sd", "lower", "upper", "p_value"])
     if test is not None:
-        out["predictions"] = _predict(res, data, test, args)
+        out["predictions"] = _predict(res, data, *test, args)
     _print_tables(g, tables, res, args, runtime)
     return out
 
@@ -141,8 +140,7 @@ def _id_key(value) -> str:
     return str(value)
 
 
-def _predict(res, data, test: pd.DataFrame, args) -> list[dict]:
-    X = _design(test, list(data.feature_names), args.predict)
+def _predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
     ids = test[args.by]
     # Ids are matched as text, so 3, 3.0 and "3" name the same client whatever the column types.
     known = {_id_key(c): c for c in data.clients}

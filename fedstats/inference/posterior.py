@@ -842,7 +842,6 @@ class SamplePosterior(Posterior):
             )
         if min(draws.shape) == 0:
             raise ValueError(f"draws must be non-empty, got shape {draws.shape}")
-        p = draws.shape[-1]
         n_total = int(np.prod(draws.shape[:-1]))
         if weights is not None:
             w = _finite_array(weights, "weights")

@@ -166,7 +166,7 @@ def _laplace_fns(model: SiteModel, newton_steps: int):
     import jax
     import jax.numpy as jnp
 
-    p, l = model.phi_dim, model.local_dim
+    p = model.phi_dim
 
     def log_target(x, cav_mean, cav_prec, stats):
         phi, z = x[:p], x[p:]

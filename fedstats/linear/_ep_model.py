@@ -99,6 +99,29 @@ def log_scale_rows(g: GaussianPosterior, prefix: str, level: float, new_prefix: 
                         index=[new_prefix + g.names[i][len(prefix):] for i in idx])
 
 
+def coefficient_posterior(site, tilted: TiltedResult, stats, names, rng) -> GaussianPosterior | SamplePosterior:
+    """A device's coefficient posterior from its tilted result: exact Gaussian when the
+    estimator is exact, else one draw of the Gaussian conditional ``site.theta_conditional``
+    per tilted draw (Rao-Blackwellised), with the tilted draws' weights."""
+    if tilted.draws is None:  # exact estimator: the site is Gaussian, the coefficients linear in phi
+        m, C = site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats)
+        return GaussianPosterior(m, C, names=names)
+    m, V = site.theta_conditional(tilted.draws["phi"], tilted.draws["z"], stats)
+    theta = m + np.einsum("mij,mj->mi", np.linalg.cholesky(V), rng.standard_normal(m.shape))
+    return SamplePosterior(theta, names=names, weights=tilted.weights)
+
+
+def design_matrix(X, feature_names, fit_intercept: bool) -> np.ndarray:
+    """Validated rows of ``X`` with the intercept column prepended when the model has one."""
+    X = np.atleast_2d(np.asarray(X, dtype=float))
+    k = len(feature_names) - int(fit_intercept)
+    if X.shape[1] != k:
+        raise ValueError(f"X has {X.shape[1]} columns, the model was fitted on {k} features")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X contains NaN or inf")
+    return np.column_stack([np.ones(len(X)), X]) if fit_intercept else X
+
+
 def prediction_frame(Xd, mean, theta, sig, level: float, rng) -> pd.DataFrame:
     """mean, credible (lower, upper) and predictive (pred_lower, pred_upper) intervals of
     the rows of ``Xd`` from joint draws of coefficients ``theta`` and noise sd ``sig``."""
@@ -166,16 +189,10 @@ class EPLinearResult:
         the coefficients, Rao-Blackwellised over the global and local parameters.
         """
         self._check_client(client)
-        tilted = self._device_results()[client]
-        stats = self.client_states[client].stats
-        if tilted.draws is None:  # exact estimator: the site is Gaussian, the coefficients linear in phi
-            m, C = self.site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats)
-            return GaussianPosterior(m, C, names=self.feature_names)
-        m, V = self.site.theta_conditional(tilted.draws["phi"], tilted.draws["z"], stats)
         # Each device draws its own normals (the seed folds in the device's index).
         rng = np.random.default_rng([self.seed, 11, self.clients.index(client)])
-        theta = m + np.einsum("mij,mj->mi", np.linalg.cholesky(V), rng.standard_normal(m.shape))
-        return SamplePosterior(theta, names=self.feature_names, weights=tilted.weights)
+        return coefficient_posterior(self.site, self._device_results()[client], self.client_states[client].stats,
+                                     self.feature_names, rng)
 
     def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
         """Long table of every device's coefficients: client, name, mean, sd, lower, upper, p_value."""
@@ -217,13 +234,7 @@ class EPLinearResult:
 
     # -------------------------------------------------------------- prediction
     def _design(self, X) -> np.ndarray:
-        X = np.atleast_2d(np.asarray(X, dtype=float))
-        k = len(self.feature_names) - int(self.model.fit_intercept)
-        if X.shape[1] != k:
-            raise ValueError(f"X has {X.shape[1]} columns, the model was fitted on {k} features")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X contains NaN or inf")
-        return np.column_stack([np.ones(len(X)), X]) if self.model.fit_intercept else X
+        return design_matrix(X, self.feature_names, self.model.fit_intercept)
 
     def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
         """Predictions for the rows of ``X`` (features as in the training data).

@@ -33,9 +33,9 @@ import numpy as np
 import pandas as pd
 
 from ..inference.gaussian import NaturalGaussian
-from ..inference.posterior import GaussianPosterior, SamplePosterior
+from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
-from ._ep_model import EPLinearResult, fit_ep, log_scale_rows
+from ._ep_model import EPLinearResult, coefficient_posterior, fit_ep, log_scale_rows
 from ._ep_model import normal_pair as _normal_pair
 from ._hm2_site import HM2Site
 
@@ -215,27 +215,19 @@ class HierarchicalResult(EPLinearResult):
             raise ValueError(f"level must be 1, 2 or 3, got {level}")
         if X is None or y is None:
             raise ValueError("level 3 needs the new device's X and y")
-        X = np.atleast_2d(np.asarray(X, dtype=float))
+        Xd = self._design(X)
         y = np.asarray(y, dtype=float).reshape(-1)
-        if len(X) != len(y) or not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
+        if len(Xd) != len(y) or not np.all(np.isfinite(y)):
             raise ValueError("X and y must be finite with the same number of rows")
         if self.site.sigma_known and sigma is None:
             raise ValueError("this model has a known noise sd: pass sigma for the new device")
-        Xd = np.column_stack([np.ones(len(X)), X]) if self.model.fit_intercept else X
         stats = self.site.stats_from(Xd, y, sigma)
-        est = self.algorithm.estimator
         m, c = self.server.q.moments()
-        tilted = est.estimate(self.algorithm.model, m[None], c[None], [stats], np.array([seed]),
-                              keep_draws=True)[0]
+        tilted = self.algorithm.estimator.estimate(self.algorithm.model, m[None], c[None], [stats],
+                                                   np.array([seed]), keep_draws=True)[0]
         if not tilted.ok:
             raise FloatingPointError(f"adaptation failed: {tilted.message}")
-        if tilted.draws is None:  # exact estimator
-            return GaussianPosterior(*self.site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats),
-                                     names=self.feature_names)
-        m, V = self.site.theta_conditional(tilted.draws["phi"], tilted.draws["z"], stats)
-        rng = np.random.default_rng(seed)
-        theta = m + np.einsum("mij,mj->mi", np.linalg.cholesky(V), rng.standard_normal(m.shape))
-        return SamplePosterior(theta, names=self.feature_names, weights=tilted.weights)
+        return coefficient_posterior(self.site, tilted, stats, self.feature_names, np.random.default_rng(seed))
 
 
 # ---------------------------------------------------------------------------- centralised reference

@@ -27,7 +27,7 @@ from scipy import stats as st
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
-from ._ep_model import EPLinearResult, fit_ep, log_scale_rows, normal_pair, prediction_frame
+from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, normal_pair, prediction_frame
 from ._shrinkage_site import ShrinkageSite
 
 
@@ -316,7 +316,7 @@ class CentralisedShrinkageResult(_Selection):
         return self.beta
 
     def _design(self, X) -> np.ndarray:
-        return EPLinearResult._design(self, X)
+        return design_matrix(X, self.feature_names, self.model.fit_intercept)
 
     def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
         """As :meth:`EPLinearResult.predict`, from the pooled posterior (``client`` ignored)."""

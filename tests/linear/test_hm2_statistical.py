@@ -6,7 +6,7 @@ import pytest
 from fedstats.datasets.synthetic import hm2_federation
 from fedstats.linear import HierarchicalLinearModel
 
-from test_hierarchical import SIGMA, TAU, exact_model, make_data, pooled_exact  # noqa: E402
+from test_hierarchical import SIGMA, TAU, make_data, pooled_exact  # noqa: E402
 
 
 def test_nuts_mode_matches_exact_posterior_small_federation():

@@ -1,7 +1,5 @@
 """Federated Bayesian lasso and ridge: against pooled NUTS, selection, tests, bad input."""
 
-import warnings
-
 import numpy as np
 import pytest
 
