@@ -176,7 +176,23 @@ class EPLinearResult:
             res = alg.local_tilted(self.server.q, [sites[c] for c in self.clients],
                                    [self.client_states[c].stats for c in self.clients], seeds)
             self._device_cache.update(zip(self.clients, res))
+            bad = [c for c, r in self._device_cache.items()
+                   if r.diagnostics.get("rhat_max", 1.0) > 1.05 or r.diagnostics.get("ess_min", np.inf) < 100]
+            if bad:
+                warnings.warn(f"the sampler behind the device posteriors of {len(bad)} device(s) (e.g. {bad[:3]}) "
+                              "mixed poorly (R-hat > 1.05 or ESS < 100): see sampler_diagnostics() and raise "
+                              "num_samples (or thin) in estimator_options", RuntimeWarning, stacklevel=3)
         return self._device_cache
+
+    def sampler_diagnostics(self) -> pd.DataFrame:
+        """Diagnostics of every device's tilted estimator (R-hat, ESS, acceptance or
+        divergences, whether control variates were used): one row per device for the last
+        EP round (``stage="last round"``) and one for the run behind its device posterior
+        (``stage="device posterior"``). Empty columns for exact estimators."""
+        rows = [{"client": c, "stage": "last round", **self.client_states[c].diagnostics} for c in self.clients]
+        rows += [{"client": c, "stage": "device posterior", **r.diagnostics}
+                 for c, r in self._device_results().items()]
+        return pd.DataFrame(rows)
 
     def _check_client(self, client) -> None:
         if client not in self.client_states:

@@ -131,7 +131,10 @@ def test_make_estimator():
     e = LaplaceTilted()
     assert make_estimator(e) is e
     with pytest.raises(ValueError, match="unknown tilted estimator"):
-        make_estimator("gibbs")
+        make_estimator("metropolis")
+    assert make_estimator("gibbs", thin=2).thin == 2
+    with pytest.raises(ValueError, match="thin"):
+        make_estimator("gibbs", thin=0)
     with pytest.raises(ValueError, match="options"):
         make_estimator(e, newton_steps=3)
     with pytest.raises(ValueError, match="target"):

@@ -73,3 +73,49 @@ def test_bad_options():
         ShrinkageSite(d=2, penalty="elastic")
     with pytest.raises(ValueError, match="noise"):
         ShrinkageSite(d=2, noise="none")
+
+
+def test_gibbs_conditional_draws():
+    # draw_theta: the Gaussian conditional; draw_locals: 1/e ~ inverse Gaussian(b/|beta|, 1)
+    X, y = design()
+    site = ShrinkageSite(d=4, penalty="lasso")
+    stats = site.stats_from(X, y)
+    phi, z = np.array([0.3, np.log(0.2)]), np.array([0.1, -0.4, 0.7, 0.0])
+    m, V = site.theta_conditional(phi[None], z[None], stats)
+    with jax.enable_x64(True):
+        keys = jax.random.split(jax.random.PRNGKey(0), 20000)
+        args = {k: jax.numpy.asarray(v) for k, v in stats.items()}
+        th = np.asarray(jax.vmap(lambda k: site.draw_theta(jax.numpy.asarray(phi), jax.numpy.asarray(z), args, k))(keys))
+        beta = np.array([0.0, 1e-8, 0.05, -0.4, 2.0])  # intercept first; includes beta ~ 0
+        u = np.asarray(jax.vmap(lambda k: site.draw_locals(jax.numpy.asarray(phi), jax.numpy.asarray(beta),
+                                                            jax.numpy.asarray(z), args, k))(keys))
+    se = np.sqrt(np.diag(V[0]) / len(th))
+    np.testing.assert_array_less(np.abs(th.mean(axis=0) - m[0]), 5 * se)
+    np.testing.assert_allclose(np.cov(th.T), V[0], atol=5 * np.sqrt(2 / len(th)) * np.diag(V[0]).max())
+    assert np.all(np.isfinite(u))
+    b = np.sqrt(0.2) / np.exp(0.3)
+    for j, bj in enumerate(beta[1:]):
+        if bj == 0.0:  # mean b / |beta| infinite: e -> 0 but finite
+            continue
+        mu = b / abs(bj)
+        assert st.kstest(np.exp(-u[:, j]), st.invgauss(mu).cdf).pvalue > 1e-3, (j, mu)
+
+
+@pytest.mark.parametrize("noise", ["shared", "device"])
+def test_gibbs_tilted_moments_equal_nuts(noise):
+    # Two samplers of the same tilted target (Metropolis-within-Gibbs, NUTS on the collapsed
+    # target): their phi moments must agree to Monte-Carlo error.
+    from fedstats.inference.tilted import GibbsTilted, NUTSTilted
+
+    site = ShrinkageSite(d=4, penalty="lasso", noise=noise)
+    stats = [site.stats_from(*design(seed=s)) for s in (0, 1)]
+    p = site.phi_dim
+    cm, cc = np.tile([0.5, np.log(0.1)][:p], (2, 1)), np.tile(np.eye(p) * 0.5, (2, 1, 1))
+    g = GibbsTilted(num_warmup=400, num_samples=1500).estimate(site, cm, cc, stats, np.array([3, 4]))
+    n = NUTSTilted(num_warmup=400, num_samples=1500, target="collapsed").estimate(site, cm, cc, stats,
+                                                                                  np.array([5, 6]))
+    for a, b in zip(g, n):
+        assert a.ok and a.diagnostics["rhat_max"] < 1.05 and a.diagnostics["ess_min"] > 300
+        sd = np.sqrt(np.diag(b.cov))
+        np.testing.assert_array_less(np.abs(a.mean - b.mean) / sd, 0.05)
+        np.testing.assert_allclose(np.sqrt(np.diag(a.cov)) / sd, 1, atol=0.05)
