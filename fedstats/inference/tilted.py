@@ -106,6 +106,9 @@ class TiltedEstimator(ABC):
     ) -> list[TiltedResult]:
         """Tilted moments for B devices: ``cavity_mean`` (B, p), ``cavity_cov`` (B, p, p)."""
 
+    def check_model(self, model: SiteModel) -> None:
+        """Raise ``ValueError`` when this estimator cannot handle ``model`` (checked before a fit)."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -647,6 +650,12 @@ class GibbsTilted(TiltedEstimator):
         return (f"GibbsTilted(num_warmup={self.num_warmup}, num_samples={self.num_samples}, "
                 f"num_chains={self.num_chains}, thin={self.thin})")
 
+    def check_model(self, model):
+        missing = [a for a in ("draw_theta", "draw_locals", "mh_locals", "log_collapsed") if not hasattr(model, a)]
+        if missing:
+            raise ValueError(f"{type(model).__name__} has no {missing[0]!r}: the Gibbs estimator needs closed-form "
+                             "conditionals (the lasso and ridge sites have them); use 'nuts' or 'importance'")
+
     def _compiled(self, model):
         import jax
         import jax.numpy as jnp
@@ -654,10 +663,7 @@ class GibbsTilted(TiltedEstimator):
         key = ("gibbs", model.cache_key(), self.num_warmup, self.num_samples, self.thin)
         if key in _COMPILED:
             return _COMPILED[key]
-        for attr in ("draw_theta", "draw_locals", "mh_locals", "log_collapsed"):
-            if not hasattr(model, attr):
-                raise TypeError(f"{type(model).__name__} has no {attr!r}: the Gibbs estimator needs "
-                                "closed-form conditionals")
+        self.check_model(model)
         p, m = model.phi_dim, int(model.mh_locals)
         q = p + m
         v = model.invariant_direction() if hasattr(model, "invariant_direction") else None

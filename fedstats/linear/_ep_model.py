@@ -73,6 +73,7 @@ def fit_ep(result_cls, model, data, site, prior: NaturalGaussian, est: TiltedEst
            damping: float, tol: float, rounds: int, participation, seed: int, progress, checkpoint, resume,
            batched: bool):
     """Run federated EP for ``site`` on ``data`` and wrap the outcome in ``result_cls``."""
+    est.check_model(site)
     devices = Devices(data, model.fit_intercept, sigma)
     alg = FederatedEP(site, prior, est, damping=damping, tol=float(tol))
     t0 = time.perf_counter()
