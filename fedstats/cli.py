@@ -1,10 +1,13 @@
 """The ``fedstats`` command.
 
-``fedstats fit DATA.csv --by CLIENT --target Y [--features A B ...] --model hm2 [--level 0.9]
-[--rounds N] [--seed S] [--output OUT.json] [--predict TEST.csv]`` fits a federated model
-with one client per value of ``--by`` and prints the global posterior and each client's
-coefficients with credible intervals. ``fedstats demo`` simulates a federation, fits it
-and prints the fit beside the pooled gold standard.
+``fedstats fit DATA.csv --by CLIENT --target Y [--features A B ...] [--model hm2|lasso|ridge]
+[--level 0.9] [--rounds N] [--seed S] [--output OUT.json] [--predict TEST.csv]`` fits a
+federated model with one client per value of ``--by`` and prints the global posterior and
+each client's coefficients with credible intervals; for the lasso and ridge also which
+predictors each client selects (its interval at ``--level`` excludes 0), a ``"selected"``
+field per client coefficient in the JSON (``null`` for the unpenalised intercept).
+``fedstats demo`` simulates a federation, fits it and prints the fit beside the pooled gold
+standard.
 
 Bad input gives a one-line error on stderr and exit status 2 (1 for a failed fit).
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-MODELS = ("hm2",)
+MODELS = ("hm2", "lasso", "ridge")
 MIN_ROWS = 3
 
 
@@ -63,9 +66,13 @@ def _records(df: pd.DataFrame, cols) -> list[dict]:
     return out
 
 
-def _fit(args) -> dict:
-    from .linear import HierarchicalLinearModel
+def _model(name: str, rounds: int):
+    from .linear import BayesianLasso, BayesianRidge, HierarchicalLinearModel
 
+    return {"hm2": HierarchicalLinearModel, "lasso": BayesianLasso, "ridge": BayesianRidge}[name](rounds=rounds)
+
+
+def _fit(args) -> dict:
     if args.model not in MODELS:
         raise CLIError(f"unknown model {args.model!r}; choose one of: {', '.join(MODELS)}")
     if not 0 < args.level < 1:
@@ -86,7 +93,7 @@ def _fit(args) -> dict:
             raise CLIError(f"{args.predict}: column {args.by!r} has missing client ids (line(s) {lines})")
         test = (tdf, _design(tdf, list(data.feature_names), args.predict))  # schema errors before the fit
     t0 = time.perf_counter()
-    res = HierarchicalLinearModel(rounds=args.rounds).fit(data, seed=args.seed, progress=None)
+    res = _model(args.model, args.rounds).fit(data, seed=args.seed, progress=None)
     runtime = time.perf_counter() - t0
     g = res.summary(level=args.level)
     out = {
@@ -100,10 +107,17 @@ def _fit(args) -> dict:
         "runtime_s": round(runtime, 3),
     }
     tables = {}
+    selection = res.selected(args.level) if hasattr(res, "selected") else None
     for c in data.clients:
         s = res.client_posterior(c).summary(level=args.level)
+        recs = _records(s, ["mean", "sd", "lower", "upper", "p_value"])
+        if selection is not None:
+            chosen = selection.loc[selection["client"] == c].set_index("name")["selected"]
+            s = s.assign(selected=[("yes" if chosen[n] else "no") if n in chosen.index else "" for n in s.index])
+            for r in recs:
+                r["selected"] = bool(chosen[r["name"]]) if r["name"] in chosen.index else None
         tables[c] = s
-        out["client"][_id_key(c)] = _records(s, ["mean", "sd", "lower", "upper", "p_value"])
+        out["client"][_id_key(c)] = recs
     if test is not None:
         out["predictions"] = _predict(res, data, *test, args)
     _print_tables(g, tables, res, args, runtime)
@@ -163,7 +177,10 @@ def _print_tables(g, tables, res, args, runtime) -> None:
         print(g.to_string())
         for c, s in tables.items():
             print(f"\nClient {c}")
-            print(s[["mean", "sd", "lower", "upper", "p_value"]].to_string())
+            cols = ["mean", "sd", "lower", "upper", "p_value"] + (["selected"] if "selected" in s.columns else [])
+            print(s[cols].to_string())
+        if any("selected" in s.columns for s in tables.values()):
+            print(f"\nselected: the {pct} credible interval excludes 0 (the intercept is never penalised or selected)")
 
 
 def _demo(args) -> None:
@@ -209,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--by", required=True, help="column naming each row's client")
     f.add_argument("--target", required=True, help="response column")
     f.add_argument("--features", nargs="+", help="feature columns (default: all but --by and --target)")
-    f.add_argument("--model", default="hm2", help=f"model: {', '.join(MODELS)} (default hm2)")
+    f.add_argument("--model", default="hm2", help=f"model: {', '.join(MODELS)} (default hm2: hierarchical "
+                   "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection)")
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
     f.add_argument("--rounds", type=int, default=15, help="maximum EP rounds (default 15)")
     f.add_argument("--seed", type=int, default=0)

@@ -52,6 +52,27 @@ def test_fit_writes_json_with_documented_shape(csv, tmp_path, capsys):
         assert r["lower"] - 0.5 < truth < r["upper"] + 0.5
 
 
+@pytest.mark.parametrize("model", ["lasso", "ridge"])
+def test_shrinkage_models_report_selection(csv, tmp_path, capsys, model):
+    p, t, df = csv
+    out = tmp_path / "o.json"
+    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", model, "--level", "0.9",
+               "--rounds", "3", "--output", str(out), "--predict", str(t)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "selected" in printed and "interval excludes 0" in printed
+    j = json.loads(out.read_text())
+    assert j["model"] == model
+    assert [r["name"] for r in j["global"]] == ["log_lambda", "log_sigma2", "lambda", "sigma2"]
+    for c in ["A", "B", "C"]:
+        recs = {r["name"]: r for r in j["client"][c]}
+        assert recs["intercept"]["selected"] is None
+        assert recs["x1"]["selected"] is True and recs["x2"]["selected"] is True  # effects 2 and -1, n = 30
+        for r in j["client"][c][1:]:  # the field is exactly "interval excludes 0"
+            assert r["selected"] == (r["lower"] > 0 or r["upper"] < 0)
+    assert len(j["predictions"]) == 4
+
+
 @pytest.mark.parametrize("args, msg", [
     (["fit", "missing.csv", "--by", "site", "--target", "y"], "file not found"),
     (["fit", "{p}", "--by", "nope", "--target", "y"], "column(s) not found: nope"),

@@ -108,30 +108,53 @@ def _other_level(col: str) -> str:
     return {"sex": "F", "address": "R", "famsize": "LE3", "Pstatus": "A"}.get(col, "no")
 
 
-def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, seed: int = 0):
+def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, seed: int = 0,
+                 scaling: str = "school"):
     """The student-performance federation: one client per school (``GP``, ``MS``), the 38
     predictors of :func:`student_design`, target G3.
 
     Each school's students are split at random into train and test (``test_size`` to the
-    test part). The 13 numeric predictors and G3 are standardised with the training mean
-    and sd of both schools together, computed federatedly from per-school sums
-    (:meth:`FederatedData.fit_scaler`); binary and dummy predictors stay 0/1.
+    test part). The 13 numeric predictors and G3 are standardised with training means and
+    sds; binary and dummy predictors stay 0/1.
 
-    Returns ``(train, test, scaler)``: two :class:`FederatedData` and the
-    :class:`FederatedScaler` that maps back to grade points (``scaler.inverse_transform_y``).
+    scaling : {"school", "pooled"}
+        ``"school"`` (default): each school standardises with its own training statistics
+        (local preprocessing, nothing shared), so each school's RMSE is in units of its own
+        G3 sd (G3 sd: GP 2.6, MS 3.8 grade points). ``"pooled"``: statistics of both
+        schools' training rows together, computed federatedly from per-school sums
+        (:meth:`FederatedData.fit_scaler`).
 
-    >>> train, test, scaler = load_student(subject="por")  # doctest: +SKIP
+    Returns ``(train, test, scalers)``: two :class:`FederatedData` and a dict school ->
+    :class:`FederatedScaler` that maps back to grade points
+    (``scalers["GP"].inverse_transform_y``).
+
+    >>> train, test, scalers = load_student(subject="por")  # doctest: +SKIP
     >>> train.n_obs, train.n_features  # doctest: +SKIP
     ({'GP': 254, 'MS': 136}, 38)
     """
+    if scaling not in ("school", "pooled"):
+        raise ValueError(f"scaling must be 'school' or 'pooled', not {scaling!r}")
     design = student_design(read_student(path, subject))
     data = FederatedData.from_dataframe(design, by="school", target="G3")
     train, test = data.train_test_split(test_size, seed=seed)
-    sc = train.fit_scaler(target=True)
-    numeric = np.isin(np.asarray(sc.feature_names), NUMERIC)
-    scaler = FederatedScaler(mean=np.where(numeric, sc.mean, 0.0), sd=np.where(numeric, sc.sd, 1.0),
-                             feature_names=sc.feature_names, y_mean=sc.y_mean, y_sd=sc.y_sd, n=sc.n)
-    return scaler.transform(train), scaler.transform(test), scaler
+
+    def numeric_only(sc):
+        numeric = np.isin(np.asarray(sc.feature_names), NUMERIC)
+        return FederatedScaler(mean=np.where(numeric, sc.mean, 0.0), sd=np.where(numeric, sc.sd, 1.0),
+                               feature_names=sc.feature_names, y_mean=sc.y_mean, y_sd=sc.y_sd, n=sc.n)
+
+    if scaling == "pooled":
+        sc = numeric_only(train.fit_scaler(target=True))
+        scalers = {c: sc for c in train.clients}
+    else:
+        scalers = {c: numeric_only(train.subset([c]).fit_scaler(target=True)) for c in train.clients}
+    parts = []
+    for fd in (train, test):
+        scaled = [scalers[c].transform(fd.subset([c])) for c in fd.clients]
+        parts.append(FederatedData.from_arrays([s[c].X for s, c in zip(scaled, fd.clients)],
+                                               [s[c].y for s, c in zip(scaled, fd.clients)], clients=fd.clients,
+                                               feature_names=fd.feature_names, target_name=fd.target_name))
+    return parts[0], parts[1], scalers
 
 
 __all__ = ["load_student", "read_student", "student_design", "COLUMNS", "NUMERIC", "BINARY", "NOMINAL"]

@@ -132,15 +132,21 @@ class BayesianShrinkage:
                       resume=resume, batched=batched)
 
     def fit_centralised(self, data, *, seed: int = 0, num_warmup: int = 1000, num_samples: int = 2000,
-                        num_chains: int = 4) -> "CentralisedShrinkageResult":
-        """The same Bayesian model on the pooled rows (one coefficient vector, one intercept),
-        by NumPyro NUTS with the Laplace or normal prior written directly (not the scale
-        mixture): a reference for tests, notebooks and benchmarks, not a federated method."""
+                        num_chains: int = 4, per_client: bool = False) -> "CentralisedShrinkageResult":
+        """The same Bayesian prior on the pooled rows, by NumPyro NUTS with the Laplace or
+        normal prior written directly (not the scale mixture): a reference for tests,
+        notebooks and benchmarks, not a federated method.
+
+        ``per_client=False`` (the paper's centralised comparison): one coefficient vector
+        and one intercept for all rows. ``per_client=True``: the federated model itself, one
+        coefficient vector and intercept per client with (lambda, sigma^2) shared, which is
+        the exact posterior that federated EP approximates.
+        """
         names = self._check(data)
         if self.noise != "shared":
             raise ValueError("the centralised reference pools all rows: use noise='shared'")
         return _pooled_nuts(self, data, names, seed=seed, num_warmup=num_warmup, num_samples=num_samples,
-                            num_chains=num_chains)
+                            num_chains=num_chains, per_client=bool(per_client))
 
 
 class BayesianLasso(BayesianShrinkage):
@@ -290,16 +296,17 @@ def _predict_selected(res, X, client, level) -> np.ndarray:
 # ---------------------------------------------------------------------------- centralised reference
 @dataclass
 class CentralisedShrinkageResult(_Selection):
-    """The pooled-data fit: one coefficient vector for every client, by NUTS.
+    """The fit on pooled rows, by NUTS, with the result API of the federated fit.
 
-    ``client_posterior(c)`` returns the pooled posterior for any fitted client (and
-    ``"pooled"``), so ``selected``, ``test`` and ``predict`` work as for the federated fit.
+    ``beta`` maps ``"pooled"`` to the one coefficient posterior of the pooled model (then
+    ``client_posterior(c)`` returns it for every fitted client), or each client to its own
+    posterior (``per_client=True``).
     """
 
     model: BayesianShrinkage
     feature_names: list[str]
     fitted_clients: list
-    beta: SamplePosterior
+    beta: dict
     phi: SamplePosterior
     sigma: np.ndarray
     diagnostics: dict
@@ -307,32 +314,36 @@ class CentralisedShrinkageResult(_Selection):
 
     @property
     def clients(self) -> list:
-        return ["pooled"]
+        return list(self.beta)
 
     @property
     def global_posterior(self) -> SamplePosterior:
         return self.phi
 
     def client_posterior(self, client="pooled") -> SamplePosterior:
-        if client != "pooled" and client not in self.fitted_clients:
-            raise KeyError(f"unknown client {client!r}")
-        return self.beta
+        if client in self.beta:
+            return self.beta[client]
+        if "pooled" in self.beta and client in self.fitted_clients:
+            return self.beta["pooled"]
+        raise KeyError(f"unknown client {client!r}; fitted: {self.clients}")
 
     def _design(self, X) -> np.ndarray:
         return design_matrix(X, self.feature_names, self.model.fit_intercept)
 
-    def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
-        """As :meth:`EPLinearResult.predict`, from the pooled posterior (``client`` ignored)."""
+    def predict(self, X, client="pooled", *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
+        """As :meth:`EPLinearResult.predict`, from ``client``'s posterior (the pooled one
+        unless the fit was per client)."""
         Xd = self._design(X)
+        post = self.client_posterior(client)
         rng = np.random.default_rng(seed)
-        idx = rng.integers(0, self.beta.n_draws, size=n)
-        return prediction_frame(Xd, Xd @ self.beta.mean, self.beta.draws[idx], self.sigma[idx], level, rng)
+        idx = rng.integers(0, post.n_draws, size=n)
+        return prediction_frame(Xd, Xd @ post.mean, post.draws[idx], self.sigma[idx], level, rng)
 
     def predict_selected(self, X, client="pooled", level: float = 0.9) -> np.ndarray:
         return _predict_selected(self, X, client, level)
 
 
-def _pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num_samples, num_chains):
+def _pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num_samples, num_chains, per_client):
     import time
 
     import jax
@@ -343,38 +354,46 @@ def _pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num
     from numpyro.infer import MCMC, NUTS
 
     t0 = time.perf_counter()
-    X = np.concatenate([np.asarray(data[c].X) for c in data.clients])
-    y = np.concatenate([np.asarray(data[c].y) for c in data.clients])
+    clients = list(data.clients)
+    X = np.concatenate([np.asarray(data[c].X) for c in clients])
+    y = np.concatenate([np.asarray(data[c].y) for c in clients])
+    group = np.repeat(np.arange(len(clients)), [data[c].n for c in clients]) if per_client else np.zeros(len(y), int)
+    G = len(clients) if per_client else 1
     (l0, t0_), (s0, u0) = (normal_pair(model.prior_log_lambda, "prior_log_lambda"),
                           normal_pair(model.prior_log_sigma2, "prior_log_sigma2"))
     d = X.shape[1]
 
-    def numpyro_model(X, y):
+    def numpyro_model(X, y, group):
         log_lam = numpyro.sample("log_lambda", dist.Normal(l0, t0_))
         log_s2 = numpyro.sample("log_sigma2", dist.Normal(s0, u0))
         if model.penalty == "lasso":
             log_b = (0.5 if model.scale == "sd" else 1.0) * log_s2 - log_lam
-            beta = numpyro.sample("beta", dist.Laplace(0.0, jnp.exp(log_b)).expand([d]).to_event(1))
+            prior = dist.Laplace(0.0, jnp.exp(log_b))
         else:
-            beta = numpyro.sample("beta", dist.Normal(0.0, jnp.exp(0.5 * (log_s2 - log_lam))).expand([d]).to_event(1))
-        mean = X @ beta
+            prior = dist.Normal(0.0, jnp.exp(0.5 * (log_s2 - log_lam)))
+        beta = numpyro.sample("beta", prior.expand([G, d]).to_event(2))
+        mean = jnp.sum(X * beta[group], axis=1)
         if model.fit_intercept:
-            mean = mean + numpyro.sample("intercept", dist.Normal(0.0, model.intercept_sd))
+            mean = mean + numpyro.sample("intercept", dist.Normal(0.0, model.intercept_sd).expand([G]).to_event(1))[group]
         numpyro.sample("y", dist.Normal(mean, jnp.exp(0.5 * log_s2)), obs=y)
 
     with jax.enable_x64(True):
         mcmc = MCMC(NUTS(numpyro_model, target_accept_prob=0.9), num_warmup=num_warmup, num_samples=num_samples,
                     num_chains=num_chains, chain_method="sequential", progress_bar=False)
-        mcmc.run(jax.random.PRNGKey(seed), X, y)
+        mcmc.run(jax.random.PRNGKey(seed), X, y, group)
         s = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
         grouped = mcmc.get_samples(group_by_chain=True)
         summ = mcmc_summary({k: np.asarray(v) for k, v in grouped.items()}, prob=0.9)
     rhat = max(float(np.max(v["r_hat"])) for v in summ.values())
     ess = min(float(np.min(v["n_eff"])) for v in summ.values())
-    beta = s["beta"] if not model.fit_intercept else np.column_stack([s["intercept"], s["beta"]])
+
+    def coefficients(g):
+        b = s["beta"][:, g]
+        return SamplePosterior(np.column_stack([s["intercept"][:, g], b]) if model.fit_intercept else b, names=names)
+
+    beta = {c: coefficients(g) for g, c in enumerate(clients)} if per_client else {"pooled": coefficients(0)}
     return CentralisedShrinkageResult(
-        model=model, feature_names=names, fitted_clients=list(data.clients),
-        beta=SamplePosterior(beta, names=names),
+        model=model, feature_names=names, fitted_clients=clients, beta=beta,
         phi=SamplePosterior(np.column_stack([s["log_lambda"], s["log_sigma2"]]), names=["log_lambda", "log_sigma2"]),
         sigma=np.exp(0.5 * s["log_sigma2"]), diagnostics={"rhat_max": rhat, "ess_min": ess},
         seconds=time.perf_counter() - t0)

@@ -68,21 +68,32 @@ def test_portuguese_course_counts_and_scaling():
     df = read_student(DATA, "por")
     assert df["school"].value_counts().to_dict() == {"GP": 423, "MS": 226}
     assert df.isna().sum().sum() == 0
-    train, test, scaler = load_student(DATA, seed=0)
+    train, test, scalers = load_student(DATA, seed=0)
     assert train.feature_names == list(student_design(df).columns[1:-1]) and train.n_features == 38
     assert {c: train.n_obs[c] + test.n_obs[c] for c in train.clients} == {"GP": 423, "MS": 226}
     assert test.n_obs == {"GP": 169, "MS": 90}
-    Xtr = np.vstack([train[c].X for c in train.clients])
-    ytr = np.concatenate([train[c].y for c in train.clients])
     numeric = slice(0, 13)
-    np.testing.assert_allclose(Xtr[:, numeric].mean(axis=0), 0, atol=1e-12)
-    np.testing.assert_allclose(Xtr[:, numeric].std(axis=0, ddof=1), 1, atol=1e-12)
-    assert set(np.unique(Xtr[:, 13:])) == {0.0, 1.0}
-    assert abs(ytr.mean()) < 1e-12 and abs(ytr.std(ddof=1) - 1) < 1e-12
-    # Back to grade points exactly.
-    raw = df.loc[df["school"] == "GP", "G3"].to_numpy()
-    back = scaler.inverse_transform_y(np.concatenate([train["GP"].y, test["GP"].y]))
-    np.testing.assert_allclose(np.sort(back), np.sort(raw), atol=1e-9)
+    for c in train.clients:  # default: each school standardised on its own training rows
+        X, y = train[c].X, train[c].y
+        np.testing.assert_allclose(X[:, numeric].mean(axis=0), 0, atol=1e-12)
+        np.testing.assert_allclose(X[:, numeric].std(axis=0, ddof=1), 1, atol=1e-12)
+        assert set(np.unique(X[:, 13:])) == {0.0, 1.0}
+        assert abs(y.mean()) < 1e-12 and abs(y.std(ddof=1) - 1) < 1e-12
+        # Back to grade points exactly.
+        raw = df.loc[df["school"] == c, "G3"].to_numpy()
+        back = scalers[c].inverse_transform_y(np.concatenate([train[c].y, test[c].y]))
+        np.testing.assert_allclose(np.sort(back), np.sort(raw), atol=1e-9)
+    # Pooled scaling: one scaler for both schools, standardised over the pooled training rows.
+    ptrain, _, pscalers = load_student(DATA, seed=0, scaling="pooled")
+    assert pscalers["GP"] is pscalers["MS"]
+    Xp = np.vstack([ptrain[c].X for c in ptrain.clients])
+    yp = np.concatenate([ptrain[c].y for c in ptrain.clients])
+    np.testing.assert_allclose(Xp[:, numeric].mean(axis=0), 0, atol=1e-12)
+    np.testing.assert_allclose(Xp[:, numeric].std(axis=0, ddof=1), 1, atol=1e-12)
+    assert abs(yp.mean()) < 1e-12 and abs(yp.std(ddof=1) - 1) < 1e-12
+    assert abs(ptrain["GP"].y.mean()) > 1e-3  # the schools differ, so per-school means are not zero
+    with pytest.raises(ValueError, match="scaling"):
+        load_student(DATA, scaling="global")
     # Different seeds give different splits; the same seed the same.
     assert not np.array_equal(load_student(DATA, seed=1)[0]["GP"].y, train["GP"].y)
     np.testing.assert_array_equal(load_student(DATA, seed=0)[0]["GP"].y, train["GP"].y)
