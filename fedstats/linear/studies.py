@@ -1,5 +1,5 @@
 """The variable-selection studies of the linear-models paper (spec §4.2, §5.1), as functions
-that return tidy tables: used by the notebook, the slow tests and the benchmarks.
+that return tidy tables: used by the notebook and the tests.
 
 * :func:`table2_run`: one seeded run of a Table 2 simulation case.
 * :func:`student_study`: federated lasso and ridge against their centralised versions on
