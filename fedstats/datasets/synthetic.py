@@ -68,3 +68,57 @@ def selection_case(case: str = "I", *, sigma: float = 0.05, seed: int = 0):
         ys = [X @ theta + sigma * rng.standard_normal(n) for X, n in zip(Xs, ns)]
         parts.append(FederatedData.from_arrays(Xs, ys, clients=clients, feature_names=names))
     return parts[0], parts[1], theta
+
+
+#: The HM1 cases of the paper (spec §4.1, Table 1): K, d, training rows per device, noise
+#: variance, and which devices enter the A-RMSE.
+HM1_CASES = {
+    "I": {"K": 2, "d": 5, "n_train": [20, 200], "noise_var": 0.05, "evaluate": [0]},
+    "II": {"K": 100, "d": 8, "n_train": [40] * 30 + [275] * 70, "noise_var": 0.1, "evaluate": list(range(30))},
+    "III": {"K": 100, "d": 8, "n_train": [20] * 100, "noise_var": 0.1, "evaluate": list(range(100))},
+    "IV": {"K": 100, "d": 8, "n_train": [200] * 100, "noise_var": 0.1, "evaluate": list(range(100))},
+}
+
+
+def random_covariance(K: int, rng, low: float = 1.0, ratio: float = 10.0) -> np.ndarray:
+    """``Q diag(lambda) Q^T`` with ``lambda ~ U[low, low * ratio]`` and a Haar-random
+    orthogonal ``Q``: the defaults of R's ``clusterGeneration::genPositiveDefMat``
+    (``covMethod="eigen"``), which the paper used for Cases II-IV."""
+    Z = rng.standard_normal((K, K))
+    Q, R = np.linalg.qr(Z)
+    Q = Q * np.sign(np.diag(R))  # Haar measure
+    lam = rng.uniform(low, low * ratio, K)
+    omega = (Q * lam) @ Q.T
+    return (omega + omega.T) / 2
+
+
+def hm1_case(case: str = "I", *, n_test: int = 1000, noisy_test: bool = False, seed: int = 0):
+    """One run of a Table 1 case (spec §4.1): ``Omega`` ([[1, .7], [.7, 1]] in Case I, else
+    :func:`random_covariance`), the rows of Theta i.i.d. ``N(0, Omega)``, ``X ~ N(0, I)``,
+    ``y = X theta_k + N(0, noise_var)``; test targets noise-free unless ``noisy_test``.
+
+    Returns ``(train, test, truth)`` with ``truth = {"theta": (d, K), "omega": (K, K),
+    "noise_var", "evaluate": the clients in the A-RMSE}``.
+
+    >>> train, test, truth = hm1_case("I", seed=0)
+    >>> train.n_obs, truth["theta"].shape
+    ({'d0': 20, 'd1': 200}, (5, 2))
+    """
+    if case not in HM1_CASES:
+        raise ValueError(f"case must be one of {sorted(HM1_CASES)}, got {case!r}")
+    spec = HM1_CASES[case]
+    rng = np.random.default_rng(seed)
+    K, d = spec["K"], spec["d"]
+    omega = np.array([[1.0, 0.7], [0.7, 1.0]]) if case == "I" else random_covariance(K, rng)
+    theta = (np.linalg.cholesky(omega) @ rng.standard_normal((K, d))).T  # (d, K): rows ~ N(0, Omega)
+    names = [f"x{i + 1}" for i in range(d)]
+    clients = [f"d{k}" for k in range(K)]
+    sd = np.sqrt(spec["noise_var"])
+    parts = []
+    for ns, noisy in ((spec["n_train"], True), ([n_test] * K, noisy_test)):
+        Xs = [rng.standard_normal((n, d)) for n in ns]
+        ys = [X @ theta[:, k] + (sd * rng.standard_normal(n) if noisy else 0.0) for k, (X, n) in enumerate(zip(Xs, ns))]
+        parts.append(FederatedData.from_arrays(Xs, ys, clients=clients, feature_names=names))
+    truth = {"theta": theta, "omega": omega, "noise_var": spec["noise_var"],
+             "evaluate": [clients[k] for k in spec["evaluate"]]}
+    return parts[0], parts[1], truth

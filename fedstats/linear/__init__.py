@@ -1,9 +1,12 @@
 """Federated linear models: HM2 (hierarchical Bayesian regression) and the Bayesian lasso and
-ridge, fitted by federated EP."""
+ridge, fitted by federated EP; HM1 (a multi-task model that learns the covariance between
+devices, Algorithm 1); and the baselines of fedstats.linear.baselines."""
 
 from .hierarchical import HierarchicalLinearModel, HierarchicalResult
 from .shrinkage import (BayesianLasso, BayesianRidge, BayesianShrinkage, CentralisedShrinkageResult,
                         ShrinkageResult)
+from .structural import StructuralCovarianceModel, StructuralResult
 
 __all__ = ["HierarchicalLinearModel", "HierarchicalResult", "BayesianShrinkage", "BayesianLasso", "BayesianRidge",
-           "ShrinkageResult", "CentralisedShrinkageResult"]
+           "ShrinkageResult", "CentralisedShrinkageResult",
+           "StructuralCovarianceModel", "StructuralResult"]

@@ -1,0 +1,216 @@
+"""What HM1 and its baselines share: local gradient steps on a squared loss, the device
+view of the data, and a result of per-device point estimates.
+
+The loss of device k is ``||y_k - X_k theta||^2``; one step is
+``theta <- theta + 2 lr * X_b^T (y_b - X_b theta) / r`` on a batch ``b`` of rows, with
+``r = 1`` for ``grad_reduction="sum"`` and ``r = |b|`` for ``"mean"`` (spec §1.5 item 4).
+A full batch needs only the device's ``X^T X`` and ``X^T y``, so full-batch steps of many
+devices run as one batched matrix product (:func:`full_batch_steps`).
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+_FORMAT = 1
+
+REDUCTIONS = ("sum", "mean")
+
+
+def check_reduction(value) -> str:
+    if value not in REDUCTIONS:
+        raise ValueError(f"grad_reduction must be one of {REDUCTIONS}, got {value!r}")
+    return value
+
+
+def check_positive_int(value, name, *, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+def full_batch(batch_size, n: int) -> bool:
+    return batch_size is None or batch_size >= n
+
+
+def local_steps(theta, X, y, *, steps: int, lr: float, batch_size, reduction: str, rng,
+                anchor=None, anchor_weight: float = 0.0) -> np.ndarray:
+    """``steps`` (mini-batch) gradient steps from ``theta`` on one device's data.
+
+    With ``anchor`` the loss gains ``anchor_weight/2 * ||theta - anchor||^2`` (Ditto's
+    proximal term); its gradient is added at every step. Batches are drawn without
+    replacement within a step (``rng``); a ``batch_size`` of ``None`` or at least the number
+    of rows is full-batch gradient descent and uses no randomness.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported by the callers
+        return _local_steps(np.array(theta, dtype=float), X, y, steps, lr, batch_size, reduction, rng, anchor,
+                            anchor_weight)
+
+
+def _local_steps(theta, X, y, steps, lr, batch_size, reduction, rng, anchor, anchor_weight):
+    n = X.shape[0]
+    if full_batch(batch_size, n):
+        XtX, Xty = X.T @ X, X.T @ y
+        r = 1.0 if reduction == "sum" else float(n)
+        for _ in range(steps):
+            grad = (XtX @ theta - Xty) / r
+            if anchor is not None:
+                grad = grad + anchor_weight / 2 * (theta - anchor)
+            theta = theta - 2 * lr * grad
+        return theta
+    for _ in range(steps):
+        b = rng.choice(n, size=batch_size, replace=False)
+        Xb, yb = X[b], y[b]
+        grad = Xb.T @ (Xb @ theta - yb) / (1.0 if reduction == "sum" else float(batch_size))
+        if anchor is not None:
+            grad = grad + anchor_weight / 2 * (theta - anchor)
+        theta = theta - 2 * lr * grad
+    return theta
+
+
+def full_batch_steps(thetas, XtX, Xty, *, steps: int, lr: float, scale) -> np.ndarray:
+    """Full-batch steps of many devices at once: ``thetas`` (K, d), ``XtX`` (K, d, d),
+    ``Xty`` (K, d), ``scale`` (K,) the gradient divisor of each device (1 or its n)."""
+    thetas = np.array(thetas, dtype=float)
+    scale = np.asarray(scale, dtype=float)[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(steps):
+            thetas = thetas - 2 * lr * (np.einsum("kij,kj->ki", XtX, thetas) - Xty) / scale
+    return thetas
+
+
+def max_curvature(X, batch_size, reduction: str) -> float:
+    """Largest eigenvalue of the Hessian/2 of one step's loss on this device (its
+    expectation for mini-batches): what bounds a stable learning rate (``lr < 1/that``)."""
+    n = X.shape[0]
+    lam = float(np.linalg.eigvalsh(X.T @ X)[-1]) if n else 0.0
+    if reduction == "mean":
+        return lam / max(n, 1)
+    return lam if full_batch(batch_size, n) else lam * batch_size / n
+
+
+def auto_lr(Xs, batch_size, reduction: str, factor: float = 0.5) -> float:
+    """``factor / max_k curvature_k``: a learning rate at which local gradient descent is
+    stable on every device (each device shares one scalar, its largest curvature)."""
+    lam = max(max_curvature(X, batch_size, reduction) for X in Xs)
+    if not lam > 0:
+        raise ValueError("cannot choose a learning rate: every device's design is zero")
+    return factor / lam
+
+
+class DeviceDesign:
+    """What the runtime hands each device: ``(X, y)`` with the intercept column prepended
+    when asked."""
+
+    def __init__(self, data, intercept: bool):
+        self.data, self.intercept = data, intercept
+        self.clients = list(data.clients)
+
+    def __getitem__(self, client):
+        cd = self.data[client]
+        X = np.column_stack([np.ones(cd.n), cd.X]) if self.intercept else np.asarray(cd.X)
+        return X, np.asarray(cd.y)
+
+
+def coefficient_names(data, intercept: bool) -> list[str]:
+    return (["intercept"] if intercept else []) + list(data.feature_names)
+
+
+def initial_theta(init: str, d: int, K: int, rng) -> np.ndarray:
+    """The starting coefficients (d, K): i.i.d. N(0, 1) (the paper) or zeros (its code)."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    return rng.standard_normal((d, K)) if init == "normal" else np.zeros((d, K))
+
+
+INITS = ("normal", "zeros")
+
+
+def resolve_lr(lr, Xs, batch_size, reduction: str) -> float:
+    """``lr`` as a positive float; ``"auto"`` is :func:`auto_lr`."""
+    if isinstance(lr, str) and lr == "auto":
+        return auto_lr(Xs, batch_size, reduction)
+    try:
+        v = float(lr)
+    except (TypeError, ValueError):
+        raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}") from None
+    if not (np.isfinite(v) and v > 0):
+        raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}")
+    return v
+
+
+@dataclass
+class PointResult:
+    """Per-device point estimates of a linear model: ``coef(client)``, ``coefficients``,
+    ``predict(X, client)``, with the run's ``history`` and ``communication`` (``None``
+    when the method does not communicate) and ``save``/``load``."""
+
+    feature_names: list[str]
+    clients: list
+    theta: np.ndarray  # (d, K)
+    options: dict
+    history: Any = None
+    communication: Any = None
+    converged: bool = True
+    seconds: float = 0.0
+    seed: int = 0
+
+    @property
+    def rounds(self) -> int:
+        return 0 if self.history is None else len(self.history)
+
+    def _k(self, client) -> int:
+        try:
+            return self.clients.index(client)
+        except ValueError:
+            raise KeyError(f"unknown client {client!r}; known clients include {self.clients[:5]}") from None
+
+    def coef(self, client) -> np.ndarray:
+        """The coefficients device ``client`` predicts with (a copy)."""
+        return self.theta[:, self._k(client)].copy()
+
+    @property
+    def coefficients(self) -> pd.DataFrame:
+        """All coefficients: one row per client, one column per coefficient."""
+        return pd.DataFrame(self.theta.T, index=pd.Index(self.clients, name="client"), columns=self.feature_names)
+
+    def _design(self, X) -> np.ndarray:
+        X = np.atleast_2d(np.asarray(X, dtype=float))
+        intercept = bool(self.options.get("fit_intercept"))
+        k = len(self.feature_names) - int(intercept)
+        if X.shape[1] != k:
+            raise ValueError(f"X has {X.shape[1]} columns, the model was fitted on {k} features")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X contains NaN or inf")
+        return np.column_stack([np.ones(len(X)), X]) if intercept else X
+
+    def predict(self, X, client) -> pd.DataFrame:
+        """Point predictions of device ``client`` for the rows of ``X`` (column ``mean``)."""
+        return pd.DataFrame({"mean": self._design(X) @ self.theta[:, self._k(client)]})
+
+    def rmse(self, test) -> pd.Series:
+        """Root mean squared error of each client's predictions on ``test`` (a
+        :class:`~fedstats.data.FederatedData` with the same clients); ``.mean()`` is the A-RMSE."""
+        out = {c: float(np.sqrt(np.mean((self.predict(test[c].X, c)["mean"].to_numpy() - test[c].y) ** 2)))
+               for c in test.clients}
+        return pd.Series(out, name="rmse")
+
+    def save(self, path) -> None:
+        with open(Path(path), "wb") as f:
+            pickle.dump({"format": _FORMAT, "kind": type(self).__name__, "state": dict(self.__dict__)}, f)
+
+    @classmethod
+    def load(cls, path):
+        with open(Path(path), "rb") as f:
+            blob = pickle.load(f)
+        if not isinstance(blob, dict) or blob.get("format") != _FORMAT or blob.get("kind") != cls.__name__:
+            raise ValueError(f"{path} is not a fedstats {cls.__name__} (format {_FORMAT})")
+        return cls(**blob["state"])

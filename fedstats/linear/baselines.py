@@ -1,0 +1,254 @@
+"""Baselines for HM1 (spec ``linear.md`` §4.1, §5.2, §9 items 21-22), with the same result
+API (:class:`~fedstats.linear._local.PointResult`: ``coef``, ``coefficients``, ``predict``,
+``rmse``, ``history``, ``communication``).
+
+* :class:`Separate` -- every device alone: the same local gradient steps and budget as HM1
+  (``rounds * local_steps``, no communication), or closed-form least squares;
+* :class:`FedAvg` -- local steps, then the server's unweighted average of the participants'
+  coefficients; every device predicts with the average;
+* :class:`Ditto` -- FedAvg plus, on each device, personal coefficients ``v_k`` that take
+  local steps on ``F_k(v) + lam/2 ||v - theta_bar||^2`` alongside (Li et al. 2021);
+* :class:`DistributedRidge` -- one shot: each device solves
+  ``(1/N_k)||y - X theta||^2 + lam ||theta||^2`` and the server averages the solutions;
+* :class:`PooledOracle` -- the posterior mean of all devices' coefficients under the HM1
+  prior with a *known* Omega and noise variances, from the pooled data (no federation): what
+  HM1 would reach if it knew the truth.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..federation import FederatedAlgorithm, run
+from ..federation.runner import _INIT_TAG  # init_server's seed stream: Separate starts where HM1 starts
+from ._local import (DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
+                     initial_theta, local_steps, resolve_lr)
+
+
+def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
+    if data.n_clients < 1:
+        raise ValueError("no clients")
+    check_positive_int(model.rounds, "rounds")
+    check_positive_int(model.local_steps, "local_steps")
+    check_positive_int(model.batch_size, "batch_size", allow_none=True)
+    check_reduction(model.grad_reduction)
+    devices = DeviceDesign(data, model.fit_intercept)
+    clients = list(data.clients)
+    lr = resolve_lr(model.lr, [devices[c][0] for c in clients], model.batch_size, model.grad_reduction)
+    return devices, clients, coefficient_names(data, model.fit_intercept), lr
+
+
+class _GDOptions:
+    def __init__(self, *, rounds=30, local_steps=20, lr="auto", batch_size=None, grad_reduction="sum",
+                 init="normal", fit_intercept=False, participation=1.0):
+        self.rounds, self.local_steps, self.lr, self.batch_size = rounds, local_steps, lr, batch_size
+        self.grad_reduction, self.init, self.fit_intercept = grad_reduction, init, fit_intercept
+        self.participation = participation
+
+    def _options(self, **extra) -> dict:
+        keys = ("rounds", "local_steps", "lr", "batch_size", "grad_reduction", "init", "fit_intercept", "participation")
+        return {**{k: getattr(self, k) for k in keys}, **extra}
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._options().items())})"
+
+
+class Separate(_GDOptions):
+    """Each device fits alone. ``method="gd"`` (default): ``rounds * local_steps`` local
+    gradient steps from the same initialisation as HM1 (the paper's baseline: the same step
+    budget, no shrinkage); ``method="ols"``: closed-form least squares (minimum-norm when a
+    device has fewer rows than coefficients)."""
+
+    def __init__(self, *, method: str = "gd", **options):
+        super().__init__(**options)
+        self.method = method
+
+    def fit(self, data, *, seed: int = 0) -> PointResult:
+        if self.method not in ("gd", "ols"):
+            raise ValueError(f"method must be 'gd' or 'ols', got {self.method!r}")
+        t0 = time.perf_counter()
+        devices, clients, names, lr = _common(self, data)
+        d, K = len(names), len(clients)
+        if self.method == "ols":
+            theta = np.column_stack([np.linalg.lstsq(*devices[c], rcond=None)[0] for c in clients])
+        else:
+            # the same initial Theta as HM1 under the same seed (runner's init stream)
+            theta0 = initial_theta(self.init, d, K, np.random.default_rng([seed, _INIT_TAG]))
+            theta = np.column_stack([
+                local_steps(theta0[:, k], *devices[c], steps=self.rounds * self.local_steps, lr=lr,
+                            batch_size=self.batch_size, reduction=self.grad_reduction,
+                            rng=np.random.default_rng([seed, 5, k]))
+                for k, c in enumerate(clients)])
+            if not np.all(np.isfinite(theta)):
+                raise FloatingPointError(f"local gradient descent diverged with lr={lr:.3g}: lower lr")
+        return PointResult(names, clients, theta, self._options(method=self.method, lr_used=lr),
+                           seconds=time.perf_counter() - t0, seed=seed)
+
+
+class _Averaging(FederatedAlgorithm):
+    """FedAvg, and Ditto when ``lam`` is not None: the server holds the global coefficients
+    and sends them to every participant; replies are the locally updated coefficients."""
+
+    reply_keys = ("theta",)
+
+    def __init__(self, d, *, lr, local_steps, batch_size, reduction, init, lam=None):
+        self.d, self.lr, self.steps, self.batch_size, self.reduction = d, lr, local_steps, batch_size, reduction
+        self.init, self.lam = init, lam
+
+    def init_server(self, clients, rng):
+        return initial_theta(self.init, self.d, 1, rng)[:, 0]
+
+    def init_client(self, client, data, rng):
+        return None  # Ditto's personal v_k starts at the first global model it receives
+
+    def broadcast(self, server_state, client, round):
+        return {"theta": server_state.copy()}
+
+    def _steps(self, theta, data, rng, anchor=None):
+        out = local_steps(theta, *data, steps=self.steps, lr=self.lr, batch_size=self.batch_size,
+                          reduction=self.reduction, rng=rng, anchor=anchor, anchor_weight=self.lam or 0.0)
+        if not np.all(np.isfinite(out)):
+            raise FloatingPointError(f"local gradient descent diverged (lr={self.lr:.3g})")
+        return out
+
+    def client_step(self, message, state, data, rng):
+        g = message["theta"]
+        w = self._steps(g, data, rng)
+        if self.lam is not None:
+            v = g if state is None else state
+            state = self._steps(v, data, rng, anchor=g)
+        return {"theta": w}, state
+
+    def server_step(self, server_state, replies, round):
+        new = np.mean([r["theta"] for r in replies.values()], axis=0) if replies else server_state
+        with np.errstate(over="ignore"):
+            return new, {"theta_change": float(np.linalg.norm(new - server_state))}
+
+
+def _run_averaging(model, data, seed, progress, lam=None):
+    t0 = time.perf_counter()
+    devices, clients, names, lr = _common(model, data)
+    alg = _Averaging(len(names), lr=lr, local_steps=int(model.local_steps), batch_size=model.batch_size,
+                     reduction=model.grad_reduction, init=model.init, lam=lam)
+    out = run(alg, devices, rounds=int(model.rounds), participation=model.participation, seed=seed,
+              progress=progress)
+    diverged = [why for rec in out.history for why in rec.failed.values() if why.startswith("FloatingPointError")]
+    if diverged:
+        raise FloatingPointError(f"{type(model).__name__} diverged with lr={lr:.3g}: lower lr")
+    if lam is None:
+        theta = np.repeat(out.server_state[:, None], len(clients), axis=1)
+    else:
+        # a device that never took part has no personal model: it uses the global one
+        theta = np.column_stack([out.client_states[c] if out.client_states[c] is not None else out.server_state
+                                 for c in clients])
+    return PointResult(names, clients, theta, model._options(lr_used=lr, **({} if lam is None else {"lam": lam})),
+                       history=out.history, communication=out.communication, converged=out.converged,
+                       seconds=time.perf_counter() - t0, seed=seed)
+
+
+class FedAvg(_GDOptions):
+    """FedAvg for linear regression (the paper's version): each round the participants take
+    ``local_steps`` gradient steps from the global coefficients and the server takes their
+    unweighted average; every device predicts with the final average."""
+
+    def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
+        return _run_averaging(self, data, seed, progress)
+
+
+class Ditto(_GDOptions):
+    """Ditto (Li et al. 2021): FedAvg for the global coefficients and, alongside it on each
+    participant, ``local_steps`` steps on its personal ``v_k`` for
+    ``F_k(v) + lam/2 ||v - theta_bar||^2`` (``theta_bar``: the global coefficients it
+    received that round). Devices predict with ``v_k``. ``lam`` grid in the spec:
+    {0.01, 0.1, 1, 10}."""
+
+    def __init__(self, *, lam: float = 1.0, **options):
+        super().__init__(**options)
+        self.lam = lam
+
+    def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
+        lam = float(self.lam)
+        if not (np.isfinite(lam) and lam >= 0):
+            raise ValueError(f"lam must be a non-negative number, got {self.lam!r}")
+        return _run_averaging(self, data, seed, progress, lam=lam)
+
+
+class _OneShotRidge(FederatedAlgorithm):
+    reply_keys = ("theta",)
+
+    def __init__(self, lam):
+        self.lam = lam
+
+    def init_server(self, clients, rng):
+        return None
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        return {}
+
+    def client_step(self, message, state, data, rng):
+        X, y = data
+        n, d = X.shape
+        return {"theta": np.linalg.solve(X.T @ X / n + self.lam * np.eye(d), X.T @ y / n)}, state
+
+    def server_step(self, server_state, replies, round):
+        return np.mean([r["theta"] for r in replies.values()], axis=0), {}
+
+
+class DistributedRidge:
+    """One-shot distributed ridge (Zhang et al. 2015, one node per device, spec §9 item
+    21): each device solves ``(1/N_k)||y - X theta||^2 + lam ||theta||^2`` in closed form,
+    the server averages the solutions without weights, and every device uses the average."""
+
+    def __init__(self, *, lam: float = 1e-3, fit_intercept: bool = False):
+        self.lam, self.fit_intercept = lam, fit_intercept
+
+    def __repr__(self):
+        return f"DistributedRidge(lam={self.lam!r}, fit_intercept={self.fit_intercept})"
+
+    def fit(self, data, *, seed: int = 0) -> PointResult:
+        lam = float(self.lam)
+        if not (np.isfinite(lam) and lam > 0):
+            raise ValueError(f"lam must be positive, got {self.lam!r}")
+        t0 = time.perf_counter()
+        devices, clients = DeviceDesign(data, self.fit_intercept), list(data.clients)
+        out = run(_OneShotRidge(lam), devices, rounds=1, seed=seed, progress=False)
+        if out.server_state is None or out.history[0].failed:
+            raise RuntimeError(f"distributed ridge failed on some client: {out.history[0].failed}")
+        theta = np.repeat(out.server_state[:, None], len(clients), axis=1)
+        return PointResult(coefficient_names(data, self.fit_intercept), clients, theta,
+                           {"lam": lam, "fit_intercept": self.fit_intercept}, history=out.history,
+                           communication=out.communication, seconds=time.perf_counter() - t0, seed=seed)
+
+
+class PooledOracle:
+    """The posterior mean of every device's coefficients under the HM1 prior
+    ``vec(Theta) ~ N(0, Omega kron I_d)`` with known ``omega`` (K x K) and ``noise_var``
+    (a float or one per client), computed on the pooled data; a yardstick for HM1 in
+    simulations where the truth is known."""
+
+    def __init__(self, *, omega, noise_var, fit_intercept: bool = False):
+        self.omega, self.noise_var, self.fit_intercept = omega, noise_var, fit_intercept
+
+    def fit(self, data, *, seed: int = 0) -> PointResult:
+        from .structural import conditional_posterior
+
+        t0 = time.perf_counter()
+        clients = list(data.clients)
+        K = len(clients)
+        omega = np.asarray(self.omega, dtype=float)
+        if omega.shape != (K, K):
+            raise ValueError(f"omega must be {K} x {K}, got shape {omega.shape}")
+        nv = np.broadcast_to(np.asarray(self.noise_var, dtype=float), (K,))
+        if not np.all(nv > 0):
+            raise ValueError("noise_var must be positive")
+        devices = DeviceDesign(data, self.fit_intercept)
+        info = np.stack([devices[c][0].T @ devices[c][0] / v for c, v in zip(clients, nv)])
+        score = np.stack([devices[c][0].T @ devices[c][1] / v for c, v in zip(clients, nv)])
+        mean, _ = conditional_posterior(omega, info, score)
+        return PointResult(coefficient_names(data, self.fit_intercept), clients, mean.T,
+                           {"fit_intercept": self.fit_intercept}, seconds=time.perf_counter() - t0, seed=seed)
