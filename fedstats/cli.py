@@ -6,6 +6,11 @@ federated model with one client per value of ``--by`` and prints the global post
 each client's coefficients with credible intervals; for the lasso and ridge also which
 predictors each client selects (its interval at ``--level`` excludes 0), a ``"selected"``
 field per client coefficient in the JSON (``null`` for the unpenalised intercept).
+``--model hm1`` fits HM1 (a per-client regression that learns the covariance Omega between
+clients, Algorithm 1): point estimates under ``"client"`` (``mean``), with
+``--uncertainty`` also conditional posterior intervals (each client then shares its
+information matrix once); the learned Omega is written beside the JSON as
+``OUT.omega.csv``.
 ``fedstats demo`` simulates a federation, fits it and prints the fit beside the pooled gold
 standard.
 
@@ -23,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-MODELS = ("hm2", "lasso", "ridge")
+MODELS = ("hm2", "lasso", "ridge", "hm1")
 MIN_ROWS = 3
 
 
@@ -77,8 +82,12 @@ def _fit(args) -> dict:
         raise CLIError(f"unknown model {args.model!r}; choose one of: {', '.join(MODELS)}")
     if not 0 < args.level < 1:
         raise CLIError(f"--level must lie in (0, 1), got {args.level}")
+    if args.rounds is None:
+        args.rounds = 30 if args.model == "hm1" else 15
     if args.rounds < 1:
         raise CLIError(f"--rounds must be at least 1, got {args.rounds}")
+    if args.uncertainty and args.model != "hm1":
+        raise CLIError("--uncertainty applies to --model hm1 only (the Bayesian models always give intervals)")
     df = _read_csv(args.data)
     data = _data_from(df, args.by, args.target, args.features, path=args.data)
     test = None
@@ -92,6 +101,8 @@ def _fit(args) -> dict:
             lines = ", ".join(str(i + 2) for i in np.flatnonzero(tdf[args.by].isna().to_numpy())[:5])
             raise CLIError(f"{args.predict}: column {args.by!r} has missing client ids (line(s) {lines})")
         test = (tdf, _design(tdf, list(data.feature_names), args.predict))  # schema errors before the fit
+    if args.model == "hm1":
+        return _fit_hm1(args, data, test)
     t0 = time.perf_counter()
     res = _model(args.model, args.rounds).fit(data, seed=args.seed, progress=None)
     runtime = time.perf_counter() - t0
@@ -121,6 +132,81 @@ def _fit(args) -> dict:
     if test is not None:
         out["predictions"] = _predict(res, data, *test, args)
     _print_tables(g, tables, res, args, runtime)
+    return out
+
+
+def _fit_hm1(args, data, test) -> dict:
+    from .linear import StructuralCovarianceModel
+
+    if data.n_clients < 2:
+        raise CLIError("--model hm1 learns a covariance between clients: it needs at least 2 clients")
+    t0 = time.perf_counter()
+    res = StructuralCovarianceModel(rounds=args.rounds, fit_intercept=True).fit(
+        data, seed=args.seed, progress=None, uncertainty=args.uncertainty)
+    runtime = time.perf_counter() - t0
+    s = res.summary(level=args.level)
+    cols = ["mean", "sd", "lower", "upper", "p_value"]
+    out = {
+        "model": "hm1", "level": args.level, "clients": [_id_key(c) for c in data.clients], "global": [],
+        "client": {}, "rounds": res.rounds,
+        "communication": {"bytes_up": int(res.communication.bytes_up + res.extra_communication.get("bytes_up", 0)),
+                          "bytes_down": int(res.communication.bytes_down
+                                            + res.extra_communication.get("bytes_down", 0))},
+        "runtime_s": round(runtime, 3), "learning_rate": res.lr,
+    }
+    tables = {}
+    for c in data.clients:
+        t = s[s["client"] == c].set_index("name")
+        t = t.assign(mean=t["estimate"]) if not res.has_uncertainty else t.rename(
+            columns={"mean": "posterior_mean"}).assign(mean=t["estimate"])
+        recs = []
+        for name, row in t.iterrows():
+            rec = {"name": str(name), "mean": float(row["mean"])}
+            for col in cols[1:]:
+                rec[col] = float(row[col]) if col in t.columns and not pd.isna(row[col]) else None
+            if res.has_uncertainty:
+                rec["posterior_mean"] = float(row["posterior_mean"])
+            recs.append(rec)
+        out["client"][_id_key(c)] = recs
+        tables[c] = t
+    if test is not None:
+        tdf, X = test
+        known = {_id_key(c): c for c in data.clients}
+        keys = np.array([_id_key(v) for v in tdf[args.by]])
+        unknown = sorted(set(keys) - set(known))
+        if unknown:
+            raise CLIError(f"{args.predict}: HM1 has no model for client(s) not in the fit: {', '.join(unknown[:5])}")
+        rows: list[dict] = [{} for _ in range(len(tdf))]
+        for key in pd.unique(keys):
+            idx = np.flatnonzero(keys == key)
+            p = res.predict(X[idx], known[key], level=args.level if res.has_uncertainty else None)
+            for i, (_, r) in zip(idx, p.iterrows()):
+                rows[i] = {"client": key, "mean": float(r["mean"]),
+                           "lower": float(r["pred_lower"]) if "pred_lower" in p else None,
+                           "upper": float(r["pred_upper"]) if "pred_upper" in p else None}
+        out["predictions"] = rows
+    if args.output:
+        omega_path = Path(args.output).with_suffix(".omega.csv")
+        om = res.omega
+        om.index = om.columns = [_id_key(c) for c in data.clients]
+        try:
+            om.to_csv(omega_path)
+        except OSError as exc:
+            raise CLIError(f"cannot write {omega_path}: {exc.strerror}") from None
+        out["omega_file"] = omega_path.name
+    pct = f"{100 * args.level:g}%"
+    with pd.option_context("display.width", 120, "display.max_columns", 10, "display.float_format", "{:.4f}".format):
+        print(f"HM1 (Algorithm 1): {res.rounds} rounds, learning rate {res.lr:.3g}, {runtime:.1f} s")
+        for c, t in tables.items():
+            print(f"\nClient {c}" + (f" ({pct} intervals given the learned Omega)" if res.has_uncertainty else ""))
+            show = ["mean"] + (["posterior_mean", "sd", "lower", "upper", "p_value"] if res.has_uncertainty else [])
+            print(t[show].rename(columns={"mean": "estimate"}).to_string())
+        corr = res.correlation
+        if len(corr) <= 10:
+            print("\nLearned correlation between clients (Omega scaled):")
+            print(corr.to_string())
+        w = np.linalg.eigvalsh(res.omega_)
+        print(f"\nOmega: {len(w)} x {len(w)}, eigenvalues {w[0]:.3g} .. {w[-1]:.3g}")
     return out
 
 
@@ -227,9 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--target", required=True, help="response column")
     f.add_argument("--features", nargs="+", help="feature columns (default: all but --by and --target)")
     f.add_argument("--model", default="hm2", help=f"model: {', '.join(MODELS)} (default hm2: hierarchical "
-                   "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection)")
+                   "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection; hm1: per-client "
+                   "regressions sharing a learned covariance between clients)")
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
-    f.add_argument("--rounds", type=int, default=15, help="maximum EP rounds (default 15)")
+    f.add_argument("--rounds", type=int, default=None,
+                   help="maximum EP rounds (default 15), or HM1's communication rounds (default 30)")
+    f.add_argument("--uncertainty", action="store_true",
+                   help="hm1 only: conditional posterior intervals (each client shares X^T X / sigma^2 once)")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--output", help="write the results as JSON here")
     f.add_argument("--predict", help="CSV of rows to predict (same client and feature columns)")

@@ -117,3 +117,40 @@ def test_predict_matches_numeric_ids_as_text_and_rejects_missing_ids(csv, tmp_pa
     assert main([*base, "--predict", str(t)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing client ids (line(s) 3)" in err
+
+
+def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
+    p, t, df = csv
+    out = tmp_path / "o.json"
+    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm1", "--level", "0.9",
+               "--output", str(out), "--predict", str(t)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "HM1 (Algorithm 1): 30 rounds" in printed and "Learned correlation" in printed
+    j = json.loads(out.read_text())
+    assert j["model"] == "hm1" and j["global"] == [] and j["rounds"] == 30
+    recs = {r["name"]: r for r in j["client"]["B"]}
+    assert list(recs) == ["intercept", "x1", "x2", "grp[v]"]
+    assert abs(recs["x1"]["mean"] - 2) < 0.2 and recs["x1"]["sd"] is None
+    om = pd.read_csv(tmp_path / j["omega_file"], index_col=0)
+    assert om.shape == (3, 3) and list(om.columns) == ["A", "B", "C"]
+    np.testing.assert_allclose(om.to_numpy(), om.to_numpy().T)
+    assert all(r["lower"] is None for r in j["predictions"])
+    # with --uncertainty: intervals from the conditional posterior, predictive intervals
+    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm1", "--uncertainty",
+               "--output", str(out), "--predict", str(t)])
+    assert rc == 0
+    j = json.loads(out.read_text())
+    x1 = {r["name"]: r for r in j["client"]["A"]}["x1"]
+    assert x1["lower"] < x1["posterior_mean"] < x1["upper"] and x1["lower"] < 2 < x1["upper"]
+    for r, truth in zip(j["predictions"], df["y"].iloc[[0, 40, 80, 1]]):
+        assert r["lower"] < r["mean"] < r["upper"] and r["lower"] - 0.5 < truth < r["upper"] + 0.5
+    # a client not in the fit, --uncertainty with another model: one-line errors
+    other = df.drop(columns="y").iloc[[0]].assign(site="Z")
+    other.to_csv(tmp_path / "z.csv", index=False)
+    capsys.readouterr()
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm1", "--predict",
+                 str(tmp_path / "z.csv")]) == 2
+    assert "not in the fit: Z" in capsys.readouterr().err
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--uncertainty"]) == 2
+    assert "--uncertainty applies to --model hm1" in capsys.readouterr().err

@@ -14,7 +14,7 @@ The coefficients of the K devices form a d x K matrix Theta with the matrix-norm
 
 What the iteration optimises (spec §1.5): with Omega frozen and full-batch gradients it
 converges to the solution of ``(I - M_k)(theta_k - theta_k^OLS) + 2 lr s_k (Theta
-Omega^{-1})[:, k] = 0`` with ``M_k = (I - 2 lr X_k^T X_k)^T``-th power; as ``lr -> 0`` that is
+Omega^{-1})[:, k] = 0`` with ``M_k = (I - 2 lr X_k^T X_k)`` to the power T; as ``lr -> 0`` that is
 the MAP with noise variance ``s_k / T`` on device k. ``shrink_scale=1`` (the paper's
 algorithm) therefore assumes noise variance 1/T; ``shrink_scale="noise"`` uses
 ``s_k = T * sigma_k^2`` with each device's own residual variance, which targets the model
@@ -44,7 +44,6 @@ from scipy import linalg as sla
 from scipy import stats as sst
 
 from ..federation import FederatedAlgorithm, run
-from ..federation.runner import Communication
 from ..inference.posterior import GaussianPosterior
 from ._local import (INITS, DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
                      full_batch, full_batch_steps, initial_theta, local_steps, resolve_lr)
@@ -132,7 +131,8 @@ class HM1Algorithm(FederatedAlgorithm):
 
     def __init__(self, d: int, *, local_steps: int, lr: float, alpha: float, batch_size, grad_reduction: str,
                  shrink_scale, init: str, omega_init=None, theta_init=None, jitter: float = 1e-8,
-                 eig_floor: float = 0.0, tol: float = 0.0):
+                 eig_floor: float = 0.0, tol: float = 0.0, callback=None):
+        self.callback = callback
         self.d, self.local_steps, self.lr, self.alpha = d, local_steps, lr, alpha
         self.batch_size, self.grad_reduction, self.shrink_scale = batch_size, grad_reduction, shrink_scale
         self.init, self.omega_init, self.theta_init = init, omega_init, theta_init
@@ -199,6 +199,8 @@ class HM1Algorithm(FederatedAlgorithm):
         change = float(np.linalg.norm(theta - server_state.theta))
         w = np.linalg.eigvalsh(omega)
         new = _Server(theta, omega, aggregates(theta, omega, self.jitter), server_state.index)
+        if self.callback is not None:
+            self.callback(round, theta.copy(), omega.copy())
         return new, {"theta_change": change, "omega_min_eig": float(w[0]),
                      "omega_cond": float(w[-1] / w[0]) if w[0] > 0 else float("inf")}
 
@@ -361,7 +363,7 @@ class StructuralCovarianceModel:
 
     def fit(self, data, *, seed: int = 0, progress: bool | None = None, uncertainty: bool = False,
             noise_sd=None, checkpoint=None, resume: bool = False, batched: bool = True,
-            theta_init=None) -> StructuralResult:
+            theta_init=None, callback=None) -> StructuralResult:
         """Fit Algorithm 1 on ``data`` (a :class:`~fedstats.data.FederatedData`, K >= 2).
 
         ``uncertainty=True`` then runs one more exchange in which every device shares its
@@ -369,7 +371,8 @@ class StructuralCovarianceModel:
         posteriors of every ``theta_k`` given the fitted Omega; ``noise_sd`` (a float, or a
         dict client -> float) gives known noise sds, else each device uses its
         least-squares residual variance (which needs more rows than coefficients).
-        ``theta_init`` (d x K) overrides ``init``.
+        ``theta_init`` (d x K) overrides ``init``. ``callback(round, Theta, Omega)`` is called
+        on the server after every round (copies; e.g. to trace parameter recovery).
         """
         clients = list(data.clients)
         K = len(clients)
@@ -387,7 +390,7 @@ class StructuralCovarianceModel:
         alg = HM1Algorithm(d, local_steps=int(self.local_steps), lr=lr, alpha=opts["alpha"], batch_size=self.batch_size,
                            grad_reduction=self.grad_reduction, shrink_scale=self.shrink_scale, init=self.init,
                            omega_init=opts["omega"], theta_init=theta_init, jitter=float(self.jitter),
-                           eig_floor=float(self.eig_floor), tol=float(self.tol))
+                           eig_floor=float(self.eig_floor), tol=float(self.tol), callback=callback)
         t0 = time.perf_counter()
         try:
             out = run(alg, devices, rounds=int(self.rounds), participation=self.participation, seed=seed,
