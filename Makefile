@@ -28,6 +28,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/ep_vs_pooled.py
 	$(BIN)/python benchmarks/shrinkage_vs_pooled.py
+	$(BIN)/python benchmarks/hm1.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -415,6 +415,52 @@ class StructuralCovarianceModel:
             res._add_posteriors(devices, noise_sd, seed=seed, jitter=float(self.jitter))
         return res
 
+    def fit_centralised(self, data, *, seed: int = 0, theta_init=None) -> StructuralResult:
+        """The same iteration on pooled data in one process, without the federated runtime:
+        every device's ``X^T X`` and ``X^T y`` stacked, all columns of Theta updated at once.
+        The reference that the federated fit must equal (full-batch steps, everyone taking
+        part) and the baseline of ``benchmarks/hm1.py``."""
+        from ..federation.runner import _INIT_TAG
+
+        if self.batch_size is not None or self.participation != 1.0:
+            raise ValueError("fit_centralised runs full-batch steps with every device taking part")
+        clients = list(data.clients)
+        K = len(clients)
+        if K < 2:
+            raise ValueError("HM1 learns a covariance between clients: it needs at least 2 clients")
+        opts = self._validated(K)
+        devices = DeviceDesign(data, self.fit_intercept)
+        names = coefficient_names(data, self.fit_intercept)
+        t0 = time.perf_counter()
+        Xs = [devices[c] for c in clients]
+        lr = resolve_lr(self.lr, [X for X, _ in Xs], self.batch_size, self.grad_reduction)
+        XtX = np.stack([X.T @ X for X, _ in Xs])
+        Xty = np.stack([X.T @ y for X, y in Xs])
+        n = np.array([len(y) for _, y in Xs], dtype=float)
+        scale = np.ones(K) if self.grad_reduction == "sum" else n
+        if self.shrink_scale == "noise":
+            frac = 1.0 / n if self.grad_reduction == "mean" else np.ones(K)
+            shrink = self.local_steps * np.array([residual_variance(X, y, c) for (X, y), c in zip(Xs, clients)]) * frac
+        else:
+            shrink = np.full(K, float(self.shrink_scale))
+        theta = (np.array(theta_init, dtype=float) if theta_init is not None
+                 else initial_theta(self.init, len(names), K, np.random.default_rng([seed, _INIT_TAG])))
+        omega = np.eye(K) if opts["omega"] is None else opts["omega"]
+        for _ in range(int(self.rounds)):
+            g = aggregates(theta, omega, self.jitter)
+            new = full_batch_steps(np.ascontiguousarray(theta.T), XtX, Xty, steps=int(self.local_steps), lr=lr,
+                                   scale=scale).T
+            new = new - 2 * lr * shrink[None, :] * g
+            if not np.all(np.isfinite(new)):
+                raise FloatingPointError(f"HM1 diverged with lr={lr:.3g}: lower lr")
+            change = float(np.linalg.norm(new - theta))
+            theta = new
+            omega = floor_eigenvalues(omega_update(omega, theta, opts["alpha"]), self.eig_floor)
+            if self.tol > 0 and change < self.tol:
+                break
+        return StructuralResult(feature_names=names, clients=clients, theta=theta, omega_=omega, lr=lr,
+                                options=self._options(), seconds=time.perf_counter() - t0, seed=seed)
+
     def _options(self) -> dict:
         return {k: getattr(self, k) for k in ("rounds", "local_steps", "lr", "alpha", "batch_size", "grad_reduction",
                                               "shrink_scale", "init", "fit_intercept", "participation", "jitter",

@@ -289,3 +289,15 @@ def test_conditional_intervals_cover_at_the_nominal_level_where_omega_is_learnab
         err_ols.append(np.sqrt(np.mean((Separate(method="ols").fit(data).theta - truth) ** 2)))
     assert abs(np.mean(hits) - 0.9) <= 0.07, np.mean(hits)  # measured 0.891
     assert np.mean(err_post) < 0.95 * np.mean(err_ols)  # measured 0.313 vs 0.363
+
+
+@pytest.mark.parametrize("opts", [{}, {"grad_reduction": "mean", "lr": 0.01}, {"shrink_scale": "noise", "alpha": 0.5},
+                                  {"eig_floor": 1e-2, "alpha": 0.9, "init": "zeros"}])
+def test_federated_equals_centralised(opts):
+    data, _, _ = simulate(K=7, d=3, n=[20, 30, 25, 40, 12, 50, 9], seed=15)
+    model = StructuralCovarianceModel(rounds=25, **opts)
+    fed, cen = model.fit(data, seed=5), model.fit_centralised(data, seed=5)
+    np.testing.assert_allclose(fed.theta, cen.theta, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(fed.omega_, cen.omega_, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="full-batch"):
+        StructuralCovarianceModel(batch_size=4).fit_centralised(data)
