@@ -152,7 +152,7 @@ class HM1Algorithm(FederatedAlgorithm):
             # T sigma^2 times the expected fraction of the full-data sum gradient one step takes
             frac = 1.0 / n if self.grad_reduction == "mean" else (
                 1.0 if full_batch(self.batch_size, n) else self.batch_size / n)
-            s = self.local_steps * residual_variance(X, y, client) * frac
+            s = self.local_steps * residual_variance(X, y, client, "use a numeric shrink_scale") * frac
         else:
             s = float(self.shrink_scale)
         return _Device(n, X.T @ X, X.T @ y, s)
@@ -208,15 +208,19 @@ class HM1Algorithm(FederatedAlgorithm):
         return self.tol > 0 and metrics["theta_change"] < self.tol
 
 
-def residual_variance(X, y, client=None) -> float:
-    """Unbiased residual variance of the device's least-squares fit (needs n > d)."""
-    n, d = X.shape
-    if n <= d:
-        raise ValueError(f"client {client!r} has {n} rows for {d} coefficients: its noise variance cannot be "
-                         "estimated; give noise_sd")
+def residual_variance(X, y, client=None, hint: str = "give noise_sd") -> float:
+    """Unbiased residual variance of the device's least-squares fit (needs more rows than
+    the rank of its design, and a residual that is not exactly 0)."""
+    n = X.shape[0]
+    rank = np.linalg.matrix_rank(X)
+    if n <= rank:
+        raise ValueError(f"client {client!r} has {n} rows for {rank} independent coefficients: its noise variance "
+                         f"cannot be estimated; {hint}")
     beta, *_ = np.linalg.lstsq(X, y, rcond=None)
     rss = float(np.sum((y - X @ beta) ** 2))
-    rank = np.linalg.matrix_rank(X)
+    if not rss > 1e-24 * float(np.sum(y**2)):  # an exact fit up to rounding
+        raise ValueError(f"client {client!r}: least squares fits its data exactly, so its noise variance cannot be "
+                         f"estimated; {hint}")
     return rss / (n - rank)
 
 
@@ -440,7 +444,8 @@ class StructuralCovarianceModel:
         scale = np.ones(K) if self.grad_reduction == "sum" else n
         if self.shrink_scale == "noise":
             frac = 1.0 / n if self.grad_reduction == "mean" else np.ones(K)
-            shrink = self.local_steps * np.array([residual_variance(X, y, c) for (X, y), c in zip(Xs, clients)]) * frac
+            shrink = self.local_steps * frac * np.array([residual_variance(X, y, c, "use a numeric shrink_scale")
+                                                         for (X, y), c in zip(Xs, clients)])
         else:
             shrink = np.full(K, float(self.shrink_scale))
         theta = (np.array(theta_init, dtype=float) if theta_init is not None

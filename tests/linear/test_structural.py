@@ -301,3 +301,12 @@ def test_federated_equals_centralised(opts):
     np.testing.assert_allclose(fed.omega_, cen.omega_, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="full-batch"):
         StructuralCovarianceModel(batch_size=4).fit_centralised(data)
+
+
+def test_noise_estimates_need_residual_degrees_of_freedom():
+    X = np.random.default_rng(0).standard_normal((5, 2))
+    exact = FederatedData.from_arrays([X, X], [X @ [1.0, 2.0], X @ [1.0, 2.0] + 0.1])
+    with pytest.raises(ValueError, match="fits its data exactly"):
+        StructuralCovarianceModel(rounds=2, shrink_scale="noise").fit(exact)
+    with pytest.raises(ValueError, match="fits its data exactly.*noise_sd"):
+        StructuralCovarianceModel(rounds=2).fit(exact, uncertainty=True)
