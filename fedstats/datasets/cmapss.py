@@ -16,13 +16,13 @@ comparison with the paper's numbers, spec §9 item 18).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..data import FederatedData
+from ._files import find_data_file
 
 SETTINGS = ["setting1", "setting2", "setting3"]
 SENSORS = [f"sensor{s}" for s in range(1, 22)]
@@ -34,19 +34,7 @@ TIME_SCALE = 299.0
 
 
 def _find(path, filename: str) -> Path:
-    if path is None:
-        root = os.environ.get("FEDSTATS_DATA")
-        if not root:
-            raise FileNotFoundError(f"{filename} not found: pass path= (the folder holding it) or set "
-                                    "FEDSTATS_DATA to a folder with a cmapss/ sub-folder")
-        candidates = [Path(root) / "cmapss" / filename, Path(root) / filename]
-    else:
-        p = Path(path)
-        candidates = [p] if p.is_file() else [p / filename, p / "cmapss" / filename]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise FileNotFoundError(f"{filename} not found; looked at: {', '.join(str(c) for c in candidates)}")
+    return find_data_file(path, filename, "cmapss")
 
 
 def read_cmapss(path=None, subset: str = "FD001", split: str = "train") -> pd.DataFrame:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..data import FederatedData, FederatedScaler
+from ._files import find_data_file
 
 COLUMNS = ["school", "sex", "age", "address", "famsize", "Pstatus", "Medu", "Fedu", "Mjob", "Fjob", "reason",
            "guardian", "traveltime", "studytime", "failures", "schoolsup", "famsup", "paid", "activities",
@@ -38,19 +38,7 @@ SUBJECTS = {"por": "student-por.csv", "mat": "student-mat.csv"}
 
 
 def _find(path, filename: str) -> Path:
-    if path is None:
-        root = os.environ.get("FEDSTATS_DATA")
-        if not root:
-            raise FileNotFoundError(f"{filename} not found: pass path= (the folder holding it) or set "
-                                    "FEDSTATS_DATA to a folder with a student/ sub-folder")
-        candidates = [Path(root) / "student" / filename, Path(root) / filename]
-    else:
-        p = Path(path)
-        candidates = [p] if p.is_file() else [p / filename, p / "student" / filename]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise FileNotFoundError(f"{filename} not found; looked at: {', '.join(str(c) for c in candidates)}")
+    return find_data_file(path, filename, "student")
 
 
 def read_student(path=None, subject: str = "por") -> pd.DataFrame:

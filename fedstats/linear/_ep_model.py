@@ -11,11 +11,9 @@ numpy and for a batch of tilted draws ``(phi, z)``:
 
 from __future__ import annotations
 
-import pickle
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,8 +24,7 @@ from ..inference.ep import FederatedEP, check_invariants
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
-
-_FORMAT = 1
+from ._local import load_state, save_state
 
 
 def normal_pair(value, name) -> tuple[float, float]:
@@ -274,14 +271,8 @@ class EPLinearResult:
     # -------------------------------------------------------------- persistence
     def save(self, path) -> None:
         """Pickle the result (model options, server and device states, history)."""
-        state = {k: v for k, v in self.__dict__.items() if k != "_device_cache"}
-        with open(Path(path), "wb") as f:
-            pickle.dump({"format": _FORMAT, "kind": type(self).__name__, "state": state}, f)
+        save_state(self, path, {k: v for k, v in self.__dict__.items() if k != "_device_cache"})
 
     @classmethod
     def load(cls, path):
-        with open(Path(path), "rb") as f:
-            blob = pickle.load(f)
-        if not isinstance(blob, dict) or blob.get("format") != _FORMAT or blob.get("kind") != cls.__name__:
-            raise ValueError(f"{path} is not a fedstats {cls.__name__} (format {_FORMAT})")
-        return cls(**blob["state"])
+        return load_state(cls, path)

@@ -204,13 +204,24 @@ class PointResult:
         return pd.Series(out, name="rmse")
 
     def save(self, path) -> None:
-        with open(Path(path), "wb") as f:
-            pickle.dump({"format": _FORMAT, "kind": type(self).__name__, "state": dict(self.__dict__)}, f)
+        """Pickle the result."""
+        save_state(self, path, dict(self.__dict__))
 
     @classmethod
     def load(cls, path):
-        with open(Path(path), "rb") as f:
-            blob = pickle.load(f)
-        if not isinstance(blob, dict) or blob.get("format") != _FORMAT or blob.get("kind") != cls.__name__:
-            raise ValueError(f"{path} is not a fedstats {cls.__name__} (format {_FORMAT})")
-        return cls(**blob["state"])
+        return load_state(cls, path)
+
+
+def save_state(obj, path, state: dict) -> None:
+    """Pickle ``state`` (the fields of a result) tagged with the result's class and format."""
+    with open(Path(path), "wb") as f:
+        pickle.dump({"format": _FORMAT, "kind": type(obj).__name__, "state": state}, f)
+
+
+def load_state(cls, path):
+    """The result of class ``cls`` that :func:`save_state` wrote to ``path``."""
+    with open(Path(path), "rb") as f:
+        blob = pickle.load(f)
+    if not isinstance(blob, dict) or blob.get("format") != _FORMAT or blob.get("kind") != cls.__name__:
+        raise ValueError(f"{path} is not a fedstats {cls.__name__} (format {_FORMAT})")
+    return cls(**blob["state"])

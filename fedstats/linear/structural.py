@@ -365,6 +365,14 @@ class StructuralCovarianceModel:
                 raise ValueError("omega_init must be symmetric positive definite")
         return {"alpha": alpha, "omega": omega}
 
+    def _prepare(self, data):
+        """Validated options and the device view: ``(clients, options, devices, names)``."""
+        clients = list(data.clients)
+        if len(clients) < 2:
+            raise ValueError("HM1 learns a covariance between clients: it needs at least 2 clients")
+        opts = self._validated(len(clients))
+        return clients, opts, DeviceDesign(data, self.fit_intercept), coefficient_names(data, self.fit_intercept)
+
     def fit(self, data, *, seed: int = 0, progress: bool | None = None, uncertainty: bool = False,
             noise_sd=None, checkpoint=None, resume: bool = False, batched: bool = True,
             theta_init=None, callback=None) -> StructuralResult:
@@ -378,14 +386,8 @@ class StructuralCovarianceModel:
         ``theta_init`` (d x K) overrides ``init``. ``callback(round, Theta, Omega)`` is called
         on the server after every round (copies; e.g. to trace parameter recovery).
         """
-        clients = list(data.clients)
-        K = len(clients)
-        if K < 2:
-            raise ValueError("HM1 learns a covariance between clients: it needs at least 2 clients")
-        opts = self._validated(K)
-        devices = DeviceDesign(data, self.fit_intercept)
-        names = coefficient_names(data, self.fit_intercept)
-        d = len(names)
+        clients, opts, devices, names = self._prepare(data)
+        K, d = len(clients), len(names)
         if theta_init is not None:
             theta_init = np.asarray(theta_init, dtype=float)
             if theta_init.shape != (d, K) or not np.all(np.isfinite(theta_init)):
@@ -428,13 +430,8 @@ class StructuralCovarianceModel:
 
         if self.batch_size is not None or self.participation != 1.0:
             raise ValueError("fit_centralised runs full-batch steps with every device taking part")
-        clients = list(data.clients)
+        clients, opts, devices, names = self._prepare(data)
         K = len(clients)
-        if K < 2:
-            raise ValueError("HM1 learns a covariance between clients: it needs at least 2 clients")
-        opts = self._validated(K)
-        devices = DeviceDesign(data, self.fit_intercept)
-        names = coefficient_names(data, self.fit_intercept)
         t0 = time.perf_counter()
         Xs = [devices[c] for c in clients]
         lr = resolve_lr(self.lr, [X for X, _ in Xs], self.batch_size, self.grad_reduction)

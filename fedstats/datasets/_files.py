@@ -1,0 +1,24 @@
+"""Where the loaders look for the real data files (never downloaded)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def find_data_file(path, filename: str, folder: str) -> Path:
+    """``filename`` under ``path`` (the file itself, its folder, or a folder holding
+    ``folder/``), or with ``path=None`` under ``$FEDSTATS_DATA/folder`` or ``$FEDSTATS_DATA``."""
+    if path is None:
+        root = os.environ.get("FEDSTATS_DATA")
+        if not root:
+            raise FileNotFoundError(f"{filename} not found: pass path= (the folder holding it) or set "
+                                    f"FEDSTATS_DATA to a folder with a {folder}/ sub-folder")
+        candidates = [Path(root) / folder / filename, Path(root) / filename]
+    else:
+        p = Path(path)
+        candidates = [p] if p.is_file() else [p / filename, p / folder / filename]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(f"{filename} not found; looked at: {', '.join(str(c) for c in candidates)}")
