@@ -24,7 +24,7 @@ import numpy as np
 from ..federation import FederatedAlgorithm, run
 from ..federation.runner import _INIT_TAG  # init_server's seed stream: Separate starts where HM1 starts
 from ._local import (DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
-                     initial_theta, local_steps, resolve_lr)
+                     full_batch, full_batch_steps, initial_theta, local_steps, resolve_lr)
 
 
 def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
@@ -76,11 +76,18 @@ class Separate(_GDOptions):
         else:
             # the same initial Theta as HM1 under the same seed (runner's init stream)
             theta0 = initial_theta(self.init, d, K, np.random.default_rng([seed, _INIT_TAG]))
-            theta = np.column_stack([
-                local_steps(theta0[:, k], *devices[c], steps=self.rounds * self.local_steps, lr=lr,
-                            batch_size=self.batch_size, reduction=self.grad_reduction,
-                            rng=np.random.default_rng([seed, 5, k]))
-                for k, c in enumerate(clients)])
+            steps = self.rounds * self.local_steps
+            designs = [devices[c] for c in clients]
+            if all(full_batch(self.batch_size, len(y)) for _, y in designs):  # all devices in one product
+                theta = full_batch_steps(
+                    np.ascontiguousarray(theta0.T), np.stack([X.T @ X for X, _ in designs]),
+                    np.stack([X.T @ y for X, y in designs]), steps=steps, lr=lr,
+                    scale=[1.0 if self.grad_reduction == "sum" else float(len(y)) for _, y in designs]).T
+            else:
+                theta = np.column_stack([
+                    local_steps(theta0[:, k], X, y, steps=steps, lr=lr, batch_size=self.batch_size,
+                                reduction=self.grad_reduction, rng=np.random.default_rng([seed, 5, k]))
+                    for k, (X, y) in enumerate(designs)])
             if not np.all(np.isfinite(theta)):
                 raise FloatingPointError(f"local gradient descent diverged with lr={lr:.3g}: lower lr")
         return PointResult(names, clients, theta, self._options(method=self.method, lr_used=lr),
