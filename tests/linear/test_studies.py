@@ -88,3 +88,15 @@ def test_cmapss_sensor_2_one_seed():
     assert 0.75 * 0.270 <= r["HM1"] <= 1.25 * 0.270  # the paper's HM1, +-25%
     assert r["HM1"] <= r["Separate"] and r["Ditto"] <= r["Separate"]
     assert r["HM1 options"]["eig_floor"] == 1e-2  # without the floor Omega goes singular (K = 100 > d = 7)
+
+
+def test_long_runs_need_the_eigenvalue_floor():
+    # Figure 3's finding: with K = 100 > d = 8 Omega becomes nearly singular and, from round
+    # ~83, the prior step destabilises the iteration; the eigenvalue floor keeps the plateau.
+    from fedstats.linear.studies import table1_run
+
+    plain = table1_run("II", 0, trace=True, rounds=100, n_test=10)["recovery"]
+    floored = table1_run("II", 0, trace=True, rounds=100, n_test=10, eig_floor=1e-3)["recovery"]
+    plateau = min(plain[:80])
+    assert max(plain[85:]) > 1.5 * plateau
+    assert max(floored[40:]) < 1.1 * min(floored)
