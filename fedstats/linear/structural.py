@@ -148,13 +148,7 @@ class HM1Algorithm(FederatedAlgorithm):
     def init_client(self, client, data, rng):
         X, y = data
         n = X.shape[0]
-        if self.shrink_scale == "noise":
-            # T sigma^2 times the expected fraction of the full-data sum gradient one step takes
-            frac = 1.0 / n if self.grad_reduction == "mean" else (
-                1.0 if full_batch(self.batch_size, n) else self.batch_size / n)
-            s = self.local_steps * residual_variance(X, y, client, "use a numeric shrink_scale") * frac
-        else:
-            s = float(self.shrink_scale)
+        s = shrink_for(self.shrink_scale, X, y, client, self.local_steps, self.batch_size, self.grad_reduction)
         return _Device(n, X.T @ X, X.T @ y, s)
 
     def broadcast(self, server_state, client, round):
@@ -206,6 +200,16 @@ class HM1Algorithm(FederatedAlgorithm):
 
     def converged(self, server_state, metrics):
         return self.tol > 0 and metrics["theta_change"] < self.tol
+
+
+def shrink_for(shrink_scale, X, y, client, steps: int, batch_size, reduction: str) -> float:
+    """A device's ``s`` in the prior step: ``shrink_scale`` itself, or for ``"noise"``
+    ``T sigma^2`` times the expected fraction of the full-data sum gradient one step takes."""
+    if shrink_scale != "noise":
+        return float(shrink_scale)
+    n = X.shape[0]
+    frac = 1.0 / n if reduction == "mean" else (1.0 if full_batch(batch_size, n) else batch_size / n)
+    return steps * residual_variance(X, y, client, "use a numeric shrink_scale") * frac
 
 
 def residual_variance(X, y, client=None, hint: str = "give noise_sd") -> float:
@@ -439,12 +443,8 @@ class StructuralCovarianceModel:
         Xty = np.stack([X.T @ y for X, y in Xs])
         n = np.array([len(y) for _, y in Xs], dtype=float)
         scale = np.ones(K) if self.grad_reduction == "sum" else n
-        if self.shrink_scale == "noise":
-            frac = 1.0 / n if self.grad_reduction == "mean" else np.ones(K)
-            shrink = self.local_steps * frac * np.array([residual_variance(X, y, c, "use a numeric shrink_scale")
-                                                         for (X, y), c in zip(Xs, clients)])
-        else:
-            shrink = np.full(K, float(self.shrink_scale))
+        shrink = np.array([shrink_for(self.shrink_scale, X, y, c, self.local_steps, None, self.grad_reduction)
+                           for (X, y), c in zip(Xs, clients)])
         theta = (np.array(theta_init, dtype=float) if theta_init is not None
                  else initial_theta(self.init, len(names), K, np.random.default_rng([seed, _INIT_TAG])))
         omega = np.eye(K) if opts["omega"] is None else opts["omega"]
