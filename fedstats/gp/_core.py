@@ -1,0 +1,283 @@
+"""Shared pieces of the GP code: the hyperparameter layout, the batched exact negative log
+marginal likelihood on GPyTorch kernels, closed-form prediction, and the optimiser updates.
+
+Hyperparameters travel as *constrained* values (lengthscale, outputscale and noise
+variance, and a constant mean when there is one), each a float64 numpy vector. Inside,
+the optimisers work on GPyTorch's raw parameters: ``value = softplus(raw) + floor``
+(:class:`gpytorch.constraints.GreaterThan`), the parameterisation of the published code.
+
+Every computation that the acceptance checks compare to closed forms uses an explicit
+Cholesky factorisation (never conjugate gradients), whatever the size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gpytorch
+import numpy as np
+import torch
+from linear_operator.utils.cholesky import psd_safe_cholesky
+
+KERNELS = ("rbf", "matern")
+MEANS = ("zero", "constant")
+NUS = (0.5, 1.5, 2.5)
+LOG2 = math.log(2.0)
+
+
+def resolve_device(device) -> torch.device:
+    """``"auto"`` -> CUDA when present, else the CPU; otherwise ``torch.device(device)``."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, str):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or a torch.device, got {device!r}")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but CUDA is not available; use device='auto' or 'cpu'")
+    return dev
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    table = {"float64": torch.float64, "float32": torch.float32, torch.float64: torch.float64,
+             torch.float32: torch.float32}
+    if dtype not in table:
+        raise ValueError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
+    return table[dtype]
+
+
+@dataclass(frozen=True)
+class HyperSpec:
+    """The shared GP prior's form: kernel family, ARD, mean and the constraint floors."""
+
+    d: int
+    kernel: str = "rbf"
+    nu: float = 1.5
+    ard: bool = False
+    mean: str = "zero"
+    lengthscale_floor: float = 1e-6
+    outputscale_floor: float = 1e-6
+    noise_floor: float = 1e-4
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.kernel == "matern" and self.nu not in NUS:
+            raise ValueError(f"nu must be one of {NUS} for the Matern kernel, got {self.nu!r}")
+        if self.mean not in MEANS:
+            raise ValueError(f"mean must be one of {MEANS}, got {self.mean!r}")
+        if not isinstance(self.ard, bool):
+            raise ValueError(f"ard must be True or False, got {self.ard!r}")
+        for name in ("lengthscale_floor", "outputscale_floor", "noise_floor"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a non-negative number, got {v!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("lengthscale", "outputscale", "noise") + (("mean",) if self.mean == "constant" else ())
+
+    def size(self, name: str) -> int:
+        return self.d if (name == "lengthscale" and self.ard) else 1
+
+    def floor(self, name: str) -> float | None:
+        return {"lengthscale": self.lengthscale_floor, "outputscale": self.outputscale_floor,
+                "noise": self.noise_floor}.get(name)
+
+    def labels(self, feature_names=None) -> list[str]:
+        """One label per scalar: ``lengthscale`` or ``lengthscale[x0]``..., then the rest."""
+        out = []
+        for name in self.names:
+            if self.size(name) > 1:
+                feats = feature_names if feature_names is not None else [f"x{j}" for j in range(self.d)]
+                out += [f"{name}[{f}]" for f in feats]
+            else:
+                out.append(name)
+        return out
+
+    def default(self) -> dict[str, np.ndarray]:
+        """log 2 for every positive hyperparameter (softplus(0), GPyTorch's and the published
+        code's start), 0 for the mean."""
+        return {n: np.full(self.size(n), 0.0 if n == "mean" else LOG2) for n in self.names}
+
+    def check(self, hyper, what: str = "hyperparameters") -> dict[str, np.ndarray]:
+        """Validated float64 copies of ``hyper`` (a mapping name -> value)."""
+        if not hasattr(hyper, "keys"):
+            raise ValueError(f"{what} must be a mapping of {self.names}, got {type(hyper).__name__}")
+        if set(hyper) != set(self.names):
+            raise ValueError(f"{what} must name exactly {self.names}, got {sorted(hyper)}")
+        out = {}
+        for n in self.names:
+            v = np.atleast_1d(np.asarray(hyper[n], dtype=float)).copy()
+            if v.shape == (1,) and self.size(n) > 1:
+                v = np.full(self.size(n), v[0])
+            if v.shape != (self.size(n),):
+                raise ValueError(f"{what}: {n} must have {self.size(n)} value(s), got shape {v.shape}")
+            if not np.all(np.isfinite(v)):
+                raise ValueError(f"{what}: {n} is not finite ({v})")
+            fl = self.floor(n)
+            if fl is not None and np.any(v <= fl):
+                raise ValueError(f"{what}: {n} must exceed its floor {fl:g}, got {v}")
+            out[n] = v
+        return out
+
+    # ---- transforms between constrained values and GPyTorch's raw parameters
+    def constraint(self, name: str):
+        fl = self.floor(name)
+        return None if fl is None else gpytorch.constraints.GreaterThan(fl)
+
+    def to_raw(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        c = self.constraint(name)
+        return value if c is None else c.inverse_transform(value)
+
+    def from_raw(self, name: str, raw: torch.Tensor) -> torch.Tensor:
+        c = self.constraint(name)
+        return raw if c is None else c.transform(raw)
+
+
+class BatchGP(torch.nn.Module):
+    """G independent zero- or constant-mean GPs with their own hyperparameters (batch mode).
+
+    The kernel is GPyTorch's ``ScaleKernel(RBFKernel | MaternKernel)`` with
+    ``batch_shape=[G]``; the noise variance and the constant mean are raw parameters of this
+    module with the same softplus-plus-floor transform. :meth:`nll` evaluates the exact
+    negative log marginal likelihood of G data sets of equal size at once.
+    """
+
+    def __init__(self, spec: HyperSpec, G: int, device, dtype):
+        super().__init__()
+        self.spec, self.G = spec, G
+        bs = torch.Size([G])
+        ard = spec.d if spec.ard else None
+        lc = spec.constraint("lengthscale")
+        if spec.kernel == "rbf":
+            base = gpytorch.kernels.RBFKernel(ard_num_dims=ard, batch_shape=bs, lengthscale_constraint=lc)
+        else:
+            base = gpytorch.kernels.MaternKernel(nu=spec.nu, ard_num_dims=ard, batch_shape=bs, lengthscale_constraint=lc)
+        self.kernel = gpytorch.kernels.ScaleKernel(base, batch_shape=bs,
+                                                   outputscale_constraint=spec.constraint("outputscale"))
+        self.raw_noise = torch.nn.Parameter(torch.zeros(G))
+        self.raw_mean = torch.nn.Parameter(torch.zeros(G)) if spec.mean == "constant" else None
+        self.to(device=device, dtype=dtype)
+
+    def leaves(self) -> dict[str, torch.Tensor]:
+        """The raw parameters by hyperparameter name (views of the module's parameters)."""
+        out = {"lengthscale": self.kernel.base_kernel.raw_lengthscale,
+               "outputscale": self.kernel.raw_outputscale, "noise": self.raw_noise}
+        if self.raw_mean is not None:
+            out["mean"] = self.raw_mean
+        return out
+
+    def set_raw(self, raw: dict[str, torch.Tensor]) -> None:
+        """Copy raw values (each ``[G, size]``) into the parameters."""
+        with torch.no_grad():
+            for n, p in self.leaves().items():
+                p.copy_(raw[n].reshape(p.shape))
+
+    def get_raw(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().reshape(self.G, -1).clone() for n, p in self.leaves().items()}
+
+    def values(self) -> dict[str, torch.Tensor]:
+        """Constrained values, each ``[G, size]`` (differentiable)."""
+        return {n: self.spec.from_raw(n, p).reshape(self.G, -1) for n, p in self.leaves().items()}
+
+    def covariance(self, X1: torch.Tensor, X2: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense kernel matrix ``[G, n1, n2]`` (the kernel's ``forward``, without GPyTorch's lazy
+        tensor wrapper)."""
+        out = self.kernel.forward(X1, X1 if X2 is None else X2)
+        return out.to_dense() if hasattr(out, "to_dense") else out
+
+    def nll(self, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Exact negative log marginal likelihood of each of the G data sets: ``[G]``.
+
+        ``X`` is ``[G, M, d]`` and ``y`` is ``[G, M]``; computed by a Cholesky factorisation
+        (GPyTorch's ``psd_safe_cholesky``, which adds jitter only if the plain one fails).
+        """
+        M = X.shape[-2]
+        K = self.covariance(X)
+        noise = self.spec.from_raw("noise", self.raw_noise)
+        K = K + noise[:, None, None] * torch.eye(M, dtype=K.dtype, device=K.device)
+        r = y if self.raw_mean is None else y - self.raw_mean[:, None]
+        L = psd_safe_cholesky(K)
+        alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
+        logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+        return 0.5 * (r * alpha).sum(-1) + logdet + 0.5 * M * math.log(2 * math.pi)
+
+
+def raw_tensors(spec: HyperSpec, hypers: list[dict], device, dtype) -> dict[str, torch.Tensor]:
+    """Stack the constrained values of G hyperparameter sets into raw ``[G, size]`` tensors."""
+    out = {}
+    for n in spec.names:
+        v = torch.as_tensor(np.stack([np.asarray(h[n], dtype=float) for h in hypers]), dtype=torch.float64)
+        out[n] = spec.to_raw(n, v).to(device=device, dtype=dtype)
+    return out
+
+
+def single_model(spec: HyperSpec, hyper: dict, device, dtype) -> BatchGP:
+    """A one-member :class:`BatchGP` holding ``hyper``."""
+    m = BatchGP(spec, 1, device, dtype)
+    m.set_raw(raw_tensors(spec, [hyper], device, dtype))
+    return m
+
+
+# --------------------------------------------------------------------------- optimisers
+
+
+def adam_update(p, g, m, v, t, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+    """One Adam step, element by element, with a step counter ``t`` per batch member.
+
+    The arithmetic of :class:`torch.optim.Adam` (single-tensor, no weight decay): returns
+    ``(new_p, new_m, new_v)``; ``t`` (``[G]``, the step number starting at 1) broadcasts
+    over the trailing dimensions of ``p``.
+    """
+    b1, b2 = betas
+    m = m * b1 + (1 - b1) * g
+    v = v * b2 + (1 - b2) * g * g
+    shape = (-1,) + (1,) * (p.dim() - 1)
+    tt = t.to(p.dtype).reshape(shape)
+    step_size = lr / (1 - b1 ** tt)
+    denom = v.sqrt() / torch.sqrt(1 - b2 ** tt) + eps
+    return p - step_size * m / denom, m, v
+
+
+def sgd_lr(lr: float, decay, t: torch.Tensor) -> torch.Tensor:
+    """``lr / (1 + t / decay)`` (``decay`` = t0 in steps) or the constant ``lr``; ``t`` counts
+    the steps a client took before this one (0 for its first)."""
+    if decay is None:
+        return torch.full_like(t, lr, dtype=torch.float64)
+    return lr / (1 + t.to(torch.float64) / decay)
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+def posterior(spec: HyperSpec, hyper: dict, X: np.ndarray, y: np.ndarray, Xs: np.ndarray, *, device,
+              dtype, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and latent variance of f at ``Xs`` given ``(X, y)`` under ``hyper`` (spec §3.1):
+    ``mu = m + K*^T (K + s I)^{-1} (y - m)``, ``var_f = k** - K*^T (K + s I)^{-1} K*``.
+    Exact (Cholesky); ``Xs`` is processed in chunks."""
+    model = single_model(spec, hyper, device, dtype)
+    with torch.no_grad():
+        Xt = torch.as_tensor(X, device=device, dtype=dtype).unsqueeze(0)
+        yt = torch.as_tensor(y, device=device, dtype=dtype).unsqueeze(0)
+        vals = model.values()
+        noise, os_ = vals["noise"][0, 0], vals["outputscale"][0, 0]
+        m0 = vals["mean"][0, 0] if "mean" in vals else torch.zeros((), dtype=dtype, device=device)
+        K = model.covariance(Xt)[0]
+        L = psd_safe_cholesky(K + noise * torch.eye(len(y), dtype=dtype, device=device))
+        alpha = torch.cholesky_solve((yt[0] - m0).unsqueeze(-1), L).squeeze(-1)
+        means, vars_ = [], []
+        for s in range(0, len(Xs), chunk):
+            xs = torch.as_tensor(Xs[s:s + chunk], device=device, dtype=dtype).unsqueeze(0)
+            Ks = model.covariance(Xt, xs)[0]  # (N, n*)
+            means.append((m0 + Ks.T @ alpha).cpu().numpy())
+            v = torch.linalg.solve_triangular(L, Ks, upper=False)
+            vars_.append(torch.clamp(os_ - (v * v).sum(0), min=0).cpu().numpy())
+    return np.concatenate(means), np.concatenate(vars_)
+
+
+def hyper_to_numpy(spec: HyperSpec, values: dict[str, torch.Tensor], i: int) -> dict[str, np.ndarray]:
+    return {n: values[n][i].detach().to(torch.float64).cpu().numpy().reshape(spec.size(n)).copy()
+            for n in spec.names}

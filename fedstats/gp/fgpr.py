@@ -1,0 +1,660 @@
+"""FGPR: federated Gaussian process regression (Yue & Kontar; spec ``fgpr.md``).
+
+One GP prior (kernel lengthscale, outputscale, noise variance, optionally a constant mean)
+is shared by all clients and learned by federated averaging of hyperparameters:
+
+* the server sends the current hyperparameters;
+* each client takes E steps of Adam or SGD on the exact negative log marginal likelihood
+  of minibatches of its own data (uniform or nearest-neighbour batches of size
+  ``M_k = min(M, N_k)``) and sends its hyperparameters back;
+* the server averages them with weights ``N_k / N`` (in constrained space by default, as
+  the published code does), or, under partial participation, draws ``K_s`` clients with
+  replacement with probabilities ``N_k / N`` and takes the plain average counting
+  duplicates with their multiplicity.
+
+Each client then predicts by conditioning the shared prior on its *own* data (spec §3),
+which personalises automatically; a client that took no part in training does the same
+with no training. What crosses the network: the hyperparameters each way every round, and
+each client's ``N_k`` once, before the first round. Never data, gradients or predictions.
+
+The objective is ``sum_k p_k L_k``: clients are independent draws from one prior, so FGPR
+with several clients is *not* an exact GP on the pooled data (spec §1.3).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats as sst
+from scipy.spatial import cKDTree
+
+from ..data import DataError, FederatedData
+from ..federation import FederatedAlgorithm, run
+from ._core import (BatchGP, HyperSpec, adam_update, hyper_to_numpy, posterior, raw_tensors, resolve_device,
+                    resolve_dtype, sgd_lr, single_model)
+
+__all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
+
+SAMPLERS = ("uniform", "nearest")
+OPTIMIZERS = ("adam", "sgd")
+SPACES = ("constrained", "raw", "log")
+_DRAW_TAG = 0x6770  # seed-sequence tag of the with-replacement participant draws
+
+
+# --------------------------------------------------------------------------- server helpers
+
+
+def draw_participants(seed: int, round: int, p: np.ndarray, k: int) -> np.ndarray:
+    """Multiplicities of the K clients in round ``round``: ``k`` draws with replacement from
+    Categorical(p) (spec §2.2a). A pure function of ``(seed, round)``, so that the
+    participation callable and the server step agree without sharing state."""
+    rng = np.random.default_rng([seed, round, _DRAW_TAG])
+    return np.bincount(rng.choice(len(p), size=k, replace=True, p=p), minlength=len(p))
+
+
+def average_hypers(spec: HyperSpec, hypers: list[dict], weights: np.ndarray, space: str) -> dict[str, np.ndarray]:
+    """Weighted mean of constrained hyperparameter sets in ``space``: ``constrained`` (the
+    published code), ``raw`` (GPyTorch's raw parameters: the variable SGD updates) or ``log``
+    (geometric mean). The constant mean is averaged as it is in every space."""
+    w = np.asarray(weights, dtype=float)
+    w = w / w.sum()
+    out = {}
+    for n in spec.names:
+        V = np.stack([np.asarray(h[n], dtype=float) for h in hypers])  # (G, size)
+        if n == "mean" or space == "constrained":
+            out[n] = w @ V
+        elif space == "log":
+            out[n] = np.exp(w @ np.log(V))
+        else:
+            raw = spec.to_raw(n, torch.as_tensor(V, dtype=torch.float64)).numpy()
+            out[n] = spec.from_raw(n, torch.as_tensor(w @ raw, dtype=torch.float64)).numpy()
+    return out
+
+
+# --------------------------------------------------------------------------- client state
+
+
+@dataclass(frozen=True)
+class _Client:
+    X: np.ndarray            # (N, d) inputs (numpy, for the samplers)
+    Xt: torch.Tensor         # the same on the compute device
+    yt: torch.Tensor         # standardised targets on the compute device
+    n: int
+    m: int                   # batch size M_k
+    e: int                   # local steps E_k
+    tree: cKDTree | None     # for nearest-neighbour batches
+    opt: dict | None         # persistent optimiser state: {"m": {...}, "v": {...}}
+    steps: int               # local steps taken so far (Adam's t, SGD's schedule)
+
+
+class _Server:
+    def __init__(self, hyper: dict, weights: dict):
+        self.hyper, self.weights = hyper, weights
+
+
+class _CountShare(FederatedAlgorithm):
+    """The one exchange before training: every client sends its number of points N_k."""
+
+    reply_keys = ("n",)
+
+    def init_server(self, clients, rng):
+        return {}
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        return {}
+
+    def client_step(self, message, state, data, rng):
+        return {"n": np.array([data.n], dtype=np.int64)}, state
+
+    def server_step(self, server_state, replies, round):
+        return {c: int(r["n"][0]) for c, r in replies.items()}, {}
+
+
+class FGPRAlgorithm(FederatedAlgorithm):
+    """FGPR (Algorithm 1 of the FGPR paper) as a :class:`~fedstats.federation.FederatedAlgorithm`.
+
+    Broadcast and reply hold exactly the constrained hyperparameters (one array per name of
+    ``spec.names``). :meth:`client_steps` runs all clients with equal ``(M_k, E_k)`` as one
+    batched GP (``batch_shape=[G]``), which gives what :meth:`client_step` gives client by
+    client. See :class:`FGPR` for the options.
+    """
+
+    def __init__(self, spec: HyperSpec, *, init: dict, counts: dict, local_steps, batch_size: int, sampler: str,
+                 optimizer: str, lr: float, lr_decay, betas, optimizer_state: str, loss_normalization: str,
+                 average_space: str, participants: int | None, seed: int, standardize: bool, device, dtype):
+        self.spec, self.init, self.counts = spec, init, counts
+        self.local_steps, self.batch_size, self.sampler = local_steps, batch_size, sampler
+        self.optimizer, self.lr, self.lr_decay, self.betas = optimizer, lr, lr_decay, betas
+        self.optimizer_state, self.loss_normalization, self.average_space = optimizer_state, loss_normalization, average_space
+        self.participants, self.seed, self.standardize = participants, seed, standardize
+        self.device, self.dtype = device, dtype
+        self.reply_keys = spec.names
+        clients = list(counts)
+        self._p = np.array([counts[c] for c in clients], dtype=float) / sum(counts.values())
+        self._index = {c: i for i, c in enumerate(clients)}
+
+    # ---- participation: K_s draws with replacement by p_k
+    def multiplicity(self, round: int) -> np.ndarray:
+        return draw_participants(self.seed, round, self._p, self.participants)
+
+    def participation(self, round: int, rng) -> list:
+        mult = self.multiplicity(round)
+        return [c for c, i in self._index.items() if mult[i] > 0]
+
+    # ---- protocol
+    def init_server(self, clients, rng):
+        return _Server({n: v.copy() for n, v in self.init.items()}, dict(self.counts))
+
+    def init_client(self, client, data, rng):
+        X, y, n = np.array(data.X, dtype=float), np.array(data.y, dtype=float), data.n
+        y = standardise(y)[0] if self.standardize else y
+        m = min(self.batch_size, n)
+        e = max(1, n // m) if self.local_steps == "epoch" else int(self.local_steps)
+        tree = cKDTree(X) if (self.sampler == "nearest" and m < n) else None
+        return _Client(X, torch.as_tensor(X, device=self.device, dtype=self.dtype),
+                       torch.as_tensor(y, device=self.device, dtype=self.dtype), n, m, e, tree, None, 0)
+
+    def broadcast(self, server_state, client, round):
+        return {n: v.copy() for n, v in server_state.hyper.items()}
+
+    def client_step(self, message, state, data, rng):
+        return self._update([message], [state], [rng])[0]
+
+    def client_steps(self, messages, states, datas, rngs):
+        out: list = [None] * len(states)
+        groups: dict = {}
+        for i, s in enumerate(states):
+            groups.setdefault((s.m, s.e, s.m == s.n), []).append(i)
+        for idx in groups.values():
+            saved = [rngs[i].bit_generator.state for i in idx]
+            try:
+                res = self._update([messages[i] for i in idx], [states[i] for i in idx], [rngs[i] for i in idx])
+            except Exception:  # noqa: BLE001 - isolate the failing client: redo this group one by one
+                for i, st in zip(idx, saved):  # with the batch draws it would have made on its own
+                    rngs[i].bit_generator.state = st
+                res = [self._one(messages[i], states[i], rngs[i]) for i in idx]
+            for i, r in zip(idx, res):
+                out[i] = r
+        return out
+
+    def _one(self, message, state, rng):
+        try:
+            return self._update([message], [state], [rng])[0]
+        except Exception as exc:  # noqa: BLE001 - the runtime records it
+            return exc
+
+    def _model(self, G: int) -> BatchGP:
+        # one module per group size, reused across rounds (its values are overwritten each step)
+        cache = self.__dict__.setdefault("_models", {})
+        if G not in cache:
+            cache[G] = BatchGP(self.spec, G, self.device, self.dtype)
+        return cache[G]
+
+    def _batch_indices(self, state: _Client, rng) -> np.ndarray:
+        if state.m == state.n:
+            return np.arange(state.n)
+        if self.sampler == "uniform":
+            return rng.choice(state.n, size=state.m, replace=False)
+        centre = state.X[rng.integers(state.n)]
+        return np.sort(state.tree.query(centre, k=state.m)[1])
+
+    def _update(self, messages, states, rngs) -> list:
+        """E local steps of G clients with equal (M, E) as one batched GP."""
+        spec, G = self.spec, len(states)
+        dev, dt = self.device, self.dtype
+        M, E = states[0].m, states[0].e
+        model = self._model(G)
+        raw = raw_tensors(spec, messages, dev, dt)
+        zeros = {n: torch.zeros_like(raw[n][0]) for n in spec.names}
+        keep = self.optimizer_state == "persistent"
+        mom = {n: torch.stack([s.opt["m"][n] if keep and s.opt else zeros[n] for s in states]) for n in spec.names}
+        vel = {n: torch.stack([s.opt["v"][n] if keep and s.opt else zeros[n] for s in states]) for n in spec.names}
+        # Adam's step counter restarts with a fresh state; SGD's schedule counts across rounds
+        restart = self.optimizer == "adam" and not keep
+        t0 = torch.tensor([0 if restart else s.steps for s in states], device=dev)
+        full = all(s.m == s.n for s in states)
+        if full:
+            Xb, yb = torch.stack([s.Xt for s in states]), torch.stack([s.yt for s in states])
+        else:
+            nmax = max(s.n for s in states)
+            Xpad = torch.zeros((G, nmax, spec.d), device=dev, dtype=dt)
+            ypad = torch.zeros((G, nmax), device=dev, dtype=dt)
+            for g, s in enumerate(states):
+                Xpad[g, :s.n], ypad[g, :s.n] = s.Xt, s.yt
+        leaves = model.leaves()
+        for step in range(E):
+            if not full:
+                idx = torch.as_tensor(np.stack([self._batch_indices(s, r) for s, r in zip(states, rngs)]), device=dev)
+                Xb = torch.take_along_dim(Xpad, idx[:, :, None], dim=1)
+                yb = torch.take_along_dim(ypad, idx, dim=1)
+            model.set_raw(raw)
+            loss = model.nll(Xb, yb)
+            if self.loss_normalization == "mean":
+                loss = loss / M
+            grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
+            bad = ~torch.isfinite(loss)
+            for g_ in grads:
+                bad |= ~torch.isfinite(g_.reshape(G, -1)).all(-1)
+            if bool(bad.any()):
+                raise FloatingPointError(f"non-finite marginal likelihood or gradient in local step {step} "
+                                         f"(lr={self.lr:g})")
+            t = t0 + step
+            for n, g_ in zip(leaves, grads):
+                g_ = g_.reshape(G, -1)
+                if self.optimizer == "adam":
+                    raw[n], mom[n], vel[n] = adam_update(raw[n], g_, mom[n], vel[n], t + 1, self.lr, self.betas)
+                else:
+                    raw[n] = raw[n] - sgd_lr(self.lr, self.lr_decay, t).to(dt).reshape(-1, 1) * g_
+        model.set_raw(raw)
+        values = model.values()
+        out = []
+        for g, s in enumerate(states):
+            reply = hyper_to_numpy(spec, values, g)
+            if not all(np.all(np.isfinite(v)) for v in reply.values()):
+                raise FloatingPointError(f"hyperparameters overflowed (lr={self.lr:g})")
+            opt = ({"m": {n: mom[n][g].clone() for n in spec.names}, "v": {n: vel[n][g].clone() for n in spec.names}}
+                   if self.optimizer_state == "persistent" else None)
+            out.append((reply, replace(s, opt=opt, steps=s.steps + E)))
+        return out
+
+    def server_step(self, server_state, replies, round):
+        old = server_state.hyper
+        if not replies:
+            return server_state, self._metrics(old, old)
+        clients = list(replies)
+        if self.participants is None:
+            w = np.array([server_state.weights[c] for c in clients], dtype=float)
+        else:
+            mult = self.multiplicity(round)
+            w = np.array([mult[self._index[c]] for c in clients], dtype=float)
+        new = average_hypers(self.spec, [replies[c] for c in clients], w, self.average_space)
+        return _Server(new, server_state.weights), self._metrics(old, new)
+
+    def _metrics(self, old, new) -> dict:
+        out = {"change": float(np.sqrt(sum(np.sum((new[n] - old[n]) ** 2) for n in self.spec.names)))}
+        for n in self.spec.names:
+            for j, v in enumerate(new[n]):
+                out[n if len(new[n]) == 1 else f"{n}[{j}]"] = float(v)
+        return out
+
+
+def standardise(y: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """``(y - mean) / sd`` with the client's own mean and sd (sd 1 if y is constant)."""
+    mu = float(np.mean(y))
+    sd = float(np.std(y))
+    if not np.isfinite(sd) or sd <= 1e-12 * max(1.0, abs(mu)):
+        sd = 1.0
+    return (y - mu) / sd, mu, sd
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class FGPR:
+    """Federated Gaussian process regression: one GP prior learned by federated averaging
+    of hyperparameters, personal predictions by conditioning on each client's own data.
+
+    Parameters
+    ----------
+    kernel : "rbf" or "matern"
+        ``ScaleKernel(RBFKernel)`` or ``ScaleKernel(MaternKernel(nu))`` from GPyTorch.
+    nu : 0.5, 1.5 or 2.5
+        Smoothness of the Matern kernel (the papers use 1.5).
+    ard : bool
+        One lengthscale per input (ARD) or one for all (the papers' formulas and code).
+    mean : "zero" or "constant"
+        Zero mean (the papers, with per-client standardised outputs) or a shared constant
+        mean, averaged like the other hyperparameters (a deviation from the papers).
+    rounds : int
+        Communication rounds R (default 100).
+    local_steps : int or "epoch"
+        Local steps E per round (default 5); ``"epoch"`` takes ``E_k = floor(N_k / M_k)``
+        steps on client k, as the published code does.
+    batch_size : int
+        M; client k uses ``M_k = min(M, N_k)`` points per step (all its data, deterministic
+        steps, when ``N_k <= M``). Default 64.
+    sampler : "uniform" or "nearest"
+        Minibatches drawn uniformly without replacement, fresh every step, or the M nearest
+        neighbours of a uniformly drawn centre point (the published multi-fidelity code).
+    optimizer : "adam" or "sgd"
+        Adam (the published code) or plain gradient steps (the theory).
+    lr : float
+        Step size (default 0.01; the published code uses 0.1 in 1-D examples).
+    lr_decay : float or None
+        SGD only: ``lr_t = lr / (1 + t / lr_decay)`` with t the client's step count across
+        rounds (the theory's O(1/t) schedule); None keeps ``lr`` constant.
+    betas : (float, float)
+        Adam's moment decays.
+    optimizer_state : "fresh" or "persistent"
+        A new Adam state every round (the published code) or each client keeping its own
+        moments and step count between its rounds (they never leave the client).
+    loss_normalization : "mean" or "sum"
+        Local loss: NLL of the batch divided by its size (GPyTorch's and the code's
+        convention, default) or the plain NLL.
+    average_space : "constrained", "raw" or "log"
+        Where the server averages: the hyperparameter values (the code, default),
+        GPyTorch's raw softplus parameters, or their logarithms (geometric mean).
+    participation : float or int
+        1.0: every client every round, weights N_k/N. An int ``K_s`` (or a fraction of the
+        clients, rounded up): ``K_s`` clients drawn with replacement with probabilities
+        N_k/N each round, plain average counting duplicates (the theory's scheme).
+    init : mapping or None
+        Starting hyperparameters (constrained values); default log 2 for lengthscale,
+        outputscale and noise, 0 for the mean.
+    noise_floor, lengthscale_floor, outputscale_floor : float
+        Lower bounds of the softplus constraints (defaults 1e-4, 1e-6, 1e-6 as the code).
+    standardize : bool
+        Each client standardises its own targets with its own mean and sd (the papers);
+        predictions are returned in the original units.
+    device : "auto", "cpu", "cuda" or torch.device
+        ``"auto"`` uses CUDA when present.
+    dtype : "float64" or "float32"
+    condition_limit : int or None
+        A client with more points than this conditions its predictions on a random subset
+        of this size (spec §8 C2, default 2000; a warning says so); None always conditions
+        on all of them (O(N_k^3)).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedstats.data import FederatedData
+    >>> from fedstats.gp import FGPR
+    >>> x = np.linspace(0, 10, 60)[:, None]
+    >>> data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), -np.sin(x[:, 0])])
+    >>> res = FGPR(rounds=30, lr=0.1, batch_size=20).fit(data)
+    >>> pred = res.predict(np.array([[2.5]]), client=1)
+    >>> bool(abs(pred["mean"][0] + np.sin(2.5)) < 0.05)
+    True
+    """
+
+    def __init__(self, *, kernel: str = "rbf", nu: float = 1.5, ard: bool = False, mean: str = "zero",
+                 rounds: int = 100, local_steps=5, batch_size: int = 64, sampler: str = "uniform",
+                 optimizer: str = "adam", lr: float = 0.01, lr_decay=None, betas=(0.9, 0.999),
+                 optimizer_state: str = "fresh", loss_normalization: str = "mean",
+                 average_space: str = "constrained", participation=1.0, init=None, noise_floor: float = 1e-4,
+                 lengthscale_floor: float = 1e-6, outputscale_floor: float = 1e-6, standardize: bool = True,
+                 device="auto", dtype="float64", condition_limit: int | None = 2000):
+        self.kernel, self.nu, self.ard, self.mean = kernel, nu, ard, mean
+        self.rounds, self.local_steps, self.batch_size, self.sampler = rounds, local_steps, batch_size, sampler
+        self.optimizer, self.lr, self.lr_decay, self.betas = optimizer, lr, lr_decay, betas
+        self.optimizer_state, self.loss_normalization = optimizer_state, loss_normalization
+        self.average_space, self.participation, self.init = average_space, participation, init
+        self.noise_floor, self.lengthscale_floor, self.outputscale_floor = noise_floor, lengthscale_floor, outputscale_floor
+        self.standardize, self.device, self.dtype, self.condition_limit = standardize, device, dtype, condition_limit
+
+    def __repr__(self):
+        return (f"FGPR(kernel={self.kernel!r}, ard={self.ard}, rounds={self.rounds}, local_steps={self.local_steps!r}, "
+                f"batch_size={self.batch_size}, optimizer={self.optimizer!r}, lr={self.lr})")
+
+    _OPTIONS = ("kernel", "nu", "ard", "mean", "rounds", "local_steps", "batch_size", "sampler", "optimizer", "lr",
+                "lr_decay", "betas", "optimizer_state", "loss_normalization", "average_space", "participation",
+                "init", "noise_floor", "lengthscale_floor", "outputscale_floor", "standardize", "device", "dtype",
+                "condition_limit")
+
+    def _options(self) -> dict:
+        return {k: getattr(self, k) for k in self._OPTIONS}
+
+    def spec(self, d: int) -> HyperSpec:
+        return HyperSpec(d=d, kernel=self.kernel, nu=self.nu, ard=self.ard, mean=self.mean,
+                         lengthscale_floor=self.lengthscale_floor, outputscale_floor=self.outputscale_floor,
+                         noise_floor=self.noise_floor)
+
+    def _validate(self, data) -> tuple[HyperSpec, dict]:
+        if not isinstance(data, FederatedData):
+            raise TypeError(f"data must be a fedstats.FederatedData, got {type(data).__name__}")
+        spec = self.spec(data.n_features)
+        _int(self.rounds, "rounds")
+        if not (self.local_steps == "epoch" or _is_int(self.local_steps) and self.local_steps >= 1):
+            raise ValueError(f"local_steps must be an int >= 1 or 'epoch', got {self.local_steps!r}")
+        _int(self.batch_size, "batch_size")
+        for name, allowed in (("sampler", SAMPLERS), ("optimizer", OPTIMIZERS), ("average_space", SPACES),
+                              ("optimizer_state", ("fresh", "persistent")), ("loss_normalization", ("mean", "sum"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not (isinstance(self.lr, (int, float)) and np.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if self.lr_decay is not None:
+            if self.optimizer != "sgd":
+                raise ValueError("lr_decay applies to optimizer='sgd' only")
+            if not (isinstance(self.lr_decay, (int, float)) and self.lr_decay > 0):
+                raise ValueError(f"lr_decay must be a positive number of steps or None, got {self.lr_decay!r}")
+        b = tuple(self.betas)
+        if len(b) != 2 or not all(0 <= x < 1 for x in b):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.condition_limit is not None:
+            _int(self.condition_limit, "condition_limit")
+        small = {c: n for c, n in data.n_obs.items() if n < 2}
+        if small:
+            c = next(iter(small))
+            raise DataError(f"client {c!r} has {small[c]} point(s); FGPR needs at least 2 per client "
+                            f"(a marginal likelihood of one point cannot separate signal from noise)")
+        K = len(data.clients)
+        p = self.participation
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+            raise ValueError(f"participation must be 1.0, a count or a fraction of clients, got {p!r}")
+        if isinstance(p, (float, np.floating)) and p == 1.0:
+            k = None
+        elif isinstance(p, (int, np.integer)):
+            if p < 1:
+                raise ValueError(f"participation count must be >= 1, got {p}")
+            k = int(p)
+        elif 0 < p < 1:
+            k = max(1, math.ceil(round(p * K, 9)))
+        else:
+            raise ValueError(f"participation fraction must be in (0, 1], got {p!r}")
+        init = spec.check(self.init, "init") if self.init is not None else spec.default()
+        return spec, {"participants": k, "init": init, "device": resolve_device(self.device),
+                      "dtype": resolve_dtype(self.dtype), "betas": b}
+
+    def fit(self, data: FederatedData, *, seed: int = 0, progress: bool | None = None, batched: bool = True,
+            checkpoint=None, resume: bool = False) -> FGPRResult:
+        """Learn the shared hyperparameters from ``data`` (a :class:`~fedstats.data.FederatedData`;
+        every client needs at least 2 points). All clients are checked before any training."""
+        spec, o = self._validate(data)
+        t0 = time.perf_counter()
+        counts_run = run(_CountShare(), data, rounds=1, seed=seed, progress=False)
+        counts = counts_run.server_state
+        missing = [c for c in data.clients if c not in counts]
+        if missing:
+            raise RuntimeError(f"client {missing[0]!r} did not report its number of points")
+        alg = FGPRAlgorithm(spec, init=o["init"], counts=counts, local_steps=self.local_steps,
+                            batch_size=int(self.batch_size), sampler=self.sampler, optimizer=self.optimizer,
+                            lr=float(self.lr), lr_decay=self.lr_decay, betas=o["betas"],
+                            optimizer_state=self.optimizer_state, loss_normalization=self.loss_normalization,
+                            average_space=self.average_space, participants=o["participants"], seed=seed,
+                            standardize=bool(self.standardize), device=o["device"], dtype=o["dtype"])
+        participation = 1.0 if o["participants"] is None else alg.participation
+        out = run(alg, data, rounds=int(self.rounds), participation=participation, seed=seed, progress=progress,
+                  batched=batched, checkpoint=checkpoint, resume=resume)
+        failed = {c: why for rec in out.history for c, why in rec.failed.items()}
+        if failed and all(len(rec.answered) == 0 for rec in out.history):
+            c, why = next(iter(failed.items()))
+            raise RuntimeError(f"no client completed a round; e.g. {c!r}: {why}")
+        if failed:
+            c, why = next(iter(failed.items()))
+            warnings.warn(f"{len(failed)} client(s) failed in some round and were left out of its average; "
+                          f"e.g. {c!r}: {why}", RuntimeWarning, stacklevel=2)
+        comm = out.communication
+        return FGPRResult(spec=spec, hyperparameters=out.server_state.hyper, feature_names=list(data.feature_names),
+                          clients=list(data.clients), n_obs=dict(counts), options=self._options(),
+                          history=out.history, communication=comm, count_bytes=counts_run.communication.bytes_up,
+                          seconds=time.perf_counter() - t0, seed=seed, data=data)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _int(v, name: str) -> None:
+    if not _is_int(v) or v < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+
+
+# --------------------------------------------------------------------------- the result
+
+
+class FGPRResult:
+    """A fitted FGPR: the shared hyperparameters, and personal predictions.
+
+    ``hyperparameters`` maps names to constrained values (``noise`` and ``outputscale`` are
+    variances, on the standardised scale when ``standardize=True``). ``predict`` conditions
+    the shared prior on one client's own data; in this in-process simulation the result
+    keeps a reference to the training data for that (a real deployment predicts on the
+    client). :meth:`save` writes the hyperparameters and history only, never data.
+    """
+
+    def __init__(self, *, spec: HyperSpec, hyperparameters: dict, feature_names, clients, n_obs, options, history=None,
+                 communication=None, count_bytes: int = 0, seconds: float = 0.0, seed: int = 0, data=None):
+        self.spec, self.hyperparameters = spec, {k: np.asarray(v, dtype=float) for k, v in hyperparameters.items()}
+        self.feature_names, self.clients, self.n_obs = list(feature_names), list(clients), dict(n_obs)
+        self.options, self.history, self.communication = options, history, communication
+        self.count_bytes, self.seconds, self.seed = count_bytes, seconds, seed
+        self._data = data
+
+    def __repr__(self):
+        h = ", ".join(f"{k}={np.round(v, 4).tolist() if len(v) > 1 else round(float(v[0]), 4)}"
+                      for k, v in self.hyperparameters.items())
+        return f"FGPRResult({len(self.clients)} clients, {h})"
+
+    @property
+    def rounds(self) -> int:
+        return 0 if self.history is None else len(self.history)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per hyperparameter scalar (``lengthscale[x0]``... under ARD): its value."""
+        vals = np.concatenate([self.hyperparameters[n] for n in self.spec.names])
+        return pd.DataFrame({"value": vals}, index=pd.Index(self.spec.labels(self.feature_names), name="parameter"))
+
+    def _device(self):
+        return resolve_device(self.options.get("device", "auto"))
+
+    def _client_data(self, client, data):
+        if data is not None:
+            if isinstance(data, tuple) and len(data) == 2:
+                X, y = data
+                X = np.asarray(X, dtype=float)
+                X = X[:, None] if X.ndim == 1 else X
+                y = np.asarray(y, dtype=float).reshape(-1)
+                if X.ndim != 2 or X.shape[1] != self.spec.d or len(y) != len(X) or len(y) < 1:
+                    raise DataError(f"data must be (X, y) with X of shape (n, {self.spec.d}) and n >= 1 targets, "
+                                    f"got X {X.shape} and y {y.shape}")
+                if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
+                    raise DataError("data (X, y) contains NaN or inf")
+                return X, y
+            raise TypeError("data must be a tuple (X, y) of the client's own points")
+        if self._data is None:
+            raise ValueError("this result holds no client data (loaded from disk?): pass data=(X, y)")
+        if client not in self._data.clients:
+            raise DataError(f"unknown client {client!r}; pass its own data as data=(X, y) to predict for a new client")
+        cd = self._data[client]
+        return np.asarray(cd.X), np.asarray(cd.y)
+
+    def predict(self, X, client=None, *, data=None, level: float = 0.95, scale: str = "original",
+                seed: int = 0) -> pd.DataFrame:
+        """Personal prediction of ``client`` at the rows of ``X`` (spec §3).
+
+        The shared prior is conditioned on the client's own training data, or on ``data``
+        = (X_k, y_k) for a client that took no part in training (no training happens). Returns
+        ``mean``, ``sd`` (of f), ``lower``/``upper`` (credible interval of f), ``pred_sd`` and
+        ``pred_lower``/``pred_upper`` (predictive interval of a new noisy y). With
+        ``standardize=True`` the targets are standardised by the client's own mean and sd
+        and the results mapped back (``scale="original"``) or left standardised
+        (``scale="standardized"``, the multi-fidelity metric's scale).
+        """
+        if not (0 < level < 1):
+            raise ValueError(f"level must be in (0, 1), got {level!r}")
+        if scale not in ("original", "standardized"):
+            raise ValueError(f"scale must be 'original' or 'standardized', got {scale!r}")
+        Xk, yk = self._client_data(client, data)
+        Xs = np.asarray(X, dtype=float)
+        Xs = Xs[:, None] if Xs.ndim == 1 else Xs
+        if Xs.ndim != 2 or Xs.shape[1] != self.spec.d:
+            raise DataError(f"X must have {self.spec.d} column(s), got shape {Xs.shape}")
+        if not np.all(np.isfinite(Xs)):
+            raise DataError("X contains NaN or inf")
+        if len(yk) < 5:
+            warnings.warn(f"conditioning on only {len(yk)} point(s): the prediction is close to the prior",
+                          UserWarning, stacklevel=2)
+        mu_y, sd_y = 0.0, 1.0
+        if self.options.get("standardize", True):
+            yk, mu_y, sd_y = standardise(yk)
+        limit = self.options.get("condition_limit")
+        if limit is not None and len(yk) > limit:
+            warnings.warn(f"client has {len(yk)} points; conditioning on a random subset of {limit} "
+                          f"(condition_limit) instead of the exact formula", UserWarning, stacklevel=2)
+            keep = np.sort(np.random.default_rng(seed).choice(len(yk), size=limit, replace=False))
+            Xk, yk = Xk[keep], yk[keep]
+        dtype = resolve_dtype(self.options.get("dtype", "float64"))
+        mean, var_f = posterior(self.spec, self.hyperparameters, Xk, yk, Xs, device=self._device(), dtype=dtype)
+        var_y = var_f + float(self.hyperparameters["noise"][0])
+        if scale == "original":
+            mean, var_f, var_y = mu_y + sd_y * mean, var_f * sd_y**2, var_y * sd_y**2
+        z = sst.norm.ppf(0.5 + level / 2)
+        sd, psd = np.sqrt(var_f), np.sqrt(var_y)
+        return pd.DataFrame({"mean": mean, "sd": sd, "lower": mean - z * sd, "upper": mean + z * sd,
+                             "pred_sd": psd, "pred_lower": mean - z * psd, "pred_upper": mean + z * psd})
+
+    def rmse(self, test: FederatedData, train: FederatedData | None = None, *, scale: str = "original") -> pd.Series:
+        """RMSE of each client of ``test``, predicting by conditioning on that client's data in
+        ``train`` (default: the training data of the fit)."""
+        out = {}
+        for c in test.clients:
+            data = None if train is None else (np.asarray(train[c].X), np.asarray(train[c].y))
+            pred = self.predict(np.asarray(test[c].X), client=c, data=data, scale=scale)
+            out[c] = float(np.sqrt(np.mean((pred["mean"].to_numpy() - np.asarray(test[c].y)) ** 2)))
+        return pd.Series(out, name="rmse")
+
+    def objective(self, data: FederatedData | None = None) -> float:
+        """The global objective ``sum_k p_k L_k / N_k`` (mean negative log marginal likelihood of
+        each client's full data, standardised as in training) at the fitted hyperparameters.
+        Each client would send one number; computed here in-process."""
+        data = self._data if data is None else data
+        if data is None:
+            raise ValueError("pass data: this result holds none")
+        return weighted_objective(self.spec, self.hyperparameters, data, standardize=self.options.get("standardize", True),
+                                  device=self._device(), dtype=resolve_dtype(self.options.get("dtype", "float64")))
+
+    def save(self, path) -> None:
+        """Pickle the hyperparameters, options and history (never client data)."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_data"}
+        with open(path, "wb") as f:
+            pickle.dump({"class": "FGPRResult", "format": 1, "state": state}, f)
+
+    @classmethod
+    def load(cls, path) -> FGPRResult:
+        """Read a result written by :meth:`save` (only from files you trust: it is a pickle)."""
+        with open(path, "rb") as f:
+            blob = pickle.load(f)
+        if not isinstance(blob, Mapping) or blob.get("class") != "FGPRResult":
+            raise ValueError(f"{path!r} does not hold an FGPRResult")
+        obj = cls.__new__(cls)
+        obj.__dict__.update(blob["state"])
+        obj._data = None
+        return obj
+
+
+def weighted_objective(spec: HyperSpec, hyper: dict, data: FederatedData, *, standardize: bool = True,
+                       device="cpu", dtype=torch.float64) -> float:
+    """``sum_k (N_k/N) L_k(theta) / N_k`` over the clients of ``data`` (exact, full data)."""
+    N = sum(data.n_obs.values())
+    total = 0.0
+    model = single_model(spec, hyper, device, dtype)
+    with torch.no_grad():
+        for c in data.clients:
+            y = np.asarray(data[c].y, dtype=float)
+            y = standardise(y)[0] if standardize else y
+            X = torch.as_tensor(np.asarray(data[c].X), device=device, dtype=dtype)[None]
+            nll = model.nll(X, torch.as_tensor(y, device=device, dtype=dtype)[None])[0].item()
+            total += (len(y) / N) * nll / len(y)
+    return total

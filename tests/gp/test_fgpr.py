@@ -1,0 +1,424 @@
+"""FGPR against independent oracles (spec fgpr.md §9): GPyTorch's ExactGP and
+ExactMarginalLogLikelihood with torch.optim, closed-form numpy GP formulas, and
+batched = looped; communication content, participation, bad input, the GPU path."""
+
+from __future__ import annotations
+
+import math
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+
+from fedstats.data import DataError, FederatedData
+from fedstats.gp import FGPR, FGPRResult
+from fedstats.gp._core import HyperSpec, adam_update
+from fedstats.gp.fgpr import FGPRAlgorithm, average_hypers, draw_participants
+
+LOG2 = math.log(2.0)
+
+
+# --------------------------------------------------------------------------- oracles
+
+
+class OracleGP(gpytorch.models.ExactGP):
+    """A plain GPyTorch ExactGP with the constraints FGPR uses (softplus + floor)."""
+
+    def __init__(self, X, y, kernel="rbf", ard=False, nu=1.5):
+        lik = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-4))
+        super().__init__(X, y, lik)
+        lc = gpytorch.constraints.GreaterThan(1e-6)
+        d = X.shape[-1] if ard else None
+        base = (gpytorch.kernels.RBFKernel(ard_num_dims=d, lengthscale_constraint=lc) if kernel == "rbf" else
+                gpytorch.kernels.MaternKernel(nu=nu, ard_num_dims=d, lengthscale_constraint=lc))
+        self.mean_module = gpytorch.means.ZeroMean()
+        self.covar_module = gpytorch.kernels.ScaleKernel(base, outputscale_constraint=gpytorch.constraints.GreaterThan(1e-6))
+        self.double()
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    def set_values(self, ls, os_, noise):
+        self.covar_module.base_kernel.lengthscale = torch.as_tensor(ls, dtype=torch.float64)
+        self.covar_module.outputscale = torch.as_tensor(os_, dtype=torch.float64)
+        self.likelihood.noise = torch.as_tensor(noise, dtype=torch.float64)
+
+    def values(self):
+        return {"lengthscale": self.covar_module.base_kernel.lengthscale.detach().numpy().ravel(),
+                "outputscale": self.covar_module.outputscale.detach().numpy().ravel(),
+                "noise": self.likelihood.noise.detach().numpy().ravel()}
+
+
+def oracle_loss(model):
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    with gpytorch.settings.max_cholesky_size(10**9):
+        return -mll(model(*model.train_inputs), model.train_targets)  # per-point mean NLL
+
+
+def rbf(A, B, ls, os_):
+    d2 = ((A[:, None, :] - B[None, :, :]) / ls) ** 2
+    return os_ * np.exp(-0.5 * d2.sum(-1))
+
+
+def gp_draw(X, ls, os_, noise, rng):
+    K = rbf(X, X, ls, os_) + 1e-10 * np.eye(len(X))
+    f = np.linalg.cholesky(K) @ rng.standard_normal(len(X))
+    return f, f + math.sqrt(noise) * rng.standard_normal(len(X))
+
+
+def toy(K=3, n=(30, 30, 45), d=1, seed=0):
+    rng = np.random.default_rng(seed)
+    Xs = [rng.uniform(0, 1, (m, d)) for m in n[:K]]
+    ys = [gp_draw(X, 0.3, 1.0, 0.05, rng)[1] for X in Xs]
+    return FederatedData.from_arrays(Xs, ys)
+
+
+def hyper_close(a, b, rtol):
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=0, err_msg=k)
+
+
+# --------------------------------------------------------------------------- §9 (1)-(3)
+
+
+def test_single_client_full_batch_sgd_equals_centralised_gradient_descent():
+    data = toy(K=1, n=(40,))
+    X, y = (torch.as_tensor(np.array(a)) for a in (data[0].X, data[0].y))
+    R, E, lr = 6, 4, 0.05
+    res = FGPR(rounds=R, local_steps=E, batch_size=1000, optimizer="sgd", lr=lr, standardize=False).fit(data)
+    oracle = OracleGP(X, y)
+    oracle.set_values(LOG2, LOG2, LOG2)
+    opt = torch.optim.SGD(oracle.parameters(), lr=lr)
+    for _ in range(R * E):
+        opt.zero_grad()
+        oracle_loss(oracle).backward()
+        opt.step()
+    hyper_close(res.hyperparameters, oracle.values(), 1e-10)
+
+
+def test_single_client_fresh_adam_equals_centralised_adam_restarted_every_round():
+    data = toy(K=1, n=(40,))
+    X, y = (torch.as_tensor(np.array(a)) for a in (data[0].X, data[0].y))
+    R, E, lr = 5, 3, 0.05
+    res = FGPR(rounds=R, local_steps=E, batch_size=1000, optimizer="adam", lr=lr, standardize=False).fit(data)
+    oracle = OracleGP(X, y)
+    oracle.set_values(LOG2, LOG2, LOG2)
+    for _ in range(R):
+        opt = torch.optim.Adam(oracle.parameters(), lr=lr)
+        for _ in range(E):
+            opt.zero_grad()
+            oracle_loss(oracle).backward()
+            opt.step()
+    hyper_close(res.hyperparameters, oracle.values(), 1e-10)
+
+
+def test_adam_update_is_torch_adam():
+    rng = np.random.default_rng(1)
+    p0 = torch.as_tensor(rng.standard_normal((1, 3)))
+    p = torch.nn.Parameter(p0.clone())
+    opt = torch.optim.Adam([p], lr=0.03)
+    q, m, v = p0.clone(), torch.zeros_like(p0), torch.zeros_like(p0)
+    for t in range(1, 8):
+        g = torch.as_tensor(rng.standard_normal((1, 3)))
+        p.grad = g.clone()
+        opt.step()
+        q, m, v = adam_update(q, g, m, v, torch.tensor([t]), 0.03)
+    np.testing.assert_allclose(q.numpy(), p.detach().numpy(), rtol=1e-14, atol=1e-15)
+
+
+def test_single_client_converges_to_exact_gp_maximum_likelihood():
+    data = toy(K=1, n=(50,), seed=3)
+    X, y = (torch.as_tensor(np.array(a)) for a in (data[0].X, data[0].y))
+    res = FGPR(rounds=300, local_steps=10, batch_size=1000, optimizer="sgd", lr=0.5, standardize=False).fit(data)
+    oracle = OracleGP(X, y)
+    oracle.set_values(LOG2, LOG2, LOG2)
+    opt = torch.optim.LBFGS(oracle.parameters(), lr=1, max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-14,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = oracle_loss(oracle)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    hyper_close(res.hyperparameters, oracle.values(), 1e-3)
+    nll_fed = res.objective()
+    nll_mle = float(oracle_loss(oracle).detach())
+    assert abs(nll_fed - nll_mle) <= 1e-6 * abs(nll_mle)
+    # ... and then predicts as GPyTorch's ExactGP with the same hyperparameters
+    oracle.set_values(*(res.hyperparameters[k] for k in ("lengthscale", "outputscale", "noise")))
+    oracle.eval()
+    xs = torch.linspace(0, 1, 37, dtype=torch.float64)[:, None]
+    with torch.no_grad(), gpytorch.settings.max_cholesky_size(10**9), gpytorch.settings.fast_pred_var(False):
+        f = oracle(xs)
+        yv = oracle.likelihood(f)
+    pred = res.predict(xs.numpy(), client=0)
+    np.testing.assert_allclose(pred["mean"], f.mean.numpy(), atol=1e-6)
+    np.testing.assert_allclose(pred["sd"] ** 2, f.variance.numpy(), atol=1e-6)
+    np.testing.assert_allclose(pred["pred_sd"] ** 2, yv.variance.numpy(), atol=1e-6)
+
+
+def test_one_full_batch_round_is_a_gradient_step_on_the_weighted_objective():
+    data = toy(K=3, n=(20, 35, 50), d=2)
+    eta = 0.1
+    res = FGPR(rounds=1, local_steps=1, batch_size=1000, optimizer="sgd", lr=eta, average_space="raw",
+               standardize=False).fit(data)
+    N = sum(data.n_obs.values())
+    total = {}
+    for c in data.clients:
+        X, y = (torch.as_tensor(np.array(a)) for a in (data[c].X, data[c].y))
+        oracle = OracleGP(X, y)
+        oracle.set_values(LOG2, LOG2, LOG2)
+        oracle.zero_grad()
+        oracle_loss(oracle).backward()
+        for n, p in oracle.named_parameters():
+            total[n] = total.get(n, 0) + data.n_obs[c] / N * p.grad.clone()
+    with torch.no_grad():
+        for n, p in oracle.named_parameters():
+            p.copy_(p - eta * total[n])  # raw parameters start at the same values on every client
+    hyper_close(res.hyperparameters, oracle.values(), 1e-12)
+
+
+# --------------------------------------------------------------------------- (14), (16)
+
+
+def test_prediction_equals_closed_form_cholesky():
+    data = toy(K=2, n=(25, 40), d=2, seed=5)
+    hyper = {"lengthscale": np.array([0.4]), "outputscale": np.array([1.7]), "noise": np.array([0.03])}
+    res = FGPRResult(spec=HyperSpec(d=2), hyperparameters=hyper, feature_names=data.feature_names,
+                     clients=data.clients, n_obs=data.n_obs, options={"standardize": False}, data=data)
+    X, y = np.asarray(data[1].X), np.asarray(data[1].y)
+    Xs = np.random.default_rng(0).uniform(0, 1, (50, 2))
+    C = rbf(X, X, 0.4, 1.7) + 0.03 * np.eye(len(X))
+    L = np.linalg.cholesky(C)
+    Ks = rbf(X, Xs, 0.4, 1.7)
+    alpha = np.linalg.solve(L.T, np.linalg.solve(L, y))
+    V = np.linalg.solve(L, Ks)
+    mean, var = Ks.T @ alpha, 1.7 - (V * V).sum(0)
+    pred = res.predict(Xs, client=1)
+    np.testing.assert_allclose(pred["mean"], mean, atol=1e-8)
+    np.testing.assert_allclose(pred["sd"] ** 2, var, atol=1e-8)
+    np.testing.assert_allclose(pred["pred_sd"] ** 2, var + 0.03, atol=1e-8)
+    z = 1.959963984540054
+    np.testing.assert_allclose(pred["upper"] - pred["mean"], z * np.sqrt(var), atol=1e-8)
+
+
+@pytest.mark.parametrize("opts", [
+    dict(sampler="uniform", batch_size=16),
+    dict(sampler="nearest", batch_size=16, local_steps="epoch"),
+    dict(sampler="uniform", batch_size=16, optimizer_state="persistent", participation=3),
+    dict(sampler="uniform", batch_size=16, optimizer="sgd", lr=0.05, lr_decay=10.0, kernel="matern", ard=True,
+         mean="constant"),
+])
+def test_batched_equals_looped(opts):
+    data = toy(K=5, n=(16, 30, 30, 45, 12), d=2)
+    model = FGPR(rounds=6, **{"local_steps": 3, "lr": 0.05, **opts})
+    a, b = model.fit(data, seed=4), model.fit(data, seed=4, batched=False)
+    hyper_close(a.hyperparameters, b.hyperparameters, 1e-10)
+    assert not any(r.failed for r in a.history)
+
+
+def test_clients_with_equal_batches_run_as_one_batched_gp(monkeypatch):
+    data = toy(K=4, n=(30, 30, 30, 12), d=1)
+    sizes = []
+    orig = FGPRAlgorithm._update
+    monkeypatch.setattr(FGPRAlgorithm, "_update", lambda self, m, s, r: sizes.append(len(s)) or orig(self, m, s, r))
+    FGPR(rounds=2, batch_size=16).fit(data)
+    assert sorted(sizes) == [1, 1, 3, 3]  # three clients with M_k = 16, one with M_k = N_k = 12
+
+
+# --------------------------------------------------------------------------- (4)-(6), (15)
+
+
+def test_identical_clients_equal_a_single_client():
+    one = toy(K=1, n=(40,))
+    X, y = np.asarray(one[0].X), np.asarray(one[0].y)
+    copies = FederatedData.from_arrays([X, X, X], [y, y, y])
+    a = FGPR(rounds=5, batch_size=1000).fit(one)
+    b = FGPR(rounds=5, batch_size=1000).fit(copies)
+    hyper_close(a.hyperparameters, b.hyperparameters, 1e-12)
+
+
+def test_permutation_invariance_with_full_batches():
+    data = toy(K=3, n=(20, 30, 25))
+    Xs = [np.asarray(data[c].X) for c in data.clients]
+    ys = [np.asarray(data[c].y) for c in data.clients]
+    perm = FederatedData.from_arrays([Xs[2], Xs[0], Xs[1]], [ys[2], ys[0], ys[1]])
+    a = FGPR(rounds=4, batch_size=100).fit(data)
+    b = FGPR(rounds=4, batch_size=100).fit(perm)
+    hyper_close(a.hyperparameters, b.hyperparameters, 1e-12)
+
+
+def test_partial_participation_draws_are_unbiased():
+    p = np.array([0.1, 0.2, 0.3, 0.4])
+    theta = [{"lengthscale": np.array([v]), "outputscale": np.array([1.0]), "noise": np.array([0.1])}
+             for v in (0.5, 1.0, 2.0, 4.0)]
+    spec = HyperSpec(d=1)
+    est = []
+    for r in range(10_000):
+        mult = draw_participants(7, r, p, 3)
+        assert mult.sum() == 3
+        keep = mult > 0
+        est.append(average_hypers(spec, [t for t, k in zip(theta, keep) if k], mult[keep], "constrained")
+                   ["lengthscale"][0])
+    est = np.array(est)
+    target = p @ np.array([0.5, 1.0, 2.0, 4.0])
+    assert abs(est.mean() - target) < 3 * est.std() / math.sqrt(len(est))
+
+
+def test_partial_participation_counts_duplicates():
+    data = toy(K=4, n=(20, 20, 20, 20))
+    res = FGPR(rounds=30, participation=2, batch_size=100).fit(data, seed=2)
+    assert all(1 <= len(r.participants) <= 2 for r in res.history)
+    alg = FGPRAlgorithm(HyperSpec(d=1), init=HyperSpec(d=1).default(), counts=data.n_obs, local_steps=1,
+                        batch_size=10, sampler="uniform", optimizer="adam", lr=0.01, lr_decay=None,
+                        betas=(0.9, 0.999), optimizer_state="fresh", loss_normalization="mean",
+                        average_space="constrained", participants=2, seed=2, standardize=True, device="cpu",
+                        dtype=torch.float64)
+    dup = [r for r in range(30) if alg.multiplicity(r).max() == 2]
+    assert dup and all(len(res.history[r].participants) == 1 for r in dup)
+
+
+def test_only_hyperparameters_and_counts_cross_the_network():
+    data = toy(K=3, n=(20, 25, 30), d=2)
+    for ard, per in ((False, 3), (True, 4)):
+        res = FGPR(rounds=4, ard=ard, batch_size=16).fit(data)
+        assert res.count_bytes == 3 * 8  # N_k once
+        assert res.communication.bytes_up == 4 * 3 * per * 8
+        assert res.communication.bytes_down == 4 * 3 * per * 8
+
+
+# --------------------------------------------------------------------------- (9), (10)
+
+
+def calibration_data(rng, K=10, n=100, ls=0.25, os_=1.0, noise=0.1):
+    Xs, ys, Xt, ft, yt = [], [], [], [], []
+    for _ in range(K):
+        X = rng.uniform(0, 1, (2 * n, 1))
+        f, y = gp_draw(X, ls, os_, noise, rng)
+        Xs.append(X[:n]); ys.append(y[:n]); Xt.append(X[n:]); ft.append(f[n:]); yt.append(y[n:])
+    return FederatedData.from_arrays(Xs, ys), Xt, ft, yt
+
+
+def coverage(res, Xt, ft, yt, level):
+    cy, cf = [], []
+    for c, (X, f, y) in enumerate(zip(Xt, ft, yt)):
+        p = res.predict(X, client=c, level=level)
+        cy.append((y >= p["pred_lower"]) & (y <= p["pred_upper"]))
+        cf.append((f >= p["lower"]) & (f <= p["upper"]))
+    return np.concatenate(cy), np.concatenate(cf)
+
+
+def test_intervals_are_calibrated_with_known_and_fitted_hyperparameters():
+    rng = np.random.default_rng(11)
+    truth = {"lengthscale": np.array([0.25]), "outputscale": np.array([1.0]), "noise": np.array([0.1])}
+    known = {0.95: ([], []), 0.5: ([], [])}
+    fitted = ([], [])
+    for rep in range(10):  # 10 replicates x 10 clients x 100 held-out points = 10^4
+        data, Xt, ft, yt = calibration_data(rng)
+        res = FGPRResult(spec=HyperSpec(d=1), hyperparameters=truth, feature_names=data.feature_names,
+                         clients=data.clients, n_obs=data.n_obs, options={"standardize": False}, data=data)
+        for level, (cy, cf) in known.items():
+            y_, f_ = coverage(res, Xt, ft, yt, level)
+            cy.append(y_); cf.append(f_)
+        if rep < 4:
+            fit = FGPR(rounds=40, lr=0.05, batch_size=64, standardize=False).fit(data, seed=rep)
+            y_, f_ = coverage(fit, Xt, ft, yt, 0.95)
+            fitted[0].append(y_); fitted[1].append(f_)
+    cy95, cf95 = (np.concatenate(a).mean() for a in known[0.95])
+    cy50, cf50 = (np.concatenate(a).mean() for a in known[0.5])
+    assert 0.93 <= cy95 <= 0.97 and 0.93 <= cf95 <= 0.97, (cy95, cf95)
+    assert 0.48 <= cy50 <= 0.52 and 0.48 <= cf50 <= 0.52, (cy50, cf50)
+    fy, ff = (np.concatenate(a).mean() for a in fitted)
+    assert 0.90 <= fy <= 0.98 and 0.90 <= ff <= 0.98, (fy, ff)
+
+
+def test_sin_and_minus_sin_are_both_fitted_by_one_shared_prior():
+    x = np.linspace(0.01, 10, 100)[:, None]
+    data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), -np.sin(x[:, 0])])
+    res = FGPR(rounds=60, lr=0.1, batch_size=20, local_steps=5).fit(data)
+    grid = np.linspace(0.01, 10, 1000)[:, None]
+    rmse = [np.sqrt(np.mean((res.predict(grid, client=c)["mean"] - s * np.sin(grid[:, 0])) ** 2))
+            for c, s in ((0, 1), (1, -1))]
+    assert max(rmse) < 0.05, rmse
+    # one global regressor (the average of the two targets, what FedAvg's least squares reaches) fits neither
+    assert np.sqrt(np.mean(np.sin(grid[:, 0]) ** 2)) > 0.65
+
+
+def test_new_client_predicts_from_its_own_data_without_training():
+    x = np.linspace(0, 10, 80)[:, None]
+    data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), np.cos(x[:, 0])])
+    res = FGPR(rounds=30, lr=0.1, batch_size=20).fit(data)
+    xn = np.linspace(0, 10, 40)[:, None]
+    pred = res.predict(np.array([[3.3]]), data=(xn, 2 * np.sin(xn[:, 0]) + 5))
+    assert abs(pred["mean"][0] - (2 * np.sin(3.3) + 5)) < 0.05
+    with pytest.raises(DataError, match="unknown client"):
+        res.predict(xn, client="new")
+
+
+# --------------------------------------------------------------------------- bad input, options
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("nan", "NaN"), ("dims", "columns"), ("single", "at least 2"),
+])
+def test_malformed_client_rejected_before_training(bad, match, monkeypatch):
+    calls = []
+    monkeypatch.setattr(FGPRAlgorithm, "_update", lambda *a: calls.append(1))
+    rng = np.random.default_rng(0)
+    Xs = [rng.uniform(size=(10, 2)) for _ in range(3)]
+    ys = [rng.standard_normal(10) for _ in range(3)]
+    if bad == "nan":
+        ys[1][4] = np.nan
+    elif bad == "dims":
+        Xs[2] = rng.uniform(size=(10, 3))
+    else:
+        Xs[1], ys[1] = Xs[1][:1], ys[1][:1]
+    with pytest.raises(DataError, match=match):
+        FGPR(rounds=2).fit(FederatedData.from_arrays(Xs, ys))
+    assert not calls
+
+
+@pytest.mark.parametrize("opts, match", [
+    (dict(kernel="linear"), "kernel"), (dict(nu=1.0, kernel="matern"), "nu"), (dict(rounds=0), "rounds"),
+    (dict(local_steps=0), "local_steps"), (dict(sampler="grid"), "sampler"), (dict(lr=-1), "lr"),
+    (dict(lr_decay=5.0), "sgd"), (dict(participation=1.5), "participation"), (dict(participation=0), "count"),
+    (dict(init={"lengthscale": 1.0}), "init"), (dict(init={"lengthscale": 1, "outputscale": 1, "noise": 1e-5}), "floor"),
+    (dict(device="tpu"), "device"), (dict(dtype="float16"), "dtype"), (dict(average_space="median"), "average_space"),
+])
+def test_bad_options_are_refused(opts, match):
+    with pytest.raises((ValueError, RuntimeError), match=match):
+        FGPR(**opts).fit(toy(K=2, n=(10, 10)))
+
+
+def test_save_load_keeps_hyperparameters_but_no_data(tmp_path):
+    data = toy(K=2, n=(20, 20))
+    res = FGPR(rounds=3).fit(data)
+    res.save(tmp_path / "m.pkl")
+    back = FGPRResult.load(tmp_path / "m.pkl")
+    hyper_close(back.hyperparameters, res.hyperparameters, 0)
+    assert len(back.history) == 3
+    with pytest.raises(ValueError, match="no client data"):
+        back.predict(np.zeros((1, 1)), client=0)
+    X, y = np.asarray(data[0].X), np.asarray(data[0].y)
+    np.testing.assert_allclose(back.predict(X[:5], data=(X, y))["mean"], res.predict(X[:5], client=0)["mean"])
+
+
+def test_float32_runs_and_stays_close_to_float64():
+    data = toy(K=2, n=(30, 30))
+    a = FGPR(rounds=5, dtype="float64").fit(data)
+    b = FGPR(rounds=5, dtype="float32").fit(data)
+    hyper_close(a.hyperparameters, b.hyperparameters, 1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_run_matches_cpu():
+    data = toy(K=4, n=(30, 30, 45, 60), d=2)
+    a = FGPR(rounds=5, batch_size=16, device="cpu").fit(data)
+    b = FGPR(rounds=5, batch_size=16, device="cuda").fit(data)
+    hyper_close(a.hyperparameters, b.hyperparameters, 1e-8)
+    X = np.asarray(data[1].X)
+    np.testing.assert_allclose(a.predict(X, client=1)["mean"], b.predict(X, client=1)["mean"], atol=1e-8)
