@@ -39,7 +39,7 @@ from scipy.spatial import cKDTree
 from ..data import DataError, FederatedData
 from ..federation import FederatedAlgorithm, run
 from ._core import (BatchGP, HyperSpec, adam_update, hyper_to_numpy, posterior, raw_tensors, resolve_device,
-                    resolve_dtype, sgd_lr, single_model)
+                    resolve_dtype, sgd_lr, single_model, small_work)
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
 
@@ -130,7 +130,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
     client. See :class:`FGPR` for the options.
     """
 
-    def __init__(self, spec: HyperSpec, *, init: dict, counts: dict, local_steps, batch_size: int, sampler: str,
+    def __init__(self, spec: HyperSpec, *, init: dict, counts: dict, local_steps, batch_size, sampler: str,
                  optimizer: str, lr: float, lr_decay, betas, optimizer_state: str, loss_normalization: str,
                  average_space: str, participants: int | None, seed: int, standardize: bool, device, dtype):
         self.spec, self.init, self.counts = spec, init, counts
@@ -159,7 +159,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
     def init_client(self, client, data, rng):
         X, y, n = np.array(data.X, dtype=float), np.array(data.y, dtype=float), data.n
         y = standardise(y)[0] if self.standardize else y
-        m = min(self.batch_size, n)
+        m = batch_for(self.batch_size, n)
         e = max(1, n // m) if self.local_steps == "epoch" else int(self.local_steps)
         tree = cKDTree(X) if (self.sampler == "nearest" and m < n) else None
         return _Client(X, torch.as_tensor(X, device=self.device, dtype=self.dtype),
@@ -289,6 +289,13 @@ class FGPRAlgorithm(FederatedAlgorithm):
         return out
 
 
+def batch_for(batch_size, n: int) -> int:
+    """``M_k``: ``min(M, N_k)``, or for a fraction ``max(2, floor(M N_k))`` capped at ``N_k``."""
+    if isinstance(batch_size, float):
+        return min(n, max(2, int(math.floor(batch_size * n))))
+    return min(int(batch_size), n)
+
+
 def standardise(y: np.ndarray) -> tuple[np.ndarray, float, float]:
     """``(y - mean) / sd`` with the client's own mean and sd (sd 1 if y is constant)."""
     mu = float(np.mean(y))
@@ -321,9 +328,10 @@ class FGPR:
     local_steps : int or "epoch"
         Local steps E per round (default 5); ``"epoch"`` takes ``E_k = floor(N_k / M_k)``
         steps on client k, as the published code does.
-    batch_size : int
+    batch_size : int or float
         M; client k uses ``M_k = min(M, N_k)`` points per step (all its data, deterministic
-        steps, when ``N_k <= M``). Default 64.
+        steps, when ``N_k <= M``). Default 64. A float in (0, 1) takes that fraction of each
+        client's points, ``M_k = max(2, floor(M N_k))`` (the published 1-D code: 0.2).
     sampler : "uniform" or "nearest"
         Minibatches drawn uniformly without replacement, fresh every step, or the M nearest
         neighbours of a uniformly drawn centre point (the published multi-fidelity code).
@@ -379,7 +387,7 @@ class FGPR:
     """
 
     def __init__(self, *, kernel: str = "rbf", nu: float = 1.5, ard: bool = False, mean: str = "zero",
-                 rounds: int = 100, local_steps=5, batch_size: int = 64, sampler: str = "uniform",
+                 rounds: int = 100, local_steps=5, batch_size=64, sampler: str = "uniform",
                  optimizer: str = "adam", lr: float = 0.01, lr_decay=None, betas=(0.9, 0.999),
                  optimizer_state: str = "fresh", loss_normalization: str = "mean",
                  average_space: str = "constrained", participation=1.0, init=None, noise_floor: float = 1e-4,
@@ -417,7 +425,9 @@ class FGPR:
         _int(self.rounds, "rounds")
         if not (self.local_steps == "epoch" or _is_int(self.local_steps) and self.local_steps >= 1):
             raise ValueError(f"local_steps must be an int >= 1 or 'epoch', got {self.local_steps!r}")
-        _int(self.batch_size, "batch_size")
+        if not (_is_int(self.batch_size) and self.batch_size >= 1 or isinstance(self.batch_size, float)
+                and 0 < self.batch_size < 1):
+            raise ValueError(f"batch_size must be an int >= 1 or a fraction in (0, 1), got {self.batch_size!r}")
         for name, allowed in (("sampler", SAMPLERS), ("optimizer", OPTIMIZERS), ("average_space", SPACES),
                               ("optimizer_state", ("fresh", "persistent")), ("loss_normalization", ("mean", "sum"))):
             if getattr(self, name) not in allowed:
@@ -469,14 +479,16 @@ class FGPR:
         if missing:
             raise RuntimeError(f"client {missing[0]!r} did not report its number of points")
         alg = FGPRAlgorithm(spec, init=o["init"], counts=counts, local_steps=self.local_steps,
-                            batch_size=int(self.batch_size), sampler=self.sampler, optimizer=self.optimizer,
+                            batch_size=self.batch_size, sampler=self.sampler, optimizer=self.optimizer,
                             lr=float(self.lr), lr_decay=self.lr_decay, betas=o["betas"],
                             optimizer_state=self.optimizer_state, loss_normalization=self.loss_normalization,
                             average_space=self.average_space, participants=o["participants"], seed=seed,
                             standardize=bool(self.standardize), device=o["device"], dtype=o["dtype"])
         participation = 1.0 if o["participants"] is None else alg.participation
-        out = run(alg, data, rounds=int(self.rounds), participation=participation, seed=seed, progress=progress,
-                  batched=batched, checkpoint=checkpoint, resume=resume)
+        biggest = max(batch_for(self.batch_size, n) for n in counts.values())
+        with small_work(o["device"], biggest):
+            out = run(alg, data, rounds=int(self.rounds), participation=participation, seed=seed, progress=progress,
+                      batched=batched, checkpoint=checkpoint, resume=resume)
         failed = {c: why for rec in out.history for c, why in rec.failed.items()}
         if failed and all(len(rec.answered) == 0 for rec in out.history):
             c, why = next(iter(failed.items()))
