@@ -11,6 +11,13 @@ clients, Algorithm 1): point estimates under ``"client"`` (``mean``), with
 ``--uncertainty`` also conditional posterior intervals (each client then shares its
 information matrix once); the learned Omega is written beside the JSON as
 ``OUT.omega.csv``.
+``--model fgpr`` fits federated Gaussian process regression (one shared GP prior,
+hyperparameters averaged over clients; features standardised with federated moments first):
+the hyperparameters under ``"global"`` (``value``), each client's number of rows under
+``"client"``, and with ``--predict`` each row's personal prediction (the client conditions
+the shared prior on its own rows) with a predictive interval (``lower``, ``upper``) and a
+credible interval of the latent function (``f_lower``, ``f_upper``). ``--kernel`` and
+``--ard`` choose the kernel.
 ``fedstats demo`` simulates a federation, fits it and prints the fit beside the pooled gold
 standard.
 
@@ -28,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-MODELS = ("hm2", "lasso", "ridge", "hm1")
+MODELS = ("hm2", "lasso", "ridge", "hm1", "fgpr")
 MIN_ROWS = 3
 
 
@@ -83,11 +90,13 @@ def _fit(args) -> dict:
     if not 0 < args.level < 1:
         raise CLIError(f"--level must lie in (0, 1), got {args.level}")
     if args.rounds is None:
-        args.rounds = 30 if args.model == "hm1" else 15
+        args.rounds = {"hm1": 30, "fgpr": 100}.get(args.model, 15)
     if args.rounds < 1:
         raise CLIError(f"--rounds must be at least 1, got {args.rounds}")
     if args.uncertainty and args.model != "hm1":
         raise CLIError("--uncertainty applies to --model hm1 only (the Bayesian models always give intervals)")
+    if (args.kernel != "rbf" or args.ard) and args.model != "fgpr":
+        raise CLIError("--kernel and --ard apply to --model fgpr only")
     df = _read_csv(args.data)
     data = _data_from(df, args.by, args.target, args.features, path=args.data)
     test = None
@@ -103,6 +112,8 @@ def _fit(args) -> dict:
         test = (tdf, _design(tdf, list(data.feature_names), args.predict))  # schema errors before the fit
     if args.model == "hm1":
         return _fit_hm1(args, data, test)
+    if args.model == "fgpr":
+        return _fit_fgpr(args, data, test)
     t0 = time.perf_counter()
     res = _model(args.model, args.rounds).fit(data, seed=args.seed, progress=None)
     runtime = time.perf_counter() - t0
@@ -210,6 +221,54 @@ def _fit_hm1(args, data, test) -> dict:
     return out
 
 
+def _fit_fgpr(args, data, test) -> dict:
+    from .gp import FGPR
+
+    known = {_id_key(c): c for c in data.clients}
+    if test is not None:
+        keys = np.array([_id_key(v) for v in test[0][args.by]])
+        unknown = sorted(set(keys) - set(known))
+        if unknown:
+            raise CLIError(f"{args.predict}: FGPR predicts a client from its own training rows; no rows for "
+                           f"client(s): {', '.join(unknown[:5])}")
+    scaled, scaler = data.standardize()  # federated moments: every client uses the same input scale
+    t0 = time.perf_counter()
+    res = FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard).fit(scaled, seed=args.seed, progress=None)
+    runtime = time.perf_counter() - t0
+    g = res.summary()
+    out = {
+        "model": "fgpr", "level": args.level, "clients": [_id_key(c) for c in data.clients],
+        "global": [{"name": str(n), "value": float(v)} for n, v in g["value"].items()],
+        "client": {_id_key(c): [{"name": "n_rows", "value": int(data.n_obs[c])}] for c in data.clients},
+        "rounds": res.rounds,
+        "communication": {"bytes_up": int(res.communication.bytes_up + res.count_bytes),
+                          "bytes_down": int(res.communication.bytes_down)},
+        "runtime_s": round(runtime, 3), "kernel": args.kernel, "ard": bool(args.ard),
+        "input_scaling": {"mean": scaler.mean.tolist(), "sd": scaler.sd.tolist()},
+    }
+    if test is not None:
+        tdf, X = test
+        X = scaler.transform_X(X)
+        keys = np.array([_id_key(v) for v in tdf[args.by]])
+        rows: list[dict] = [{} for _ in range(len(tdf))]
+        for key in pd.unique(keys):
+            idx = np.flatnonzero(keys == key)
+            p = res.predict(X[idx], client=known[key], level=args.level)
+            for i, (_, r) in zip(idx, p.iterrows()):
+                rows[i] = {"client": key, "mean": float(r["mean"]), "lower": float(r["pred_lower"]),
+                           "upper": float(r["pred_upper"]), "f_lower": float(r["lower"]),
+                           "f_upper": float(r["upper"])}
+        out["predictions"] = rows
+    with pd.option_context("display.width", 120, "display.float_format", "{:.4f}".format):
+        print(f"FGPR ({args.kernel}{', ARD' if args.ard else ''}): {res.rounds} rounds, {len(data.clients)} clients, "
+              f"{runtime:.1f} s")
+        print("Shared hyperparameters (outputscale and noise are variances on each client's standardised scale):")
+        print(g.to_string())
+        if test is not None:
+            print(f"\n{len(out['predictions'])} personal predictions with {100 * args.level:g}% predictive intervals")
+    return out
+
+
 def data_columns(df, args) -> list[str]:
     return list(args.features) if args.features else [c for c in df.columns if c not in (args.by, args.target)]
 
@@ -314,12 +373,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--features", nargs="+", help="feature columns (default: all but --by and --target)")
     f.add_argument("--model", default="hm2", help=f"model: {', '.join(MODELS)} (default hm2: hierarchical "
                    "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection; hm1: per-client "
-                   "regressions sharing a learned covariance between clients)")
+                   "regressions sharing a learned covariance between clients; fgpr: federated Gaussian process regression)")
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
     f.add_argument("--rounds", type=int, default=None,
-                   help="maximum EP rounds (default 15), or HM1's communication rounds (default 30)")
+                   help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30) and "
+                   "fgpr (default 100)")
     f.add_argument("--uncertainty", action="store_true",
                    help="hm1 only: conditional posterior intervals (each client shares X^T X / sigma^2 once)")
+    f.add_argument("--kernel", default="rbf", choices=("rbf", "matern"), help="fgpr only: GP kernel (default rbf)")
+    f.add_argument("--ard", action="store_true", help="fgpr only: one lengthscale per feature")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--output", help="write the results as JSON here")
     f.add_argument("--predict", help="CSV of rows to predict (same client and feature columns)")

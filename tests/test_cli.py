@@ -154,3 +154,36 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
     assert "not in the fit: Z" in capsys.readouterr().err
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--uncertainty"]) == 2
     assert "--uncertainty applies to --model hm1" in capsys.readouterr().err
+
+
+def test_fgpr_writes_hyperparameters_and_personal_predictions(tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    rows = []
+    for site, sign in (("A", 1.0), ("B", -1.0)):
+        for x in rng.uniform(0, 6, 40):
+            rows.append({"site": site, "x": x, "y": 3 + sign * np.sin(x) + 0.05 * rng.normal()})
+    df = pd.DataFrame(rows)
+    p, t, out = tmp_path / "gp.csv", tmp_path / "gpt.csv", tmp_path / "gp.json"
+    df.to_csv(p, index=False)
+    test = pd.DataFrame({"site": ["A", "B", "A"], "x": [1.0, 1.0, 4.0]})
+    test.to_csv(t, index=False)
+    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "fgpr", "--rounds", "40", "--level", "0.9",
+               "--output", str(out), "--predict", str(t)])
+    assert rc == 0
+    assert "FGPR (rbf): 40 rounds, 2 clients" in capsys.readouterr().out
+    j = json.loads(out.read_text())
+    assert j["model"] == "fgpr" and [g["name"] for g in j["global"]] == ["lengthscale", "outputscale", "noise"]
+    assert j["client"]["A"] == [{"name": "n_rows", "value": 40}] and j["rounds"] == 40
+    assert j["communication"]["bytes_up"] == 40 * 2 * 3 * 8 + 2 * 8
+    truth = 3 + np.array([1, -1, 1]) * np.sin(test["x"].to_numpy())
+    for r, y in zip(j["predictions"], truth):
+        assert r["lower"] < y < r["upper"] and abs(r["mean"] - y) < 0.1
+        assert r["lower"] <= r["f_lower"] < r["f_upper"] <= r["upper"]
+    # no rows to condition on for a new client; options that belong to fgpr only
+    pd.DataFrame({"site": ["Z"], "x": [1.0]}).to_csv(tmp_path / "z.csv", index=False)
+    capsys.readouterr()
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--model", "fgpr", "--predict",
+                 str(tmp_path / "z.csv")]) == 2
+    assert "no rows for client(s): Z" in capsys.readouterr().err
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--ard"]) == 2
+    assert "--kernel and --ard apply to --model fgpr only" in capsys.readouterr().err
