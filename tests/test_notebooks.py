@@ -10,6 +10,7 @@ EXPECT = {
     "01_hierarchical_ep.ipynb": "EP covers the truth wherever pooled NUTS does: True",
     "02_variable_selection.ipynb": "Inclusion rates within spec A9 up to two binomial standard errors: True",
     "03_structural_covariance.ipynb": "HM1 beats Separate where borrowing should help, and Case IV is within 5%: True",
+    "04_fgpr_multifidelity.ipynb": "FGPR notebook checks pass: True",
 }
 
 

@@ -123,3 +123,51 @@ def load_cmapss(path=None, subset: str = "FD001", *, sensor: int = 2, order: int
         parts["test"][0][cid], parts["test"][1][cid] = X[te], (y[te] - lo_te) / (hi_te - lo_te)
     return tuple(FederatedData.from_arrays(Xs, ys, feature_names=names, target_name=col)
                  for Xs, ys in parts.values())
+
+
+def load_cmapss_gp(path=None, subset: str = "FD001", *, sensor: int = 2, n_train_engines: int = 60,
+                   seed: int = 0) -> tuple[FederatedData, FederatedData, FederatedData]:
+    """The FGPR paper's engine study (spec ``fgpr.md`` §5.4, §8 D5).
+
+    The engines are split at random into ``n_train_engines`` training engines (all their
+    cycles) and the rest, which take no part in training: each of those splits its own cycles
+    at random 50/50 into points it conditions on and points it is scored on. Input: the cycle
+    divided by the largest cycle of the training engines; output: the sensor, standardised
+    per engine over all its cycles (the paper's convention).
+
+    Returns ``(train, condition, test)``: the training engines, and for the unseen engines
+    their conditioning and scoring halves (same client names ``"engine<unit>"``).
+    """
+    if not isinstance(sensor, (int, np.integer)) or not 1 <= sensor <= 21:
+        raise ValueError(f"sensor must be an integer in 1..21, got {sensor!r}")
+    df = read_cmapss(path, subset, "train")
+    units = np.sort(df["unit"].unique())
+    if not 1 <= n_train_engines < len(units):
+        raise ValueError(f"n_train_engines must be between 1 and {len(units) - 1}, got {n_train_engines!r}")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(units)
+    train_units, test_units = np.sort(order[:n_train_engines]), np.sort(order[n_train_engines:])
+    tmax = float(df.loc[df["unit"].isin(train_units), "cycle"].max())
+
+    def engine(u):
+        g = df[df["unit"] == u]
+        v = g[f"sensor{sensor}"].to_numpy(dtype=float)
+        sd = v.std()
+        return (g["cycle"].to_numpy(dtype=float) / tmax)[:, None], (v - v.mean()) / (sd if sd > 0 else 1.0)
+
+    name = lambda u: f"engine{u}"  # noqa: E731
+    feats, target = ["cycle"], f"sensor{sensor}"
+    tr = [engine(u) for u in train_units]
+    train = FederatedData.from_arrays([x for x, _ in tr], [y for _, y in tr], clients=[name(u) for u in train_units],
+                                      feature_names=feats, target_name=target)
+    cond, test = ([], []), ([], [])
+    for u in test_units:
+        x, y = engine(u)
+        perm = rng.permutation(len(y))
+        a, b = np.sort(perm[: len(y) // 2]), np.sort(perm[len(y) // 2:])
+        cond[0].append(x[a]); cond[1].append(y[a])
+        test[0].append(x[b]); test[1].append(y[b])
+    names = [name(u) for u in test_units]
+    return (train,
+            FederatedData.from_arrays(*cond, clients=names, feature_names=feats, target_name=target),
+            FederatedData.from_arrays(*test, clients=names, feature_names=feats, target_name=target))

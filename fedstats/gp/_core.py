@@ -333,14 +333,25 @@ def fit_mle(spec: HyperSpec, X: np.ndarray, y: np.ndarray, *, init: dict | None 
     ``restarts > 1``, from :func:`random_start` draws seeded by ``seed``; keeps the best.
     Returns ``(hyper, rho, mean nll)`` (rho is 0 without a feature).
     """
+    return fit_mle_sum(spec, [X], [y], init=init, features=None if feature is None else [feature],
+                       restarts=restarts, seed=seed, max_iter=max_iter, device=device, dtype=dtype)
+
+
+def fit_mle_sum(spec: HyperSpec, Xs, ys, *, init: dict | None = None, features=None, restarts: int = 1,
+                seed: int = 0, max_iter: int = 500, device="cpu", dtype=torch.float64) -> tuple[dict, float, float]:
+    """Shared hyperparameters maximising ``sum_k p_k L_k / N_k`` over data sets ``(X_k, y_k)``
+    with ``p_k = N_k / N``: the FGPR objective (spec §1.3) optimised centrally by L-BFGS, each
+    data set an independent GP. See :func:`fit_mle` for ``features``, ``init`` and ``restarts``."""
     rng = np.random.default_rng(seed)
-    Xt = torch.as_tensor(np.asarray(X, dtype=float), device=device, dtype=dtype)[None]
-    yt = torch.as_tensor(np.asarray(y, dtype=float), device=device, dtype=dtype)[None]
-    ft = None if feature is None else torch.as_tensor(np.asarray(feature, dtype=float), device=device, dtype=dtype)[None]
-    n = yt.shape[-1]
+    as_t = lambda a: torch.as_tensor(np.array(a, dtype=float), device=device, dtype=dtype)[None]  # noqa: E731
+    Xt, yt = [as_t(X) for X in Xs], [as_t(y) for y in ys]
+    ft = None if features is None else [as_t(f) for f in features]
+    ns = [y.shape[-1] for y in yt]
+    N = sum(ns)
     best = None
     for r in range(max(1, restarts)):
-        start = init if (r == 0 and init is not None) else spec.default() if r == 0 else random_start(spec, X, rng)
+        start = init if (r == 0 and init is not None) else spec.default() if r == 0 else random_start(
+            spec, np.vstack([np.asarray(X, dtype=float).reshape(len(y), -1) for X, y in zip(Xs, ys)]), rng)
         model = single_model(spec, start, device, dtype)
         rho = torch.zeros((), device=device, dtype=dtype, requires_grad=True)
         params = list(model.parameters()) + ([rho] if ft is not None else [])
@@ -348,7 +359,11 @@ def fit_mle(spec: HyperSpec, X: np.ndarray, y: np.ndarray, *, init: dict | None 
                                 line_search_fn="strong_wolfe")
 
         def objective():
-            return model.nll(Xt, yt if ft is None else yt - rho * ft)[0] / n
+            total = 0
+            for k, (X, y) in enumerate(zip(Xt, yt)):
+                target = y if ft is None else y - rho * ft[k]
+                total = total + model.nll(X, target)[0] / N  # p_k L_k / N_k = L_k / N
+            return total
 
         def closure():
             opt.zero_grad()
@@ -357,7 +372,7 @@ def fit_mle(spec: HyperSpec, X: np.ndarray, y: np.ndarray, *, init: dict | None 
             return loss
 
         try:
-            with small_work(device, n):
+            with small_work(device, max(ns)):
                 opt.step(closure)
             with torch.no_grad():
                 loss = float(objective())

@@ -127,3 +127,9 @@ def test_paper_protocol_currin_and_park_30_runs():
     assert 0.10 <= cur["FGPR"].mean() <= 0.26, cur
     park = _gate("park", 30)
     assert park["FGPR"].mean() <= 0.03, park
+
+
+def test_one_dimensional_examples_run_under_both_protocols():
+    for proto in ("paper", "converged"):
+        r = mf_run("nonlinear_1d", seed=0, protocol=proto, rounds=11)
+        assert set(r) >= {"FGPR", "Separate", "AR1"} and all(np.isfinite(r[k]) for k in ("FGPR", "Separate", "AR1"))
