@@ -422,3 +422,40 @@ def test_gpu_run_matches_cpu():
     hyper_close(a.hyperparameters, b.hyperparameters, 1e-8)
     X = np.asarray(data[1].X)
     np.testing.assert_allclose(a.predict(X, client=1)["mean"], b.predict(X, client=1)["mean"], atol=1e-8)
+
+
+def test_large_clients_condition_on_a_subset_with_a_warning():
+    data = toy(K=2, n=(300, 40), d=1)
+    res = FGPR(rounds=3, condition_limit=100).fit(data)
+    xs = np.linspace(0, 1, 50)[:, None]
+    with pytest.warns(UserWarning, match="random subset of 100"):
+        sub = res.predict(xs, client=0)
+    exact = FGPR(rounds=3, condition_limit=None).fit(data).predict(xs, client=0)
+    assert np.max(np.abs(sub["mean"] - exact["mean"])) < 0.3  # a smooth GP: 100 of 300 points carry it
+    assert np.all(sub["sd"] >= exact["sd"] - 1e-9)  # fewer points, no smaller uncertainty
+
+
+def test_a_failing_client_is_left_out_of_that_rounds_average(monkeypatch):
+    data = toy(K=3, n=(30, 30, 30))
+    orig = FGPRAlgorithm._update
+    bad_x = np.asarray(data[1].X)[0, 0]
+
+    def flaky(self, messages, states, rngs):
+        if any(s.X[0, 0] == bad_x for s in states):
+            raise RuntimeError("disk on fire")
+        return orig(self, messages, states, rngs)
+
+    monkeypatch.setattr(FGPRAlgorithm, "_update", flaky)
+    with pytest.warns(RuntimeWarning, match="1 client"):
+        res = FGPR(rounds=3, batch_size=100).fit(data)  # full batches: no draws, so comparable below
+    assert all(r.answered == [0, 2] and list(r.failed) == [1] for r in res.history)
+    ref = FGPR(rounds=3, batch_size=100).fit(FederatedData.from_arrays(
+        [np.asarray(data[c].X) for c in (0, 2)], [np.asarray(data[c].y) for c in (0, 2)], clients=[0, 2]))
+    hyper_close(res.hyperparameters, ref.hyperparameters, 1e-12)
+
+
+def test_docstring_example():
+    x = np.linspace(0, 10, 60)[:, None]
+    data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), -np.sin(x[:, 0])])
+    res = FGPR(rounds=30, lr=0.1, batch_size=20).fit(data)
+    assert abs(res.predict(np.array([[2.5]]), client=1)["mean"][0] + np.sin(2.5)) < 0.05
