@@ -133,3 +133,22 @@ def test_one_dimensional_examples_run_under_both_protocols():
     for proto in ("paper", "converged"):
         r = mf_run("nonlinear_1d", seed=0, protocol=proto, rounds=11)
         assert set(r) >= {"FGPR", "Separate", "AR1"} and all(np.isfinite(r[k]) for k in ("FGPR", "Separate", "AR1"))
+
+
+def test_federated_ar1_equals_centralised_ar1_and_shares_only_inputs_and_predictions():
+    from fedstats.gp.multifidelity import FederatedAR1
+
+    mf = fidelity_data("branin", seed=1, sizes={"LF": 60})
+    order = ["LF", "MF", "HF"]
+    cen = AR1CoKriging(restarts=2).fit([mf.level_data(lv) for lv in order], seed=3)
+    fed = FederatedAR1(restarts=2).fit(mf.train, order=order, seed=3)
+    Xs = mf.X_test[:200]
+    a, b = cen.predict(Xs), fed.predict(Xs)
+    np.testing.assert_allclose(b["mean"], a["mean"], atol=1e-10)
+    np.testing.assert_allclose(b["sd"], a["sd"], atol=1e-10)
+    np.testing.assert_allclose(fed.rho, cen.rho, atol=1e-12)
+    # fit: MF inputs (40 x 2) to LF; HF inputs (20 x 2) to LF and MF; predict: 200 x 2 to all three
+    n_mf, n_hf = 40, 20
+    down = (n_mf * 2 + n_hf * 2 * 2 + 200 * 2 * 3) * 8 + (n_hf * 2 + 200 * 2 * 2) * 8
+    up = (n_mf * 2 + n_hf * 2 * 2 + 200 * 2 * 3) * 8
+    assert fed.communication == {"bytes_down": down, "bytes_up": up}
