@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/ep_vs_pooled.py
 	$(BIN)/python benchmarks/shrinkage_vs_pooled.py
 	$(BIN)/python benchmarks/hm1.py
+	$(BIN)/python benchmarks/fgpr.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -59,6 +59,7 @@ def test_coverage_of_phi_100_replicates():
     assert abs(hits.mean() - 0.90) <= 0.07, hits.mean(axis=0)
 
 
+@pytest.mark.slow  # 3.5 min; the default run keeps test_nuts_mode_matches_exact_posterior_small_federation
 def test_nuts_mode_on_the_uncertainty_example_matches_pooled_nuts():
     """Issue acceptance: K = 100, d = 4, phi = (mu, log tau_1..4), NUTS over the augmented target."""
     from fedstats.linear.hierarchical import pooled_nuts

@@ -165,6 +165,7 @@ def test_centralised_predictions_cover():
     assert np.all(p["pred_lower"] < p["lower"]) and np.all(p["upper"] < p["pred_upper"])
 
 
+@pytest.mark.slow  # 75 s; the default run keeps test_one_client_equals_pooled_nuts (the same comparison, shorter)
 def test_diabetes_single_client_against_long_pooled_nuts():
     # Independent reference (issue 3): scikit-learn's diabetes data (bundled, 442 x 10) as one
     # client. The federated lasso (EP + Gibbs on the scale mixture) against a long NumPyro NUTS
