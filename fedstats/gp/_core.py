@@ -294,7 +294,7 @@ def posterior(spec: HyperSpec, hyper: dict, X: np.ndarray, y: np.ndarray, Xs: np
         alpha = torch.cholesky_solve((yt[0] - m0).unsqueeze(-1), L).squeeze(-1)
         means, vars_ = [], []
         for s in range(0, len(Xs), chunk):
-            xs = torch.as_tensor(Xs[s:s + chunk], device=device, dtype=dtype).unsqueeze(0)
+            xs = torch.as_tensor(np.array(Xs[s:s + chunk], dtype=float), device=device, dtype=dtype).unsqueeze(0)
             Ks = model.covariance(Xt, xs)[0]  # (N, n*)
             means.append((m0 + Ks.T @ alpha).cpu().numpy())
             v = torch.linalg.solve_triangular(L, Ks, upper=False)

@@ -682,9 +682,9 @@ def weighted_objective(spec: HyperSpec, hyper: dict, data: FederatedData, *, sta
     model = single_model(spec, hyper, device, dtype)
     with torch.no_grad():
         for c in data.clients:
-            y = np.asarray(data[c].y, dtype=float)
+            y = np.array(data[c].y, dtype=float)
             y = standardise(y)[0] if standardize else y
-            X = torch.as_tensor(np.asarray(data[c].X), device=device, dtype=dtype)[None]
+            X = torch.as_tensor(np.array(data[c].X, dtype=float), device=device, dtype=dtype)[None]
             nll = model.nll(X, torch.as_tensor(y, device=device, dtype=dtype)[None])[0].item()
             total += (len(y) / N) * nll / len(y)
     return total
