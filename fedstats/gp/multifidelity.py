@@ -112,14 +112,14 @@ class SeparateGP:
     ``protocol="paper"``: the published code's budget (spec §4.4): Adam kept across
     ``rounds`` epochs of ``floor(N / M)`` nearest-neighbour steps from log 2 (a one-client
     FGPR with a persistent optimiser state). ``"converged"``: exact maximum likelihood by
-    L-BFGS (``restarts`` starts).
+    L-BFGS (``restarts`` starts); predictions then condition on all of its points exactly.
     """
 
-    def __init__(self, *, protocol: str = "paper", kernel: str = "rbf", ard: bool = False, lr: float = 0.01,
-                 rounds: int = 200, batch_size=None, restarts: int = 5):
+    def __init__(self, *, protocol: str = "paper", kernel: str = "rbf", nu: float = 1.5, ard: bool = False,
+                 lr: float = 0.01, rounds: int = 200, batch_size=None, restarts: int = 5):
         if protocol not in ("paper", "converged"):
             raise ValueError(f"protocol must be 'paper' or 'converged', got {protocol!r}")
-        self.protocol, self.kernel, self.ard, self.lr, self.rounds = protocol, kernel, ard, lr, rounds
+        self.protocol, self.kernel, self.nu, self.ard, self.lr, self.rounds = protocol, kernel, nu, ard, lr, rounds
         self.batch_size, self.restarts = batch_size, restarts
 
     def fit(self, X, y, *, seed: int = 0) -> FGPRResult:
@@ -128,10 +128,10 @@ class SeparateGP:
         data = FederatedData.from_arrays([X], [np.asarray(y, dtype=float)], clients=["HF"])
         if self.protocol == "paper":
             M = len(y) if self.batch_size is None else self.batch_size
-            return FGPR(kernel=self.kernel, ard=self.ard, rounds=self.rounds, local_steps="epoch", batch_size=M,
-                        sampler="nearest", optimizer="adam", lr=self.lr, optimizer_state="persistent",
+            return FGPR(kernel=self.kernel, nu=self.nu, ard=self.ard, rounds=self.rounds, local_steps="epoch",
+                        batch_size=M, sampler="nearest", optimizer="adam", lr=self.lr, optimizer_state="persistent",
                         device="cpu").fit(data, seed=seed, progress=False)
-        spec = HyperSpec(d=X.shape[1], kernel=self.kernel, ard=self.ard)
+        spec = HyperSpec(d=X.shape[1], kernel=self.kernel, nu=self.nu, ard=self.ard)
         hyper, _, _ = fit_mle(spec, X, standardise(np.asarray(y, dtype=float))[0], restarts=self.restarts, seed=seed)
         return FGPRResult(spec=spec, hyperparameters=hyper, feature_names=data.feature_names, clients=["HF"],
                           n_obs=data.n_obs, options={"standardize": True, "device": "cpu"}, seed=seed, data=data)

@@ -21,8 +21,8 @@ import pandas as pd
 
 from ..data import FederatedData
 from ..datasets import load_cmapss_gp, load_sarcos_federation
-from ._core import HyperSpec, fit_mle
-from .fgpr import FGPR, FGPRResult, standardise
+from .fgpr import FGPR
+from .multifidelity import SeparateGP, _rmse
 
 __all__ = ["sarcos_study", "cmapss_study", "separate_rmse", "SARCOS_FGPR", "CMAPSS_FGPR"]
 
@@ -42,15 +42,11 @@ def separate_rmse(cond: FederatedData, test: FederatedData, *, kernel: str = "rb
                   restarts: int = 3, seed: int = 0) -> pd.Series:
     """RMSE of every client's own GP (maximum likelihood on its own standardised data, best of
     ``restarts`` starts) on its test points."""
+    sep = SeparateGP(protocol="converged", kernel=kernel, nu=nu, restarts=restarts)
     out = {}
     for c in test.clients:
-        X, y = np.asarray(cond[c].X), np.asarray(cond[c].y)
-        spec = HyperSpec(d=X.shape[1], kernel=kernel, nu=nu)
-        hyper, _, _ = fit_mle(spec, X, standardise(y)[0], restarts=restarts, seed=seed)
-        res = FGPRResult(spec=spec, hyperparameters=hyper, feature_names=cond.feature_names, clients=[c],
-                         n_obs={c: len(y)}, options={"standardize": True, "device": "cpu"}, data=None)
-        pred = res.predict(np.asarray(test[c].X), data=(X, y))["mean"].to_numpy()
-        out[c] = float(np.sqrt(np.mean((pred - np.asarray(test[c].y)) ** 2)))
+        res = sep.fit(np.asarray(cond[c].X), np.asarray(cond[c].y), seed=seed)
+        out[c] = _rmse(res.predict(np.asarray(test[c].X), client="HF")["mean"], np.asarray(test[c].y))
     return pd.Series(out, name="rmse")
 
 
@@ -85,13 +81,10 @@ def sarcos_study(path=None, *, output: int = 1, seed: int = 0, n_clients: int = 
         t0 = time.perf_counter()
         X = np.vstack([np.asarray(train[c].X) for c in train.clients])
         y = np.concatenate([np.asarray(train[c].y) for c in train.clients])
-        spec = HyperSpec(d=X.shape[1], kernel=opts["kernel"], nu=opts.get("nu", 1.5))
-        hyper, _, _ = fit_mle(spec, X, standardise(y)[0], seed=seed)
-        res = FGPRResult(spec=spec, hyperparameters=hyper, feature_names=train.feature_names, clients=["all"],
-                         n_obs={"all": len(y)}, options={"standardize": True, "device": "cpu",
-                                                         "condition_limit": None}, data=None)
-        rm = {c: float(np.sqrt(np.mean((res.predict(np.asarray(test[c].X), data=(X, y))["mean"].to_numpy()
-                                        - np.asarray(test[c].y)) ** 2))) for c in test.clients}
+        res = SeparateGP(protocol="converged", kernel=opts["kernel"], nu=opts.get("nu", 1.5), restarts=1).fit(
+            X, y, seed=seed)
+        rm = {c: _rmse(res.predict(np.asarray(test[c].X), client="HF")["mean"], np.asarray(test[c].y))
+              for c in test.clients}
         return _row("Pooled exact GP (all rows)", pd.Series(rm), time.perf_counter() - t0)
 
     return _compare(train, None, test, opts, seed=seed, restarts=restarts, extra=pooled_gp if pooled else None)
