@@ -153,7 +153,9 @@ def load_cmapss_gp(path=None, subset: str = "FD001", *, sensor: int = 2, n_train
         g = df[df["unit"] == u]
         v = g[f"sensor{sensor}"].to_numpy(dtype=float)
         sd = v.std()
-        return (g["cycle"].to_numpy(dtype=float) / tmax)[:, None], (v - v.mean()) / (sd if sd > 0 else 1.0)
+        if not sd > 1e-9 * max(1.0, abs(v.mean())):
+            raise ValueError(f"sensor {sensor} is constant on engine {u}: nothing to model (choose e.g. 2 or 7)")
+        return (g["cycle"].to_numpy(dtype=float) / tmax)[:, None], (v - v.mean()) / sd
 
     name = lambda u: f"engine{u}"  # noqa: E731
     feats, target = ["cycle"], f"sensor{sensor}"

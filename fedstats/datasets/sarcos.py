@@ -43,6 +43,8 @@ def load_sarcos_federation(path=None, *, output: int = 1, n_clients: int = 25, t
     """
     if not isinstance(output, (int, np.integer)) or not 1 <= output <= 7:
         raise ValueError(f"output must be a joint number 1..7, got {output!r}")
+    if not isinstance(n_clients, (int, np.integer)) or not 1 <= n_clients <= 2000:
+        raise ValueError(f"n_clients must be an integer between 1 and 2000 (at least 2 rows each), got {n_clients!r}")
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
     X, Y = read_sarcos(path)

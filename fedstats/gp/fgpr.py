@@ -84,15 +84,24 @@ def average_hypers(spec: HyperSpec, hypers: list[dict], weights: np.ndarray, spa
 
 @dataclass(frozen=True)
 class _Client:
-    X: np.ndarray            # (N, d) inputs (numpy, for the samplers)
-    Xt: torch.Tensor         # the same on the compute device
-    yt: torch.Tensor         # standardised targets on the compute device
+    """A client's private state between rounds: no data (checkpoints never hold data), only
+    its sizes, its step count and, if persistent, its optimiser moments (numpy, on the CPU)."""
+
     n: int
     m: int                   # batch size M_k
     e: int                   # local steps E_k
-    tree: cKDTree | None     # for nearest-neighbour batches
     opt: dict | None         # persistent optimiser state: {"m": {...}, "v": {...}}
     steps: int               # local steps taken so far (Adam's t, SGD's schedule)
+
+
+@dataclass(frozen=True)
+class _View:
+    """A client's data for one round, built on the client from its own data."""
+
+    X: np.ndarray            # (N, d) inputs (numpy, for the samplers)
+    Xt: torch.Tensor         # the same on the compute device
+    yt: torch.Tensor         # (standardised) targets on the compute device
+    tree: cKDTree | None     # for nearest-neighbour batches
 
 
 class _Server:
@@ -157,19 +166,23 @@ class FGPRAlgorithm(FederatedAlgorithm):
         return _Server({n: v.copy() for n, v in self.init.items()}, dict(self.counts))
 
     def init_client(self, client, data, rng):
-        X, y, n = np.array(data.X, dtype=float), np.array(data.y, dtype=float), data.n
-        y = standardise(y)[0] if self.standardize else y
+        n = data.n
         m = batch_for(self.batch_size, n)
         e = max(1, n // m) if self.local_steps == "epoch" else int(self.local_steps)
-        tree = cKDTree(X) if (self.sampler == "nearest" and m < n) else None
-        return _Client(X, torch.as_tensor(X, device=self.device, dtype=self.dtype),
-                       torch.as_tensor(y, device=self.device, dtype=self.dtype), n, m, e, tree, None, 0)
+        return _Client(n, m, e, None, 0)
+
+    def _view(self, state: _Client, data) -> _View:
+        X, y = np.array(data.X, dtype=float), np.array(data.y, dtype=float)
+        y = standardise(y)[0] if self.standardize else y
+        tree = cKDTree(X) if (self.sampler == "nearest" and state.m < state.n) else None
+        return _View(X, torch.as_tensor(X, device=self.device, dtype=self.dtype),
+                     torch.as_tensor(y, device=self.device, dtype=self.dtype), tree)
 
     def broadcast(self, server_state, client, round):
         return {n: v.copy() for n, v in server_state.hyper.items()}
 
     def client_step(self, message, state, data, rng):
-        return self._update([message], [state], [rng])[0]
+        return self._update([message], [state], [data], [rng])[0]
 
     def client_steps(self, messages, states, datas, rngs):
         out: list = [None] * len(states)
@@ -179,18 +192,19 @@ class FGPRAlgorithm(FederatedAlgorithm):
         for idx in groups.values():
             saved = [rngs[i].bit_generator.state for i in idx]
             try:
-                res = self._update([messages[i] for i in idx], [states[i] for i in idx], [rngs[i] for i in idx])
+                res = self._update([messages[i] for i in idx], [states[i] for i in idx], [datas[i] for i in idx],
+                                   [rngs[i] for i in idx])
             except Exception:  # noqa: BLE001 - isolate the failing client: redo this group one by one
                 for i, st in zip(idx, saved):  # with the batch draws it would have made on its own
                     rngs[i].bit_generator.state = st
-                res = [self._one(messages[i], states[i], rngs[i]) for i in idx]
+                res = [self._one(messages[i], states[i], datas[i], rngs[i]) for i in idx]
             for i, r in zip(idx, res):
                 out[i] = r
         return out
 
-    def _one(self, message, state, rng):
+    def _one(self, message, state, data, rng):
         try:
-            return self._update([message], [state], [rng])[0]
+            return self._update([message], [state], [data], [rng])[0]
         except Exception as exc:  # noqa: BLE001 - the runtime records it
             return exc
 
@@ -201,41 +215,44 @@ class FGPRAlgorithm(FederatedAlgorithm):
             cache[G] = BatchGP(self.spec, G, self.device, self.dtype)
         return cache[G]
 
-    def _batch_indices(self, state: _Client, rng) -> np.ndarray:
+    def _batch_indices(self, state: _Client, view: _View, rng) -> np.ndarray:
         if state.m == state.n:
             return np.arange(state.n)
         if self.sampler == "uniform":
             return rng.choice(state.n, size=state.m, replace=False)
-        centre = state.X[rng.integers(state.n)]
-        return np.sort(state.tree.query(centre, k=state.m)[1])
+        centre = view.X[rng.integers(state.n)]
+        return np.sort(view.tree.query(centre, k=state.m)[1])
 
-    def _update(self, messages, states, rngs) -> list:
+    def _update(self, messages, states, datas, rngs) -> list:
         """E local steps of G clients with equal (M, E) as one batched GP."""
         spec, G = self.spec, len(states)
+        views = [self._view(s, d) for s, d in zip(states, datas)]
         dev, dt = self.device, self.dtype
         M, E = states[0].m, states[0].e
         model = self._model(G)
         raw = raw_tensors(spec, messages, dev, dt)
         zeros = {n: torch.zeros_like(raw[n][0]) for n in spec.names}
         keep = self.optimizer_state == "persistent"
-        mom = {n: torch.stack([s.opt["m"][n] if keep and s.opt else zeros[n] for s in states]) for n in spec.names}
-        vel = {n: torch.stack([s.opt["v"][n] if keep and s.opt else zeros[n] for s in states]) for n in spec.names}
+        saved = lambda s, k, n: torch.as_tensor(s.opt[k][n], device=dev, dtype=dt)  # noqa: E731
+        mom = {n: torch.stack([saved(s, "m", n) if keep and s.opt else zeros[n] for s in states]) for n in spec.names}
+        vel = {n: torch.stack([saved(s, "v", n) if keep and s.opt else zeros[n] for s in states]) for n in spec.names}
         # Adam's step counter restarts with a fresh state; SGD's schedule counts across rounds
         restart = self.optimizer == "adam" and not keep
         t0 = torch.tensor([0 if restart else s.steps for s in states], device=dev)
         full = all(s.m == s.n for s in states)
         if full:
-            Xb, yb = torch.stack([s.Xt for s in states]), torch.stack([s.yt for s in states])
+            Xb, yb = torch.stack([v.Xt for v in views]), torch.stack([v.yt for v in views])
         else:
             nmax = max(s.n for s in states)
             Xpad = torch.zeros((G, nmax, spec.d), device=dev, dtype=dt)
             ypad = torch.zeros((G, nmax), device=dev, dtype=dt)
-            for g, s in enumerate(states):
-                Xpad[g, :s.n], ypad[g, :s.n] = s.Xt, s.yt
+            for g, (s, v) in enumerate(zip(states, views)):
+                Xpad[g, :s.n], ypad[g, :s.n] = v.Xt, v.yt
         leaves = model.leaves()
         for step in range(E):
             if not full:
-                idx = torch.as_tensor(np.stack([self._batch_indices(s, r) for s, r in zip(states, rngs)]), device=dev)
+                idx = torch.as_tensor(np.stack([self._batch_indices(s, v, r) for s, v, r in zip(states, views, rngs)]),
+                                      device=dev)
                 Xb = torch.take_along_dim(Xpad, idx[:, :, None], dim=1)
                 yb = torch.take_along_dim(ypad, idx, dim=1)
             model.set_raw(raw)
@@ -263,7 +280,8 @@ class FGPRAlgorithm(FederatedAlgorithm):
             reply = hyper_to_numpy(spec, values, g)
             if not all(np.all(np.isfinite(v)) for v in reply.values()):
                 raise FloatingPointError(f"hyperparameters overflowed (lr={self.lr:g})")
-            opt = ({"m": {n: mom[n][g].clone() for n in spec.names}, "v": {n: vel[n][g].clone() for n in spec.names}}
+            cpu = lambda t: t.detach().to(torch.float64).cpu().numpy().copy()  # noqa: E731
+            opt = ({"m": {n: cpu(mom[n][g]) for n in spec.names}, "v": {n: cpu(vel[n][g]) for n in spec.names}}
                    if self.optimizer_state == "persistent" else None)
             out.append((reply, replace(s, opt=opt, steps=s.steps + E)))
         return out
@@ -354,9 +372,9 @@ class FGPR:
         Where the server averages: the hyperparameter values (the code, default),
         GPyTorch's raw softplus parameters, or their logarithms (geometric mean).
     participation : float or int
-        1.0: every client every round, weights N_k/N. An int ``K_s`` (or a fraction of the
-        clients, rounded up): ``K_s`` clients drawn with replacement with probabilities
-        N_k/N each round, plain average counting duplicates (the theory's scheme).
+        1.0 (or a count >= K): every client every round, weights N_k/N. An int ``K_s < K`` (or
+        a fraction of the clients, rounded up): ``K_s`` clients drawn with replacement with
+        probabilities N_k/N each round, plain average counting duplicates (the theory's scheme).
     init : mapping or None
         Starting hyperparameters (constrained values); default log 2 for lengthscale,
         outputscale and noise, 0 for the mean.
@@ -425,21 +443,26 @@ class FGPR:
         _int(self.rounds, "rounds")
         if not (self.local_steps == "epoch" or _is_int(self.local_steps) and self.local_steps >= 1):
             raise ValueError(f"local_steps must be an int >= 1 or 'epoch', got {self.local_steps!r}")
-        if not (_is_int(self.batch_size) and self.batch_size >= 1 or isinstance(self.batch_size, float)
+        if not (_is_int(self.batch_size) and self.batch_size >= 2 or isinstance(self.batch_size, float)
                 and 0 < self.batch_size < 1):
-            raise ValueError(f"batch_size must be an int >= 1 or a fraction in (0, 1), got {self.batch_size!r}")
+            raise ValueError(f"batch_size must be an int >= 2 (one point cannot separate signal from noise) or a "
+                             f"fraction in (0, 1), got {self.batch_size!r}")
         for name, allowed in (("sampler", SAMPLERS), ("optimizer", OPTIMIZERS), ("average_space", SPACES),
                               ("optimizer_state", ("fresh", "persistent")), ("loss_normalization", ("mean", "sum"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if not (isinstance(self.lr, (int, float)) and np.isfinite(self.lr) and self.lr > 0):
+        if not (isinstance(self.lr, (int, float, np.integer, np.floating)) and not isinstance(self.lr, bool)
+                and np.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         if self.lr_decay is not None:
             if self.optimizer != "sgd":
                 raise ValueError("lr_decay applies to optimizer='sgd' only")
             if not (isinstance(self.lr_decay, (int, float)) and self.lr_decay > 0):
                 raise ValueError(f"lr_decay must be a positive number of steps or None, got {self.lr_decay!r}")
-        b = tuple(self.betas)
+        try:
+            b = tuple(float(x) for x in self.betas)
+        except TypeError:
+            b = ()
         if len(b) != 2 or not all(0 <= x < 1 for x in b):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.condition_limit is not None:
@@ -463,6 +486,8 @@ class FGPR:
             k = max(1, math.ceil(round(p * K, 9)))
         else:
             raise ValueError(f"participation fraction must be in (0, 1], got {p!r}")
+        if k is not None and k >= K:  # K_s = K is full participation (spec §2.1), not K draws
+            k = None
         init = spec.check(self.init, "init") if self.init is not None else spec.default()
         return spec, {"participants": k, "init": init, "device": resolve_device(self.device),
                       "dtype": resolve_dtype(self.dtype), "betas": b}
@@ -511,6 +536,9 @@ class FGPR:
         ``init`` and ``restarts - 1`` random starts. Same result API; predictions still
         condition each client on its own data."""
         spec, o = self._validate(data)
+        if self.loss_normalization != "mean":
+            raise ValueError("fit_centralised optimises sum_k p_k L_k / N_k, the objective of "
+                             "loss_normalization='mean'; it has no counterpart for 'sum'")
         t0 = time.perf_counter()
         ys = [np.asarray(data[c].y, dtype=float) for c in data.clients]
         ys = [standardise(y)[0] for y in ys] if self.standardize else ys
@@ -567,7 +595,11 @@ class FGPRResult:
         return pd.DataFrame({"value": vals}, index=pd.Index(self.spec.labels(self.feature_names), name="parameter"))
 
     def _device(self):
-        return resolve_device(self.options.get("device", "auto"))
+        # a result fitted on a GPU still predicts on a machine without one
+        try:
+            return resolve_device(self.options.get("device", "auto"))
+        except ValueError:
+            return torch.device("cpu")
 
     def _client_data(self, client, data):
         if data is not None:
@@ -609,8 +641,8 @@ class FGPRResult:
         Xk, yk = self._client_data(client, data)
         Xs = np.asarray(X, dtype=float)
         Xs = Xs[:, None] if Xs.ndim == 1 else Xs
-        if Xs.ndim != 2 or Xs.shape[1] != self.spec.d:
-            raise DataError(f"X must have {self.spec.d} column(s), got shape {Xs.shape}")
+        if Xs.ndim != 2 or Xs.shape[1] != self.spec.d or len(Xs) == 0:
+            raise DataError(f"X must have at least one row and {self.spec.d} column(s), got shape {Xs.shape}")
         if not np.all(np.isfinite(Xs)):
             raise DataError("X contains NaN or inf")
         if len(yk) < 5:
@@ -637,17 +669,23 @@ class FGPRResult:
 
     def rmse(self, test: FederatedData, train: FederatedData | None = None, *, scale: str = "original") -> pd.Series:
         """RMSE of each client of ``test``, predicting by conditioning on that client's data in
-        ``train`` (default: the training data of the fit)."""
+        ``train`` (default: the training data of the fit); with ``scale="standardized"`` the
+        test targets are standardised by the conditioning data's mean and sd."""
         out = {}
         for c in test.clients:
             data = None if train is None else (np.asarray(train[c].X), np.asarray(train[c].y))
             pred = self.predict(np.asarray(test[c].X), client=c, data=data, scale=scale)
-            out[c] = float(np.sqrt(np.mean((pred["mean"].to_numpy() - np.asarray(test[c].y)) ** 2)))
+            y = np.asarray(test[c].y, dtype=float)
+            if scale == "standardized" and self.options.get("standardize", True):
+                _, mu, sd = standardise(self._client_data(c, data)[1])  # the conditioning data's scale
+                y = (y - mu) / sd
+            out[c] = float(np.sqrt(np.mean((pred["mean"].to_numpy() - y) ** 2)))
         return pd.Series(out, name="rmse")
 
     def objective(self, data: FederatedData | None = None) -> float:
         """The global objective ``sum_k p_k L_k / N_k`` (mean negative log marginal likelihood of
-        each client's full data, standardised as in training) at the fitted hyperparameters.
+        each client's full data, standardised as in training) at the fitted hyperparameters
+        (the objective of ``loss_normalization="mean"``, whatever the fit used).
         Each client would send one number; computed here in-process."""
         data = self._data if data is None else data
         if data is None:

@@ -271,9 +271,9 @@ class FederatedAR1:
 
         Xs = np.asarray(X, dtype=float)
         Xs = Xs[:, None] if Xs.ndim == 1 else Xs
-        mean, var = self._chain(Xs, len(self.clients_))
+        top = self.clients_[-1]  # the highest level asks; its own term is computed locally
+        mean, var = top.answer(Xs, self._chain(Xs, len(self.clients_) - 1))
         if scale == "original":
-            top = self.clients_[-1]
             mean, var = top.mu + top.sd * mean, var * top.sd**2
         z = sst.norm.ppf(0.5 + level / 2)
         s = np.sqrt(var)
@@ -287,7 +287,8 @@ def _rmse(a, b) -> float:
 def mf_run(name: str, *, seed: int = 0, protocol: str = "paper", layout: str = "paper",
            methods=("FGPR", "Separate", "AR1", "FedAR1"), code_compat: bool = False, scale_x: bool = True,
            lr: float | None = None, rounds: int = 201, restarts: int = 2) -> dict:
-    """One repetition of the multi-fidelity table.
+    """One repetition of the multi-fidelity table (``FedAR1``, the federated AR1, with the paper
+    layout only: the code layout has two clients per level).
 
     ``protocol="paper"`` (spec §9 item 12): FGPR follows :func:`paper_protocol`; Separate
     gets the same Adam, lr and batch size for ``rounds - 1`` epochs on the high-fidelity data

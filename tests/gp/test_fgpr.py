@@ -225,7 +225,8 @@ def test_clients_with_equal_batches_run_as_one_batched_gp(monkeypatch):
     data = toy(K=4, n=(30, 30, 30, 12), d=1)
     sizes = []
     orig = FGPRAlgorithm._update
-    monkeypatch.setattr(FGPRAlgorithm, "_update", lambda self, m, s, r: sizes.append(len(s)) or orig(self, m, s, r))
+    monkeypatch.setattr(FGPRAlgorithm, "_update",
+                        lambda self, m, s, d, r: sizes.append(len(s)) or orig(self, m, s, d, r))
     FGPR(rounds=2, batch_size=16).fit(data)
     assert sorted(sizes) == [1, 1, 3, 3]  # three clients with M_k = 16, one with M_k = N_k = 12
 
@@ -280,6 +281,55 @@ def test_partial_participation_counts_duplicates():
                         dtype=torch.float64)
     dup = [r for r in range(30) if alg.multiplicity(r).max() == 2]
     assert dup and all(len(res.history[r].participants) == 1 for r in dup)
+
+
+def test_server_weights_duplicates_by_their_multiplicity():
+    data = toy(K=4, n=(20, 20, 20, 20))
+    spec = HyperSpec(d=1)
+    alg = FGPRAlgorithm(spec, init=spec.default(), counts=data.n_obs, local_steps=1, batch_size=10,
+                        sampler="uniform", optimizer="adam", lr=0.01, lr_decay=None, betas=(0.9, 0.999),
+                        optimizer_state="fresh", loss_normalization="mean", average_space="constrained",
+                        participants=3, seed=5, standardize=True, device="cpu", dtype=torch.float64)
+    r = next(r for r in range(200) if sorted(alg.multiplicity(r)) == [0, 0, 1, 2])
+    mult = alg.multiplicity(r)
+    twice, once = int(np.argmax(mult)), int(np.flatnonzero(mult == 1)[0])
+    replies = {c: {"lengthscale": np.array([1.0 + c]), "outputscale": np.array([1.0]), "noise": np.array([0.1])}
+               for c in (twice, once)}
+    state, _ = alg.server_step(alg.init_server(data.clients, None), replies, r)
+    assert state.hyper["lengthscale"][0] == pytest.approx((2 * (1.0 + twice) + (1.0 + once)) / 3, rel=1e-14)
+
+
+def test_a_count_of_every_client_is_full_participation():
+    data = toy(K=3, n=(20, 30, 25))
+    a = FGPR(rounds=3, participation=3).fit(data)
+    b = FGPR(rounds=3).fit(data)
+    hyper_close(a.hyperparameters, b.hyperparameters, 0)
+
+
+def test_checkpoints_hold_no_client_data_and_resume_exactly(tmp_path):
+    import pickle
+
+    data = toy(K=3, n=(20, 30, 25))
+    model = FGPR(rounds=6, batch_size=16, optimizer_state="persistent")
+    full = model.fit(data, seed=1)
+    FGPR(rounds=3, batch_size=16, optimizer_state="persistent").fit(data, seed=1, checkpoint=tmp_path / "c.pkl")
+    blob = (tmp_path / "c.pkl").read_bytes()
+    for c in data.clients:  # no training row appears in the checkpoint
+        assert np.asarray(data[c].X).tobytes()[:64] not in blob and np.asarray(data[c].y).tobytes()[:64] not in blob
+    assert pickle.loads(blob)  # readable
+    resumed = model.fit(data, seed=1, checkpoint=tmp_path / "c.pkl", resume=True)
+    hyper_close(resumed.hyperparameters, full.hyperparameters, 0)
+
+
+def test_rmse_on_the_standardised_scale_uses_the_clients_own_scale():
+    rng = np.random.default_rng(4)
+    X = rng.uniform(0, 1, (60, 1))
+    y = 100 + 5 * np.sin(6 * X[:, 0])
+    data = FederatedData.from_arrays([X[:40], X[:40]], [y[:40], y[:40] + 1])
+    test = FederatedData.from_arrays([X[40:], X[40:]], [y[40:], y[40:] + 1])
+    res = FGPR(rounds=20, lr=0.05).fit(data)
+    orig, std = res.rmse(test), res.rmse(test, scale="standardized")
+    np.testing.assert_allclose(std, orig / np.std(y[:40]), rtol=1e-10)
 
 
 def test_only_hyperparameters_and_counts_cross_the_network():
@@ -362,23 +412,23 @@ def test_new_client_predicts_from_its_own_data_without_training():
 # --------------------------------------------------------------------------- bad input, options
 
 
-@pytest.mark.parametrize("bad, match", [
-    ("nan", "NaN"), ("dims", "columns"), ("single", "at least 2"),
-])
-def test_malformed_client_rejected_before_training(bad, match, monkeypatch):
+def test_malformed_client_rejected_before_training(monkeypatch):
     calls = []
     monkeypatch.setattr(FGPRAlgorithm, "_update", lambda *a: calls.append(1))
     rng = np.random.default_rng(0)
     Xs = [rng.uniform(size=(10, 2)) for _ in range(3)]
     ys = [rng.standard_normal(10) for _ in range(3)]
-    if bad == "nan":
-        ys[1][4] = np.nan
-    elif bad == "dims":
-        Xs[2] = rng.uniform(size=(10, 3))
-    else:
-        Xs[1], ys[1] = Xs[1][:1], ys[1][:1]
-    with pytest.raises(DataError, match=match):
-        FGPR(rounds=2).fit(FederatedData.from_arrays(Xs, ys))
+    # NaN and a wrong number of columns: refused when the federation is built
+    bad_y = [y.copy() for y in ys]
+    bad_y[1][4] = np.nan
+    with pytest.raises(DataError, match="NaN"):
+        FederatedData.from_arrays(Xs, bad_y)
+    with pytest.raises(DataError, match="columns"):
+        FederatedData.from_arrays(Xs[:2] + [rng.uniform(size=(10, 3))], ys)
+    # a single point: refused by FGPR.fit before any local step
+    data = FederatedData.from_arrays([Xs[0], Xs[1][:1], Xs[2]], [ys[0], ys[1][:1], ys[2]])
+    with pytest.raises(DataError, match="client 1 has 1 point"):
+        FGPR(rounds=2).fit(data)
     assert not calls
 
 
@@ -387,7 +437,7 @@ def test_malformed_client_rejected_before_training(bad, match, monkeypatch):
     (dict(local_steps=0), "local_steps"), (dict(sampler="grid"), "sampler"), (dict(lr=-1), "lr"),
     (dict(lr_decay=5.0), "sgd"), (dict(participation=1.5), "participation"), (dict(participation=0), "count"),
     (dict(init={"lengthscale": 1.0}), "init"), (dict(init={"lengthscale": 1, "outputscale": 1, "noise": 1e-5}), "floor"),
-    (dict(device="tpu"), "device"), (dict(dtype="float16"), "dtype"), (dict(average_space="median"), "average_space"),
+    (dict(device="tpu"), "device"), (dict(batch_size=1), "batch_size"), (dict(betas=0.9), "betas"), (dict(dtype="float16"), "dtype"), (dict(average_space="median"), "average_space"),
 ])
 def test_bad_options_are_refused(opts, match):
     with pytest.raises((ValueError, RuntimeError), match=match):
@@ -440,10 +490,10 @@ def test_a_failing_client_is_left_out_of_that_rounds_average(monkeypatch):
     orig = FGPRAlgorithm._update
     bad_x = np.asarray(data[1].X)[0, 0]
 
-    def flaky(self, messages, states, rngs):
-        if any(s.X[0, 0] == bad_x for s in states):
+    def flaky(self, messages, states, datas, rngs):
+        if any(np.asarray(d.X)[0, 0] == bad_x for d in datas):
             raise RuntimeError("disk on fire")
-        return orig(self, messages, states, rngs)
+        return orig(self, messages, states, datas, rngs)
 
     monkeypatch.setattr(FGPRAlgorithm, "_update", flaky)
     with pytest.warns(RuntimeWarning, match="1 client"):

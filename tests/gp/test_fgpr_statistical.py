@@ -115,3 +115,11 @@ def test_sarcos_output_1_fgpr_close_to_the_centralised_fit():
     tab, _ = sarcos_study(DATA, output=1, seed=0, restarts=1)
     fgpr, cen = tab.loc["FGPR", "avg_rmse"], tab.loc["Centralised (same objective)", "avg_rmse"]
     assert fgpr / cen < 1.1, tab
+
+
+def test_cmapss_gp_loader_refuses_a_constant_sensor():
+    _need("cmapss")
+    from fedstats.datasets import load_cmapss_gp
+
+    with pytest.raises(ValueError, match="sensor 1 is constant"):
+        load_cmapss_gp(DATA, sensor=1)

@@ -42,8 +42,27 @@ def test_code_compat_variants_differ_only_where_the_spec_says():
     X = tf.problem("branin").sample(50, rng)
     assert not np.allclose(tf.branin_mf(X), tf.branin_mf(X, code_compat=True))
     assert not np.allclose(tf.branin_lf(X), tf.branin_lf(X, code_compat=True))
+    # MF: the code drops the square root of y_h(x - 2); LF: the code takes -3 x2 at z = 1.2 (x + 2)
+    h = tf.branin_hf(X - 2)
+    np.testing.assert_allclose(tf.branin_mf(X, code_compat=True) - tf.branin_mf(X), 10 * (h - np.sqrt(h)), rtol=1e-10)
+    Z = 1.2 * (X + 2)
+    np.testing.assert_allclose(tf.branin_lf(X), tf.branin_mf(Z) - 3 * X[:, 1] + 1, rtol=1e-12)
+    np.testing.assert_allclose(tf.branin_lf(X, code_compat=True), tf.branin_mf(Z, code_compat=True) - 3 * Z[:, 1] + 1,
+                               rtol=1e-12)
     H = rng.uniform(size=(20, 3))
     np.testing.assert_allclose(tf.hartmann3(H, 2), -tf.hartmann3(H, 2, code_compat=True))
+    # the fidelity shift alpha_t = alpha + (3 - t) delta, written out for t = 1 at one point
+    x = np.array([[0.2, 0.5, 0.8]])
+    alpha1 = np.array([1.0, 1.2, 3.0, 3.2]) + 2 * np.array([0.01, -0.01, -0.1, 0.1])
+    A = np.array([[3, 10, 30], [0.1, 10, 35], [3, 10, 30], [0.1, 10, 35]])
+    P = np.array([[0.3689, 0.1170, 0.2673], [0.4699, 0.4387, 0.7470], [0.1091, 0.8732, 0.5547],
+                  [0.0381, 0.5743, 0.8828]])
+    np.testing.assert_allclose(tf.hartmann3(x, 1), sum(alpha1[i] * np.exp(-(A[i] * (x[0] - P[i]) ** 2).sum())
+                                                       for i in range(4)), rtol=1e-12)
+    # PARK and Borehole low fidelities from the high ones (spec §4.3)
+    Xp = tf.problem("park").sample(10, rng)
+    np.testing.assert_allclose(tf.park_lf(Xp), (1 + np.sin(Xp[:, 0]) / 10) * tf.park_hf(Xp) - 2 * Xp[:, 0]
+                               + Xp[:, 1] ** 2 + Xp[:, 2] ** 2 + 0.5, rtol=1e-12)
 
 
 def test_correlations_between_levels_match_the_spec():
@@ -147,8 +166,9 @@ def test_federated_ar1_equals_centralised_ar1_and_shares_only_inputs_and_predict
     np.testing.assert_allclose(b["mean"], a["mean"], atol=1e-10)
     np.testing.assert_allclose(b["sd"], a["sd"], atol=1e-10)
     np.testing.assert_allclose(fed.rho, cen.rho, atol=1e-12)
-    # fit: MF inputs (40 x 2) to LF; HF inputs (20 x 2) to LF and MF; predict: 200 x 2 to all three
+    # fit: MF inputs (40 x 2) to LF; HF inputs (20 x 2) to LF and MF, with LF's mean and variance to MF;
+    # predict (asked by HF): 200 x 2 to LF and MF, LF's moments to MF; each hop returns a mean and a variance
     n_mf, n_hf = 40, 20
-    down = (n_mf * 2 + n_hf * 2 * 2 + 200 * 2 * 3) * 8 + (n_hf * 2 + 200 * 2 * 2) * 8
-    up = (n_mf * 2 + n_hf * 2 * 2 + 200 * 2 * 3) * 8
+    down = (n_mf * 2 + n_hf * 2 * 2 + 200 * 2 * 2) * 8 + (n_hf * 2 + 200 * 2) * 8
+    up = (n_mf * 2 + n_hf * 2 * 2 + 200 * 2 * 2) * 8
     assert fed.communication == {"bytes_down": down, "bytes_up": up}
