@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 import gpytorch
 import numpy as np
+import pandas as pd
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
+from scipy import stats as sst
 
 KERNELS = ("rbf", "matern")
 MEANS = ("zero", "constant")
@@ -200,9 +202,6 @@ class BatchGP(torch.nn.Module):
             for n, p in self.leaves().items():
                 p.copy_(raw[n].reshape(p.shape))
 
-    def get_raw(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().reshape(self.G, -1).clone() for n, p in self.leaves().items()}
-
     def values(self) -> dict[str, torch.Tensor]:
         """Constrained values, each ``[G, size]`` (differentiable)."""
         return {n: self.spec.from_raw(n, p).reshape(self.G, -1) for n, p in self.leaves().items()}
@@ -300,6 +299,18 @@ def posterior(spec: HyperSpec, hyper: dict, X: np.ndarray, y: np.ndarray, Xs: np
             v = torch.linalg.solve_triangular(L, Ks, upper=False)
             vars_.append(torch.clamp(os_ - (v * v).sum(0), min=0).cpu().numpy())
     return np.concatenate(means), np.concatenate(vars_)
+
+
+def band_frame(mean, var_f, level: float, var_y=None):
+    """``mean``, ``sd``, ``lower``/``upper`` (the central ``level`` band of f) and, given the
+    predictive variance ``var_y``, ``pred_sd``/``pred_lower``/``pred_upper`` as a DataFrame."""
+    z = sst.norm.ppf(0.5 + level / 2)
+    sd = np.sqrt(var_f)
+    out = {"mean": mean, "sd": sd, "lower": mean - z * sd, "upper": mean + z * sd}
+    if var_y is not None:
+        psd = np.sqrt(var_y)
+        out.update(pred_sd=psd, pred_lower=mean - z * psd, pred_upper=mean + z * psd)
+    return pd.DataFrame(out)
 
 
 def hyper_to_numpy(spec: HyperSpec, values: dict[str, torch.Tensor], i: int) -> dict[str, np.ndarray]:

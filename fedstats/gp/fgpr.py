@@ -33,12 +33,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats as sst
 from scipy.spatial import cKDTree
 
 from ..data import DataError, FederatedData
 from ..federation import FederatedAlgorithm, run
-from ._core import (BatchGP, HyperSpec, adam_update, hyper_to_numpy, posterior, raw_tensors, resolve_device,
+from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
                     resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
@@ -662,10 +661,7 @@ class FGPRResult:
         var_y = var_f + float(self.hyperparameters["noise"][0])
         if scale == "original":
             mean, var_f, var_y = mu_y + sd_y * mean, var_f * sd_y**2, var_y * sd_y**2
-        z = sst.norm.ppf(0.5 + level / 2)
-        sd, psd = np.sqrt(var_f), np.sqrt(var_y)
-        return pd.DataFrame({"mean": mean, "sd": sd, "lower": mean - z * sd, "upper": mean + z * sd,
-                             "pred_sd": psd, "pred_lower": mean - z * psd, "pred_upper": mean + z * psd})
+        return band_frame(mean, var_f, level, var_y)
 
     def rmse(self, test: FederatedData, train: FederatedData | None = None, *, scale: str = "original") -> pd.Series:
         """RMSE of each client of ``test``, predicting by conditioning on that client's data in

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from ..data import FederatedData
-from ._core import HyperSpec, fit_mle, posterior
+from ._core import HyperSpec, band_frame, fit_mle, posterior
 from .fgpr import FGPR, FGPRResult, standardise
 from .testfunctions import Problem, problem
 
@@ -185,17 +185,13 @@ class AR1CoKriging:
     def predict(self, X, *, level: float = 0.95, scale: str = "standardized") -> pd.DataFrame:
         """Highest-fidelity prediction: mean, sd of f and the credible band; ``scale``
         ``"standardized"`` (the highest level's training scale) or ``"original"``."""
-        from scipy import stats as sst
-
         Xs = np.asarray(X, dtype=float)
         Xs = Xs[:, None] if Xs.ndim == 1 else Xs
         mean, var = self._predict(Xs, len(self.levels_))
         if scale == "original":
             _, _, mu, sd = self.levels_[-1]
             mean, var = mu + sd * mean, var * sd**2
-        z = sst.norm.ppf(0.5 + level / 2)
-        s = np.sqrt(var)
-        return pd.DataFrame({"mean": mean, "sd": s, "lower": mean - z * s, "upper": mean + z * s})
+        return band_frame(mean, var, level)
 
 
 class _LevelClient:
@@ -267,17 +263,13 @@ class FederatedAR1:
 
     def predict(self, X, *, level: float = 0.95, scale: str = "standardized") -> pd.DataFrame:
         """Highest-fidelity prediction (same columns and scales as :meth:`AR1CoKriging.predict`)."""
-        from scipy import stats as sst
-
         Xs = np.asarray(X, dtype=float)
         Xs = Xs[:, None] if Xs.ndim == 1 else Xs
         top = self.clients_[-1]  # the highest level asks; its own term is computed locally
         mean, var = top.answer(Xs, self._chain(Xs, len(self.clients_) - 1))
         if scale == "original":
             mean, var = top.mu + top.sd * mean, var * top.sd**2
-        z = sst.norm.ppf(0.5 + level / 2)
-        s = np.sqrt(var)
-        return pd.DataFrame({"mean": mean, "sd": s, "lower": mean - z * s, "upper": mean + z * s})
+        return band_frame(mean, var, level)
 
 
 def _rmse(a, b) -> float:
