@@ -152,13 +152,13 @@ class ClientData:
     """
 
     X: np.ndarray
-    y: np.ndarray
+    y: np.ndarray | None
     client: ClientId
 
     @property
     def n(self) -> int:
         """Number of rows (observations) of this client."""
-        return int(self.y.shape[0])
+        return int(self.X.shape[0])
 
 
 class FederatedData:
@@ -188,7 +188,7 @@ class FederatedData:
     def __init__(
         self,
         Xs: Sequence[Any] | Mapping[ClientId, Any],
-        ys: Sequence[Any] | Mapping[ClientId, Any],
+        ys: Sequence[Any] | Mapping[ClientId, Any] | None = None,
         *,
         clients: Sequence[ClientId] | None = None,
         feature_names: Sequence[str] | None = None,
@@ -200,6 +200,8 @@ class FederatedData:
             raise DataError(f"min_rows must be an integer >= 1, got {min_rows!r}")
         if not isinstance(target_name, str):
             raise DataError(f"target_name must be a str, got {target_name!r}")
+        if ys is None:  # unsupervised data (e.g. for mixture models): no target at all
+            target_name = None
 
         Xd: dict[ClientId, np.ndarray] = {}
         yd: dict[ClientId, np.ndarray] = {}
@@ -207,16 +209,17 @@ class FederatedData:
         first: ClientId = None
         for cid, X, y in zip(clients, X_list, y_list):
             X = _as_float_array(X, "X", cid)
-            y = _as_float_array(y, f"target {target_name!r}", cid)
             if X.ndim == 1:  # a single feature given as a vector
                 X = X[:, None]
             if X.ndim != 2:
                 raise DataError(f"{_cname(cid)}: X must be 2-D (n, d), got shape {X.shape}")
-            if y.ndim == 2 and y.shape[1] == 1:  # a column vector is unambiguous
-                y = y[:, 0]
-            if y.ndim != 1:
-                raise DataError(f"{_cname(cid)}: y must be 1-D (n,), got shape {y.shape}")
-            if X.shape[0] != y.shape[0]:
+            if y is not None:
+                y = _as_float_array(y, f"target {target_name!r}", cid)
+                if y.ndim == 2 and y.shape[1] == 1:  # a column vector is unambiguous
+                    y = y[:, 0]
+                if y.ndim != 1:
+                    raise DataError(f"{_cname(cid)}: y must be 1-D (n,), got shape {y.shape}")
+            if y is not None and X.shape[0] != y.shape[0]:
                 raise DataError(
                     f"{_cname(cid)}: X has {X.shape[0]} rows but y has {y.shape[0]} entries"
                 )
@@ -241,9 +244,10 @@ class FederatedData:
         names = self._check_feature_names(feature_names, d, target_name)
         for cid in clients:
             _check_finite_X(Xd[cid], cid, names)
-            _check_finite_y(yd[cid], cid, target_name)
             _readonly(Xd[cid])
-            _readonly(yd[cid])
+            if yd[cid] is not None:
+                _check_finite_y(yd[cid], cid, target_name)
+                _readonly(yd[cid])
 
         self._X = Xd
         self._y = yd
@@ -260,6 +264,10 @@ class FederatedData:
             raise DataError(
                 "Xs must be a sequence (or dict) of per-client arrays, not a single array"
             )
+        if ys is None:  # no target: a placeholder per client keeps the pairing below simple
+            if not isinstance(Xs, Mapping):
+                Xs = list(Xs)
+            ys = {c: None for c in Xs} if isinstance(Xs, Mapping) else [None] * len(Xs)
         if isinstance(Xs, Mapping):
             if clients is not None:
                 raise DataError("give client ids either as the keys of Xs or via clients=, not both")
@@ -316,7 +324,7 @@ class FederatedData:
         dups = [n for n in names if n in seen or seen.add(n)]
         if dups:
             raise DataError(f"duplicate feature names: {_preview(dups)}")
-        if target_name in names:
+        if target_name is not None and target_name in names:
             raise DataError(f"target_name {target_name!r} is also a feature name")
         return names
 
@@ -331,7 +339,7 @@ class FederatedData:
         """Internal: wrap arrays derived from an already validated object (no re-checks)."""
         self = object.__new__(cls)
         self._X = {c: _readonly(X) for c, X in Xd.items()}
-        self._y = {c: _readonly(y) for c, y in yd.items()}
+        self._y = {c: None if y is None else _readonly(y) for c, y in yd.items()}
         self._clients = list(Xd.keys())
         self._feature_names = list(feature_names)
         self._target_name = target_name
@@ -341,7 +349,7 @@ class FederatedData:
     def from_arrays(
         cls,
         Xs: Sequence[Any] | Mapping[ClientId, Any],
-        ys: Sequence[Any] | Mapping[ClientId, Any],
+        ys: Sequence[Any] | Mapping[ClientId, Any] | None = None,
         *,
         clients: Sequence[ClientId] | None = None,
         feature_names: Sequence[str] | None = None,
@@ -354,9 +362,10 @@ class FederatedData:
         ----------
         Xs : sequence of array_like, or dict client id -> array_like
             Design matrices, each ``(n_k, d)``; a 1-D array is read as ``(n_k, 1)``.
-        ys : sequence of array_like, or dict client id -> array_like
+        ys : sequence of array_like, or dict client id -> array_like, optional
             Responses, each ``(n_k,)`` (an ``(n_k, 1)`` column is accepted). Must be a dict
-            with the same keys when ``Xs`` is a dict.
+            with the same keys when ``Xs`` is a dict. ``None`` (default) gives data without
+            a target (for unsupervised models such as mixtures; ``y`` is then ``None``).
         clients : sequence of hashable, optional
             Client ids when ``Xs`` is a sequence (default ``0 .. K-1``). Not allowed with a
             dict ``Xs`` (its keys are the ids).
@@ -395,7 +404,7 @@ class FederatedData:
         df: pd.DataFrame,
         *,
         by: Hashable,
-        target: Hashable,
+        target: Hashable | None = None,
         features: Sequence[Hashable] | None = None,
         categorical: str = "error",
         drop_first: bool = True,
@@ -415,8 +424,9 @@ class FederatedData:
         df : pandas.DataFrame
         by : column label
             The client id column.
-        target : column label
-            The response column (numeric or bool).
+        target : column label, optional
+            The response column (numeric or bool). ``None`` (default): no target, for
+            unsupervised models (every column but ``by`` is then a feature by default).
         features : sequence of column labels, optional
             Default: every column except ``by`` and ``target``, in frame order.
         categorical : {"error", "onehot"}, default "error"
@@ -450,13 +460,13 @@ class FederatedData:
         if categorical not in ("error", "onehot"):
             raise DataError(f"categorical must be 'error' or 'onehot', got {categorical!r}")
         cols = list(df.columns)
-        absent = [c for c in (by, target) if c not in cols]
+        absent = [c for c in (by, target) if c not in cols and not (c is target and target is None)]
         if absent:
             which = ", ".join(
                 f"{'by' if c == by else 'target'}={c!r}" for c in absent
             )
             raise DataError(f"column(s) not in the data frame: {which}; columns are {_preview(cols, 10)}")
-        if by == target:
+        if target is not None and by == target:
             raise DataError(f"by and target are the same column {by!r}")
         if features is None:
             features = [c for c in cols if c != by and c != target]
@@ -530,22 +540,24 @@ class FederatedData:
                     blocks.append((values == lev).astype(np.float64)[:, None])
                     names.append(f"{col}[{lev}]")
 
-        t = df[target]
-        if _column_kind(t) != "numeric":
-            raise DataError(
-                f"target column {target!r} is not numeric (dtype {t.dtype}); encode it as numbers"
-            )
-        y_all = _numeric_column(t)
+        y_all = None
+        if target is not None:
+            t = df[target]
+            if _column_kind(t) != "numeric":
+                raise DataError(
+                    f"target column {target!r} is not numeric (dtype {t.dtype}); encode it as numbers"
+                )
+            y_all = _numeric_column(t)
         if not blocks:
             raise DataError("no feature columns left after encoding")
         # one (n, d) array of the frame the caller already holds, split straight back per client
         X_all = np.hstack(blocks)
         return cls(
             [X_all[r] for r in rows],
-            [y_all[r] for r in rows],
+            None if y_all is None else [y_all[r] for r in rows],
             clients=client_ids,
             feature_names=names,
-            target_name=str(target),
+            target_name=str(target) if target is not None else "y",
             min_rows=min_rows,
         )
 
@@ -571,14 +583,23 @@ class FederatedData:
         return list(self._feature_names)
 
     @property
-    def target_name(self) -> str:
+    def has_target(self) -> bool:
+        """Whether the data has a target ``y`` (``False`` for unsupervised data)."""
+        return self._target_name is not None
+
+    def _need_target(self, what: str) -> None:
+        if not self.has_target:
+            raise DataError(f"{what} needs a target, but this data has none (built without ys/target)")
+
+    @property
+    def target_name(self) -> str | None:
         """Name of the response."""
         return self._target_name
 
     @property
     def n_obs(self) -> dict[ClientId, int]:
         """Rows per client, ``{client: n_k}``."""
-        return {c: int(self._y[c].shape[0]) for c in self._clients}
+        return {c: int(self._X[c].shape[0]) for c in self._clients}
 
     @property
     def n_total(self) -> int:
@@ -702,7 +723,7 @@ class FederatedData:
             raise DataError(f"test_size must be a float strictly between 0 and 1, got {test_size!r}")
         if shuffle and seed is None:
             raise DataError("train_test_split(shuffle=True) needs a seed, for reproducibility")
-        small = [c for c in self._clients if self._y[c].shape[0] < 2]
+        small = [c for c in self._clients if self._X[c].shape[0] < 2]
         if small:
             raise DataError(
                 f"cannot split {', '.join(_cname(c) for c in small[:_SHOW])}: fewer than 2 rows"
@@ -712,15 +733,16 @@ class FederatedData:
             rngs = gen.spawn(self.n_clients)
         Xtr, ytr, Xte, yte = {}, {}, {}, {}
         for k, c in enumerate(self._clients):
-            n = self._y[c].shape[0]
+            n = self._X[c].shape[0]
             n_test = min(max(math.floor(test_size * n + 0.5), 1), n - 1)
             if shuffle:
                 perm = rngs[k].permutation(n)
                 te_idx, tr_idx = np.sort(perm[:n_test]), np.sort(perm[n_test:])
             else:
                 tr_idx, te_idx = np.arange(n - n_test), np.arange(n - n_test, n)
-            Xtr[c], ytr[c] = self._X[c][tr_idx], self._y[c][tr_idx]
-            Xte[c], yte[c] = self._X[c][te_idx], self._y[c][te_idx]
+            y = self._y[c]
+            Xtr[c], ytr[c] = self._X[c][tr_idx], None if y is None else y[tr_idx]
+            Xte[c], yte[c] = self._X[c][te_idx], None if y is None else y[te_idx]
         make = FederatedData._from_validated
         return (
             make(Xtr, ytr, self._feature_names, self._target_name),
@@ -745,6 +767,7 @@ class FederatedData:
         >>> s["A"], s["b"], s["c"], s["n"]
         (array([[3.]]), array([6.]), 12.0, 3)
         """
+        self._need_target("sufficient_statistics")
         out = {}
         for c in self._clients:
             X, y = self._X[c], self._y[c]
@@ -784,6 +807,8 @@ class FederatedData:
         >>> sc.mean, sc.sd
         (array([2.]), array([2.]))
         """
+        if target:
+            self._need_target("fit_scaler(target=True)")
         # Federated on purpose: a client's rows only ever enter client_moments (run by that
         # client); the server step sees the list of per-client sums and nothing else.
         moments = [
@@ -848,7 +873,8 @@ class FederatedData:
         for c in self._clients:
             part = pd.DataFrame(self._X[c], columns=self._feature_names)
             part.insert(0, client_col, pd.Series([c] * len(part), dtype=object))
-            part[self._target_name] = self._y[c]
+            if self._y[c] is not None:
+                part[self._target_name] = self._y[c]
             frames.append(part)
         out = pd.concat(frames, ignore_index=True)
         # a homogeneous id column (all str / all int) gets its natural dtype back
@@ -1072,6 +1098,8 @@ class FederatedScaler:
         Xd, yd = {}, {}
         for c, cd in fd.items():
             Xd[c] = self.transform_X(cd.X)
+            if self.has_target and cd.y is None:
+                raise DataError("the scaler standardises a target, but the data has none")
             yd[c] = self.transform_y(cd.y) if self.has_target else cd.y
         return FederatedData._from_validated(Xd, yd, fd.feature_names, fd.target_name)
 

@@ -1,0 +1,548 @@
+"""FedEM for Gaussian mixtures: shared components, private per-client weights.
+
+Model (spec fedem.md §1.8): client ``c`` draws ``x ~ sum_j pi_cj N(mu_j, Sigma_j)``; the
+components ``(mu_j, Sigma_j)`` are shared, the weights ``pi_c`` belong to the client.
+
+One round (client-server, :class:`FedEMAlgorithm`):
+
+* the server broadcasts the components (and, with ``shared_weights=True``, the weights);
+* each client runs an exact E-step on its own rows with its own weights, updates its
+  weights ``pi_c = N_c / n_c`` (they never leave the client) and replies with summed
+  statistics: soft counts ``N_c``, moments ``S1_c``, ``S2_c`` shifted by the broadcast
+  means, its log-likelihood at the broadcast parameters and the entropy of its
+  responsibilities;
+* the server adds the statistics and does the closed-form M-step. It never averages
+  parameters (spec §1.7: averaging local closed-form means with ``n_c/N`` is wrong).
+
+So a federated round *is* an EM iteration of the per-client-weights model on the pooled
+data: federated equals centralised exactly, and the log-likelihood never decreases.
+
+Partial participation is incremental EM (Neal & Hinton): the server keeps every client's
+latest statistics and replaces those of the clients that answered; the free energy
+(ELBO) it reports after each M-step never decreases. The first round always asks every
+client, so the M-step always sees the whole federation.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.special import logsumexp
+
+from ..data import DataError, FederatedData
+from ..federation import FederatedAlgorithm, run
+from ._gmm import (
+    COV_TYPES,
+    check_cov_type,
+    cov_shape,
+    e_step,
+    estep_statistics,
+    expected_loglik_terms,
+    full_covariances,
+    log_gaussian,
+    m_step,
+    n_parameters,
+    precision_cholesky,
+    reshift,
+    s2_shape,
+)
+
+LOG_TINY = math.log(1e-300)  # log of a weight that is zero for all practical purposes
+
+
+def _log_weights(p: np.ndarray) -> np.ndarray:
+    return np.log(np.maximum(p, 1e-300))
+
+
+def as_federated(data) -> FederatedData:
+    """FederatedData from a FederatedData, a dict client -> (n, d) array, or a list of arrays."""
+    if isinstance(data, FederatedData):
+        return data
+    if isinstance(data, (Mapping, list, tuple)):
+        return FederatedData.from_arrays(data)
+    raise DataError(f"data must be a FederatedData, a dict of per-client arrays or a list of arrays, "
+                    f"got {type(data).__name__}")
+
+
+class _Stack:
+    """Simulation-side cache of the participants' rows stacked into one array.
+
+    The batched client step of FedEM computes every participant's E-step in one pass
+    (the components are the same for all of them). Only the in-process simulator uses it;
+    it lives on the algorithm object and is dropped from pickles.
+    """
+
+    def __init__(self):
+        self.key: tuple = ()
+        self.X = None
+        self.starts = None
+
+    def get(self, Xs):
+        if len(Xs) != len(self.key) or any(a is not b for a, b in zip(Xs, self.key)):
+            self.key = tuple(Xs)
+            self.X = np.concatenate(Xs) if len(Xs) > 1 else Xs[0]
+            self.starts = np.cumsum([0] + [x.shape[0] for x in Xs[:-1]])
+        return self.X, self.starts
+
+
+@dataclass
+class ClientMixtureState:
+    """What a client keeps between rounds: its log-weights (never sent) and row count."""
+
+    log_weights: np.ndarray
+    n: int
+
+
+class FedEMAlgorithm(FederatedAlgorithm):
+    """Client-server FedEM for a Gaussian mixture (closed-form M-step on summed statistics).
+
+    Parameters
+    ----------
+    means, covariances : initial components (scikit-learn layout, see ``_gmm``).
+    covariance_type : "full" | "tied" | "diag" | "spherical".
+    reg_covar : added to the diagonal of every covariance after the M-step.
+    shared_weights : one weight vector for all clients (the server aggregates the soft
+        counts and broadcasts it): pooled EM, i.e. scikit-learn on the pooled data.
+    weights_init : (M,) initial weights for every client, or a dict client -> (M,);
+        default uniform.
+    tol : convergence when the free energy per point changes by less than ``tol``.
+    """
+
+    reply_keys = ("N", "S1", "S2", "loglik", "entropy")
+
+    def __init__(self, means, covariances, *, covariance_type="full", reg_covar=1e-6, shared_weights=False,
+                 weights_init=None, tol=1e-6):
+        self.cov_type = check_cov_type(covariance_type)
+        self.means0 = np.array(means, dtype=float)
+        self.cov0 = np.array(covariances, dtype=float)
+        self.reg_covar = float(reg_covar)
+        self.shared = bool(shared_weights)
+        self.weights_init = weights_init
+        self.tol = tol
+        self.M, self.d = self.means0.shape
+        self._stack = _Stack()
+
+    def __getstate__(self):
+        s = dict(self.__dict__)
+        s["_stack"] = _Stack()
+        return s
+
+    def _w0(self, client) -> np.ndarray:
+        w = self.weights_init
+        if w is None:
+            return np.full(self.M, 1.0 / self.M)
+        if isinstance(w, Mapping):
+            return np.asarray(w[client], dtype=float)
+        return np.asarray(w, dtype=float)
+
+    # ---------------------------------------------------------------- server side
+    def init_server(self, clients, rng):
+        C = len(clients)
+        return {
+            "clients": list(clients), "means": self.means0.copy(), "cov": self.cov0.copy(),
+            "log_w": _log_weights(self._w0(None)) if self.shared else None,
+            "seen": np.zeros(C, bool),
+            "N": np.zeros((C, self.M)), "S1": np.zeros((C, self.M, self.d)),
+            "S2": np.zeros((C,) + s2_shape(self.cov_type, self.M, self.d)),
+            "shift": np.zeros((C, self.M, self.d)), "H": np.zeros(C), "F": None, "F_prev": None,
+            "empty": [],
+        }
+
+    def broadcast(self, state, client, round):
+        msg = {"means": state["means"], "covariances": state["cov"]}
+        if self.shared:
+            msg["log_weights"] = state["log_w"]
+        return msg
+
+    def server_step(self, state, replies, round):
+        st = dict(state)
+        idx = {c: i for i, c in enumerate(st["clients"])}
+        for k in ("N", "S1", "S2", "shift", "H", "seen"):
+            st[k] = st[k].copy()
+        ll = 0.0
+        n_ans = 0.0
+        for c, r in replies.items():
+            i = idx[c]
+            st["N"][i], st["S1"][i], st["S2"][i] = r["N"], r["S1"], r["S2"]
+            st["shift"][i], st["H"][i], st["seen"][i] = state["means"], r["entropy"][0], True
+            ll += float(r["loglik"][0])
+            n_ans += float(r["N"].sum())
+        metrics = {"loglik": ll, "n_points": n_ans, "answered": float(len(replies))}
+        seen = st["seen"]
+        if not seen.any():
+            metrics.update(free_energy=float("nan"), mean_loglik=float("nan"), empty_components=0.0)
+            return st, metrics
+        old = state["means"]
+        S1c, S2c = reshift(st["N"][seen], st["S1"][seen], st["S2"][seen], st["shift"][seen], old, self.cov_type)
+        Nj = st["N"][seen].sum(0)
+        means, cov, empty = m_step(Nj, S1c.sum(0), S2c.sum(0), old, self.cov_type, self.reg_covar,
+                                   prev_means=old, prev_cov=state["cov"])
+        st["means"], st["cov"], st["empty"] = means, cov, empty.tolist()
+        # weights the clients now hold: pi_c = N_c / n_c (the server can form them from N_c,
+        # which is why soft counts reveal the weights unless summed by secure aggregation)
+        Nc = st["N"][seen]
+        if self.shared:
+            st["log_w"] = _log_weights(Nj / Nj.sum())
+            logw = np.broadcast_to(st["log_w"], Nc.shape)
+        else:
+            logw = _log_weights(Nc / Nc.sum(1, keepdims=True))
+        q = expected_loglik_terms(Nc, S1c, S2c, old, means, cov, self.cov_type)
+        F = float(np.sum(Nc * logw) + q.sum() + st["H"][seen].sum())
+        st["F_prev"], st["F"] = state["F"], F
+        metrics.update(free_energy=F, mean_loglik=ll / n_ans if n_ans else float("nan"),
+                       empty_components=float(len(empty)))
+        return st, metrics
+
+    def converged(self, state, metrics):
+        if self.tol is None or state["F_prev"] is None or not state["seen"].all():
+            return False
+        n = state["N"].sum()
+        return abs(state["F"] - state["F_prev"]) / n < self.tol
+
+    # ---------------------------------------------------------------- client side
+    def init_client(self, client, data, rng):
+        w = self._w0(client)
+        if w.shape != (self.M,) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+            raise ValueError(f"weights_init for client {client!r} must be {self.M} non-negative weights summing to 1")
+        return ClientMixtureState(log_weights=_log_weights(w), n=int(data.n))
+
+    def _unpack(self, msg):
+        means, cov = msg["means"], msg["covariances"]
+        return means, cov, precision_cholesky(cov, self.cov_type)
+
+    def client_step(self, message, state, data, rng):
+        return self.client_steps([message], [state], [data], [rng])[0]
+
+    def client_steps(self, messages, states, datas, rngs):
+        # FedEM broadcasts the same components to everybody: one E-step over the stacked rows.
+        first = messages[0]
+        if any(not all(np.array_equal(m[k], first[k]) for k in first) for m in messages[1:]):
+            return super().client_steps(messages, states, datas, rngs)
+        means, cov, pc = self._unpack(first)
+        X, starts = self._stack.get([np.asarray(d.X) for d in datas])
+        logw = first["log_weights"] if self.shared else np.stack([s.log_weights for s in states])
+        N, S1, S2, L, H = estep_statistics(X, starts, means, pc, logw, self.cov_type)
+        out = []
+        for i, s in enumerate(states):
+            new = ClientMixtureState(log_weights=_log_weights(N[i] / s.n), n=s.n)
+            out.append(({"N": N[i], "S1": S1[i], "S2": S2[i], "loglik": L[i:i + 1], "entropy": H[i:i + 1]}, new))
+        return out
+
+
+# ====================================================================== the model
+class FederatedGaussianMixture:
+    """Gaussian mixture fitted by FedEM: shared components, private per-client weights.
+
+    Parameters
+    ----------
+    n_components : int
+        Number of components M.
+    covariance_type : {"full", "tied", "diag", "spherical"}, default "full"
+    reg_covar : float, default 1e-6
+        Added to every covariance's diagonal after the M-step (scikit-learn's meaning).
+    max_rounds : int, default 100
+        Communication rounds of EM (each is one exact EM iteration).
+    tol : float or None, default 1e-6
+        Stop when the free energy per point changes by less than ``tol`` (``None`` or 0:
+        run ``max_rounds``).
+    shared_weights : bool, default False
+        One weight vector for all clients: pooled EM (scikit-learn on the pooled rows).
+    n_init : int, default 10
+        Candidates of the federated k-means initialisation (ranked by federated
+        log-likelihood) when no ``means_init`` is given.
+    means_init, covariances_init, weights_init : optional
+        Explicit start. ``weights_init`` is (M,) for every client or a dict client -> (M,).
+        ``covariances_init`` defaults to the federated within-cluster covariance at
+        ``means_init``.
+    participation : float in (0, 1], default 1.0
+        Fraction of clients asked in each round after the first (incremental EM).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from fedstats.mixture import FederatedGaussianMixture
+    >>> rng = np.random.default_rng(0)
+    >>> Xs = [np.r_[rng.normal(0, 1, (40, 2)), rng.normal(6, 1, (10 + 20 * k, 2))] for k in range(3)]
+    >>> res = FederatedGaussianMixture(2, n_init=3).fit(Xs, seed=0)
+    >>> np.round(np.sort(res.means_[:, 0]))
+    array([0., 6.])
+    """
+
+    def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, max_rounds=100, tol=1e-6,
+                 shared_weights=False, n_init=10, means_init=None, covariances_init=None, weights_init=None,
+                 participation=1.0):
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.shared_weights = shared_weights
+        self.n_init = n_init
+        self.means_init = means_init
+        self.covariances_init = covariances_init
+        self.weights_init = weights_init
+        self.participation = participation
+
+    def _check(self, data: FederatedData):
+        M = self.n_components
+        if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
+            raise ValueError(f"n_components must be an int >= 1, got {M!r}")
+        check_cov_type(self.covariance_type)
+        if not (isinstance(self.reg_covar, (int, float)) and self.reg_covar >= 0):
+            raise ValueError(f"reg_covar must be a float >= 0, got {self.reg_covar!r}")
+        if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, (int, np.integer)) or self.max_rounds < 1:
+            raise ValueError(f"max_rounds must be an int >= 1, got {self.max_rounds!r}")
+        if isinstance(self.n_init, bool) or not isinstance(self.n_init, (int, np.integer)) or self.n_init < 1:
+            raise ValueError(f"n_init must be an int >= 1, got {self.n_init!r}")
+        p = self.participation
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"participation must be a fraction in (0, 1], got {p!r}")
+        if data.n_total < M:
+            raise DataError(f"{data.n_total} rows in total, fewer than n_components={M}")
+        d = data.n_features
+        if self.means_init is not None and np.shape(self.means_init) != (M, d):
+            raise ValueError(f"means_init must have shape {(M, d)}, got {np.shape(self.means_init)}")
+        if self.covariances_init is not None:
+            want = cov_shape(self.covariance_type, M, d)
+            if np.shape(self.covariances_init) != want:
+                raise ValueError(f"covariances_init must have shape {want} for covariance_type="
+                                 f"{self.covariance_type!r}, got {np.shape(self.covariances_init)}")
+            precision_cholesky(np.asarray(self.covariances_init, float), self.covariance_type)
+        if isinstance(self.weights_init, Mapping):
+            missing = [c for c in data.clients if c not in self.weights_init]
+            if missing:
+                raise ValueError(f"weights_init has no weights for client(s) {missing[:5]}")
+
+    def _start(self, data, seed):
+        """Initial (means, covariances, init info)."""
+        from ._init import federated_kmeans_init
+
+        M, ct = self.n_components, self.covariance_type
+        if self.means_init is None:
+            return federated_kmeans_init(data, M, ct, self.reg_covar, self.n_init, seed)
+        means = np.array(self.means_init, dtype=float)
+        if self.covariances_init is not None:
+            return means, np.array(self.covariances_init, dtype=float), {"bytes_up": 0, "bytes_down": 0}
+        from ._init import _hard_stats, _OneShot, _pooled_cov
+
+        r = run(_OneShot(("N", "S1", "S2"), {"candidates": means[None], "cov_type": np.array([COV_TYPES.index(ct)])},
+                         _hard_stats), data, rounds=1, seed=seed, progress=False, batched=False)
+        N, S1, S2 = (sum(r.server_state[c][k][0] for c in data.clients) for k in ("N", "S1", "S2"))
+        fallback = _pooled_cov(N, S1, S2, means, ct, self.reg_covar)
+        _, cov, _ = m_step(N, S1, S2, means, ct, self.reg_covar, prev_means=means, prev_cov=fallback, min_count=1.0)
+        return means, cov, {"bytes_up": r.communication.bytes_up, "bytes_down": r.communication.bytes_down}
+
+    def _participation(self, clients):
+        p = self.participation
+        if p >= 1:
+            return 1.0
+        k = max(1, math.ceil(round(p * len(clients), 9)))
+
+        def choose(rnd, rng):
+            if rnd == 0:
+                return list(clients)
+            return list(rng.choice(np.array(clients, dtype=object), size=k, replace=False))
+
+        return choose
+
+    def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False):
+        """Fit by FedEM. ``data``: FederatedData (``y`` ignored), or per-client arrays.
+
+        Returns a :class:`GaussianMixtureResult`.
+        """
+        data = as_federated(data)
+        self._check(data)
+        means, cov, info = self._start(data, seed)
+        algo = FedEMAlgorithm(means, cov, covariance_type=self.covariance_type, reg_covar=self.reg_covar,
+                              shared_weights=self.shared_weights, weights_init=self.weights_init,
+                              tol=self.tol or None)
+        res = run(algo, data, rounds=self.max_rounds, participation=self._participation(data.clients), seed=seed,
+                  progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
+        st = res.server_state
+        weights = ({c: np.exp(st["log_w"]) / np.exp(st["log_w"]).sum() for c in data.clients} if self.shared_weights
+                   else {c: _norm(np.exp(s.log_weights)) for c, s in res.client_states.items()})
+        if st["empty"]:
+            warnings.warn(f"component(s) {st['empty']} received (almost) no mass in the last round and kept their "
+                          "previous parameters; consider fewer components", RuntimeWarning, stacklevel=2)
+        if not res.converged and self.tol:
+            warnings.warn(f"FedEM did not converge in {self.max_rounds} rounds (tol={self.tol}); increase max_rounds",
+                          RuntimeWarning, stacklevel=2)
+        return GaussianMixtureResult(
+            means=st["means"], covariances=st["cov"], weights=weights, covariance_type=self.covariance_type,
+            feature_names=data.feature_names, n_obs=data.n_obs, history=res.history, communication=res.communication,
+            rounds=res.rounds, converged=res.converged, shared_weights=self.shared_weights,
+            init_info=info, reg_covar=self.reg_covar,
+        )
+
+
+def _norm(w):
+    return w / w.sum()
+
+
+# ====================================================================== results
+class GaussianMixtureResult:
+    """A fitted federated Gaussian mixture.
+
+    Attributes (scikit-learn names): ``means_`` (M, d), ``covariances_`` (layout of
+    ``covariance_type``), ``weights_`` (dict client -> (M,); in a real deployment each
+    client holds only its own), ``history``, ``communication``, ``rounds``,
+    ``converged``.
+    """
+
+    def __init__(self, *, means, covariances, weights, covariance_type, feature_names, n_obs, history,
+                 communication, rounds, converged, shared_weights, init_info, reg_covar, extra_bytes=(0, 0)):
+        self.means_ = np.asarray(means)
+        self.covariances_ = np.asarray(covariances)
+        self.weights_ = dict(weights)
+        self.covariance_type = covariance_type
+        self.feature_names = list(feature_names)
+        self.n_obs = dict(n_obs)
+        self.history = history
+        self.communication = communication
+        self.rounds = rounds
+        self.converged = converged
+        self.shared_weights = shared_weights
+        self.init_info = init_info
+        self.reg_covar = reg_covar
+
+    @property
+    def n_components(self) -> int:
+        return self.means_.shape[0]
+
+    @property
+    def clients(self) -> list:
+        return list(self.weights_)
+
+    @property
+    def precisions_cholesky_(self) -> np.ndarray:
+        return precision_cholesky(self.covariances_, self.covariance_type)
+
+    @property
+    def bytes_total(self) -> dict:
+        """Bytes of the fit including the initialisation rounds."""
+        return {"up": int(self.communication.bytes_up + self.init_info.get("bytes_up", 0)),
+                "down": int(self.communication.bytes_down + self.init_info.get("bytes_down", 0))}
+
+    def loglik_trace(self) -> np.ndarray:
+        """Federated log-likelihood at the parameters broadcast in each round (rounds where all answered)."""
+        K = len(self.n_obs)
+        return np.array([r.metrics["loglik"] for r in self.history if len(r.answered) == K])
+
+    # ---------------------------------------------------------------- prediction
+    def _weights_for(self, client, weights):
+        if weights is not None:
+            w = np.asarray(weights, float)
+            if w.shape != (self.n_components,) or np.any(w < 0) or not np.isclose(w.sum(), 1):
+                raise ValueError(f"weights must be {self.n_components} non-negative numbers summing to 1")
+            return w
+        if client is None:
+            raise ValueError("give client=<a fitted client> or weights=... (for a new client: new_client_weights(X))")
+        if client not in self.weights_:
+            raise KeyError(f"unknown client {client!r}; fitted clients: {self.clients[:10]}")
+        return self.weights_[client]
+
+    def _X(self, X):
+        X = np.asarray(X, dtype=float)
+        if X.ndim == 1:
+            X = X[None, :] if self.means_.shape[1] > 1 else X[:, None]
+        if X.ndim != 2 or X.shape[1] != self.means_.shape[1]:
+            raise ValueError(f"X must have {self.means_.shape[1]} columns, got shape {X.shape}")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X has NaN or inf")
+        return X
+
+    def _log_dens(self, X):
+        return log_gaussian(self._X(X), self.means_, self.precisions_cholesky_, self.covariance_type)
+
+    def predict_proba(self, X, client=None, *, weights=None) -> np.ndarray:
+        """Responsibilities ``P(z = j | x)`` under the client's weights: (n, M)."""
+        return e_step(self._log_dens(X), _log_weights(self._weights_for(client, weights)))[0]
+
+    def predict(self, X, client=None, *, weights=None) -> np.ndarray:
+        """Most probable component of each row for that client."""
+        return np.argmax(self.predict_proba(X, client, weights=weights), axis=1)
+
+    def score_samples(self, X, client=None, *, weights=None) -> np.ndarray:
+        """Log-density of each row under the client's mixture."""
+        return logsumexp(self._log_dens(X) + _log_weights(self._weights_for(client, weights)), axis=1)
+
+    def score(self, X, client=None, *, weights=None) -> float:
+        """Mean log-likelihood per row (scikit-learn's ``score``)."""
+        return float(np.mean(self.score_samples(X, client, weights=weights)))
+
+    def new_client_weights(self, X, *, n_iter: int | None = None, tol: float = 1e-10, max_iter: int = 1000):
+        """Weights of an unseen client, fitted on its rows with the components frozen.
+
+        ``pi <- mean_i r_i(pi)`` from uniform: monotone, and it converges to the global
+        maximum (the log-likelihood is concave in ``pi``). ``n_iter=1`` is the thesis's
+        single E-step and weight update.
+        """
+        ld = self._log_dens(X)
+        M = self.n_components
+        w = np.full(M, 1.0 / M)
+        steps = max_iter if n_iter is None else int(n_iter)
+        prev = -np.inf
+        for _ in range(steps):
+            r, ll, _ = e_step(ld, _log_weights(w))
+            w = r.mean(0)
+            cur = ll.sum()
+            if n_iter is None and cur - prev <= tol * abs(cur):
+                break
+            prev = cur
+        return w
+
+    def bic(self) -> float:
+        """Federated BIC ``-2 sum_c L_c + p log N`` at the last round's parameters' log-likelihood."""
+        ll = self.history[-1].metrics["loglik"]
+        p = n_parameters(self.n_components, self.means_.shape[1], self.covariance_type, len(self.n_obs),
+                         self.shared_weights)
+        return float(-2 * ll + p * np.log(sum(self.n_obs.values())))
+
+    # ---------------------------------------------------------------- tables
+    def component_table(self) -> pd.DataFrame:
+        """Means and variances per component and feature."""
+        M, d = self.means_.shape
+        covs = full_covariances(self.covariances_, self.covariance_type, M, d)
+        rows = []
+        for j in range(M):
+            for l, f in enumerate(self.feature_names):
+                rows.append({"component": j, "feature": f, "mean": self.means_[j, l], "variance": covs[j, l, l]})
+        return pd.DataFrame(rows)
+
+    def weights_table(self) -> pd.DataFrame:
+        """Every client's weights, one row per client."""
+        return pd.DataFrame({c: w for c, w in self.weights_.items()}, index=[f"weight[{j}]" for j in
+                                                                              range(self.n_components)]).T
+
+    def summary(self) -> pd.DataFrame:
+        """Shared parameters, one row each: ``mean[j][feature]`` and ``var[j][feature]``."""
+        t = self.component_table()
+        names = [f"mean[{r.component}][{r.feature}]" for r in t.itertuples()]
+        names += [f"var[{r.component}][{r.feature}]" for r in t.itertuples()]
+        return pd.DataFrame({"mean": np.r_[t["mean"], t["variance"]]}, index=pd.Index(names, name="name"))
+
+    def save(self, path) -> None:
+        """Pickle the parameters, weights, options and history (never client data)."""
+        with open(path, "wb") as f:
+            pickle.dump({"class": type(self).__name__, "format": 1, "state": self.__dict__}, f)
+
+    @classmethod
+    def load(cls, path):
+        """Read a result written by :meth:`save` (only from files you trust: it is a pickle)."""
+        with open(path, "rb") as f:
+            blob = pickle.load(f)
+        if not isinstance(blob, Mapping) or blob.get("class") != cls.__name__:
+            raise ValueError(f"{path!r} does not hold a {cls.__name__}")
+        obj = cls.__new__(cls)
+        obj.__dict__.update(blob["state"])
+        return obj
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "
+                f"clients={len(self.n_obs)}, rounds={self.rounds}, converged={self.converged})")

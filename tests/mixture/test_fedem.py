@@ -1,0 +1,289 @@
+"""FedEM for Gaussian mixtures: oracles (scikit-learn, a pooled reference EM written here),
+invariants (monotone likelihood, incremental EM), recovery, unseen clients, edge cases."""
+
+import warnings
+
+import numpy as np
+import pytest
+from scipy.optimize import linear_sum_assignment, minimize
+from scipy.special import logsumexp, softmax
+from scipy.stats import multivariate_normal
+from sklearn.mixture import GaussianMixture
+
+from fedstats import FederatedData
+from fedstats.datasets.synthetic import gmm_federation
+from fedstats.federation import run
+from fedstats.mixture import FedEMAlgorithm, FederatedGaussianMixture, GaussianMixtureResult
+
+COV_TYPES = ["full", "tied", "diag", "spherical"]
+
+
+def _blobs(seed=0, d=3):
+    rng = np.random.default_rng(seed)
+    return np.r_[rng.normal(0, 1, (80, d)), rng.normal(3, 1.5, (60, d)), rng.normal(-3, 0.7, (70, d))]
+
+
+def _init(ct, M, d, v=2.0):
+    cov = {"full": np.stack([np.eye(d) * v] * M), "tied": np.eye(d) * v, "diag": np.full((M, d), v),
+           "spherical": np.full(M, v)}[ct]
+    prec = {"full": np.stack([np.eye(d) / v] * M), "tied": np.eye(d) / v, "diag": np.full((M, d), 1 / v),
+            "spherical": np.full(M, 1 / v)}[ct]
+    return cov, prec
+
+
+def _sklearn(X, M, ct, K, w0, m0, prec):
+    sk = GaussianMixture(M, covariance_type=ct, tol=0, max_iter=K, n_init=1, weights_init=w0, means_init=m0,
+                         precisions_init=prec, reg_covar=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "did not converge" with tol=0
+        sk.fit(X)
+    return sk
+
+
+def _align(est, truth):
+    D = ((est[:, None] - truth[None]) ** 2).sum(-1)
+    r, c = linear_sum_assignment(D)
+    order = np.empty_like(r)
+    order[c] = r
+    return order, np.sqrt(D[r, c]).max()
+
+
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_one_client_equals_sklearn(ct):
+    X = _blobs()
+    M, d, K = 3, X.shape[1], 30
+    m0 = X[[5, 100, 190]]
+    w0 = np.array([0.2, 0.3, 0.5])
+    cov0, prec0 = _init(ct, M, d)
+    sk = _sklearn(X, M, ct, K, w0, m0, prec0)
+    res = FederatedGaussianMixture(M, covariance_type=ct, max_rounds=K, tol=0, means_init=m0, covariances_init=cov0,
+                                   weights_init=w0).fit([X], seed=0)
+    assert res.rounds == K
+    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.weights_[0], sk.weights_, atol=1e-10, rtol=0)
+    assert res.score(X, 0) == pytest.approx(sk.score(X), abs=1e-10)
+    np.testing.assert_allclose(res.predict_proba(X, 0), sk.predict_proba(X), atol=1e-10)
+    np.testing.assert_array_equal(res.predict(X, 0), sk.predict(X))
+
+
+def _pooled_reference_em(Xs, m0, cov0, K, reg=1e-6):
+    """Textbook EM of the per-client-weights model on the pooled rows (full covariances).
+
+    Independent of fedstats: scipy log-densities, no statistics, no shifts.
+    """
+    X = np.concatenate(Xs)
+    cid = np.repeat(np.arange(len(Xs)), [len(x) for x in Xs])
+    M, d = m0.shape
+    means, covs = m0.copy(), cov0.copy()
+    W = np.full((len(Xs), M), 1.0 / M)
+    for _ in range(K):
+        ld = np.column_stack([multivariate_normal(means[j], covs[j]).logpdf(X) for j in range(M)])
+        a = ld + np.log(np.maximum(W[cid], 1e-300))
+        r = np.exp(a - logsumexp(a, axis=1, keepdims=True))
+        W = np.stack([r[cid == c].mean(0) for c in range(len(Xs))])
+        Nj = r.sum(0)
+        means = (r.T @ X) / Nj[:, None]
+        covs = np.stack([((r[:, j, None] * (X - means[j])).T @ (X - means[j])) / Nj[j] + reg * np.eye(d)
+                         for j in range(M)])
+    return means, covs, W
+
+
+def test_federated_equals_pooled_reference_em():
+    data, truth = gmm_federation(n_clients=12, n_components=3, d=3, min_separation=3.0, covariance="random", seed=3)
+    Xs = [data[c].X for c in data.clients]
+    m0 = truth["means"] + 0.8
+    cov0 = np.stack([np.eye(3) * 1.5] * 3)
+    K = 100
+    ref_m, ref_c, ref_w = _pooled_reference_em(Xs, m0, cov0, K)
+    res = FederatedGaussianMixture(3, max_rounds=K, tol=0, means_init=m0, covariances_init=cov0).fit(data, seed=0)
+    assert res.rounds == K
+    np.testing.assert_allclose(res.means_, ref_m, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, ref_c, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(np.stack([res.weights_[c] for c in data.clients]), ref_w, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("ct", ["full", "diag"])
+def test_shared_weights_equals_pooled_sklearn(ct):
+    data, truth = gmm_federation(n_clients=10, n_components=3, d=3, min_separation=3.0, seed=5)
+    X = np.concatenate([data[c].X for c in data.clients])
+    m0, w0, K = truth["means"] + 0.5, np.full(3, 1 / 3), 40
+    cov0, prec0 = _init(ct, 3, 3)
+    sk = _sklearn(X, 3, ct, K, w0, m0, prec0)
+    res = FederatedGaussianMixture(3, covariance_type=ct, max_rounds=K, tol=0, shared_weights=True, means_init=m0,
+                                   covariances_init=cov0).fit(data, seed=0)
+    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
+    for c in data.clients:
+        np.testing.assert_allclose(res.weights_[c], sk.weights_, atol=1e-10, rtol=0)
+    # permuting the clients, or splitting one client in two, changes nothing with shared weights
+    Xs = [data[c].X for c in data.clients]
+    perm = FederatedGaussianMixture(3, covariance_type=ct, max_rounds=K, tol=0, shared_weights=True, means_init=m0,
+                                    covariances_init=cov0).fit(Xs[::-1], seed=0)
+    split = FederatedGaussianMixture(3, covariance_type=ct, max_rounds=K, tol=0, shared_weights=True, means_init=m0,
+                                     covariances_init=cov0).fit([Xs[0][:7], Xs[0][7:]] + Xs[1:], seed=0)
+    for other in (perm, split):
+        np.testing.assert_allclose(other.means_, res.means_, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(other.covariances_, res.covariances_, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_loglik_never_decreases(ct):
+    data, _ = gmm_federation(n_clients=8, n_components=3, d=2, min_separation=None, spread=2.0, seed=1)
+    res = FederatedGaussianMixture(3, covariance_type=ct, max_rounds=40, tol=0, n_init=2).fit(data, seed=1)
+    ll = res.loglik_trace()
+    assert len(ll) == 40
+    assert np.all(np.diff(ll) >= -1e-9 * np.abs(ll[:-1]))
+    assert ll[-1] > ll[0] + 1.0  # it did move: the check above is not vacuous
+    F = np.array([r.metrics["free_energy"] for r in res.history])
+    # the free energy after M-step k sits between the log-likelihoods before and after it
+    assert np.all(F[:-1] >= ll[:-1] - 1e-8 * np.abs(ll[:-1]))
+    assert np.all(F[:-1] <= ll[1:] + 1e-8 * np.abs(ll[1:]))
+
+
+def test_batched_equals_looped_client_steps():
+    data, truth = gmm_federation(n_clients=6, d=2, seed=2)
+    m0 = truth["means"] + 0.3
+    cov0 = np.stack([np.eye(2)] * 3)
+    out = []
+    for batched in (True, False):
+        algo = FedEMAlgorithm(m0, cov0, tol=None)
+        out.append(run(algo, data, rounds=5, seed=0, progress=False, batched=batched))
+    np.testing.assert_allclose(out[0].server_state["means"], out[1].server_state["means"], atol=1e-13)
+    for c in data.clients:
+        np.testing.assert_allclose(out[0].client_states[c].log_weights, out[1].client_states[c].log_weights, atol=1e-12)
+
+
+def test_recovery_and_private_weights():
+    data, truth = gmm_federation(n_clients=20, n_components=3, d=4, alpha=0.4, min_separation=8.0, seed=11)
+    res = FederatedGaussianMixture(3, n_init=10, max_rounds=100).fit(data, seed=0)
+    order, err = _align(res.means_, truth["means"])
+    assert err < 0.2
+    W = np.stack([res.weights_[c][order] for c in data.clients])
+    assert np.abs(W - truth["weights"]).mean() < 0.05
+    assert res.converged
+    # the weights never crossed the network: no reply or broadcast holds them
+    assert set(FedEMAlgorithm.reply_keys) == {"N", "S1", "S2", "loglik", "entropy"}
+
+
+def test_server_rule_guard_statistics_not_parameter_averaging():
+    """spec §1.7: n_c/N averaging of local closed-form means is *not* the EM M-step."""
+    rng = np.random.default_rng(0)
+    pis = rng.dirichlet([0.4, 0.4], 5)
+    Xs = []
+    for p in pis:
+        z = rng.choice(2, 100, p=p)
+        Xs.append(np.array([[0.0, 0.0], [6.0, 0.0]])[z] + rng.standard_normal((100, 2)))
+    m0 = np.array([[1.0, 1.0], [4.0, -1.0]])
+    cov0 = np.stack([np.eye(2)] * 2)
+    fed = FederatedGaussianMixture(2, max_rounds=1, tol=0, means_init=m0, covariances_init=cov0).fit(Xs, seed=0)
+    ref_m, _, _ = _pooled_reference_em(Xs, m0, cov0, 1)
+    np.testing.assert_allclose(fed.means_, ref_m, atol=1e-12)
+    # what "averaging the clients' local M-steps with n_c/N" would give
+    local = []
+    for X in Xs:
+        ld = np.column_stack([multivariate_normal(m0[j], cov0[j]).logpdf(X) for j in range(2)])
+        r = softmax(ld + np.log(0.5), axis=1)
+        local.append((r.T @ X) / np.maximum(r.sum(0), 1e-12)[:, None])
+    n = np.array([len(X) for X in Xs])
+    averaged = np.tensordot(n / n.sum(), np.stack(local), axes=1)
+    assert np.abs(averaged - fed.means_).max() > 0.3
+
+
+def test_unseen_client_weights():
+    data, truth = gmm_federation(n_clients=6, d=2, seed=4)
+    res = FederatedGaussianMixture(3, n_init=3).fit(data, seed=0)
+    rng = np.random.default_rng(9)
+    p_new = np.array([0.7, 0.2, 0.1])
+    z = rng.choice(3, 150, p=p_new)
+    Xn = truth["means"][z] + rng.standard_normal((150, 2))
+    # monotone pi-only EM
+    lls = [res.score(Xn, weights=res.new_client_weights(Xn, n_iter=k)) for k in range(1, 30)]
+    assert np.all(np.diff(lls) >= -1e-12)
+    w = res.new_client_weights(Xn)
+    ld = res._log_dens(Xn)
+
+    def negll(eta):
+        return -logsumexp(ld + np.log(softmax(np.r_[eta, 0.0])), axis=1).sum()
+
+    opt = minimize(negll, np.zeros(2), method="BFGS", options={"gtol": 1e-10})
+    assert -negll(np.log(w[:2] / w[2])) == pytest.approx(-opt.fun, abs=1e-6)
+    order, _ = _align(res.means_, truth["means"])
+    assert np.abs(w[order] - p_new).max() < 0.1
+    # n_iter=1: one E-step from uniform, then the weight update
+    one = res.new_client_weights(Xn, n_iter=1)
+    np.testing.assert_allclose(one, softmax(ld + np.log(1 / 3), axis=1).mean(0), atol=1e-14)
+
+
+def test_incremental_em_with_partial_participation():
+    data, truth = gmm_federation(n_clients=10, n_components=3, d=2, min_separation=6.0, seed=6)
+    m0 = truth["means"] + 0.7
+    kw = dict(max_rounds=300, tol=0, means_init=m0, covariances_init=np.stack([np.eye(2)] * 3))
+    full = FederatedGaussianMixture(3, **kw).fit(data, seed=0)
+    same = FederatedGaussianMixture(3, participation=1.0, **kw).fit(data, seed=0)
+    np.testing.assert_array_equal(full.means_, same.means_)
+    part = FederatedGaussianMixture(3, participation=0.2, **kw).fit(data, seed=0)
+    assert all(len(r.answered) == 2 for r in part.history[1:])
+    F = np.array([r.metrics["free_energy"] for r in part.history])
+    assert np.all(np.diff(F) >= -1e-9 * np.abs(F[1:]))
+    # same fixed point: compare the exact log-likelihood of both fits on all data
+    ll_full = sum(full.score(data[c].X, c) * data.n_obs[c] for c in data.clients)
+    ll_part = sum(part.score(data[c].X, c) * data.n_obs[c] for c in data.clients)
+    assert ll_part == pytest.approx(ll_full, rel=1e-6)
+    np.testing.assert_allclose(part.means_, full.means_, atol=1e-4)
+
+
+def test_degenerate_data_and_empty_component():
+    rng = np.random.default_rng(0)
+    # one client holds 30 copies of the same point, another a blob
+    Xs = [np.tile([[5.0, 5.0]], (30, 1)), rng.standard_normal((50, 2))]
+    res = FederatedGaussianMixture(2, n_init=2).fit(Xs, seed=0)
+    assert np.all(np.isfinite(res.means_)) and np.all(np.isfinite(res.covariances_))
+    assert np.all(np.linalg.eigvalsh(res.covariances_) > 0)
+    # a third component placed far away gets no mass: kept, flagged, warned about
+    m0 = np.array([[5.0, 5.0], [0.0, 0.0], [1e3, 1e3]])
+    with pytest.warns(RuntimeWarning, match="no mass"):
+        res = FederatedGaussianMixture(3, max_rounds=5, tol=0, means_init=m0,
+                                       covariances_init=np.stack([np.eye(2)] * 3)).fit(Xs, seed=0)
+    np.testing.assert_array_equal(res.means_[2], m0[2])
+    assert res.history[-1].metrics["empty_components"] == 1
+    assert np.all(np.isfinite(res.covariances_))
+
+
+def test_bad_input_is_refused():
+    Xs = [np.random.default_rng(0).standard_normal((20, 2))] * 2
+    with pytest.raises(ValueError, match="n_components"):
+        FederatedGaussianMixture(0).fit(Xs)
+    with pytest.raises(ValueError, match="covariance_type"):
+        FederatedGaussianMixture(2, covariance_type="banana").fit(Xs)
+    with pytest.raises(ValueError, match="means_init"):
+        FederatedGaussianMixture(2, means_init=np.zeros((3, 2))).fit(Xs)
+    with pytest.raises(ValueError, match="participation"):
+        FederatedGaussianMixture(2, participation=0).fit(Xs)
+    with pytest.raises(ValueError, match="NaN|inf|finite"):
+        FederatedGaussianMixture(2).fit([np.array([[0.0, np.nan], [1.0, 1.0]])])
+    res = FederatedGaussianMixture(2, n_init=1).fit(Xs, seed=0)
+    with pytest.raises(ValueError, match="columns"):
+        res.predict(np.zeros((3, 5)), 0)
+    with pytest.raises(KeyError, match="unknown client"):
+        res.predict(np.zeros((3, 2)), "nobody")
+    with pytest.raises(ValueError, match="client="):
+        res.score(np.zeros((3, 2)))
+
+
+def test_save_load_roundtrip_and_tables(tmp_path):
+    data, _ = gmm_federation(n_clients=4, d=2, seed=8)
+    res = FederatedGaussianMixture(3, n_init=2).fit(data, seed=0)
+    res.save(tmp_path / "gmm.pkl")
+    back = GaussianMixtureResult.load(tmp_path / "gmm.pkl")
+    X = data[0].X
+    np.testing.assert_array_equal(back.predict_proba(X, 0), res.predict_proba(X, 0))
+    assert back.rounds == res.rounds and len(back.history) == len(res.history)
+    s = res.summary()
+    assert list(s.index[:2]) == ["mean[0][x1]", "mean[0][x2]"]
+    assert res.weights_table().shape == (4, 3)
+    assert np.isfinite(res.bic())
+    # the federated data object works with or without a target
+    fd = FederatedData.from_arrays([data[c].X for c in data.clients], [np.zeros(data.n_obs[c]) for c in data.clients])
+    res2 = FederatedGaussianMixture(3, n_init=2).fit(fd, seed=0)
+    np.testing.assert_allclose(res2.means_, res.means_)
