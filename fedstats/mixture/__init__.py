@@ -2,10 +2,24 @@
 
 * :class:`FederatedGaussianMixture` -- shared components, private per-client weights,
   fitted by FedEM on summed sufficient statistics (federated = centralised EM exactly);
+* :class:`DecentralizedGaussianMixture` -- D-FedEM: no server, gossip of the statistics
+  over a client graph (Metropolis-Hastings or fastest-mixing weights);
 * :class:`GaussianMixtureResult` -- the fit: ``predict``, ``predict_proba``, ``score`` per
   client, unseen clients, tables, save/load.
 """
 
+from .decentralized import (
+    DecentralizedGaussianMixture,
+    DecentralizedMixtureResult,
+    DFedEMAlgorithm,
+    erdos_renyi_graph,
+    fast_mixing_weights,
+    metropolis_weights,
+    ring_graph,
+    slem,
+)
 from .fedem import FedEMAlgorithm, FederatedGaussianMixture, GaussianMixtureResult
 
-__all__ = ["FederatedGaussianMixture", "GaussianMixtureResult", "FedEMAlgorithm"]
+__all__ = ["FederatedGaussianMixture", "GaussianMixtureResult", "FedEMAlgorithm", "DecentralizedGaussianMixture",
+           "DecentralizedMixtureResult", "DFedEMAlgorithm", "metropolis_weights", "fast_mixing_weights",
+           "ring_graph", "erdos_renyi_graph", "slem"]

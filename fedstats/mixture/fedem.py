@@ -270,8 +270,8 @@ class FederatedGaussianMixture:
     >>> rng = np.random.default_rng(0)
     >>> Xs = [np.r_[rng.normal(0, 1, (40, 2)), rng.normal(6, 1, (10 + 20 * k, 2))] for k in range(3)]
     >>> res = FederatedGaussianMixture(2, n_init=3).fit(Xs, seed=0)
-    >>> np.round(np.sort(res.means_[:, 0]))
-    array([0., 6.])
+    >>> [round(float(v)) for v in np.sort(res.means_[:, 0])]
+    [0, 6]
     """
 
     def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, max_rounds=100, tol=1e-6,
@@ -457,12 +457,12 @@ class GaussianMixtureResult:
             raise ValueError("X has NaN or inf")
         return X
 
-    def _log_dens(self, X):
+    def _log_dens(self, X, client=None):
         return log_gaussian(self._X(X), self.means_, self.precisions_cholesky_, self.covariance_type)
 
     def predict_proba(self, X, client=None, *, weights=None) -> np.ndarray:
         """Responsibilities ``P(z = j | x)`` under the client's weights: (n, M)."""
-        return e_step(self._log_dens(X), _log_weights(self._weights_for(client, weights)))[0]
+        return e_step(self._log_dens(X, client), _log_weights(self._weights_for(client, weights)))[0]
 
     def predict(self, X, client=None, *, weights=None) -> np.ndarray:
         """Most probable component of each row for that client."""
@@ -470,7 +470,7 @@ class GaussianMixtureResult:
 
     def score_samples(self, X, client=None, *, weights=None) -> np.ndarray:
         """Log-density of each row under the client's mixture."""
-        return logsumexp(self._log_dens(X) + _log_weights(self._weights_for(client, weights)), axis=1)
+        return logsumexp(self._log_dens(X, client) + _log_weights(self._weights_for(client, weights)), axis=1)
 
     def score(self, X, client=None, *, weights=None) -> float:
         """Mean log-likelihood per row (scikit-learn's ``score``)."""

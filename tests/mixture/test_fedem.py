@@ -287,3 +287,15 @@ def test_save_load_roundtrip_and_tables(tmp_path):
     fd = FederatedData.from_arrays([data[c].X for c in data.clients], [np.zeros(data.n_obs[c]) for c in data.clients])
     res2 = FederatedGaussianMixture(3, n_init=2).fit(fd, seed=0)
     np.testing.assert_allclose(res2.means_, res.means_)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import fedstats.datasets.synthetic as syn
+    import fedstats.mixture.decentralized as dec
+    import fedstats.mixture.fedem as fem
+
+    for mod in (fem, dec, syn):
+        res = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert res.attempted > 0 and res.failed == 0, mod.__name__

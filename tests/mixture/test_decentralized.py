@@ -1,0 +1,95 @@
+"""D-FedEM: equals FedEM with W = 11^T/C, gossip contracts disagreement like SLEM^G,
+and every mixing matrix is a valid doubly stochastic matrix on the graph."""
+
+import numpy as np
+import pytest
+
+from fedstats.datasets.synthetic import gmm_federation
+from fedstats.mixture import (
+    DecentralizedGaussianMixture,
+    FederatedGaussianMixture,
+    erdos_renyi_graph,
+    fast_mixing_weights,
+    metropolis_weights,
+    ring_graph,
+    slem,
+)
+
+
+@pytest.fixture(scope="module")
+def fed():
+    data, truth = gmm_federation(n_clients=12, d=3, min_separation=4.0, seed=0)
+    return data, truth["means"] + 0.5, np.stack([np.eye(3)] * 3)
+
+
+def _valid(W, A):
+    assert np.allclose(W, W.T)
+    assert np.allclose(W.sum(0), 1) and np.allclose(W.sum(1), 1)
+    assert np.all(W >= -1e-15)
+    off = ~np.eye(len(A), dtype=bool)
+    assert not np.any((W[off] > 1e-15) & ~A[off])  # supported on the graph
+
+
+@pytest.mark.parametrize("ct", ["full", "diag"])
+def test_complete_graph_equals_fedem(fed, ct):
+    data, m0, c0 = fed
+    c0 = c0 if ct == "full" else np.ones((3, 3))
+    kw = dict(covariance_type=ct, max_rounds=25, tol=0, means_init=m0, covariances_init=c0)
+    f = FederatedGaussianMixture(3, **kw).fit(data, seed=0)
+    d = DecentralizedGaussianMixture(3, graph="complete", **kw).fit(data, seed=0)
+    np.testing.assert_allclose(d.mixing_matrix_, np.full((12, 12), 1 / 12), atol=1e-15)
+    for c in data.clients:
+        np.testing.assert_allclose(d.client_means_[c], f.means_, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(d.client_covariances_[c], f.covariances_, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(d.weights_[c], f.weights_[c], atol=1e-10, rtol=0)
+    assert d.disagreement()[-1] < 1e-10
+
+
+def test_ring_gossip_contracts_geometrically(fed):
+    data, m0, c0 = fed
+    A = ring_graph(12)
+    W = metropolis_weights(A)
+    _valid(W, A)
+    rho = slem(W)
+    assert 0.8 < rho < 1
+    dis, con = [], []
+    for G in (1, 2, 4, 8, 16, 32):
+        d = DecentralizedGaussianMixture(3, graph="ring", gossip_steps=G, max_rounds=10, tol=0, means_init=m0,
+                                         covariances_init=c0).fit(data, seed=0)
+        c = np.array([r.metrics["contraction"] for r in d.history])
+        assert np.all(c <= rho**G * (1 + 1e-9))  # every round, the SLEM bound
+        con.append(c.max())
+        dis.append(d.disagreement()[-1])
+    assert np.all(np.diff(dis) < 0)  # more gossip, more agreement between the nodes
+    assert con[-1] < 0.05 * con[0]
+    assert dis[-1] < 0.05 * dis[0]
+
+
+def test_mixing_matrices():
+    A = erdos_renyi_graph(15, 0.3, seed=2)
+    Wm, Wf = metropolis_weights(A), fast_mixing_weights(A)
+    _valid(Wm, A)
+    _valid(Wf, A)
+    assert slem(Wf) <= slem(Wm) + 1e-12
+    assert slem(Wf) < slem(Wm) - 0.01  # the optimisation does something on this graph
+    with pytest.raises(ValueError, match="not connected"):
+        metropolis_weights(np.kron(np.eye(2), np.ones((3, 3))))
+    with pytest.raises(ValueError, match="symmetric"):
+        metropolis_weights(np.triu(np.ones((4, 4)), 1))
+
+
+def test_fast_mixing_run_and_private_predictions(fed):
+    data, m0, c0 = fed
+    A = erdos_renyi_graph(12, 0.5, seed=1)
+    d = DecentralizedGaussianMixture(3, graph=A, mixing="fast", gossip_steps=2, max_rounds=15, tol=0, means_init=m0,
+                                     covariances_init=c0).fit(data, seed=0)
+    f = FederatedGaussianMixture(3, max_rounds=15, tol=0, means_init=m0, covariances_init=c0).fit(data, seed=0)
+    assert np.abs(d.means_ - f.means_).max() < 0.05
+    X = data[3].X
+    # a client predicts with its own copy of the components
+    own = d.score(X, 3)
+    assert np.isfinite(own) and abs(own - f.score(X, 3)) < 0.05
+    with pytest.raises(TypeError, match="participation"):
+        DecentralizedGaussianMixture(3, participation=0.5)
+    with pytest.raises(ValueError, match="12 x 12"):
+        DecentralizedGaussianMixture(3, graph=np.ones((3, 3))).fit(data)
