@@ -8,6 +8,7 @@
   client, unseen clients, tables, save/load.
 """
 
+from .bayes import BayesianMixtureResult, VBFedEMAlgorithm
 from .decentralized import (
     DecentralizedGaussianMixture,
     DecentralizedMixtureResult,
@@ -22,4 +23,4 @@ from .fedem import FedEMAlgorithm, FederatedGaussianMixture, GaussianMixtureResu
 
 __all__ = ["FederatedGaussianMixture", "GaussianMixtureResult", "FedEMAlgorithm", "DecentralizedGaussianMixture",
            "DecentralizedMixtureResult", "DFedEMAlgorithm", "metropolis_weights", "fast_mixing_weights",
-           "ring_graph", "erdos_renyi_graph", "slem"]
+           "ring_graph", "erdos_renyi_graph", "slem", "BayesianMixtureResult", "VBFedEMAlgorithm"]

@@ -262,6 +262,18 @@ class FederatedGaussianMixture:
         ``means_init``.
     participation : float in (0, 1], default 1.0
         Fraction of clients asked in each round after the first (incremental EM).
+    bayesian : bool, default False
+        Variational FedEM (:mod:`fedstats.mixture.bayes`): Dirichlet weights per client,
+        Normal-Wishart components, closed-form credible intervals. The priors default to
+        scikit-learn's (``weight_concentration_prior = 1/M``, ``mean_precision_prior = 1``,
+        ``mean_prior`` and ``covariance_prior`` the data mean and covariance, computed from
+        federated sums, ``degrees_of_freedom_prior = d``).
+    weight_concentration_prior, mean_precision_prior, mean_prior, degrees_of_freedom_prior, covariance_prior
+        Priors of the Bayesian model (scikit-learn's names and layouts).
+    vb_init : dict, optional
+        Bayesian model only: start from this q (keys ``mean_precision``, ``means``,
+        ``degrees_of_freedom``, ``covariances`` and ``weight_concentration``, (M,) or a dict
+        client -> (M,)) instead of the k-means start.
 
     Example
     -------
@@ -276,7 +288,8 @@ class FederatedGaussianMixture:
 
     def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, max_rounds=100, tol=1e-6,
                  shared_weights=False, n_init=10, means_init=None, covariances_init=None, weights_init=None,
-                 participation=1.0):
+                 participation=1.0, bayesian=False, weight_concentration_prior=None, mean_precision_prior=None,
+                 mean_prior=None, degrees_of_freedom_prior=None, covariance_prior=None, vb_init=None):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
@@ -288,6 +301,13 @@ class FederatedGaussianMixture:
         self.covariances_init = covariances_init
         self.weights_init = weights_init
         self.participation = participation
+        self.bayesian = bayesian
+        self.weight_concentration_prior = weight_concentration_prior
+        self.mean_precision_prior = mean_precision_prior
+        self.mean_prior = mean_prior
+        self.degrees_of_freedom_prior = degrees_of_freedom_prior
+        self.covariance_prior = covariance_prior
+        self.vb_init = vb_init
 
     def _check(self, data: FederatedData):
         M = self.n_components
@@ -358,6 +378,8 @@ class FederatedGaussianMixture:
         """
         data = as_federated(data)
         self._check(data)
+        if self.bayesian:
+            return self._fit_vb(data, seed, progress, checkpoint, resume)
         means, cov, info = self._start(data, seed)
         algo = FedEMAlgorithm(means, cov, covariance_type=self.covariance_type, reg_covar=self.reg_covar,
                               shared_weights=self.shared_weights, weights_init=self.weights_init,
@@ -379,6 +401,50 @@ class FederatedGaussianMixture:
             rounds=res.rounds, converged=res.converged, shared_weights=self.shared_weights,
             init_info=info, reg_covar=self.reg_covar,
         )
+
+
+    def _fit_vb(self, data, seed, progress, checkpoint, resume):
+        from .bayes import BayesianMixtureResult, VBFedEMAlgorithm, check_prior, federated_priors
+
+        M, d, ct = self.n_components, data.n_features, self.covariance_type
+        m0, cov0, info = federated_priors(data, ct, seed=seed)
+        prior = check_prior({
+            "alpha0": 1.0 / M if self.weight_concentration_prior is None else float(self.weight_concentration_prior),
+            "beta0": 1.0 if self.mean_precision_prior is None else float(self.mean_precision_prior),
+            "m0": m0 if self.mean_prior is None else self.mean_prior,
+            "nu0": float(d) if self.degrees_of_freedom_prior is None else float(self.degrees_of_freedom_prior),
+            "cov0": cov0 if self.covariance_prior is None else self.covariance_prior}, d, M, ct)
+        if self.vb_init is not None:
+            h = {k: np.array(self.vb_init[k], dtype=float) for k in
+                 ("mean_precision", "means", "degrees_of_freedom", "covariances")}
+            a = self.vb_init["weight_concentration"]
+            alpha = {c: np.asarray(a[c], float) for c in data.clients} if isinstance(a, Mapping) else np.asarray(a, float)
+            means, cov, start = h["means"], h["covariances"], {"bytes_up": 0, "bytes_down": 0}
+        else:
+            h, alpha = None, None
+            means, cov, start = self._start(data, seed)
+        algo = VBFedEMAlgorithm(means, cov, prior, hyper=h, alpha_init=alpha, covariance_type=ct,
+                                reg_covar=self.reg_covar, shared_weights=self.shared_weights, tol=self.tol or None)
+        res = run(algo, data, rounds=self.max_rounds, participation=self._participation(data.clients), seed=seed,
+                  progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
+        st = res.server_state
+        hy = st["hyper"]
+        conc = ({c: st["alpha_shared"] for c in data.clients} if self.shared_weights
+                else {c: s.alpha for c, s in res.client_states.items()})
+        if not res.converged and self.tol:
+            warnings.warn(f"variational FedEM did not converge in {self.max_rounds} rounds (tol={self.tol})",
+                          RuntimeWarning, stacklevel=3)
+        info = {k: info[k] + start[k] for k in ("bytes_up", "bytes_down")}
+        out = BayesianMixtureResult(
+            means=hy["means"], covariances=hy["covariances"], weights={c: a / a.sum() for c, a in conc.items()},
+            covariance_type=ct, feature_names=data.feature_names, n_obs=data.n_obs, history=res.history,
+            communication=res.communication, rounds=res.rounds, converged=res.converged,
+            shared_weights=self.shared_weights, init_info=info, reg_covar=self.reg_covar)
+        out.weight_concentration_ = conc
+        out.mean_precision_ = hy["mean_precision"]
+        out.degrees_of_freedom_ = hy["degrees_of_freedom"]
+        out.prior = prior
+        return out
 
 
 def _norm(w):
@@ -496,6 +562,19 @@ class GaussianMixtureResult:
                 break
             prev = cur
         return w
+
+    def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
+        """Observed-information intervals for the means and every client's weights.
+
+        One more federated round over ``data`` (the fitted clients, each holding its rows):
+        each client sends a Schur complement of its information (spec §4.2); covariances
+        are held at their estimate. Returns ``(means_table, weights_table)``.
+        See :func:`fedstats.mixture.wald.wald_intervals`.
+        """
+        from .wald import wald_intervals
+
+        m, w, self.wald_info_ = wald_intervals(self, as_federated(data), level=level, seed=seed)
+        return m, w
 
     def bic(self) -> float:
         """Federated BIC ``-2 sum_c L_c + p log N`` at the last round's parameters' log-likelihood."""

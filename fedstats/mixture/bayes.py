@@ -1,0 +1,357 @@
+"""Variational FedEM: a Bayesian Gaussian mixture with private Dirichlet weights (spec §4.3).
+
+Model: ``pi_c ~ Dir(alpha_0)`` per client, ``(mu_j, Lambda_j) ~ NormalWishart(m_0, beta_0,
+W_0, nu_0)`` per component, ``z ~ Cat(pi_c)``, ``x | z=j ~ N(mu_j, Lambda_j^{-1})``.
+Mean-field VB (Bishop, PRML §10.2) with exactly scikit-learn's
+``BayesianGaussianMixture(weight_concentration_prior_type="dirichlet_distribution")``
+updates, split into a client and a server part:
+
+* client: E-step with ``E[log pi_c]`` (from its own ``alpha_c``, which never leaves it) and
+  the broadcast expected log-densities; ``alpha_c = alpha_0 + N_c``; replies with the same
+  summed statistics as FedEM;
+* server: Normal-Wishart update from the summed statistics; the ELBO (scikit-learn's
+  simplified lower bound, summed over clients' Dirichlet terms) is its convergence monitor.
+
+It is the FedEM round with other E-step offsets and another server update, so it reuses
+:class:`~fedstats.mixture.fedem.FedEMAlgorithm` (caching, incremental participation,
+batched E-step).
+
+Intervals (closed form): ``pi_cj ~ Beta(alpha_cj, alpha_c0 - alpha_cj)``; ``mu_j``'s
+coordinates are Student-t with ``nu_j - d + 1`` degrees of freedom, location ``m_j`` and
+scale ``sqrt([W_j^{-1}]_ll / (beta_j (nu_j - d + 1)))``; a variance ``[Sigma_j]_ll ~
+InvGamma((nu_j - d + 1) / 2, [W_j^{-1}]_ll / 2)``. (scikit-learn's ``covariances_`` is
+``W_j^{-1} / nu_j``.) The diag and spherical models use the same formulas with a diagonal
+``W``, as scikit-learn's updates do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from scipy.special import digamma, gammaln
+
+from ..inference import SamplePosterior
+from ._gmm import full_covariances, m_step, precision_cholesky, reshift
+from .fedem import FedEMAlgorithm, GaussianMixtureResult
+
+_EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
+
+
+@dataclass
+class VBClientState:
+    """A client's variational Dirichlet ``alpha_c`` (private) and its row count."""
+
+    alpha: np.ndarray
+    n: int
+
+    @property
+    def log_weights(self) -> np.ndarray:  # E[log pi_c]: the E-step's weight term
+        return digamma(self.alpha) - digamma(self.alpha.sum())
+
+
+def log_dirichlet_norm(alpha: np.ndarray) -> np.ndarray:
+    """``log Gamma(sum a) - sum log Gamma(a)`` along the last axis."""
+    return gammaln(alpha.sum(-1)) - gammaln(alpha).sum(-1)
+
+
+def _log_det_chol(pc, cov_type, d):
+    if cov_type == "full":
+        return np.sum(np.log(np.diagonal(pc, axis1=1, axis2=2)), 1)
+    if cov_type == "tied":
+        return np.sum(np.log(np.diag(pc)))
+    if cov_type == "diag":
+        return np.sum(np.log(pc), 1)
+    return d * np.log(pc)
+
+
+class VBFedEMAlgorithm(FedEMAlgorithm):
+    """Variational FedEM (one VB iteration per round). ``hyper``: the starting q(mu, Lambda)
+    (``mean_precision``, ``means``, ``degrees_of_freedom``, ``covariances``) or ``None`` for
+    an ML start (the first E-step uses ``means``/``covariances`` as plain Gaussians with
+    uniform weights, as scikit-learn's k-means start does); ``prior``: ``alpha0``,
+    ``beta0``, ``m0``, ``nu0``, ``cov0`` (scikit-learn's ``covariance_prior``)."""
+
+    def __init__(self, means, covariances, prior, *, hyper=None, alpha_init=None, covariance_type="full",
+                 reg_covar=1e-6, shared_weights=False, tol=1e-6):
+        super().__init__(means, covariances, covariance_type=covariance_type, reg_covar=reg_covar,
+                         shared_weights=shared_weights, tol=tol)
+        self.prior = prior
+        self.hyper0 = hyper
+        self.alpha_init = alpha_init
+
+    # ---------------------------------------------------------------- server side
+    def init_server(self, clients, rng):
+        st = super().init_server(clients, rng)
+        st["hyper"] = self.hyper0
+        st["alpha_shared"] = None
+        if self.shared:
+            a = self.alpha_init if self.alpha_init is not None else np.full(self.M, self.prior["alpha0"])
+            st["alpha_shared"] = np.asarray(a, float)
+        return st
+
+    def offsets(self, hyper):
+        """Per-component additive E-step term: ``-d/2 log nu + 1/2 (E log|Lambda| - d/beta)``."""
+        d = self.d
+        nu, beta = np.atleast_1d(hyper["degrees_of_freedom"]), hyper["mean_precision"]
+        log_lambda = d * math.log(2.0) + np.sum(digamma(0.5 * (nu - np.arange(d)[:, None])), 0)
+        return -0.5 * d * np.log(nu) + 0.5 * (log_lambda - d / beta)
+
+    def broadcast(self, state, client, round):
+        h = state["hyper"]
+        if h is None:  # ML start: plain Gaussians, uniform weights
+            msg = {"means": state["means"], "covariances": state["cov"], "offset": np.zeros(self.M),
+                   "ml_start": np.array([1])}
+        else:
+            msg = {"means": h["means"], "covariances": h["covariances"], "offset": self.offsets(h),
+                   "ml_start": np.array([0])}
+        if self.shared:
+            a = state["alpha_shared"]
+            msg["log_weights"] = (np.full(self.M, -math.log(self.M)) if h is None
+                                  else digamma(a) - digamma(a.sum()))
+        return msg
+
+    def vb_update(self, Nj, xk, sk):
+        """scikit-learn's ``_estimate_means`` and ``_estimate_wishart_*`` from counts, means, covariances."""
+        p, M = self.prior, self.M
+        beta = p["beta0"] + Nj
+        means = (p["beta0"] * p["m0"] + Nj[:, None] * xk) / beta[:, None]
+        diff = xk - p["m0"]
+        ct = self.cov_type
+        if ct == "full":
+            nu = p["nu0"] + Nj
+            cov = p["cov0"] + Nj[:, None, None] * sk + (Nj * p["beta0"] / beta)[:, None, None] * np.einsum(
+                "md,me->mde", diff, diff)
+            cov = cov / nu[:, None, None]
+        elif ct == "tied":
+            nu = p["nu0"] + Nj.sum() / M
+            cov = p["cov0"] + sk * Nj.sum() / M + p["beta0"] / M * np.dot((Nj / beta) * diff.T, diff)
+            cov = cov / nu
+        elif ct == "diag":
+            nu = p["nu0"] + Nj
+            cov = (p["cov0"] + Nj[:, None] * (sk + (p["beta0"] / beta)[:, None] * diff**2)) / nu[:, None]
+        else:
+            nu = p["nu0"] + Nj
+            cov = (p["cov0"] + Nj * (sk + p["beta0"] / beta * np.mean(diff**2, 1))) / nu
+        return {"mean_precision": beta, "means": means, "degrees_of_freedom": nu, "covariances": cov}
+
+    def server_step(self, state, replies, round):
+        st = dict(state)
+        idx = {c: i for i, c in enumerate(st["clients"])}
+        for k in ("N", "S1", "S2", "shift", "H", "seen"):
+            st[k] = st[k].copy()
+        shift = state["means"] if state["hyper"] is None else state["hyper"]["means"]
+        ll = 0.0
+        for c, r in replies.items():
+            i = idx[c]
+            st["N"][i], st["S1"][i], st["S2"][i] = r["N"], r["S1"], r["S2"]
+            st["shift"][i], st["H"][i], st["seen"][i] = shift, r["entropy"][0], True
+            ll += float(r["loglik"][0])
+        metrics = {"answered": float(len(replies)), "offset_loglik": ll}
+        seen = st["seen"]
+        if not seen.any():
+            metrics["elbo"] = float("nan")
+            return st, metrics
+        S1c, S2c = reshift(st["N"][seen], st["S1"][seen], st["S2"][seen], st["shift"][seen], shift, self.cov_type)
+        Nc = st["N"][seen]
+        Nj = Nc.sum(0) + _EPS10
+        xk, sk, _ = m_step(Nj, S1c.sum(0), S2c.sum(0), shift, self.cov_type, self.reg_covar, min_count=0.0)
+        h = self.vb_update(Nj, xk, sk)
+        st["hyper"] = h
+        st["means"], st["cov"] = h["means"], h["covariances"]
+        alphas = self.prior["alpha0"] + (Nj[None] if self.shared else Nc + _EPS10)
+        if self.shared:
+            st["alpha_shared"] = alphas[0]
+        elbo = self.elbo(h, alphas, st["H"][seen].sum())
+        st["F_prev"], st["F"] = state["F"], elbo
+        metrics["elbo"] = elbo
+        return st, metrics
+
+    def elbo(self, h, alphas, entropy):
+        """scikit-learn's ``_compute_lower_bound`` (constants dropped), one Dirichlet per client."""
+        d, M = self.d, self.M
+        nu = h["degrees_of_freedom"]
+        pc = precision_cholesky(h["covariances"], self.cov_type)
+        logdet = _log_det_chol(pc, self.cov_type, d) - 0.5 * d * np.log(nu)
+        lw = -(nu * logdet + nu * d * 0.5 * math.log(2.0)
+               + np.sum(gammaln(0.5 * (np.atleast_1d(nu) - np.arange(d)[:, None])), 0))
+        log_wishart = M * float(np.squeeze(lw)) if self.cov_type == "tied" else float(np.sum(lw))
+        return float(entropy - log_wishart - np.sum(log_dirichlet_norm(alphas))
+                     - 0.5 * d * np.sum(np.log(h["mean_precision"])))
+
+    # ---------------------------------------------------------------- client side
+    def init_client(self, client, data, rng):
+        a = self.alpha_init
+        if isinstance(a, dict):
+            a = a[client]
+        a = np.full(self.M, self.prior["alpha0"]) if a is None else np.asarray(a, float)
+        return VBClientState(alpha=a, n=int(data.n))
+
+    def client_steps(self, messages, states, datas, rngs):
+        # E[log pi_c] + offset is the per-row "log weight" of the FedEM E-step
+        ml = bool(messages[0]["ml_start"][0])
+        fake = []
+        for m, s in zip(messages, states):
+            lw = np.full(self.M, -math.log(self.M)) if ml else s.log_weights
+            fake.append(_Shim(lw + m["offset"], s.n))
+        msgs = [{k: v for k, v in m.items() if k not in ("offset", "ml_start")} for m in messages]
+        if self.shared:
+            for m, orig in zip(msgs, messages):
+                m["log_weights"] = orig["log_weights"] + orig["offset"]
+        out = super().client_steps(msgs, fake, datas, rngs)
+        res = []
+        for o, s in zip(out, states):
+            if isinstance(o, BaseException):
+                res.append(o)
+                continue
+            reply, _ = o
+            res.append((reply, VBClientState(alpha=self.prior["alpha0"] + reply["N"] + _EPS10, n=s.n)))
+        return res
+
+
+@dataclass
+class _Shim:  # a FedEM client state carrying VB's E-step weights for one call
+    log_weights: np.ndarray
+    n: int
+
+
+# ====================================================================== results
+class BayesianMixtureResult(GaussianMixtureResult):
+    """Variational FedEM fit: ``GaussianMixtureResult`` plus the posterior ``q``.
+
+    ``weight_concentration_`` (dict client -> alpha_c), ``mean_precision_`` (beta),
+    ``degrees_of_freedom_`` (nu), ``covariances_`` (``W^{-1}/nu``, scikit-learn's meaning),
+    ``means_`` (m); point predictions use the posterior-mean weights and ``covariances_``.
+    """
+
+    def _scale_inv(self) -> np.ndarray:
+        """``W_j^{-1}`` as (M, d, d)."""
+        M, d = self.means_.shape
+        nu = np.broadcast_to(np.atleast_1d(self.degrees_of_freedom_), (M,))
+        return full_covariances(self.covariances_, self.covariance_type, M, d) * nu[:, None, None]
+
+    def _nu(self) -> np.ndarray:
+        return np.broadcast_to(np.atleast_1d(self.degrees_of_freedom_), (self.n_components,)).astype(float)
+
+    def _beta(self) -> np.ndarray:
+        return np.asarray(self.mean_precision_, float)
+
+    def mean_intervals(self, level: float = 0.95) -> pd.DataFrame:
+        """Student-t marginals of every mean coordinate: mean, sd, lower, upper."""
+        M, d = self.means_.shape
+        Winv = np.diagonal(self._scale_inv(), axis1=1, axis2=2)  # (M, d)
+        dof = self._nu() - d + 1
+        scale = np.sqrt(Winv / (self._beta()[:, None] * dof[:, None]))
+        q = stats.t.ppf(0.5 + level / 2, dof)[:, None]
+        sd = np.where(dof[:, None] > 2, scale * np.sqrt(dof[:, None] / np.maximum(dof[:, None] - 2, 1e-300)), np.inf)
+        rows = {"mean": self.means_.ravel(), "sd": sd.ravel(), "lower": (self.means_ - q * scale).ravel(),
+                "upper": (self.means_ + q * scale).ravel()}
+        names = [f"mean[{j}][{f}]" for j in range(M) for f in self.feature_names]
+        return pd.DataFrame(rows, index=pd.Index(names, name="name"))
+
+    def variance_intervals(self, level: float = 0.95) -> pd.DataFrame:
+        """Inverse-gamma marginals of every variance ``[Sigma_j]_ll``."""
+        M, d = self.means_.shape
+        Winv = np.diagonal(self._scale_inv(), axis1=1, axis2=2)
+        a = ((self._nu() - d + 1) / 2)[:, None] * np.ones((1, d))
+        b = Winv / 2
+        dist = stats.invgamma(a, scale=b)
+        mean = np.where(a > 1, b / np.maximum(a - 1, 1e-300), np.inf)
+        rows = {"mean": mean.ravel(), "sd": dist.std().ravel(), "lower": dist.ppf(0.5 - level / 2).ravel(),
+                "upper": dist.ppf(0.5 + level / 2).ravel()}
+        names = [f"var[{j}][{f}]" for j in range(M) for f in self.feature_names]
+        return pd.DataFrame(rows, index=pd.Index(names, name="name"))
+
+    def weight_intervals(self, client, level: float = 0.95) -> pd.DataFrame:
+        """Beta marginals of the client's weights (computed on the client)."""
+        a = self.weight_concentration_[client]
+        dist = stats.beta(a, a.sum() - a)
+        return pd.DataFrame({"mean": a / a.sum(), "sd": dist.std(), "lower": dist.ppf(0.5 - level / 2),
+                             "upper": dist.ppf(0.5 + level / 2)},
+                            index=pd.Index([f"weight[{j}]" for j in range(len(a))], name="name"))
+
+    def summary(self, level: float = 0.95) -> pd.DataFrame:
+        """Shared parameters with closed-form credible intervals: means, then variances."""
+        return pd.concat([self.mean_intervals(level), self.variance_intervals(level)])
+
+    def client_summary(self, level: float = 0.95) -> pd.DataFrame:
+        """Every client's weights with Beta credible intervals (a ``client`` column)."""
+        parts = [self.weight_intervals(c, level).assign(client=c).reset_index() for c in self.clients]
+        return pd.concat(parts, ignore_index=True)[["client", "name", "mean", "sd", "lower", "upper"]]
+
+    def sample_components(self, n: int, seed=0):
+        """Exact draws from q(mu, Lambda): ``(means (n, M, d), covariances (n, M, d, d))``."""
+        rng = np.random.default_rng(seed)
+        M, d = self.means_.shape
+        Winv, nu, beta = self._scale_inv(), self._nu(), self._beta()
+        mus, covs = np.empty((n, M, d)), np.empty((n, M, d, d))
+        for j in range(M):
+            # Sigma ~ InvWishart(W^{-1}, nu)  <=>  Lambda ~ Wishart(W, nu)
+            S = stats.invwishart(df=nu[j], scale=Winv[j]).rvs(size=n, random_state=rng).reshape(n, d, d)
+            covs[:, j] = S
+            L = np.linalg.cholesky(S / beta[j])
+            mus[:, j] = self.means_[j] + np.einsum("nij,nj->ni", L, rng.standard_normal((n, d)))
+        return mus, covs
+
+    def global_posterior(self, n: int = 4000, seed=0) -> SamplePosterior:
+        """q(means, variances) as exact draws (the common posterior API: intervals, hdi, prob, ArviZ)."""
+        mus, covs = self.sample_components(n, seed)
+        var = np.diagonal(covs, axis1=2, axis2=3)
+        M, d = self.means_.shape
+        names = ([f"mean[{j}][{f}]" for j in range(M) for f in self.feature_names]
+                 + [f"var[{j}][{f}]" for j in range(M) for f in self.feature_names])
+        return SamplePosterior(np.c_[mus.reshape(n, -1), var.reshape(n, -1)], names=names)
+
+    def client_posterior(self, client, n: int = 4000, seed=0) -> SamplePosterior:
+        """q(pi_c) = Dirichlet(alpha_c) as exact draws."""
+        a = self.weight_concentration_[client]
+        draws = np.random.default_rng(seed).dirichlet(a, n)
+        return SamplePosterior(draws, names=[f"weight[{j}]" for j in range(len(a))])
+
+    def elbo_trace(self) -> np.ndarray:
+        return np.array([r.metrics["elbo"] for r in self.history])
+
+
+def federated_priors(data, cov_type, *, seed=0):
+    """scikit-learn's default priors from federated sums: ``m0`` = data mean, ``cov0`` =
+    data covariance (``ddof=1``; diagonal / mean variance for diag / spherical). One round."""
+    from ..federation import run
+    from ._init import _OneShot
+
+    def moments(msg, X, rng):
+        return {"n": np.array([X.shape[0]], float), "s": X.sum(0), "ss": X.T @ X}
+
+    r = run(_OneShot(("n", "s", "ss"), {"go": np.array([1])}, moments), data, rounds=1, seed=seed, progress=False,
+            batched=False)
+    reps = r.server_state
+    n = sum(reps[c]["n"][0] for c in data.clients)
+    mean = sum(reps[c]["s"] for c in data.clients) / n
+    # about the mean, summed client by client (each client's raw moment re-centred exactly)
+    scatter = sum(reps[c]["ss"] - np.outer(reps[c]["s"], mean) - np.outer(mean, reps[c]["s"])
+                  + reps[c]["n"][0] * np.outer(mean, mean) for c in data.clients)
+    cov = scatter / (n - 1)
+    cov0 = {"full": cov, "tied": cov, "diag": np.diag(cov).copy(), "spherical": float(np.diag(cov).mean())}[cov_type]
+    return mean, cov0, {"bytes_up": r.communication.bytes_up, "bytes_down": r.communication.bytes_down}
+
+
+def check_prior(prior: dict, d: int, M: int, cov_type: str) -> dict:
+    """Validated prior dict (keys alpha0, beta0, m0, nu0, cov0)."""
+    p = dict(prior)
+    if not p["alpha0"] > 0:
+        raise ValueError(f"weight_concentration_prior must be > 0, got {p['alpha0']}")
+    if not p["beta0"] > 0:
+        raise ValueError(f"mean_precision_prior must be > 0, got {p['beta0']}")
+    if not p["nu0"] > d - 1:
+        raise ValueError(f"degrees_of_freedom_prior must be > d - 1 = {d - 1}, got {p['nu0']}")
+    p["m0"] = np.asarray(p["m0"], float)
+    if p["m0"].shape != (d,):
+        raise ValueError(f"mean_prior must have shape ({d},), got {p['m0'].shape}")
+    p["cov0"] = np.asarray(p["cov0"], float)
+    want = {"full": (d, d), "tied": (d, d), "diag": (d,), "spherical": ()}[cov_type]
+    if p["cov0"].shape != want:
+        raise ValueError(f"covariance_prior must have shape {want} for {cov_type!r}, got {p['cov0'].shape}")
+    return p
+

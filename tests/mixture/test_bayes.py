@@ -1,0 +1,211 @@
+"""Variational FedEM (scikit-learn's BayesianGaussianMixture as oracle), its intervals, and the
+federated Wald intervals (autodiff Hessian as oracle); seeded coverage studies."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import linear_sum_assignment
+from scipy.special import digamma, logsumexp
+from sklearn.mixture import BayesianGaussianMixture
+
+from fedstats.datasets.synthetic import gmm_federation
+from fedstats.mixture import FederatedGaussianMixture
+from fedstats.mixture.wald import information_blocks
+
+COV_TYPES = ["full", "tied", "diag", "spherical"]
+
+
+def _bgm(ct, **kw):
+    return BayesianGaussianMixture(n_components=3, covariance_type=ct, weight_concentration_prior_type="dirichlet_distribution",
+                                   warm_start=True, tol=0, random_state=0, **kw)
+
+
+def _quiet_fit(est, X):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X)
+    return est
+
+
+def _state(sk):
+    return dict(weight_concentration=sk.weight_concentration_.copy(), mean_precision=sk.mean_precision_.copy(),
+                means=sk.means_.copy(), degrees_of_freedom=np.array(sk.degrees_of_freedom_, float).copy(),
+                covariances=sk.covariances_.copy())
+
+
+def _priors(sk):
+    return dict(mean_prior=sk.mean_prior_, covariance_prior=sk.covariance_prior_,
+                degrees_of_freedom_prior=sk.degrees_of_freedom_prior_)
+
+
+def _blobs(seed=0, d=3):
+    rng = np.random.default_rng(seed)
+    return np.r_[rng.normal(0, 1, (80, d)), rng.normal(3, 1.5, (60, d)), rng.normal(-3, 0.7, (70, d))]
+
+
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_one_client_equals_sklearn_bayesian_mixture(ct):
+    X = _blobs()
+    sk = _quiet_fit(_bgm(ct, reg_covar=0, max_iter=1), X)  # sklearn's own start, then a common state
+    init = _state(sk)
+    K = 20
+    sk.max_iter = K
+    _quiet_fit(sk, X)
+    res = FederatedGaussianMixture(3, covariance_type=ct, bayesian=True, reg_covar=0, tol=0, max_rounds=K,
+                                   vb_init=init, **_priors(sk)).fit([X], seed=0)
+    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.weight_concentration_[0], sk.weight_concentration_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.degrees_of_freedom_, sk.degrees_of_freedom_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.mean_precision_, sk.mean_precision_, atol=1e-10, rtol=0)
+    assert res.elbo_trace()[-1] == pytest.approx(float(np.squeeze(sk.lower_bound_)), abs=1e-8)
+    # the default priors are scikit-learn's, computed from federated sums
+    dflt = FederatedGaussianMixture(3, covariance_type=ct, bayesian=True, reg_covar=0, tol=0, max_rounds=1,
+                                    vb_init=init).fit([X[:100], X[100:]], seed=0)
+    np.testing.assert_allclose(dflt.prior["m0"], sk.mean_prior_, atol=1e-12)
+    np.testing.assert_allclose(dflt.prior["cov0"], sk.covariance_prior_, atol=1e-12)
+    assert dflt.prior["nu0"] == sk.degrees_of_freedom_prior_ and dflt.prior["alpha0"] == pytest.approx(1 / 3)
+
+
+def test_shared_weights_equals_pooled_sklearn_bayesian():
+    data, _ = gmm_federation(n_clients=6, n_components=3, d=2, min_separation=3.0, seed=2)
+    X = np.concatenate([data[c].X for c in data.clients])
+    sk = _quiet_fit(_bgm("full", reg_covar=1e-6, max_iter=1), X)
+    init = _state(sk)
+    sk.max_iter = 15
+    _quiet_fit(sk, X)
+    res = FederatedGaussianMixture(3, bayesian=True, shared_weights=True, tol=0, max_rounds=15, vb_init=init,
+                                   **_priors(sk)).fit(data, seed=0)
+    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.weight_concentration_[data.clients[2]], sk.weight_concentration_, atol=1e-9, rtol=0)
+
+
+def test_per_client_vb_equals_centralised_reference():
+    """Oracle: scikit-learn's own update code on the pooled rows, with one Dirichlet per client."""
+    data, _ = gmm_federation(n_clients=8, n_components=3, d=2, min_separation=3.0, seed=4)
+    Xs = [data[c].X for c in data.clients]
+    X = np.concatenate(Xs)
+    cid = np.repeat(np.arange(len(Xs)), [len(x) for x in Xs])
+    sk = _quiet_fit(_bgm("full", reg_covar=1e-6, max_iter=1), X)
+    init = _state(sk)
+    alpha = np.tile(sk.weight_concentration_, (len(Xs), 1))
+    K = 25
+    for _ in range(K):
+        elog = digamma(alpha) - digamma(alpha.sum(1, keepdims=True))
+        a = sk._estimate_log_prob(X) + elog[cid]
+        log_resp = a - logsumexp(a, axis=1, keepdims=True)
+        sk._m_step(X, log_resp)
+        r = np.exp(log_resp)
+        alpha = sk.weight_concentration_prior_ + np.stack([r[cid == c].sum(0) for c in range(len(Xs))]) + 10 * np.finfo(float).eps
+    res = FederatedGaussianMixture(3, bayesian=True, tol=0, max_rounds=K, vb_init=init, **_priors(sk)).fit(data, seed=0)
+    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(np.stack([res.weight_concentration_[c] for c in data.clients]), alpha, atol=1e-9, rtol=0)
+    e = res.elbo_trace()
+    assert np.all(np.diff(e) >= -1e-9 * np.abs(e[1:]))
+
+
+def test_vb_from_kmeans_start_recovers_and_intervals_match_draws():
+    data, truth = gmm_federation(n_clients=10, n_components=3, d=2, n_obs=100, min_separation=5.0, seed=7)
+    res = FederatedGaussianMixture(3, bayesian=True, n_init=3).fit(data, seed=0)
+    assert res.converged
+    e = res.elbo_trace()
+    assert np.all(np.diff(e[1:]) >= -1e-9 * np.abs(e[2:]))  # round 0 is the ML start
+    D = ((res.means_[:, None] - truth["means"][None]) ** 2).sum(-1)
+    assert np.sqrt(D[linear_sum_assignment(D)]).max() < 0.3
+    # closed-form marginals agree with exact draws from q
+    s = res.summary(0.9)
+    post = res.global_posterior(n=20000, seed=1)
+    lo, hi = post.credible_interval(0.9)
+    np.testing.assert_allclose(lo, s["lower"].to_numpy(), atol=0.02)
+    np.testing.assert_allclose(hi, s["upper"].to_numpy(), atol=0.02)
+    c = data.clients[3]
+    w = res.weight_intervals(c, 0.9)
+    lo, hi = res.client_posterior(c, n=20000, seed=2).credible_interval(0.9)
+    np.testing.assert_allclose(lo, w["lower"].to_numpy(), atol=0.01)
+    np.testing.assert_allclose(hi, w["upper"].to_numpy(), atol=0.01)
+    cs = res.client_summary(0.9)
+    assert list(cs.columns) == ["client", "name", "mean", "sd", "lower", "upper"] and len(cs) == 30
+
+
+def _coverage(reps, seed0=1000):
+    """90% interval coverage of the truth (after Hungarian matching) over seeded federations."""
+    hit_m, hit_w, hit_wald_m, hit_wald_w = [], [], [], []
+    for rep in range(reps):
+        data, truth = gmm_federation(n_clients=10, n_components=3, d=2, n_obs=100, min_separation=5.0, alpha=1.0,
+                                     seed=seed0 + rep)
+        for bayes in (True, False):
+            res = FederatedGaussianMixture(3, bayesian=bayes, n_init=3).fit(data, seed=rep)
+            D = ((res.means_[:, None] - truth["means"][None]) ** 2).sum(-1)
+            r, c = linear_sum_assignment(D)
+            order = np.empty(3, int)
+            order[c] = r
+            if bayes:
+                m, w = res.mean_intervals(0.9), res.client_summary(0.9)
+            else:
+                m, w = res.wald_intervals(data, 0.9)
+            lo, hi = (m[k].to_numpy().reshape(3, 2)[order] for k in ("lower", "upper"))
+            (hit_m if bayes else hit_wald_m).append(((lo <= truth["means"]) & (truth["means"] <= hi)).ravel())
+            for k, cl in enumerate(data.clients):
+                t = w[w["client"] == cl]
+                lo, hi = t["lower"].to_numpy()[order], t["upper"].to_numpy()[order]
+                (hit_w if bayes else hit_wald_w).append((lo <= truth["weights"][k]) & (truth["weights"][k] <= hi))
+    return [float(np.mean(h)) for h in (hit_m, hit_w, hit_wald_m, hit_wald_w)]
+
+
+def test_interval_coverage_quick():
+    # 30 federations: 180 mean coordinates, 900 client weights per method
+    vb_m, vb_w, wald_m, wald_w = _coverage(30)
+    assert vb_m >= 0.85 and wald_m >= 0.85
+    assert abs(vb_w - 0.90) <= 0.07 and abs(wald_w - 0.90) <= 0.07
+
+
+@pytest.mark.slow
+def test_interval_coverage_200_federations():
+    vb_m, vb_w, wald_m, wald_w = _coverage(200, seed0=5000)
+    assert vb_m >= 0.85 and wald_m >= 0.85
+    assert abs(vb_w - 0.90) <= 0.07 and abs(wald_w - 0.90) <= 0.07
+
+
+def _loglik_jax(M, d):
+    def ll(theta, X, cov):
+        mu = theta[: M * d].reshape(M, d)
+        lw = jax.nn.log_softmax(jnp.r_[theta[M * d:], 0.0])
+        ld = jnp.stack([jax.scipy.stats.multivariate_normal.logpdf(X, mu[j], cov[j]) for j in range(M)], 1)
+        return jax.scipy.special.logsumexp(ld + lw, axis=1).sum()
+    return ll
+
+
+def test_wald_information_equals_autodiff_and_pooled_inverse():
+    data, _ = gmm_federation(n_clients=4, n_components=3, d=2, n_obs=80, min_separation=4.0, seed=0)
+    res = FederatedGaussianMixture(3, n_init=3).fit(data, seed=0)
+    M, d, P = 3, 2, 6
+    ll = _loglik_jax(M, d)
+    C = len(data.clients)
+    big = np.zeros((P + C * (M - 1), P + C * (M - 1)))  # the pooled (arrowhead) information
+    with jax.enable_x64(True):
+        hess = jax.jit(jax.hessian(ll))
+        for k, c in enumerate(data.clients):
+            w = res.weights_[c]
+            th = jnp.r_[res.means_.ravel(), np.log(w[:2] / w[2])]
+            J = -np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(res.covariances_)))
+            Jtt, Jte, Jee = information_blocks(data[c].X, res.means_, res.covariances_, "full", w)
+            scale = np.abs(J).max()
+            np.testing.assert_allclose(Jtt, J[:P, :P], atol=1e-10 * scale)
+            np.testing.assert_allclose(Jte, J[:P, P:], atol=1e-10 * scale)
+            np.testing.assert_allclose(Jee, J[P:, P:], atol=1e-10 * scale)
+            s = slice(P + k * (M - 1), P + (k + 1) * (M - 1))
+            big[:P, :P] += J[:P, :P]
+            big[:P, s], big[s, :P], big[s, s] = J[:P, P:], J[P:, :P], J[P:, P:]
+    inv = np.linalg.inv(big)
+    m, w = res.wald_intervals(data, 0.95)
+    np.testing.assert_allclose(res.wald_info_["cov_means"], inv[:P, :P], rtol=1e-8, atol=1e-14)
+    for k, c in enumerate(data.clients):
+        s = slice(P + k * (M - 1), P + (k + 1) * (M - 1))
+        np.testing.assert_allclose(res.wald_info_["cov_eta"][c], inv[s, s], rtol=1e-8)
+    assert res.wald_info_["bytes_up"] == C * P * P * 8  # only the P x P Schur term goes up
+    assert np.all((w["lower"] > 0) & (w["upper"] < 1))
