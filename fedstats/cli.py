@@ -18,6 +18,16 @@ the hyperparameters under ``"global"`` (``value``), each client's number of rows
 the shared prior on its own rows) with a predictive interval (``lower``, ``upper``) and a
 credible interval of the latent function (``f_lower``, ``f_upper``). ``--kernel`` and
 ``--ard`` choose the kernel.
+``--model gmm --components M`` (no ``--target``) fits a Gaussian mixture by FedEM: shared
+components, each client's own mixing weights. Components under ``"global"`` (names
+``mean[j][feature]``, ``var[j][feature]``), each client's weights under ``"client"`` (names
+``weight[j]``); with ``--bayesian`` (variational FedEM) credible intervals (``sd``,
+``lower``, ``upper``), with ``--uncertainty`` Wald intervals of the means and weights
+instead; otherwise point estimates (``sd``, ``lower``, ``upper`` are ``null``).
+``--covariance-type`` picks full, tied, diag or spherical covariances. With ``--predict``
+each row gets its client's most probable component, the component probabilities and its
+log-density; a client not in the fit first gets weights fitted on its own rows in the
+prediction file, with the components frozen.
 ``fedstats demo`` simulates a federation, fits it and prints the fit beside the pooled gold
 standard.
 
@@ -30,12 +40,13 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-MODELS = ("hm2", "lasso", "ridge", "hm1", "fgpr")
+MODELS = ("hm2", "lasso", "ridge", "hm1", "fgpr", "gmm")
 MIN_ROWS = 3
 
 
@@ -56,10 +67,10 @@ def _read_csv(path: str) -> pd.DataFrame:
     return df
 
 
-def _data_from(df: pd.DataFrame, by: str, target: str, features, *, path: str):
+def _data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: str):
     from .data import DataError, FederatedData
 
-    missing = [c for c in [by, target, *(features or [])] if c not in df.columns]
+    missing = [c for c in [by, *([target] if target else []), *(features or [])] if c not in df.columns]
     if missing:
         raise CLIError(f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})")
     try:
@@ -89,12 +100,24 @@ def _fit(args) -> dict:
         raise CLIError(f"unknown model {args.model!r}; choose one of: {', '.join(MODELS)}")
     if not 0 < args.level < 1:
         raise CLIError(f"--level must lie in (0, 1), got {args.level}")
+    if args.model == "gmm":
+        if args.target is not None:
+            raise CLIError("--model gmm takes no --target (a mixture models all feature columns)")
+        if args.components is None or args.components < 1:
+            raise CLIError("--model gmm needs --components M (M >= 1)")
+    else:
+        if args.target is None:
+            raise CLIError(f"--model {args.model} needs --target")
+        if args.components is not None or args.bayesian or args.covariance_type != "full":
+            raise CLIError("--components, --bayesian and --covariance-type apply to --model gmm only")
     if args.rounds is None:
-        args.rounds = {"hm1": 30, "fgpr": 100}.get(args.model, 15)
+        args.rounds = {"hm1": 30, "fgpr": 100, "gmm": 200}.get(args.model, 15)
     if args.rounds < 1:
         raise CLIError(f"--rounds must be at least 1, got {args.rounds}")
-    if args.uncertainty and args.model != "hm1":
-        raise CLIError("--uncertainty applies to --model hm1 only (the Bayesian models always give intervals)")
+    if args.uncertainty and args.model not in ("hm1", "gmm"):
+        raise CLIError("--uncertainty applies to --model hm1 and gmm only (the Bayesian models always give intervals)")
+    if args.uncertainty and args.bayesian:
+        raise CLIError("--uncertainty (Wald intervals) and --bayesian (credible intervals) exclude each other")
     if (args.kernel != "rbf" or args.ard) and args.model != "fgpr":
         raise CLIError("--kernel and --ard apply to --model fgpr only")
     df = _read_csv(args.data)
@@ -114,6 +137,8 @@ def _fit(args) -> dict:
         return _fit_hm1(args, data, test)
     if args.model == "fgpr":
         return _fit_fgpr(args, data, test)
+    if args.model == "gmm":
+        return _fit_gmm(args, data, test)
     t0 = time.perf_counter()
     res = _model(args.model, args.rounds).fit(data, seed=args.seed, progress=None)
     runtime = time.perf_counter() - t0
@@ -269,6 +294,75 @@ def _fit_fgpr(args, data, test) -> dict:
     return out
 
 
+def _fit_gmm(args, data, test) -> dict:
+    from .mixture import FederatedGaussianMixture
+
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = FederatedGaussianMixture(args.components, covariance_type=args.covariance_type, max_rounds=args.rounds,
+                                       bayesian=args.bayesian).fit(data, seed=args.seed, progress=None)
+        if args.uncertainty:
+            try:
+                g, w = res.wald_intervals(data, args.level, seed=args.seed)
+            except np.linalg.LinAlgError:
+                raise CLIError("the information matrix is singular (a weight at 0 or components that cannot be "
+                               "told apart): no Wald intervals; try fewer --components or --bayesian") from None
+    runtime = time.perf_counter() - t0
+    for wmsg in caught:
+        print(f"warning: {wmsg.message}", file=sys.stderr)
+    if args.bayesian:
+        g, w = res.summary(args.level), res.client_summary(args.level)
+    elif not args.uncertainty:
+        g = res.summary().assign(sd=np.nan, lower=np.nan, upper=np.nan)
+        w = pd.DataFrame([{"client": c, "name": f"weight[{j}]", "mean": v, "sd": np.nan, "lower": np.nan,
+                           "upper": np.nan} for c in data.clients for j, v in enumerate(res.weights_[c])])
+    if args.uncertainty:  # Wald for the means; the variances are point estimates
+        var = res.summary().loc[lambda t: t.index.str.startswith("var[")].assign(sd=np.nan, lower=np.nan, upper=np.nan)
+        g = pd.concat([g, var])
+    cols = ["mean", "sd", "lower", "upper"]
+    up, down = res.bytes_total["up"], res.bytes_total["down"]
+    if args.uncertainty:
+        up, down = up + res.wald_info_["bytes_up"], down + res.wald_info_["bytes_down"]
+    out = {
+        "model": "gmm", "level": args.level, "clients": [_id_key(c) for c in data.clients],
+        "components": args.components, "covariance_type": args.covariance_type, "bayesian": bool(args.bayesian),
+        "intervals": "credible" if args.bayesian else ("wald" if args.uncertainty else None),
+        "global": _records(g, cols),
+        "client": {_id_key(c): _records(w[w["client"] == c].set_index("name"), cols) for c in data.clients},
+        "rounds": res.rounds, "converged": bool(res.converged),
+        "loglik": float(res.history[-1].metrics.get("loglik", np.nan)),
+        "communication": {"bytes_up": int(up), "bytes_down": int(down)}, "runtime_s": round(runtime, 3),
+    }
+    if test is not None:
+        tdf, X = test
+        known = {_id_key(c): c for c in data.clients}
+        keys = np.array([_id_key(v) for v in tdf[args.by]])
+        rows: list[dict] = [{} for _ in range(len(tdf))]
+        for key in pd.unique(keys):
+            idx = np.flatnonzero(keys == key)
+            if key in known:
+                kw = {"client": known[key]}
+            else:  # an unseen client: its weights from its own rows, components frozen
+                kw = {"weights": res.new_client_weights(X[idx])}
+            proba = res.predict_proba(X[idx], **kw)
+            dens = res.score_samples(X[idx], **kw)
+            for i, p_, l_ in zip(idx, proba, dens):
+                rows[i] = {"client": key, "component": int(np.argmax(p_)), "proba": [float(v) for v in p_],
+                           "logdensity": float(l_), "new_client": key not in known}
+        out["predictions"] = rows
+    with pd.option_context("display.width", 120, "display.max_rows", 200, "display.float_format", "{:.4f}".format):
+        kind = "variational FedEM" if args.bayesian else "FedEM"
+        print(f"Gaussian mixture, {args.components} components ({args.covariance_type}), {kind}: {res.rounds} rounds"
+              f"{'' if res.converged else ' (not converged)'}, {len(data.clients)} clients, {runtime:.1f} s")
+        print(g[cols].to_string() if (args.bayesian or args.uncertainty) else g[["mean"]].to_string())
+        print("\nClient weights (they never leave their client):")
+        print(w.pivot(index="client", columns="name", values="mean").to_string())
+        if test is not None:
+            print(f"\n{len(out['predictions'])} rows assigned to components")
+    return out
+
+
 def data_columns(df, args) -> list[str]:
     return list(args.features) if args.features else [c for c in df.columns if c not in (args.by, args.target)]
 
@@ -369,19 +463,26 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="fit a federated model to a CSV with one client per value of --by")
     f.add_argument("data", help="CSV file (separator detected)")
     f.add_argument("--by", required=True, help="column naming each row's client")
-    f.add_argument("--target", required=True, help="response column")
+    f.add_argument("--target", help="response column (every model but gmm)")
     f.add_argument("--features", nargs="+", help="feature columns (default: all but --by and --target)")
     f.add_argument("--model", default="hm2", help=f"model: {', '.join(MODELS)} (default hm2: hierarchical "
                    "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection; hm1: per-client "
-                   "regressions sharing a learned covariance between clients; fgpr: federated Gaussian process regression)")
+                   "regressions sharing a learned covariance between clients; fgpr: federated Gaussian process regression; "
+                   "gmm: Gaussian mixture with per-client weights, by FedEM)")
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
     f.add_argument("--rounds", type=int, default=None,
-                   help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30) and "
-                   "fgpr (default 100)")
+                   help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30), "
+                   "fgpr (default 100) and gmm (at most; default 200)")
     f.add_argument("--uncertainty", action="store_true",
-                   help="hm1 only: conditional posterior intervals (each client shares X^T X / sigma^2 once)")
+                   help="hm1: conditional posterior intervals (each client shares X^T X / sigma^2 once); gmm: Wald "
+                   "intervals from the observed information (each client shares a Schur complement once)")
     f.add_argument("--kernel", default="rbf", choices=("rbf", "matern"), help="fgpr only: GP kernel (default rbf)")
     f.add_argument("--ard", action="store_true", help="fgpr only: one lengthscale per feature")
+    f.add_argument("--components", type=int, help="gmm only: number of mixture components")
+    f.add_argument("--covariance-type", default="full", choices=("full", "tied", "diag", "spherical"),
+                   help="gmm only: covariance structure (default full)")
+    f.add_argument("--bayesian", action="store_true",
+                   help="gmm only: variational FedEM with credible intervals for components and weights")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--output", help="write the results as JSON here")
     f.add_argument("--predict", help="CSV of rows to predict (same client and feature columns)")

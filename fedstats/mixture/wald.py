@@ -31,11 +31,20 @@ from ..federation import FederatedAlgorithm, run
 from ._gmm import COV_TYPES, e_step, full_covariances, log_gaussian, precision_cholesky
 
 
-def information_blocks(X, means, cov, cov_type, weights):
+def free_weights(weights, tiny=1e-8):
+    """The weight coordinates that are parameters: every component but the largest (the
+    reference of the log-ratios) and those at the boundary (``pi < tiny``), whose weight is
+    an MLE at 0 with no Wald interval."""
+    w = np.asarray(weights)
+    return [j for j in range(len(w)) if j != int(np.argmax(w)) and w[j] >= tiny]
+
+
+def information_blocks(X, means, cov, cov_type, weights, free=None):
     """Observed information of one client's rows at ``(means, weights)``, covariances fixed.
 
-    Returns ``(J_tt (Md, Md), J_te (Md, M-1), J_ee (M-1, M-1))`` for ``theta`` = the means
-    (component-major) and ``eta`` = the log-ratios against the last component.
+    Returns ``(J_tt (Md, Md), J_te (Md, L), J_ee (L, L))`` for ``theta`` = the means
+    (component-major) and ``eta_l = log(pi_l / pi_ref)`` for ``l`` in ``free`` (default:
+    all but the last component, which is then the reference).
     """
     n, d = X.shape
     M = means.shape[0]
@@ -48,19 +57,22 @@ def information_blocks(X, means, cov, cov_type, weights):
         s = slice(j * d, (j + 1) * d)
         Jtt[s, s] += r[:, j].sum() * P[j] - (r[:, j, None] * u[:, j]).T @ u[:, j]
     # d score_mu_j / d eta_l = sum_i r_ij (delta_jl - r_il) u_ij
-    L = M - 1
-    Hte = np.einsum("nj,njl,njd->jdl", r, np.eye(M)[None, :, :L] - r[:, None, :L], u).reshape(M * d, L)
-    pi = np.asarray(weights, float)
-    Hee = (np.diag(r[:, :L].sum(0)) - r[:, :L].T @ r[:, :L]) - n * (np.diag(pi[:L]) - np.outer(pi[:L], pi[:L]))
+    f = list(range(M - 1)) if free is None else list(free)
+    L = len(f)
+    rf = r[:, f]
+    Hte = np.einsum("nj,njl,njd->jdl", r, np.eye(M)[None, :, f] - rf[:, None, :], u).reshape(M * d, L)
+    pi = np.asarray(weights, float)[f]
+    Hee = (np.diag(rf.sum(0)) - rf.T @ rf) - n * (np.diag(pi) - np.outer(pi, pi))
     return Jtt, -Hte, -Hee
 
 
 def _schur_reply(msg, X, rng):
     cov_type = COV_TYPES[int(msg["cov_type"][0])]
-    Jtt, Jte, Jee = information_blocks(X, msg["means"], msg["covariances"], cov_type, msg["weights"])
+    w = msg["weights"]
+    Jtt, Jte, Jee = information_blocks(X, msg["means"], msg["covariances"], cov_type, w, free_weights(w))
     if msg["shared"][0]:
         return {"A": Jtt, "Jte": Jte, "Jee": Jee}
-    A = Jtt - Jte @ np.linalg.solve(Jee, Jte.T)
+    A = Jtt - Jte @ np.linalg.solve(Jee, Jte.T) if Jee.size else Jtt
     return {"A": A, "Jte": np.zeros((0,)), "Jee": np.zeros((0,))}
 
 
@@ -116,7 +128,7 @@ def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
     replies = r.server_state
     Ptot = M * d
     if shared:
-        L = M - 1
+        L = len(free_weights(result.weights_[data.clients[0]]))
         J = np.zeros((Ptot + L, Ptot + L))
         for r in replies.values():
             J[:Ptot, :Ptot] += r["A"]
@@ -130,9 +142,10 @@ def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
         cov_t = np.linalg.inv(sum(r["A"] for r in replies.values()))
         cov_eta = {}
         for c in data.clients:  # on the client: its own blocks and the broadcast Cov(theta)
+            w = result.weights_[c]
             _, Jte, Jee = information_blocks(np.asarray(data[c].X), result.means_, result.covariances_,
-                                             result.covariance_type, result.weights_[c])
-            Jinv = np.linalg.inv(Jee)
+                                             result.covariance_type, w, free_weights(w))
+            Jinv = np.linalg.inv(Jee) if Jee.size else Jee
             cov_eta[c] = Jinv + Jinv @ Jte.T @ cov_t @ Jte @ Jinv
     sd = np.sqrt(np.diag(cov_t)).reshape(M, d)
     names = [f"mean[{j}][{f}]" for j in range(M) for f in result.feature_names]
@@ -142,10 +155,13 @@ def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
     rows = []
     for c in data.clients:
         pi = result.weights_[c]
-        # pi = softmax((eta, 0)): d pi / d eta = (diag(pi) - pi pi^T)[:, :M-1]
-        Jac = (np.diag(pi) - np.outer(pi, pi))[:, : M - 1]
+        # pi = softmax(eta) over the free coordinates: d pi_k / d eta_l = pi_k (delta_kl - pi_l)
+        f = free_weights(pi)
+        Jac = (np.diag(pi) - np.outer(pi, pi))[:, f]
         sd_pi = np.sqrt(np.maximum(np.diag(Jac @ cov_eta[c] @ Jac.T), 0.0))
         lo, hi = _logit_interval(np.clip(pi, 1e-12, 1 - 1e-12), sd_pi, z)
+        boundary = (pi < 1e-8) | (len(f) == 0)  # an MLE at 0 (or 1 because all others are): no Wald interval
+        sd_pi, lo, hi = (np.where(boundary, np.nan, v) for v in (sd_pi, lo, hi))
         for j in range(M):
             rows.append({"client": c, "name": f"weight[{j}]", "mean": pi[j], "sd": sd_pi[j], "lower": lo[j],
                          "upper": hi[j]})

@@ -13,7 +13,7 @@ from sklearn.mixture import BayesianGaussianMixture
 
 from fedstats.datasets.synthetic import gmm_federation
 from fedstats.mixture import FederatedGaussianMixture
-from fedstats.mixture.wald import information_blocks
+from fedstats.mixture.wald import free_weights, information_blocks
 
 COV_TYPES = ["full", "tied", "diag", "spherical"]
 
@@ -172,9 +172,9 @@ def test_interval_coverage_200_federations():
 
 
 def _loglik_jax(M, d):
-    def ll(theta, X, cov):
+    def ll(theta, X, cov, E):  # E (L, M) one-hot rows: which log-ratios are parameters
         mu = theta[: M * d].reshape(M, d)
-        lw = jax.nn.log_softmax(jnp.r_[theta[M * d:], 0.0])
+        lw = jax.nn.log_softmax(theta[M * d:] @ E)
         ld = jnp.stack([jax.scipy.stats.multivariate_normal.logpdf(X, mu[j], cov[j]) for j in range(M)], 1)
         return jax.scipy.special.logsumexp(ld + lw, axis=1).sum()
     return ll
@@ -184,16 +184,17 @@ def test_wald_information_equals_autodiff_and_pooled_inverse():
     data, _ = gmm_federation(n_clients=4, n_components=3, d=2, n_obs=80, min_separation=4.0, seed=0)
     res = FederatedGaussianMixture(3, n_init=3).fit(data, seed=0)
     M, d, P = 3, 2, 6
-    ll = _loglik_jax(M, d)
     C = len(data.clients)
     big = np.zeros((P + C * (M - 1), P + C * (M - 1)))  # the pooled (arrowhead) information
     with jax.enable_x64(True):
-        hess = jax.jit(jax.hessian(ll))
+        hess = jax.jit(jax.hessian(_loglik_jax(M, d)))
         for k, c in enumerate(data.clients):
             w = res.weights_[c]
-            th = jnp.r_[res.means_.ravel(), np.log(w[:2] / w[2])]
-            J = -np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(res.covariances_)))
-            Jtt, Jte, Jee = information_blocks(data[c].X, res.means_, res.covariances_, "full", w)
+            free = free_weights(w)  # log-ratios against the client's largest weight
+            assert len(free) == M - 1
+            th = jnp.r_[res.means_.ravel(), np.log(w[free] / w.max())]
+            J = -np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(res.covariances_), np.eye(M)[free]))
+            Jtt, Jte, Jee = information_blocks(data[c].X, res.means_, res.covariances_, "full", w, free)
             scale = np.abs(J).max()
             np.testing.assert_allclose(Jtt, J[:P, :P], atol=1e-10 * scale)
             np.testing.assert_allclose(Jte, J[:P, P:], atol=1e-10 * scale)
