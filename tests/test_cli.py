@@ -153,7 +153,7 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
                  str(tmp_path / "z.csv")]) == 2
     assert "not in the fit: Z" in capsys.readouterr().err
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--uncertainty"]) == 2
-    assert "--uncertainty applies to --model hm1" in capsys.readouterr().err
+    assert "--uncertainty applies to --model hm1 and gmm" in capsys.readouterr().err
 
 
 def test_fgpr_writes_hyperparameters_and_personal_predictions(tmp_path, capsys):
@@ -187,3 +187,56 @@ def test_fgpr_writes_hyperparameters_and_personal_predictions(tmp_path, capsys):
     assert "no rows for client(s): Z" in capsys.readouterr().err
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--ard"]) == 2
     assert "--kernel and --ard apply to --model fgpr only" in capsys.readouterr().err
+
+
+def test_gmm_writes_components_client_weights_and_predictions(tmp_path, capsys):
+    from fedstats.datasets.synthetic import gmm_federation
+
+    data, truth = gmm_federation(n_clients=4, n_components=2, d=2, n_obs=60, min_separation=6.0, alpha=1.0, seed=3)
+    df = data.to_dataframe(client_col="site")
+    p, t, out = tmp_path / "g.csv", tmp_path / "gt.csv", tmp_path / "g.json"
+    df.to_csv(p, index=False)
+    new = pd.DataFrame({"site": "new", "x1": truth["means"][0, 0] + np.zeros(3), "x2": truth["means"][0, 1]})
+    pd.concat([df.iloc[[0, 70]], new]).to_csv(t, index=False)
+    rc = main(["fit", str(p), "--by", "site", "--model", "gmm", "--components", "2", "--bayesian", "--level", "0.9",
+               "--output", str(out), "--predict", str(t)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "variational FedEM" in printed and "never leave their client" in printed
+    j = json.loads(out.read_text())
+    assert j["model"] == "gmm" and j["bayesian"] and j["intervals"] == "credible" and j["components"] == 2
+    names = [g["name"] for g in j["global"]]
+    assert names[:4] == ["mean[0][x1]", "mean[0][x2]", "mean[1][x1]", "mean[1][x2]"] and names[4] == "var[0][x1]"
+    assert set(j["client"]) == {"0", "1", "2", "3"}
+    for recs in j["client"].values():
+        assert [r["name"] for r in recs] == ["weight[0]", "weight[1]"]
+        assert sum(r["mean"] for r in recs) == pytest.approx(1.0)
+        assert all(0 <= r["lower"] < r["mean"] < r["upper"] <= 1 for r in recs)
+    means = np.array([[g["mean"] for g in j["global"][2 * k:2 * k + 2]] for k in range(2)])
+    D = ((means[:, None] - truth["means"][None]) ** 2).sum(-1)
+    assert np.sqrt(D.min(1)).max() < 0.5  # both centres recovered
+    pred = j["predictions"]
+    assert len(pred) == 5 and pred[0]["new_client"] is False and pred[-1]["new_client"] is True
+    # the new client's rows all sit on the first true centre: one component, confidently
+    comp = {r["component"] for r in pred[2:]}
+    assert len(comp) == 1 and all(max(r["proba"]) > 0.99 for r in pred[2:])
+    # point estimates without --bayesian: intervals are null
+    assert main(["fit", str(p), "--by", "site", "--model", "gmm", "--components", "2", "--covariance-type", "diag",
+                 "--output", str(out)]) == 0
+    j = json.loads(out.read_text())
+    assert j["intervals"] is None and j["global"][0]["lower"] is None and j["covariance_type"] == "diag"
+    # Wald intervals with --uncertainty
+    assert main(["fit", str(p), "--by", "site", "--model", "gmm", "--components", "2", "--uncertainty",
+                 "--output", str(out)]) == 0
+    j = json.loads(out.read_text())
+    assert j["intervals"] == "wald" and j["global"][0]["lower"] < j["global"][0]["mean"] < j["global"][0]["upper"]
+    capsys.readouterr()
+    for args, msg in [(["--components", "2", "--target", "x1"], "takes no --target"),
+                      ([], "needs --components"),
+                      (["--components", "2", "--bayesian", "--uncertainty"], "exclude each other")]:
+        assert main(["fit", str(p), "--by", "site", "--model", "gmm", *args]) == 2
+        assert msg in capsys.readouterr().err
+    assert main(["fit", str(p), "--by", "site", "--target", "x1", "--components", "2"]) == 2
+    assert "apply to --model gmm only" in capsys.readouterr().err
+    assert main(["fit", str(p), "--by", "site"]) == 2
+    assert "needs --target" in capsys.readouterr().err
