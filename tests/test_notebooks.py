@@ -11,6 +11,7 @@ EXPECT = {
     "02_variable_selection.ipynb": "Inclusion rates within spec A9 up to two binomial standard errors: True",
     "03_structural_covariance.ipynb": "HM1 beats Separate where borrowing should help, and Case IV is within 5%: True",
     "04_fgpr_multifidelity.ipynb": "FGPR notebook checks pass: True",
+    "05_fedem.ipynb": "FedEM notebook checks pass: True",
 }
 
 
