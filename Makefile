@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/shrinkage_vs_pooled.py
 	$(BIN)/python benchmarks/hm1.py
 	$(BIN)/python benchmarks/fgpr.py
+	$(BIN)/python benchmarks/fedem.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -35,7 +35,7 @@ from scipy import stats
 from scipy.special import digamma, gammaln
 
 from ..inference import SamplePosterior
-from ._gmm import full_covariances, m_step, precision_cholesky, reshift
+from ._gmm import full_covariances, m_step, precision_cholesky
 from .fedem import FedEMAlgorithm, GaussianMixtureResult
 
 _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
@@ -139,24 +139,15 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
         return {"mean_precision": beta, "means": means, "degrees_of_freedom": nu, "covariances": cov}
 
     def server_step(self, state, replies, round):
-        st = dict(state)
-        idx = {c: i for i, c in enumerate(st["clients"])}
-        for k in ("N", "S1", "S2", "shift", "H", "seen"):
-            st[k] = st[k].copy()
         shift = state["means"] if state["hyper"] is None else state["hyper"]["means"]
-        ll = 0.0
-        for c, r in replies.items():
-            i = idx[c]
-            st["N"][i], st["S1"][i], st["S2"][i] = r["N"], r["S1"], r["S2"]
-            st["shift"][i], st["H"][i], st["seen"][i] = shift, r["entropy"][0], True
-            ll += float(r["loglik"][0])
-        metrics = {"answered": float(len(replies)), "offset_loglik": ll}
-        seen = st["seen"]
-        if not seen.any():
+        st, metrics, stats = self.absorb(state, replies, shift)
+        # the clients' log-sum-exp normalisers include the VB offsets: not a log-likelihood
+        metrics["e_step_normaliser"] = metrics.pop("loglik")
+        del metrics["mean_loglik"]
+        if stats is None:
             metrics["elbo"] = float("nan")
             return st, metrics
-        S1c, S2c = reshift(st["N"][seen], st["S1"][seen], st["S2"][seen], st["shift"][seen], shift, self.cov_type)
-        Nc = st["N"][seen]
+        Nc, S1c, S2c = stats
         Nj = Nc.sum(0) + _EPS10
         xk, sk, _ = m_step(Nj, S1c.sum(0), S2c.sum(0), shift, self.cov_type, self.reg_covar, min_count=0.0)
         h = self.vb_update(Nj, xk, sk)
@@ -165,7 +156,7 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
         alphas = self.prior["alpha0"] + (Nj[None] if self.shared else Nc + _EPS10)
         if self.shared:
             st["alpha_shared"] = alphas[0]
-        elbo = self.elbo(h, alphas, st["H"][seen].sum())
+        elbo = self.elbo(h, alphas, st["H"][st["seen"]].sum())
         st["F_prev"], st["F"] = state["F"], elbo
         metrics["elbo"] = elbo
         return st, metrics
@@ -311,7 +302,14 @@ class BayesianMixtureResult(GaussianMixtureResult):
         draws = np.random.default_rng(seed).dirichlet(a, n)
         return SamplePosterior(draws, names=[f"weight[{j}]" for j in range(len(a))])
 
+    def loglik_trace(self) -> np.ndarray:
+        raise AttributeError("a variational fit has no log-likelihood trace; use elbo_trace()")
+
+    def bic(self) -> float:
+        raise AttributeError("BIC is for maximum-likelihood fits; compare variational fits by their ELBO")
+
     def elbo_trace(self) -> np.ndarray:
+        """The evidence lower bound after every round (scikit-learn's, constants dropped)."""
         return np.array([r.metrics["elbo"] for r in self.history])
 
 

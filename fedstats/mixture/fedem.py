@@ -160,43 +160,53 @@ class FedEMAlgorithm(FederatedAlgorithm):
             msg["log_weights"] = state["log_w"]
         return msg
 
-    def server_step(self, state, replies, round):
+    def absorb(self, state, replies, shift):
+        """The server's cache after this round's replies (statistics taken about ``shift``).
+
+        Returns ``(new_state, metrics, (N_c, S1_c, S2_c) of every client seen so far, all
+        moved to ``shift``)``; the last item is ``None`` before any client answered.
+        """
         st = dict(state)
         idx = {c: i for i, c in enumerate(st["clients"])}
         for k in ("N", "S1", "S2", "shift", "H", "seen"):
             st[k] = st[k].copy()
-        ll = 0.0
-        n_ans = 0.0
+        ll = n_ans = 0.0
         for c, r in replies.items():
             i = idx[c]
             st["N"][i], st["S1"][i], st["S2"][i] = r["N"], r["S1"], r["S2"]
-            st["shift"][i], st["H"][i], st["seen"][i] = state["means"], r["entropy"][0], True
+            st["shift"][i], st["H"][i], st["seen"][i] = shift, r["entropy"][0], True
             ll += float(r["loglik"][0])
             n_ans += float(r["N"].sum())
-        metrics = {"loglik": ll, "n_points": n_ans, "answered": float(len(replies))}
+        metrics = {"loglik": ll, "n_points": n_ans, "answered": float(len(replies)),
+                   "mean_loglik": ll / n_ans if n_ans else float("nan")}
         seen = st["seen"]
         if not seen.any():
-            metrics.update(free_energy=float("nan"), mean_loglik=float("nan"), empty_components=0.0)
-            return st, metrics
+            return st, metrics, None
+        S1c, S2c = reshift(st["N"][seen], st["S1"][seen], st["S2"][seen], st["shift"][seen], shift, self.cov_type)
+        return st, metrics, (st["N"][seen], S1c, S2c)
+
+    def server_step(self, state, replies, round):
         old = state["means"]
-        S1c, S2c = reshift(st["N"][seen], st["S1"][seen], st["S2"][seen], st["shift"][seen], old, self.cov_type)
-        Nj = st["N"][seen].sum(0)
+        st, metrics, stats = self.absorb(state, replies, old)
+        if stats is None:
+            metrics.update(free_energy=float("nan"), empty_components=0.0)
+            return st, metrics
+        Nc, S1c, S2c = stats
+        Nj = Nc.sum(0)
         means, cov, empty = m_step(Nj, S1c.sum(0), S2c.sum(0), old, self.cov_type, self.reg_covar,
                                    prev_means=old, prev_cov=state["cov"])
         st["means"], st["cov"], st["empty"] = means, cov, empty.tolist()
         # weights the clients now hold: pi_c = N_c / n_c (the server can form them from N_c,
         # which is why soft counts reveal the weights unless summed by secure aggregation)
-        Nc = st["N"][seen]
         if self.shared:
             st["log_w"] = _log_weights(Nj / Nj.sum())
             logw = np.broadcast_to(st["log_w"], Nc.shape)
         else:
             logw = _log_weights(Nc / Nc.sum(1, keepdims=True))
         q = expected_loglik_terms(Nc, S1c, S2c, old, means, cov, self.cov_type)
-        F = float(np.sum(Nc * logw) + q.sum() + st["H"][seen].sum())
+        F = float(np.sum(Nc * logw) + q.sum() + st["H"][st["seen"]].sum())
         st["F_prev"], st["F"] = state["F"], F
-        metrics.update(free_energy=F, mean_loglik=ll / n_ans if n_ans else float("nan"),
-                       empty_components=float(len(empty)))
+        metrics.update(free_energy=F, empty_components=float(len(empty)))
         return st, metrics
 
     def converged(self, state, metrics):
