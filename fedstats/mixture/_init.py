@@ -136,7 +136,7 @@ def _pooled_cov(N, S1, S2, shift, cov_type, reg_covar):
     return np.full(len(N), S2c.sum() / tot / d + reg_covar)
 
 
-def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed, participation_seed=None):
+def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed):
     """Run the four steps above; returns ``(means, covariances, info)``.
 
     ``info`` holds the candidates' log-likelihoods and the bytes of the three init rounds.

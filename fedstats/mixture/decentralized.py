@@ -238,6 +238,11 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
     mixing : {"metropolis", "fast"}, default "metropolis"
         Metropolis-Hastings weights, or the fastest-mixing chain (:func:`fast_mixing_weights`).
 
+    It runs ``max_rounds`` rounds (``tol`` is not used: no node sees the global objective).
+    The initial components come from the federated k-means start (a one-off aggregation that
+    a deployment would also do by gossip, or give as ``means_init``); every node starts from
+    them, which keeps component labels aligned across nodes.
+
     The fit's ``means_``/``covariances_`` are the clients' average; each client's own copy
     is in ``client_means_``/``client_covariances_`` and is what ``predict(X, client)`` uses.
 
@@ -255,9 +260,10 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
     """
 
     def __init__(self, n_components, *, graph="complete", gossip_steps=1, mixing="metropolis", **kw):
-        for bad in ("participation", "shared_weights"):
+        for bad in ("participation", "shared_weights", "bayesian", "vb_init"):
             if bad in kw:
-                raise TypeError(f"{bad} does not apply to D-FedEM (every node gossips every round)")
+                raise TypeError(f"{bad} does not apply to D-FedEM (every node gossips every round; maximum "
+                                "likelihood only)")
         super().__init__(n_components, **kw)
         self.graph = graph
         self.gossip_steps = gossip_steps

@@ -53,9 +53,6 @@ from ._gmm import (
     s2_shape,
 )
 
-LOG_TINY = math.log(1e-300)  # log of a weight that is zero for all practical purposes
-
-
 def _log_weights(p: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(p, 1e-300))
 
@@ -344,6 +341,11 @@ class FederatedGaussianMixture:
                 raise ValueError(f"covariances_init must have shape {want} for covariance_type="
                                  f"{self.covariance_type!r}, got {np.shape(self.covariances_init)}")
             precision_cholesky(np.asarray(self.covariances_init, float), self.covariance_type)
+        if isinstance(self.weights_init, Mapping) and self.shared_weights:
+            raise ValueError("shared_weights=True takes one weights_init vector (M,), not one per client")
+        if self.bayesian and self.weights_init is not None:
+            raise ValueError("bayesian=True starts the weights from the prior (use vb_init for a given state), "
+                             "not from weights_init")
         if isinstance(self.weights_init, Mapping):
             missing = [c for c in data.clients if c not in self.weights_init]
             if missing:
