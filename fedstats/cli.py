@@ -331,7 +331,7 @@ def _fit_gmm(args, data, test) -> dict:
         "global": _records(g, cols),
         "client": {_id_key(c): _records(w[w["client"] == c].set_index("name"), cols) for c in data.clients},
         "rounds": res.rounds, "converged": bool(res.converged),
-        "loglik": None if args.bayesian else float(res.history[-1].metrics["loglik"]),
+        "loglik": None if args.bayesian else res.loglik_,
         "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None,
         "communication": {"bytes_up": int(up), "bytes_down": int(down)}, "runtime_s": round(runtime, 3),
     }

@@ -137,6 +137,13 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def require_target(data, what: str) -> None:
+    """Raise :class:`DataError` if ``data`` is a :class:`FederatedData` without a target
+    (supervised models call it first, so unsupervised data fails with a clear message)."""
+    if isinstance(data, FederatedData):
+        data._need_target(what)
+
+
 @dataclass(frozen=True, eq=False)
 class ClientData:
     """The data of one client: ``X`` (n, d), ``y`` (n,), both read-only float64.

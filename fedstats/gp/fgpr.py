@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 from scipy.spatial import cKDTree
 
-from ..data import DataError, FederatedData
+from ..data import DataError, FederatedData, require_target
 from ..federation import FederatedAlgorithm, run
 from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
                     resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
@@ -495,6 +495,7 @@ class FGPR:
             checkpoint=None, resume: bool = False) -> FGPRResult:
         """Learn the shared hyperparameters from ``data`` (a :class:`~fedstats.data.FederatedData`;
         every client needs at least 2 points). All clients are checked before any training."""
+        require_target(data, "FGPR")
         spec, o = self._validate(data)
         t0 = time.perf_counter()
         counts_run = run(_CountShare(), data, rounds=1, seed=seed, progress=False)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..data import FederatedData
+from ..data import FederatedData, require_target
 from ._core import HyperSpec, band_frame, fit_mle, posterior
 from .fgpr import FGPR, FGPRResult, standardise
 from .testfunctions import Problem, problem
@@ -233,6 +233,7 @@ class FederatedAR1:
 
     def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedAR1:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
+        require_target(data, "FederatedAR1")
         order = list(order)
         if len(order) < 2 or any(c not in data.clients for c in order):
             raise ValueError(f"order must name at least two clients of the data, got {order!r}")

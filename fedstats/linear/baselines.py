@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from ..data import require_target
+
 from ..federation import FederatedAlgorithm, run
 from ..federation.runner import _INIT_TAG  # init_server's seed stream: Separate starts where HM1 starts
 from ._local import (DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
@@ -66,6 +68,7 @@ class Separate(_GDOptions):
         self.method = method
 
     def fit(self, data, *, seed: int = 0) -> PointResult:
+        require_target(data, "Separate")
         if self.method not in ("gd", "ols"):
             raise ValueError(f"method must be 'gd' or 'ols', got {self.method!r}")
         t0 = time.perf_counter()
@@ -161,6 +164,7 @@ class FedAvg(_GDOptions):
     unweighted average; every device predicts with the final average."""
 
     def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
+        require_target(data, "FedAvg")
         return _run_averaging(self, data, seed, progress)
 
 
@@ -176,6 +180,7 @@ class Ditto(_GDOptions):
         self.lam = lam
 
     def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
+        require_target(data, "Ditto")
         lam = float(self.lam)
         if not (np.isfinite(lam) and lam >= 0):
             raise ValueError(f"lam must be a non-negative number, got {self.lam!r}")
@@ -218,6 +223,7 @@ class DistributedRidge:
         return f"DistributedRidge(lam={self.lam!r}, fit_intercept={self.fit_intercept})"
 
     def fit(self, data, *, seed: int = 0) -> PointResult:
+        require_target(data, "DistributedRidge")
         lam = float(self.lam)
         if not (np.isfinite(lam) and lam > 0):
             raise ValueError(f"lam must be positive, got {self.lam!r}")
@@ -242,6 +248,7 @@ class PooledOracle:
         self.omega, self.noise_var, self.fit_intercept = omega, noise_var, fit_intercept
 
     def fit(self, data, *, seed: int = 0) -> PointResult:
+        require_target(data, "PooledOracle")
         from .structural import conditional_posterior
 
         t0 = time.perf_counter()

@@ -120,8 +120,9 @@ class HierarchicalLinearModel:
         ``data`` is a :class:`fedstats.FederatedData`; raw rows stay with their device
         (each device reduces them to sufficient statistics locally).
         """
-        from ..data import FederatedData
+        from ..data import FederatedData, require_target
 
+        require_target(data, "HierarchicalLinearModel")
         if not isinstance(data, FederatedData):
             raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
         names = (["intercept"] if self.fit_intercept else []) + list(data.feature_names)

@@ -110,10 +110,11 @@ class BayesianShrinkage:
         return make_estimator(spec, **opts)
 
     def _check(self, data) -> list[str]:
-        from ..data import FederatedData
+        from ..data import FederatedData, require_target
 
         if not isinstance(data, FederatedData):
             raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
+        require_target(data, type(self).__name__)
         _check_design(data)
         return (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
 

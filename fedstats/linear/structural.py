@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..data import require_target
 import pandas as pd
 from scipy import linalg as sla
 from scipy import stats as sst
@@ -390,6 +392,7 @@ class StructuralCovarianceModel:
         ``theta_init`` (d x K) overrides ``init``. ``callback(round, Theta, Omega)`` is called
         on the server after every round (copies; e.g. to trace parameter recovery).
         """
+        require_target(data, "StructuralCovarianceModel")
         clients, opts, devices, names = self._prepare(data)
         K, d = len(clients), len(names)
         if theta_init is not None:

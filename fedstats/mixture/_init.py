@@ -1,16 +1,20 @@
 """Federated initialisation of a Gaussian mixture (spec fedem.md §1.8.3, option 1 + 3).
 
-1. Each client runs k-means++ and Lloyd on its own rows and sends ``min(M, n_c)`` centres
-   with their cluster sizes (never rows).
+1. Each client runs k-means++ and Lloyd on its own rows and sends at most ``M`` centres
+   with their cluster sizes. Every centre is the mean of at least ``d + 1`` of its rows
+   (smaller clusters are dissolved into the others), so no centre is a raw row; a client
+   with fewer than ``d + 1`` rows sends nothing in this step.
 2. The server runs weighted k-means++/Lloyd on the pooled centres, ``n_init`` times with
    different seeds: ``n_init`` candidate sets of means.
 3. One round of hard-assignment statistics per candidate gives each candidate's
-   covariances (a federated M-step, as scikit-learn's k-means initialisation does).
+   covariances (a federated M-step, as scikit-learn's k-means initialisation does); a
+   component with fewer than ``d + 1`` points gets the pooled covariance instead of a
+   singular one.
 4. One round scores every candidate by the federated log-likelihood (uniform weights);
    the best candidate starts EM.
 
 Every step is a one-round :class:`_OneShot` algorithm run by the ordinary runtime, so
-the bytes are counted like any other round.
+the bytes are counted like any other round; every client must answer (a failure raises).
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ from collections.abc import Callable
 import numpy as np
 
 from ..federation import FederatedAlgorithm, run
-from ._gmm import COV_TYPES, e_step, log_gaussian, m_step, precision_cholesky, reshift, segment_statistics
+from ..data import DataError
+from ._gmm import (
+    COV_TYPES,
+    centre,
+    e_step,
+    log_gaussian,
+    m_step,
+    precision_cholesky,
+    reshift,
+    segment_statistics,
+)
 
 
 def _sq_dist(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -67,59 +81,134 @@ def kmeans(X, k, rng, weights=None, iters=50):
 
 
 class _OneShot(FederatedAlgorithm):
-    """A single round: broadcast ``payload``, each client answers ``client_fn(payload, X, rng)``."""
+    """A single round: broadcast ``payload``; each client answers ``client_fn(payload, X, rng, private)``.
 
-    def __init__(self, keys: tuple[str, ...], payload: dict, client_fn: Callable):
+    ``private`` maps a client to what it already holds (its weights, say; default
+    ``None``); it stays on the client. ``client_fn`` returns its reply, or ``(reply,
+    new_private)`` to keep something on the client after the round.
+    """
+
+    def __init__(self, keys: tuple[str, ...], payload: dict, client_fn: Callable, private=None):
         self.reply_keys = keys
         self.payload = payload
         self.client_fn = client_fn
+        self.private = private
 
     def init_server(self, clients, rng):
         return {}
 
     def init_client(self, client, data, rng):
-        return None
+        return None if self.private is None else self.private[client]
 
     def broadcast(self, server_state, client, round):
         return self.payload
 
     def client_step(self, message, state, data, rng):
-        return self.client_fn(message, np.asarray(data.X), rng), state
+        out = self.client_fn(message, np.asarray(data.X), rng, state)
+        return out if isinstance(out, tuple) else (out, state)
 
     def server_step(self, server_state, replies, round):
         return dict(replies), {}
 
 
+def one_shot(data, keys, payload, client_fn, *, seed, what, private=None):
+    """Run a :class:`_OneShot` round that every client must answer.
+
+    Returns ``(replies, client_states, bytes)``; raises ``RuntimeError`` naming the first
+    client that failed (a one-off aggregate over part of the federation would be wrong).
+    """
+    r = run(_OneShot(tuple(keys), payload, client_fn, private), data, rounds=1, seed=seed, progress=False,
+            batched=False)
+    raise_failures(r.history, what)
+    return r.server_state, r.client_states, {"bytes_up": int(r.communication.bytes_up),
+                                              "bytes_down": int(r.communication.bytes_down)}
+
+
+def raise_failures(history, what):
+    """Raise ``RuntimeError`` with the first client error recorded in ``history``, if any."""
+    failed = {c: why for rec in history for c, why in rec.failed.items()}
+    if failed:
+        c, why = next(iter(failed.items()))
+        raise RuntimeError(f"{what}: {len(failed)} client(s) failed; client {c!r}: {why}")
+
+
+def add_bytes(*infos) -> dict:
+    return {k: int(sum(i.get(k, 0) for i in infos)) for k in ("bytes_up", "bytes_down")}
+
+
+def summed(replies, clients, key):
+    return sum(replies[c][key] for c in clients)
+
+
 # ------------------------------------------------------------------ client functions
-def _local_centres(msg, X, rng):
-    k = min(int(msg["k"][0]), X.shape[0])
-    C, _, sizes = kmeans(X, k, rng)
-    live = sizes > 0
-    return {"centres": C[live], "sizes": sizes[live]}
+def _local_centres(msg, X, rng, _private=None):
+    """At most ``k`` local k-means centres, each the mean of at least ``min_size`` rows.
+
+    Clusters smaller than ``min_size`` are dissolved (Lloyd re-run without their centres),
+    so no centre is a raw row; a client with fewer than ``min_size`` rows sends nothing.
+    """
+    m = int(msg["min_size"][0])
+    k = min(int(msg["k"][0]), X.shape[0] // m)
+    if k == 0:
+        return {"centres": np.zeros((0, X.shape[1])), "sizes": np.zeros(0)}
+    g = X.mean(0)
+    C, _, sizes = kmeans(X - g, k, rng)
+    while np.any(sizes < m):  # the largest cluster has >= n / k >= m rows, so this ends
+        C, _, sizes = lloyd(X - g, C[sizes >= m])
+    return {"centres": C + g, "sizes": sizes}
 
 
-def _hard_stats(msg, X, rng):
+def _hard_stats(msg, X, rng, _private=None):
     cands = msg["candidates"]  # (R, M, d)
     cov_type = COV_TYPES[int(msg["cov_type"][0])]
     N, S1, S2 = [], [], []
     for means in cands:
-        lab = np.argmin(_sq_dist(X, means), axis=1)
+        Xg, mg, _ = centre(X, means)
+        lab = np.argmin(_sq_dist(Xg, mg), axis=1)
         resp = np.zeros((X.shape[0], means.shape[0]))
         resp[np.arange(X.shape[0]), lab] = 1.0
         zero = np.zeros(X.shape[0])
-        n_, s1, s2, _, _ = segment_statistics(X, resp, zero, zero, [0], means, cov_type)
+        n_, s1, s2, _, _ = segment_statistics(Xg, resp, zero, zero, [0], mg, cov_type)
         N.append(n_[0]), S1.append(s1[0]), S2.append(s2[0])
     return {"N": np.array(N), "S1": np.array(S1), "S2": np.array(S2)}
 
 
-def _score(msg, X, rng):
+def _score(msg, X, rng, log_weights=None):
+    """Log-likelihood of the client's rows under each candidate (its own weights, or uniform)."""
     cov_type = COV_TYPES[int(msg["cov_type"][0])]
     M = msg["means"].shape[1]
+    lw = np.full(M, -np.log(M)) if log_weights is None else log_weights
     out = []
     for means, cov in zip(msg["means"], msg["covariances"]):
-        ld = log_gaussian(X, means, precision_cholesky(cov, cov_type), cov_type)
-        out.append(e_step(ld, np.full(M, -np.log(M)))[1].sum())
+        Xg, mg, _ = centre(X, means)
+        out.append(e_step(log_gaussian(Xg, mg, precision_cholesky(cov, cov_type), cov_type), lw)[1].sum())
     return {"loglik": np.array(out)}
+
+
+def federated_loglik(data, means, cov, cov_type, log_weights, seed=0):
+    """One round: the federated log-likelihood at ``(means, cov)``, each client with its own
+    log-weights (dict client -> (M,)). Returns ``(per-client dict, bytes)``."""
+    payload = {"means": means[None], "covariances": cov[None], "cov_type": np.array([COV_TYPES.index(cov_type)])}
+    reps, _, b = one_shot(data, ("loglik",), payload, _score, seed=seed, what="the scoring round",
+                          private=log_weights)
+    return {c: float(reps[c]["loglik"][0]) for c in data.clients}, b
+
+
+def hard_covariances(data, means, cov_type, reg_covar, seed=0):
+    """Covariances at given means from one round of hard-assignment statistics (a
+    component with fewer than ``d + 1`` points gets the pooled covariance)."""
+    reps, _, b = one_shot(data, ("N", "S1", "S2"), {"candidates": means[None],
+                                                    "cov_type": np.array([COV_TYPES.index(cov_type)])},
+                          _hard_stats, seed=seed, what="the covariance initialisation")
+    N, S1, S2 = (summed(reps, data.clients, k)[0] for k in ("N", "S1", "S2"))
+    return _typed_m_step(N, S1, S2, means, cov_type, reg_covar), b
+
+
+def _typed_m_step(N, S1, S2, means, cov_type, reg_covar):
+    d = means.shape[1]
+    fallback = _pooled_cov(N, S1, S2, means, cov_type, reg_covar)
+    return m_step(N, S1, S2, means, cov_type, reg_covar, prev_means=means, prev_cov=fallback,
+                  min_count=float(d + 1))[1]
 
 
 def _pooled_cov(N, S1, S2, shift, cov_type, reg_covar):
@@ -141,35 +230,27 @@ def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed)
 
     ``info`` holds the candidates' log-likelihoods and the bytes of the three init rounds.
     """
-    M = n_components
+    M, d = n_components, data.n_features
     ct = np.array([COV_TYPES.index(cov_type)])
-    r1 = run(_OneShot(("centres", "sizes"), {"k": np.array([M])}, _local_centres), data, rounds=1,
-             seed=seed, progress=False, batched=False)
-    reps = r1.server_state
+    min_size = d + 1
+    reps, _, b1 = one_shot(data, ("centres", "sizes"), {"k": np.array([M]), "min_size": np.array([min_size])},
+                           _local_centres, seed=seed, what="the k-means initialisation")
     centres = np.concatenate([reps[c]["centres"] for c in data.clients])
     sizes = np.concatenate([reps[c]["sizes"] for c in data.clients])
     if centres.shape[0] < M:
-        raise ValueError(f"the federation holds only {centres.shape[0]} distinct local centres, fewer than "
-                         f"n_components={M}")
+        raise DataError(f"the federated k-means start got {centres.shape[0]} local centres (each the mean of at "
+                        f"least d + 1 = {min_size} rows of one client), fewer than n_components={M}; "
+                        "give means_init or fewer components")
     srng = np.random.default_rng([seed, 7919])
-    cands = np.stack([kmeans(centres, M, srng, sizes)[0] for _ in range(n_init)])
-    r2 = run(_OneShot(("N", "S1", "S2"), {"candidates": cands, "cov_type": ct}, _hard_stats), data,
-             rounds=1, seed=seed, progress=False, batched=False)
-    N = sum(r2.server_state[c]["N"] for c in data.clients)
-    S1 = sum(r2.server_state[c]["S1"] for c in data.clients)
-    S2 = sum(r2.server_state[c]["S2"] for c in data.clients)
-    means_l, cov_l = [], []
-    for r in range(n_init):
-        fallback = _pooled_cov(N[r], S1[r], S2[r], cands[r], cov_type, reg_covar)
-        mu, cov, _ = m_step(N[r], S1[r], S2[r], cands[r], cov_type, reg_covar, prev_means=cands[r],
-                            prev_cov=fallback, min_count=1.0)
-        means_l.append(mu), cov_l.append(cov)
-    means_a, cov_a = np.stack(means_l), np.stack(cov_l)
-    r3 = run(_OneShot(("loglik",), {"means": means_a, "covariances": cov_a, "cov_type": ct}, _score), data,
-             rounds=1, seed=seed, progress=False, batched=False)
-    ll = sum(r3.server_state[c]["loglik"] for c in data.clients)
+    g = np.average(centres, axis=0, weights=sizes)
+    cands = np.stack([kmeans(centres - g, M, srng, sizes)[0] + g for _ in range(n_init)])
+    reps, _, b2 = one_shot(data, ("N", "S1", "S2"), {"candidates": cands, "cov_type": ct}, _hard_stats, seed=seed,
+                           what="the k-means initialisation")
+    N, S1, S2 = (summed(reps, data.clients, k) for k in ("N", "S1", "S2"))
+    cov_a = np.stack([_typed_m_step(N[r], S1[r], S2[r], cands[r], cov_type, reg_covar) for r in range(n_init)])
+    reps, _, b3 = one_shot(data, ("loglik",), {"means": cands, "covariances": cov_a, "cov_type": ct}, _score,
+                           seed=seed, what="the k-means initialisation")
+    ll = summed(reps, data.clients, "loglik")
     best = int(np.argmax(ll))
-    comm = [r1.communication, r2.communication, r3.communication]
-    info = {"candidate_loglik": ll, "best": best, "bytes_up": sum(c.bytes_up for c in comm),
-            "bytes_down": sum(c.bytes_down for c in comm)}
-    return means_a[best], cov_a[best], info
+    info = {"candidate_loglik": ll, "best": best, **add_bytes(b1, b2, b3)}
+    return cands[best], cov_a[best], info

@@ -20,8 +20,9 @@ Intervals (closed form): ``pi_cj ~ Beta(alpha_cj, alpha_c0 - alpha_cj)``; ``mu_j
 coordinates are Student-t with ``nu_j - d + 1`` degrees of freedom, location ``m_j`` and
 scale ``sqrt([W_j^{-1}]_ll / (beta_j (nu_j - d + 1)))``; a variance ``[Sigma_j]_ll ~
 InvGamma((nu_j - d + 1) / 2, [W_j^{-1}]_ll / 2)``. (scikit-learn's ``covariances_`` is
-``W_j^{-1} / nu_j``.) The diag and spherical models use the same formulas with a diagonal
-``W``, as scikit-learn's updates do.
+``W_j^{-1} / nu_j``.) For diag the coordinates are independent Normal-inverse-gammas
+(``nu_j`` instead of ``nu_j - d + 1``); for spherical one variance is seen in all ``d``
+coordinates (``nu_j d``), see :meth:`BayesianMixtureResult._marginal_params`.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
     """Variational FedEM (one VB iteration per round). ``hyper``: the starting q(mu, Lambda)
     (``mean_precision``, ``means``, ``degrees_of_freedom``, ``covariances``) or ``None`` for
     an ML start (the first E-step uses ``means``/``covariances`` as plain Gaussians with
-    uniform weights, as scikit-learn's k-means start does); ``prior``: ``alpha0``,
+    uniform weights; scikit-learn starts from hard k-means responsibilities instead, so the
+    parity tests give both the same q through ``vb_init``); ``prior``: ``alpha0``,
     ``beta0``, ``m0``, ``nu0``, ``cov0`` (scikit-learn's ``covariance_prior``)."""
 
     def __init__(self, means, covariances, prior, *, hyper=None, alpha_init=None, covariance_type="full",
@@ -230,14 +232,29 @@ class BayesianMixtureResult(GaussianMixtureResult):
     def _beta(self) -> np.ndarray:
         return np.asarray(self.mean_precision_, float)
 
+    def _marginal_params(self):
+        """Per (component, feature): Student-t dof and scale of the mean, inverse-gamma shape
+        and scale of the variance.
+
+        full / tied: the marginals of a Normal-inverse-Wishart with ``nu`` degrees of freedom
+        (dof ``nu - d + 1``); diag: independent Normal-inverse-gamma per coordinate (dof
+        ``nu``); spherical: one variance seen in all ``d`` coordinates (dof ``nu d``). In every
+        case the variance's posterior mean-ish scale is ``covariances_``."""
+        M, d = self.means_.shape
+        nu = self._nu()
+        var = np.diagonal(full_covariances(self.covariances_, self.covariance_type, M, d), axis1=1, axis2=2)
+        dof = {"full": nu - d + 1, "tied": nu - d + 1, "diag": nu, "spherical": nu * d}[self.covariance_type]
+        dof = np.broadcast_to(dof[:, None], (M, d))
+        ig_scale = nu[:, None] * var / 2 * (d if self.covariance_type == "spherical" else 1)
+        t_scale = np.sqrt(2 * ig_scale / (self._beta()[:, None] * dof))
+        return dof, t_scale, dof / 2, ig_scale
+
     def mean_intervals(self, level: float = 0.95) -> pd.DataFrame:
         """Student-t marginals of every mean coordinate: mean, sd, lower, upper."""
         M, d = self.means_.shape
-        Winv = np.diagonal(self._scale_inv(), axis1=1, axis2=2)  # (M, d)
-        dof = self._nu() - d + 1
-        scale = np.sqrt(Winv / (self._beta()[:, None] * dof[:, None]))
-        q = stats.t.ppf(0.5 + level / 2, dof)[:, None]
-        sd = np.where(dof[:, None] > 2, scale * np.sqrt(dof[:, None] / np.maximum(dof[:, None] - 2, 1e-300)), np.inf)
+        dof, scale, _, _ = self._marginal_params()
+        q = stats.t.ppf(0.5 + level / 2, dof)
+        sd = np.where(dof > 2, scale * np.sqrt(dof / np.maximum(dof - 2, 1e-300)), np.inf)
         rows = {"mean": self.means_.ravel(), "sd": sd.ravel(), "lower": (self.means_ - q * scale).ravel(),
                 "upper": (self.means_ + q * scale).ravel()}
         names = [f"mean[{j}][{f}]" for j in range(M) for f in self.feature_names]
@@ -246,9 +263,7 @@ class BayesianMixtureResult(GaussianMixtureResult):
     def variance_intervals(self, level: float = 0.95) -> pd.DataFrame:
         """Inverse-gamma marginals of every variance ``[Sigma_j]_ll``."""
         M, d = self.means_.shape
-        Winv = np.diagonal(self._scale_inv(), axis1=1, axis2=2)
-        a = ((self._nu() - d + 1) / 2)[:, None] * np.ones((1, d))
-        b = Winv / 2
+        _, _, a, b = self._marginal_params()
         dist = stats.invgamma(a, scale=b)
         mean = np.where(a > 1, b / np.maximum(a - 1, 1e-300), np.inf)
         rows = {"mean": mean.ravel(), "sd": dist.std().ravel(), "lower": dist.ppf(0.5 - level / 2).ravel(),
@@ -259,9 +274,12 @@ class BayesianMixtureResult(GaussianMixtureResult):
     def weight_intervals(self, client, level: float = 0.95) -> pd.DataFrame:
         """Beta marginals of the client's weights (computed on the client)."""
         a = self.weight_concentration_[client]
-        dist = stats.beta(a, a.sum() - a)
-        return pd.DataFrame({"mean": a / a.sum(), "sd": dist.std(), "lower": dist.ppf(0.5 - level / 2),
-                             "upper": dist.ppf(0.5 + level / 2)},
+        if len(a) == 1:  # the weight is 1 by definition
+            sd, lo, hi = np.zeros(1), np.ones(1), np.ones(1)
+        else:
+            dist = stats.beta(a, a.sum() - a)
+            sd, lo, hi = dist.std(), dist.ppf(0.5 - level / 2), dist.ppf(0.5 + level / 2)
+        return pd.DataFrame({"mean": a / a.sum(), "sd": sd, "lower": lo, "upper": hi},
                             index=pd.Index([f"weight[{j}]" for j in range(len(a))], name="name"))
 
     def summary(self, level: float = 0.95) -> pd.DataFrame:
@@ -274,17 +292,34 @@ class BayesianMixtureResult(GaussianMixtureResult):
         return pd.concat(parts, ignore_index=True)[["client", "name", "mean", "sd", "lower", "upper"]]
 
     def sample_components(self, n: int, seed=0):
-        """Exact draws from q(mu, Lambda): ``(means (n, M, d), covariances (n, M, d, d))``."""
+        """Exact draws from q(mu, Sigma): ``(means (n, M, d), covariances (n, M, d, d))``.
+
+        full: an inverse-Wishart per component; tied: one inverse-Wishart draw shared by all
+        components; diag / spherical: inverse-gamma variances (per coordinate / one per
+        component), with the same marginals as :meth:`variance_intervals`. Given Sigma,
+        ``mu_j ~ N(m_j, Sigma_j / beta_j)``.
+        """
         rng = np.random.default_rng(seed)
         M, d = self.means_.shape
-        Winv, nu, beta = self._scale_inv(), self._nu(), self._beta()
-        mus, covs = np.empty((n, M, d)), np.empty((n, M, d, d))
-        for j in range(M):
-            # Sigma ~ InvWishart(W^{-1}, nu)  <=>  Lambda ~ Wishart(W, nu)
-            S = stats.invwishart(df=nu[j], scale=Winv[j]).rvs(size=n, random_state=rng).reshape(n, d, d)
-            covs[:, j] = S
-            L = np.linalg.cholesky(S / beta[j])
-            mus[:, j] = self.means_[j] + np.einsum("nij,nj->ni", L, rng.standard_normal((n, d)))
+        ct, beta = self.covariance_type, self._beta()
+        if ct in ("full", "tied"):
+            Winv, nu = self._scale_inv(), self._nu()
+            covs = np.empty((n, M, d, d))
+            for j in range(M if ct == "full" else 1):
+                # Sigma ~ InvWishart(W^{-1}, nu)  <=>  Lambda ~ Wishart(W, nu)
+                covs[:, j] = stats.invwishart(df=nu[j], scale=Winv[j]).rvs(size=n, random_state=rng).reshape(n, d, d)
+            if ct == "tied":
+                covs[:] = covs[:, :1]
+        else:
+            _, _, a, b = self._marginal_params()
+            if ct == "diag":
+                var = stats.invgamma(a, scale=b).rvs(size=(n, M, d), random_state=rng)
+            else:
+                var = np.repeat(stats.invgamma(a[:, 0], scale=b[:, 0]).rvs(size=(n, M), random_state=rng)[..., None],
+                                d, axis=2)
+            covs = var[..., None] * np.eye(d)
+        L = np.linalg.cholesky(covs / beta[None, :, None, None])
+        mus = self.means_ + np.einsum("nmij,nmj->nmi", L, rng.standard_normal((n, M, d)))
         return mus, covs
 
     def global_posterior(self, n: int = 4000, seed=0) -> SamplePosterior:
@@ -308,6 +343,10 @@ class BayesianMixtureResult(GaussianMixtureResult):
     def bic(self) -> float:
         raise AttributeError("BIC is for maximum-likelihood fits; compare variational fits by their ELBO")
 
+    def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
+        raise AttributeError("Wald intervals are for maximum-likelihood fits; a variational fit has credible "
+                             "intervals: summary(level) and client_summary(level)")
+
     def elbo_trace(self) -> np.ndarray:
         """The evidence lower bound after every round (scikit-learn's, constants dropped)."""
         return np.array([r.metrics["elbo"] for r in self.history])
@@ -316,23 +355,23 @@ class BayesianMixtureResult(GaussianMixtureResult):
 def federated_priors(data, cov_type, *, seed=0):
     """scikit-learn's default priors from federated sums: ``m0`` = data mean, ``cov0`` =
     data covariance (``ddof=1``; diagonal / mean variance for diag / spherical). One round."""
-    from ..federation import run
-    from ._init import _OneShot
+    from ._init import one_shot
 
-    def moments(msg, X, rng):
-        return {"n": np.array([X.shape[0]], float), "s": X.sum(0), "ss": X.T @ X}
+    def moments(msg, X, rng, _private=None):  # the scatter about the client's own mean: no cancellation
+        m = X.mean(0)
+        return {"n": np.array([X.shape[0]], float), "s": X.sum(0), "ss": (X - m).T @ (X - m)}
 
-    r = run(_OneShot(("n", "s", "ss"), {"go": np.array([1])}, moments), data, rounds=1, seed=seed, progress=False,
-            batched=False)
-    reps = r.server_state
+    reps, _, b = one_shot(data, ("n", "s", "ss"), {"go": np.array([1])}, moments, seed=seed,
+                          what="the prior round")
     n = sum(reps[c]["n"][0] for c in data.clients)
     mean = sum(reps[c]["s"] for c in data.clients) / n
-    # about the mean, summed client by client (each client's raw moment re-centred exactly)
-    scatter = sum(reps[c]["ss"] - np.outer(reps[c]["s"], mean) - np.outer(mean, reps[c]["s"])
-                  + reps[c]["n"][0] * np.outer(mean, mean) for c in data.clients)
+    # Chan et al.'s parallel combination: within-client scatter + between-client term
+    scatter = sum(reps[c]["ss"] + reps[c]["n"][0] * np.outer(reps[c]["s"] / reps[c]["n"][0] - mean,
+                                                               reps[c]["s"] / reps[c]["n"][0] - mean)
+                  for c in data.clients)
     cov = scatter / (n - 1)
     cov0 = {"full": cov, "tied": cov, "diag": np.diag(cov).copy(), "spherical": float(np.diag(cov).mean())}[cov_type]
-    return mean, cov0, {"bytes_up": r.communication.bytes_up, "bytes_down": r.communication.bytes_down}
+    return mean, cov0, b
 
 
 def check_prior(prior: dict, d: int, M: int, cov_type: str) -> dict:

@@ -29,7 +29,8 @@ import numpy as np
 
 from ..federation import FederatedAlgorithm, run
 from ._gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
-from .fedem import FederatedGaussianMixture, GaussianMixtureResult, _log_weights, _norm, as_federated
+from ._init import raise_failures
+from .fedem import FederatedGaussianMixture, GaussianMixtureResult, _log_weights, _norm, as_federated, initial_weights
 
 
 # ---------------------------------------------------------------------------- graphs
@@ -144,7 +145,7 @@ class DFedEMAlgorithm(FederatedAlgorithm):
     reply_keys = ("N", "S1", "S2", "loglik", "entropy")
 
     def __init__(self, means, covariances, W, *, gossip_steps=1, covariance_type="full", reg_covar=1e-6,
-                 bytes_per_value=8):
+                 weights_init=None, bytes_per_value=8):
         self.cov_type = check_cov_type(covariance_type)
         self.ref = np.array(means, dtype=float)  # the reference of all statistics, agreed once
         self.cov0 = np.array(covariances, dtype=float)
@@ -152,6 +153,7 @@ class DFedEMAlgorithm(FederatedAlgorithm):
         self.G = int(gossip_steps)
         self.reg_covar = float(reg_covar)
         self.M, self.d = self.ref.shape
+        self.weights_init = weights_init
         self.bytes_per_value = bytes_per_value
 
     # network side
@@ -189,7 +191,7 @@ class DFedEMAlgorithm(FederatedAlgorithm):
         for k in ("N", "S1", "S2"):
             st[k] = st[k].copy()
         ll = 0.0
-        for c, r in replies.items():  # a node that failed gossips its last statistics again
+        for c, r in replies.items():
             i = idx[c]
             st["N"][i], st["S1"][i], st["S2"][i] = r["N"], r["S1"], r["S2"]
             ll += float(r["loglik"][0])
@@ -209,7 +211,8 @@ class DFedEMAlgorithm(FederatedAlgorithm):
 
     # client side
     def init_client(self, client, data, rng):
-        return {"log_w": np.full(self.M, -math.log(self.M)), "n": int(data.n), "means": self.ref.copy(),
+        return {"log_w": _log_weights(initial_weights(self.weights_init, client, self.M)), "n": int(data.n),
+                "means": self.ref.copy(),
                 "cov": self.cov0.copy()}
 
     def client_step(self, message, state, data, rng):
@@ -238,7 +241,8 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
     mixing : {"metropolis", "fast"}, default "metropolis"
         Metropolis-Hastings weights, or the fastest-mixing chain (:func:`fast_mixing_weights`).
 
-    It runs ``max_rounds`` rounds (``tol`` is not used: no node sees the global objective).
+    It runs ``max_rounds`` rounds: no node sees the global objective, so a ``tol`` other than
+    0 or ``None`` is refused.
     The initial components come from the federated k-means start (a one-off aggregation that
     a deployment would also do by gossip, or give as ``means_init``); every node starts from
     them, which keeps component labels aligned across nodes.
@@ -260,10 +264,10 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
     """
 
     def __init__(self, n_components, *, graph="complete", gossip_steps=1, mixing="metropolis", **kw):
-        for bad in ("participation", "shared_weights", "bayesian", "vb_init"):
-            if bad in kw:
-                raise TypeError(f"{bad} does not apply to D-FedEM (every node gossips every round; maximum "
-                                "likelihood only)")
+        for bad in ("participation", "shared_weights", "bayesian", "vb_init", "tol"):
+            if bad in kw and not (bad == "tol" and not kw["tol"]):  # tol=0 / None: "run max_rounds"
+                raise TypeError(f"{bad} does not apply to D-FedEM (every node gossips every round and no node sees "
+                                "the global objective, so it runs max_rounds; maximum likelihood only)")
         super().__init__(n_components, **kw)
         self.graph = graph
         self.gossip_steps = gossip_steps
@@ -299,9 +303,10 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
         W = self.mixing_matrix(data.n_clients)
         means, cov, info = self._start(data, seed)
         algo = DFedEMAlgorithm(means, cov, W, gossip_steps=G, covariance_type=self.covariance_type,
-                               reg_covar=self.reg_covar)
+                               reg_covar=self.reg_covar, weights_init=self.weights_init)
         res = run(algo, data, rounds=self.max_rounds, seed=seed, progress=progress, checkpoint=checkpoint,
                   resume=resume)
+        raise_failures(res.history, "D-FedEM")  # a silent node would leave its neighbours' averages stale
         # each node's last local M-step, from the statistics of the last gossip
         N, S1, S2 = res.server_state["mixed"]
         cm, cc, weights = {}, {}, {}
@@ -329,6 +334,10 @@ class DecentralizedMixtureResult(GaussianMixtureResult):
         cov = self.client_covariances_[client]
         return log_gaussian(self._X(X), self.client_means_[client], precision_cholesky(cov, self.covariance_type),
                             self.covariance_type)
+
+    def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
+        raise AttributeError("Wald intervals need one set of components at the maximum likelihood; a D-FedEM fit "
+                             "has one copy per node (fit FederatedGaussianMixture for intervals)")
 
     def disagreement(self) -> np.ndarray:
         """Consensus diagnostic per round: ``max_c,j ||mu_jc - mean_c mu_jc||``."""

@@ -37,8 +37,8 @@ from scipy.special import logsumexp
 
 from ..data import DataError, FederatedData
 from ..federation import FederatedAlgorithm, run
+from ._init import add_bytes, federated_loglik
 from ._gmm import (
-    COV_TYPES,
     check_cov_type,
     cov_shape,
     e_step,
@@ -65,6 +65,16 @@ def as_federated(data) -> FederatedData:
         return FederatedData.from_arrays(data)
     raise DataError(f"data must be a FederatedData, a dict of per-client arrays or a list of arrays, "
                     f"got {type(data).__name__}")
+
+
+def initial_weights(weights_init, client, M) -> np.ndarray:
+    """A client's starting weights: uniform, the common (M,) vector, or its entry of a dict."""
+    if weights_init is None:
+        return np.full(M, 1.0 / M)
+    w = np.asarray(weights_init[client] if isinstance(weights_init, Mapping) else weights_init, dtype=float)
+    if w.shape != (M,) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+        raise ValueError(f"weights_init for client {client!r} must be {M} non-negative weights summing to 1")
+    return w
 
 
 class _Stack:
@@ -131,12 +141,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
         return s
 
     def _w0(self, client) -> np.ndarray:
-        w = self.weights_init
-        if w is None:
-            return np.full(self.M, 1.0 / self.M)
-        if isinstance(w, Mapping):
-            return np.asarray(w[client], dtype=float)
-        return np.asarray(w, dtype=float)
+        return initial_weights(self.weights_init, client, self.M)
 
     # ---------------------------------------------------------------- server side
     def init_server(self, clients, rng):
@@ -215,8 +220,6 @@ class FedEMAlgorithm(FederatedAlgorithm):
     # ---------------------------------------------------------------- client side
     def init_client(self, client, data, rng):
         w = self._w0(client)
-        if w.shape != (self.M,) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
-            raise ValueError(f"weights_init for client {client!r} must be {self.M} non-negative weights summing to 1")
         return ClientMixtureState(log_weights=_log_weights(w), n=int(data.n))
 
     def _unpack(self, msg):
@@ -346,14 +349,46 @@ class FederatedGaussianMixture:
         if self.bayesian and self.weights_init is not None:
             raise ValueError("bayesian=True starts the weights from the prior (use vb_init for a given state), "
                              "not from weights_init")
+        priors = ("weight_concentration_prior", "mean_precision_prior", "mean_prior", "degrees_of_freedom_prior",
+                  "covariance_prior", "vb_init")
+        given = [k for k in priors if getattr(self, k) is not None]
+        if given and not self.bayesian:
+            raise ValueError(f"{given} only apply to bayesian=True")
+        if self.vb_init is not None:
+            self._check_vb_init(data)
         if isinstance(self.weights_init, Mapping):
             missing = [c for c in data.clients if c not in self.weights_init]
             if missing:
                 raise ValueError(f"weights_init has no weights for client(s) {missing[:5]}")
 
+    def _check_vb_init(self, data):
+        M, d, ct = self.n_components, data.n_features, self.covariance_type
+        v = self.vb_init
+        want = {"mean_precision": (M,), "means": (M, d), "degrees_of_freedom": () if ct == "tied" else (M,),
+                "covariances": cov_shape(ct, M, d), "weight_concentration": (M,)}
+        if not isinstance(v, Mapping) or set(v) != set(want):
+            raise ValueError(f"vb_init must be a dict with exactly the keys {sorted(want)}")
+        for k, shape in want.items():
+            a = v[k]
+            if k == "weight_concentration" and isinstance(a, Mapping):
+                missing = [c for c in data.clients if c not in a]
+                if missing:
+                    raise ValueError(f"vb_init['weight_concentration'] has no entry for client(s) {missing[:5]}")
+                arrays = [np.asarray(a[c], float) for c in data.clients]
+            else:
+                arrays = [np.asarray(a, float)]
+            for arr in arrays:
+                if arr.shape != shape or not np.all(np.isfinite(arr)):
+                    raise ValueError(f"vb_init[{k!r}] must be finite with shape {shape}, got shape {arr.shape}")
+                if k in ("mean_precision", "weight_concentration") and np.any(arr <= 0):
+                    raise ValueError(f"vb_init[{k!r}] must be > 0")
+                if k == "degrees_of_freedom" and np.any(arr <= d - 1):
+                    raise ValueError(f"vb_init['degrees_of_freedom'] must be > d - 1 = {d - 1}")
+        precision_cholesky(np.asarray(v["covariances"], float), ct)
+
     def _start(self, data, seed):
         """Initial (means, covariances, init info)."""
-        from ._init import federated_kmeans_init
+        from ._init import federated_kmeans_init, hard_covariances
 
         M, ct = self.n_components, self.covariance_type
         if self.means_init is None:
@@ -361,14 +396,8 @@ class FederatedGaussianMixture:
         means = np.array(self.means_init, dtype=float)
         if self.covariances_init is not None:
             return means, np.array(self.covariances_init, dtype=float), {"bytes_up": 0, "bytes_down": 0}
-        from ._init import _hard_stats, _OneShot, _pooled_cov
-
-        r = run(_OneShot(("N", "S1", "S2"), {"candidates": means[None], "cov_type": np.array([COV_TYPES.index(ct)])},
-                         _hard_stats), data, rounds=1, seed=seed, progress=False, batched=False)
-        N, S1, S2 = (sum(r.server_state[c][k][0] for c in data.clients) for k in ("N", "S1", "S2"))
-        fallback = _pooled_cov(N, S1, S2, means, ct, self.reg_covar)
-        _, cov, _ = m_step(N, S1, S2, means, ct, self.reg_covar, prev_means=means, prev_cov=fallback, min_count=1.0)
-        return means, cov, {"bytes_up": r.communication.bytes_up, "bytes_down": r.communication.bytes_down}
+        cov, b = hard_covariances(data, means, ct, self.reg_covar, seed)
+        return means, cov, b
 
     def _participation(self, clients):
         p = self.participation
@@ -379,7 +408,7 @@ class FederatedGaussianMixture:
         def choose(rnd, rng):
             if rnd == 0:
                 return list(clients)
-            return list(rng.choice(np.array(clients, dtype=object), size=k, replace=False))
+            return [clients[i] for i in rng.choice(len(clients), size=k, replace=False)]
 
         return choose
 
@@ -399,8 +428,12 @@ class FederatedGaussianMixture:
         res = run(algo, data, rounds=self.max_rounds, participation=self._participation(data.clients), seed=seed,
                   progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
         st = res.server_state
+        check_failures(res.history, st["seen"], st["clients"], "FedEM")
         weights = ({c: np.exp(st["log_w"]) / np.exp(st["log_w"]).sum() for c in data.clients} if self.shared_weights
                    else {c: _norm(np.exp(s.log_weights)) for c, s in res.client_states.items()})
+        # one more round: the log-likelihood at the final parameters (for bic, the CLI, ...)
+        ll, score_bytes = federated_loglik(data, st["means"], st["cov"], self.covariance_type,
+                                           {c: _log_weights(w) for c, w in weights.items()}, seed)
         if st["empty"]:
             warnings.warn(f"component(s) {st['empty']} received (almost) no mass in the last round and kept their "
                           "previous parameters; consider fewer components", RuntimeWarning, stacklevel=2)
@@ -411,7 +444,8 @@ class FederatedGaussianMixture:
             means=st["means"], covariances=st["cov"], weights=weights, covariance_type=self.covariance_type,
             feature_names=data.feature_names, n_obs=data.n_obs, history=res.history, communication=res.communication,
             rounds=res.rounds, converged=res.converged, shared_weights=self.shared_weights,
-            init_info=info, reg_covar=self.reg_covar,
+            init_info={**info, **add_bytes(info, score_bytes)},
+            reg_covar=self.reg_covar, loglik=ll,
         )
 
 
@@ -463,18 +497,33 @@ def _norm(w):
     return w / w.sum()
 
 
+def check_failures(history, seen, clients, what):
+    """Clients that failed: an error if one never contributed statistics, else a warning
+    (incremental EM used its last statistics in the rounds it missed)."""
+    failed = {c: why for rec in history for c, why in rec.failed.items()}
+    if not failed:
+        return
+    never = [c for c, s in zip(clients, seen) if not s]
+    c, why = next(iter(failed.items()))
+    if never:
+        raise RuntimeError(f"{what}: client(s) {never[:5]} never answered; client {c!r} failed with {why}")
+    warnings.warn(f"{what}: {len(failed)} client(s) failed in some round and counted with their last statistics; "
+                  f"client {c!r}: {why}", RuntimeWarning, stacklevel=3)
+
+
 # ====================================================================== results
 class GaussianMixtureResult:
     """A fitted federated Gaussian mixture.
 
     Attributes (scikit-learn names): ``means_`` (M, d), ``covariances_`` (layout of
     ``covariance_type``), ``weights_`` (dict client -> (M,); in a real deployment each
-    client holds only its own), ``history``, ``communication``, ``rounds``,
-    ``converged``.
+    client holds only its own), ``loglik_`` (log-likelihood at the final parameters, from
+    one scoring round after the last EM round; ``client_loglik_`` per client),
+    ``history``, ``communication``, ``rounds``, ``converged``.
     """
 
     def __init__(self, *, means, covariances, weights, covariance_type, feature_names, n_obs, history,
-                 communication, rounds, converged, shared_weights, init_info, reg_covar, extra_bytes=(0, 0)):
+                 communication, rounds, converged, shared_weights, init_info, reg_covar, loglik=None):
         self.means_ = np.asarray(means)
         self.covariances_ = np.asarray(covariances)
         self.weights_ = dict(weights)
@@ -488,6 +537,14 @@ class GaussianMixtureResult:
         self.shared_weights = shared_weights
         self.init_info = init_info
         self.reg_covar = reg_covar
+        self.client_loglik_ = loglik  # dict client -> log-likelihood at the final parameters
+
+    @property
+    def loglik_(self) -> float:
+        """Federated log-likelihood at the final parameters, each client with its weights."""
+        if self.client_loglik_ is None:
+            raise AttributeError(f"{type(self).__name__} has no final log-likelihood")
+        return float(sum(self.client_loglik_.values()))
 
     @property
     def n_components(self) -> int:
@@ -503,7 +560,7 @@ class GaussianMixtureResult:
 
     @property
     def bytes_total(self) -> dict:
-        """Bytes of the fit including the initialisation rounds."""
+        """Bytes of the fit including the initialisation rounds (and the final scoring round)."""
         return {"up": int(self.communication.bytes_up + self.init_info.get("bytes_up", 0)),
                 "down": int(self.communication.bytes_down + self.init_info.get("bytes_down", 0))}
 
@@ -589,8 +646,8 @@ class GaussianMixtureResult:
         return m, w
 
     def bic(self) -> float:
-        """Federated BIC ``-2 sum_c L_c + p log N`` at the last round's parameters' log-likelihood."""
-        ll = self.history[-1].metrics["loglik"]
+        """Federated BIC ``-2 sum_c L_c + p log N`` at the final parameters (``loglik_``)."""
+        ll = self.loglik_
         p = n_parameters(self.n_components, self.means_.shape[1], self.covariance_type, len(self.n_obs),
                          self.shared_weights)
         return float(-2 * ll + p * np.log(sum(self.n_obs.values())))

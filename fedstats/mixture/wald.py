@@ -9,12 +9,13 @@ client and nothing between two clients' weights. Hence
 * each client sends only ``A_c = J^c_tt - J^c_te (J^c_ee)^{-1} J^c_et`` (P x P, P = M d);
 * the server inverts ``sum_c A_c``: the covariance of the means, exactly the means block
   of the inverse of the whole (pooled) information matrix;
-* each client gets that covariance back and forms its weights' covariance
-  ``J_ee^{-1} + J_ee^{-1} J_et Cov(theta) J_te J_ee^{-1}`` on its own; intervals for
-  ``pi_cj`` come from the delta method on the logit scale, so they stay inside (0, 1).
+* a second round sends that covariance back; each client forms its weights' covariance
+  ``J_ee^{-1} + J_ee^{-1} J_et Cov(theta) J_te J_ee^{-1}`` on its own and sends nothing;
+  intervals for ``pi_cj`` come from the delta method on the logit scale, so they stay
+  inside (0, 1). (The simulator reads the clients' results to build the table.)
 
 With ``shared_weights=True`` the weights are shared parameters: clients send their three
-blocks and the server inverts the summed (P + M - 1)-square matrix.
+blocks and the server inverts the summed (P + L)-square matrix (L free weights); one round.
 
 All blocks are closed-form sums over points (no loop over points), checked against an
 autodiff Hessian in the tests.
@@ -27,8 +28,8 @@ import pandas as pd
 from scipy import stats
 from scipy.special import expit
 
-from ..federation import FederatedAlgorithm, run
-from ._gmm import COV_TYPES, e_step, full_covariances, log_gaussian, precision_cholesky
+from ._gmm import COV_TYPES, centre, e_step, full_covariances, log_gaussian, precision_cholesky
+from ._init import add_bytes, one_shot
 
 
 def free_weights(weights, tiny=1e-8):
@@ -49,7 +50,8 @@ def information_blocks(X, means, cov, cov_type, weights, free=None):
     n, d = X.shape
     M = means.shape[0]
     P = np.linalg.inv(full_covariances(cov, cov_type, M, d))  # (M, d, d) precisions
-    r = e_step(log_gaussian(X, means, precision_cholesky(cov, cov_type), cov_type), np.log(np.maximum(weights, 1e-300)))[0]
+    Xg, mg, _ = centre(X, means)
+    r = e_step(log_gaussian(Xg, mg, precision_cholesky(cov, cov_type), cov_type), np.log(np.maximum(weights, 1e-300)))[0]
     u = np.einsum("mde,nme->nmd", P, X[:, None, :] - means[None])  # u_ij = P_j (x_i - mu_j)
     G = (r[:, :, None] * u).reshape(n, M * d)
     Jtt = G.T @ G
@@ -66,38 +68,26 @@ def information_blocks(X, means, cov, cov_type, weights, free=None):
     return Jtt, -Hte, -Hee
 
 
-def _schur_reply(msg, X, rng):
+def _blocks(msg, X, w):
     cov_type = COV_TYPES[int(msg["cov_type"][0])]
-    w = msg["weights"]
-    Jtt, Jte, Jee = information_blocks(X, msg["means"], msg["covariances"], cov_type, w, free_weights(w))
+    return information_blocks(X, msg["means"], msg["covariances"], cov_type, w, free_weights(w))
+
+
+def _schur_reply(msg, X, rng, w):
+    """Round 1 on a client holding weights ``w``: its Schur term (or, for shared weights,
+    its three blocks)."""
+    Jtt, Jte, Jee = _blocks(msg, X, w)
     if msg["shared"][0]:
         return {"A": Jtt, "Jte": Jte, "Jee": Jee}
-    A = Jtt - Jte @ np.linalg.solve(Jee, Jte.T) if Jee.size else Jtt
-    return {"A": A, "Jte": np.zeros((0,)), "Jee": np.zeros((0,))}
+    return {"A": Jtt - Jte @ np.linalg.solve(Jee, Jte.T) if Jee.size else Jtt}
 
 
-class _WaldRound(FederatedAlgorithm):
-    """One round: each client (holding its own fitted weights) sends its Schur term."""
-
-    reply_keys = ("A", "Jte", "Jee")
-
-    def __init__(self, payload, weights):
-        self.payload, self.weights = payload, weights
-
-    def init_server(self, clients, rng):
-        return {}
-
-    def init_client(self, client, data, rng):
-        return np.asarray(self.weights[client])  # the client's own weights, kept on the client
-
-    def broadcast(self, server_state, client, round):
-        return self.payload
-
-    def client_step(self, message, state, data, rng):
-        return _schur_reply(dict(message, weights=state), np.asarray(data.X), rng), state
-
-    def server_step(self, server_state, replies, round):
-        return dict(replies), {}
+def _weights_cov(msg, X, rng, w):
+    """Round 2 on a client: the covariance of its own log-ratio weights from its blocks and
+    the broadcast ``Cov(theta)``. It stays on the client (nothing is sent back)."""
+    _, Jte, Jee = _blocks(msg, X, w)
+    Jinv = np.linalg.inv(Jee) if Jee.size else Jee
+    return {}, (w, Jinv + Jinv @ Jte.T @ msg["cov_means"] @ Jte @ Jinv)
 
 
 def _logit_interval(p, sd_p, z):
@@ -108,7 +98,8 @@ def _logit_interval(p, sd_p, z):
 
 
 def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
-    """Wald intervals of a :class:`~fedstats.mixture.GaussianMixtureResult` (one federated round).
+    """Wald intervals of a :class:`~fedstats.mixture.GaussianMixtureResult` (two federated
+    rounds; one with ``shared_weights``).
 
     Returns ``(means_table, weights_table, info)``: the means with ``sd``, ``lower``,
     ``upper``; every client's weights likewise (a ``client`` column), each computed on its
@@ -118,35 +109,35 @@ def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
     """
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
+    if set(data.clients) != set(result.weights_):
+        raise ValueError("wald_intervals needs the fitted federation: data's clients differ from the fit's")
     M, d = result.means_.shape
     z = stats.norm.ppf(0.5 + level / 2)
     shared = bool(result.shared_weights)
     payload = {"means": result.means_, "covariances": result.covariances_,
                "cov_type": np.array([COV_TYPES.index(result.covariance_type)]), "shared": np.array([int(shared)])}
 
-    r = run(_WaldRound(payload, result.weights_), data, rounds=1, seed=seed, progress=False, batched=False)
-    replies = r.server_state
+    what = "the Wald round"
+    reps, _, b1 = one_shot(data, ("A", "Jte", "Jee") if shared else ("A",), payload, _schur_reply, seed=seed,
+                           what=what, private=result.weights_)
     Ptot = M * d
     if shared:
         L = len(free_weights(result.weights_[data.clients[0]]))
         J = np.zeros((Ptot + L, Ptot + L))
-        for r in replies.values():
-            J[:Ptot, :Ptot] += r["A"]
-            J[:Ptot, Ptot:] += r["Jte"]
-            J[Ptot:, :Ptot] += r["Jte"].T
-            J[Ptot:, Ptot:] += r["Jee"]
+        for rep in reps.values():
+            J[:Ptot, :Ptot] += rep["A"]
+            J[:Ptot, Ptot:] += rep["Jte"]
+            J[Ptot:, :Ptot] += rep["Jte"].T
+            J[Ptot:, Ptot:] += rep["Jee"]
         cov_all = np.linalg.inv(J)
         cov_t = cov_all[:Ptot, :Ptot]
         cov_eta = {c: cov_all[Ptot:, Ptot:] for c in data.clients}
+        b2 = {}
     else:
-        cov_t = np.linalg.inv(sum(r["A"] for r in replies.values()))
-        cov_eta = {}
-        for c in data.clients:  # on the client: its own blocks and the broadcast Cov(theta)
-            w = result.weights_[c]
-            _, Jte, Jee = information_blocks(np.asarray(data[c].X), result.means_, result.covariances_,
-                                             result.covariance_type, w, free_weights(w))
-            Jinv = np.linalg.inv(Jee) if Jee.size else Jee
-            cov_eta[c] = Jinv + Jinv @ Jte.T @ cov_t @ Jte @ Jinv
+        cov_t = np.linalg.inv(sum(rep["A"] for rep in reps.values()))
+        _, held, b2 = one_shot(data, (), dict(payload, cov_means=cov_t), _weights_cov, seed=seed, what=what,
+                               private=result.weights_)
+        cov_eta = {c: held[c][1] for c in data.clients}
     sd = np.sqrt(np.diag(cov_t)).reshape(M, d)
     names = [f"mean[{j}][{f}]" for j in range(M) for f in result.feature_names]
     means_table = pd.DataFrame({"mean": result.means_.ravel(), "sd": sd.ravel(),
@@ -160,11 +151,13 @@ def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
         Jac = (np.diag(pi) - np.outer(pi, pi))[:, f]
         sd_pi = np.sqrt(np.maximum(np.diag(Jac @ cov_eta[c] @ Jac.T), 0.0))
         lo, hi = _logit_interval(np.clip(pi, 1e-12, 1 - 1e-12), sd_pi, z)
-        boundary = (pi < 1e-8) | (len(f) == 0)  # an MLE at 0 (or 1 because all others are): no Wald interval
-        sd_pi, lo, hi = (np.where(boundary, np.nan, v) for v in (sd_pi, lo, hi))
+        if M == 1:  # the weight is 1 by definition, not a parameter
+            sd_pi, lo, hi = np.zeros(1), np.ones(1), np.ones(1)
+        else:
+            boundary = (pi < 1e-8) | (len(f) == 0)  # an MLE at 0 (or 1 because all others are): no interval
+            sd_pi, lo, hi = (np.where(boundary, np.nan, v) for v in (sd_pi, lo, hi))
         for j in range(M):
             rows.append({"client": c, "name": f"weight[{j}]", "mean": pi[j], "sd": sd_pi[j], "lower": lo[j],
                          "upper": hi[j]})
-    info = {"cov_means": cov_t, "cov_eta": cov_eta, "bytes_up": int(r.communication.bytes_up),
-            "bytes_down": int(r.communication.bytes_down)}
+    info = {"cov_means": cov_t, "cov_eta": cov_eta, **add_bytes(b1, b2)}
     return means_table, pd.DataFrame(rows), info

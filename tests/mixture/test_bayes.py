@@ -210,3 +210,83 @@ def test_wald_information_equals_autodiff_and_pooled_inverse():
         np.testing.assert_allclose(res.wald_info_["cov_eta"][c], inv[s, s], rtol=1e-8)
     assert res.wald_info_["bytes_up"] == C * P * P * 8  # only the P x P Schur term goes up
     assert np.all((w["lower"] > 0) & (w["upper"] < 1))
+
+
+@pytest.mark.parametrize("ct", ["full", "diag"])
+def test_wald_shared_weights_equals_autodiff(ct):
+    """Shared weights: the clients' three blocks add up to the pooled information."""
+    from fedstats.mixture._gmm import full_covariances
+
+    data, _ = gmm_federation(n_clients=3, n_components=3, d=2, n_obs=80, min_separation=4.0, seed=1)
+    res = FederatedGaussianMixture(3, covariance_type=ct, shared_weights=True, n_init=3).fit(data, seed=0)
+    M, d, P = 3, 2, 6
+    w = res.weights_[data.clients[0]]
+    free = free_weights(w)
+    covs = full_covariances(res.covariances_, ct, M, d)
+    with jax.enable_x64(True):
+        hess = jax.jit(jax.hessian(_loglik_jax(M, d)))
+        th = jnp.r_[res.means_.ravel(), np.log(w[free] / w.max())]
+        J = -sum(np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(covs), np.eye(M)[free]))
+                 for c in data.clients)
+    inv = np.linalg.inv(J)
+    m, wt = res.wald_intervals(data, 0.9)
+    np.testing.assert_allclose(res.wald_info_["cov_means"], inv[:P, :P], rtol=1e-8, atol=1e-14)
+    for c in data.clients:
+        np.testing.assert_allclose(res.wald_info_["cov_eta"][c], inv[P:, P:], rtol=1e-8)
+    np.testing.assert_allclose(m["sd"].to_numpy(), np.sqrt(np.diag(inv[:P, :P])), rtol=1e-8)
+    assert res.wald_info_["bytes_down"] > 0 and len(wt) == 9
+
+
+def test_wald_second_round_counts_the_download():
+    data, _ = gmm_federation(n_clients=4, n_components=2, d=2, n_obs=60, min_separation=5.0, seed=3)
+    res = FederatedGaussianMixture(2, n_init=2).fit(data, seed=0)
+    res.wald_intervals(data)
+    P = 4
+    # up: one P x P Schur term per client; down: the components twice, Cov(theta) once
+    assert res.wald_info_["bytes_up"] == 4 * P * P * 8
+    assert res.wald_info_["bytes_down"] > 4 * P * P * 8
+
+
+def test_one_component_and_refusals():
+    rng = np.random.default_rng(0)
+    Xs = [rng.standard_normal((30, 2)) for _ in range(3)]
+    ml = FederatedGaussianMixture(1, n_init=1).fit(Xs, seed=0)
+    _, w = ml.wald_intervals(Xs)
+    assert np.all(w["lower"] == 1) and np.all(w["upper"] == 1) and np.all(w["sd"] == 0)
+    vb = FederatedGaussianMixture(1, bayesian=True, n_init=1).fit(Xs, seed=0)
+    cs = vb.client_summary()
+    assert np.all(cs["lower"] == 1) and np.all(cs["upper"] == 1)
+    with pytest.raises(AttributeError, match="credible"):
+        vb.wald_intervals(Xs)
+    from fedstats.mixture import DecentralizedGaussianMixture
+
+    dec = DecentralizedGaussianMixture(1, n_init=1, max_rounds=3).fit(Xs, seed=0)
+    with pytest.raises(AttributeError, match="one copy per node"):
+        dec.wald_intervals(Xs)
+
+
+@pytest.mark.parametrize("ct", ["tied", "diag", "spherical"])
+def test_structured_posteriors_match_their_draws(ct):
+    """Closed-form intervals equal the quantiles of exact draws that respect the structure."""
+    data, _ = gmm_federation(n_clients=5, n_components=2, d=3, n_obs=60, min_separation=6.0, seed=4)
+    res = FederatedGaussianMixture(2, covariance_type=ct, bayesian=True, n_init=2).fit(data, seed=0)
+    mus, covs = res.sample_components(40000, seed=1)
+    if ct == "tied":
+        np.testing.assert_array_equal(covs[:, 0], covs[:, 1])
+    else:
+        off = covs * (1 - np.eye(3))
+        assert np.all(off == 0)
+        if ct == "spherical":
+            v = np.diagonal(covs, axis1=2, axis2=3)
+            np.testing.assert_array_equal(v[..., 0], v[..., 2])
+    s = res.summary(0.9)
+    lo, hi = res.global_posterior(n=40000, seed=1).credible_interval(0.9)
+    width = (s["upper"] - s["lower"]).to_numpy()
+    np.testing.assert_allclose(lo, s["lower"].to_numpy(), atol=0.03 * width.max())
+    np.testing.assert_allclose(hi, s["upper"].to_numpy(), atol=0.03 * width.max())
+    if ct == "spherical":  # one variance seen in d coordinates: narrower than a diag one
+        diag = FederatedGaussianMixture(2, covariance_type="diag", bayesian=True, n_init=2).fit(data, seed=0)
+        v_s = res.variance_intervals(0.9)
+        v_d = diag.variance_intervals(0.9)
+        assert np.median((v_s["upper"] - v_s["lower"]) / v_s["mean"]) < np.median(
+            (v_d["upper"] - v_d["lower"]) / v_d["mean"])

@@ -93,3 +93,16 @@ def test_fast_mixing_run_and_private_predictions(fed):
         DecentralizedGaussianMixture(3, participation=0.5)
     with pytest.raises(ValueError, match="12 x 12"):
         DecentralizedGaussianMixture(3, graph=np.ones((3, 3))).fit(data)
+
+
+def test_weights_init_applies_and_tol_is_refused(fed):
+    data = fed[0]
+    M = 3
+    w0 = {c: np.roll([0.8, 0.1, 0.1], k) for k, c in enumerate(data.clients)}
+    one = DecentralizedGaussianMixture(M, graph="ring", max_rounds=1, n_init=2, weights_init=w0).fit(data, seed=0)
+    uni = DecentralizedGaussianMixture(M, graph="ring", max_rounds=1, n_init=2).fit(data, seed=0)
+    assert any(not np.allclose(one.weights_[c], uni.weights_[c]) for c in data.clients)
+    with pytest.raises(TypeError, match="tol"):
+        DecentralizedGaussianMixture(M, tol=1e-3)
+    with pytest.raises(ValueError, match="weights_init"):
+        DecentralizedGaussianMixture(M, max_rounds=1, n_init=2, weights_init=np.ones(M)).fit(data, seed=0)

@@ -162,8 +162,121 @@ def test_recovery_and_private_weights():
     W = np.stack([res.weights_[c][order] for c in data.clients])
     assert np.abs(W - truth["weights"]).mean() < 0.05
     assert res.converged
-    # the weights never crossed the network: no reply or broadcast holds them
-    assert set(FedEMAlgorithm.reply_keys) == {"N", "S1", "S2", "loglik", "entropy"}
+
+
+def test_weights_never_cross_the_network(monkeypatch):
+    """Record every message of a fit (start, EM rounds, scoring): none holds a weight vector."""
+    import fedstats.federation.runner as runner
+
+    seen = []
+    orig = runner.validate_message
+
+    def spy(message, keys, **kw):
+        seen.append(dict(message))
+        return orig(message, keys, **kw)
+
+    monkeypatch.setattr(runner, "validate_message", spy)
+    data, _ = gmm_federation(n_clients=5, n_components=3, d=2, alpha=0.5, seed=3)
+    res = FederatedGaussianMixture(3, n_init=2).fit(data, seed=0)
+    assert len(seen) >= 5 * (res.rounds + 4)  # every reply of every round went through the spy
+    for w in res.weights_.values():
+        for msg in seen:
+            for k, v in msg.items():
+                v = np.ravel(v)
+                assert not any(v.size >= 3 and np.allclose(v[i:i + 3], u, atol=1e-8)
+                               for u in (w, np.log(w)) for i in range(v.size - 2)), k
+
+
+def test_init_centres_are_means_of_several_rows():
+    from fedstats.mixture._init import _local_centres
+
+    rng = np.random.default_rng(0)
+    d = 3
+    for n in (1, 3, 4, 7, 30):
+        X = rng.standard_normal((n, d))
+        out = _local_centres({"k": np.array([5]), "min_size": np.array([d + 1])}, X, rng)
+        assert out["sizes"].sum() == (n if n >= d + 1 else 0)
+        assert np.all(out["sizes"] >= d + 1)
+        assert not any(np.allclose(c, x) for c in out["centres"] for x in X)
+    # a federation where most clients are too small to send centres still starts
+    Xs = [rng.standard_normal((2, d)) + 5 * (k % 2) for k in range(20)] + [
+        np.r_[rng.standard_normal((20, d)), rng.standard_normal((20, d)) + 5]]
+    res = FederatedGaussianMixture(2, n_init=2).fit(Xs, seed=0)
+    assert np.ptp(res.means_[:, 0]) > 4
+    with pytest.raises(Exception, match="fewer than n_components"):
+        FederatedGaussianMixture(3, n_init=1).fit([rng.standard_normal((3, d)) for _ in range(4)], seed=0)
+
+
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_translation_equivariance_far_from_the_origin(ct):
+    """Statistics are centred before any raw moment, so an offset of 1e8 changes nothing."""
+    data, truth = gmm_federation(n_clients=4, n_components=3, d=2, min_separation=5.0, seed=1)
+    Xs = [data[c].X for c in data.clients]
+    off = 1e8
+    a = FederatedGaussianMixture(3, covariance_type=ct, n_init=3).fit(Xs, seed=0)
+    b = FederatedGaussianMixture(3, covariance_type=ct, n_init=3).fit([X + off for X in Xs], seed=0)
+    # 1e8 carries 1e-8 absolute rounding per coordinate in the data itself
+    np.testing.assert_allclose(b.means_ - off, a.means_, atol=1e-5)
+    np.testing.assert_allclose(b.covariances_, a.covariances_, rtol=1e-5, atol=1e-6)
+    assert b.loglik_ == pytest.approx(a.loglik_, rel=1e-7)
+    w = b.wald_intervals([X + off for X in Xs], 0.9)[0]
+    np.testing.assert_allclose(w["sd"], a.wald_intervals(Xs, 0.9)[0]["sd"], rtol=1e-4)
+
+
+def test_client_failures_are_reported(monkeypatch):
+    data, _ = gmm_federation(n_clients=4, n_components=2, d=2, seed=5)
+    bad = data.clients[1]
+    n_bad = data.n_obs[bad]
+    assert sum(n == n_bad for n in data.n_obs.values()) == 1
+    orig = FedEMAlgorithm.client_steps
+    # calls that include the bad client: one batched call per round, then (after a batched
+    # failure) the runner's per-client retry
+    calls = {"n": 0, "fail": {3, 4}}
+
+    def flaky(self, messages, states, datas, rngs):
+        if any(d.n == n_bad for d in datas):
+            calls["n"] += 1
+            if calls["n"] in calls["fail"]:
+                raise OSError("disk full")
+        return orig(self, messages, states, datas, rngs)
+
+    monkeypatch.setattr(FedEMAlgorithm, "client_steps", flaky)
+    with pytest.warns(RuntimeWarning, match="disk full"):
+        res = FederatedGaussianMixture(2, n_init=2, max_rounds=10, tol=0).fit(data, seed=0)
+    assert bad in res.history[2].failed and all(not r.failed for i, r in enumerate(res.history) if i != 2)
+    calls.update(n=0, fail=set(range(1, 100)))  # fails every round: the fit never saw its statistics
+    with pytest.raises(RuntimeError, match="never answered.*disk full"):
+        FederatedGaussianMixture(2, n_init=2, max_rounds=10, tol=0).fit(data, seed=0)
+
+    import fedstats.mixture._init as init
+
+    def broken(msg, X, rng, _p=None):
+        raise OSError("no space")
+
+    monkeypatch.setattr(init, "_local_centres", broken)
+    with pytest.raises(RuntimeError, match="k-means initialisation.*no space"):
+        FederatedGaussianMixture(2).fit(data, seed=0)
+
+
+def test_bic_uses_the_final_parameters():
+    data, _ = gmm_federation(n_clients=5, n_components=3, d=2, seed=2)
+    res = FederatedGaussianMixture(3, n_init=2, max_rounds=3, tol=0).fit(data, seed=0)
+    exact = sum(res.score(data[c].X, c) * data.n_obs[c] for c in data.clients)
+    assert res.loglik_ == pytest.approx(exact, rel=1e-12)
+    p = 3 * 2 + 3 * 3 + 5 * 2
+    assert res.bic() == pytest.approx(-2 * exact + p * np.log(data.n_total), rel=1e-12)
+    assert res.history[-1].metrics["loglik"] < res.loglik_  # the last round's is at the previous parameters
+
+
+def test_one_feature_equals_sklearn():
+    rng = np.random.default_rng(0)
+    X = np.r_[rng.normal(0, 1, (60, 1)), rng.normal(5, 0.5, (40, 1))]
+    m0 = np.array([[1.0], [4.0]])
+    sk = _sklearn(X, 2, "full", 20, np.full(2, 0.5), m0, np.ones((2, 1, 1)))
+    res = FederatedGaussianMixture(2, max_rounds=20, tol=0, means_init=m0, covariances_init=np.ones((2, 1, 1)),
+                                   shared_weights=True).fit([X], seed=0)
+    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10)
+    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10)
 
 
 def test_server_rule_guard_statistics_not_parameter_averaging():
@@ -220,8 +333,6 @@ def test_incremental_em_with_partial_participation():
     m0 = truth["means"] + 0.7
     kw = dict(max_rounds=300, tol=0, means_init=m0, covariances_init=np.stack([np.eye(2)] * 3))
     full = FederatedGaussianMixture(3, **kw).fit(data, seed=0)
-    same = FederatedGaussianMixture(3, participation=1.0, **kw).fit(data, seed=0)
-    np.testing.assert_array_equal(full.means_, same.means_)
     part = FederatedGaussianMixture(3, participation=0.2, **kw).fit(data, seed=0)
     assert all(len(r.answered) == 2 for r in part.history[1:])
     F = np.array([r.metrics["free_energy"] for r in part.history])
@@ -231,6 +342,10 @@ def test_incremental_em_with_partial_participation():
     ll_part = sum(part.score(data[c].X, c) * data.n_obs[c] for c in data.clients)
     assert ll_part == pytest.approx(ll_full, rel=1e-6)
     np.testing.assert_allclose(part.means_, full.means_, atol=1e-4)
+    # client ids that numpy would turn into arrays (tuples) are sampled by index
+    tup = FederatedData.from_arrays({(k, "site"): data[c].X for k, c in enumerate(data.clients)})
+    res = FederatedGaussianMixture(3, participation=0.3, **dict(kw, max_rounds=5)).fit(tup, seed=0)
+    assert all(len(r.answered) == 3 and all(isinstance(c, tuple) for c in r.answered) for r in res.history[1:])
 
 
 def test_degenerate_data_and_empty_component():
@@ -269,6 +384,16 @@ def test_bad_input_is_refused():
         res.predict(np.zeros((3, 2)), "nobody")
     with pytest.raises(ValueError, match="client="):
         res.score(np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="only apply to bayesian=True"):
+        FederatedGaussianMixture(2, mean_precision_prior=2.0).fit(Xs)
+    with pytest.raises(ValueError, match="vb_init"):
+        FederatedGaussianMixture(2, bayesian=True, vb_init={"means": np.zeros((2, 2))}).fit(Xs)
+    with pytest.raises(ValueError, match="fitted federation"):
+        res.wald_intervals([Xs[0]])
+    with pytest.raises(Exception, match="needs a target"):
+        from fedstats.linear import HierarchicalLinearModel
+
+        HierarchicalLinearModel().fit(FederatedData.from_arrays(Xs))
 
 
 def test_save_load_roundtrip_and_tables(tmp_path):
