@@ -1,7 +1,8 @@
 """Federated initialisation of a Gaussian mixture (spec fedem.md §1.8.3, option 1 + 3).
 
 1. Each client runs k-means++ and Lloyd on its own rows and sends at most ``M`` centres
-   with their cluster sizes. Every centre is the mean of at least ``d + 1`` of its rows
+   with their cluster sizes (if fewer than ``M`` arrive in all, the round is repeated with
+   ``2M``, then ``4M`` local clusters). Every centre is the mean of at least ``d + 1`` of its rows
    (smaller clusters are dissolved into the others), so no centre is a raw row; a client
    with fewer than ``d + 1`` rows sends nothing in this step.
 2. The server runs weighted k-means++/Lloyd on the pooled centres, ``n_init`` times with
@@ -233,10 +234,15 @@ def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed)
     M, d = n_components, data.n_features
     ct = np.array([COV_TYPES.index(cov_type)])
     min_size = d + 1
-    reps, _, b1 = one_shot(data, ("centres", "sizes"), {"k": np.array([M]), "min_size": np.array([min_size])},
-                           _local_centres, seed=seed, what="the k-means initialisation")
-    centres = np.concatenate([reps[c]["centres"] for c in data.clients])
-    sizes = np.concatenate([reps[c]["sizes"] for c in data.clients])
+    b1 = {}
+    for k in (M, 2 * M, 4 * M):  # ask for more local clusters when small ones dissolved too many
+        reps, _, b = one_shot(data, ("centres", "sizes"), {"k": np.array([k]), "min_size": np.array([min_size])},
+                              _local_centres, seed=seed, what="the k-means initialisation")
+        b1 = add_bytes(b1, b)
+        centres = np.concatenate([reps[c]["centres"] for c in data.clients])
+        sizes = np.concatenate([reps[c]["sizes"] for c in data.clients])
+        if centres.shape[0] >= M:
+            break
     if centres.shape[0] < M:
         raise DataError(f"the federated k-means start got {centres.shape[0]} local centres (each the mean of at "
                         f"least d + 1 = {min_size} rows of one client), fewer than n_components={M}; "

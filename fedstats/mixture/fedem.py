@@ -474,6 +474,7 @@ class FederatedGaussianMixture:
         res = run(algo, data, rounds=self.max_rounds, participation=self._participation(data.clients), seed=seed,
                   progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
         st = res.server_state
+        check_failures(res.history, st["seen"], st["clients"], "variational FedEM")
         hy = st["hyper"]
         conc = ({c: st["alpha_shared"] for c in data.clients} if self.shared_weights
                 else {c: s.alpha for c, s in res.client_states.items()})
