@@ -5,7 +5,9 @@
 * :class:`DecentralizedGaussianMixture` -- D-FedEM: no server, gossip of the statistics
   over a client graph (Metropolis-Hastings or fastest-mixing weights);
 * :class:`GaussianMixtureResult` -- the fit: ``predict``, ``predict_proba``, ``score`` per
-  client, unseen clients, tables, save/load.
+  client, unseen clients, tables, save/load;
+* :class:`FEMOMD` -- online: federated EM per time step, mirror descent on each client's
+  drifting weights; :mod:`fedstats.mixture.regret` measures its regret.
 """
 
 from .bayes import BayesianMixtureResult, VBFedEMAlgorithm
@@ -20,7 +22,9 @@ from .decentralized import (
     slem,
 )
 from .fedem import FedEMAlgorithm, FederatedGaussianMixture, GaussianMixtureResult
+from .online import FEMOMD, FEMOMDStep, eg_update, omd_gradient
 
 __all__ = ["FederatedGaussianMixture", "GaussianMixtureResult", "FedEMAlgorithm", "DecentralizedGaussianMixture",
            "DecentralizedMixtureResult", "DFedEMAlgorithm", "metropolis_weights", "fast_mixing_weights",
-           "ring_graph", "erdos_renyi_graph", "slem", "BayesianMixtureResult", "VBFedEMAlgorithm"]
+           "ring_graph", "erdos_renyi_graph", "slem", "BayesianMixtureResult", "VBFedEMAlgorithm", "FEMOMD",
+           "FEMOMDStep", "eg_update", "omd_gradient"]

@@ -1,0 +1,609 @@
+"""FEM-OMD: online federated Gaussian mixtures with drifting client weights (spec fedem.md §2).
+
+At every time step ``t`` each client *plays* the shared components ``mu_t`` (and covariances)
+with its own weights ``pi_{t,c}``, then receives a batch ``X_{t,c}`` of ``n`` rows. One step
+(thesis Algorithm 15, spec §2.7) is one run of ``K + 1`` federated rounds:
+
+* rounds ``0..K-1`` (inner federated EM): the server broadcasts ``mu~``; each client runs an
+  E-step on its batch (or on the k-th of ``K`` splits) with its inner weights ``pi~_c``
+  (reset to uniform, or to the played weights, at the start of the step), sets
+  ``pi~_c = N_c / n_c`` and replies with the summed statistics ``N_c, S1_c`` (and ``S2_c``
+  when covariances are learned); the server does the closed-form M-step. With equal batch
+  sizes this is the thesis's ``pi~``-weighted synchronisation; it stays right when they differ.
+* the server then plays the running average ``mu_{t+1} = (t mu_t + mu~) / (t + 1)``;
+* round ``K`` (mirror descent): the server broadcasts ``mu_{t+1}``; each client draws ``n_mc``
+  points ``Z ~ sum_r pi~_cr N(mu_{t+1,r}, Sigma_r)`` (or uses its batch,
+  ``grad_source="empirical"``), estimates the gradient of the KL cost at its played weights,
+  ``g_j = -mean_s f_j(Z_s) / sum_l pi_l f_l(Z_s)`` (so ``sum_j pi_j g_j = -1`` exactly), and
+  updates ``pi_{t+1} = softmax(log pi_t - eta_t g)`` (exponentiated gradient), optionally
+  mixed with the uniform vector (``weight_floor``). Nothing is sent back in this round.
+
+The weights never leave the clients (only soft counts do, as in FedEM). ``eta_t`` is
+``sqrt(log m / T)`` for a known horizon ``T`` and ``sqrt(log m / t)`` otherwise.
+
+Each client also keeps a discounted Dirichlet ``a_{t+1} = lambda a_t + (1 - lambda) alpha_0 +
+N_t`` (``N_t``: its soft counts of the batch under the new components and its inner weights),
+whose Beta marginals are credible intervals for its *current* weights (spec §4.5).
+
+Two baselines for experiments use the same machinery: ``pooling="local"`` (every client
+estimates its own components from its own statistics only: local online EM with the same
+mirror-descent weights) and ``shared_weights=True`` (one weight vector for all clients, a
+global online mixture).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from ..data import DataError
+from ..federation import FederatedAlgorithm, run
+from ._gmm import (
+    check_cov_type,
+    cov_shape,
+    estep_statistics,
+    full_covariances,
+    log_gaussian,
+    m_step,
+    precision_cholesky,
+    s2_shape,
+)
+from ._init import raise_failures
+from .fedem import GaussianMixtureResult, _log_weights, _Stack, as_federated
+
+COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
+
+
+# ------------------------------------------------------------------ the two building blocks
+def _lse(a: np.ndarray) -> np.ndarray:
+    """log-sum-exp over the last axis (plain numpy: scipy's costs ~100 us a call here)."""
+    amax = a.max(axis=-1, keepdims=True)
+    return (amax + np.log(np.exp(a - amax).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def eg_update(pi, grad, eta, floor=0.0) -> np.ndarray:
+    """Exponentiated-gradient (entropic mirror-descent) step on the simplex.
+
+    ``softmax(log pi - eta grad)``, i.e. ``argmin_q <q, eta grad> + KL(q || pi)``; then
+    ``(1 - floor) q + floor / m``. Adding a constant to ``grad`` changes nothing. Works on
+    one ``(m,)`` vector or a stack ``(C, m)`` (``eta`` scalar).
+    """
+    pi = np.asarray(pi, float)
+    a = _log_weights(pi) - eta * np.asarray(grad, float)
+    q = np.exp(a - _lse(a)[..., None])
+    if floor:
+        q = (1.0 - floor) * q + floor / q.shape[-1]
+    return q
+
+
+def omd_gradient(log_dens, log_pi, starts=None) -> np.ndarray:
+    """Monte-Carlo gradient of ``pi -> KL(P || sum_j pi_j f_j)`` at ``pi`` from draws of P.
+
+    ``log_dens`` (S, m): ``log f_j(Z_s)``; returns ``g_j = -mean_s f_j(Z_s) / sum_l pi_l
+    f_l(Z_s)``. For any draws ``sum_j pi_j g_j = -1`` (the ratios are responsibilities / pi).
+    Stacked clients: ``starts`` (C,) row offsets and ``log_pi`` (C, m) give (C, m).
+    """
+    if starts is None:
+        lse = _lse(log_dens + log_pi)
+        return -np.mean(np.exp(log_dens - lse[:, None]), axis=0)
+    starts = np.asarray(starts)
+    sizes = np.diff(np.r_[starts, log_dens.shape[0]])
+    lp = np.repeat(log_pi, sizes, axis=0)
+    lse = _lse(log_dens + lp)
+    return -np.add.reduceat(np.exp(log_dens - lse[:, None]), starts, axis=0) / sizes[:, None]
+
+
+def step_size(t: int, n_components: int, eta=None, horizon=None) -> float:
+    """``eta`` if given, else ``sqrt(log m / T)`` (horizon known) or ``sqrt(log m / t)``."""
+    if eta is not None:
+        return float(eta)
+    m = max(n_components, 2)
+    return math.sqrt(math.log(m) / (horizon if horizon is not None else max(t, 1)))
+
+
+# ------------------------------------------------------------------ one time step
+class FEMOMDStep(FederatedAlgorithm):
+    """One FEM-OMD time step as ``K + 1`` rounds (see the module docs).
+
+    ``server`` / ``clients``: the state carried over from the previous step (mutated copies
+    are returned through the run's server and client states).
+    """
+
+    reply_keys = ("N", "S1", "S2", "g")
+
+    def __init__(self, model: FEMOMD, server: dict, clients: Mapping, eta: float, t: int):
+        self.m = model
+        self.t = t
+        self.server0 = server
+        self.clients0 = clients
+        self.eta = eta
+        self.K = model.inner_rounds
+        self.ct = "spherical" if model.covariance_type == "identity" else model.covariance_type
+        self.M = model.n_components
+        self._stack = _Stack()
+
+    def __getstate__(self):
+        s = dict(self.__dict__)
+        s["_stack"] = _Stack()
+        return s
+
+    # ---------------------------------------------------------------- server side
+    def init_server(self, clients, rng):
+        st = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.server0.items()}
+        st["clients"] = list(clients)
+        st["t"] = self.t
+        st["tilde_means"] = st["means"].copy()
+        st["tilde_cov"] = st["cov"].copy()
+        if self.m.shared_weights:
+            st["log_w_tilde"] = (st["log_w"].copy() if self.m.inner_init == "played"
+                                 else np.full(self.M, -math.log(self.M)))
+        return st
+
+    def _means_for(self, st, key, client):
+        a = st[key]
+        return a[st["index"][client]] if self.m.pooling == "local" else a
+
+    def broadcast(self, st, client, round):
+        inner = round < self.K
+        msg = {"means": self._means_for(st, "tilde_means" if inner else "means", client),
+               "covariances": self._means_for(st, "tilde_cov" if inner else "cov", client),
+               "round": np.array([round])}
+        if self.m.shared_weights:
+            msg["log_w_tilde"] = st["log_w_tilde"]
+            msg["log_w"] = st["log_w"]
+        return msg
+
+    def server_step(self, st, replies, round):
+        st = dict(st)
+        if round < self.K:
+            st = self._inner_update(st, replies)
+            if round == self.K - 1:  # play the running average (t mu_t + mu~) / (t + 1) from now on
+                t = st["t"]
+                st["means"] = (t * st["means"] + st["tilde_means"]) / (t + 1)
+                if self.m.covariance_type != "identity":
+                    st["cov"] = (t * st["cov"] + st["tilde_cov"]) / (t + 1)
+            return st, {"answered": float(len(replies))}
+        if self.m.shared_weights and replies:
+            n = sum(float(self.clients_n[c]) for c in replies)
+            g = sum(r["g"] for r in replies.values()) / n
+            st["log_w"] = _log_weights(eg_update(np.exp(st["log_w"]), g, self.eta, self.m.weight_floor))
+        return st, {"answered": float(len(replies))}
+
+    def _inner_update(self, st, replies):
+        if not replies:
+            return st
+        cov_fixed = self.m.covariance_type == "identity"
+        idx = st["index"]
+        if self.m.pooling == "local":
+            means, cov = st["tilde_means"].copy(), st["tilde_cov"].copy()
+            for c, r in replies.items():
+                i = idx[c]
+                means[i], cv, _ = m_step(r["N"], r["S1"], r["S2"] if not cov_fixed else self._zeros_s2(),
+                                         means[i], self.ct, self.m.reg_covar, prev_means=means[i], prev_cov=cov[i])
+                if not cov_fixed:
+                    cov[i] = cv
+            st["tilde_means"], st["tilde_cov"] = means, cov
+        else:
+            N = sum(r["N"] for r in replies.values())
+            S1 = sum(r["S1"] for r in replies.values())
+            S2 = sum(r["S2"] for r in replies.values()) if not cov_fixed else self._zeros_s2()
+            old = st["tilde_means"]
+            means, cv, _ = m_step(N, S1, S2, old, self.ct, self.m.reg_covar, prev_means=old, prev_cov=st["tilde_cov"])
+            st["tilde_means"] = means
+            if not cov_fixed:
+                st["tilde_cov"] = cv
+            if self.m.shared_weights:
+                st["log_w_tilde"] = _log_weights(N / N.sum())
+        return st
+
+    def _zeros_s2(self):
+        return np.zeros(s2_shape(self.ct, self.M, self.m.n_features_))
+
+    # ---------------------------------------------------------------- client side
+    def init_client(self, client, data, rng):
+        s = self.clients0.get(client)
+        if s is None:  # a client seen for the first time starts from uniform weights
+            s = self.m._new_client_state()
+        s = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in s.items()}
+        s["n"] = int(data.n)
+        return s
+
+    def client_step(self, message, state, data, rng):
+        return self.client_steps([message], [state], [data], [rng])[0]
+
+    def _rows(self, X, k):
+        if not self.m.sample_splitting:
+            return X
+        b = X.shape[0] // self.K
+        return X[k * b:(k + 1) * b]
+
+    def client_steps(self, messages, states, datas, rngs):
+        first = messages[0]
+        same = all(all(np.array_equal(m[key], first[key]) for key in first) for m in messages[1:])
+        if not same:  # local pooling: every client has its own components
+            if len(messages) > 1:
+                return [self.client_steps([m], [s], [d], [r])[0] for m, s, d, r in zip(messages, states, datas, rngs)]
+        k = int(first["round"][0])
+        Xs = [np.asarray(d.X) for d in datas]
+        means, cov = first["means"], first["covariances"]
+        pc = precision_cholesky(cov, self.ct)
+        empty = np.zeros(0)
+        if k < self.K:
+            if k == 0:
+                for s in states:
+                    s["log_pi_tilde"] = (s["log_pi"].copy() if self.m.inner_init == "played"
+                                         else np.full(self.M, -math.log(self.M)))
+            rows = [self._rows(X, k) for X in Xs]
+            X, starts = self._stack.get(rows) if not self.m.sample_splitting else (
+                np.concatenate(rows), np.cumsum([0] + [len(r) for r in rows[:-1]]))
+            logw = first["log_w_tilde"] if self.m.shared_weights else np.stack([s["log_pi_tilde"] for s in states])
+            N, S1, S2, _, _ = estep_statistics(X, starts, means, pc, logw, self.ct)
+            out = []
+            for i, s in enumerate(states):
+                s = dict(s)
+                if not self.m.shared_weights:
+                    s["log_pi_tilde"] = _log_weights(N[i] / len(rows[i]))
+                s2 = S2[i] if self.m.covariance_type != "identity" else empty
+                out.append(({"N": N[i], "S1": S1[i], "S2": s2, "g": empty}, s))
+            return out
+        # mirror-descent round: gradient at the played weights, new weights, Dirichlet update
+        out = []
+        X, starts = self._stack.get(Xs)
+        inner_logw = (first["log_w_tilde"] if self.m.shared_weights
+                      else np.stack([s["log_pi_tilde"] for s in states]))
+        Nx, _, _, _, _ = estep_statistics(X, starts, means, pc, inner_logw, self.ct)
+        Z, zstarts = self._draws(means, cov, states, Xs, inner_logw, rngs)
+        ld = log_gaussian(Z - means.mean(0), means - means.mean(0), pc, self.ct)
+        C = len(states)
+        played = (np.broadcast_to(first["log_w"], (C, self.M)) if self.m.shared_weights
+                  else np.stack([s["log_pi"] for s in states]))
+        G = omd_gradient(ld, played, zstarts)
+        new_w = None if self.m.shared_weights else _log_weights(eg_update(np.exp(played), G, self.eta,
+                                                                           self.m.weight_floor))
+        lam, a0 = self.m.discount, self.m.concentration_prior
+        for i, s in enumerate(states):
+            s = dict(s)
+            if self.m.shared_weights:
+                reply_g = G[i] * s["n"]
+            else:
+                s["log_pi"] = new_w[i]
+                reply_g = empty
+            s["last_gradient"] = G[i]
+            s["alpha"] = lam * s["alpha"] + (1 - lam) * a0 + Nx[i]
+            out.append(({"N": empty, "S1": empty, "S2": empty, "g": reply_g}, s))
+        return out
+
+    def _draws(self, means, cov, states, Xs, inner_logw, rngs):
+        if self.m.grad_source == "empirical":
+            return np.concatenate(Xs), np.cumsum([0] + [len(X) for X in Xs[:-1]])
+        M, d = means.shape
+        chol = np.linalg.cholesky(full_covariances(cov, self.ct, M, d))
+        Zs = []
+        for i, (s, rng) in enumerate(zip(states, rngs)):
+            S = self.m.n_mc or s["n"]
+            lw = inner_logw if inner_logw.ndim == 1 else inner_logw[i]
+            p = np.exp(lw - _lse(lw))
+            z = rng.choice(M, size=S, p=p / p.sum())
+            Zs.append(means[z] + np.einsum("sij,sj->si", chol[z], rng.standard_normal((S, d))))
+        return np.concatenate(Zs), np.cumsum([0] + [len(Z) for Z in Zs[:-1]])
+
+
+# ------------------------------------------------------------------ the model
+class FEMOMD:
+    """Online federated Gaussian mixture: FEM-OMD (thesis Algorithm 15, spec §2.7).
+
+    Parameters
+    ----------
+    n_components : int
+        Number of components ``m``.
+    covariance_type : {"identity", "full", "tied", "diag", "spherical"}, default "identity"
+        ``"identity"``: unit covariances, only the means are learned (the thesis's case, the
+        one the regret analysis covers). The others learn covariances with the FedEM M-step
+        in the inner loop and play their running average too (an extension, no guarantee).
+    inner_rounds : int, default 5
+        Inner federated EM rounds ``K`` per time step.
+    eta : float, optional
+        Mirror-descent step; default ``sqrt(log m / horizon)`` if ``horizon`` is given, else
+        the anytime schedule ``sqrt(log m / t)``.
+    horizon : int, optional
+        The number of time steps ``T``, when known.
+    weight_floor : float in [0, 1), default 0.0
+        Mix the new weights with the uniform vector: ``(1 - floor) pi + floor / m`` (1e-3
+        protects against the blow-ups of tiny played weights; 0 is the thesis).
+    sample_splitting : bool, default False
+        Inner round ``k`` uses only the k-th of ``K`` equal parts of the batch (needs
+        ``n >= K``; required by the proof, worse for small ``n``).
+    inner_init : {"uniform", "played"}, default "uniform"
+        Start of the inner weights ``pi~`` at every step.
+    grad_source : {"model", "empirical"}, default "model"
+        Monte-Carlo draws from the fitted mixture (the thesis) or the batch itself.
+    n_mc : int, optional
+        Monte-Carlo draws per client and step (default: the client's batch size).
+    discount, concentration_prior : float
+        Forgetting factor ``lambda`` (default 0.9) and prior ``alpha_0`` (default 1) of the
+        discounted Dirichlet behind :meth:`weight_intervals`.
+    means_init, covariances_init : optional
+        Components played at the first step. Without ``means_init`` the first batch
+        initialises them (federated k-means, as :class:`FederatedGaussianMixture`) before
+        that step runs.
+    pooling : {"federated", "local"}, default "federated"
+        ``"local"``: the local-only baseline, each client learns its own components from
+        its own statistics (the simulator's server keeps one copy per client).
+    shared_weights : bool, default False
+        One weight vector for all clients (the global baseline): the server adds the
+        clients' gradients (weighted by batch size) and makes the mirror-descent step.
+    reg_covar : float, default 1e-6
+        For learned covariances.
+    seed : int, default 0
+        All randomness of step ``t`` derives from ``(seed, t)``.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from fedstats.mixture import FEMOMD
+    >>> from fedstats.mixture.regret import MixtureStream
+    >>> stream = MixtureStream(n_clients=5, n=20, d=2, n_components=2, process="fixed", seed=0)
+    >>> model = FEMOMD(2, means_init=stream.means + 0.3, horizon=50)
+    >>> for t in range(1, 51):
+    ...     _ = model.partial_fit(stream.batch(t))
+    >>> bool(np.abs(model.means_ - stream.means).max() < 0.3)
+    True
+    """
+
+    def __init__(self, n_components, *, covariance_type="identity", inner_rounds=5, eta=None, horizon=None,
+                 weight_floor=0.0, sample_splitting=False, inner_init="uniform", grad_source="model", n_mc=None,
+                 discount=0.9, concentration_prior=1.0, means_init=None, covariances_init=None, pooling="federated",
+                 shared_weights=False, reg_covar=1e-6, seed=0):
+        if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) or n_components < 1:
+            raise ValueError(f"n_components must be an int >= 1, got {n_components!r}")
+        if covariance_type not in COV_TYPES_ONLINE:
+            raise ValueError(f"covariance_type must be one of {COV_TYPES_ONLINE}, got {covariance_type!r}")
+        if covariance_type != "identity":
+            check_cov_type(covariance_type)
+        for name, v in (("inner_rounds", inner_rounds),) + ((("horizon", horizon),) if horizon is not None else ()) + (
+                (("n_mc", n_mc),) if n_mc is not None else ()):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if eta is not None and not (isinstance(eta, (int, float)) and eta > 0):
+            raise ValueError(f"eta must be a number > 0, got {eta!r}")
+        if not 0 <= weight_floor < 1:
+            raise ValueError(f"weight_floor must lie in [0, 1), got {weight_floor!r}")
+        if not 0 < discount <= 1:
+            raise ValueError(f"discount must lie in (0, 1], got {discount!r}")
+        if not concentration_prior > 0:
+            raise ValueError(f"concentration_prior must be > 0, got {concentration_prior!r}")
+        for name, v, ok in (("inner_init", inner_init, ("uniform", "played")),
+                            ("grad_source", grad_source, ("model", "empirical")),
+                            ("pooling", pooling, ("federated", "local"))):
+            if v not in ok:
+                raise ValueError(f"{name} must be one of {ok}, got {v!r}")
+        if pooling == "local" and shared_weights:
+            raise ValueError("pooling='local' with shared_weights=True is not a model (local components, global weights)")
+        self.n_components = int(n_components)
+        self.covariance_type = covariance_type
+        self.inner_rounds = int(inner_rounds)
+        self.eta = eta
+        self.horizon = horizon
+        self.weight_floor = float(weight_floor)
+        self.sample_splitting = bool(sample_splitting)
+        self.inner_init = inner_init
+        self.grad_source = grad_source
+        self.n_mc = n_mc
+        self.discount = float(discount)
+        self.concentration_prior = float(concentration_prior)
+        self.means_init = means_init
+        self.covariances_init = covariances_init
+        self.pooling = pooling
+        self.shared_weights = bool(shared_weights)
+        self.reg_covar = float(reg_covar)
+        self.seed = int(seed)
+        self.t_ = 0
+        self.history = []
+        self._server = None
+        self._clients: dict = {}
+        self.feature_names = None
+        self.n_features_ = None
+
+    # ---------------------------------------------------------------- state
+    @property
+    def _ct(self):
+        return "spherical" if self.covariance_type == "identity" else self.covariance_type
+
+    def _new_client_state(self):
+        M = self.n_components
+        return {"log_pi": np.full(M, -math.log(M)), "log_pi_tilde": np.full(M, -math.log(M)),
+                "alpha": np.full(M, self.concentration_prior), "last_gradient": np.zeros(M), "n": 0}
+
+    def _start(self, data):
+        M, d = self.n_components, data.n_features
+        self.n_features_, self.feature_names = d, list(data.feature_names)
+        if self.means_init is not None:
+            means = np.array(self.means_init, dtype=float)
+            if means.shape != (M, d):
+                raise ValueError(f"means_init must have shape {(M, d)}, got {means.shape}")
+        else:
+            from ._init import federated_kmeans_init
+
+            means, _, _ = federated_kmeans_init(data, M, self._ct, self.reg_covar, 10, self.seed)
+        if self.covariance_type == "identity":
+            cov = np.ones(M)
+        elif self.covariances_init is not None:
+            cov = np.array(self.covariances_init, dtype=float)
+            if cov.shape != cov_shape(self.covariance_type, M, d):
+                raise ValueError(f"covariances_init must have shape {cov_shape(self.covariance_type, M, d)}")
+            precision_cholesky(cov, self.covariance_type)
+        else:
+            cov = {"full": np.stack([np.eye(d)] * M), "tied": np.eye(d), "diag": np.ones((M, d)),
+                   "spherical": np.ones(M)}[self.covariance_type]
+        self._server = {"means": means, "cov": cov, "log_w": np.full(M, -math.log(M)), "index": {}}
+
+    def _local_layout(self, clients):
+        """pooling='local': one copy of the components per client (new clients copy the start)."""
+        st = self._server
+        idx = dict(st["index"])
+        new = [c for c in clients if c not in idx]
+        if not new and st["means"].ndim == 3:
+            return
+        base_m = st["means"] if st["means"].ndim == 2 else st["init_means"]
+        base_c = st["cov"] if st["means"].ndim == 2 else st["init_cov"]
+        if st["means"].ndim == 2:
+            st["init_means"], st["init_cov"] = base_m.copy(), base_c.copy()
+            st["means"] = np.zeros((0,) + base_m.shape)
+            st["cov"] = np.zeros((0,) + base_c.shape)
+        for c in new:
+            idx[c] = len(idx)
+        st["means"] = np.concatenate([st["means"], np.repeat(base_m[None], len(new), 0)])
+        st["cov"] = np.concatenate([st["cov"], np.repeat(base_c[None], len(new), 0)])
+        st["index"] = idx
+
+    def partial_fit(self, data, *, progress: bool | None = False) -> FEMOMD:
+        """Run one time step on the clients' new batches (FederatedData, dict or list of
+        arrays; the clients present take part, the others keep their weights)."""
+        data = as_federated(data)
+        if self._server is None:
+            self._start(data)
+        elif data.n_features != self.n_features_:
+            raise DataError(f"the model has {self.n_features_} features, the batch {data.n_features}")
+        if self.sample_splitting:
+            small = [c for c in data.clients if data.n_obs[c] < self.inner_rounds]
+            if small:
+                raise DataError(f"sample_splitting needs n >= inner_rounds={self.inner_rounds} rows per client; "
+                                f"client(s) {small[:5]} have fewer")
+        if self.pooling == "local":
+            self._local_layout(data.clients)
+        t = self.t_ + 1
+        eta = step_size(t, self.n_components, self.eta, self.horizon)
+        algo = FEMOMDStep(self, self._server, self._clients, eta, t)
+        algo.clients_n = dict(data.n_obs)
+        t0 = time.perf_counter()
+        seed = int(np.random.SeedSequence([self.seed, t]).generate_state(1)[0])
+        res = run(algo, data, rounds=self.inner_rounds + 1, seed=seed, progress=progress)
+        raise_failures(res.history, f"FEM-OMD step {t}")
+        st = res.server_state
+        self.inner_means_ = st["tilde_means"]  # this step's federated EM estimate
+        self.inner_covariances_ = st["tilde_cov"]
+        moved = float(np.max(np.abs(st["means"] - self._server["means"])))
+        self._server = {k: v for k, v in st.items() if k not in ("clients", "tilde_means", "tilde_cov",
+                                                                 "log_w_tilde", "t")}
+        self._clients.update(res.client_states)
+        self.t_ = t
+        self.history.append({"t": t, "eta": eta, "clients": len(data.clients), "points": data.n_total,
+                             "means_change": moved, "seconds": time.perf_counter() - t0,
+                             "bytes_up": int(res.communication.bytes_up),
+                             "bytes_down": int(res.communication.bytes_down)})
+        return self
+
+    # ---------------------------------------------------------------- what is played next
+    def _check_fitted(self):
+        if self._server is None:
+            raise RuntimeError("FEMOMD has not seen any data yet: call partial_fit first")
+
+    @property
+    def means_(self) -> np.ndarray:
+        """Components played at the next step: (m, d), or (C, m, d) with ``pooling="local"``."""
+        self._check_fitted()
+        return self._server["means"]
+
+    @property
+    def covariances_(self) -> np.ndarray:
+        self._check_fitted()
+        return self._server["cov"]
+
+    @property
+    def clients(self) -> list:
+        return list(self._clients)
+
+    @property
+    def weights_(self) -> dict:
+        """Each client's weights for the next step (the shared vector with ``shared_weights``)."""
+        self._check_fitted()
+        if self.shared_weights:
+            w = np.exp(self._server["log_w"])
+            return {c: w / w.sum() for c in self._clients}
+        return {c: np.exp(s["log_pi"]) / np.exp(s["log_pi"]).sum() for c, s in self._clients.items()}
+
+    @property
+    def gradients_(self) -> dict:
+        """Each client's last Monte-Carlo gradient ``g`` (at the weights it played)."""
+        return {c: s["last_gradient"] for c, s in self._clients.items()}
+
+    def played(self, client):
+        """``(means (m, d), covariances, weights (m,))`` client ``client`` plays next
+        (uniform weights for a client not seen yet; before the first step, ``means_init``)."""
+        M = self.n_components
+        if self._server is None:
+            if self.means_init is None:
+                raise RuntimeError("nothing to play before the first step without means_init")
+            means = np.asarray(self.means_init, float)
+            d = means.shape[1]
+            cov = (np.ones(M) if self.covariance_type == "identity" else np.asarray(self.covariances_init, float)
+                   if self.covariances_init is not None else {"full": np.stack([np.eye(d)] * M), "tied": np.eye(d),
+                                                              "diag": np.ones((M, d)), "spherical": np.ones(M)}[
+                self.covariance_type])
+            return means, cov, np.full(M, 1.0 / M)
+        st = self._server
+        if self.pooling == "local":
+            i = st["index"].get(client)
+            means, cov = (st["init_means"], st["init_cov"]) if i is None else (st["means"][i], st["cov"][i])
+        else:
+            means, cov = st["means"], st["cov"]
+        if self.shared_weights:
+            w = np.exp(st["log_w"])
+        elif client in self._clients:
+            w = np.exp(self._clients[client]["log_pi"])
+        else:
+            w = np.ones(self.n_components)
+        return means, cov, w / w.sum()
+
+    def result(self, client=None) -> GaussianMixtureResult:
+        """The played mixture as a :class:`GaussianMixtureResult` (``predict``, ``score``, ...).
+
+        With ``pooling="local"`` give the client whose components to use."""
+        self._check_fitted()
+        if self.pooling == "local" and client is None:
+            raise ValueError("pooling='local': every client has its own components; give client=")
+        means, cov, _ = self.played(client) if self.pooling == "local" else (self.means_, self.covariances_, None)
+        return GaussianMixtureResult(
+            means=means, covariances=cov, weights=self.weights_, covariance_type=self._ct,
+            feature_names=self.feature_names, n_obs={c: s["n"] for c, s in self._clients.items()}, history=[],
+            communication=None, rounds=self.t_, converged=False, shared_weights=self.shared_weights,
+            init_info={}, reg_covar=self.reg_covar)
+
+    # ---------------------------------------------------------------- uncertainty
+    def weight_intervals(self, client, level: float = 0.9) -> pd.DataFrame:
+        """Credible intervals for the client's *current* weights from its discounted
+        Dirichlet ``a_{t+1} = lambda a_t + (1 - lambda) alpha_0 + N_t`` (spec §4.5), computed
+        on the client: Beta marginals. ``mean`` is the posterior mean, ``played`` the
+        mirror-descent weights the client plays next."""
+        if not 0 < level < 1:
+            raise ValueError(f"level must lie in (0, 1), got {level}")
+        if client not in self._clients:
+            raise KeyError(f"unknown client {client!r}")
+        a = self._clients[client]["alpha"]
+        M = len(a)
+        if M == 1:
+            sd, lo, hi = np.zeros(1), np.ones(1), np.ones(1)
+        else:
+            dist = stats.beta(a, a.sum() - a)
+            sd, lo, hi = dist.std(), dist.ppf(0.5 - level / 2), dist.ppf(0.5 + level / 2)
+        return pd.DataFrame({"mean": a / a.sum(), "sd": sd, "lower": lo, "upper": hi,
+                             "played": self.played(client)[2]},
+                            index=pd.Index([f"weight[{j}]" for j in range(M)], name="name"))
+
+    def client_summary(self, level: float = 0.9) -> pd.DataFrame:
+        """Every client's weight intervals (a ``client`` column)."""
+        parts = [self.weight_intervals(c, level).assign(client=c).reset_index() for c in self._clients]
+        return pd.concat(parts, ignore_index=True)[["client", "name", "mean", "sd", "lower", "upper", "played"]]
+
+    def history_frame(self) -> pd.DataFrame:
+        """One row per time step: step size, participants, change of the played means, time, bytes."""
+        return pd.DataFrame(self.history)
+
+    def __repr__(self):
+        return (f"FEMOMD(m={self.n_components}, covariance_type={self.covariance_type!r}, K={self.inner_rounds}, "
+                f"pooling={self.pooling!r}, shared_weights={self.shared_weights}, steps={self.t_})")

@@ -1,0 +1,240 @@
+"""FEM-OMD: the mirror-descent step, the gradient identity, the inner loop against
+centralised EM and batch FedEM, the regret machinery, and the thesis's qualitative claims."""
+
+import numpy as np
+import pytest
+from scipy import integrate, optimize
+from scipy.stats import norm
+
+from fedstats import FederatedData
+from fedstats.mixture import FEMOMD, FederatedGaussianMixture, eg_update, omd_gradient
+from fedstats.mixture.regret import MixtureStream, RegretTracker, growth, simulate, weights_em
+
+
+def _start(stream, seed=5):
+    """Means within sep/16 of the truth (the thesis's Assumption 28)."""
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal(stream.means.shape)
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    return stream.means + u * stream.min_separation / 16
+
+
+def test_eg_update_is_entropic_mirror_descent():
+    rng = np.random.default_rng(0)
+    pi, g, eta = rng.dirichlet(np.ones(4)), rng.normal(size=4), 0.7
+
+    def obj(q):
+        q = np.maximum(q, 1e-300)
+        return eta * q @ g + np.sum(q * np.log(q / pi))
+
+    ref = optimize.minimize(obj, np.full(4, 0.25), method="SLSQP", bounds=[(0, 1)] * 4,
+                            constraints={"type": "eq", "fun": lambda q: q.sum() - 1}, options={"ftol": 1e-14})
+    q = eg_update(pi, g, eta)
+    np.testing.assert_allclose(q, ref.x, atol=1e-6)
+    assert obj(q) <= ref.fun + 1e-12
+    np.testing.assert_allclose(eg_update(pi, g + 3.7, eta), q, atol=1e-15)
+    # stacked clients and the floor
+    Q = eg_update(np.stack([pi, pi[::-1]]), np.stack([g, g]), eta, floor=0.1)
+    np.testing.assert_allclose(Q[0], 0.9 * q + 0.025, atol=1e-15)
+
+
+def test_gradient_identity_every_client_and_step():
+    stream = MixtureStream(n_clients=6, n=8, d=3, n_components=4, process="iid", seed=2)
+    model = FEMOMD(4, means_init=_start(stream), horizon=10)
+    for t in range(1, 11):
+        played = {c: model.played(c)[2] for c in stream.clients}
+        model.partial_fit(stream.batch(t))
+        for c, g in model.gradients_.items():
+            assert played[c] @ g == pytest.approx(-1.0, abs=1e-12)
+            assert np.all(g < 0)
+
+
+def test_gradient_tends_to_the_true_gradient_d1():
+    """n_mc -> infinity with the fitted mixture equal to the truth: g -> the exact gradient (4.27)."""
+    mu, pstar, pi = np.array([-2.0, 0.5, 3.0]), np.array([0.5, 0.2, 0.3]), np.array([0.2, 0.3, 0.5])
+
+    def exact(j):
+        f = lambda x: (pstar @ norm.pdf(x, mu, 1)) * norm.pdf(x, mu[j], 1) / (pi @ norm.pdf(x, mu, 1))  # noqa: E731
+        return -integrate.quad(f, -15, 15, epsabs=1e-12)[0]
+
+    rng = np.random.default_rng(0)
+    z = rng.choice(3, 400_000, p=pstar)
+    Z = mu[z] + rng.standard_normal(z.size)
+    ld = norm.logpdf(Z[:, None], mu[None], 1)
+    g = omd_gradient(ld, np.log(pi))
+    np.testing.assert_allclose(g, [exact(j) for j in range(3)], rtol=0.01)
+    assert pi @ g == pytest.approx(-1, abs=1e-12)
+
+
+def _pooled_em_identity(Xs, means, K):
+    """Centralised EM of the per-client-weights model, unit covariances, weights from uniform."""
+    M = means.shape[0]
+    logw = [np.full(M, -np.log(M)) for _ in Xs]
+    for _ in range(K):
+        N, S1 = np.zeros(M), np.zeros_like(means)
+        for c, X in enumerate(Xs):
+            ld = norm.logpdf(X[:, None, :], means[None], 1).sum(-1) + logw[c]
+            r = np.exp(ld - ld.max(1, keepdims=True))
+            r /= r.sum(1, keepdims=True)
+            N += r.sum(0)
+            S1 += r.T @ X
+            logw[c] = np.log(r.mean(0))
+        means = S1 / N[:, None]
+    return means
+
+
+@pytest.mark.parametrize("K", [1, 7])
+def test_inner_rounds_equal_centralised_em(K):
+    stream = MixtureStream(n_clients=5, n=12, d=3, n_components=3, process="iid", seed=3)
+    batch = stream.batch(1)
+    # unequal batch sizes: statistics, not pi~-weighted means, so it stays exact
+    batch = FederatedData.from_arrays([batch[c].X[: 6 + 2 * c] for c in batch.clients])
+    m0 = _start(stream)
+    model = FEMOMD(3, means_init=m0, inner_rounds=K).partial_fit(batch)
+    ref = _pooled_em_identity([batch[c].X for c in batch.clients], m0, K)
+    np.testing.assert_allclose(model.inner_means_, ref, atol=1e-12)
+    np.testing.assert_allclose(model.means_, (m0 + ref) / 2, atol=1e-12)  # the running average at t = 1
+
+
+def test_one_step_to_convergence_equals_batch_fedem():
+    stream = MixtureStream(n_clients=8, n=40, d=2, n_components=3, process="fixed", seed=4)
+    batch = stream.batch(1)
+    m0 = _start(stream)
+    cov0 = np.stack([np.eye(2)] * 3)
+    model = FEMOMD(3, covariance_type="full", means_init=m0, covariances_init=cov0, inner_rounds=300)
+    model.partial_fit(batch)
+    fed = FederatedGaussianMixture(3, means_init=m0, covariances_init=cov0, max_rounds=300, tol=0).fit(batch)
+    np.testing.assert_allclose(model.inner_means_, fed.means_, atol=1e-10)
+    np.testing.assert_allclose(model.inner_covariances_, fed.covariances_, atol=1e-10)
+
+
+class _Oracle:
+    """Plays the true means and fixed weights (the hindsight optimum of the whole horizon)."""
+
+    def __init__(self, means, weights):
+        self.means, self.weights = means, weights
+
+    def played(self, c):
+        return self.means, None, self.weights[c]
+
+    def partial_fit(self, batch):
+        return self
+
+
+def test_regret_of_the_hindsight_oracle_is_zero():
+    stream = MixtureStream(n_clients=4, n=5, d=2, n_components=3, process="iid", alpha=0.3, seed=6)
+    T, n_eval = 40, 50
+    evals = [stream.evaluation(t, n_eval) for t in range(1, T + 1)]
+    tr = RegretTracker(stream.means, n_eval=n_eval)
+    for E in evals:
+        tr.record(E, {})
+    best = {}
+    for c in stream.clients:
+        L = np.concatenate([tr._logf[s][c] for s in range(T)])
+        best[c] = weights_em(L, tol=1e-14, max_iter=20000)[0]
+    curves, tracker = simulate(stream, {"oracle": _Oracle(stream.means, best)}, T, n_eval=n_eval, grid_points=40)
+    assert abs(curves["regret"].iloc[-1]) < 1e-6
+    assert curves["min_client"].min() > -1e-6  # no prefix beats its own comparator
+    # the comparator restarts from uniform for every prefix: a warm start from a prefix with a
+    # zero weight would never revive it
+    assert tracker.comparator(T).shape == (4,)
+
+
+def test_stream_processes():
+    s = MixtureStream(n_clients=3, n=4, d=2, n_components=3, process="switching", period=5, seed=0)
+    W1, W5, W6 = s.weights(1), s.weights(5), s.weights(6)
+    np.testing.assert_array_equal(W1, W5)
+    assert not np.allclose(W5, W6)
+    a = MixtureStream(n_clients=2, n=4, d=2, n_components=3, process="adversarial", seed=0)
+    W = a.weights(3, {0: np.array([0.5, 0.1, 0.4]), 1: np.array([0.05, 0.5, 0.45])})
+    assert W[0].argmax() == 1 and W[1].argmax() == 0 and W[0, 1] == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="played"):
+        a.weights(3)
+    i = MixtureStream(n_clients=2, n=4, d=2, n_components=3, process="iid", seed=0)
+    np.testing.assert_array_equal(i.batch(7)[0].X, i.batch(7)[0].X)  # the same data for every learner
+    assert not np.allclose(i.weights(1), i.weights(2))
+
+
+def _run(n, C, process="fixed", T=120, seed=1, baselines=False, d=5, m=3):
+    stream = MixtureStream(n_clients=C, n=n, d=d, n_components=m, process=process, seed=seed)
+    kw = dict(means_init=_start(stream), horizon=T, weight_floor=1e-3)
+    learners = {"fem-omd": FEMOMD(m, seed=seed, **kw)}
+    if baselines:
+        learners["local"] = FEMOMD(m, pooling="local", seed=seed, **kw)
+        learners["global"] = FEMOMD(m, shared_weights=True, seed=seed, **kw)
+    curves, _ = simulate(stream, learners, T, n_eval=100)
+    return {name: growth(curves[curves.learner == name]) for name in learners}
+
+
+def test_regret_claims_quick():
+    """Fixed weights (the regime where the thesis's n-contrast appears), shorter horizon."""
+    big = _run(30, 20, baselines=True)
+    small = _run(1, 20, baselines=True)
+    assert big["fem-omd"]["sublinear"], big
+    assert small["fem-omd"]["regret_T"] > 3 * big["fem-omd"]["regret_T"]
+    assert small["fem-omd"]["slope"] > big["fem-omd"]["slope"] + 0.3
+    # collaboration: below local-only online EM at small n; a global weight vector cannot adapt
+    assert small["fem-omd"]["regret_T"] < small["local"]["regret_T"]
+    assert big["fem-omd"]["regret_T"] < big["global"]["regret_T"] / 5
+
+def _regret_first_clients(C, k=5, T=100, seed=1):
+    s = MixtureStream(n_clients=C, n=1, d=10, n_components=5, process="fixed", seed=seed)
+    _, tr = simulate(s, {"f": FEMOMD(5, means_init=_start(s), horizon=T, weight_floor=1e-3, seed=seed)}, T)
+    return growth(tr.curve("f", tr.grid(16), clients=range(k)))["regret_T"]
+
+
+def test_more_clients_help_at_n_1():
+    """d = 10, m = 5 (spec §3.1.3): the same first 5 clients (same weights) with 5 or 60 clients
+    in the federation, one point per client and step."""
+    assert _regret_first_clients(60) < 0.7 * _regret_first_clients(5)
+
+
+def test_discounted_dirichlet_intervals():
+    stream = MixtureStream(n_clients=30, n=20, d=3, n_components=3, process="fixed", alpha=1.0, seed=8)
+    model = FEMOMD(3, means_init=_start(stream), discount=0.9, concentration_prior=1.0)
+    a_prev = None
+    for t in range(1, 41):
+        model.partial_fit(stream.batch(t))
+        if t == 1:
+            a_prev = model._clients[0]["alpha"].copy()
+    a = model._clients[0]["alpha"]
+    assert a.sum() == pytest.approx(0.9 ** 39 * a_prev.sum() + sum(0.9 ** k * (0.1 * 3 + 20) for k in range(39)),
+                                     rel=1e-9)
+    cs = model.client_summary(0.9)
+    truth = stream.weights(40)
+    hit = [(r.lower <= truth[r.client, int(r.name[7])] <= r.upper) for r in cs.itertuples()]
+    # discounting with lambda = 0.9 keeps about n / (1 - lambda) = 200 points of memory
+    assert np.mean(hit) >= 0.85
+    assert set(cs.columns) >= {"lower", "upper", "played"}
+
+
+def test_bad_input_and_options():
+    with pytest.raises(ValueError, match="eta"):
+        FEMOMD(3, eta=0)
+    with pytest.raises(ValueError, match="pooling"):
+        FEMOMD(3, pooling="nope")
+    with pytest.raises(ValueError, match="weight_floor"):
+        FEMOMD(3, weight_floor=1.0)
+    stream = MixtureStream(n_clients=3, n=4, d=2, n_components=3, seed=0)
+    with pytest.raises(Exception, match="sample_splitting"):
+        FEMOMD(3, means_init=stream.means, sample_splitting=True, inner_rounds=5).partial_fit(stream.batch(1))
+    m = FEMOMD(3, means_init=stream.means, sample_splitting=True, inner_rounds=2, grad_source="empirical",
+               inner_init="played", n_mc=7).partial_fit(stream.batch(1))
+    assert m.t_ == 1 and m.history[0]["bytes_up"] > 0
+    with pytest.raises(Exception, match="features"):
+        m.partial_fit([np.zeros((4, 5))])
+    # the anytime step size when the horizon is unknown
+    assert FEMOMD(5).partial_fit([np.random.default_rng(0).normal(size=(40, 2))]).history[0]["eta"] == pytest.approx(
+        np.sqrt(np.log(5)))
+    # predictions through the common result object
+    r = m.result()
+    assert r.predict_proba(stream.batch(2)[0].X, 0).shape == (4, 3)
+
+
+def test_docstring_example():
+    import doctest
+
+    import fedstats.mixture.online as online
+
+    res = doctest.testmod(online, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert res.attempted > 0 and res.failed == 0
