@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/hm1.py
 	$(BIN)/python benchmarks/fgpr.py
 	$(BIN)/python benchmarks/fedem.py
+	$(BIN)/python benchmarks/fem_omd.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -12,6 +12,7 @@ EXPECT = {
     "03_structural_covariance.ipynb": "HM1 beats Separate where borrowing should help, and Case IV is within 5%: True",
     "04_fgpr_multifidelity.ipynb": "FGPR notebook checks pass: True",
     "05_fedem.ipynb": "FedEM notebook checks pass: True",
+    "06_fem_omd.ipynb": "FEM-OMD notebook checks pass: True",
 }
 
 

@@ -16,7 +16,8 @@ with its own weights ``pi_{t,c}``, then receives a batch ``X_{t,c}`` of ``n`` ro
   ``grad_source="empirical"``), estimates the gradient of the KL cost at its played weights,
   ``g_j = -mean_s f_j(Z_s) / sum_l pi_l f_l(Z_s)`` (so ``sum_j pi_j g_j = -1`` exactly), and
   updates ``pi_{t+1} = softmax(log pi_t - eta_t g)`` (exponentiated gradient), optionally
-  mixed with the uniform vector (``weight_floor``). Nothing is sent back in this round.
+  mixed with the uniform vector (``weight_floor``). Nothing is sent back in this round
+  (with ``shared_weights``, ``(n_c g_c, n_c)`` goes up and the server makes the step).
 
 The weights never leave the clients (only soft counts do, as in FedEM). ``eta_t`` is
 ``sqrt(log m / T)`` for a known horizon ``T`` and ``sqrt(log m / t)`` otherwise.
@@ -34,6 +35,7 @@ global online mixture).
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from collections.abc import Mapping
 
@@ -169,8 +171,8 @@ class FEMOMDStep(FederatedAlgorithm):
                     st["cov"] = (t * st["cov"] + st["tilde_cov"]) / (t + 1)
             return st, {"answered": float(len(replies))}
         if self.m.shared_weights and replies:
-            n = sum(float(self.clients_n[c]) for c in replies)
-            g = sum(r["g"] for r in replies.values()) / n
+            tot = sum(r["g"] for r in replies.values())  # (sum_c n_c g_c, sum_c n_c)
+            g = tot[:-1] / tot[-1]
             st["log_w"] = _log_weights(eg_update(np.exp(st["log_w"]), g, self.eta, self.m.weight_floor))
         return st, {"answered": float(len(replies))}
 
@@ -224,10 +226,8 @@ class FEMOMDStep(FederatedAlgorithm):
 
     def client_steps(self, messages, states, datas, rngs):
         first = messages[0]
-        same = all(all(np.array_equal(m[key], first[key]) for key in first) for m in messages[1:])
-        if not same:  # local pooling: every client has its own components
-            if len(messages) > 1:
-                return [self.client_steps([m], [s], [d], [r])[0] for m, s, d, r in zip(messages, states, datas, rngs)]
+        if self.m.pooling == "local" and len(messages) > 1:  # every client has its own components
+            return [self.client_steps([m], [s], [d], [r])[0] for m, s, d, r in zip(messages, states, datas, rngs)]
         k = int(first["round"][0])
         Xs = [np.asarray(d.X) for d in datas]
         means, cov = first["means"], first["covariances"]
@@ -269,7 +269,7 @@ class FEMOMDStep(FederatedAlgorithm):
         for i, s in enumerate(states):
             s = dict(s)
             if self.m.shared_weights:
-                reply_g = G[i] * s["n"]
+                reply_g = np.r_[G[i] * s["n"], s["n"]]
             else:
                 s["log_pi"] = new_w[i]
                 reply_g = empty
@@ -325,8 +325,9 @@ class FEMOMD:
     n_mc : int, optional
         Monte-Carlo draws per client and step (default: the client's batch size).
     discount, concentration_prior : float
-        Forgetting factor ``lambda`` (default 0.9) and prior ``alpha_0`` (default 1) of the
-        discounted Dirichlet behind :meth:`weight_intervals`.
+        Forgetting factor ``lambda`` (default 0.9) and prior ``alpha_0`` (default ``1/m``,
+        scikit-learn's choice; it lets sparse weights near 0 be covered) of the discounted
+        Dirichlet behind :meth:`weight_intervals`.
     means_init, covariances_init : optional
         Components played at the first step. Without ``means_init`` the first batch
         initialises them (federated k-means, as :class:`FederatedGaussianMixture`) before
@@ -357,7 +358,7 @@ class FEMOMD:
 
     def __init__(self, n_components, *, covariance_type="identity", inner_rounds=5, eta=None, horizon=None,
                  weight_floor=0.0, sample_splitting=False, inner_init="uniform", grad_source="model", n_mc=None,
-                 discount=0.9, concentration_prior=1.0, means_init=None, covariances_init=None, pooling="federated",
+                 discount=0.9, concentration_prior=None, means_init=None, covariances_init=None, pooling="federated",
                  shared_weights=False, reg_covar=1e-6, seed=0):
         if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) or n_components < 1:
             raise ValueError(f"n_components must be an int >= 1, got {n_components!r}")
@@ -375,6 +376,8 @@ class FEMOMD:
             raise ValueError(f"weight_floor must lie in [0, 1), got {weight_floor!r}")
         if not 0 < discount <= 1:
             raise ValueError(f"discount must lie in (0, 1], got {discount!r}")
+        if concentration_prior is None:
+            concentration_prior = 1.0 / n_components
         if not concentration_prior > 0:
             raise ValueError(f"concentration_prior must be > 0, got {concentration_prior!r}")
         for name, v, ok in (("inner_init", inner_init, ("uniform", "played")),
@@ -479,7 +482,6 @@ class FEMOMD:
         t = self.t_ + 1
         eta = step_size(t, self.n_components, self.eta, self.horizon)
         algo = FEMOMDStep(self, self._server, self._clients, eta, t)
-        algo.clients_n = dict(data.n_obs)
         t0 = time.perf_counter()
         seed = int(np.random.SeedSequence([self.seed, t]).generate_state(1)[0])
         res = run(algo, data, rounds=self.inner_rounds + 1, seed=seed, progress=progress)
@@ -599,6 +601,24 @@ class FEMOMD:
         """Every client's weight intervals (a ``client`` column)."""
         parts = [self.weight_intervals(c, level).assign(client=c).reset_index() for c in self._clients]
         return pd.concat(parts, ignore_index=True)[["client", "name", "mean", "sd", "lower", "upper", "played"]]
+
+    def save(self, path) -> None:
+        """Pickle the whole online state (components, every client's weights and Dirichlet,
+        the step counter, options and history), to resume the stream later with :meth:`load`.
+        In a deployment each client would keep its own part."""
+        with open(path, "wb") as f:
+            pickle.dump({"class": "FEMOMD", "format": 1, "state": self.__dict__}, f)
+
+    @classmethod
+    def load(cls, path) -> FEMOMD:
+        """Read a model written by :meth:`save` (only from files you trust: it is a pickle)."""
+        with open(path, "rb") as f:
+            blob = pickle.load(f)
+        if not isinstance(blob, Mapping) or blob.get("class") != "FEMOMD":
+            raise ValueError(f"{path!r} does not hold a FEMOMD model")
+        obj = cls.__new__(cls)
+        obj.__dict__.update(blob["state"])
+        return obj
 
     def history_frame(self) -> pd.DataFrame:
         """One row per time step: step size, participants, change of the played means, time, bytes."""

@@ -254,7 +254,7 @@ def simulate(stream: MixtureStream, learners: Mapping, T: int, *, n_eval: int = 
     a long DataFrame (``learner``, ``t``, ``regret``, ...) and the :class:`RegretTracker`.
     The adversarial process reacts to the first learner's played weights.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     tracker = RegretTracker(stream.means, n_eval=n_eval)
     names = list(learners)

@@ -189,6 +189,16 @@ def test_more_clients_help_at_n_1():
     assert _regret_first_clients(60) < 0.7 * _regret_first_clients(5)
 
 
+@pytest.mark.slow
+def test_regret_claims_spec_settings_five_seeds():
+    """Spec §6 B15 at the spec's settings (d = 10, m = 5, T = 500, C = 50), fixed weights."""
+    out = {n: [_run(n, 50, T=500, seed=s, d=10, m=5)["fem-omd"] for s in range(1, 6)] for n in (1, 10, 30)}
+    assert all(g["sublinear"] for n in (10, 30) for g in out[n])
+    R = {n: np.mean([g["regret_T"] for g in out[n]]) for n in out}
+    assert R[1] > 3 * R[30] and R[1] >= R[10] >= 0.9 * R[30]
+    assert np.mean([g["slope"] for g in out[1]]) > 0.9
+
+
 def test_discounted_dirichlet_intervals():
     stream = MixtureStream(n_clients=30, n=20, d=3, n_components=3, process="fixed", alpha=1.0, seed=8)
     model = FEMOMD(3, means_init=_start(stream), discount=0.9, concentration_prior=1.0)
@@ -229,6 +239,29 @@ def test_bad_input_and_options():
     # predictions through the common result object
     r = m.result()
     assert r.predict_proba(stream.batch(2)[0].X, 0).shape == (4, 3)
+
+
+def test_save_load_resumes_the_stream(tmp_path):
+    stream = MixtureStream(n_clients=4, n=10, d=2, n_components=3, process="iid", seed=2)
+    a = FEMOMD(3, means_init=_start(stream), horizon=20)
+    b = FEMOMD(3, means_init=_start(stream), horizon=20)
+    for t in range(1, 6):
+        a.partial_fit(stream.batch(t))
+        b.partial_fit(stream.batch(t))
+    b.save(tmp_path / "omd.pkl")
+    b = FEMOMD.load(tmp_path / "omd.pkl")
+    for t in range(6, 11):
+        a.partial_fit(stream.batch(t))
+        b.partial_fit(stream.batch(t))
+    np.testing.assert_array_equal(a.means_, b.means_)
+    for c in stream.clients:
+        np.testing.assert_array_equal(a.weights_[c], b.weights_[c])
+    # baselines: local components per client, one shared weight vector
+    loc = FEMOMD(3, means_init=_start(stream), pooling="local").partial_fit(stream.batch(1))
+    assert loc.means_.shape == (4, 3, 2) and not np.allclose(loc.means_[0], loc.means_[1])
+    glob = FEMOMD(3, means_init=_start(stream), shared_weights=True).partial_fit(stream.batch(1))
+    w = list(glob.weights_.values())
+    assert all(np.array_equal(w[0], v) for v in w)
 
 
 def test_docstring_example():
