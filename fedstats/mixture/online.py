@@ -19,7 +19,9 @@ with its own weights ``pi_{t,c}``, then receives a batch ``X_{t,c}`` of ``n`` ro
   mixed with the uniform vector (``weight_floor``). Nothing is sent back in this round
   (with ``shared_weights``, ``(n_c g_c, n_c)`` goes up and the server makes the step).
 
-The weights never leave the clients (only soft counts do, as in FedEM). ``eta_t`` is
+A client's weights themselves never leave it, but, as in FedEM, its soft counts do, and
+``N_c / n_c`` is its inner weight estimate of the step (sum them by secure aggregation to hide
+it). ``eta_t`` is
 ``sqrt(log m / T)`` for a known horizon ``T`` and ``sqrt(log m / t)`` otherwise.
 
 Each client also keeps a discounted Dirichlet ``a_{t+1} = lambda a_t + (1 - lambda) alpha_0 +
@@ -35,8 +37,10 @@ global online mixture).
 from __future__ import annotations
 
 import math
+import numbers
 import pickle
 import time
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -48,6 +52,7 @@ from ..federation import FederatedAlgorithm, run
 from ._gmm import (
     check_cov_type,
     cov_shape,
+    e_step,
     estep_statistics,
     full_covariances,
     log_gaussian,
@@ -118,9 +123,8 @@ class FEMOMDStep(FederatedAlgorithm):
 
     reply_keys = ("N", "S1", "S2", "g")
 
-    def __init__(self, model: FEMOMD, server: dict, clients: Mapping, eta: float, t: int):
+    def __init__(self, model: FEMOMD, server: dict, clients: Mapping, eta: float):
         self.m = model
-        self.t = t
         self.server0 = server
         self.clients0 = clients
         self.eta = eta
@@ -138,7 +142,6 @@ class FEMOMDStep(FederatedAlgorithm):
     def init_server(self, clients, rng):
         st = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.server0.items()}
         st["clients"] = list(clients)
-        st["t"] = self.t
         st["tilde_means"] = st["means"].copy()
         st["tilde_cov"] = st["cov"].copy()
         if self.m.shared_weights:
@@ -164,11 +167,18 @@ class FEMOMDStep(FederatedAlgorithm):
         st = dict(st)
         if round < self.K:
             st = self._inner_update(st, replies)
-            if round == self.K - 1:  # play the running average (t mu_t + mu~) / (t + 1) from now on
-                t = st["t"]
-                st["means"] = (t * st["means"] + st["tilde_means"]) / (t + 1)
+            if round == self.K - 1:  # play the running average (k mu_t + mu~) / (k + 1) from now on
+                k = st["n_avg"]  # estimates averaged so far (the given start counts as one)
+                if self.m.pooling == "local":  # per client: only those that took part this step
+                    k = np.asarray(k, float)
+                    st["n_avg"] = k + np.isin(np.arange(len(k)), [st["index"][c] for c in replies])
+                else:
+                    st["n_avg"] = k + 1
+                kk = k.reshape((-1,) + (1,) * (st["means"].ndim - 1)) if np.ndim(k) else k
+                st["means"] = (kk * st["means"] + st["tilde_means"]) / (kk + 1)
                 if self.m.covariance_type != "identity":
-                    st["cov"] = (t * st["cov"] + st["tilde_cov"]) / (t + 1)
+                    kc = k.reshape((-1,) + (1,) * (st["cov"].ndim - 1)) if np.ndim(k) else k
+                    st["cov"] = (kc * st["cov"] + st["tilde_cov"]) / (kc + 1)
             return st, {"answered": float(len(replies))}
         if self.m.shared_weights and replies:
             tot = sum(r["g"] for r in replies.values())  # (sum_c n_c g_c, sum_c n_c)
@@ -256,7 +266,10 @@ class FEMOMDStep(FederatedAlgorithm):
         X, starts = self._stack.get(Xs)
         inner_logw = (first["log_w_tilde"] if self.m.shared_weights
                       else np.stack([s["log_pi_tilde"] for s in states]))
-        Nx, _, _, _, _ = estep_statistics(X, starts, means, pc, inner_logw, self.ct)
+        g0 = means.mean(0)
+        ld_x = log_gaussian(X - g0, means - g0, pc, self.ct)
+        lw_rows = inner_logw if inner_logw.ndim == 1 else np.repeat(inner_logw, np.diff(np.r_[starts, len(X)]), 0)
+        Nx = np.add.reduceat(e_step(ld_x, lw_rows)[0], starts, axis=0)  # soft counts for the Dirichlet
         Z, zstarts = self._draws(means, cov, states, Xs, inner_logw, rngs)
         ld = log_gaussian(Z - means.mean(0), means - means.mean(0), pc, self.ct)
         C = len(states)
@@ -282,14 +295,24 @@ class FEMOMDStep(FederatedAlgorithm):
         if self.m.grad_source == "empirical":
             return np.concatenate(Xs), np.cumsum([0] + [len(X) for X in Xs[:-1]])
         M, d = means.shape
-        chol = np.linalg.cholesky(full_covariances(cov, self.ct, M, d))
+        ct = self.m.covariance_type
+        chol = np.linalg.cholesky(full_covariances(cov, self.ct, M, d)) if ct in ("full", "tied") else None
+        sd = None if chol is not None else np.sqrt(np.broadcast_to(
+            cov[:, None] if cov.ndim == 1 else cov, (M, d)))  # identity / spherical / diag: scale normals
         Zs = []
         for i, (s, rng) in enumerate(zip(states, rngs)):
             S = self.m.n_mc or s["n"]
             lw = inner_logw if inner_logw.ndim == 1 else inner_logw[i]
             p = np.exp(lw - _lse(lw))
             z = rng.choice(M, size=S, p=p / p.sum())
-            Zs.append(means[z] + np.einsum("sij,sj->si", chol[z], rng.standard_normal((S, d))))
+            eps = rng.standard_normal((S, d))
+            if chol is None:
+                Zs.append(means[z] + sd[z] * eps)
+            else:  # one product per component, not one d x d factor per draw
+                Z = means[z].copy()
+                for j in np.unique(z):
+                    Z[z == j] += eps[z == j] @ chol[j].T
+                Zs.append(Z)
         return np.concatenate(Zs), np.cumsum([0] + [len(Z) for Z in Zs[:-1]])
 
 
@@ -329,9 +352,11 @@ class FEMOMD:
         scikit-learn's choice; it lets sparse weights near 0 be covered) of the discounted
         Dirichlet behind :meth:`weight_intervals`.
     means_init, covariances_init : optional
-        Components played at the first step. Without ``means_init`` the first batch
-        initialises them (federated k-means, as :class:`FederatedGaussianMixture`) before
-        that step runs.
+        Components played at the first step (the thesis form: the running average counts
+        them as one estimate). Without ``means_init`` the first batch initialises them
+        (federated k-means, as :class:`FederatedGaussianMixture`) before that step runs, and
+        the running average starts from the first step's estimate (spec §5.2); nothing can be
+        played before that first batch.
     pooling : {"federated", "local"}, default "federated"
         ``"local"``: the local-only baseline, each client learns its own components from
         its own statistics (the simulator's server keeps one copy per client).
@@ -360,6 +385,14 @@ class FEMOMD:
                  weight_floor=0.0, sample_splitting=False, inner_init="uniform", grad_source="model", n_mc=None,
                  discount=0.9, concentration_prior=None, means_init=None, covariances_init=None, pooling="federated",
                  shared_weights=False, reg_covar=1e-6, seed=0):
+        if means_init is not None:
+            mi = np.asarray(means_init, float)
+            if mi.ndim != 2 or mi.shape[0] != n_components or not np.all(np.isfinite(mi)):
+                raise ValueError(f"means_init must be a finite ({n_components}, d) array, got shape {mi.shape}")
+        if covariances_init is not None and covariance_type == "identity":
+            raise ValueError("covariances_init does not apply to covariance_type='identity' (unit covariances)")
+        if n_mc is not None and grad_source == "empirical":
+            raise ValueError("n_mc does not apply to grad_source='empirical' (the batch is the sample)")
         if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) or n_components < 1:
             raise ValueError(f"n_components must be an int >= 1, got {n_components!r}")
         if covariance_type not in COV_TYPES_ONLINE:
@@ -370,7 +403,8 @@ class FEMOMD:
                 (("n_mc", n_mc),) if n_mc is not None else ()):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if eta is not None and not (isinstance(eta, (int, float)) and eta > 0):
+        if eta is not None and (isinstance(eta, bool) or not isinstance(eta, numbers.Real)
+                                or not (math.isfinite(eta) and eta > 0)):
             raise ValueError(f"eta must be a number > 0, got {eta!r}")
         if not 0 <= weight_floor < 1:
             raise ValueError(f"weight_floor must lie in [0, 1), got {weight_floor!r}")
@@ -401,6 +435,7 @@ class FEMOMD:
         self.concentration_prior = float(concentration_prior)
         self.means_init = means_init
         self.covariances_init = covariances_init
+        self._init = "given" if means_init is not None else "kmeans"
         self.pooling = pooling
         self.shared_weights = bool(shared_weights)
         self.reg_covar = float(reg_covar)
@@ -443,7 +478,10 @@ class FEMOMD:
         else:
             cov = {"full": np.stack([np.eye(d)] * M), "tied": np.eye(d), "diag": np.ones((M, d)),
                    "spherical": np.ones(M)}[self.covariance_type]
-        self._server = {"means": means, "cov": cov, "log_w": np.full(M, -math.log(M)), "index": {}}
+        # the running average counts the given start as one estimate; a k-means start on the
+        # first batch is not averaged in (spec §5.2): mu_2 is then the first step's estimate
+        self._server = {"means": means, "cov": cov, "log_w": np.full(M, -math.log(M)), "index": {},
+                        "n_avg": 1.0 if self._init == "given" else 0.0}
 
     def _local_layout(self, clients):
         """pooling='local': one copy of the components per client (new clients copy the start)."""
@@ -455,13 +493,15 @@ class FEMOMD:
         base_m = st["means"] if st["means"].ndim == 2 else st["init_means"]
         base_c = st["cov"] if st["means"].ndim == 2 else st["init_cov"]
         if st["means"].ndim == 2:
-            st["init_means"], st["init_cov"] = base_m.copy(), base_c.copy()
+            st["init_means"], st["init_cov"], st["init_n_avg"] = base_m.copy(), base_c.copy(), st["n_avg"]
             st["means"] = np.zeros((0,) + base_m.shape)
             st["cov"] = np.zeros((0,) + base_c.shape)
+            st["n_avg"] = np.zeros(0)
         for c in new:
             idx[c] = len(idx)
         st["means"] = np.concatenate([st["means"], np.repeat(base_m[None], len(new), 0)])
         st["cov"] = np.concatenate([st["cov"], np.repeat(base_c[None], len(new), 0)])
+        st["n_avg"] = np.r_[st["n_avg"], np.full(len(new), float(st["init_n_avg"]))]  # a late joiner starts afresh
         st["index"] = idx
 
     def partial_fit(self, data, *, progress: bool | None = False) -> FEMOMD:
@@ -480,8 +520,11 @@ class FEMOMD:
         if self.pooling == "local":
             self._local_layout(data.clients)
         t = self.t_ + 1
+        if self.horizon is not None and t == self.horizon + 1 and self.eta is None:
+            warnings.warn(f"step {t} is past horizon={self.horizon}: eta stays sqrt(log m / {self.horizon}); "
+                          "give the real horizon, or none for the anytime step size", RuntimeWarning, stacklevel=2)
         eta = step_size(t, self.n_components, self.eta, self.horizon)
-        algo = FEMOMDStep(self, self._server, self._clients, eta, t)
+        algo = FEMOMDStep(self, self._server, self._clients, eta)
         t0 = time.perf_counter()
         seed = int(np.random.SeedSequence([self.seed, t]).generate_state(1)[0])
         res = run(algo, data, rounds=self.inner_rounds + 1, seed=seed, progress=progress)
@@ -491,7 +534,7 @@ class FEMOMD:
         self.inner_covariances_ = st["tilde_cov"]
         moved = float(np.max(np.abs(st["means"] - self._server["means"])))
         self._server = {k: v for k, v in st.items() if k not in ("clients", "tilde_means", "tilde_cov",
-                                                                 "log_w_tilde", "t")}
+                                                                 "log_w_tilde")}
         self._clients.update(res.client_states)
         self.t_ = t
         self.history.append({"t": t, "eta": eta, "clients": len(data.clients), "points": data.n_total,
@@ -540,7 +583,8 @@ class FEMOMD:
         M = self.n_components
         if self._server is None:
             if self.means_init is None:
-                raise RuntimeError("nothing to play before the first step without means_init")
+                raise RuntimeError("without means_init nothing can be played before the first batch (the k-means "
+                                   "start needs data): give means_init, or partial_fit a warm-up batch first")
             means = np.asarray(self.means_init, float)
             d = means.shape[1]
             cov = (np.ones(M) if self.covariance_type == "identity" else np.asarray(self.covariances_init, float)
@@ -570,8 +614,9 @@ class FEMOMD:
         if self.pooling == "local" and client is None:
             raise ValueError("pooling='local': every client has its own components; give client=")
         means, cov, _ = self.played(client) if self.pooling == "local" else (self.means_, self.covariances_, None)
+        weights = self.weights_ if self.pooling != "local" else {client: self.played(client)[2]}
         return GaussianMixtureResult(
-            means=means, covariances=cov, weights=self.weights_, covariance_type=self._ct,
+            means=means, covariances=cov, weights=weights, covariance_type=self._ct,
             feature_names=self.feature_names, n_obs={c: s["n"] for c, s in self._clients.items()}, history=[],
             communication=None, rounds=self.t_, converged=False, shared_weights=self.shared_weights,
             init_info={}, reg_covar=self.reg_covar)

@@ -172,6 +172,9 @@ class RegretTracker:
         """One step: ``eval_samples`` (per client, (n_eval, d)); ``played``: learner name ->
         ``f(client) -> (means, weights)`` (identity covariances) or ``(means, cov, weights)``
         with a covariance type the learner knows (see :func:`played_log_density`)."""
+        bad = [c for c, E in enumerate(eval_samples) if len(E) != self.n_eval]
+        if bad:  # the comparator pools the points: every step must weigh the same
+            raise ValueError(f"every evaluation sample must have n_eval={self.n_eval} rows (client(s) {bad[:5]})")
         self._logf.append([_log_dens_identity(E, self.true_means) for E in eval_samples])
         for name, fn in played.items():
             ce = np.array([-np.mean(played_log_density(fn(c), E)) for c, E in enumerate(eval_samples)])
@@ -230,7 +233,7 @@ def growth(curve: pd.DataFrame) -> dict:
     """Classify the growth of a regret curve (spec §2.8 step 4).
 
     ``slope``: least-squares slope of ``log R_t`` on ``log t`` over the second half of the
-    grid; ``ratio_decreasing``: ``R_T / T < R_{T/2} / (T/2)`` (the grid point nearest
+    grid (points with ``R_t <= 0`` left out; NaN if fewer than two remain); ``ratio_decreasing``: ``R_T / T < R_{T/2} / (T/2)`` (the grid point nearest
     ``T/2``); ``sublinear``: slope < 0.9 and the ratio decreasing.
     """
     t = curve["t"].to_numpy(float)
@@ -262,7 +265,7 @@ def simulate(stream: MixtureStream, learners: Mapping, T: int, *, n_eval: int = 
         played_w = None
         if stream.process == "adversarial":
             first = learners[names[0]]
-            played_w = {c: _played(first, c)[-1] for c in stream.clients}
+            played_w = {c: first.played(c)[2] for c in stream.clients}
         evals = stream.evaluation(t, n_eval, played_w)
         tracker.record(evals, {name: (lambda c, L=L: _played(L, c)) for name, L in learners.items()})
         batch = stream.batch(t, played_w)

@@ -66,20 +66,25 @@ def test_gradient_tends_to_the_true_gradient_d1():
     assert pi @ g == pytest.approx(-1, abs=1e-12)
 
 
-def _pooled_em_identity(Xs, means, K):
-    """Centralised EM of the per-client-weights model, unit covariances, weights from uniform."""
+def _pooled_em_identity(Xs, means, K, split=False):
+    """Centralised EM of the per-client-weights model, unit covariances, weights from uniform
+    (``split``: iteration k uses the k-th of K equal parts of every client's rows)."""
     M = means.shape[0]
     logw = [np.full(M, -np.log(M)) for _ in Xs]
-    for _ in range(K):
+    for k in range(K):
         N, S1 = np.zeros(M), np.zeros_like(means)
         for c, X in enumerate(Xs):
+            if split:
+                b = X.shape[0] // K
+                X = X[k * b:(k + 1) * b]
             ld = norm.logpdf(X[:, None, :], means[None], 1).sum(-1) + logw[c]
             r = np.exp(ld - ld.max(1, keepdims=True))
             r /= r.sum(1, keepdims=True)
             N += r.sum(0)
             S1 += r.T @ X
             logw[c] = np.log(r.mean(0))
-        means = S1 / N[:, None]
+        empty = N < 1e-8 * N.sum()  # a component with no mass keeps its mean (as the M-step does)
+        means = np.where(empty[:, None], means, S1 / np.where(empty, 1.0, N)[:, None])
     return means
 
 
@@ -94,6 +99,46 @@ def test_inner_rounds_equal_centralised_em(K):
     ref = _pooled_em_identity([batch[c].X for c in batch.clients], m0, K)
     np.testing.assert_allclose(model.inner_means_, ref, atol=1e-12)
     np.testing.assert_allclose(model.means_, (m0 + ref) / 2, atol=1e-12)  # the running average at t = 1
+    split = FEMOMD(3, means_init=m0, inner_rounds=3, sample_splitting=True).partial_fit(batch)
+    ref = _pooled_em_identity([batch[c].X for c in batch.clients], m0, 3, split=True)
+    np.testing.assert_allclose(split.inner_means_, ref, atol=1e-12)
+
+
+def test_model_gradient_matches_quadrature_of_the_fitted_mixture():
+    """The model draws from sum_r pi~_r N(mu_{t+1,r}, 1) and evaluates at its played weights."""
+    rng = np.random.default_rng(1)
+    X = np.r_[rng.normal(-3, 1, 300), rng.normal(2, 1, 700)][:, None]
+    model = FEMOMD(2, means_init=[[-2.5], [1.5]], n_mc=400_000, inner_rounds=20).partial_fit([X])
+    mu = model.means_[:, 0]
+    pt = np.exp(model._clients[0]["log_pi_tilde"])
+    played = np.full(2, 0.5)  # uniform at step 1
+
+    def exact(j):
+        f = lambda x: (pt @ norm.pdf(x, mu, 1)) * norm.pdf(x, mu[j], 1) / (played @ norm.pdf(x, mu, 1))  # noqa: E731
+        return -integrate.quad(f, -20, 20, epsabs=1e-12)[0]
+
+    np.testing.assert_allclose(model.gradients_[0], [exact(0), exact(1)], rtol=5e-3)
+
+
+def test_shared_weights_step_and_late_joiners():
+    stream = MixtureStream(n_clients=4, n=10, d=2, n_components=3, process="fixed", seed=3)
+    b = stream.batch(1)
+    b = FederatedData.from_arrays([b[c].X[: 4 + 2 * c] for c in b.clients])  # unequal n_c
+    glob = FEMOMD(3, means_init=_start(stream), eta=0.3, shared_weights=True).partial_fit(b)
+    n = np.array([b.n_obs[c] for c in b.clients], float)
+    g = sum(n[i] * glob.gradients_[c] for i, c in enumerate(b.clients)) / n.sum()
+    np.testing.assert_allclose(glob.weights_[0], eg_update(np.full(3, 1 / 3), g, 0.3), atol=1e-14)
+    # local pooling: a client that joins at step 3 averages its own estimates from its own start
+    loc = FEMOMD(3, means_init=_start(stream), pooling="local")
+    alone = FEMOMD(3, means_init=_start(stream), pooling="local")
+    for t in (1, 2):
+        loc.partial_fit({c: stream.batch(t)[c].X for c in (0, 1)})
+    late = stream.batch(3)
+    loc.partial_fit({c: late[c].X for c in (0, 1, 2)})
+    alone.partial_fit({2: late[2].X})
+    np.testing.assert_allclose(loc.played(2)[0], alone.played(2)[0], atol=1e-12)
+    assert not np.allclose(loc.played(2)[0], _start(stream))
+    np.testing.assert_array_equal(loc.played(3)[0], _start(stream))  # never seen: the start
 
 
 def test_one_step_to_convergence_equals_batch_fedem():
@@ -135,9 +180,22 @@ def test_regret_of_the_hindsight_oracle_is_zero():
     curves, tracker = simulate(stream, {"oracle": _Oracle(stream.means, best)}, T, n_eval=n_eval, grid_points=40)
     assert abs(curves["regret"].iloc[-1]) < 1e-6
     assert curves["min_client"].min() > -1e-6  # no prefix beats its own comparator
-    # the comparator restarts from uniform for every prefix: a warm start from a prefix with a
-    # zero weight would never revive it
     assert tracker.comparator(T).shape == (4,)
+
+
+def test_comparator_is_refitted_from_uniform_for_every_prefix():
+    """A component absent in the first block and present later: each prefix's comparator equals
+    a fresh fit from uniform, whatever prefixes were computed before."""
+    s = MixtureStream(n_clients=3, n=5, d=2, n_components=3, process="switching", period=10, alpha=0.05, seed=4)
+    tr = RegretTracker(s.means, n_eval=60)
+    for t in range(1, 31):
+        tr.record(s.evaluation(t, 60), {})
+    for t in (5, 10, 20, 30, 15):
+        for c in range(3):
+            L = np.concatenate([tr._logf[k][c] for k in range(t)])
+            assert tr.comparator(t)[c] == pytest.approx(-weights_em(L)[1] * t, rel=1e-12)
+    with pytest.raises(ValueError, match="n_eval"):
+        tr.record([np.zeros((5, 2))] * 3, {})
 
 
 def test_stream_processes():
@@ -228,14 +286,30 @@ def test_bad_input_and_options():
     stream = MixtureStream(n_clients=3, n=4, d=2, n_components=3, seed=0)
     with pytest.raises(Exception, match="sample_splitting"):
         FEMOMD(3, means_init=stream.means, sample_splitting=True, inner_rounds=5).partial_fit(stream.batch(1))
+    with pytest.raises(ValueError, match="n_mc"):
+        FEMOMD(3, grad_source="empirical", n_mc=7)
+    with pytest.raises(ValueError, match="covariances_init"):
+        FEMOMD(3, covariances_init=np.ones(3))
+    with pytest.raises(ValueError, match="means_init"):
+        FEMOMD(3, means_init=np.zeros((2, 5)))
+    with pytest.raises(ValueError, match="eta"):
+        FEMOMD(3, eta=True)
+    with pytest.raises(RuntimeError, match="means_init"):
+        FEMOMD(3).played(0)
     m = FEMOMD(3, means_init=stream.means, sample_splitting=True, inner_rounds=2, grad_source="empirical",
-               inner_init="played", n_mc=7).partial_fit(stream.batch(1))
+               inner_init="played").partial_fit(stream.batch(1))
     assert m.t_ == 1 and m.history[0]["bytes_up"] > 0
     with pytest.raises(Exception, match="features"):
         m.partial_fit([np.zeros((4, 5))])
-    # the anytime step size when the horizon is unknown
-    assert FEMOMD(5).partial_fit([np.random.default_rng(0).normal(size=(40, 2))]).history[0]["eta"] == pytest.approx(
-        np.sqrt(np.log(5)))
+    # the anytime step size when the horizon is unknown; a warning past a given horizon
+    rng = np.random.default_rng(0)
+    a = FEMOMD(5)
+    for _ in range(3):
+        a.partial_fit([rng.normal(size=(40, 2))])
+    assert [h["eta"] for h in a.history] == pytest.approx(np.sqrt(np.log(5) / np.arange(1, 4)))
+    h = FEMOMD(3, means_init=stream.means, horizon=1).partial_fit(stream.batch(1))
+    with pytest.warns(RuntimeWarning, match="past horizon"):
+        h.partial_fit(stream.batch(2))
     # predictions through the common result object
     r = m.result()
     assert r.predict_proba(stream.batch(2)[0].X, 0).shape == (4, 3)
