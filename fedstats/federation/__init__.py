@@ -8,7 +8,10 @@
   server only ever receives validated reply arrays) and returns a :class:`RunResult` with
   the final states, a per-round :class:`History` of :class:`RoundRecord` and the
   :class:`Communication` counters. It supports partial participation, client failures,
-  vectorised (batched) client steps, progress bars and checkpoint/resume.
+  vectorised (batched) client steps, progress bars and checkpoint/resume;
+* :mod:`~fedstats.federation.backend` -- :func:`use_backend`: where the client side of every
+  run executes (this process, or Flower: :mod:`fedstats.federation.flower`, extra
+  ``fedstats[flower]``). Every model's ``fit`` takes ``backend=`` too.
 """
 
 from .protocol import (
@@ -17,8 +20,10 @@ from .protocol import (
     ProtocolError,
     SkipRound,
     message_nbytes,
+    client_function,
     validate_message,
 )
+from .backend import current_backend, use_backend
 from .runner import Communication, History, RoundRecord, RunResult, run
 
 __all__ = [
@@ -28,6 +33,9 @@ __all__ = [
     "ProtocolError",
     "validate_message",
     "message_nbytes",
+    "client_function",
+    "use_backend",
+    "current_backend",
     "run",
     "RunResult",
     "History",

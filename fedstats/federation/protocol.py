@@ -130,3 +130,11 @@ def validate_message(message: Any, keys: Sequence[str], *, who: str = "client") 
 def message_nbytes(message: Mapping[str, np.ndarray]) -> int:
     """Payload size of a message in bytes (sum of the arrays' ``nbytes``)."""
     return int(sum(np.asarray(v).nbytes for v in message.values()))
+
+
+def client_function(fn):
+    """Mark a module-level function as code a client may be asked to run (a one-off round's
+    reply function, say). Remote backends load a function sent by reference only if it
+    carries this mark; nothing else changes."""
+    fn.__fedstats_client_function__ = True
+    return fn

@@ -53,6 +53,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextvars import ContextVar
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,10 @@ __all__ = ["run", "RunResult", "History", "RoundRecord", "Communication"]
 
 #: version of the checkpoint layout written by :func:`run`
 CHECKPOINT_FORMAT = 1
+
+#: the backend that runs the client side of :func:`run` (``None``: this process); set by
+#: :func:`fedstats.federation.use_backend`
+_BACKEND: ContextVar[Any] = ContextVar("fedstats_backend", default=None)
 
 # Seed-sequence tag used for initialisation streams. It is out of the range of round
 # numbers (``rounds`` must stay below it), so init streams never collide with round ones.
@@ -219,6 +224,9 @@ class RunResult:
     ``rounds``: rounds completed in total. ``converged``: the run stopped because
     ``algorithm.converged`` said so (after at least ``min_rounds``). ``seconds``: wall time
     of this call. ``resumed_from``: rounds loaded from a checkpoint (0 for a fresh run).
+    ``lost``: clients whose node stopped answering (remote backends only; client -> why):
+    they are recorded as failed in every round after, and their private state, which never
+    left them, is missing from ``client_states``.
     """
 
     server_state: Any
@@ -229,6 +237,7 @@ class RunResult:
     converged: bool
     seconds: float
     resumed_from: int = 0
+    lost: dict[ClientId, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (
@@ -279,10 +288,6 @@ def _client_list(data: Any) -> tuple[list[ClientId], Callable[[ClientId], Any]]:
 
 def _round_rng(seed: int, rnd: int) -> np.random.Generator:
     return np.random.default_rng([seed, rnd, 0])
-
-
-def _client_rng(seed: int, rnd: int, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, rnd, 1, index])
 
 
 # --------------------------------------------------------------------------- participation
@@ -372,11 +377,22 @@ class _Outcome:
         self.reply, self.failed, self.skipped = reply, failed, skipped
 
 
+def client_rng(seed: int, rnd: int, index: int, init: bool = False) -> np.random.Generator:
+    """The random stream of client number ``index`` at round ``rnd`` (or at ``init_client``).
+
+    Every backend derives a client's randomness from this function alone, which is what
+    makes a run on Flower equal the in-process run.
+    """
+    return np.random.default_rng([seed, _INIT_TAG, 1, index] if init else [seed, rnd, 1, index])
+
+
 class _Devices:
     """The client side of the simulation: data and private states live here only.
 
     Nothing in this object is ever passed to the server side; what leaves it is the
-    validated reply of :meth:`run_round`.
+    validated reply of :meth:`run_round`. Other backends (Flower) provide an object with
+    the same five methods: ``init_states``, ``load_states``, ``states``, ``run_round`` and
+    ``close``.
     """
 
     def __init__(self, algorithm: FederatedAlgorithm, ids: list[ClientId], get: Callable[[ClientId], Any], seed: int):
@@ -388,8 +404,10 @@ class _Devices:
 
     def init_states(self) -> None:
         for i, c in enumerate(self.ids):
-            rng = np.random.default_rng([self.seed, _INIT_TAG, 1, i])
-            self._states[c] = self.algorithm.init_client(c, self._data[c], rng)
+            self._states[c] = self.algorithm.init_client(c, self._data[c], client_rng(self.seed, 0, i, init=True))
+
+    def close(self) -> None:
+        pass
 
     def load_states(self, states: Mapping[ClientId, Any]) -> None:
         self._states = {c: states[c] for c in self.ids}
@@ -422,7 +440,7 @@ class _Devices:
             c = self.ids[i]
             try:
                 out.append(self.algorithm.client_step(
-                    messages[i], self._states[c], self._data[c], _client_rng(self.seed, rnd, i)
+                    messages[i], self._states[c], self._data[c], client_rng(self.seed, rnd, i)
                 ))
             except Exception as exc:  # noqa: BLE001 - a failing client is recorded
                 out.append(exc)
@@ -441,7 +459,7 @@ class _Devices:
                     [messages[i] for i in idx],
                     [self._states[self.ids[i]] for i in idx],
                     [self._data[self.ids[i]] for i in idx],
-                    [_client_rng(self.seed, rnd, i) for i in idx],
+                    [client_rng(self.seed, rnd, i) for i in idx],
                 )
                 if not isinstance(results, Sequence) or len(results) != len(idx):
                     got = len(results) if isinstance(results, Sequence) else type(results).__name__
@@ -627,8 +645,17 @@ def run(
     ids, get = _client_list(data)
     plan = _Participation(participation, ids, rounds)
     fingerprint = _fingerprint(algorithm, ids, seed, plan)
-    devices = _Devices(algorithm, ids, get, seed)
+    backend = _BACKEND.get()
+    devices = _Devices(algorithm, ids, get, seed) if backend is None else backend.client_side(algorithm, ids, data, seed)
+    try:
+        return _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, checkpoint,
+                    checkpoint_every, resume, batched, min_rounds, t_start)
+    finally:
+        devices.close()
 
+
+def _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, checkpoint, checkpoint_every,
+         resume, batched, min_rounds, t_start) -> RunResult:
     # ---- initial or resumed state
     saved = None
     if resume and os.path.exists(checkpoint):
@@ -797,11 +824,12 @@ def run(
 
     return RunResult(
         server_state=server_state,
-        client_states=devices.states(),
+        client_states=getattr(devices, "final_states", devices.states)(),
         history=history,
         communication=comm,
         rounds=done,
         converged=stopped,
         seconds=time.perf_counter() - t_start,
         resumed_from=resumed_from,
+        lost=dict(getattr(devices, "lost", {})),
     )

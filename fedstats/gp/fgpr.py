@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 from scipy.spatial import cKDTree
 
+from ..federation.backend import accepts_backend
 from ..data import DataError, FederatedData, require_target
 from ..federation import FederatedAlgorithm, run
 from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
@@ -491,6 +492,7 @@ class FGPR:
         return spec, {"participants": k, "init": init, "device": resolve_device(self.device),
                       "dtype": resolve_dtype(self.dtype), "betas": b}
 
+    @accepts_backend
     def fit(self, data: FederatedData, *, seed: int = 0, progress: bool | None = None, batched: bool = True,
             checkpoint=None, resume: bool = False) -> FGPRResult:
         """Learn the shared hyperparameters from ``data`` (a :class:`~fedstats.data.FederatedData`;

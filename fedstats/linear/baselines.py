@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from ..federation.backend import accepts_backend
 from ..data import require_target
 
 from ..federation import FederatedAlgorithm, run
@@ -67,6 +68,7 @@ class Separate(_GDOptions):
         super().__init__(**options)
         self.method = method
 
+    @accepts_backend
     def fit(self, data, *, seed: int = 0) -> PointResult:
         require_target(data, "Separate")
         if self.method not in ("gd", "ols"):
@@ -163,6 +165,7 @@ class FedAvg(_GDOptions):
     ``local_steps`` gradient steps from the global coefficients and the server takes their
     unweighted average; every device predicts with the final average."""
 
+    @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
         require_target(data, "FedAvg")
         return _run_averaging(self, data, seed, progress)
@@ -179,6 +182,7 @@ class Ditto(_GDOptions):
         super().__init__(**options)
         self.lam = lam
 
+    @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
         require_target(data, "Ditto")
         lam = float(self.lam)
@@ -222,6 +226,7 @@ class DistributedRidge:
     def __repr__(self):
         return f"DistributedRidge(lam={self.lam!r}, fit_intercept={self.fit_intercept})"
 
+    @accepts_backend
     def fit(self, data, *, seed: int = 0) -> PointResult:
         require_target(data, "DistributedRidge")
         lam = float(self.lam)

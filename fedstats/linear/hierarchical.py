@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..federation.backend import accepts_backend
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
@@ -113,6 +114,7 @@ class HierarchicalLinearModel:
         return make_estimator(spec, **(self.estimator_options or {}))
 
     # ------------------------------------------------------------------ fit
+    @accepts_backend
     def fit(self, data, *, seed: int = 0, rounds: int | None = None, progress: bool | None = None,
             checkpoint=None, resume: bool = False, batched: bool = True) -> "HierarchicalResult":
         """Fit by federated EP; returns a :class:`HierarchicalResult`.

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
+from ..federation.backend import accepts_backend
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
@@ -119,6 +120,7 @@ class BayesianShrinkage:
         return (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
 
     # ------------------------------------------------------------------ fit
+    @accepts_backend
     def fit(self, data, *, seed: int = 0, rounds: int | None = None, progress: bool | None = None,
             checkpoint=None, resume: bool = False, batched: bool = True) -> "ShrinkageResult":
         """Fit by federated EP; returns a :class:`ShrinkageResult`. Raw rows stay on their

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..federation.backend import accepts_backend
 from ..data import require_target
 import pandas as pd
 from scipy import linalg as sla
@@ -379,6 +380,7 @@ class StructuralCovarianceModel:
         opts = self._validated(len(clients))
         return clients, opts, DeviceDesign(data, self.fit_intercept), coefficient_names(data, self.fit_intercept)
 
+    @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None, uncertainty: bool = False,
             noise_sd=None, checkpoint=None, resume: bool = False, batched: bool = True,
             theta_init=None, callback=None) -> StructuralResult:

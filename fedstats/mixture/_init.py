@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..federation import FederatedAlgorithm, run
+from ..federation.protocol import client_function
 from ..data import DataError
 from ._gmm import (
     COV_TYPES,
@@ -142,6 +143,7 @@ def summed(replies, clients, key):
 
 
 # ------------------------------------------------------------------ client functions
+@client_function
 def _local_centres(msg, X, rng, _private=None):
     """At most ``k`` local k-means centres, each the mean of at least ``min_size`` rows.
 
@@ -159,6 +161,7 @@ def _local_centres(msg, X, rng, _private=None):
     return {"centres": C + g, "sizes": sizes}
 
 
+@client_function
 def _hard_stats(msg, X, rng, _private=None):
     cands = msg["candidates"]  # (R, M, d)
     cov_type = COV_TYPES[int(msg["cov_type"][0])]
@@ -174,6 +177,7 @@ def _hard_stats(msg, X, rng, _private=None):
     return {"N": np.array(N), "S1": np.array(S1), "S2": np.array(S2)}
 
 
+@client_function
 def _score(msg, X, rng, log_weights=None):
     """Log-likelihood of the client's rows under each candidate (its own weights, or uniform)."""
     cov_type = COV_TYPES[int(msg["cov_type"][0])]

@@ -35,6 +35,7 @@ import pandas as pd
 from scipy import stats
 from scipy.special import digamma, gammaln
 
+from ..federation.protocol import client_function
 from ..inference import SamplePosterior
 from ._gmm import full_covariances, m_step, precision_cholesky
 from .fedem import FedEMAlgorithm, GaussianMixtureResult
@@ -352,16 +353,20 @@ class BayesianMixtureResult(GaussianMixtureResult):
         return np.array([r.metrics["elbo"] for r in self.history])
 
 
+@client_function
+def _prior_moments(msg, X, rng, _private=None):
+    """Client side of the prior round: count, sum and the scatter about the client's own mean
+    (no cancellation). Module level, so that a remote client can load it by reference."""
+    m = X.mean(0)
+    return {"n": np.array([X.shape[0]], float), "s": X.sum(0), "ss": (X - m).T @ (X - m)}
+
+
 def federated_priors(data, cov_type, *, seed=0):
     """scikit-learn's default priors from federated sums: ``m0`` = data mean, ``cov0`` =
     data covariance (``ddof=1``; diagonal / mean variance for diag / spherical). One round."""
     from ._init import one_shot
 
-    def moments(msg, X, rng, _private=None):  # the scatter about the client's own mean: no cancellation
-        m = X.mean(0)
-        return {"n": np.array([X.shape[0]], float), "s": X.sum(0), "ss": (X - m).T @ (X - m)}
-
-    reps, _, b = one_shot(data, ("n", "s", "ss"), {"go": np.array([1])}, moments, seed=seed,
+    reps, _, b = one_shot(data, ("n", "s", "ss"), {"go": np.array([1])}, _prior_moments, seed=seed,
                           what="the prior round")
     n = sum(reps[c]["n"][0] for c in data.clients)
     mean = sum(reps[c]["s"] for c in data.clients) / n

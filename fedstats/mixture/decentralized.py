@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from ..federation.backend import accepts_backend
 from ..federation import FederatedAlgorithm, run
 from ._gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
 from ._init import raise_failures
@@ -294,6 +295,7 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
             return fast_mixing_weights(A)
         raise ValueError(f"mixing must be 'metropolis' or 'fast', got {self.mixing!r}")
 
+    @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False):
         data = as_federated(data)
         self._check(data)

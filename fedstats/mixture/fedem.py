@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
+from ..federation.backend import accepts_backend
 from ..data import DataError, FederatedData
 from ..federation import FederatedAlgorithm, run
 from ._init import add_bytes, federated_loglik
@@ -412,6 +413,7 @@ class FederatedGaussianMixture:
 
         return choose
 
+    @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False):
         """Fit by FedEM. ``data``: FederatedData (``y`` ignored), or per-client arrays.
 
@@ -633,6 +635,7 @@ class GaussianMixtureResult:
             prev = cur
         return w
 
+    @accepts_backend
     def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
         """Observed-information intervals for the means and every client's weights.
 

@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..federation.backend import accepts_backend
 from ..data import DataError
 from ..federation import FederatedAlgorithm, run
 from ._gmm import (
@@ -504,6 +505,7 @@ class FEMOMD:
         st["n_avg"] = np.r_[st["n_avg"], np.full(len(new), float(st["init_n_avg"]))]  # a late joiner starts afresh
         st["index"] = idx
 
+    @accepts_backend
     def partial_fit(self, data, *, progress: bool | None = False) -> FEMOMD:
         """Run one time step on the clients' new batches (FederatedData, dict or list of
         arrays; the clients present take part, the others keep their weights)."""

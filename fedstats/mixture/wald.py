@@ -28,6 +28,7 @@ import pandas as pd
 from scipy import stats
 from scipy.special import expit
 
+from ..federation.protocol import client_function
 from ._gmm import COV_TYPES, centre, e_step, full_covariances, log_gaussian, precision_cholesky
 from ._init import add_bytes, one_shot
 
@@ -73,6 +74,7 @@ def _blocks(msg, X, w):
     return information_blocks(X, msg["means"], msg["covariances"], cov_type, w, free_weights(w))
 
 
+@client_function
 def _schur_reply(msg, X, rng, w):
     """Round 1 on a client holding weights ``w``: its Schur term (or, for shared weights,
     its three blocks)."""
@@ -82,6 +84,7 @@ def _schur_reply(msg, X, rng, w):
     return {"A": Jtt - Jte @ np.linalg.solve(Jee, Jte.T) if Jee.size else Jtt}
 
 
+@client_function
 def _weights_cov(msg, X, rng, w):
     """Round 2 on a client: the covariance of its own log-ratio weights from its blocks and
     the broadcast ``Cov(theta)``. It stays on the client (nothing is sent back)."""

@@ -1,0 +1,46 @@
+"""Toy algorithms for the Flower tests. A module of its own (on the nodes' PYTHONPATH and in
+the session's ``trust``), because a Flower node loads the algorithm it is sent by reference."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedstats.federation import FederatedAlgorithm, SkipRound
+
+
+class Flaky(FederatedAlgorithm):
+    """Clients send noisy column sums and row counts; the server averages what it receives.
+
+    By client id: ``"boom"`` raises at round 1, ``"skip"`` declines round 2 (SkipRound),
+    ``"bad"`` sends an undeclared array at round 0. Every client counts its steps and keeps
+    the noise it drew at init (private state); the server keeps running totals.
+    """
+
+    reply_keys = ("s", "n")
+
+    def init_server(self, clients, rng):
+        return {"mean": np.zeros(2), "seen": 0.0, "draw": rng.normal()}
+
+    def init_client(self, client, data, rng):
+        return {"steps": 0, "offset": rng.normal(size=2)}
+
+    def broadcast(self, state, client, round):
+        return {"mean": state["mean"], "round": np.array([round])}
+
+    def client_step(self, message, state, data, rng):
+        r = int(message["round"][0])
+        if data.client == "boom" and r == 1:
+            raise ValueError("disk full")
+        if data.client == "skip" and r == 2:
+            raise SkipRound("not today")
+        reply = {"s": data.X.sum(0) + state["offset"] + 1e-3 * rng.normal(size=2), "n": np.array([len(data.X)])}
+        if data.client == "bad" and r == 0:
+            reply["extra"] = np.zeros(1)
+        return reply, {"steps": state["steps"] + 1, "offset": state["offset"]}
+
+    def server_step(self, state, replies, round):
+        if not replies:
+            return dict(state), {"answered": 0.0}
+        n = sum(float(m["n"][0]) for m in replies.values())
+        mean = sum(m["s"] for m in replies.values()) / n
+        return {"mean": mean, "seen": state["seen"] + n, "draw": state["draw"]}, {"answered": float(len(replies))}

@@ -1,0 +1,273 @@
+"""fedstats on Flower's simulation engine: the same results as in-process, failures included.
+
+One Flower simulation (Ray) serves most tests (``session``); ``backend="flower"`` starts and
+stops its own. The real multi-process deployment is tested in ``test_flower_deployment.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
+from fedstats.data import ClientData  # noqa: E402
+from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: E402
+from fedstats.federation import run, use_backend  # noqa: E402
+from fedstats.federation.flower import (  # noqa: E402
+    FlowerSession,
+    RemoteDataError,
+    RemoteFederatedData,
+    dumps,
+    loads,
+)
+from fedstats.gp import FGPR  # noqa: E402
+from fedstats.linear import StructuralCovarianceModel  # noqa: E402
+from fedstats.linear.baselines import FedAvg  # noqa: E402
+from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture  # noqa: E402
+
+HERE = Path(__file__).parent
+TIGHT = 1e-10
+
+sys.path.insert(0, str(HERE))  # the toy algorithms; the nodes get this folder on PYTHONPATH
+import flower_toys  # noqa: E402
+
+sys.path.remove(str(HERE))
+
+
+@pytest.fixture(scope="module")
+def session():
+    # the nodes (Ray workers) import the toy algorithms from this folder
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE)] + ([old] if old else []))
+    try:
+        with FlowerSession(num_supernodes=6, timeout=300, trust=("fedstats", "flower_toys")) as s:
+            yield s
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def same_history(a, b, tol=TIGHT):
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert (ra.round, ra.participants, ra.answered, ra.failed, ra.skipped, ra.bytes_up, ra.bytes_down,
+                ra.converged) == (rb.round, rb.participants, rb.answered, rb.failed, rb.skipped, rb.bytes_up,
+                                  rb.bytes_down, rb.converged)
+        assert ra.metrics.keys() == rb.metrics.keys()
+        for k in ra.metrics:
+            np.testing.assert_allclose(np.asarray(ra.metrics[k], float), np.asarray(rb.metrics[k], float),
+                                       rtol=tol, atol=tol, err_msg=k)
+
+
+def close(a, b, tol=TIGHT):
+    np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def test_fedem_with_backend_flower_equals_inprocess():
+    data, _ = gmm_federation(n_clients=4, n_components=3, d=2, n_obs=(30, 60), seed=0)
+    model = FederatedGaussianMixture(3, covariance_type="full")
+    a = model.fit(data, seed=1)
+    b = model.fit(data, seed=1, backend="flower")  # a simulation of its own, stopped after the fit
+    close(a.means_, b.means_)
+    close(a.covariances_, b.covariances_)
+    for c in data.clients:
+        close(a.weights_[c], b.weights_[c])
+    assert a.loglik_ == pytest.approx(b.loglik_, rel=1e-12)
+    same_history(a.history, b.history)
+    assert (a.communication.bytes_up, a.communication.bytes_down) == (b.communication.bytes_up,
+                                                                      b.communication.bytes_down)
+
+
+def test_hm2_exact_ep_equals_inprocess(session):
+    data, _ = hm2_federation(n_clients=5, n_obs=30, seed=0)
+    model = HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact")
+    a, b = model.fit(data, seed=2), model.fit(data, seed=2, backend=session)
+    close(a.global_posterior.mean, b.global_posterior.mean)
+    close(a.global_posterior.cov, b.global_posterior.cov)
+    for c in data.clients:
+        close(a.client_posterior(c).mean, b.client_posterior(c).mean)
+        close(a.client_posterior(c).cov, b.client_posterior(c).cov)
+    same_history(a.history, b.history)
+
+
+def test_hm2_sampled_ep_equals_inprocess_client_by_client(session):
+    # Importance-sampled tilted moments: each node draws from the client's own stream. A node
+    # runs its client alone, as the in-process loop does; the in-process *batched* step finds
+    # all Laplace modes in lockstep (iterating until the slowest converges), so it agrees
+    # with both only to the mode solver's tolerance.
+    data, _ = hm2_federation(n_clients=4, n_obs=20, seed=1)
+    model = HierarchicalLinearModel(rounds=2, estimator_options={"num_draws": 300})
+    a, b = model.fit(data, seed=3, batched=False), model.fit(data, seed=3, backend=session)
+    close(a.summary()[["mean", "sd"]].to_numpy(), b.summary()[["mean", "sd"]].to_numpy())
+    c = model.fit(data, seed=3)
+    close(c.summary()[["mean", "sd"]].to_numpy(), b.summary()[["mean", "sd"]].to_numpy(), tol=1e-4)
+
+
+def test_hm1_equals_inprocess(session):
+    data, _ = hm2_federation(n_clients=5, n_obs=30, seed=0)
+    model = StructuralCovarianceModel(rounds=6)
+    a, b = model.fit(data, seed=2, uncertainty=True), model.fit(data, seed=2, uncertainty=True, backend=session)
+    close(a.theta, b.theta)
+    close(a.omega_, b.omega_)
+    close(a.posterior_cov, b.posterior_cov)
+    same_history(a.history, b.history)
+
+
+def test_fgpr_equals_inprocess(session):
+    data, _ = hm2_federation(n_clients=4, n_obs=25, seed=4)
+    model = FGPR(rounds=4, local_steps=3)
+    a, b = model.fit(data, seed=5), model.fit(data, seed=5, backend=session)
+    close(a.summary()["value"].to_numpy(), b.summary()["value"].to_numpy(), tol=1e-9)
+    X = np.random.default_rng(0).normal(size=(5, 4))
+    c = data.clients[0]
+    close(a.predict(X, client=c)["mean"], b.predict(X, client=c)["mean"], tol=1e-9)
+
+
+def test_variational_fedem_wald_d_fedem_and_fem_omd_equal_inprocess(session):
+    data, _ = gmm_federation(n_clients=5, n_components=2, d=2, n_obs=(30, 50), seed=2)
+    vb = FederatedGaussianMixture(2, bayesian=True, max_rounds=20)
+    a, b = vb.fit(data, seed=1), vb.fit(data, seed=1, backend=session)
+    close(a.summary(0.9)[["mean", "lower", "upper"]].to_numpy(), b.summary(0.9)[["mean", "lower", "upper"]].to_numpy())
+
+    ml = FederatedGaussianMixture(2).fit(data, seed=1)
+    wa = ml.wald_intervals(data, 0.9)
+    wb = ml.wald_intervals(data, 0.9, backend=session)
+    for fa, fb in zip(wa, wb):
+        close(fa.select_dtypes("number").to_numpy(), fb.select_dtypes("number").to_numpy())
+
+    dfe = DecentralizedGaussianMixture(2, max_rounds=4)
+    a, b = dfe.fit(data, seed=1), dfe.fit(data, seed=1, backend=session)
+    same_history(a.history, b.history)
+
+    online_a, online_b = FEMOMD(2, inner_rounds=3, seed=4), FEMOMD(2, inner_rounds=3, seed=4)
+    halves = [data.train_test_split(0.5, seed=s) for s in range(2)]
+    for batch in [h[k] for h in halves for k in range(2)]:  # four time steps
+        online_a.partial_fit(batch)
+        online_b.partial_fit(batch, backend=session)
+    close(online_a.means_, online_b.means_)
+    for c in data.clients:
+        close(online_a.weights_[c], online_b.weights_[c])
+
+
+def test_fedavg_baseline_equals_inprocess(session):
+    data, _ = hm2_federation(n_clients=3, n_obs=20, seed=6)
+    a, b = FedAvg(rounds=3).fit(data, seed=1), FedAvg(rounds=3).fit(data, seed=1, backend=session)
+    close(a.theta, b.theta)
+
+
+def test_more_clients_than_nodes_is_refused(session):
+    data, _ = gmm_federation(n_clients=7, n_components=2, d=2, n_obs=(20, 30), seed=0)
+    with pytest.raises(ValueError, match="7 clients but the Flower simulation has 6 SuperNodes"):
+        FederatedGaussianMixture(2).fit(data, backend=session)
+
+
+# --------------------------------------------------------------------------- the runtime
+
+
+def toy_data():
+    rng = np.random.default_rng(0)
+    ids = ["ok1", "boom", "skip", "bad", "ok2"]
+    return {c: ClientData(X=rng.normal(size=(4 + i, 2)), y=None, client=c) for i, c in enumerate(ids)}
+
+
+def test_failures_skips_and_protocol_breaches_as_in_process(session):
+    data = toy_data()
+    a = run(flower_toys.Flaky(), data, rounds=4, seed=7, participation=0.8)
+    with use_backend(session):
+        b = run(flower_toys.Flaky(), data, rounds=4, seed=7, participation=0.8)
+    assert a.history == b.history  # failed messages, skips, participants, bytes, metrics: all equal
+    assert any(r.failed for r in a.history) and any(r.skipped for r in a.history)
+    assert "ValueError: disk full" in str([r.failed for r in b.history])
+    assert "undeclared ['extra']" in str([r.failed for r in b.history])
+    for k in ("mean", "seen", "draw"):
+        close(a.server_state[k], b.server_state[k], tol=0)
+    for c in data:  # private states came back as they were on the nodes
+        assert a.client_states[c]["steps"] == b.client_states[c]["steps"]
+        close(a.client_states[c]["offset"], b.client_states[c]["offset"], tol=0)
+    assert a.communication.per_client == b.communication.per_client
+    assert b.lost == {}
+
+
+def test_checkpoint_and_resume_on_flower(session, tmp_path):
+    data = toy_data()
+    straight = run(flower_toys.Flaky(), data, rounds=5, seed=1)
+    path = tmp_path / "run.ckpt"
+    with use_backend(session):
+        run(flower_toys.Flaky(), data, rounds=2, seed=1, checkpoint=path)
+        resumed = run(flower_toys.Flaky(), data, rounds=5, seed=1, checkpoint=path, resume=True)
+    assert resumed.resumed_from == 2
+    assert resumed.history == straight.history
+    close(resumed.server_state["mean"], straight.server_state["mean"], tol=0)
+
+
+class Untrusted(flower_toys.Flaky):  # defined in this module, which the session does not trust
+    pass
+
+
+def test_a_node_refuses_a_class_from_an_untrusted_module(session):
+    with use_backend(session), pytest.raises(RuntimeError, match="could not start the run on its node: "
+                                                                 "UnpicklingError: refusing to load"):
+        run(Untrusted(), toy_data(), rounds=1, seed=0)
+
+
+def test_one_simulation_at_a_time(session):
+    data, _ = gmm_federation(n_clients=3, n_components=2, d=2, n_obs=(20, 30), seed=0)
+    with pytest.raises(RuntimeError, match="another FlowerSession's simulation is running"):
+        FederatedGaussianMixture(2).fit(data, backend="flower")
+
+
+# --------------------------------------------------------------------------- no simulation needed
+
+
+def test_restricted_unpickler():
+    arr = np.arange(6.0).reshape(2, 3)
+    close(loads(dumps({"a": arr, "g": np.random.default_rng(1)}))["a"], arr, tol=0)
+    assert isinstance(loads(dumps(FederatedGaussianMixture(2))), FederatedGaussianMixture)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo owned",))
+
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load posix.system|refusing to load nt.system"):
+        loads(pickle.dumps(Evil()))
+    with pytest.raises(pickle.UnpicklingError, match="numpy.save"):
+        loads(pickle.dumps(np.save))
+    from fedstats.linear._local import save_state  # a fedstats function that is no client function
+
+    with pytest.raises(pickle.UnpicklingError, match="save_state"):
+        loads(pickle.dumps(save_state))
+
+
+def test_remote_data_refuses_server_side_reads():
+    rd = RemoteFederatedData({"a": 5, "b": 7}, ["x1", "x2"], None)
+    assert rd.clients == ["a", "b"] and rd.n_obs == {"a": 5, "b": 7} and rd.n_features == 2 and rd.n_total == 12
+    assert isinstance(rd, FederatedData)
+    with pytest.raises(RemoteDataError, match="rows of client 'b' stay on its node"):
+        np.asarray(rd["b"].X)
+    with pytest.raises(RemoteDataError):
+        rd["a"].X[0]
+
+
+def test_session_options_are_checked():
+    with pytest.raises(ValueError, match="on_disconnect"):
+        FlowerSession(on_disconnect="ignore")
+    with pytest.raises(ValueError, match="timeout"):
+        FlowerSession(timeout=0)
+    with pytest.raises(ValueError, match="num_supernodes"):
+        FlowerSession(num_supernodes=0)
+    with pytest.raises(TypeError, match="trust"):
+        FlowerSession(trust="fedstats")
+    with pytest.raises(ValueError, match="backend must be"):
+        FederatedGaussianMixture(2).fit(toy_data(), backend="spark")
