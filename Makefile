@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench install clean
+.PHONY: demo test test-slow test-deployment bench install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
+# a real Flower deployment on 127.0.0.1 (SuperLink, two SuperNodes, flwr run): about 6 minutes
+test-deployment: $(STAMP)
+	$(BIN)/python -m pytest -m slow tests/federation/test_flower_deployment.py
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/ep_vs_pooled.py
 	$(BIN)/python benchmarks/shrinkage_vs_pooled.py
@@ -32,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/fgpr.py
 	$(BIN)/python benchmarks/fedem.py
 	$(BIN)/python benchmarks/fem_omd.py
+	$(BIN)/python benchmarks/flower_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -21,17 +21,20 @@ client side made of Flower SuperNodes, so that no model is rewritten:
 
 The loop that decides what happens next (EP's damping back-off, EM to convergence, the
 inner rounds of an online time step) is fedstats's own server loop, run where the fit runs:
-inside ``@app.main()`` in a deployment. Flower only moves the messages:
+inside ``@app.main()`` in a deployment. Flower only moves the messages, one type
+(``train.fedstats``) whose config may carry:
 
-* ``train.fedstats_init``: the algorithm (pickled), the client's id, its position and the
-  run's seed; in a simulation also its data. The node calls ``init_client``.
-* ``train.fedstats_step``: the broadcast arrays (an ``ArrayRecord``) and the round. The node
-  runs ``client_step``, checks its reply against the protocol and commits its new state only
-  if the reply is valid; it answers with the reply arrays, or with ``skipped`` / ``failed``.
-* ``query.fedstats_state``: the node's private state, at the end of a run (so that the fit
-  returns the same result object as in-process: the *final* state of each client goes to the
-  server once, as with the in-process simulator's ``RunResult.client_states``), for a
-  checkpoint, or to drop the run's records.
+* a start: the algorithm (pickled), the client's id, its position and the run's seed, and in
+  a simulation its data (in a deployment the server's view of the data, no rows, which the
+  node applies to its own file). The node calls ``init_client``. It rides on the client's
+  first step of the run;
+* a step: the round and the broadcast arrays (an ``ArrayRecord``). The node runs
+  ``client_step``, checks its reply against the protocol and commits its new state only if
+  the reply is valid; it answers with the reply arrays, or with ``skipped`` / ``failed``;
+* a request for the node's private state: at the end of a run (so that the fit returns the
+  same result object as in-process, the *final* state of each client goes to the server once,
+  as with the in-process simulator's ``RunResult.client_states``), or for a checkpoint;
+* ``drop``: forget the run (with the final state request).
 
 Pickles: the server sends the algorithm and the client sends its state as pickles. Both
 sides load them with a restricted unpickler that resolves only fedstats classes, the
@@ -224,6 +227,14 @@ class RemoteFederatedData(FederatedData):
         self._clients = list(n_obs)
         self._feature_names = list(feature_names)
         self._target_name = target_name
+
+    def subset(self, clients) -> RemoteFederatedData:
+        """The view of some clients only (no rows, as the whole)."""
+        ids = list(clients)
+        unknown = [c for c in ids if c not in self]
+        if unknown:
+            raise DataError(f"unknown client id(s) {unknown[:5]}")
+        return RemoteFederatedData({c: self._X[c].shape[0] for c in ids}, self._feature_names, self._target_name)
 
 
 def read_node_csv(context: Context) -> FederatedData:

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..federation import FederatedAlgorithm, run
+
 _FORMAT = 1
 
 REDUCTIONS = ("sum", "mean")
@@ -104,6 +106,47 @@ def auto_lr(Xs, batch_size, reduction: str, factor: float = 0.5) -> float:
     if not lam > 0:
         raise ValueError("cannot choose a learning rate: every device's design is zero")
     return factor / lam
+
+
+class _CurvatureShare(FederatedAlgorithm):
+    """One round for ``lr="auto"``: each device sends one scalar, the largest curvature of its
+    local objective; the server keeps the maximum."""
+
+    reply_keys = ("curvature",)
+
+    def __init__(self, batch_size, reduction: str):
+        self.batch_size, self.reduction = batch_size, reduction
+
+    def init_server(self, clients, rng):
+        return {"lam": 0.0}
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        return {}
+
+    def client_step(self, message, state, data, rng):
+        return {"curvature": np.array([max_curvature(data[0], self.batch_size, self.reduction)])}, state
+
+    def server_step(self, server_state, replies, round):
+        return {"lam": max([float(m["curvature"][0]) for m in replies.values()], default=0.0)}, {}
+
+
+def federated_lr(lr, devices, batch_size, reduction: str, *, seed: int = 0) -> float:
+    """:func:`resolve_lr` for a federation: with ``lr="auto"`` the devices' largest curvatures
+    come from one federated round (the server never reads a design matrix)."""
+    if not (isinstance(lr, str) and lr == "auto"):
+        return resolve_lr(lr, [], batch_size, reduction)
+    out = run(_CurvatureShare(batch_size, reduction), devices, rounds=1, seed=seed, progress=False)
+    failed = out.history[0].failed
+    if failed:
+        c, why = next(iter(failed.items()))
+        raise RuntimeError(f"lr='auto': {len(failed)} device(s) could not report their curvature; {c!r}: {why}")
+    lam = out.server_state["lam"]
+    if not lam > 0:
+        raise ValueError("cannot choose a learning rate: every device's design is zero")
+    return 0.5 / lam
 
 
 class DeviceDesign:

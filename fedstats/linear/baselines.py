@@ -21,13 +21,12 @@ import time
 
 import numpy as np
 
-from ..federation.backend import accepts_backend
 from ..data import require_target
-
 from ..federation import FederatedAlgorithm, run
+from ..federation.backend import accepts_backend
 from ..federation.runner import _INIT_TAG  # init_server's seed stream: Separate starts where HM1 starts
 from ._local import (DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
-                     full_batch, full_batch_steps, initial_theta, local_steps, resolve_lr)
+                     federated_lr, full_batch, full_batch_steps, initial_theta, local_steps)
 
 
 def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
@@ -39,7 +38,7 @@ def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
     check_reduction(model.grad_reduction)
     devices = DeviceDesign(data, model.fit_intercept)
     clients = list(data.clients)
-    lr = resolve_lr(model.lr, [devices[c][0] for c in clients], model.batch_size, model.grad_reduction)
+    lr = federated_lr(model.lr, devices, model.batch_size, model.grad_reduction)
     return devices, clients, coefficient_names(data, model.fit_intercept), lr
 
 
@@ -76,27 +75,75 @@ class Separate(_GDOptions):
         t0 = time.perf_counter()
         devices, clients, names, lr = _common(self, data)
         d, K = len(names), len(clients)
-        if self.method == "ols":
-            theta = np.column_stack([np.linalg.lstsq(*devices[c], rcond=None)[0] for c in clients])
-        else:
-            # the same initial Theta as HM1 under the same seed (runner's init stream)
-            theta0 = initial_theta(self.init, d, K, np.random.default_rng([seed, _INIT_TAG]))
-            steps = self.rounds * self.local_steps
-            designs = [devices[c] for c in clients]
-            if all(full_batch(self.batch_size, len(y)) for _, y in designs):  # all devices in one product
-                theta = full_batch_steps(
-                    np.ascontiguousarray(theta0.T), np.stack([X.T @ X for X, _ in designs]),
-                    np.stack([X.T @ y for X, y in designs]), steps=steps, lr=lr,
-                    scale=[1.0 if self.grad_reduction == "sum" else float(len(y)) for _, y in designs]).T
-            else:
-                theta = np.column_stack([
-                    local_steps(theta0[:, k], X, y, steps=steps, lr=lr, batch_size=self.batch_size,
-                                reduction=self.grad_reduction, rng=np.random.default_rng([seed, 5, k]))
-                    for k, (X, y) in enumerate(designs)])
-            if not np.all(np.isfinite(theta)):
+        # the same initial Theta as HM1 under the same seed (runner's init stream)
+        theta0 = initial_theta(self.init, d, K, np.random.default_rng([seed, _INIT_TAG]))
+        alg = _SeparateFit(self.method, theta0, seed=seed, steps=self.rounds * self.local_steps, lr=lr,
+                           batch_size=self.batch_size, reduction=self.grad_reduction)
+        out = run(alg, devices, rounds=1, seed=seed, progress=False)
+        failed = out.history[0].failed
+        if failed:
+            c, why = next(iter(failed.items()))
+            if why.startswith("FloatingPointError"):
                 raise FloatingPointError(f"local gradient descent diverged with lr={lr:.3g}: lower lr")
+            raise RuntimeError(f"Separate: {len(failed)} device(s) failed; {c!r}: {why}")
+        theta = np.column_stack([out.server_state["theta"][c] for c in clients])
         return PointResult(names, clients, theta, self._options(method=self.method, lr_used=lr),
                            seconds=time.perf_counter() - t0, seed=seed)
+
+
+class _SeparateFit(FederatedAlgorithm):
+    """Separate as one round: device ``k`` gets its column of the common start, fits alone
+    (``rounds * local_steps`` gradient steps, or least squares) and sends its coefficients.
+    Minibatches draw from ``default_rng([seed, 5, k])`` as before this was federated."""
+
+    reply_keys = ("theta",)
+
+    def __init__(self, method, theta0, *, seed, steps, lr, batch_size, reduction):
+        self.method, self.theta0, self.seed, self.steps = method, theta0, seed, steps
+        self.lr, self.batch_size, self.reduction = lr, batch_size, reduction
+
+    def init_server(self, clients, rng):
+        return {"index": {c: k for k, c in enumerate(clients)}, "theta": {}}
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        k = server_state["index"][client]
+        return {"theta": self.theta0[:, k].copy(), "k": np.array([k])}
+
+    def _check(self, theta):
+        if not np.all(np.isfinite(theta)):
+            raise FloatingPointError(f"local gradient descent diverged (lr={self.lr:.3g})")
+        return {"theta": theta}, None
+
+    def client_step(self, message, state, data, rng):
+        X, y = data
+        if self.method == "ols":
+            return {"theta": np.linalg.lstsq(X, y, rcond=None)[0]}, None
+        k = int(message["k"][0])
+        return self._check(local_steps(message["theta"], X, y, steps=self.steps, lr=self.lr,
+                                       batch_size=self.batch_size, reduction=self.reduction,
+                                       rng=np.random.default_rng([self.seed, 5, k])))
+
+    def client_steps(self, messages, states, datas, rngs):
+        if self.method == "ols" or not all(full_batch(self.batch_size, len(y)) for _, y in datas):
+            return super().client_steps(messages, states, datas, rngs)
+        # every device's full-batch steps in one product
+        thetas = full_batch_steps(np.stack([m["theta"] for m in messages]), np.stack([X.T @ X for X, _ in datas]),
+                                  np.stack([X.T @ y for X, y in datas]), steps=self.steps, lr=self.lr,
+                                  scale=[1.0 if self.reduction == "sum" else float(len(y)) for _, y in datas])
+        out = []
+        for theta in thetas:
+            try:
+                out.append(self._check(theta))
+            except FloatingPointError as exc:
+                out.append(exc)
+        return out
+
+    def server_step(self, server_state, replies, round):
+        return {"index": server_state["index"], "theta": {**server_state["theta"],
+                                                          **{c: r["theta"] for c, r in replies.items()}}}, {}
 
 
 class _Averaging(FederatedAlgorithm):

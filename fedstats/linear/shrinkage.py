@@ -25,6 +25,7 @@ import pandas as pd
 from scipy import stats as st
 
 from ..federation.backend import accepts_backend
+from ..federation.protocol import client_function
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
@@ -166,15 +167,30 @@ class BayesianRidge(BayesianShrinkage):
         super().__init__("ridge", **options)
 
 
+@client_function
+def _design_report(msg, X, rng, _private=None):
+    """Client side of the design check: row count, constant columns, centred rank and the
+    number of varying columns (a few integers; never a row)."""
+    n, d = X.shape
+    const = np.ptp(X, axis=0) == 0 if n > 1 else np.zeros(d, bool)
+    rank = np.linalg.matrix_rank(X - X.mean(axis=0)) if n else 0
+    return {"n": np.array([n]), "const": const.astype(np.int8), "rank": np.array([rank]),
+            "varying": np.array([int(np.sum(np.ptp(X, axis=0) > 0)) if n else 0])}
+
+
 def _check_design(data) -> None:
-    """Refuse designs that would give a silently wrong answer; warn about weak ones."""
+    """Refuse designs that would give a silently wrong answer; warn about weak ones. Each
+    client reports a few integers about its design in one federated round."""
     import warnings
 
+    from ..mixture._init import one_shot
+
     d = data.n_features
+    reps, _, _ = one_shot(data, ("n", "const", "rank", "varying"), {}, _design_report, seed=0,
+                          what="the design check")
     for c in data.clients:
-        X = np.asarray(data[c].X)
-        n = len(X)
-        const = [data.feature_names[j] for j in np.flatnonzero(np.ptp(X, axis=0) == 0)] if n > 1 else []
+        n = int(reps[c]["n"][0])
+        const = [data.feature_names[j] for j in np.flatnonzero(reps[c]["const"])]
         if const:
             warnings.warn(f"client {c!r}: predictor(s) {const[:5]} are constant; the prior alone decides "
                           "their coefficients at this site (their intervals reflect shrinkage, not data)",
@@ -185,14 +201,12 @@ def _check_design(data) -> None:
     # Collinearity is checked client by client (never on pooled rows): columns that are
     # linearly dependent at every client carry one effect under two names, and selecting
     # between them would be meaningless.
-    ranks = {c: np.linalg.matrix_rank(np.asarray(data[c].X) - np.asarray(data[c].X).mean(axis=0))
-             for c in data.clients}
-    if d and all(r < d for r in ranks.values()) and any(data[c].n > d for c in data.clients):
+    ranks = {c: int(reps[c]["rank"][0]) for c in data.clients}
+    if d and all(r < d for r in ranks.values()) and any(data.n_obs[c] > d for c in data.clients):
         raise ValueError(f"the {d} predictors are linearly dependent at every client (ranks {sorted(set(ranks.values()))}); "
                          "drop the redundant columns")
     # (a constant column is reported above; here only dependence among the varying ones)
-    varying = {c: int(np.sum(np.ptp(np.asarray(data[c].X), axis=0) > 0)) for c in data.clients}
-    deficient = [c for c, r in ranks.items() if r < varying[c] and data[c].n > d]
+    deficient = [c for c, r in ranks.items() if r < int(reps[c]["varying"][0]) and data.n_obs[c] > d]
     if deficient:
         warnings.warn(f"client(s) {deficient[:5]}: predictors are linearly dependent there; their split of the "
                       "effect between those columns is decided by the prior", RuntimeWarning, stacklevel=4)

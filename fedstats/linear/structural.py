@@ -49,7 +49,8 @@ from scipy import stats as sst
 from ..federation import FederatedAlgorithm, run
 from ..inference.posterior import GaussianPosterior
 from ._local import (INITS, DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
-                     full_batch, full_batch_steps, initial_theta, local_steps, resolve_lr)
+                     federated_lr, full_batch, full_batch_steps, initial_theta, local_steps,
+                     resolve_lr)
 
 
 # --------------------------------------------------------------------------- numerics
@@ -401,7 +402,7 @@ class StructuralCovarianceModel:
             theta_init = np.asarray(theta_init, dtype=float)
             if theta_init.shape != (d, K) or not np.all(np.isfinite(theta_init)):
                 raise ValueError(f"theta_init must be a finite {d} x {K} matrix, got shape {theta_init.shape}")
-        lr = resolve_lr(self.lr, [devices[c][0] for c in clients], self.batch_size, self.grad_reduction)
+        lr = federated_lr(self.lr, devices, self.batch_size, self.grad_reduction, seed=seed)
         alg = HM1Algorithm(d, local_steps=int(self.local_steps), lr=lr, alpha=opts["alpha"], batch_size=self.batch_size,
                            grad_reduction=self.grad_reduction, shrink_scale=self.shrink_scale, init=self.init,
                            omega_init=opts["omega"], theta_init=theta_init, jitter=float(self.jitter),

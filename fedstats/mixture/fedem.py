@@ -431,6 +431,11 @@ class FederatedGaussianMixture:
                   progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "FedEM")
+        if res.lost:  # a node that stopped answering (remote backends): the result covers the others
+            warnings.warn(f"FedEM: client(s) {list(res.lost)[:5]} were lost during the fit ({next(iter(res.lost.values()))}); "
+                          "their last statistics stay in the components, their weights (which never left them) "
+                          "are not in the result", RuntimeWarning, stacklevel=3)
+            data = data.subset([c for c in data.clients if c not in res.lost])
         weights = ({c: np.exp(st["log_w"]) / np.exp(st["log_w"]).sum() for c in data.clients} if self.shared_weights
                    else {c: _norm(np.exp(s.log_weights)) for c, s in res.client_states.items()})
         # one more round: the log-likelihood at the final parameters (for bic, the CLI, ...)

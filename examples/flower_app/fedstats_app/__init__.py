@@ -1,0 +1,1 @@
+"""A Flower App that runs fedstats models on a real federation."""
