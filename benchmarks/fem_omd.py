@@ -6,8 +6,9 @@ For C clients with n new rows each (d = 10, m = 5, K = 5 inner rounds, unit cova
   every client's E-steps and statistics, the Monte-Carlo gradient and mirror-descent update,
   message validation and copies, the server's M-steps and running average);
 * centralised reference, same run: the same step on the stacked batch with no runtime (K
-  E/M iterations of the per-client-weights model, running average, Monte-Carlo gradients
-  and exponentiated-gradient updates of all clients as array operations);
+  E/M iterations of the per-client-weights model, running average, the soft counts of the
+  discounted Dirichlet, Monte-Carlo gradients and exponentiated-gradient updates of all
+  clients as array operations);
 * the ratio federated / centralised, and a least-squares fit (relative residuals)
   ``seconds = a + b C + c C n`` of the federated times: ``b`` is the per-client cost of the runtime (messages), ``c`` the
   per-row compute. Linear growth shows as a good fit (max relative residual reported).
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from fedstats.mixture import FEMOMD, eg_update, omd_gradient
-from fedstats.mixture._gmm import estep_statistics, log_gaussian
+from fedstats.mixture._gmm import e_step, estep_statistics, log_gaussian
 from fedstats.mixture.regret import MixtureStream
 
 RESULTS = Path(__file__).parent / "results"
@@ -48,10 +49,12 @@ def centralised_step(X, starts, means, logw, t, eta, rng):
         lw_t = np.log(np.maximum(N / sizes[:, None], 1e-300))
         tilde = tilde + S1.sum(0) / N.sum(0)[:, None]
     new = (t * means + tilde) / (t + 1)
+    g = new.mean(0)
+    resp = e_step(log_gaussian(X - g, new - g, pc, "spherical"), np.repeat(lw_t, sizes, axis=0))[0]
+    np.add.reduceat(resp, starts, axis=0)  # the soft counts of the discounted Dirichlet
     p = np.exp(lw_t)
     z = np.concatenate([rng.choice(M, size=s, p=p[i] / p[i].sum()) for i, s in enumerate(sizes)])
     Z = new[z] + rng.standard_normal((len(z), D))
-    g = new.mean(0)
     G = omd_gradient(log_gaussian(Z - g, new - g, pc, "spherical"), logw, starts)
     return new, np.log(eg_update(np.exp(logw), G, eta, 1e-3))
 
