@@ -25,7 +25,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
-# a real Flower deployment on 127.0.0.1 (SuperLink, two SuperNodes, flwr run): about 6 minutes
+# a real Flower deployment on 127.0.0.1 (SuperLink, two SuperNodes, flwr run): about 8 minutes
 test-deployment: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests/federation/test_flower_deployment.py
 

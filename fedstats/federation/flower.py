@@ -147,7 +147,7 @@ class _SafeUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if any(module == t or module.startswith(t + ".") for t in self.trust):
             obj = super().find_class(module, name)
-            # classes are rebuilt without running their code; functions only if registered
+            # a class may be rebuilt (or constructed); a function is loaded only if registered
             if isinstance(obj, type) or getattr(obj, "__fedstats_client_function__", False):
                 return obj
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not a class or registered client "
@@ -720,14 +720,19 @@ class FlowerSession:
                 raise ClientDisconnected(f"only {len(nodes)} of {n} SuperNodes connected within {wait:.0f} s")
             time.sleep(0.2)
             nodes = list(self._grid.get_node_ids())
-        replies = self._send_and_receive([Message(RecordDict({}), dst_node_id=node, message_type=_HELLO)
-                                          for node in nodes])
+        # a SuperLink still lists a node that died until its heartbeat expires: such nodes do
+        # not answer (or answer with an error) and are left out, as long as n others answer
+        replies = list(self._grid.send_and_receive([Message(RecordDict({}), dst_node_id=node, message_type=_HELLO)
+                                                    for node in nodes], timeout=wait))
         for r in replies:
             if not r.has_error():
                 self._info[r.metadata.src_node_id] = dict(r.content["fedstats"])
         missing = [node for node in nodes if node not in self._info]
+        if len(self._info) < n:
+            raise ClientDisconnected(f"only {len(self._info)} of the {len(nodes)} SuperNodes answered within "
+                                     f"{wait:.0f} s (need {n}); silent: {missing[:10]}")
         if missing:
-            raise ClientDisconnected(f"SuperNode(s) {missing} did not answer the first message")
+            warnings.warn(f"SuperNode(s) {missing[:10]} did not answer and are left out", RuntimeWarning, stacklevel=3)
 
     def _assign(self, ids: Sequence[ClientId]) -> dict[ClientId, int]:
         if self._closed:

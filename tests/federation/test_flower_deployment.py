@@ -21,7 +21,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fedstats import FederatedData  # noqa: E402
+from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
+from fedstats.linear.hierarchical import HierarchicalResult  # noqa: E402
 from fedstats.mixture import FederatedGaussianMixture  # noqa: E402
 from fedstats.mixture.fedem import GaussianMixtureResult  # noqa: E402
 
@@ -50,20 +51,22 @@ def wait_for(path: Path, text: str, seconds: float) -> None:
 class Federation:
     """A SuperLink and SuperNodes on 127.0.0.1, each node with its own CSV."""
 
-    def __init__(self, root: Path, n_nodes: int = 2):
+    def __init__(self, root: Path, n_nodes: int = 2, target: bool = False):
         sys.path.insert(0, str(APP))
         try:
             import make_data
         finally:
             sys.path.remove(str(APP))
         self.root = root
-        self.csvs = make_data.write(root / "data", clients=n_nodes, seed=3)
+        self.target = target
+        self.csvs = make_data.write(root / "data", clients=n_nodes, target=target, seed=3)
         home = root / "flwrhome"
         home.mkdir()
         self.port = free_port()
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
-        self.env = dict(os.environ, FLWR_HOME=str(home), PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        self.env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0",
+                        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
         self.procs: dict[str, subprocess.Popen] = {}
         self._start("link", [BIN / "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
                              "--port", str(self.port)])
@@ -71,7 +74,8 @@ class Federation:
         for i, csv in enumerate(self.csvs):
             self._start(f"node{i}", [BIN / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
                                      "--port", str(free_port()),
-                                     "--node-config", f"data-path='{csv}' client='{csv.stem}'"])
+                                     "--node-config", f"data-path='{csv}' client='{csv.stem}'"
+                                     + (" target='y'" if target else "")])
             wait_for(root / f"node{i}.log", "SuperNode ID", 60)
 
     def _start(self, name, cmd):
@@ -93,7 +97,7 @@ class Federation:
 
     def pooled(self) -> FederatedData:
         frame = pd.concat([pd.read_csv(p).assign(client=p.stem) for p in sorted(self.csvs)])
-        return FederatedData.from_dataframe(frame, by="client")
+        return FederatedData.from_dataframe(frame, by="client", target="y" if self.target else None)
 
     def close(self):
         for name in list(self.procs):
@@ -107,6 +111,25 @@ def federation(tmp_path):
         yield fed
     finally:
         fed.close()
+
+
+def test_deployed_hm2_equals_inprocess(tmp_path):
+    fed = Federation(tmp_path, target=True)
+    try:
+        out = tmp_path / "result.pkl"
+        done = fed.flwr_run(f"output='{out}' model='hm2' max-rounds=3 seed=2")
+        assert out.exists(), done.stdout[-4000:] + done.stderr[-2000:]
+        deployed = HierarchicalResult.load(out)
+        # each node runs its client alone: the in-process reference steps client by client
+        local = HierarchicalLinearModel(rounds=3).fit(fed.pooled(), seed=2, batched=False)
+    finally:
+        fed.close()
+    cols = ["mean", "sd", "lower", "upper"]
+    np.testing.assert_allclose(deployed.summary()[cols].to_numpy(), local.summary()[cols].to_numpy(), rtol=1e-10,
+                               atol=1e-10)
+    for c in ("site_a", "site_b"):
+        np.testing.assert_allclose(deployed.client_posterior(c).mean, local.client_posterior(c).mean, rtol=1e-10,
+                                   atol=1e-10)
 
 
 def test_deployed_fedem_equals_inprocess(federation):
