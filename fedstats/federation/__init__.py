@@ -15,6 +15,7 @@
 """
 
 from .protocol import (
+    ClientDisconnected,
     FederatedAlgorithm,
     Message,
     ProtocolError,
@@ -28,6 +29,7 @@ from .runner import Communication, History, RoundRecord, RunResult, run
 
 __all__ = [
     "FederatedAlgorithm",
+    "ClientDisconnected",
     "Message",
     "SkipRound",
     "ProtocolError",

@@ -11,7 +11,8 @@ client side made of Flower SuperNodes, so that no model is rewritten:
   was sent, its data (in a simulation; in a deployment it reads its own file), and its
   private state (EP site, mixture weights, optimiser moments), and it runs the very
   ``init_client`` / ``client_step`` that the in-process runner runs, with the same random
-  streams (:func:`fedstats.federation.runner.client_rng`). Only the reply arrays leave it.
+  streams (:func:`fedstats.federation.runner.client_rng`). During a run only the reply
+  arrays leave it; at the end its final private state goes to the server once (below).
 * :class:`FlowerSession` is the server side. As a *simulation* it starts Flower's simulation
   engine in a background thread with one SuperNode per client (``fit(..., backend="flower")``
   does it for one call; keep a session open over many calls with ``with FlowerSession() as
@@ -37,9 +38,14 @@ inside ``@app.main()`` in a deployment. Flower only moves the messages, one type
 * ``drop``: forget the run (with the final state request).
 
 Pickles: the server sends the algorithm and the client sends its state as pickles. Both
-sides load them with a restricted unpickler that resolves only fedstats classes, the
-client functions fedstats registers, numpy arrays and a few builtins, so a hostile peer
-cannot make the other side call arbitrary code.
+sides load them with a restricted unpickler that resolves only classes and registered client
+functions defined in trusted packages (by their own module, no dotted names), numpy arrays
+and a few builtins, so a peer cannot make the other side run arbitrary code through them.
+Each node gets the algorithm as :meth:`~fedstats.federation.FederatedAlgorithm.for_client`
+makes it for its client: no other client's entries (starting weights, previous states).
+Not defended: a hostile *server* choosing the parameters of fedstats's own client steps
+(nodes run what they are sent), and the content of the final states (see the README:
+EP's and HM1's include the client's sufficient statistics X'X, X'y).
 
 Failures: a client whose step raises is recorded as failed for that round, exactly as
 in-process. A node that stops answering (no reply within ``timeout`` seconds, or the
@@ -66,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from ..data import DataError, FederatedData
-from .protocol import ClientId, FederatedAlgorithm, ProtocolError, SkipRound, validate_message
+from .protocol import ClientDisconnected, ClientId, FederatedAlgorithm, ProtocolError, SkipRound, validate_message
 from .runner import _describe_exc, _Outcome, client_rng
 
 try:
@@ -80,12 +86,8 @@ __all__ = ["FlowerSession", "ClientDisconnected", "RemoteFederatedData", "Remote
            "read_node_csv", "dumps", "loads"]
 
 #: Flower error codes that mean the node (or its reply) is gone, not that the step failed
-_LOST_CODES = {3, 4, 5, 8}  # MESSAGE_UNAVAILABLE, REPLY_MESSAGE_UNAVAILABLE, NODE_UNAVAILABLE, CLIENT_APP_CRASHED
+_LOST_CODES = {3, 4, 5}  # MESSAGE_UNAVAILABLE, REPLY_MESSAGE_UNAVAILABLE, NODE_UNAVAILABLE
 _RUN, _HELLO = "train.fedstats", "query.fedstats_hello"
-
-
-class ClientDisconnected(RuntimeError):
-    """A client's node stopped answering (``on_disconnect="raise"``, or its state was needed)."""
 
 
 class RemoteDataError(DataError):
@@ -134,6 +136,9 @@ class _SafeUnpickler(pickle.Unpickler):
         self.trust = tuple(trust)
         self.local = local
 
+    def _trusted(self, module: str) -> bool:
+        return any(module == t or module.startswith(t + ".") for t in self.trust)
+
     def persistent_load(self, pid):
         if pid == "fedstats.node-data" and self.local is not None:
             return self.local
@@ -145,10 +150,13 @@ class _SafeUnpickler(pickle.Unpickler):
               or (module == "torch" and name in _TORCH))
         if ok:
             return super().find_class(module, name)
-        if any(module == t or module.startswith(t + ".") for t in self.trust):
+        # a dotted name would walk attributes (fedstats.data -> np -> ... -> subprocess.Popen):
+        # only a name defined in a trusted module itself is looked at
+        if "." not in name and self._trusted(module):
             obj = super().find_class(module, name)
             # a class may be rebuilt (or constructed); a function is loaded only if registered
-            if isinstance(obj, type) or getattr(obj, "__fedstats_client_function__", False):
+            if (self._trusted(getattr(obj, "__module__", "") or "")
+                    and (isinstance(obj, type) or getattr(obj, "__fedstats_client_function__", False))):
                 return obj
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not a class or registered client "
                                      f"function of {', '.join(self.trust)}, nor a numpy array")
@@ -407,7 +415,10 @@ class _FlowerClients:
         self.index = {c: i for i, c in enumerate(ids)}
         self.data = data
         self.lost: dict[ClientId, str] = {}
-        self._algorithm = dumps(algorithm)
+        # each node gets the algorithm as it is for its client (no other client's entries)
+        per = {c: algorithm.for_client(c) for c in ids}
+        shared = {id(a): dumps(a) for a in per.values() if a is algorithm}
+        self._algorithm = {c: shared.get(id(a)) or dumps(a) for c, a in per.items()}
         # a simulation sends each node its client's data; a deployment's server sends the view
         # of the data it was given (no rows), which the node applies to its own rows
         self._local = session.mode == "deployment"
@@ -418,7 +429,7 @@ class _FlowerClients:
 
     # ---- messages
     def _start_config(self, c) -> dict:
-        cfg = dict(algorithm=self._algorithm, client=dumps(c), local=self._local,
+        cfg = dict(algorithm=self._algorithm[c], client=dumps(c), local=self._local,
                    data=self._shared if self._local else dumps(self.data[c]), index=self.index[c], seed=self.seed)
         if self._pending[c] is not None:
             cfg["state"] = self._pending[c]
@@ -435,7 +446,7 @@ class _FlowerClients:
         for c, (config, arrays) in contents.items():
             node = self.nodes[c]
             if node in self.session.lost:
-                self._lose(c, self.session.lost[node], rnd, new=False)
+                self._lose(c, self.session.lost[node], rnd)
                 out[c] = f"ClientDisconnected: {self.lost[c]}"
                 continue
             cfg = {"run": self.key, **config, **(self._start_config(c) if c in self._pending else {})}
@@ -458,13 +469,20 @@ class _FlowerClients:
                     else:
                         out[c] = why
                     continue
-                cfg = dict(reply.content["fedstats"])
-                if cfg["status"] == "init-failed":
-                    raise RuntimeError(f"client {c!r} could not start the run on its node: {cfg['error']}")
+                try:  # a node's answer is not trusted to be well formed
+                    cfg = dict(reply.content["fedstats"])
+                    status = cfg["status"]
+                    if status == "ok" and "round" in config:
+                        cfg["reply"] = _arrays(reply.content["reply"])
+                    if status == "ok" and config.get("send", False):
+                        cfg["state"] = bytes(cfg["state"])
+                except Exception as exc:  # noqa: BLE001
+                    out[c] = f"ProtocolError: malformed answer from the node ({_describe_exc(exc)})"
+                    continue
+                if status == "init-failed":
+                    raise RuntimeError(f"client {c!r} could not start the run on its node: {cfg.get('error')}")
                 self._pending.pop(c, None)
                 self._started.add(c)
-                if "reply" in reply.content:
-                    cfg["reply"] = _arrays(reply.content["reply"])
                 out[c] = cfg
             for node, c in by_node.items():  # no reply in time
                 why = f"no reply within {self.session.timeout} s"
@@ -472,12 +490,12 @@ class _FlowerClients:
                 out[c] = f"ClientDisconnected: {why}"
         return out
 
-    def _lose(self, client, why: str, rnd, new: bool = True) -> None:
+    def _lose(self, client, why: str, rnd) -> None:
         node = self.nodes[client]
         where = "" if rnd is None else f" at round {rnd}"
         self.session.lost.setdefault(node, why)
         self.lost.setdefault(client, why + where)
-        if new and self.session.on_disconnect == "raise":
+        if self.session.on_disconnect == "raise":
             raise ClientDisconnected(f"client {client!r} (node {node}) stopped answering{where}: {why}. The run "
                                      "stopped before this round's server step (on_disconnect='raise').")
 
@@ -495,7 +513,7 @@ class _FlowerClients:
         for c in clients:
             reply = got[c]
             if isinstance(reply, str) or reply["status"] != "ok":
-                self.lost.setdefault(c, reply if isinstance(reply, str) else reply["error"])
+                self.lost.setdefault(c, reply if isinstance(reply, str) else str(reply.get("error")))
                 continue
             states[c] = loads(reply["state"], self.session.trust)
         return _States({c: states[c] for c in self.ids if c in states}, self.lost)
@@ -520,7 +538,7 @@ class _FlowerClients:
             elif reply["status"] == "skipped":
                 outcomes.append(_Outcome(skipped=True))
             elif reply["status"] != "ok":
-                outcomes.append(_Outcome(failed=str(reply["error"])))
+                outcomes.append(_Outcome(failed=str(reply.get("error", "failed"))))
             else:
                 try:  # the server checks again: it does not trust the node's check
                     outcomes.append(_Outcome(reply=validate_message(reply["reply"], self.algorithm.reply_keys,
@@ -740,10 +758,13 @@ class FlowerSession:
         if self.mode == "simulation":
             if self._grid is None:
                 self._start(self.num_supernodes or len(ids))
-            if len(ids) > len(self._partitions):
-                raise ValueError(f"this run has {len(ids)} clients but the Flower simulation has "
-                                 f"{len(self._partitions)} SuperNodes; open a FlowerSession(num_supernodes=...)")
-            return {c: self._partitions[i] for i, c in enumerate(ids)}
+            # each run sends every client its data and state, so any live node can serve any
+            # client: clients take the live nodes in order (never a lost one)
+            live = [node for _, node in sorted(self._partitions.items()) if node not in self.lost]
+            if len(ids) > len(live):
+                raise ValueError(f"this run has {len(ids)} clients but the Flower simulation has {len(live)} live "
+                                 "SuperNodes; open a FlowerSession(num_supernodes=...)")
+            return dict(zip(ids, live))
         unknown = [c for c in ids if str(c) not in self._names]
         if unknown:
             raise DataError(f"client(s) {unknown[:5]} have no SuperNode; connected: {list(self._names)[:10]}")

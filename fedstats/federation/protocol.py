@@ -16,6 +16,7 @@ each a numeric numpy array; the runtime rejects anything else before the server 
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -35,6 +36,10 @@ class SkipRound(Exception):
     """
 
 
+class ClientDisconnected(RuntimeError):
+    """A client's node stopped answering (remote backends), and the run or the model needs it."""
+
+
 class ProtocolError(RuntimeError):
     """A message that breaks the protocol (undeclared key, non-numeric array, ...)."""
 
@@ -48,6 +53,29 @@ class FederatedAlgorithm(ABC):
 
     #: names of the arrays every client reply must contain (and nothing else)
     reply_keys: tuple[str, ...] = ()
+    #: attributes that map client ids to values (per-client starts, the states a previous
+    #: time step left): a remote client receives only its own entry (see :meth:`for_client`)
+    per_client_fields: tuple[str, ...] = ()
+    #: attributes only the server uses (its start, a callback): not sent to remote clients
+    server_only_fields: tuple[str, ...] = ()
+
+    def for_client(self, client: ClientId) -> "FederatedAlgorithm":
+        """The algorithm as sent to ``client`` by a remote backend (Flower).
+
+        No node may receive what belongs to another client: the copy keeps only ``client``'s
+        entry of each :attr:`per_client_fields` mapping and drops the
+        :attr:`server_only_fields`. Without either, the object itself.
+        """
+        if not (self.per_client_fields or self.server_only_fields):
+            return self
+        out = copy.copy(self)
+        for name in self.per_client_fields:
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                setattr(out, name, {client: value[client]} if client in value else {})
+        for name in self.server_only_fields:
+            setattr(out, name, None)
+        return out
 
     @abstractmethod
     def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> Any:

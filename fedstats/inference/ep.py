@@ -203,7 +203,9 @@ class FederatedEP(FederatedAlgorithm):
     def local_tilted(self, q: NaturalGaussian, sites: Sequence[NaturalGaussian],
                      stats: Sequence[dict[str, np.ndarray]], seeds: Sequence[int],
                      *, use_cavity: bool = True) -> list[TiltedResult]:
-        """Each device's tilted distribution at the final ``q`` (computed on the devices).
+        """Each device's tilted distribution at the final ``q``, from the devices' final
+        states (with the in-process runtime, or a Flower run that returned them: on Flower a
+        device's final state, including its sufficient statistics, goes to the server once).
 
         ``sites`` are the committed sites (:meth:`committed_sites`). With
         ``use_cavity=True`` (correct) the device combines its likelihood with the cavity

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..federation import run
+from ..federation import ClientDisconnected, run
 from ..inference.ep import FederatedEP, check_invariants
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
@@ -76,6 +76,10 @@ def fit_ep(result_cls, model, data, site, prior: NaturalGaussian, est: TiltedEst
     t0 = time.perf_counter()
     out = run(alg, devices, rounds=int(rounds), participation=participation, seed=seed, progress=progress,
               checkpoint=checkpoint, resume=resume, batched=batched, min_rounds=min(2, int(rounds)))
+    if out.lost:
+        c, why = next(iter(out.lost.items()))
+        raise ClientDisconnected(f"client(s) {list(out.lost)[:5]} were lost during the fit (client {c!r}: {why}); "
+                                 "EP's result needs every client's site, which stayed on its node")
     check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
     check_participation(out.history, list(data.clients))
     return result_cls(
@@ -166,7 +170,8 @@ class EPLinearResult:
 
     # -------------------------------------------------------------- devices
     def _device_results(self) -> dict[Any, TiltedResult]:
-        """Each device's tilted distribution at the final q, from its cavity (computed on the device)."""
+        """Each device's tilted distribution at the final q, from its cavity and its final
+        state (in-process; on Flower from the state each device returned at the end of the fit)."""
         if not self._device_cache:
             alg = self.algorithm
             sites = alg.committed_sites(self.server, self.client_states)

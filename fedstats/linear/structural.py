@@ -132,6 +132,7 @@ class HM1Algorithm(FederatedAlgorithm):
     """
 
     reply_keys = ("theta",)
+    server_only_fields = ("theta_init", "omega_init", "callback")
 
     def __init__(self, d: int, *, local_steps: int, lr: float, alpha: float, batch_size, grad_reduction: str,
                  shrink_scale, init: str, omega_init=None, theta_init=None, jitter: float = 1e-8,

@@ -90,6 +90,8 @@ class _OneShot(FederatedAlgorithm):
     new_private)`` to keep something on the client after the round.
     """
 
+    per_client_fields = ("private",)
+
     def __init__(self, keys: tuple[str, ...], payload: dict, client_fn: Callable, private=None):
         self.reply_keys = keys
         self.payload = payload
@@ -148,9 +150,10 @@ def _local_centres(msg, X, rng, _private=None):
     """At most ``k`` local k-means centres, each the mean of at least ``min_size`` rows.
 
     Clusters smaller than ``min_size`` are dissolved (Lloyd re-run without their centres),
-    so no centre is a raw row; a client with fewer than ``min_size`` rows sends nothing.
+    so no centre is a raw row; a client with fewer than ``min_size`` rows sends nothing. The
+    client holds ``min_size`` to at least ``d + 1`` whatever the server asks.
     """
-    m = int(msg["min_size"][0])
+    m = max(int(msg["min_size"][0]), X.shape[1] + 1)
     k = min(int(msg["k"][0]), X.shape[0] // m)
     if k == 0:
         return {"centres": np.zeros((0, X.shape[1])), "sizes": np.zeros(0)}

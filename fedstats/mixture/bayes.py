@@ -78,6 +78,8 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
     parity tests give both the same q through ``vb_init``); ``prior``: ``alpha0``,
     ``beta0``, ``m0``, ``nu0``, ``cov0`` (scikit-learn's ``covariance_prior``)."""
 
+    per_client_fields = ("weights_init", "alpha_init")
+
     def __init__(self, means, covariances, prior, *, hyper=None, alpha_init=None, covariance_type="full",
                  reg_covar=1e-6, shared_weights=False, tol=1e-6):
         super().__init__(means, covariances, covariance_type=covariance_type, reg_covar=reg_covar,

@@ -144,6 +144,7 @@ class DFedEMAlgorithm(FederatedAlgorithm):
     """D-FedEM over a mixing matrix ``W`` with ``gossip_steps`` gossip steps per round."""
 
     reply_keys = ("N", "S1", "S2", "loglik", "entropy")
+    per_client_fields = ("weights_init",)
 
     def __init__(self, means, covariances, W, *, gossip_steps=1, covariance_type="full", reg_covar=1e-6,
                  weights_init=None, bytes_per_value=8):

@@ -123,6 +123,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
     """
 
     reply_keys = ("N", "S1", "S2", "loglik", "entropy")
+    per_client_fields = ("weights_init",)
 
     def __init__(self, means, covariances, *, covariance_type="full", reg_covar=1e-6, shared_weights=False,
                  weights_init=None, tol=1e-6):
@@ -431,11 +432,7 @@ class FederatedGaussianMixture:
                   progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "FedEM")
-        if res.lost:  # a node that stopped answering (remote backends): the result covers the others
-            warnings.warn(f"FedEM: client(s) {list(res.lost)[:5]} were lost during the fit ({next(iter(res.lost.values()))}); "
-                          "their last statistics stay in the components, their weights (which never left them) "
-                          "are not in the result", RuntimeWarning, stacklevel=3)
-            data = data.subset([c for c in data.clients if c not in res.lost])
+        data = _without_lost(data, res.lost, "FedEM")
         weights = ({c: np.exp(st["log_w"]) / np.exp(st["log_w"]).sum() for c in data.clients} if self.shared_weights
                    else {c: _norm(np.exp(s.log_weights)) for c, s in res.client_states.items()})
         # one more round: the log-likelihood at the final parameters (for bic, the CLI, ...)
@@ -482,6 +479,7 @@ class FederatedGaussianMixture:
                   progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "variational FedEM")
+        data = _without_lost(data, res.lost, "variational FedEM")
         hy = st["hyper"]
         conc = ({c: st["alpha_shared"] for c in data.clients} if self.shared_weights
                 else {c: s.alpha for c, s in res.client_states.items()})
@@ -499,6 +497,19 @@ class FederatedGaussianMixture:
         out.degrees_of_freedom_ = hy["degrees_of_freedom"]
         out.prior = prior
         return out
+
+
+def _without_lost(data, lost, what):
+    """The data of the clients still there: a node that stopped answering (remote backends)
+    leaves its last statistics in the components, and its weights, which never left it, out
+    of the result."""
+    if not lost:
+        return data
+    c, why = next(iter(lost.items()))
+    warnings.warn(f"{what}: client(s) {list(lost)[:5]} were lost during the fit (client {c!r}: {why}); their last "
+                  "statistics stay in the components, their weights are not in the result", RuntimeWarning,
+                  stacklevel=4)
+    return data.subset([c for c in data.clients if c not in lost])
 
 
 def _norm(w):
@@ -524,8 +535,8 @@ class GaussianMixtureResult:
     """A fitted federated Gaussian mixture.
 
     Attributes (scikit-learn names): ``means_`` (M, d), ``covariances_`` (layout of
-    ``covariance_type``), ``weights_`` (dict client -> (M,); in a real deployment each
-    client holds only its own), ``loglik_`` (log-likelihood at the final parameters, from
+    ``covariance_type``), ``weights_`` (dict client -> (M,); the weights never move during
+    the fit: each client returns its final ones once, at the end, for this object), ``loglik_`` (log-likelihood at the final parameters, from
     one scoring round after the last EM round; ``client_loglik_`` per client),
     ``history``, ``communication``, ``rounds``, ``converged``.
     """

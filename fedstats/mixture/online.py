@@ -36,6 +36,7 @@ global online mixture).
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import pickle
@@ -123,6 +124,8 @@ class FEMOMDStep(FederatedAlgorithm):
     """
 
     reply_keys = ("N", "S1", "S2", "g")
+    per_client_fields = ("clients0",)
+    server_only_fields = ("server0",)
 
     def __init__(self, model: FEMOMD, server: dict, clients: Mapping, eta: float):
         self.m = model
@@ -138,6 +141,13 @@ class FEMOMDStep(FederatedAlgorithm):
         s = dict(self.__dict__)
         s["_stack"] = _Stack()
         return s
+
+    def for_client(self, client):
+        out = super().for_client(client)
+        # the model object carries every client's state and the server's: a node gets options only
+        out.m = copy.copy(self.m)
+        out.m._clients, out.m._server, out.m.history = {}, None, []
+        return out
 
     # ---------------------------------------------------------------- server side
     def init_server(self, clients, rng):

@@ -87,7 +87,8 @@ def _schur_reply(msg, X, rng, w):
 @client_function
 def _weights_cov(msg, X, rng, w):
     """Round 2 on a client: the covariance of its own log-ratio weights from its blocks and
-    the broadcast ``Cov(theta)``. It stays on the client (nothing is sent back)."""
+    the broadcast ``Cov(theta)``. Nothing is sent in this round; the client keeps it as its
+    state (which a remote run returns to the server at its end, for the result object)."""
     _, Jte, Jee = _blocks(msg, X, w)
     Jinv = np.linalg.inv(Jee) if Jee.size else Jee
     return {}, (w, Jinv + Jinv @ Jte.T @ msg["cov_means"] @ Jte @ Jinv)

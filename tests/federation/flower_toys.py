@@ -3,6 +3,8 @@ the session's ``trust``), because a Flower node loads the algorithm it is sent b
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from fedstats.federation import FederatedAlgorithm, SkipRound
@@ -12,11 +14,12 @@ class Flaky(FederatedAlgorithm):
     """Clients send noisy column sums and row counts; the server averages what it receives.
 
     By client id: ``"boom"`` raises at round 1, ``"skip"`` declines round 2 (SkipRound),
-    ``"bad"`` sends an undeclared array at round 0. Every client counts its steps and keeps
+    ``"bad"`` sends an undeclared array at round 0, ``"slow"`` takes ``slow_seconds`` at round 1. Every client counts its steps and keeps
     the noise it drew at init (private state); the server keeps running totals.
     """
 
     reply_keys = ("s", "n")
+    slow_seconds = 8.0
 
     def init_server(self, clients, rng):
         return {"mean": np.zeros(2), "seen": 0.0, "draw": rng.normal()}
@@ -33,6 +36,8 @@ class Flaky(FederatedAlgorithm):
             raise ValueError("disk full")
         if data.client == "skip" and r == 2:
             raise SkipRound("not today")
+        if data.client == "slow" and r == 1:
+            time.sleep(self.slow_seconds)
         reply = {"s": data.X.sum(0) + state["offset"] + 1e-3 * rng.normal(size=2), "n": np.array([len(data.X)])}
         if data.client == "bad" and r == 0:
             reply["extra"] = np.zeros(1)

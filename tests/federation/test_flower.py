@@ -19,7 +19,7 @@ pytest.importorskip("flwr")
 from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
 from fedstats.data import ClientData  # noqa: E402
 from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: E402
-from fedstats.federation import run, use_backend  # noqa: E402
+from fedstats.federation import ClientDisconnected, run, use_backend  # noqa: E402
 from fedstats.federation.flower import (  # noqa: E402
     FlowerSession,
     RemoteDataError,
@@ -47,7 +47,10 @@ def session():
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE)] + ([old] if old else []))
     try:
-        with FlowerSession(num_supernodes=6, timeout=300, trust=("fedstats", "flower_toys")) as s:
+        # half a CPU per node: 4 Ray actors on 2 cores, so one busy node does not hold up the others
+        with FlowerSession(num_supernodes=6, timeout=300, trust=("fedstats", "flower_toys"),
+                           backend_config={"client_resources": {"num_cpus": 0.5, "num_gpus": 0.0}}) as s:
+            s._assign(list(range(6)))  # start it now: tests may run in any order
             yield s
     finally:
         if old is None:
@@ -169,7 +172,7 @@ def test_fedavg_baseline_equals_inprocess(session):
 
 def test_more_clients_than_nodes_is_refused(session):
     data, _ = gmm_federation(n_clients=7, n_components=2, d=2, n_obs=(20, 30), seed=0)
-    with pytest.raises(ValueError, match="7 clients but the Flower simulation has 6 SuperNodes"):
+    with pytest.raises(ValueError, match=r"7 clients but the Flower simulation has \d live SuperNodes"):
         FederatedGaussianMixture(2).fit(data, backend=session)
 
 
@@ -212,6 +215,49 @@ def test_checkpoint_and_resume_on_flower(session, tmp_path):
     close(resumed.server_state["mean"], straight.server_state["mean"], tol=0)
 
 
+def test_no_node_receives_another_clients_entries(session):
+    # FedEM's scoring round carries every client's weights; each node must get only its own
+    from fedstats.mixture._init import _OneShot, _score
+    from fedstats.mixture.online import FEMOMDStep
+
+    weights = {c: np.full(2, 0.5) + 0.1 * i for i, c in enumerate("abc")}
+    side = session.client_side(_OneShot(("loglik",), {}, _score, private=weights), list("abc"),
+                               {c: None for c in "abc"}, 0)
+    for c in "abc":
+        sent = loads(side._algorithm[c])
+        assert list(sent.private) == [c] and np.array_equal(sent.private[c], weights[c])
+    model = FEMOMD(2, means_init=np.zeros((2, 2)))
+    model._clients = {c: {"log_pi": np.zeros(2) + i} for i, c in enumerate("abc")}
+    step = FEMOMDStep(model, {"means": np.zeros((2, 2))}, model._clients, 0.1).for_client("b")
+    assert list(step.clients0) == ["b"] and step.server0 is None and step.m._clients == {}
+    assert model._clients.keys() == {"a", "b", "c"}  # the server's objects are untouched
+
+
+def test_a_node_that_stops_answering_is_lost(session):
+    data = {c: d for c, d in toy_data().items() if c != "boom"}
+    data["slow"] = ClientData(X=np.ones((3, 2)), y=None, client="slow")
+    saved = session.timeout, session.on_disconnect
+    try:
+        session.timeout = 3.0
+        with use_backend(session):
+            res = run(flower_toys.Flaky(), data, rounds=3, seed=2)
+        # lost at round 1, failed without waiting at round 2, its state missing from the result
+        assert "no reply within 3.0 s" in res.lost["slow"]
+        assert [list(r.failed) for r in res.history] == [["bad"], ["slow"], ["slow"]], [r.failed for r in res.history]
+        assert set(res.client_states) == set(data) - {"slow"}
+        with pytest.raises(ClientDisconnected, match="client 'slow' was lost"):
+            res.client_states["slow"]
+        # later runs place their clients on live nodes only; with "raise" a loss stops the run
+        # before that round's server step
+        session.on_disconnect = "raise"
+        with use_backend(session), pytest.raises(ClientDisconnected, match="client 'slow' .* stopped answering at "
+                                                                           "round 1"):
+            run(flower_toys.Flaky(), data, rounds=3, seed=2)
+    finally:
+        session.timeout, session.on_disconnect = saved
+        session.lost.clear()  # the node is alive (it was only slow): the next tests may use it
+
+
 class Untrusted(flower_toys.Flaky):  # defined in this module, which the session does not trust
     pass
 
@@ -248,6 +294,27 @@ def test_restricted_unpickler():
 
     with pytest.raises(pickle.UnpicklingError, match="save_state"):
         loads(pickle.dumps(save_state))
+    # dotted names walk attributes from a trusted module to anything it imports
+    for module, name in (("fedstats.data", "np.f2py.subprocess.Popen"), ("fedstats.federation.protocol", "np.memmap"),
+                         ("fedstats.federation.flower", "logging.FileHandler"), ("fedstats.data", "np")):
+        with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
+            loads(global_pickle(module, name))
+    # a class imported into a trusted module (np.memmap as fedstats...protocol.memmap) is not one of its own
+    import fedstats.federation.protocol as proto
+
+    proto.memmap = np.memmap
+    try:
+        with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
+            loads(global_pickle("fedstats.federation.protocol", "memmap"))
+    finally:
+        del proto.memmap
+    assert loads(global_pickle("fedstats.data", "FederatedData")) is FederatedData
+
+
+def global_pickle(module: str, name: str) -> bytes:
+    """A pickle that only looks up ``module.name`` (what a hostile peer would send)."""
+    return (b"\x80\x04" + pickle.SHORT_BINUNICODE + bytes([len(module)]) + module.encode()
+            + pickle.SHORT_BINUNICODE + bytes([len(name)]) + name.encode() + pickle.STACK_GLOBAL + pickle.STOP)
 
 
 def test_remote_data_refuses_server_side_reads():
