@@ -616,6 +616,7 @@ class FlowerSession:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._start_lock = threading.Lock()
         self._partitions: dict[int, int] = {}  # partition id -> node id (simulation)
         self._names: dict[str, int] = {}  # client name -> node id (deployment)
         self._info: dict[int, dict] = {}
@@ -686,10 +687,13 @@ class FlowerSession:
         self._quiet()
         self._thread = threading.Thread(target=simulate, name="fedstats-flower-simulation", daemon=True)
         self._thread.start()
-        ready.wait()
-        if self._grid is None:
-            raise RuntimeError(f"the Flower simulation did not start: {self._error!r}") from self._error
-        self._discover(n, wait=120.0)
+        try:
+            if not ready.wait(timeout=300) or self._grid is None:
+                raise RuntimeError(f"the Flower simulation did not start: {self._error!r}") from self._error
+            self._discover(n, wait=120.0)
+        except BaseException:
+            self.close()  # stop what started, free the process for another session
+            raise
         self._partitions = {int(info["partition"]): node for node, info in self._info.items()}
 
     def _backend_config(self) -> dict:
@@ -720,7 +724,7 @@ class FlowerSession:
                 warnings.warn("the Flower simulation did not stop within 120 s; it is left to end with the process",
                               RuntimeWarning, stacklevel=2)
             with FlowerSession._lock:
-                if FlowerSession._running is self:
+                if FlowerSession._running is self and not self._thread.is_alive():
                     FlowerSession._running = None
             logging.getLogger("flwr").setLevel(self._saved_level)
             for k, v in self._saved_env.items():
@@ -740,8 +744,8 @@ class FlowerSession:
             nodes = list(self._grid.get_node_ids())
         # a SuperLink still lists a node that died until its heartbeat expires: such nodes do
         # not answer (or answer with an error) and are left out, as long as n others answer
-        replies = list(self._grid.send_and_receive([Message(RecordDict({}), dst_node_id=node, message_type=_HELLO)
-                                                    for node in nodes], timeout=wait))
+        replies = self._send_and_receive([Message(RecordDict({}), dst_node_id=node, message_type=_HELLO)
+                                          for node in nodes], timeout=wait)
         for r in replies:
             if not r.has_error():
                 self._info[r.metadata.src_node_id] = dict(r.content["fedstats"])
@@ -756,8 +760,9 @@ class FlowerSession:
         if self._closed:
             raise RuntimeError("this FlowerSession is closed")
         if self.mode == "simulation":
-            if self._grid is None:
-                self._start(self.num_supernodes or len(ids))
+            with self._start_lock:  # two threads sharing a fresh session start it once
+                if self._grid is None:
+                    self._start(self.num_supernodes or len(ids))
             # each run sends every client its data and state, so any live node can serve any
             # client: clients take the live nodes in order (never a lost one)
             live = [node for _, node in sorted(self._partitions.items()) if node not in self.lost]
@@ -770,10 +775,22 @@ class FlowerSession:
             raise DataError(f"client(s) {unknown[:5]} have no SuperNode; connected: {list(self._names)[:10]}")
         return {c: self._names[str(c)] for c in ids}
 
-    def _send_and_receive(self, messages: list[Message]) -> list[Message]:
-        if self._error is not None:
-            raise RuntimeError(f"the Flower simulation stopped: {self._error!r}") from self._error
-        return list(self._grid.send_and_receive(messages, timeout=self.timeout))
+    def _send_and_receive(self, messages: list[Message], timeout: float | None = None) -> list[Message]:
+        """Grid.send_and_receive, but a simulation that died mid-call raises instead of hanging."""
+        timeout = self.timeout if timeout is None else timeout
+        pending = set(self._grid.push_messages(messages))
+        end = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending:
+            got = list(self._grid.pull_messages(pending))
+            replies.extend(got)
+            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            if not pending or (end is not None and time.monotonic() >= end):
+                break
+            if self._thread is not None and not self._thread.is_alive():
+                raise RuntimeError(f"the Flower simulation stopped: {self._error!r}") from self._error
+            time.sleep(getattr(self._grid, "pull_interval", 0.1))
+        return replies
 
     def client_side(self, algorithm: FederatedAlgorithm, ids: list, data, seed: int) -> _FlowerClients:
         """The client side of one :func:`~fedstats.federation.run` over ``data`` (called by ``run``)."""
