@@ -73,7 +73,7 @@ import numpy as np
 
 from ..data import DataError, FederatedData
 from .protocol import ClientDisconnected, ClientId, FederatedAlgorithm, ProtocolError, SkipRound, validate_message
-from .runner import _describe_exc, _Outcome, client_rng
+from .runner import _describe_exc, _Outcome, checked_step, client_rng
 
 try:
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -360,10 +360,8 @@ class _Node:
                 v.setflags(write=False)
             out = algorithm.client_step(broadcast, state, data, client_rng(int(rec["seed"]), int(cfg["round"]),
                                                                            int(rec["index"])))
-            if not (isinstance(out, (tuple, list)) and len(out) == 2):
-                raise ProtocolError(f"client {client!r}: client_step returned {type(out).__name__}, not (reply, state)")
-            reply = validate_message(out[0], algorithm.reply_keys, who=f"client {client!r}")
-            new_state = dumps(out[1])
+            reply, new_state = checked_step(algorithm, client, out)
+            new_state = dumps(new_state)
         except SkipRound:
             return "skipped", "", None
         except Exception as exc:  # noqa: BLE001 - a failing client is recorded, its state unchanged
@@ -415,10 +413,15 @@ class _FlowerClients:
         self.index = {c: i for i, c in enumerate(ids)}
         self.data = data
         self.lost: dict[ClientId, str] = {}
-        # each node gets the algorithm as it is for its client (no other client's entries)
-        per = {c: algorithm.for_client(c) for c in ids}
-        shared = {id(a): dumps(a) for a in per.values() if a is algorithm}
-        self._algorithm = {c: shared.get(id(a)) or dumps(a) for c, a in per.items()}
+        # each node gets the algorithm as it is for its client (no other client's entries);
+        # one pickle serves every client the algorithm has nothing particular for
+        whole = None
+        self._algorithm = {}
+        for c in ids:
+            mine = algorithm.for_client(c)
+            if mine is algorithm:
+                whole = whole or dumps(algorithm)
+            self._algorithm[c] = whole if mine is algorithm else dumps(mine)
         # a simulation sends each node its client's data; a deployment's server sends the view
         # of the data it was given (no rows), which the node applies to its own rows
         self._local = session.mode == "deployment"

@@ -53,8 +53,8 @@ import sys
 import tempfile
 import time
 import warnings
-from contextvars import ContextVar
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -386,14 +386,25 @@ def client_rng(seed: int, rnd: int, index: int, init: bool = False) -> np.random
     return np.random.default_rng([seed, _INIT_TAG, 1, index] if init else [seed, rnd, 1, index])
 
 
+def checked_step(algorithm: FederatedAlgorithm, client: ClientId, result: Any) -> tuple[Message, Any]:
+    """``(validated reply, new state)`` from what ``client_step`` returned for ``client``;
+    raises :class:`ProtocolError` if it is not a valid ``(reply, state)`` pair. Every backend
+    commits a client's new state only after this check."""
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise ProtocolError(f"client {client!r}: client_step returned {type(result).__name__}, not (reply, state)")
+    return validate_message(result[0], algorithm.reply_keys, who=f"client {client!r}"), result[1]
+
+
 class _Devices:
     """The client side of the simulation: data and private states live here only.
 
     Nothing in this object is ever passed to the server side; what leaves it is the
     validated reply of :meth:`run_round`. Other backends (Flower) provide an object with
-    the same five methods: ``init_states``, ``load_states``, ``states``, ``run_round`` and
-    ``close``.
+    the same interface: ``init_states``, ``load_states``, ``states``, ``final_states``,
+    ``run_round``, ``close`` and ``lost`` (clients whose node stopped answering).
     """
+
+    lost: dict = {}  # a client in this process never stops answering
 
     def __init__(self, algorithm: FederatedAlgorithm, ids: list[ClientId], get: Callable[[ClientId], Any], seed: int):
         self.algorithm = algorithm
@@ -415,6 +426,8 @@ class _Devices:
     def states(self) -> dict[ClientId, Any]:
         return dict(self._states)
 
+    final_states = states
+
     def _accept(self, i: int, result: Any) -> _Outcome:
         """Check one client's result; commit its new state only if the reply is valid."""
         c = self.ids[i]
@@ -422,13 +435,8 @@ class _Devices:
             if isinstance(result, SkipRound):
                 return _Outcome(skipped=True)
             return _Outcome(failed=_describe_exc(result))
-        if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            return _Outcome(failed=_describe_exc(ProtocolError(
-                f"client {c!r}: client_step returned {type(result).__name__}, not (reply, state)"
-            )))
-        reply, new_state = result
         try:
-            clean = validate_message(reply, self.algorithm.reply_keys, who=f"client {c!r}")
+            clean, new_state = checked_step(self.algorithm, c, result)
         except ProtocolError as exc:
             return _Outcome(failed=_describe_exc(exc))
         self._states[c] = new_state
@@ -824,12 +832,12 @@ def _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, che
 
     return RunResult(
         server_state=server_state,
-        client_states=getattr(devices, "final_states", devices.states)(),
+        client_states=devices.final_states(),
         history=history,
         communication=comm,
         rounds=done,
         converged=stopped,
         seconds=time.perf_counter() - t_start,
         resumed_from=resumed_from,
-        lost=dict(getattr(devices, "lost", {})),
+        lost=dict(devices.lost),
     )

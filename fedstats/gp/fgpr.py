@@ -35,9 +35,9 @@ import pandas as pd
 import torch
 from scipy.spatial import cKDTree
 
-from ..federation.backend import accepts_backend
 from ..data import DataError, FederatedData, require_target
 from ..federation import FederatedAlgorithm, run
+from ..federation.backend import accepts_backend
 from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
                     resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
 

@@ -102,10 +102,13 @@ def max_curvature(X, batch_size, reduction: str) -> float:
 def auto_lr(Xs, batch_size, reduction: str, factor: float = 0.5) -> float:
     """``factor / max_k curvature_k``: a learning rate at which local gradient descent is
     stable on every device (each device shares one scalar, its largest curvature)."""
-    lam = max(max_curvature(X, batch_size, reduction) for X in Xs)
-    if not lam > 0:
+    return _lr_for(max(max_curvature(X, batch_size, reduction) for X in Xs), factor)
+
+
+def _lr_for(largest_curvature: float, factor: float = 0.5) -> float:
+    if not largest_curvature > 0:
         raise ValueError("cannot choose a learning rate: every device's design is zero")
-    return factor / lam
+    return factor / largest_curvature
 
 
 class _CurvatureShare(FederatedAlgorithm):
@@ -143,10 +146,7 @@ def federated_lr(lr, devices, batch_size, reduction: str, *, seed: int = 0) -> f
     if failed:
         c, why = next(iter(failed.items()))
         raise RuntimeError(f"lr='auto': {len(failed)} device(s) could not report their curvature; {c!r}: {why}")
-    lam = out.server_state["lam"]
-    if not lam > 0:
-        raise ValueError("cannot choose a learning rate: every device's design is zero")
-    return 0.5 / lam
+    return _lr_for(out.server_state["lam"])
 
 
 class DeviceDesign:

@@ -25,6 +25,7 @@ import pandas as pd
 from scipy import stats as st
 
 from ..federation.backend import accepts_backend
+from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
@@ -182,8 +183,6 @@ def _check_design(data) -> None:
     """Refuse designs that would give a silently wrong answer; warn about weak ones. Each
     client reports a few integers about its design in one federated round."""
     import warnings
-
-    from ..mixture._init import one_shot
 
     d = data.n_features
     reps, _, _ = one_shot(data, ("n", "const", "rank", "varying"), {}, _design_report, seed=0,

@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..federation.backend import accepts_backend
 from ..data import require_target
 import pandas as pd
 from scipy import linalg as sla
 from scipy import stats as sst
 
 from ..federation import FederatedAlgorithm, run
+from ..federation.backend import accepts_backend
 from ..inference.posterior import GaussianPosterior
 from ._local import (INITS, DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
                      federated_lr, full_batch, full_batch_steps, initial_theta, local_steps,

@@ -366,7 +366,7 @@ def _prior_moments(msg, X, rng, _private=None):
 def federated_priors(data, cov_type, *, seed=0):
     """scikit-learn's default priors from federated sums: ``m0`` = data mean, ``cov0`` =
     data covariance (``ddof=1``; diagonal / mean variance for diag / spherical). One round."""
-    from ._init import one_shot
+    from ..federation.oneshot import one_shot
 
     reps, _, b = one_shot(data, ("n", "s", "ss"), {"go": np.array([1])}, _prior_moments, seed=seed,
                           what="the prior round")

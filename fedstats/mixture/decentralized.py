@@ -27,10 +27,10 @@ import math
 
 import numpy as np
 
-from ..federation.backend import accepts_backend
 from ..federation import FederatedAlgorithm, run
+from ..federation.backend import accepts_backend
 from ._gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
-from ._init import raise_failures
+from ..federation.oneshot import raise_failures
 from .fedem import FederatedGaussianMixture, GaussianMixtureResult, _log_weights, _norm, as_federated, initial_weights
 
 

@@ -35,9 +35,9 @@ import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
-from ..federation.backend import accepts_backend
 from ..data import DataError, FederatedData
 from ..federation import FederatedAlgorithm, run
+from ..federation.backend import accepts_backend
 from ._init import add_bytes, federated_loglik
 from ._gmm import (
     check_cov_type,

@@ -48,9 +48,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..federation.backend import accepts_backend
 from ..data import DataError
 from ..federation import FederatedAlgorithm, run
+from ..federation.backend import accepts_backend
 from ._gmm import (
     check_cov_type,
     cov_shape,
@@ -62,7 +62,7 @@ from ._gmm import (
     precision_cholesky,
     s2_shape,
 )
-from ._init import raise_failures
+from ..federation.oneshot import raise_failures
 from .fedem import GaussianMixtureResult, _log_weights, _Stack, as_federated
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")

@@ -28,9 +28,10 @@ import pandas as pd
 from scipy import stats
 from scipy.special import expit
 
+from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
 from ._gmm import COV_TYPES, centre, e_step, full_covariances, log_gaussian, precision_cholesky
-from ._init import add_bytes, one_shot
+from ._init import add_bytes
 
 
 def free_weights(weights, tiny=1e-8):

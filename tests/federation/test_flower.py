@@ -217,11 +217,12 @@ def test_checkpoint_and_resume_on_flower(session, tmp_path):
 
 def test_no_node_receives_another_clients_entries(session):
     # FedEM's scoring round carries every client's weights; each node must get only its own
-    from fedstats.mixture._init import _OneShot, _score
+    from fedstats.federation.oneshot import OneShot
+    from fedstats.mixture._init import _score
     from fedstats.mixture.online import FEMOMDStep
 
     weights = {c: np.full(2, 0.5) + 0.1 * i for i, c in enumerate("abc")}
-    side = session.client_side(_OneShot(("loglik",), {}, _score, private=weights), list("abc"),
+    side = session.client_side(OneShot(("loglik",), {}, _score, private=weights), list("abc"),
                                {c: None for c in "abc"}, 0)
     for c in "abc":
         sent = loads(side._algorithm[c])

@@ -19,7 +19,7 @@ from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: 
 from fedstats.federation.flower import RemoteDataError, RemoteFederatedData, dumps, loads  # noqa: E402
 from fedstats.federation.runner import _Devices  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
-from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel  # noqa: E402
+from fedstats.linear import BayesianRidge, StructuralCovarianceModel  # noqa: E402
 from fedstats.linear.baselines import Ditto, DistributedRidge, FedAvg, Separate  # noqa: E402
 from fedstats.mixture import DecentralizedGaussianMixture, FederatedGaussianMixture  # noqa: E402
 

@@ -1,0 +1,72 @@
+"""One-off federated rounds: every client answers one question about its own data.
+
+Used for the starts, checks and scores around the iterative algorithms (a federated
+k-means start, a design check, the log-likelihood at the final parameters). The question is
+a module-level function marked :func:`~fedstats.federation.protocol.client_function`, so a
+remote backend can send it by reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .protocol import FederatedAlgorithm
+from .runner import run
+
+__all__ = ["OneShot", "one_shot", "raise_failures"]
+
+
+class OneShot(FederatedAlgorithm):
+    """A single round: broadcast ``payload``; each client answers ``client_fn(payload, X, rng, private)``.
+
+    ``private`` maps a client to what it already holds (its weights, say; default
+    ``None``); it stays on the client. ``client_fn`` returns its reply, or ``(reply,
+    new_private)`` to keep something on the client after the round.
+    """
+
+    per_client_fields = ("private",)
+
+    def __init__(self, keys: tuple[str, ...], payload: dict, client_fn: Callable, private=None):
+        self.reply_keys = keys
+        self.payload = payload
+        self.client_fn = client_fn
+        self.private = private
+
+    def init_server(self, clients, rng):
+        return {}
+
+    def init_client(self, client, data, rng):
+        return None if self.private is None else self.private[client]
+
+    def broadcast(self, server_state, client, round):
+        return self.payload
+
+    def client_step(self, message, state, data, rng):
+        out = self.client_fn(message, np.asarray(data.X), rng, state)
+        return out if isinstance(out, tuple) else (out, state)
+
+    def server_step(self, server_state, replies, round):
+        return dict(replies), {}
+
+
+def one_shot(data, keys, payload, client_fn, *, seed, what, private=None):
+    """Run a :class:`OneShot` round that every client must answer.
+
+    Returns ``(replies, client_states, bytes)``; raises ``RuntimeError`` naming the first
+    client that failed (a one-off aggregate over part of the federation would be wrong).
+    """
+    r = run(OneShot(tuple(keys), payload, client_fn, private), data, rounds=1, seed=seed, progress=False,
+            batched=False)
+    raise_failures(r.history, what)
+    return r.server_state, r.client_states, {"bytes_up": int(r.communication.bytes_up),
+                                              "bytes_down": int(r.communication.bytes_down)}
+
+
+def raise_failures(history, what):
+    """Raise ``RuntimeError`` with the first client error recorded in ``history``, if any."""
+    failed = {c: why for rec in history for c, why in rec.failed.items()}
+    if failed:
+        c, why = next(iter(failed.items()))
+        raise RuntimeError(f"{what}: {len(failed)} client(s) failed; client {c!r}: {why}")
