@@ -358,3 +358,26 @@ def test_docstring_example():
 
     res = doctest.testmod(online, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert res.attempted > 0 and res.failed == 0
+
+
+def test_step_cost_grows_no_faster_than_c_times_n():
+    """Acceptance (cost linear in C x n; benchmarks/fem_omd.py fits a + bC + cCn within 12%):
+    four times the clients or four times the rows per client cost at most ~4x per step
+    (bound 6 for timing noise; a loop over pairs of points or clients would give ~16x)."""
+    import time
+
+    def per_step(C, n):
+        stream = MixtureStream(n_clients=C, n=n, d=10, n_components=5, process="fixed", seed=0)
+        best = np.inf
+        for _ in range(3):
+            model = FEMOMD(5, means_init=_start(stream), horizon=10)
+            model.partial_fit(stream.batch(1))  # warm-up step
+            t0 = time.perf_counter()
+            for t in range(2, 6):
+                model.partial_fit(stream.batch(t))
+            best = min(best, (time.perf_counter() - t0) / 4)
+        return best
+
+    base = per_step(20, 50)
+    assert per_step(80, 50) < 6 * base
+    assert per_step(20, 200) < 6 * base
