@@ -37,6 +37,7 @@ Bad input gives a one-line error on stderr and exit status 2 (1 for a failed fit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -78,6 +79,56 @@ def _data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path:
                                             categorical="onehot", min_rows=MIN_ROWS)
     except DataError as exc:
         raise CLIError(f"{path}: {exc}") from None
+
+
+def _fmt_p(p) -> str:
+    """A p-value as printed: blank where the model states no null hypothesis, ``< 1e-4``
+    rather than a misleading ``0.0000``."""
+    if p is None or pd.isna(p):
+        return ""
+    return "< 1e-4" if p < 1e-4 else f"{p:.4f}"
+
+
+def _table(df: pd.DataFrame) -> str:
+    if "p_value" in df.columns:
+        df = df.assign(p_value=[_fmt_p(v) for v in df["p_value"]])
+    return df.to_string()
+
+
+def _converged_text(res) -> str:
+    return "converged" if res.converged else "NOT converged: stopped at the round limit (raise --rounds)"
+
+
+def json_ready(out):
+    """``out`` with every non-finite float replaced by ``None`` (JSON has no NaN or Infinity;
+    strict parsers reject them), and where that happened: ``"section name field"`` strings
+    such as ``"global mean[3][x1] sd"``."""
+    found: list[str] = []
+
+    def walk(x, path):
+        if isinstance(x, dict):
+            here = path + ([x["name"]] if isinstance(x.get("name"), str) else [])
+            return {k: walk(v, here + [str(k)]) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v, path if isinstance(v, dict) else path + [str(i)]) for i, v in enumerate(x)]
+        if isinstance(x, (float, np.floating)) and not np.isfinite(x):
+            found.append(" ".join(path))
+            return None
+        return x.item() if isinstance(x, np.generic) else x
+
+    return walk(out, []), found
+
+
+def _nonfinite_warning(model: str, where: list[str]) -> str:
+    import re
+
+    comps = sorted({int(m.group(1)) for w in where if (m := re.search(r"\b(?:mean|var|weight)\[(\d+)\]", w))})
+    if model == "gmm" and comps:
+        why = (f"component(s) {', '.join(map(str, comps))} are (almost) empty: no client gives them weight, so "
+               "their posterior is the prior and some sds are infinite")
+    else:
+        why = ", ".join(where[:6]) + (" ..." if len(where) > 6 else "")
+    return f"warning: {len(where)} non-finite value(s) written as null (JSON has no NaN or Infinity): {why}"
 
 
 def _records(df: pd.DataFrame, cols) -> list[dict]:
@@ -150,6 +201,7 @@ def _fit(args) -> dict:
         "global": _records(g, ["mean", "sd", "lower", "upper"]),
         "client": {},
         "rounds": res.rounds,
+        "converged": bool(res.converged),
         "communication": {"bytes_up": int(res.communication.bytes_up), "bytes_down": int(res.communication.bytes_down)},
         "runtime_s": round(runtime, 3),
     }
@@ -177,14 +229,18 @@ def _fit_hm1(args, data, test) -> dict:
     if data.n_clients < 2:
         raise CLIError("--model hm1 learns a covariance between clients: it needs at least 2 clients")
     t0 = time.perf_counter()
-    res = StructuralCovarianceModel(rounds=args.rounds, fit_intercept=True).fit(
-        data, seed=args.seed, progress=None, uncertainty=args.uncertainty)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = StructuralCovarianceModel(rounds=args.rounds, fit_intercept=True).fit(
+            data, seed=args.seed, progress=None, uncertainty=args.uncertainty)
     runtime = time.perf_counter() - t0
+    for wmsg in caught:
+        print(f"warning: {wmsg.message}", file=sys.stderr)
     s = res.summary(level=args.level)
     cols = ["mean", "sd", "lower", "upper", "p_value"]
     out = {
         "model": "hm1", "level": args.level, "clients": [_id_key(c) for c in data.clients], "global": [],
-        "client": {}, "rounds": res.rounds,
+        "client": {}, "rounds": res.rounds, "converged": bool(res.converged),
         "communication": {"bytes_up": int(res.communication.bytes_up + res.extra_communication.get("bytes_up", 0)),
                           "bytes_down": int(res.communication.bytes_down
                                             + res.extra_communication.get("bytes_down", 0))},
@@ -192,17 +248,12 @@ def _fit_hm1(args, data, test) -> dict:
     }
     tables = {}
     for c in data.clients:
+        # "estimate" is Algorithm 1's point; "mean" (with --uncertainty) the posterior mean,
+        # the centre of its own interval. Without --uncertainty there is only the estimate.
         t = s[s["client"] == c].set_index("name")
-        t = t.assign(mean=t["estimate"]) if not res.has_uncertainty else t.rename(
-            columns={"mean": "posterior_mean"}).assign(mean=t["estimate"])
-        recs = []
-        for name, row in t.iterrows():
-            rec = {"name": str(name), "mean": float(row["mean"])}
-            for col in cols[1:]:
-                rec[col] = float(row[col]) if col in t.columns and not pd.isna(row[col]) else None
-            if res.has_uncertainty:
-                rec["posterior_mean"] = float(row["posterior_mean"])
-            recs.append(rec)
+        if not res.has_uncertainty:
+            t = t.assign(mean=t["estimate"], sd=np.nan, lower=np.nan, upper=np.nan, p_value=np.nan)
+        recs = _records(t, ["estimate", *cols])
         out["client"][_id_key(c)] = recs
         tables[c] = t
     if test is not None:
@@ -218,6 +269,7 @@ def _fit_hm1(args, data, test) -> dict:
             p = res.predict(X[idx], known[key], level=args.level if res.has_uncertainty else None)
             for i, (_, r) in zip(idx, p.iterrows()):
                 rows[i] = {"client": key, "mean": float(r["mean"]),
+                           "estimate": float(r["estimate"]) if "estimate" in p else float(r["mean"]),
                            "lower": float(r["pred_lower"]) if "pred_lower" in p else None,
                            "upper": float(r["pred_upper"]) if "pred_upper" in p else None}
         out["predictions"] = rows
@@ -232,11 +284,14 @@ def _fit_hm1(args, data, test) -> dict:
         out["omega_file"] = omega_path.name
     pct = f"{100 * args.level:g}%"
     with pd.option_context("display.width", 120, "display.max_columns", 10, "display.float_format", "{:.4f}".format):
-        print(f"HM1 (Algorithm 1): {res.rounds} rounds, learning rate {res.lr:.3g}, {runtime:.1f} s")
+        print(f"HM1 (Algorithm 1): {res.rounds} rounds ({_converged_text(res)}), learning rate {res.lr:.3g}, "
+              f"{runtime:.1f} s")
+        if res.has_uncertainty:
+            print(f"estimate: Algorithm 1's point; mean, sd, {pct} interval: the posterior given Omega re-estimated "
+                  "from the shared information (the interval is centred at mean)")
         for c, t in tables.items():
-            print(f"\nClient {c}" + (f" ({pct} intervals given the learned Omega)" if res.has_uncertainty else ""))
-            show = ["mean"] + (["posterior_mean", "sd", "lower", "upper", "p_value"] if res.has_uncertainty else [])
-            print(t[show].rename(columns={"mean": "estimate"}).to_string())
+            print(f"\nClient {c}")
+            print(_table(t[["estimate", *cols]] if res.has_uncertainty else t[["estimate"]]))
         corr = res.correlation
         if len(corr) <= 10:
             print("\nLearned correlation between clients (Omega scaled):")
@@ -413,12 +468,13 @@ def _predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
 def _print_tables(g, tables, res, args, runtime) -> None:
     pct = f"{100 * args.level:g}%"
     with pd.option_context("display.width", 120, "display.max_columns", 10, "display.float_format", "{:.4f}".format):
-        print(f"Global posterior ({pct} credible intervals), {res.rounds} EP rounds, {runtime:.1f} s")
-        print(g.to_string())
+        print(f"Global posterior ({pct} credible intervals), {res.rounds} EP rounds ({_converged_text(res)}), "
+              f"{runtime:.1f} s")
+        print(_table(g))
         for c, s in tables.items():
             print(f"\nClient {c}")
             cols = ["mean", "sd", "lower", "upper", "p_value"] + (["selected"] if "selected" in s.columns else [])
-            print(s[cols].to_string())
+            print(_table(s[cols]))
         if any("selected" in s.columns for s in tables.values()):
             print(f"\nselected: the {pct} credible interval excludes 0 (the intercept is never penalised or selected)")
 
@@ -459,7 +515,10 @@ def _demo(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="fedstats", description="Federated statistics from the command line.")
+    p.add_argument("--version", action="version", version=f"fedstats {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fit", help="fit a federated model to a CSV with one client per value of --by")
     f.add_argument("data", help="CSV file (separator detected)")
@@ -485,6 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--bayesian", action="store_true",
                    help="gmm only: variational FedEM with credible intervals for components and weights")
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    f.add_argument("--progress", action="store_true",
+                   help="a progress line per round on stderr even when it is not a terminal (default: only on a terminal)")
     f.add_argument("--output", help="write the results as JSON here")
     f.add_argument("--predict", help="CSV of rows to predict (same client and feature columns)")
     d = sub.add_parser("demo", help="simulate a federation, fit it, compare with the pooled gold standard")
@@ -503,10 +565,22 @@ def main(argv=None) -> int:
         if args.command == "demo":
             _demo(args)
             return 0
-        out = _fit(args)
+        if args.quiet and args.progress:
+            raise CLIError("--quiet and --progress exclude each other")
+        show = args.progress or (not args.quiet and sys.stderr.isatty())
+        from .federation import round_lines
+
+        with round_lines(label=f"fedstats {args.model}") if show else contextlib.nullcontext():
+            if show:
+                print(f"fedstats {args.model}: reading {args.data} and fitting (the first round includes "
+                      "compilation)", file=sys.stderr, flush=True)
+            out = _fit(args)
+        out, nonfinite = json_ready(out)
+        if nonfinite and args.output:
+            print(_nonfinite_warning(args.model, nonfinite), file=sys.stderr)
         if args.output:
             try:
-                Path(args.output).write_text(json.dumps(out, indent=2))
+                Path(args.output).write_text(json.dumps(out, indent=2, allow_nan=False))
             except OSError as exc:
                 raise CLIError(f"cannot write {args.output}: {exc.strerror}") from None
             print(f"\nwrote {args.output}")

@@ -36,8 +36,9 @@ def test_fit_writes_json_with_documented_shape(csv, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "Global posterior" in printed and "Client B" in printed
     j = json.loads(out.read_text())
-    assert set(j) == {"model", "level", "clients", "global", "client", "rounds", "communication",
+    assert set(j) == {"model", "level", "clients", "global", "client", "rounds", "converged", "communication",
                       "runtime_s", "predictions"}
+    assert j["converged"] is False and "4 EP rounds (NOT converged" in printed  # 4 rounds are too few
     assert j["model"] == "hm2" and j["level"] == 0.9 and j["clients"] == ["A", "B", "C"]
     assert {"name", "mean", "sd", "lower", "upper"} <= set(j["global"][0])
     names = [r["name"] for r in j["client"]["A"]]
@@ -140,9 +141,14 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
     rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm1", "--uncertainty",
                "--output", str(out), "--predict", str(t)])
     assert rc == 0
+    printed, err = capsys.readouterr()
     j = json.loads(out.read_text())
     x1 = {r["name"]: r for r in j["client"]["A"]}["x1"]
-    assert x1["lower"] < x1["posterior_mean"] < x1["upper"] and x1["lower"] < 2 < x1["upper"]
+    assert x1["lower"] < x1["mean"] < x1["upper"] and x1["lower"] < 2 < x1["upper"]
+    assert abs(x1["mean"] - (x1["lower"] + x1["upper"]) / 2) < 1e-9  # the point is its interval's centre
+    assert "estimate" in x1
+    # convergence is reported in the JSON, the header line, and (if not) a warning on stderr
+    assert ("NOT converged" in printed) == (not j["converged"]) == ("did not converge" in err)
     for r, truth in zip(j["predictions"], df["y"].iloc[[0, 40, 80, 1]]):
         assert r["lower"] < r["mean"] < r["upper"] and r["lower"] - 0.5 < truth < r["upper"] + 0.5
     # a client not in the fit, --uncertainty with another model: one-line errors
@@ -240,3 +246,87 @@ def test_gmm_writes_components_client_weights_and_predictions(tmp_path, capsys):
     assert "apply to --model gmm only" in capsys.readouterr().err
     assert main(["fit", str(p), "--by", "site"]) == 2
     assert "needs --target" in capsys.readouterr().err
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN and Infinity, as strict parsers (and other languages) do."""
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_strict_json_refuses_non_finite_numbers():
+    with pytest.raises(ValueError, match="Infinity"):
+        strict_json('{"sd": Infinity}')
+    assert strict_json('{"sd": null}') == {"sd": None}
+
+
+@pytest.mark.parametrize("model, extra", [
+    ("hm2", ["--target", "y", "--rounds", "3"]),
+    ("lasso", ["--target", "y", "--rounds", "2"]),
+    ("ridge", ["--target", "y", "--rounds", "2"]),
+    ("hm1", ["--target", "y", "--uncertainty"]),
+    ("fgpr", ["--target", "y", "--rounds", "5"]),
+    ("gmm", ["--components", "2", "--bayesian"]),
+    ("gmm", ["--components", "2", "--uncertainty"]),
+])
+def test_every_models_json_is_strict(csv, tmp_path, capsys, model, extra):
+    p, t, df = csv
+    if model == "gmm":  # numeric columns only
+        df[["site", "x1", "x2"]].to_csv(p, index=False)
+    out = tmp_path / "o.json"
+    assert main(["fit", str(p), "--by", "site", "--model", model, "--output", str(out), *extra]) == 0
+    strict_json(out.read_text())
+
+
+def test_empty_mixture_components_are_null_with_a_warning_naming_them(tmp_path, capsys):
+    # two well-separated clusters, five components: variational FedEM leaves three empty,
+    # whose posterior sds are infinite
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in range(4):
+        z = rng.random(150) < 0.5
+        X = np.where(z[:, None], rng.normal(size=(150, 2)) + 4, rng.normal(size=(150, 2)) - 4)
+        rows.append(pd.DataFrame(X, columns=["x1", "x2"]).assign(site=f"s{k}"))
+    p, out = tmp_path / "mix.csv", tmp_path / "o.json"
+    pd.concat(rows).to_csv(p, index=False)
+    assert main(["fit", str(p), "--by", "site", "--model", "gmm", "--components", "5", "--bayesian",
+                 "--output", str(out)]) == 0
+    err = capsys.readouterr().err
+    j = strict_json(out.read_text())
+    empty = sorted({int(r["name"][5]) for r in j["global"] if r["name"].startswith("mean[") and r["sd"] is None})
+    assert len(empty) >= 2
+    assert f"component(s) {', '.join(map(str, empty))} are (almost) empty" in err and "written as null" in err
+
+
+def test_p_values_only_for_coefficients_and_never_printed_as_zero(csv, capsys):
+    p, t, df = csv
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm2", "--rounds", "3", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    rows = {ln.split()[0]: ln for ln in printed.splitlines() if ln.startswith(("mu[", "log_tau[", "tau["))}
+    x1 = [ln for ln in printed.splitlines() if ln.startswith("x1 ")]  # each client's slope: 2, sd ~0.05
+    assert len(x1) == 3 and all(ln.rstrip().endswith("< 1e-4") for ln in x1)  # not "0.0000"
+    assert rows["mu[x1]"].split()[-1].startswith("0.")  # a population mean: tested against 0
+    for name in ("log_tau[x1]", "tau[x1]"):  # scale parameters: no null hypothesis, no p-value
+        assert len(rows[name].split()) == 5, rows[name]
+    assert "0.0000" not in "".join(ln[-8:] for ln in printed.splitlines())
+
+
+def test_version_and_progress_lines(csv, capsys):
+    from fedstats import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"fedstats {__version__}"
+    p, t, df = csv
+    # not a terminal (pytest captures stderr): quiet unless --progress
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--rounds", "3"]) == 0
+    assert "round" not in capsys.readouterr().err
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--rounds", "3", "--progress"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("fedstats hm2: reading")
+    assert [ln.split(",")[0] for ln in err[1:4]] == ["fedstats hm2: round 1/3", "fedstats hm2: round 2/3",
+                                                    "fedstats hm2: round 3/3"] or "round 3/3" in err[-2]
+    assert "answered" in err[1] and "max_mean_change_sd" in err[1]
+    assert err[-1].startswith("fedstats hm2: stopped after 3 round(s)")
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--quiet", "--progress"]) == 2

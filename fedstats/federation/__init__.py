@@ -25,7 +25,7 @@ from .protocol import (
     validate_message,
 )
 from .backend import current_backend, use_backend
-from .runner import Communication, History, RoundRecord, RunResult, run
+from .runner import Communication, History, RoundRecord, RunResult, round_lines, run
 
 __all__ = [
     "FederatedAlgorithm",
@@ -39,6 +39,7 @@ __all__ = [
     "use_backend",
     "current_backend",
     "run",
+    "round_lines",
     "RunResult",
     "History",
     "RoundRecord",

@@ -54,6 +54,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -558,6 +559,63 @@ def _read_checkpoint(path: str) -> dict:
     return payload
 
 
+# --------------------------------------------------------------------------- round lines
+_ROUND_LINES: ContextVar[Any] = ContextVar("fedstats_round_lines", default=None)
+
+
+@contextmanager
+def round_lines(stream=None, *, label: str = "", min_interval: float = 1.0):
+    """Within the block, every run left to decide its own progress display (``progress=None``)
+    prints one plain line per round to ``stream`` (default ``sys.stderr``) instead of a tqdm
+    bar: round, seconds, clients that answered, the server's change metrics, and a last line
+    saying whether the run converged. Runs with ``progress=False`` (one-off exchanges) stay
+    quiet. Rounds that end less than ``min_interval`` seconds after the last printed line are
+    not printed (the first and the last always are), so fast fits do not flood the terminal.
+    The command line uses it; a script can too::
+
+        with round_lines(label="hm2"):
+            res = HierarchicalLinearModel().fit(data)
+    """
+    token = _ROUND_LINES.set({"stream": stream, "label": label, "min_interval": float(min_interval)})
+    try:
+        yield
+    finally:
+        _ROUND_LINES.reset(token)
+
+
+class _LinePrinter:
+    def __init__(self, cfg, name: str, rounds: int):
+        self.stream = cfg["stream"] if cfg["stream"] is not None else sys.stderr
+        self.prefix = f"{cfg['label'] or name}: "
+        self.min_interval, self.rounds, self.last = cfg["min_interval"], rounds, -math.inf
+
+    def _print(self, text: str) -> None:
+        print(self.prefix + text, file=self.stream, flush=True)
+        self.last = time.perf_counter()
+
+    def round(self, rec: "RoundRecord", final: bool) -> None:
+        if not (final or rec.round == 0 or time.perf_counter() - self.last >= self.min_interval):
+            return
+        parts = [f"round {rec.round + 1}/{self.rounds}", f"{rec.seconds:.2f} s",
+                 f"{len(rec.answered)}/{len(rec.participants)} answered"]
+        if rec.failed:
+            parts.append(f"{len(rec.failed)} failed")
+        shown = 0
+        for k, v in rec.metrics.items():
+            x = _scalar(v)
+            if x is not None and shown < 2:
+                parts.append(f"{k} {x:.4g}")
+                shown += 1
+        self._print(", ".join(parts))
+
+    def end(self, done: int, converged: bool, seconds: float) -> None:
+        if converged:
+            self._print(f"converged after {done} round(s), {seconds:.1f} s")
+        else:
+            self._print(f"stopped after {done} round(s) (the limit) without meeting its convergence rule, "
+                        f"{seconds:.1f} s")
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -711,9 +769,11 @@ def _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, che
         })
 
     # ---- rounds
+    lines_cfg = _ROUND_LINES.get() if progress is None else None
+    lines = _LinePrinter(lines_cfg, type(algorithm).__name__, rounds) if lines_cfg is not None else None
     show = progress if progress is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())
     bar = None
-    if show and not stopped and start < rounds:
+    if lines is None and show and not stopped and start < rounds:
         from tqdm import tqdm
 
         bar = tqdm(total=rounds, initial=start, desc=f"{type(algorithm).__name__}", unit="round",
@@ -810,6 +870,8 @@ def _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, che
                 write_checkpoint()
                 last_written = done
 
+            if lines is not None:
+                lines.round(history[-1], final=stopped or done >= rounds)
             if bar is not None:
                 n_failed_total += len(failed)
                 post: dict[str, Any] = {}
@@ -829,6 +891,8 @@ def _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, che
 
     if checkpoint is not None and last_written != done:
         write_checkpoint()
+    if lines is not None:
+        lines.end(done, stopped, time.perf_counter() - t_start)
 
     return RunResult(
         server_state=server_state,

@@ -183,25 +183,34 @@ def _laplace_fns(model: SiteModel, newton_steps: int):
     def newton(x0, cav_mean, cav_prec, stats):
         f = lambda x: log_target(x, cav_mean, cav_prec, stats)  # noqa: E731
 
-        def body(i, carry):
-            x, _, _ = carry
+        def body(carry):
+            i, x, _, _, _ = carry
             g = grad(x, cav_mean, cav_prec, stats)
             H = hess(x, cav_mean, cav_prec, stats)
             # Saddle-free Newton: divide by |eigenvalues| of -H (floored), an ascent direction
             # that takes curvature-sized steps also where the target is not concave.
             w, V = jnp.linalg.eigh(-0.5 * (H + H.T))
             w = jnp.maximum(jnp.abs(w), 1e-6 * jnp.max(jnp.abs(w)) + 1e-12)
-            direction = V @ ((V.T @ g) / w)
+            Vg = V.T @ g
+            direction = V @ (Vg / w)
+            # Newton decrement: half of it is the predicted gain of a full step. Below 1e-9
+            # nats another step changes no moment that matters (and gains near the rounding
+            # error of the target cannot be seen by the line search): the pass only evaluates.
+            done = jnp.sum(Vg**2 / w) < 1e-9
             vals = jax.vmap(lambda t: f(x + t * direction))(steps)
             vals = jnp.where(jnp.isfinite(vals), vals, -jnp.inf)
             # The last pass only evaluates: one copy of the Hessian graph serves the loop and
             # the result (compiling it twice costs about a second per model).
-            t = jnp.where(i < newton_steps, steps[jnp.argmax(vals)], 0.0)
-            return x + t * direction, -0.5 * (H + H.T), g
+            t = jnp.where((i < newton_steps) & ~done, steps[jnp.argmax(vals)], 0.0)
+            return i + 1, x + t * direction, -0.5 * (H + H.T), g, done | (i >= newton_steps)
 
         D = x0.shape[0]
-        init = (x0, jnp.zeros((D, D), x0.dtype), jnp.zeros(D, x0.dtype))
-        return jax.lax.fori_loop(0, newton_steps + 1, body, init)
+        init = (jnp.zeros((), jnp.int32), x0, jnp.zeros((D, D), x0.dtype), jnp.zeros(D, x0.dtype),
+                jnp.zeros((), bool))
+        # Until converged (under vmap: until every device has): an evaluation-only pass at the
+        # final x ends the loop, so the returned Hessian and gradient are at the returned x.
+        _, x, negH, g, _ = jax.lax.while_loop(lambda c: ~c[4], body, init)
+        return x, negH, g
 
     return log_target, newton
 
@@ -296,23 +305,34 @@ class ImportanceTilted(LaplaceTilted):
         Weight of the cavity component in the proposal (0: Laplace only).
     min_ess_fraction : float
         A device whose effective sample size falls below this fraction of ``num_draws``
-        reports ``ok=False`` (its update is skipped) rather than a noisy site.
+        does not send a noisy site: it falls back (see ``fallback``) or reports ``ok=False``
+        (its update is skipped).
+    fallback : {"laplace", None}
+        What a device with too small an ESS sends: the Laplace moments (default; the mode
+        and curvature were computed anyway; ``diagnostics["laplace_fallback"] = 1``) or
+        nothing (``None``). Importance weights degenerate as the dimension grows: with 40
+        predictors (phi of dimension 80) and the prior as cavity, the ESS of 4,000 draws
+        is 2-50, so without the fallback no device ever answered and the fit stayed at the
+        prior; once the sites have moved q towards the tilteds, the ESS recovers.
     """
 
     name = "importance"
     sampled = True
 
     def __init__(self, *, num_draws: int = 4000, defensive: float = 0.5, newton_steps: int = 30,
-                 min_ess_fraction: float = 0.02):
+                 min_ess_fraction: float = 0.02, fallback: str | None = "laplace"):
         super().__init__(newton_steps=newton_steps)
         self.num_draws = -(-int(num_draws) // 4) * 4
         if not 0.0 <= defensive < 1.0:
             raise ValueError(f"defensive must lie in [0, 1), got {defensive}")
+        if fallback not in ("laplace", None):
+            raise ValueError(f"fallback must be 'laplace' or None, got {fallback!r}")
         self.defensive = float(defensive)
         self.min_ess_fraction = float(min_ess_fraction)
+        self.fallback = fallback
 
     def __repr__(self):
-        return f"ImportanceTilted(num_draws={self.num_draws}, defensive={self.defensive})"
+        return f"ImportanceTilted(num_draws={self.num_draws}, defensive={self.defensive}, fallback={self.fallback!r})"
 
     def _logw_fn(self, model):
         import jax
@@ -408,11 +428,22 @@ class ImportanceTilted(LaplaceTilted):
                 start += n
             cov = symmetrize(S2)
             good = ess >= self.min_ess_fraction * M and is_pd(cov[:p, :p])
+            diagnostics = {"ess": float(ess), "max_weight": float(w.max()), "laplace_ok": float(laplace_ok),
+                           "laplace_fallback": 0.0}
+            if not good and laplace_ok and self.fallback == "laplace":
+                # The Laplace component of the proposal is the Laplace approximation itself.
+                lap_mean, lap_cov = comps[-1][1], comps[-1][2]
+                res = TiltedResult(lap_mean[:p], lap_cov[:p, :p],
+                                   diagnostics={**diagnostics, "laplace_fallback": 1.0})
+                if keep_draws:
+                    xs = np.random.default_rng(int(seeds[b]) + 1).multivariate_normal(lap_mean, lap_cov, size=M)
+                    res.draws = {"phi": xs[:, :p], "z": xs[:, p:]}
+                out.append(res)
+                continue
             res = TiltedResult(
                 mw[:p], cov[:p, :p], ok=bool(good),
                 message="" if good else f"importance: ESS {ess:.0f} of {M} draws",
-                diagnostics={"ess": float(ess), "max_weight": float(w.max()),
-                             "laplace_ok": float(laplace_ok)},
+                diagnostics=diagnostics,
             )
             if keep_draws:
                 res.draws = {"phi": xb[:, :p], "z": xb[:, p:]}

@@ -101,6 +101,14 @@ def log_scale_rows(g: GaussianPosterior, prefix: str, level: float, new_prefix: 
                         index=[new_prefix + g.names[i][len(prefix):] for i in idx])
 
 
+def no_p_value(table: pd.DataFrame, prefix: str) -> pd.DataFrame:
+    """``table`` with NaN as ``p_value`` of the rows named ``prefix...`` (parameters such as log
+    variances, for which a test of 0 states no null hypothesis anyone holds)."""
+    table = table.copy()
+    table.loc[table.index.str.startswith(prefix), "p_value"] = np.nan
+    return table
+
+
 def coefficient_posterior(site, tilted: TiltedResult, stats, names, rng) -> GaussianPosterior | SamplePosterior:
     """A device's coefficient posterior from its tilted result: exact Gaussian when the
     estimator is exact, else one draw of the Gaussian conditional ``site.theta_conditional``

@@ -36,7 +36,7 @@ from ..federation.backend import accepts_backend
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
-from ._ep_model import EPLinearResult, coefficient_posterior, fit_ep, log_scale_rows
+from ._ep_model import EPLinearResult, coefficient_posterior, fit_ep, log_scale_rows, no_p_value
 from ._ep_model import normal_pair as _normal_pair
 from ._hm2_site import HM2Site
 
@@ -166,9 +166,12 @@ class HierarchicalResult(EPLinearResult):
         return names
 
     def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
-        """Global posterior table: mean, sd, lower, upper, p_value; plus tau on its own scale."""
+        """Global posterior table: mean, sd, lower, upper, p_value; plus tau on its own scale.
+
+        ``p_value`` (two-sided posterior tail probability of 0) is given for the coefficient
+        means ``mu`` only: no one tests ``log tau = 0`` (tau = 1), so those rows hold NaN."""
         g = self.global_posterior
-        df = g.summary(level=level, kind=kind)
+        df = no_p_value(g.summary(level=level, kind=kind), "log_")
         if self.site.tau_kind != "known":
             df = pd.concat([df, log_scale_rows(g, "log_tau", level, "tau")])
         return df

@@ -30,7 +30,7 @@ from ..federation.protocol import client_function
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
-from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, normal_pair, prediction_frame
+from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, no_p_value, normal_pair, prediction_frame
 from ._shrinkage_site import ShrinkageSite
 
 
@@ -284,9 +284,11 @@ class ShrinkageResult(_Selection, EPLinearResult):
         return ["log_lambda", "log_sigma2"] if self.site.noise == "shared" else ["log_lambda"]
 
     def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
-        """Global posterior: log lambda (and log sigma^2), then lambda (sigma^2) on their scale."""
+        """Global posterior: log lambda (and log sigma^2), then lambda (sigma^2) on their scale.
+
+        ``p_value`` is NaN throughout: these are scale parameters, with no null value to test."""
         g = self.global_posterior
-        out = [g.summary(level=level, kind=kind), log_scale_rows(g, "log_lambda", level, "lambda")]
+        out = [no_p_value(g.summary(level=level, kind=kind), "log_"), log_scale_rows(g, "log_lambda", level, "lambda")]
         if self.site.noise == "shared":
             out.append(log_scale_rows(g, "log_sigma2", level, "sigma2"))
         return pd.concat(out)
