@@ -96,8 +96,10 @@ class Federation:
         return subprocess.run(cmd, capture_output=True, text=True, env=self.env, cwd=self.root, timeout=600)
 
     def pooled(self) -> FederatedData:
-        frame = pd.concat([pd.read_csv(p).assign(client=p.stem) for p in sorted(self.csvs)])
-        return FederatedData.from_dataframe(frame, by="client", target="y" if self.target else None)
+        # make_data's CSVs name their site in a column: the nodes take it as the client id, never a feature
+        frame = pd.concat([pd.read_csv(p) for p in sorted(self.csvs)])
+        assert sorted(frame["site"].unique()) == sorted(p.stem for p in self.csvs)
+        return FederatedData.from_dataframe(frame, by="site", target="y" if self.target else None)
 
     def close(self):
         for name in list(self.procs):
@@ -137,6 +139,9 @@ def test_deployed_fedem_equals_inprocess(federation):
     done = federation.flwr_run(f"output='{out}' max-rounds=4 seed=2")
     assert out.exists(), done.stdout[-4000:] + done.stderr[-2000:]
     deployed = GaussianMixtureResult.load(out)
+    assert deployed.feature_names == ["x1", "x2"]  # not the site column
+    # the ServerApp prints a line per round, which reaches the `flwr run --stream` terminal
+    assert "fedstats: FedEM round 1: loglik" in done.stdout, done.stdout[-4000:]
     local = FederatedGaussianMixture(3, max_rounds=4).fit(federation.pooled(), seed=2)
     np.testing.assert_allclose(deployed.means_, local.means_, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(deployed.covariances_, local.covariances_, rtol=1e-10, atol=1e-10)

@@ -4,7 +4,14 @@ The server never sees a row: ``session.remote_data()`` is built from what each n
 (its client name, row count and column names), and every computation on rows runs on the
 nodes. The fitted result (shared parameters, and each client's final private state, which
 the in-process simulator returns too) is saved to the run config's ``output``.
+
+What it prints reaches the terminal of ``flwr run ... --stream`` (Flower mirrors the
+ServerApp's stdout and stderr to the SuperLink, which streams them): the data it found, one
+line per federated round (the fit's EM or EP rounds, and the one-off rounds of its start and
+scoring) with the round's metrics and seconds, and where the result went.
 """
+
+import time
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -15,26 +22,136 @@ from fedstats.mixture import FederatedGaussianMixture
 
 app = ServerApp()
 
+#: the models' own stopping rules and round budgets, used where the run config says -1
+DEFAULTS = {"gmm": {"tol": 1e-6, "max-rounds": 100}, "gmm-bayes": {"tol": 1e-6, "max-rounds": 100},
+            "hm2": {"tol": 0.1, "max-rounds": 15}}
+
+
+def settings(cfg) -> dict:
+    """The run config's model, ``tol`` and ``max-rounds`` (-1: the model's default)."""
+    model = str(cfg["model"])
+    if model not in DEFAULTS:
+        raise ValueError(f"unknown model {model!r} ({', '.join(DEFAULTS)})")
+    tol, rounds = float(cfg["tol"]), int(cfg["max-rounds"])
+    return {"model": model, "tol": DEFAULTS[model]["tol"] if tol < 0 else tol,
+            "max-rounds": DEFAULTS[model]["max-rounds"] if rounds < 0 else rounds}
+
 
 def build(cfg):
-    model = str(cfg["model"])
-    if model in ("gmm", "gmm-bayes"):
+    s = settings(cfg)
+    if s["model"] in ("gmm", "gmm-bayes"):
         return FederatedGaussianMixture(int(cfg["components"]), covariance_type=str(cfg["covariance-type"]),
-                                        max_rounds=int(cfg["max-rounds"]), tol=float(cfg["tol"]),
-                                        bayesian=model == "gmm-bayes")
-    if model == "hm2":
-        return HierarchicalLinearModel(rounds=int(cfg["max-rounds"]), tol=float(cfg["tol"]))
-    raise ValueError(f"unknown model {model!r} (gmm, gmm-bayes, hm2)")
+                                        max_rounds=s["max-rounds"], tol=s["tol"],
+                                        bayesian=s["model"] == "gmm-bayes")
+    return HierarchicalLinearModel(rounds=s["max-rounds"], tol=s["tol"])
+
+
+def say(text: str) -> None:
+    print(f"fedstats: {text}", flush=True)
+
+
+def _number(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+class RoundReport:
+    """One line per federated round of one run (the client side of ``fedstats.federation.run``).
+
+    It wraps the run's client side (to know the round and time it) and the algorithm's
+    ``converged`` hook, which the runner calls once per round with the round's metrics, right
+    after the server step; the hook is restored when the run closes its client side.
+    """
+
+    def __init__(self, clients, algorithm, ids, started: float):
+        self._clients, self._algorithm, self._ids, self._started = clients, algorithm, list(ids), started
+        fn = getattr(algorithm, "client_fn", None)  # a one-off round (a start, a design check, a score)
+        if fn is not None:
+            self._label = fn.__name__.strip("_").replace("_", " ")
+            self._name = f"one-off round ({self._label})"
+        else:
+            self._label = type(algorithm).__name__.removesuffix("Algorithm")
+            self._name = self._label + " round {}"
+        self._round, self._t0, self._previous, self._failed = None, time.perf_counter(), None, []
+        self._hook, self._own = algorithm.converged, vars(algorithm).get("converged")
+        algorithm.converged = self._converged  # after the client side has pickled the algorithm for the nodes
+
+    def __getattr__(self, name):
+        return getattr(self._clients, name)
+
+    def run_round(self, rnd, idx, messages, batched):
+        self._round, self._t0 = rnd, time.perf_counter()
+        outcomes, fallback = self._clients.run_round(rnd, idx, messages, batched)
+        self._failed = [self._ids[i] for i, out in zip(idx, outcomes) if getattr(out, "failed", None)]
+        return outcomes, fallback
+
+    def _converged(self, state, metrics):
+        done = bool(self._hook(state, metrics))
+        now = time.perf_counter()
+        parts = []
+        per_row = _number(metrics.get("mean_loglik"))
+        if per_row is not None:  # FedEM: the log-likelihood, and its change per row since the last round
+            parts.append(f"loglik {float(metrics['loglik']):.2f} ({per_row:.6f} per row")
+            parts[-1] += ")" if self._previous is None else f", change {per_row - self._previous:+.2e})"
+            self._previous = per_row
+        else:
+            for k, v in metrics.items():
+                x = _number(v)
+                if x is not None:
+                    parts.append(f"{k} {x:.4g}")
+        if self._failed:
+            parts.append(f"failed: {', '.join(map(str, self._failed))}")
+        parts.append(f"{now - self._t0:.1f} s (fit {now - self._started:.0f} s)")
+        say(self._name.format(self._round + 1) + ": " + ", ".join(parts) + (", converged" if done else ""))
+        return done
+
+    def final_states(self):
+        # one more exchange with the nodes at the end of every run (a deployed round trip)
+        t0 = time.perf_counter()
+        states = self._clients.final_states()
+        now = time.perf_counter()
+        say(f"{self._label}: final client states, {now - t0:.1f} s (fit {now - self._started:.0f} s)")
+        return states
+
+    def close(self):
+        try:
+            self._clients.close()
+        finally:
+            if self._own is None:  # the algorithm goes back as it was (results keep it, and pickle it)
+                del self._algorithm.converged
+            else:
+                self._algorithm.converged = self._own
+
+
+class ReportingSession(FlowerSession):
+    """A deployment session that prints a line per federated round."""
+
+    started = None
+
+    def client_side(self, algorithm, ids, data, seed):
+        clients = super().client_side(algorithm, ids, data, seed)
+        return RoundReport(clients, algorithm, ids, self.started or time.perf_counter())
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
+    s = settings(cfg)
     timeout = float(cfg["timeout"]) or None
-    session = FlowerSession.from_grid(grid, min_nodes=int(cfg["min-nodes"]), wait=float(cfg["wait"]),
-                                      timeout=timeout, on_disconnect=str(cfg["on-disconnect"]))
+    say(f"waiting for {int(cfg['min-nodes'])} SuperNodes")
+    session = ReportingSession.from_grid(grid, min_nodes=int(cfg["min-nodes"]), wait=float(cfg["wait"]),
+                                         timeout=timeout, on_disconnect=str(cfg["on-disconnect"]))
     data = session.remote_data()
-    print(f"fedstats: {data}")
-    result = build(cfg).fit(data, seed=int(cfg["seed"]), backend=session)
+    say(f"{data}; clients {dict(data.n_obs)}, features {list(data.feature_names)}")
+    what = f"{cfg['components']} components" if s["model"].startswith("gmm") else f"target {data.target_name!r}"
+    say(f"fitting {s['model']} ({what}), at most {s['max-rounds']} rounds, tol {s['tol']:g}")
+    session.started = time.perf_counter()
+    # progress=False: no tqdm bar (the ServerApp inherits the SuperLink's terminal, and Flower mirrors
+    # its stderr to the stream); the session prints the round lines
+    result = build(cfg).fit(data, seed=int(cfg["seed"]), backend=session, progress=False)
     result.save(str(cfg["output"]))
-    print(f"fedstats: fitted in {len(result.history)} rounds; saved to {cfg['output']}")
+    converged = getattr(result, "converged", None)
+    say(f"fitted in {len(result.history)} rounds ({'converged' if converged else 'not converged'}) and "
+        f"{time.perf_counter() - session.started:.0f} s; saved to {cfg['output']}")
