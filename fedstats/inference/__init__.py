@@ -1,5 +1,18 @@
 """Model-agnostic inference: Gaussians in natural parameters, federated EP, tilted moments, posteriors."""
 
+import importlib.metadata as _md
+import warnings as _warnings
+
+try:  # without importing jax: reading its version is free, importing it is not
+    _JAXLIB = _md.version("jaxlib")
+except _md.PackageNotFoundError:  # pragma: no cover - jaxlib is a dependency
+    _JAXLIB = ""
+if _JAXLIB.startswith(("0.10.", "0.11.0")):
+    _warnings.warn(
+        f"jaxlib {_JAXLIB} splits batched LAPACK calls over XLA's thread pool and can deadlock fedstats's "
+        "vectorised fits (from about 9 predictors; fixed upstream by jax-ml/jax 859992407d): install "
+        "jaxlib 0.9.2 (constraints.txt) or a release after 0.11.0", RuntimeWarning, stacklevel=2)
+
 from .ep import EPClientState, EPServerState, FederatedEP, check_invariants
 from .gaussian import NaturalGaussian, NotPositiveDefinite, is_pd
 from .posterior import GaussianPosterior, Posterior, SamplePosterior
