@@ -914,3 +914,34 @@ def test_progress_true_shows_bar_with_metrics(capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert "3/3" in err and "failed=0" in err and "mean0=" in err
+
+
+# --------------------------------------------------------------------------- round lines
+
+
+def test_round_lines_print_each_round_and_the_ending():
+    import io
+
+    out = io.StringIO()
+    with fed.round_lines(out, label="toy", min_interval=0):
+        res = run(FedMean(), make_data(), rounds=3, seed=0)
+        run(FedMean(), make_data(), rounds=2, seed=0, progress=False)  # a one-off exchange: quiet
+    lines = out.getvalue().splitlines()
+    assert [ln.split(",")[0] for ln in lines[:3]] == ["toy: round 1/3", "toy: round 2/3", "toy: round 3/3"]
+    assert "5/5 answered" in lines[0] and len(lines) == 4
+    assert lines[3].startswith(f"toy: stopped after {res.rounds} round(s) (the limit)")
+
+
+def test_round_lines_throttle_fast_rounds_but_keep_first_and_last(capsys):
+    import io
+
+    out = io.StringIO()
+    with fed.round_lines(out, min_interval=3600):
+        run(FedMean(), make_data(), rounds=6, seed=0)
+    lines = out.getvalue().splitlines()
+    assert [ln.split(",")[0] for ln in lines[:2]] == ["FedMean: round 1/6", "FedMean: round 6/6"]
+    assert len(lines) == 3
+    # outside the block: no lines (and no bar, stderr not being a terminal under pytest)
+    capsys.readouterr()
+    run(FedMean(), make_data(), rounds=2, seed=0)
+    assert capsys.readouterr().err == ""
