@@ -95,6 +95,12 @@ def _table(df: pd.DataFrame) -> str:
     return df.to_string()
 
 
+def _progress(args):
+    """The ``progress`` argument of a fit: ``False`` under ``--quiet`` (no tqdm bar even on a
+    terminal), else ``None``: per-round lines where :func:`main` opened ``round_lines``."""
+    return False if args.quiet else None
+
+
 def _converged_text(res) -> str:
     return "converged" if res.converged else "NOT converged: stopped at the round limit (raise --rounds)"
 
@@ -191,7 +197,7 @@ def _fit(args) -> dict:
     if args.model == "gmm":
         return _fit_gmm(args, data, test)
     t0 = time.perf_counter()
-    res = _model(args.model, args.rounds).fit(data, seed=args.seed, progress=None)
+    res = _model(args.model, args.rounds).fit(data, seed=args.seed, progress=_progress(args))
     runtime = time.perf_counter() - t0
     g = res.summary(level=args.level)
     out = {
@@ -232,7 +238,7 @@ def _fit_hm1(args, data, test) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = StructuralCovarianceModel(rounds=args.rounds, fit_intercept=True).fit(
-            data, seed=args.seed, progress=None, uncertainty=args.uncertainty)
+            data, seed=args.seed, progress=_progress(args), uncertainty=args.uncertainty)
     runtime = time.perf_counter() - t0
     for wmsg in caught:
         print(f"warning: {wmsg.message}", file=sys.stderr)
@@ -313,7 +319,7 @@ def _fit_fgpr(args, data, test) -> dict:
                            f"client(s): {', '.join(unknown[:5])}")
     scaled, scaler = data.standardize()  # federated moments: every client uses the same input scale
     t0 = time.perf_counter()
-    res = FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard).fit(scaled, seed=args.seed, progress=None)
+    res = FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard).fit(scaled, seed=args.seed, progress=_progress(args))
     runtime = time.perf_counter() - t0
     g = res.summary()
     out = {
@@ -356,7 +362,7 @@ def _fit_gmm(args, data, test) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = FederatedGaussianMixture(args.components, covariance_type=args.covariance_type, max_rounds=args.rounds,
-                                       bayesian=args.bayesian).fit(data, seed=args.seed, progress=None)
+                                       bayesian=args.bayesian).fit(data, seed=args.seed, progress=_progress(args))
         if args.uncertainty:
             try:
                 g, w = res.wald_intervals(data, args.level, seed=args.seed)

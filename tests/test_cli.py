@@ -330,3 +330,24 @@ def test_version_and_progress_lines(csv, capsys):
     assert "answered" in err[1] and "max_mean_change_sd" in err[1]
     assert err[-1].startswith("fedstats hm2: stopped after 3 round(s)")
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--quiet", "--progress"]) == 2
+
+
+def test_terminal_gets_round_lines_and_quiet_silences_them(csv, monkeypatch, capsys):
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    p, t, df = csv
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--rounds", "3"]) == 0
+    assert "fedstats hm2: round 1/3" in term.getvalue()
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    # --quiet on a terminal: no lines and no tqdm bar (the runner shows one on a terminal by default)
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--rounds", "3", "--quiet"]) == 0
+    assert term.getvalue() == ""
+    capsys.readouterr()
