@@ -70,6 +70,7 @@ from .protocol import (
     message_nbytes,
     validate_message,
 )
+from ..results import register
 
 __all__ = ["run", "RunResult", "History", "RoundRecord", "Communication"]
 
@@ -88,6 +89,7 @@ _INIT_TAG = 2**31 - 1
 # --------------------------------------------------------------------------- records
 
 
+@register
 @dataclass
 class RoundRecord:
     """What happened in one round (0-based ``round``).
@@ -113,6 +115,7 @@ class RoundRecord:
     seconds: float = field(default=0.0, compare=False)
 
 
+@register
 class History(Sequence):
     """The rounds of a run, in order: a read-only list of :class:`RoundRecord`."""
 
@@ -195,6 +198,7 @@ class History(Sequence):
         return pd.DataFrame(rows, columns=columns).set_index("round")
 
 
+@register
 @dataclass
 class Communication:
     """Bytes moved by a run (payload only: the ``nbytes`` of the arrays).

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from scipy import stats as sst
+from ..results import register
 
 KERNELS = ("rbf", "matern")
 MEANS = ("zero", "constant")
@@ -74,6 +75,7 @@ def resolve_dtype(dtype) -> torch.dtype:
     return table[dtype]
 
 
+@register
 @dataclass(frozen=True)
 class HyperSpec:
     """The shared GP prior's form: kernel family, ARD, mean and the constraint floors."""

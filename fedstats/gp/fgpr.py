@@ -24,7 +24,6 @@ with several clients is *not* an exact GP on the pooled data (spec §1.3).
 from __future__ import annotations
 
 import math
-import pickle
 import time
 import warnings
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
                     resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
+from ..results import FederatedResult, register
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
 
@@ -564,7 +564,8 @@ def _int(v, name: str) -> None:
 # --------------------------------------------------------------------------- the result
 
 
-class FGPRResult:
+@register
+class FGPRResult(FederatedResult):
     """A fitted FGPR: the shared hyperparameters, and personal predictions.
 
     ``hyperparameters`` maps names to constrained values (``noise`` and ``outputscale`` are
@@ -573,6 +574,8 @@ class FGPRResult:
     keeps a reference to the training data for that (a real deployment predicts on the
     client). :meth:`save` writes the hyperparameters and history only, never data.
     """
+
+    _transient = {"_data": None}  # the training data of an in-process fit: never written
 
     def __init__(self, *, spec: HyperSpec, hyperparameters: dict, feature_names, clients, n_obs, options, history=None,
                  communication=None, count_bytes: int = 0, seconds: float = 0.0, seed: int = 0, data=None):
@@ -691,24 +694,6 @@ class FGPRResult:
             raise ValueError("pass data: this result holds none")
         return weighted_objective(self.spec, self.hyperparameters, data, standardize=self.options.get("standardize", True),
                                   device=self._device(), dtype=resolve_dtype(self.options.get("dtype", "float64")))
-
-    def save(self, path) -> None:
-        """Pickle the hyperparameters, options and history (never client data)."""
-        state = {k: v for k, v in self.__dict__.items() if k != "_data"}
-        with open(path, "wb") as f:
-            pickle.dump({"class": "FGPRResult", "format": 1, "state": state}, f)
-
-    @classmethod
-    def load(cls, path) -> FGPRResult:
-        """Read a result written by :meth:`save` (only from files you trust: it is a pickle)."""
-        with open(path, "rb") as f:
-            blob = pickle.load(f)
-        if not isinstance(blob, Mapping) or blob.get("class") != "FGPRResult":
-            raise ValueError(f"{path!r} does not hold an FGPRResult")
-        obj = cls.__new__(cls)
-        obj.__dict__.update(blob["state"])
-        obj._data = None
-        return obj
 
 
 def weighted_objective(spec: HyperSpec, hyper: dict, data: FederatedData, *, standardize: bool = True,

@@ -34,8 +34,10 @@ import numpy as np
 from ..federation.protocol import FederatedAlgorithm, Message, SkipRound
 from .gaussian import NaturalGaussian
 from .tilted import SiteModel, TiltedEstimator, TiltedResult
+from ..results import register
 
 
+@register
 @dataclass(frozen=True)
 class EPServerState:
     """What the server holds: the prior, the global approximation and the round count."""
@@ -49,6 +51,7 @@ class EPServerState:
     quiet: frozenset = frozenset()  # devices that answered since the last round that moved q by >= tol
 
 
+@register
 @dataclass(frozen=True)
 class EPClientState:
     """What stays on a device: its sufficient statistics, its site and its last diagnostics."""
@@ -60,6 +63,7 @@ class EPClientState:
     diagnostics: dict[str, float] = field(default_factory=dict)
 
 
+@register
 class FederatedEP(FederatedAlgorithm):
     """Federated Gaussian EP over global parameters ``phi``.
 

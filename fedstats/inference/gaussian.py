@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg as sla
+from ..results import register
 
 
 class NotPositiveDefinite(ValueError):
@@ -75,6 +76,7 @@ def pd_inverse(M: np.ndarray, *, jitter: float = 0.0) -> np.ndarray:
     return symmetrize(chol_solve(L, np.eye(M.shape[0])))
 
 
+@register
 @dataclass(frozen=True)
 class NaturalGaussian:
     """A (possibly improper) Gaussian ``exp(r^T x - x^T Q x / 2)`` in natural parameters.

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from scipy import linalg, stats
 from scipy.fft import next_fast_len
+from ..results import register
 
 __all__ = [
     "Posterior",
@@ -457,6 +458,7 @@ class Posterior(ABC):
 # --------------------------------------------------------------------------------------
 
 
+@register
 class GaussianPosterior(Posterior):
     """Multivariate normal posterior ``theta ~ N(mean, cov)``.
 
@@ -791,6 +793,7 @@ class GaussianPosterior(Posterior):
 # --------------------------------------------------------------------------------------
 
 
+@register
 class SamplePosterior(Posterior):
     """Posterior represented by draws, optionally importance-weighted.
 

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .gaussian import NaturalGaussian, cholesky, chol_solve, is_pd, symmetrize
+from ..results import register
 
 
 # --------------------------------------------------------------------------- model interface
@@ -146,6 +147,7 @@ def _cavity_precision(cavity_cov: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- exact
+@register
 class ExactTilted(TiltedEstimator):
     """Exact moments when the model's site is Gaussian in phi (``model.exact_site(stats)``)."""
 
@@ -215,6 +217,7 @@ def _laplace_fns(model: SiteModel, newton_steps: int):
     return log_target, newton
 
 
+@register
 class LaplaceTilted(TiltedEstimator):
     """Laplace approximation of the collapsed tilted target (deterministic, vectorised).
 
@@ -278,6 +281,7 @@ class LaplaceTilted(TiltedEstimator):
         return out
 
 
+@register
 class ImportanceTilted(LaplaceTilted):
     """Importance sampling with a defensive proposal and control variates.
 
@@ -460,6 +464,7 @@ def _blockdiag(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- NUTS
+@register
 class NUTSTilted(TiltedEstimator):
     """NumPyro NUTS on each device's tilted target, vectorised over devices and chains.
 
@@ -634,6 +639,7 @@ def _chain_results(zs, scores, p, d, *, control_variates, precision_correction, 
 
 
 # --------------------------------------------------------------------------- Gibbs
+@register
 class GibbsTilted(TiltedEstimator):
     """Metropolis-within-Gibbs on a tilted target whose coefficients and local scales have
     closed-form conditionals (the shrinkage site), vectorised over devices and chains.

@@ -24,7 +24,7 @@ from ..inference.ep import FederatedEP, check_invariants
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
-from ._local import load_state, save_state
+from ..results import FederatedResult
 
 
 def normal_pair(value, name) -> tuple[float, float]:
@@ -143,11 +143,13 @@ def prediction_frame(Xd, mean, theta, sig, level: float, rng) -> pd.DataFrame:
     return pd.DataFrame({"mean": mean, "lower": lo, "upper": hi, "pred_lower": plo, "pred_upper": phi_})
 
 
-@dataclass
-class EPLinearResult:
+@dataclass(repr=False)
+class EPLinearResult(FederatedResult):
     """A linear model fitted by federated EP: global and device posteriors, predictions,
     round history and communication. Subclasses name phi's components (``phi_names``)
     and say what a device that took no part in the fit looks like (``_population_draws``)."""
+
+    _transient = {"_device_cache": {}}
 
     model: Any
     site: Any
@@ -280,12 +282,3 @@ class EPLinearResult:
             theta, sig = self._population_draws(n, rng)
             mean = Xd @ theta.mean(axis=0)
         return prediction_frame(Xd, mean, theta, sig, level, rng)
-
-    # -------------------------------------------------------------- persistence
-    def save(self, path) -> None:
-        """Pickle the result (model options, server and device states, history)."""
-        save_state(self, path, {k: v for k, v in self.__dict__.items() if k != "_device_cache"})
-
-    @classmethod
-    def load(cls, path):
-        return load_state(cls, path)

@@ -17,8 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from ..results import register
 
 
+@register
 @dataclass(frozen=True)
 class HM2Site:
     """Site model of HM2. See module docstring.

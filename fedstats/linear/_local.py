@@ -10,7 +10,6 @@ devices run as one batched matrix product (:func:`full_batch_steps`).
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from ..federation import FederatedAlgorithm, run
+from ..results import FederatedResult, register
 
-_FORMAT = 1
 
 REDUCTIONS = ("sum", "mean")
 
@@ -190,8 +189,9 @@ def resolve_lr(lr, Xs, batch_size, reduction: str) -> float:
     return v
 
 
-@dataclass
-class PointResult:
+@register
+@dataclass(repr=False)
+class PointResult(FederatedResult):
     """Per-device point estimates of a linear model: ``coef(client)``, ``coefficients``,
     ``predict(X, client)``, with the run's ``history`` and ``communication`` (``None``
     when the method does not communicate) and ``save``/``load``."""
@@ -246,25 +246,3 @@ class PointResult:
                for c in test.clients}
         return pd.Series(out, name="rmse")
 
-    def save(self, path) -> None:
-        """Pickle the result."""
-        save_state(self, path, dict(self.__dict__))
-
-    @classmethod
-    def load(cls, path):
-        return load_state(cls, path)
-
-
-def save_state(obj, path, state: dict) -> None:
-    """Pickle ``state`` (the fields of a result) tagged with the result's class and format."""
-    with open(Path(path), "wb") as f:
-        pickle.dump({"format": _FORMAT, "kind": type(obj).__name__, "state": state}, f)
-
-
-def load_state(cls, path):
-    """The result of class ``cls`` that :func:`save_state` wrote to ``path``."""
-    with open(Path(path), "rb") as f:
-        blob = pickle.load(f)
-    if not isinstance(blob, dict) or blob.get("format") != _FORMAT or blob.get("kind") != cls.__name__:
-        raise ValueError(f"{path} is not a fedstats {cls.__name__} (format {_FORMAT})")
-    return cls(**blob["state"])

@@ -30,8 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from ..results import register
 
 
+@register
 @dataclass(frozen=True)
 class ShrinkageSite:
     """Likelihood of one device for the shrinkage model, as a function of phi and locals.

@@ -39,8 +39,10 @@ from ..inference.tilted import TiltedEstimator, make_estimator
 from ._ep_model import EPLinearResult, coefficient_posterior, fit_ep, log_scale_rows, no_p_value
 from ._ep_model import normal_pair as _normal_pair
 from ._hm2_site import HM2Site
+from ..results import register
 
 
+@register
 class HierarchicalLinearModel:
     """Hierarchical Bayesian linear regression (HM2) fitted by federated EP.
 
@@ -151,7 +153,8 @@ def _client_sigmas(sigma, clients) -> dict | None:
 
 
 # ---------------------------------------------------------------------------- result
-@dataclass
+@register
+@dataclass(repr=False)
 class HierarchicalResult(EPLinearResult):
     """A fitted HM2: global and device posteriors, predictions, fast adaptation, history,
     communication (see :class:`fedstats.linear._ep_model.EPLinearResult`)."""

@@ -32,8 +32,10 @@ from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
 from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, no_p_value, normal_pair, prediction_frame
 from ._shrinkage_site import ShrinkageSite
+from ..results import FederatedResult, register
 
 
+@register
 class BayesianShrinkage:
     """Hierarchical shrinkage regression (Bayesian lasso or ridge) fitted by federated EP.
 
@@ -154,6 +156,7 @@ class BayesianShrinkage:
                             num_chains=num_chains, per_client=bool(per_client))
 
 
+@register
 class BayesianLasso(BayesianShrinkage):
     """Federated Bayesian lasso: :class:`BayesianShrinkage` with ``penalty="lasso"``."""
 
@@ -161,6 +164,7 @@ class BayesianLasso(BayesianShrinkage):
         super().__init__("lasso", **options)
 
 
+@register
 class BayesianRidge(BayesianShrinkage):
     """Federated Bayesian ridge: :class:`BayesianShrinkage` with ``penalty="ridge"``."""
 
@@ -275,7 +279,8 @@ class _Selection:
                 "reject": p < 1 - level}
 
 
-@dataclass
+@register
+@dataclass(repr=False)
 class ShrinkageResult(_Selection, EPLinearResult):
     """A fitted federated lasso or ridge (see :class:`EPLinearResult` for the common API)."""
 
@@ -312,8 +317,9 @@ def _predict_selected(res, X, client, level) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- centralised reference
-@dataclass
-class CentralisedShrinkageResult(_Selection):
+@register
+@dataclass(repr=False)
+class CentralisedShrinkageResult(_Selection, FederatedResult):
     """The fit on pooled rows, by NUTS, with the result API of the federated fit.
 
     ``beta`` maps ``"pooled"`` to the one coefficient posterior of the pooled model (then

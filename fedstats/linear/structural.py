@@ -88,6 +88,7 @@ from ..inference.posterior import GaussianPosterior
 from ._local import (INITS, DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
                      federated_lr, full_batch, full_batch_steps, initial_theta, local_steps,
                      resolve_lr)
+from ..results import register
 
 
 # --------------------------------------------------------------------------- numerics
@@ -684,7 +685,8 @@ def exchangeable_target(A: np.ndarray) -> tuple[float, float, np.ndarray]:
 # --------------------------------------------------------------------------- result
 
 
-@dataclass
+@register
+@dataclass(repr=False)
 class StructuralResult(PointResult):
     """An HM1 fit: per-device coefficients (``coef``, ``coefficients``), the learned
     device covariance (``omega``, ``correlation``), predictions, and, after

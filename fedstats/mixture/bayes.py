@@ -39,6 +39,7 @@ from ..federation.protocol import client_function
 from ..inference import SamplePosterior
 from ._gmm import full_covariances, m_step, precision_cholesky
 from .fedem import FedEMAlgorithm, GaussianMixtureResult
+from ..results import register
 
 _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
 
@@ -215,6 +216,7 @@ class _Shim:  # a FedEM client state carrying VB's E-step weights for one call
 
 
 # ====================================================================== results
+@register
 class BayesianMixtureResult(GaussianMixtureResult):
     """Variational FedEM fit: ``GaussianMixtureResult`` plus the posterior ``q``.
 

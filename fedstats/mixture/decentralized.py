@@ -32,6 +32,7 @@ from ..federation.backend import accepts_backend
 from ._gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
 from ..federation.oneshot import raise_failures
 from .fedem import FederatedGaussianMixture, GaussianMixtureResult, _log_weights, _norm, as_federated, initial_weights
+from ..results import register
 
 
 # ---------------------------------------------------------------------------- graphs
@@ -328,6 +329,7 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
         return out
 
 
+@register
 class DecentralizedMixtureResult(GaussianMixtureResult):
     """A D-FedEM fit: each client predicts with its own copy of the components."""
 

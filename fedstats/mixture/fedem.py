@@ -26,7 +26,6 @@ client, so the M-step always sees the whole federation.
 from __future__ import annotations
 
 import math
-import pickle
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from ._gmm import (
     reshift,
     s2_shape,
 )
+from ..results import FederatedResult, register
 
 def _log_weights(p: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(p, 1e-300))
@@ -531,7 +531,8 @@ def check_failures(history, seen, clients, what):
 
 
 # ====================================================================== results
-class GaussianMixtureResult:
+@register
+class GaussianMixtureResult(FederatedResult):
     """A fitted federated Gaussian mixture.
 
     Attributes (scikit-learn names): ``means_`` (M, d), ``covariances_`` (layout of
@@ -694,22 +695,6 @@ class GaussianMixtureResult:
         names = [f"mean[{r.component}][{r.feature}]" for r in t.itertuples()]
         names += [f"var[{r.component}][{r.feature}]" for r in t.itertuples()]
         return pd.DataFrame({"mean": np.r_[t["mean"], t["variance"]]}, index=pd.Index(names, name="name"))
-
-    def save(self, path) -> None:
-        """Pickle the parameters, weights, options and history (never client data)."""
-        with open(path, "wb") as f:
-            pickle.dump({"class": type(self).__name__, "format": 1, "state": self.__dict__}, f)
-
-    @classmethod
-    def load(cls, path):
-        """Read a result written by :meth:`save` (only from files you trust: it is a pickle)."""
-        with open(path, "rb") as f:
-            blob = pickle.load(f)
-        if not isinstance(blob, Mapping) or blob.get("class") != cls.__name__:
-            raise ValueError(f"{path!r} does not hold a {cls.__name__}")
-        obj = cls.__new__(cls)
-        obj.__dict__.update(blob["state"])
-        return obj
 
     def __repr__(self):
         return (f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "

@@ -42,7 +42,6 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-import pickle
 import time
 import warnings
 from collections.abc import Mapping
@@ -67,6 +66,7 @@ from ._gmm import (
 )
 from ..federation.oneshot import raise_failures
 from .fedem import GaussianMixtureResult, _log_weights, _Stack, as_federated
+from ..results import load_result, register, save_result
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
 
@@ -374,6 +374,7 @@ class FEMOMDStep(FederatedAlgorithm):
 
 
 # ------------------------------------------------------------------ the model
+@register
 class FEMOMD:
     """Online federated Gaussian mixture: FEM-OMD (thesis Algorithm 15, spec §2.7).
 
@@ -755,23 +756,17 @@ class FEMOMD:
         parts = [self.weight_intervals(c, level).assign(client=c).reset_index() for c in self._clients]
         return pd.concat(parts, ignore_index=True)[["client", "name", "mean", "sd", "lower", "upper", "played"]]
 
-    def save(self, path) -> None:
-        """Pickle the whole online state (components, every client's weights and Dirichlet,
-        the step counter, options and history), to resume the stream later with :meth:`load`.
-        In a deployment each client would keep its own part."""
-        with open(path, "wb") as f:
-            pickle.dump({"class": "FEMOMD", "format": 1, "state": self.__dict__}, f)
+    def save(self, path):
+        """Write the whole online state (components, every client's weights and Dirichlet,
+        the step counter, options and history) in the safe format of :mod:`fedstats.results`,
+        to resume the stream later with :meth:`load`. In a deployment each client would keep
+        its own part."""
+        return save_result(self, path)
 
     @classmethod
     def load(cls, path) -> FEMOMD:
-        """Read a model written by :meth:`save` (only from files you trust: it is a pickle)."""
-        with open(path, "rb") as f:
-            blob = pickle.load(f)
-        if not isinstance(blob, Mapping) or blob.get("class") != "FEMOMD":
-            raise ValueError(f"{path!r} does not hold a FEMOMD model")
-        obj = cls.__new__(cls)
-        obj.__dict__.update(blob["state"])
-        return obj
+        """Read a model written by :meth:`save` (the safe format of :mod:`fedstats.results`)."""
+        return load_result(path, expected=cls)
 
     def history_frame(self) -> pd.DataFrame:
         """One row per time step: step size (NaN for the adaptive step of per-client weights: each

@@ -118,7 +118,7 @@ def federation(tmp_path):
 def test_deployed_hm2_equals_inprocess(tmp_path):
     fed = Federation(tmp_path, target=True)
     try:
-        out = tmp_path / "result.pkl"
+        out = tmp_path / "result.fedstats"
         done = fed.flwr_run(f"output='{out}' model='hm2' max-rounds=3 seed=2")
         assert out.exists(), done.stdout[-4000:] + done.stderr[-2000:]
         deployed = HierarchicalResult.load(out)
@@ -135,7 +135,7 @@ def test_deployed_hm2_equals_inprocess(tmp_path):
 
 
 def test_deployed_fedem_equals_inprocess(federation):
-    out = federation.root / "result.pkl"
+    out = federation.root / "result.fedstats"
     done = federation.flwr_run(f"output='{out}' max-rounds=4 seed=2")
     assert out.exists(), done.stdout[-4000:] + done.stderr[-2000:]
     deployed = GaussianMixtureResult.load(out)
@@ -154,7 +154,7 @@ def test_deployed_fedem_equals_inprocess(federation):
 
 @pytest.mark.parametrize("mode", ["raise", "continue"])
 def test_a_node_that_disconnects_mid_run(federation, mode):
-    out = federation.root / "result.pkl"
+    out = federation.root / "result.fedstats"
     run = federation.flwr_run(f"output='{out}' max-rounds=10 tol=0.0 seed=1 timeout=20.0 on-disconnect='{mode}'",
                               background=True)
     try:

@@ -447,8 +447,8 @@ def test_bad_options_are_refused(opts, match):
 def test_save_load_keeps_hyperparameters_but_no_data(tmp_path):
     data = toy(K=2, n=(20, 20))
     res = FGPR(rounds=3).fit(data)
-    res.save(tmp_path / "m.pkl")
-    back = FGPRResult.load(tmp_path / "m.pkl")
+    res.save(tmp_path / "m.fedstats")
+    back = FGPRResult.load(tmp_path / "m.fedstats")
     hyper_close(back.hyperparameters, res.hyperparameters, 0)
     assert len(back.history) == 3
     with pytest.raises(ValueError, match="no client data"):

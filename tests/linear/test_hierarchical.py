@@ -235,7 +235,7 @@ def test_result_api_predict_save_load(tmp_path):
     assert np.all((p["lower"] <= p["mean"]) & (p["mean"] <= p["upper"]))
     new = res.predict(X, client=None, level=0.9)
     assert np.all(new["pred_upper"] - new["pred_lower"] > p["pred_upper"] - p["pred_lower"])
-    path = tmp_path / "fit.pkl"
+    path = tmp_path / "fit.fedstats"
     res.save(path)
     back = HierarchicalResult.load(path)
     np.testing.assert_allclose(back.global_posterior.mean, res.global_posterior.mean)

@@ -230,8 +230,8 @@ def test_conditional_posterior_equals_the_dense_oracle():
 def test_save_load_roundtrip(tmp_path):
     data, _, _ = simulate(seed=12)
     res = StructuralCovarianceModel(rounds=3).fit(data, uncertainty=True)
-    res.save(tmp_path / "hm1.pkl")
-    back = type(res).load(tmp_path / "hm1.pkl")
+    res.save(tmp_path / "hm1.fedstats")
+    back = type(res).load(tmp_path / "hm1.fedstats")
     np.testing.assert_array_equal(back.theta, res.theta)
     np.testing.assert_array_equal(back.posterior_cov, res.posterior_cov)
 

@@ -399,8 +399,8 @@ def test_bad_input_is_refused():
 def test_save_load_roundtrip_and_tables(tmp_path):
     data, _ = gmm_federation(n_clients=4, d=2, seed=8)
     res = FederatedGaussianMixture(3, n_init=2).fit(data, seed=0)
-    res.save(tmp_path / "gmm.pkl")
-    back = GaussianMixtureResult.load(tmp_path / "gmm.pkl")
+    res.save(tmp_path / "gmm.fedstats")
+    back = GaussianMixtureResult.load(tmp_path / "gmm.fedstats")
     X = data[0].X
     np.testing.assert_array_equal(back.predict_proba(X, 0), res.predict_proba(X, 0))
     assert back.rounds == res.rounds and len(back.history) == len(res.history)

@@ -340,8 +340,8 @@ def test_save_load_resumes_the_stream(tmp_path):
     for t in range(1, 6):
         a.partial_fit(stream.batch(t))
         b.partial_fit(stream.batch(t))
-    b.save(tmp_path / "omd.pkl")
-    b = FEMOMD.load(tmp_path / "omd.pkl")
+    b.save(tmp_path / "omd.fedstats")
+    b = FEMOMD.load(tmp_path / "omd.fedstats")
     for t in range(6, 11):
         a.partial_fit(stream.batch(t))
         b.partial_fit(stream.batch(t))

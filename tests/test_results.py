@@ -1,0 +1,216 @@
+"""The safe result format (fedstats.results): every model's result survives save/load exactly,
+and a crafted file is refused without running anything it names."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import warnings
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedstats import FederatedData
+from fedstats.results import _REGISTRY, ResultFileError, load_result, save_result
+
+SITES = os.path.join(os.path.dirname(__file__), "..", "examples", "sites.csv")
+
+
+def same(a, b, where="state"):
+    """Deep equality of two decoded states (arrays bit for bit, NaN equal to NaN)."""
+    assert type(a) is type(b), f"{where}: {type(a)} != {type(b)}"
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        if a.dtype.kind in "fc":
+            assert np.array_equal(a, b, equal_nan=True), where
+        elif a.dtype.hasobject:
+            for i, (x, y) in enumerate(zip(a.ravel(), b.ravel())):
+                same(x, y, f"{where}[{i}]")
+        else:
+            assert np.array_equal(a, b), where
+    elif isinstance(a, float):
+        assert a == b or (np.isnan(a) and np.isnan(b)), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, pd.DataFrame):
+        pd.testing.assert_frame_equal(a, b)
+    elif type(a).__qualname__ in _REGISTRY:
+        same(a.__getstate__(), b.__getstate__(), f"{where}.{type(a).__qualname__}")
+    else:
+        assert a == b, where
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """A small fit of every model that has a result (and FEM-OMD's online state)."""
+    from fedstats import HierarchicalLinearModel
+    from fedstats.gp import FGPR
+    from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
+    from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
+    from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture, ring_graph
+    from fedstats.mixture.regret import MixtureStream
+
+    df = pd.read_csv(SITES)
+    data = FederatedData.from_dataframe(df, by="site", target="y")
+    gm = FederatedData.from_dataframe(df[["site", "x1", "x2"]], by="site")
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out["hm2"] = HierarchicalLinearModel(rounds=3).fit(data, seed=0, progress=False)
+        out["hm2-nuts"] = HierarchicalLinearModel(rounds=1, estimator="nuts", estimator_options={
+            "num_warmup": 50, "num_samples": 50, "num_chains": 1}).fit(data, seed=0, progress=False)
+        out["lasso"] = BayesianLasso(rounds=2).fit(data, seed=0, progress=False)
+        out["ridge"] = BayesianRidge(rounds=2).fit(data, seed=0, progress=False)
+        out["lasso-centralised"] = BayesianLasso().fit_centralised(data, seed=0, num_warmup=100, num_samples=100)
+        out["hm1"] = StructuralCovarianceModel(rounds=5).fit(data, seed=0, uncertainty=True, progress=False)
+        out["hm1-point"] = StructuralCovarianceModel(rounds=5).fit(data, seed=0, progress=False)
+        out["separate"] = Separate().fit(data)
+        out["fedavg"] = FedAvg().fit(data)
+        out["ditto"] = Ditto(lam=1.0).fit(data)
+        out["distributed-ridge"] = DistributedRidge().fit(data)
+        out["fgpr"] = FGPR(rounds=3).fit(data, seed=0, progress=False)
+        out["fedem"] = FederatedGaussianMixture(3).fit(gm, seed=0)
+        out["vb-fedem"] = FederatedGaussianMixture(3, bayesian=True).fit(gm, seed=0)
+        out["d-fedem"] = DecentralizedGaussianMixture(3, graph=ring_graph(gm.n_clients)).fit(gm, seed=0)
+        stream = MixtureStream(n_clients=5, n=30, d=3, n_components=2, process="fixed", seed=0)
+        m = FEMOMD(2, means_init=stream.means + 0.3, horizon=3)
+        for t in range(1, 3):
+            m.partial_fit(stream.batch(t))
+        out["fem-omd-result"] = m.result()
+        out["fem-omd"] = m
+    return out, data
+
+
+MODELS = ["hm2", "hm2-nuts", "lasso", "ridge", "lasso-centralised", "hm1", "hm1-point", "separate", "fedavg", "ditto",
+          "distributed-ridge", "fgpr", "fedem", "vb-fedem", "d-fedem", "fem-omd-result", "fem-omd"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_save_load_round_trip_is_exact(fitted, name, tmp_path):
+    results, data = fitted
+    res = results[name]
+    path = res.save(tmp_path / "fit.fedstats")
+    assert zipfile.is_zipfile(path)
+    with zipfile.ZipFile(path) as z:
+        assert sorted(z.namelist()) == ["arrays.npz", "fedstats.json"]
+        header = json.loads(z.read("fedstats.json"))  # strict JSON: no NaN or Infinity
+        assert header["format"] == "fedstats-result" and header["version"] == 1
+        raw = z.read("fedstats.json").decode()
+    assert "NaN" not in raw and "Infinity" not in raw
+    back = type(res).load(path)
+    assert type(back) is type(res)
+    same(res.__getstate__() if hasattr(res, "__getstate__") else res.__dict__, back.__getstate__())
+    # and it still works: the same tables as the original
+    if name.startswith("fem-omd") is False and hasattr(res, "summary"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pd.testing.assert_frame_equal(res.summary(), back.summary())
+
+
+def test_no_client_rows_in_files(fitted, tmp_path):
+    # FGPR keeps the training data for in-process predictions; the file never holds it
+    results, data = fitted
+    path = results["fgpr"].save(tmp_path / "fgpr.fedstats")
+    with zipfile.ZipFile(path) as z, np.load(io.BytesIO(z.read("arrays.npz"))) as npz:
+        sizes = [npz[k].size for k in npz.files]
+    assert max(sizes, default=0) < data.n_total
+    assert type(results["fgpr"]).load(path)._data is None
+
+
+def test_loading_a_pickle_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    path = tmp_path / "fit.pkl"
+    path.write_bytes(pickle.dumps({"format": 1, "state": Payload()}))
+    from fedstats.linear import HierarchicalResult
+
+    with pytest.raises(ResultFileError, match="not a fedstats result file"):
+        HierarchicalResult.load(path)
+    assert not marker.exists()
+
+
+def crafted(path, result, arrays=None, **header):
+    body = {"format": "fedstats-result", "version": 1, "fedstats": "0", "result": result, **header}
+    buf = io.BytesIO()
+    np.savez(buf, **(arrays or {}))
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("fedstats.json", json.dumps(body))
+        z.writestr("arrays.npz", buf.getvalue())
+    return path
+
+
+@pytest.mark.parametrize("name", ["system", "os.system", "posix.system", "subprocess.Popen", "builtins.eval",
+                                  "FederatedData", "__import__"])
+def test_a_file_naming_a_callable_is_refused(tmp_path, name):
+    path = crafted(tmp_path / "evil.fedstats", {"__object__": name, "state": {"__dict__": [["cmd", "touch x"]]}})
+    with pytest.raises(ResultFileError, match="not a fedstats data class"):
+        load_result(path)
+    # nested inside a registered class too
+    path = crafted(tmp_path / "evil2.fedstats", {"__object__": "PointResult", "state": {"__dict__": [
+        ["theta", {"__object__": name, "state": {"__dict__": []}}]]}})
+    with pytest.raises(ResultFileError, match="not a fedstats data class"):
+        load_result(path)
+    assert not (tmp_path / "x").exists()
+
+
+def test_pickled_arrays_and_other_versions_are_refused(tmp_path):
+    obj = np.empty(1, dtype=object)
+    obj[0] = {"a": 1}
+    path = crafted(tmp_path / "a.fedstats", {"__object__": "PointResult", "state": {"__dict__": [
+        ["theta", {"__array__": "a0"}]]}}, arrays={"a0": obj})
+    with pytest.raises(ResultFileError, match="arrays refused"):
+        load_result(path)
+    with pytest.raises(ResultFileError, match="version"):
+        load_result(crafted(tmp_path / "b.fedstats", {"__object__": "PointResult", "state": {"__dict__": []}},
+                            version=2))
+    from fedstats.linear import HierarchicalResult
+
+    with pytest.raises(ResultFileError, match="holds a PointResult, not a HierarchicalResult"):
+        HierarchicalResult.load(crafted(tmp_path / "c.fedstats", {"__object__": "PointResult",
+                                                                   "state": {"__dict__": []}}))
+
+
+def test_codec_keeps_key_types_and_non_finite_values(fitted, tmp_path):
+    res = fitted[0]["separate"]
+    res.options = {**res.options, "odd": {1: np.inf, "1": -np.inf, (2, "b"): np.nan, "s": {3, 4}}}
+    try:
+        back = type(res).load(res.save(tmp_path / "p.fedstats"))
+    finally:
+        res.options = {k: v for k, v in res.options.items() if k != "odd"}
+    odd = back.options["odd"]
+    assert odd[1] == np.inf and odd["1"] == -np.inf and np.isnan(odd[(2, "b")]) and odd["s"] == {3, 4}
+
+
+def test_unwritable_state_names_where(tmp_path):
+    from fedstats.linear._local import PointResult
+
+    res = PointResult(feature_names=["a"], clients=[0], theta=np.zeros((1, 1)), options={"hook": print})
+    with pytest.raises(TypeError, match=r"^PointResult.options\['hook'\]: cannot write a builtins.builtin_function_or_method"):
+        save_result(res, tmp_path / "x.fedstats")
+
+
+def test_object_arrays_and_malformed_files(tmp_path):
+    from fedstats.linear._local import PointResult
+
+    names = np.empty((2, 2), dtype=object)
+    names[:] = [["a", (1, 2)], [None, "d"]]
+    res = PointResult(feature_names=["a"], clients=[0], theta=np.zeros((1, 1)), options={"names": names})
+    back = PointResult.load(res.save(tmp_path / "o.fedstats"))
+    same(res.__getstate__(), back.__getstate__())
+    with pytest.raises(ResultFileError, match="malformed"):
+        load_result(crafted(tmp_path / "m.fedstats", {"__object__": "PointResult", "state": {"__dict__": [
+            ["theta", {"__array__": "missing"}]]}}))
