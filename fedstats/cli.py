@@ -101,6 +101,15 @@ def _progress(args):
     return False if args.quiet else None
 
 
+def _communication(res) -> dict:
+    """The JSON of a fit's communication: totals and the per-kind breakdown (every exchange of
+    the fit, one-off rounds included)."""
+    c = res.communication
+    return {"bytes_up": int(c.bytes_up), "bytes_down": int(c.bytes_down),
+            "by_kind": {k: {"bytes_up": int(v["bytes_up"]), "bytes_down": int(v["bytes_down"]),
+                            "rounds": int(v["rounds"])} for k, v in c.by_kind.items()}}
+
+
 def _converged_text(res) -> str:
     return "converged" if res.converged else "NOT converged: stopped at the round limit (raise --rounds)"
 
@@ -208,7 +217,7 @@ def _fit(args) -> dict:
         "client": {},
         "rounds": res.rounds,
         "converged": bool(res.converged),
-        "communication": {"bytes_up": int(res.communication.bytes_up), "bytes_down": int(res.communication.bytes_down)},
+        "communication": _communication(res),
         "runtime_s": round(runtime, 3),
     }
     tables = {}
@@ -247,9 +256,7 @@ def _fit_hm1(args, data, test) -> dict:
     out = {
         "model": "hm1", "level": args.level, "clients": [_id_key(c) for c in data.clients], "global": [],
         "client": {}, "rounds": res.rounds, "converged": bool(res.converged),
-        "communication": {"bytes_up": int(res.communication.bytes_up + res.extra_communication.get("bytes_up", 0)),
-                          "bytes_down": int(res.communication.bytes_down
-                                            + res.extra_communication.get("bytes_down", 0))},
+        "communication": _communication(res),
         "runtime_s": round(runtime, 3), "learning_rate": res.lr,
     }
     tables = {}
@@ -327,8 +334,7 @@ def _fit_fgpr(args, data, test) -> dict:
         "global": [{"name": str(n), "value": float(v)} for n, v in g["value"].items()],
         "client": {_id_key(c): [{"name": "n_rows", "value": int(data.n_obs[c])}] for c in data.clients},
         "rounds": res.rounds,
-        "communication": {"bytes_up": int(res.communication.bytes_up + res.count_bytes),
-                          "bytes_down": int(res.communication.bytes_down)},
+        "communication": _communication(res),
         "runtime_s": round(runtime, 3), "kernel": args.kernel, "ard": bool(args.ard),
         "input_scaling": {"mean": scaler.mean.tolist(), "sd": scaler.sd.tolist()},
     }
@@ -382,9 +388,6 @@ def _fit_gmm(args, data, test) -> dict:
         var = res.summary().loc[lambda t: t.index.str.startswith("var[")].assign(sd=np.nan, lower=np.nan, upper=np.nan)
         g = pd.concat([g, var])
     cols = ["mean", "sd", "lower", "upper"]
-    up, down = res.bytes_total["up"], res.bytes_total["down"]
-    if args.uncertainty:
-        up, down = up + res.wald_info_["bytes_up"], down + res.wald_info_["bytes_down"]
     out = {
         "model": "gmm", "level": args.level, "clients": [_id_key(c) for c in data.clients],
         "components": args.components, "covariance_type": args.covariance_type, "bayesian": bool(args.bayesian),
@@ -394,7 +397,7 @@ def _fit_gmm(args, data, test) -> dict:
         "rounds": res.rounds, "converged": bool(res.converged),
         "loglik": None if args.bayesian else res.loglik_,
         "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None,
-        "communication": {"bytes_up": int(up), "bytes_down": int(down)}, "runtime_s": round(runtime, 3),
+        "communication": _communication(res), "runtime_s": round(runtime, 3),
     }
     if test is not None:
         tdf, X = test

@@ -20,6 +20,7 @@ no distribution for a column fills it with NaN, never changes the column set.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import io
 import json
@@ -288,3 +289,21 @@ class FederatedResult:
         """The result that :meth:`save` wrote to ``path`` (it must be a ``cls``). Loading never
         runs code named in the file: see :mod:`fedstats.results`."""
         return load_result(path, expected=cls)
+
+
+def counted(fit):
+    """Decorator for a model's ``fit``: the result's ``communication`` counts every exchange
+    of the fit (its rounds and every one-off round: starts, checks, scoring, shared
+    information), with a per-kind breakdown (``communication.by_kind``)."""
+
+    @functools.wraps(fit)
+    def wrapper(self, *args, **kwargs):
+        from .federation.runner import counting
+
+        with counting() as ledger:
+            res = fit(self, *args, **kwargs)
+        if ledger.parts and hasattr(res, "communication"):
+            res.communication = ledger.communication()
+        return res
+
+    return wrapper

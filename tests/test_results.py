@@ -60,10 +60,45 @@ def fitted():
     from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture, ring_graph
     from fedstats.mixture.regret import MixtureStream
 
+    from fedstats.federation import runner
+
     df = pd.read_csv(SITES)
     data = FederatedData.from_dataframe(df, by="site", target="y")
     gm = FederatedData.from_dataframe(df[["site", "x1", "x2"]], by="site")
     out = {}
+    # the runtime's own counters, read independently of the ledger: every run's round records
+    seen = []
+    real_run = runner._run
+
+    def spying_run(*args, **kwargs):
+        res = real_run(*args, **kwargs)
+        seen.append((sum(r.bytes_up for r in res.history), sum(r.bytes_down for r in res.history)))
+        return res
+
+    class Spy(dict):
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            runs[key] = (sum(u for u, _ in seen), sum(d for _, d in seen))
+            seen.clear()
+
+    runs = {}
+    out = Spy()
+    runner._run = spying_run
+    try:
+        fit_all(out, data, gm)
+    finally:
+        runner._run = real_run
+    return dict(out), data, runs
+
+
+def fit_all(out, data, gm):
+    from fedstats import HierarchicalLinearModel
+    from fedstats.gp import FGPR
+    from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
+    from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
+    from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture, ring_graph
+    from fedstats.mixture.regret import MixtureStream
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out["hm2"] = HierarchicalLinearModel(rounds=3).fit(data, seed=0, progress=False)
@@ -88,7 +123,6 @@ def fitted():
             m.partial_fit(stream.batch(t))
         out["fem-omd-result"] = m.result()
         out["fem-omd"] = m
-    return out, data
 
 
 MODELS = ["hm2", "hm2-nuts", "lasso", "ridge", "lasso-centralised", "hm1", "hm1-point", "separate", "fedavg", "ditto",
@@ -97,7 +131,7 @@ MODELS = ["hm2", "hm2-nuts", "lasso", "ridge", "lasso-centralised", "hm1", "hm1-
 
 @pytest.mark.parametrize("name", MODELS)
 def test_save_load_round_trip_is_exact(fitted, name, tmp_path):
-    results, data = fitted
+    results, data, _ = fitted
     res = results[name]
     path = res.save(tmp_path / "fit.fedstats")
     assert zipfile.is_zipfile(path)
@@ -119,7 +153,7 @@ def test_save_load_round_trip_is_exact(fitted, name, tmp_path):
 
 def test_no_client_rows_in_files(fitted, tmp_path):
     # FGPR keeps the training data for in-process predictions; the file never holds it
-    results, data = fitted
+    results, data, _ = fitted
     path = results["fgpr"].save(tmp_path / "fgpr.fedstats")
     with zipfile.ZipFile(path) as z, np.load(io.BytesIO(z.read("arrays.npz"))) as npz:
         sizes = [npz[k].size for k in npz.files]
@@ -214,3 +248,26 @@ def test_object_arrays_and_malformed_files(tmp_path):
     with pytest.raises(ResultFileError, match="malformed"):
         load_result(crafted(tmp_path / "m.fedstats", {"__object__": "PointResult", "state": {"__dict__": [
             ["theta", {"__array__": "missing"}]]}}))
+
+
+# the results whose fit is one model's fit() (FEM-OMD's result() reports its last step)
+FITS = [m for m in MODELS if m not in ("fem-omd-result", "fem-omd", "lasso-centralised")]
+
+
+@pytest.mark.parametrize("name", FITS)
+def test_communication_counts_every_exchange_of_the_fit(fitted, name):
+    results, data, runs = fitted
+    c = results[name].communication
+    up, down = runs[name]  # every round of every run during the fit, from the runtime's records
+    kinds = c.by_kind
+    hand = kinds.get("posterior blocks", {"bytes_up": 0, "bytes_down": 0})  # HM1: computed on the server
+    assert (c.bytes_up, c.bytes_down - hand["bytes_down"]) == (up, down), kinds
+    assert c.bytes_up == sum(v["bytes_up"] for v in kinds.values())
+    assert c.bytes_down == sum(v["bytes_down"] for v in kinds.values())
+    assert sum(p["bytes_up"] for p in c.per_client.values()) == c.bytes_up
+    assert c.breakdown().index.name == "kind" and list(c.breakdown().columns) == ["bytes_up", "bytes_down", "rounds",
+                                                                                "runs"]
+    if name in ("fedem", "vb-fedem", "d-fedem"):  # the federated k-means start is counted too
+        assert "k-means initialisation" in kinds and kinds["k-means initialisation"]["bytes_up"] > 0
+    if name in ("lasso", "ridge"):
+        assert "design check" in kinds

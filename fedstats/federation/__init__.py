@@ -25,7 +25,7 @@ from .protocol import (
     validate_message,
 )
 from .backend import current_backend, use_backend
-from .runner import Communication, History, RoundRecord, RunResult, round_lines, run
+from .runner import Communication, History, Ledger, RoundRecord, RunResult, counting, round_lines, run
 
 __all__ = [
     "FederatedAlgorithm",
@@ -40,6 +40,8 @@ __all__ = [
     "current_backend",
     "run",
     "round_lines",
+    "counting",
+    "Ledger",
     "RunResult",
     "History",
     "RoundRecord",

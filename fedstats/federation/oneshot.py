@@ -58,7 +58,7 @@ def one_shot(data, keys, payload, client_fn, *, seed, what, private=None):
     client that failed (a one-off aggregate over part of the federation would be wrong).
     """
     r = run(OneShot(tuple(keys), payload, client_fn, private), data, rounds=1, seed=seed, progress=False,
-            batched=False)
+            batched=False, kind=what.removeprefix("the "))
     raise_failures(r.history, what)
     return r.server_state, r.client_states, {"bytes_up": int(r.communication.bytes_up),
                                               "bytes_down": int(r.communication.bytes_down)}

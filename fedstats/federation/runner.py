@@ -212,6 +212,35 @@ class Communication:
     bytes_down: int = 0
     per_client: dict[ClientId, dict[str, int]] = field(default_factory=dict)
     rounds: int = 0
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def combine(cls, parts: Iterable[Communication]) -> Communication:
+        """The sum of several exchanges: bytes, rounds and per-client bytes added up, and
+        ``by_kind`` (kind -> ``{"bytes_up", "bytes_down", "rounds", "runs"}``) merged."""
+        total = cls()
+        for c in parts:
+            total.bytes_up += int(c.bytes_up)
+            total.bytes_down += int(c.bytes_down)
+            total.rounds += int(c.rounds)
+            for client, b in c.per_client.items():
+                acc = total.per_client.setdefault(client, {"bytes_up": 0, "bytes_down": 0})
+                acc["bytes_up"] += int(b["bytes_up"])
+                acc["bytes_down"] += int(b["bytes_down"])
+            kinds = c.by_kind or {"unlabelled": {"bytes_up": c.bytes_up, "bytes_down": c.bytes_down,
+                                                 "rounds": c.rounds, "runs": 1}}
+            for kind, b in kinds.items():
+                acc = total.by_kind.setdefault(kind, {"bytes_up": 0, "bytes_down": 0, "rounds": 0, "runs": 0})
+                for k in acc:
+                    acc[k] += int(b.get(k, 0))
+        return total
+
+    def breakdown(self) -> pd.DataFrame:
+        """``by_kind`` as a table: one row per kind of exchange (bytes up and down, rounds, runs)."""
+        import pandas as pd
+
+        return pd.DataFrame.from_dict(self.by_kind, orient="index",
+                                      columns=["bytes_up", "bytes_down", "rounds", "runs"]).rename_axis("kind")
 
     @property
     def bytes_total(self) -> int:
@@ -620,6 +649,46 @@ class _LinePrinter:
                         f"{seconds:.1f} s")
 
 
+# --------------------------------------------------------------------------- counting
+_LEDGERS: ContextVar[tuple] = ContextVar("fedstats_ledgers", default=())
+
+
+class Ledger:
+    """The exchanges of every :func:`run` inside a :func:`counting` block, in order:
+    ``parts`` is a list of :class:`Communication` (each with its ``by_kind``)."""
+
+    def __init__(self):
+        self.parts: list[Communication] = []
+
+    def communication(self) -> Communication:
+        """Everything counted so far, as one :class:`Communication`."""
+        return Communication.combine(self.parts)
+
+
+def record(communication: Communication) -> None:
+    """Add an exchange that happens outside :func:`run` (e.g. a server's reply computed from
+    shared statistics) to every open :func:`counting` ledger."""
+    for ledger in _LEDGERS.get():
+        ledger.parts.append(communication)
+
+
+@contextmanager
+def counting():
+    """Count every exchange of the runs inside the block (also those of nested blocks)::
+
+        with counting() as ledger:
+            ...  # any number of run() calls: rounds, one-off starts, scoring rounds
+        ledger.communication().by_kind
+
+    Models use it so that a result's ``communication`` covers the whole fit."""
+    ledger = Ledger()
+    token = _LEDGERS.set(_LEDGERS.get() + (ledger,))
+    try:
+        yield ledger
+    finally:
+        _LEDGERS.reset(token)
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -644,6 +713,7 @@ def run(
     resume: bool = False,
     batched: bool = True,
     min_rounds: int = 1,
+    kind: str | None = None,
 ) -> RunResult:
     """Run ``algorithm`` over the clients of ``data`` for up to ``rounds`` rounds.
 
@@ -680,6 +750,9 @@ def run(
         :class:`RuntimeWarning` is issued once); ``False``: ``client_step`` per client.
     min_rounds:
         ``algorithm.converged`` may only stop the run once this many rounds are complete.
+    kind:
+        the label of this exchange in ``communication.by_kind`` (default: the algorithm's
+        class name); every run inside a :func:`counting` block is added to its ledger.
     """
     t_start = time.perf_counter()
 
@@ -718,10 +791,15 @@ def run(
     backend = _BACKEND.get()
     devices = _Devices(algorithm, ids, get, seed) if backend is None else backend.client_side(algorithm, ids, data, seed)
     try:
-        return _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, checkpoint,
-                    checkpoint_every, resume, batched, min_rounds, t_start)
+        out = _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, checkpoint,
+                   checkpoint_every, resume, batched, min_rounds, t_start)
     finally:
         devices.close()
+    c = out.communication
+    c.by_kind = {kind or type(algorithm).__name__: {"bytes_up": int(c.bytes_up), "bytes_down": int(c.bytes_down),
+                                                     "rounds": int(c.rounds), "runs": 1}}
+    record(c)
+    return out
 
 
 def _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, checkpoint, checkpoint_every,

@@ -39,7 +39,7 @@ from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
                     resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
-from ..results import FederatedResult, register
+from ..results import FederatedResult, counted, register
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
 
@@ -492,6 +492,7 @@ class FGPR:
         return spec, {"participants": k, "init": init, "device": resolve_device(self.device),
                       "dtype": resolve_dtype(self.dtype), "betas": b}
 
+    @counted
     @accepts_backend
     def fit(self, data: FederatedData, *, seed: int = 0, progress: bool | None = None, batched: bool = True,
             checkpoint=None, resume: bool = False) -> FGPRResult:
@@ -500,7 +501,7 @@ class FGPR:
         require_target(data, "FGPR")
         spec, o = self._validate(data)
         t0 = time.perf_counter()
-        counts_run = run(_CountShare(), data, rounds=1, seed=seed, progress=False)
+        counts_run = run(_CountShare(), data, kind="row counts", rounds=1, seed=seed, progress=False)
         counts = counts_run.server_state
         missing = [c for c in data.clients if c not in counts]
         if missing:
@@ -514,7 +515,8 @@ class FGPR:
         participation = 1.0 if o["participants"] is None else alg.participation
         biggest = max(batch_for(self.batch_size, n) for n in counts.values())
         with small_work(o["device"], biggest):
-            out = run(alg, data, rounds=int(self.rounds), participation=participation, seed=seed, progress=progress,
+            out = run(alg, data, kind="FGPR rounds", rounds=int(self.rounds), participation=participation, seed=seed,
+                      progress=progress,
                       batched=batched, checkpoint=checkpoint, resume=resume)
         failed = {c: why for rec in out.history for c, why in rec.failed.items()}
         if failed and all(len(rec.answered) == 0 for rec in out.history):
@@ -527,7 +529,7 @@ class FGPR:
         comm = out.communication
         return FGPRResult(spec=spec, hyperparameters=out.server_state.hyper, feature_names=list(data.feature_names),
                           clients=list(data.clients), n_obs=dict(counts), options=self._options(),
-                          history=out.history, communication=comm, count_bytes=counts_run.communication.bytes_up,
+                          history=out.history, communication=comm,
                           seconds=time.perf_counter() - t0, seed=seed, data=data)
 
 
@@ -578,11 +580,11 @@ class FGPRResult(FederatedResult):
     _transient = {"_data": None}  # the training data of an in-process fit: never written
 
     def __init__(self, *, spec: HyperSpec, hyperparameters: dict, feature_names, clients, n_obs, options, history=None,
-                 communication=None, count_bytes: int = 0, seconds: float = 0.0, seed: int = 0, data=None):
+                 communication=None, seconds: float = 0.0, seed: int = 0, data=None):
         self.spec, self.hyperparameters = spec, {k: np.asarray(v, dtype=float) for k, v in hyperparameters.items()}
         self.feature_names, self.clients, self.n_obs = list(feature_names), list(clients), dict(n_obs)
         self.options, self.history, self.communication = options, history, communication
-        self.count_bytes, self.seconds, self.seed = count_bytes, seconds, seed
+        self.seconds, self.seed = seconds, seed
         self._data = data
 
     def __repr__(self):

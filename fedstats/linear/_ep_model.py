@@ -74,7 +74,8 @@ def fit_ep(result_cls, model, data, site, prior: NaturalGaussian, est: TiltedEst
     devices = Devices(data, model.fit_intercept, sigma)
     alg = FederatedEP(site, prior, est, damping=damping, tol=float(tol))
     t0 = time.perf_counter()
-    out = run(alg, devices, rounds=int(rounds), participation=participation, seed=seed, progress=progress,
+    out = run(alg, devices, kind="EP rounds", rounds=int(rounds), participation=participation, seed=seed,
+              progress=progress,
               checkpoint=checkpoint, resume=resume, batched=batched, min_rounds=min(2, int(rounds)))
     if out.lost:
         c, why = next(iter(out.lost.items()))

@@ -140,7 +140,8 @@ def federated_lr(lr, devices, batch_size, reduction: str, *, seed: int = 0) -> f
     come from one federated round (the server never reads a design matrix)."""
     if not (isinstance(lr, str) and lr == "auto"):
         return resolve_lr(lr, [], batch_size, reduction)
-    out = run(_CurvatureShare(batch_size, reduction), devices, rounds=1, seed=seed, progress=False)
+    out = run(_CurvatureShare(batch_size, reduction), devices, kind="step-size curvature", rounds=1, seed=seed,
+              progress=False)
     failed = out.history[0].failed
     if failed:
         c, why = next(iter(failed.items()))

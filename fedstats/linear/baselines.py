@@ -25,6 +25,7 @@ from ..data import require_target
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ..federation.runner import _INIT_TAG  # init_server's seed stream: Separate starts where HM1 starts
+from ..results import counted
 from ._local import (DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
                      federated_lr, full_batch, full_batch_steps, initial_theta, local_steps)
 
@@ -67,6 +68,7 @@ class Separate(_GDOptions):
         super().__init__(**options)
         self.method = method
 
+    @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0) -> PointResult:
         require_target(data, "Separate")
@@ -79,7 +81,7 @@ class Separate(_GDOptions):
         theta0 = initial_theta(self.init, d, K, np.random.default_rng([seed, _INIT_TAG]))
         alg = _SeparateFit(self.method, theta0, seed=seed, steps=self.rounds * self.local_steps, lr=lr,
                            batch_size=self.batch_size, reduction=self.grad_reduction)
-        out = run(alg, devices, rounds=1, seed=seed, progress=False)
+        out = run(alg, devices, kind="local fits", rounds=1, seed=seed, progress=False)
         failed = out.history[0].failed
         if failed:
             c, why = next(iter(failed.items()))
@@ -191,7 +193,7 @@ def _run_averaging(model, data, seed, progress, lam=None):
     devices, clients, names, lr = _common(model, data)
     alg = _Averaging(len(names), lr=lr, local_steps=int(model.local_steps), batch_size=model.batch_size,
                      reduction=model.grad_reduction, init=model.init, lam=lam)
-    out = run(alg, devices, rounds=int(model.rounds), participation=model.participation, seed=seed,
+    out = run(alg, devices, kind="rounds", rounds=int(model.rounds), participation=model.participation, seed=seed,
               progress=progress)
     diverged = [why for rec in out.history for why in rec.failed.values() if why.startswith("FloatingPointError")]
     if diverged:
@@ -212,6 +214,7 @@ class FedAvg(_GDOptions):
     ``local_steps`` gradient steps from the global coefficients and the server takes their
     unweighted average; every device predicts with the final average."""
 
+    @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
         require_target(data, "FedAvg")
@@ -229,6 +232,7 @@ class Ditto(_GDOptions):
         super().__init__(**options)
         self.lam = lam
 
+    @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
         require_target(data, "Ditto")
@@ -273,6 +277,7 @@ class DistributedRidge:
     def __repr__(self):
         return f"DistributedRidge(lam={self.lam!r}, fit_intercept={self.fit_intercept})"
 
+    @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0) -> PointResult:
         require_target(data, "DistributedRidge")
@@ -281,7 +286,7 @@ class DistributedRidge:
             raise ValueError(f"lam must be positive, got {self.lam!r}")
         t0 = time.perf_counter()
         devices, clients = DeviceDesign(data, self.fit_intercept), list(data.clients)
-        out = run(_OneShotRidge(lam), devices, rounds=1, seed=seed, progress=False)
+        out = run(_OneShotRidge(lam), devices, kind="ridge statistics", rounds=1, seed=seed, progress=False)
         if out.server_state is None or out.history[0].failed:
             raise RuntimeError(f"distributed ridge failed on some client: {out.history[0].failed}")
         theta = np.repeat(out.server_state[:, None], len(clients), axis=1)

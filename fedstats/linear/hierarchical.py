@@ -39,7 +39,7 @@ from ..inference.tilted import TiltedEstimator, make_estimator
 from ._ep_model import EPLinearResult, coefficient_posterior, fit_ep, log_scale_rows, no_p_value
 from ._ep_model import normal_pair as _normal_pair
 from ._hm2_site import HM2Site
-from ..results import register
+from ..results import counted, register
 
 
 @register
@@ -116,6 +116,7 @@ class HierarchicalLinearModel:
         return make_estimator(spec, **(self.estimator_options or {}))
 
     # ------------------------------------------------------------------ fit
+    @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0, rounds: int | None = None, progress: bool | None = None,
             checkpoint=None, resume: bool = False, batched: bool = True) -> "HierarchicalResult":

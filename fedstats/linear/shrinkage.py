@@ -32,7 +32,7 @@ from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
 from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, no_p_value, normal_pair, prediction_frame
 from ._shrinkage_site import ShrinkageSite
-from ..results import FederatedResult, register
+from ..results import FederatedResult, counted, register
 
 
 @register
@@ -124,6 +124,7 @@ class BayesianShrinkage:
         return (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
 
     # ------------------------------------------------------------------ fit
+    @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0, rounds: int | None = None, progress: bool | None = None,
             checkpoint=None, resume: bool = False, batched: bool = True) -> "ShrinkageResult":

@@ -82,13 +82,14 @@ import pandas as pd
 from scipy import linalg as sla
 from scipy import stats as sst
 
-from ..federation import FederatedAlgorithm, run
+from ..federation import Communication, FederatedAlgorithm, run
+from ..federation.runner import record
 from ..federation.backend import accepts_backend
 from ..inference.posterior import GaussianPosterior
 from ._local import (INITS, DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
                      federated_lr, full_batch, full_batch_steps, initial_theta, local_steps,
                      resolve_lr)
-from ..results import register
+from ..results import counted, register
 
 
 # --------------------------------------------------------------------------- numerics
@@ -468,6 +469,7 @@ class StructuralCovarianceModel:
         opts = self._validated(len(clients))
         return clients, opts, DeviceDesign(data, self.fit_intercept), coefficient_names(data, self.fit_intercept)
 
+    @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None, uncertainty: bool = False,
             noise_sd=None, checkpoint=None, resume: bool = False, batched: bool = True,
@@ -500,7 +502,7 @@ class StructuralCovarianceModel:
         t0 = time.perf_counter()
         try:
             # converged() judges every round; without stop_early the run may stop only at the last
-            out = run(alg, devices, rounds=int(self.rounds), participation=self.participation, seed=seed,
+            out = run(alg, devices, kind="HM1 rounds", rounds=int(self.rounds), participation=self.participation, seed=seed,
                       progress=progress, checkpoint=checkpoint, resume=resume, batched=batched,
                       min_rounds=1 if self.stop_early else int(self.rounds))
         except (FloatingPointError, np.linalg.LinAlgError) as exc:
@@ -716,7 +718,6 @@ class StructuralResult(PointResult):
     posterior_mean: np.ndarray | None = None
     posterior_cov: np.ndarray | None = None
     noise_var: np.ndarray | None = None
-    extra_communication: dict = field(default_factory=dict)
     posterior_omega_: np.ndarray | None = None
     posterior_info: dict = field(default_factory=dict)
 
@@ -742,7 +743,7 @@ class StructuralResult(PointResult):
     def _add_posteriors(self, devices, noise_sd, *, seed: int, jitter: float, how: str = "em",
                         prior_rows=None) -> None:
         alg = _InformationShare(_noise_vars(noise_sd, self.clients))
-        out = run(alg, devices, rounds=1, seed=seed, progress=False)
+        out = run(alg, devices, kind="information share", rounds=1, seed=seed, progress=False)
         replies = out.server_state
         missing = [c for c in self.clients if c not in replies]
         if missing:
@@ -771,8 +772,10 @@ class StructuralResult(PointResult):
                               f"{details['last_change']:.2g}); omega_prior_rows={nu:g}", RuntimeWarning, stacklevel=4)
         self.posterior_omega_, self.posterior_info = omega, details
         self.posterior_mean, self.posterior_cov = conditional_posterior(omega, info, score, jitter)
-        self.extra_communication = {"bytes_up": int(out.communication.bytes_up),
-                                    "bytes_down": int(8 * (d + d * d) * K)}
+        # the server returns each device the mean and covariance of its own block
+        back = {c: {"bytes_up": 0, "bytes_down": 8 * (d + d * d)} for c in self.clients}
+        record(Communication(bytes_down=8 * (d + d * d) * K, per_client=back, by_kind={
+            "posterior blocks": {"bytes_up": 0, "bytes_down": 8 * (d + d * d) * K, "rounds": 0, "runs": 1}}))
 
     @property
     def has_uncertainty(self) -> bool:

@@ -32,7 +32,7 @@ from ..federation.backend import accepts_backend
 from ._gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
 from ..federation.oneshot import raise_failures
 from .fedem import FederatedGaussianMixture, GaussianMixtureResult, _log_weights, _norm, as_federated, initial_weights
-from ..results import register
+from ..results import counted, register
 
 
 # ---------------------------------------------------------------------------- graphs
@@ -297,6 +297,7 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
             return fast_mixing_weights(A)
         raise ValueError(f"mixing must be 'metropolis' or 'fast', got {self.mixing!r}")
 
+    @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False):
         data = as_federated(data)
@@ -308,7 +309,8 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
         means, cov, info = self._start(data, seed)
         algo = DFedEMAlgorithm(means, cov, W, gossip_steps=G, covariance_type=self.covariance_type,
                                reg_covar=self.reg_covar, weights_init=self.weights_init)
-        res = run(algo, data, rounds=self.max_rounds, seed=seed, progress=progress, checkpoint=checkpoint,
+        res = run(algo, data, kind="gossip rounds", rounds=self.max_rounds, seed=seed, progress=progress,
+                  checkpoint=checkpoint,
                   resume=resume)
         raise_failures(res.history, "D-FedEM")  # a silent node would leave its neighbours' averages stale
         # each node's last local M-step, from the statistics of the last gossip

@@ -52,7 +52,7 @@ from ._gmm import (
     reshift,
     s2_shape,
 )
-from ..results import FederatedResult, register
+from ..results import FederatedResult, counted, register
 
 def _log_weights(p: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(p, 1e-300))
@@ -414,6 +414,7 @@ class FederatedGaussianMixture:
 
         return choose
 
+    @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False):
         """Fit by FedEM. ``data``: FederatedData (``y`` ignored), or per-client arrays.
@@ -428,8 +429,8 @@ class FederatedGaussianMixture:
         algo = FedEMAlgorithm(means, cov, covariance_type=self.covariance_type, reg_covar=self.reg_covar,
                               shared_weights=self.shared_weights, weights_init=self.weights_init,
                               tol=self.tol or None)
-        res = run(algo, data, rounds=self.max_rounds, participation=self._participation(data.clients), seed=seed,
-                  progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
+        res = run(algo, data, kind="EM rounds", rounds=self.max_rounds, participation=self._participation(data.clients),
+                  seed=seed, progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "FedEM")
         data = _without_lost(data, res.lost, "FedEM")
@@ -475,8 +476,9 @@ class FederatedGaussianMixture:
             means, cov, start = self._start(data, seed)
         algo = VBFedEMAlgorithm(means, cov, prior, hyper=h, alpha_init=alpha, covariance_type=ct,
                                 reg_covar=self.reg_covar, shared_weights=self.shared_weights, tol=self.tol or None)
-        res = run(algo, data, rounds=self.max_rounds, participation=self._participation(data.clients), seed=seed,
-                  progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
+        res = run(algo, data, kind="variational rounds", rounds=self.max_rounds,
+                  participation=self._participation(data.clients), seed=seed, progress=progress, checkpoint=checkpoint,
+                  resume=resume, min_rounds=min(2, self.max_rounds))
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "variational FedEM")
         data = _without_lost(data, res.lost, "variational FedEM")
@@ -578,12 +580,6 @@ class GaussianMixtureResult(FederatedResult):
     def precisions_cholesky_(self) -> np.ndarray:
         return precision_cholesky(self.covariances_, self.covariance_type)
 
-    @property
-    def bytes_total(self) -> dict:
-        """Bytes of the fit including the initialisation rounds (and the final scoring round)."""
-        return {"up": int(self.communication.bytes_up + self.init_info.get("bytes_up", 0)),
-                "down": int(self.communication.bytes_down + self.init_info.get("bytes_down", 0))}
-
     def loglik_trace(self) -> np.ndarray:
         """Federated log-likelihood at the parameters broadcast in each round (rounds where all answered)."""
         K = len(self.n_obs)
@@ -661,9 +657,12 @@ class GaussianMixtureResult(FederatedResult):
         are held at their estimate. Returns ``(means_table, weights_table)``.
         See :func:`fedstats.mixture.wald.wald_intervals`.
         """
+        from ..federation.runner import Communication, counting
         from .wald import wald_intervals
 
-        m, w, self.wald_info_ = wald_intervals(self, as_federated(data), level=level, seed=seed)
+        with counting() as ledger:
+            m, w, self.wald_info_ = wald_intervals(self, as_federated(data), level=level, seed=seed)
+        self.communication = Communication.combine([self.communication, ledger.communication()])
         return m, w
 
     def bic(self) -> float:

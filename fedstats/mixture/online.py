@@ -632,7 +632,7 @@ class FEMOMD:
         algo = FEMOMDStep(self, self._server, self._clients, eta, t)
         t0 = time.perf_counter()
         seed = int(np.random.SeedSequence([self.seed, t]).generate_state(1)[0])
-        res = run(algo, data, rounds=self.inner_rounds + 1, seed=seed, progress=progress)
+        res = run(algo, data, kind="FEM-OMD step", rounds=self.inner_rounds + 1, seed=seed, progress=progress)
         raise_failures(res.history, f"FEM-OMD step {t}")
         st = res.server_state
         self.inner_means_ = st["tilde_means"]  # this step's federated EM estimate

@@ -511,7 +511,7 @@ def test_batched_equals_loop_and_calls_client_steps_once_per_round():
         np.testing.assert_allclose(a.client_states[c]["walk"], b.client_states[c]["walk"], rtol=1e-12)
         assert a.client_states[c]["steps"] == b.client_states[c]["steps"]
     assert participants(a) == participants(b)
-    assert a.communication == b.communication
+    assert same_bytes(a.communication, b.communication)
     assert all(r.batch_fallback is None for r in a.history)
 
 
@@ -735,6 +735,13 @@ def test_bytes_only_for_participants():
 # --------------------------------------------------------------------------- checkpoints
 
 
+def same_bytes(a, b):
+    """Equal counts; ``by_kind`` labels differ where the two runs used different algorithm classes."""
+    from dataclasses import replace
+
+    return replace(a, by_kind={}) == replace(b, by_kind={}) and list(a.by_kind.values()) == list(b.by_kind.values())
+
+
 def assert_same_run(a, b):
     np.testing.assert_array_equal(a.server_state["theta"], b.server_state["theta"])
     assert a.server_state["step"] == b.server_state["step"]
@@ -743,7 +750,7 @@ def assert_same_run(a, b):
         np.testing.assert_array_equal(a.client_states[c]["walk"], b.client_states[c]["walk"])
         assert a.client_states[c]["steps"] == b.client_states[c]["steps"]
     assert a.history == b.history  # RoundRecord equality ignores seconds
-    assert a.communication == b.communication
+    assert same_bytes(a.communication, b.communication)
     assert a.rounds == b.rounds and a.converged == b.converged
 
 
@@ -945,3 +952,26 @@ def test_round_lines_throttle_fast_rounds_but_keep_first_and_last(capsys):
     capsys.readouterr()
     run(FedMean(), make_data(), rounds=2, seed=0)
     assert capsys.readouterr().err == ""
+
+
+def test_counting_adds_up_every_run_by_kind_and_nests():
+    data = make_data()
+    with fed.counting() as outer:
+        a = run(FedMean(), data, rounds=3, seed=0)
+        with fed.counting() as inner:
+            b = run(FedMean(), data, rounds=2, seed=0, kind="one-off")
+        c = run(FedMean(), data, rounds=1, seed=1, kind="one-off")
+    run(FedMean(), data, rounds=1, seed=0)  # outside: counted nowhere
+    assert a.communication.by_kind == {"FedMean": {"bytes_up": a.communication.bytes_up,
+                                                   "bytes_down": a.communication.bytes_down, "rounds": 3, "runs": 1}}
+    total, only_b = outer.communication(), inner.communication()
+    assert (only_b.bytes_up, only_b.bytes_down) == (b.communication.bytes_up, b.communication.bytes_down)
+    assert total.bytes_up == sum(r.communication.bytes_up for r in (a, b, c)) == sum(
+        h.bytes_up for r in (a, b, c) for h in r.history)
+    assert total.rounds == 6 and set(total.by_kind) == {"FedMean", "one-off"}
+    assert total.by_kind["one-off"] == {"bytes_up": b.communication.bytes_up + c.communication.bytes_up,
+                                        "bytes_down": b.communication.bytes_down + c.communication.bytes_down,
+                                        "rounds": 3, "runs": 2}
+    for client, per in total.per_client.items():
+        assert per["bytes_up"] == sum(r.communication.per_client[client]["bytes_up"] for r in (a, b, c))
+    assert list(total.breakdown().index) == ["FedMean", "one-off"]

@@ -336,9 +336,10 @@ def test_only_hyperparameters_and_counts_cross_the_network():
     data = toy(K=3, n=(20, 25, 30), d=2)
     for ard, per in ((False, 3), (True, 4)):
         res = FGPR(rounds=4, ard=ard, batch_size=16).fit(data)
-        assert res.count_bytes == 3 * 8  # N_k once
-        assert res.communication.bytes_up == 4 * 3 * per * 8
-        assert res.communication.bytes_down == 4 * 3 * per * 8
+        kinds = res.communication.by_kind
+        assert kinds["row counts"]["bytes_up"] == 3 * 8  # N_k once
+        assert kinds["FGPR rounds"]["bytes_up"] == kinds["FGPR rounds"]["bytes_down"] == 4 * 3 * per * 8
+        assert res.communication.bytes_up == 3 * 8 + 4 * 3 * per * 8
 
 
 # --------------------------------------------------------------------------- (9), (10)

@@ -204,7 +204,10 @@ def test_uncertainty_intervals_and_prediction():
     np.testing.assert_allclose(p["mean"], X @ post.mean)
     np.testing.assert_allclose((p["lower"] + p["upper"]) / 2, p["mean"])
     np.testing.assert_allclose(p["estimate"], res.predict(X, 2)["mean"])  # Algorithm 1's point, labelled
-    assert res.extra_communication["bytes_up"] == 4 * 8 * (9 + 3 + 1)
+    # the information share (up) and each device's posterior block (down) are in the fit's communication
+    assert res.communication.by_kind["information share"]["bytes_up"] == 4 * 8 * (9 + 3 + 1)
+    assert res.communication.by_kind["posterior blocks"]["bytes_down"] == 4 * 8 * (3 + 9)
+    assert res.communication.bytes_up == sum(v["bytes_up"] for v in res.communication.by_kind.values())
     s = res.summary(0.9)
     assert list(s.columns) == ["client", "name", "estimate", "mean", "sd", "lower", "upper", "p_value"]
     with pytest.raises(RuntimeError, match="uncertainty=True"):
