@@ -61,11 +61,6 @@ class ResultFileError(ValueError):
     other than fedstats's registered data classes."""
 
 
-class NoPosteriorError(AttributeError):
-    """The fitted model has no distribution for what was asked; the message names the
-    option that gives one."""
-
-
 def register(cls: type) -> type:
     """Class decorator: instances of ``cls`` may be written to and rebuilt from result files.
 
@@ -157,9 +152,9 @@ def _decode(x: Any, arrays: Mapping[str, np.ndarray]):
     if "__tuple__" in x:
         return tuple(_decode(v, arrays) for v in x["__tuple__"])
     if "__dict__" in x:
-        return {_hashable(_decode(k, arrays)): _decode(v, arrays) for k, v in x["__dict__"]}
+        return {_decode(k, arrays): _decode(v, arrays) for k, v in x["__dict__"]}
     if "__set__" in x:
-        items = [_hashable(_decode(v, arrays)) for v in x["__set__"]]
+        items = [_decode(v, arrays) for v in x["__set__"]]
         return frozenset(items) if x["frozen"] else set(items)
     if "__frame__" in x:
         f = x["__frame__"]
@@ -181,10 +176,6 @@ def _decode(x: Any, arrays: Mapping[str, np.ndarray]):
             obj.__dict__.update(state)
         return obj
     raise ResultFileError(f"unknown entry in the result file: {sorted(x)[:3]}")
-
-
-def _hashable(k):
-    return tuple(k) if isinstance(k, list) else k
 
 
 # --------------------------------------------------------------------------- files
@@ -269,8 +260,6 @@ class FederatedResult:
         if getattr(self, "model", None) is not None:
             parts.append(f"model={self.model!r}")
         clients = getattr(self, "clients", None)
-        if clients is None:
-            clients = getattr(self, "fitted_clients", None)
         if clients is not None:
             parts.append(f"clients={len(clients)}")
         for name in ("rounds", "converged"):

@@ -19,6 +19,9 @@ each client's ``N_k`` once, before the first round. Never data, gradients or pre
 
 The objective is ``sum_k p_k L_k``: clients are independent draws from one prior, so FGPR
 with several clients is *not* an exact GP on the pooled data (spec §1.3).
+
+Size: one module for now (about 710 lines): the model, its algorithm and its result; moving the
+result into its own module comes with the result contract's FGPR work and issue 20.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ try:  # without importing jax: reading its version is free, importing it is not
     _JAXLIB = _md.version("jaxlib")
 except _md.PackageNotFoundError:  # pragma: no cover - jaxlib is a dependency
     _JAXLIB = ""
-if _JAXLIB.startswith(("0.10.", "0.11.0")):
+# jaxlib releases whose parallel LAPACK batches deadlock vectorised fits (issue 17)
+DEADLOCKING_JAXLIB = ("0.10.", "0.11.0")
+if _JAXLIB.startswith(DEADLOCKING_JAXLIB):
     _warnings.warn(
         f"jaxlib {_JAXLIB} splits batched LAPACK calls over XLA's thread pool and can deadlock fedstats's "
         "vectorised fits (from about 9 predictors; fixed upstream by jax-ml/jax 859992407d): install "

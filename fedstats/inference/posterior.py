@@ -22,6 +22,9 @@ Two concrete kinds exist:
 All arrays in and out are numpy arrays; all randomness comes from an explicit ``seed``
 (an int, a :class:`numpy.random.Generator`, or ``None`` for fresh OS entropy), never
 from numpy's global random state.
+
+Size: one module for now (about 1,320 lines): the two posterior classes and, at the end, MCMC
+diagnostics; the diagnostics move to their own module in issue 20 (as numpyro/diagnostics.py).
 """
 
 from __future__ import annotations

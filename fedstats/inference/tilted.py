@@ -25,6 +25,8 @@ Estimators
     devices and chains, keeping the phi draws (plus R-hat and ESS of every run).
 
 All jax work runs inside a scoped ``jax.enable_x64(True)``; no global setting is changed.
+
+Size: one module for now (about 870 lines): five estimators; one module per estimator is issue 20.
 """
 
 from __future__ import annotations

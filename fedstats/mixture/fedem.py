@@ -21,6 +21,9 @@ Partial participation is incremental EM (Neal & Hinton): the server keeps every 
 latest statistics and replaces those of the clients that answered; the free energy
 (ELBO) it reports after each M-step never decreases. The first round always asks every
 client, so the M-step always sees the whole federation.
+
+Size: one module for now (about 700 lines): model, algorithm and result; the result contract
+(issue 18, item 3: mixtures as sibling classes, shared helpers in one private module) splits it.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-AFFECTED = ("0.10.", "0.11.0")
+from fedstats.inference import DEADLOCKING_JAXLIB as AFFECTED
 
 
 def run_script(code: str, timeout: float) -> str:
