@@ -131,3 +131,28 @@ def test_bash_block_runs(block, tmp_path):
             assert out.returncode == 0, f"{where}\n{out.stderr[-3000:]}"
         else:
             pytest.fail(f"{where}: no rule in tests/test_readme.py for this command")
+
+
+def test_walkthrough_data_converges_well_inside_the_budget(tmp_path):
+    # The README's walk-through (default make_data.py, gmm with 3 components, tol 1e-6, at most
+    # 100 rounds) computed in process: the deployment runs the same rounds (test above). The old
+    # data (one blob) ran all 100 rounds; the separated clusters converge in 7.
+    app = ROOT / "examples" / "flower_app"
+    sys.path.insert(0, str(app))
+    try:
+        import make_data
+    finally:
+        sys.path.remove(str(app))
+    make_data.write(tmp_path, seed=0)
+    import numpy as np
+    import pandas as pd
+
+    from fedstats import FederatedData
+    from fedstats.mixture import FederatedGaussianMixture
+
+    df = pd.read_csv(tmp_path / "all_sites.csv")
+    data = FederatedData.from_dataframe(df, by="site")
+    res = FederatedGaussianMixture(3, tol=1e-6, max_rounds=100).fit(data, seed=0)
+    assert res.converged and res.rounds <= 20, res
+    w = np.stack([res.weights_[c] for c in data.clients])
+    assert np.all(w.max(axis=0) > 0.2)  # three real clusters, none empty
