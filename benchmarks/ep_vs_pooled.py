@@ -53,7 +53,7 @@ def main(argv=None) -> dict:
     ref = pooled_nuts(data, sigma=sigma, fit_intercept=False, num_warmup=nw, num_samples=ns, num_chains=4, seed=a.seed)
     t_nuts = time.perf_counter() - t0
 
-    g = res.global_posterior
+    g = res.global_posterior()
     rm, rs = ref["phi"].mean(0), ref["phi"].std(0)
     lo, hi = g.credible_interval(0.9)
     rlo, rhi = np.quantile(ref["phi"], [0.05, 0.95], axis=0)
@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
                                      estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2,
                                                             target="augmented")).fit(data, seed=a.seed)
         t_n = time.perf_counter() - t0
-        gn = rn.global_posterior
+        gn = rn.global_posterior()
         nlo, nhi = gn.credible_interval(0.9)
         nuts = {"estimator": repr(rn.algorithm.estimator), "damping": rn.algorithm.damping, "rounds": rn.rounds,
                 "seconds": round(t_n, 2), "speedup_pooled_over_ep_nuts": round(t_nuts / t_n, 2),

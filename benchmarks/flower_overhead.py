@@ -36,7 +36,7 @@ def models(K):
     fedem = FederatedGaussianMixture(3, max_rounds=15, tol=0)
     hm2 = HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact", rounds=3)
     return [("FedEM (15 rounds)", fedem, gmm, lambda r: r.means_), ("HM2 exact EP", hm2, reg,
-                                                                      lambda r: r.global_posterior.mean)]
+                                                                      lambda r: r.global_posterior().mean)]
 
 
 def timed(fn):

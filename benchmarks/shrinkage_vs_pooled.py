@@ -38,7 +38,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def agreement(fed, ref, clients) -> dict:
-    g, r = fed.global_posterior, ref.global_posterior
+    g, r = fed.global_posterior(), ref.global_posterior()
     diffs = [np.abs(g.mean - r.mean) / r.sd]
     ratios = [g.sd / r.sd]
     for c in clients:

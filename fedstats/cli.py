@@ -226,7 +226,7 @@ def _fit(args) -> dict:
         s = res.client_posterior(c).summary(level=args.level)
         recs = _records(s, ["mean", "sd", "lower", "upper", "p_value"])
         if selection is not None:
-            chosen = selection.loc[selection["client"] == c].set_index("name")["selected"]
+            chosen = selection.loc[selection["client"] == c].set_index("parameter")["selected"]
             s = s.assign(selected=[("yes" if chosen[n] else "no") if n in chosen.index else "" for n in s.index])
             for r in recs:
                 r["selected"] = bool(chosen[r["name"]]) if r["name"] in chosen.index else None
@@ -251,7 +251,7 @@ def _fit_hm1(args, data, test) -> dict:
     runtime = time.perf_counter() - t0
     for wmsg in caught:
         print(f"warning: {wmsg.message}", file=sys.stderr)
-    s = res.summary(level=args.level)
+    s = res.client_summary(level=args.level)
     cols = ["mean", "sd", "lower", "upper", "p_value"]
     out = {
         "model": "hm1", "level": args.level, "clients": [_id_key(c) for c in data.clients], "global": [],
@@ -263,9 +263,7 @@ def _fit_hm1(args, data, test) -> dict:
     for c in data.clients:
         # "estimate" is Algorithm 1's point; "mean" (with --uncertainty) the posterior mean,
         # the centre of its own interval. Without --uncertainty there is only the estimate.
-        t = s[s["client"] == c].set_index("name")
-        if not res.has_uncertainty:
-            t = t.assign(mean=t["estimate"], sd=np.nan, lower=np.nan, upper=np.nan, p_value=np.nan)
+        t = s[s["client"] == c].set_index("parameter")
         recs = _records(t, ["estimate", *cols])
         out["client"][_id_key(c)] = recs
         tables[c] = t
@@ -279,12 +277,13 @@ def _fit_hm1(args, data, test) -> dict:
         rows: list[dict] = [{} for _ in range(len(tdf))]
         for key in pd.unique(keys):
             idx = np.flatnonzero(keys == key)
-            p = res.predict(X[idx], known[key], level=args.level if res.has_uncertainty else None)
+            p = res.predict(X[idx], known[key], level=args.level)
             for i, (_, r) in zip(idx, p.iterrows()):
                 rows[i] = {"client": key, "mean": float(r["mean"]),
-                           "estimate": float(r["estimate"]) if "estimate" in p else float(r["mean"]),
-                           "lower": float(r["pred_lower"]) if "pred_lower" in p else None,
-                           "upper": float(r["pred_upper"]) if "pred_upper" in p else None}
+                           "estimate": float(r["estimate"]),
+                           "lower": None if np.isnan(r["pred_lower"]) else float(r["pred_lower"]),
+                           "upper": None if np.isnan(r["pred_upper"]) else float(r["pred_upper"]),
+                           "new_client": False}
         out["predictions"] = rows
     if args.output:
         omega_path = Path(args.output).with_suffix(".omega.csv")
@@ -331,7 +330,7 @@ def _fit_fgpr(args, data, test) -> dict:
     g = res.summary()
     out = {
         "model": "fgpr", "level": args.level, "clients": [_id_key(c) for c in data.clients],
-        "global": [{"name": str(n), "value": float(v)} for n, v in g["value"].items()],
+        "global": [{"name": str(n), "value": float(v)} for n, v in g["mean"].items()],
         "client": {_id_key(c): [{"name": "n_rows", "value": int(data.n_obs[c])}] for c in data.clients},
         "rounds": res.rounds,
         "communication": _communication(res),
@@ -349,13 +348,13 @@ def _fit_fgpr(args, data, test) -> dict:
             for i, (_, r) in zip(idx, p.iterrows()):
                 rows[i] = {"client": key, "mean": float(r["mean"]), "lower": float(r["pred_lower"]),
                            "upper": float(r["pred_upper"]), "f_lower": float(r["lower"]),
-                           "f_upper": float(r["upper"])}
+                           "f_upper": float(r["upper"]), "new_client": False}
         out["predictions"] = rows
     with pd.option_context("display.width", 120, "display.float_format", "{:.4f}".format):
         print(f"FGPR ({args.kernel}{', ARD' if args.ard else ''}): {res.rounds} rounds, {len(data.clients)} clients, "
               f"{runtime:.1f} s")
         print("Shared hyperparameters (outputscale and noise are variances on each client's standardised scale):")
-        print(g.to_string())
+        print(g[["mean"]].rename(columns={"mean": "value"}).to_string())
         if test is not None:
             print(f"\n{len(out['predictions'])} personal predictions with {100 * args.level:g}% predictive intervals")
     return out
@@ -381,9 +380,7 @@ def _fit_gmm(args, data, test) -> dict:
     if args.bayesian:
         g, w = res.summary(args.level), res.client_summary(args.level)
     elif not args.uncertainty:
-        g = res.summary().assign(sd=np.nan, lower=np.nan, upper=np.nan)
-        w = pd.DataFrame([{"client": c, "name": f"weight[{j}]", "mean": v, "sd": np.nan, "lower": np.nan,
-                           "upper": np.nan} for c in data.clients for j, v in enumerate(res.weights_[c])])
+        g, w = res.summary(), res.client_summary()
     if args.uncertainty:  # Wald for the means; the variances are point estimates
         var = res.summary().loc[lambda t: t.index.str.startswith("var[")].assign(sd=np.nan, lower=np.nan, upper=np.nan)
         g = pd.concat([g, var])
@@ -393,7 +390,7 @@ def _fit_gmm(args, data, test) -> dict:
         "components": args.components, "covariance_type": args.covariance_type, "bayesian": bool(args.bayesian),
         "intervals": "credible" if args.bayesian else ("wald" if args.uncertainty else None),
         "global": _records(g, cols),
-        "client": {_id_key(c): _records(w[w["client"] == c].set_index("name"), cols) for c in data.clients},
+        "client": {_id_key(c): _records(w[w["client"] == c].set_index("parameter"), cols) for c in data.clients},
         "rounds": res.rounds, "converged": bool(res.converged),
         "loglik": None if args.bayesian else res.loglik_,
         "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None,
@@ -422,7 +419,7 @@ def _fit_gmm(args, data, test) -> dict:
               f"{'' if res.converged else ' (not converged)'}, {len(data.clients)} clients, {runtime:.1f} s")
         print(g[cols].to_string() if (args.bayesian or args.uncertainty) else g[["mean"]].to_string())
         print("\nClient weights (they never leave their client):")
-        print(w.pivot(index="client", columns="name", values="mean").to_string())
+        print(w.pivot(index="client", columns="parameter", values="mean").to_string())
         if test is not None:
             print(f"\n{len(out['predictions'])} rows assigned to components")
     return out
@@ -466,11 +463,16 @@ def _predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
     rows: list[dict] = [{} for _ in range(len(test))]
     for key in pd.unique(keys):
         idx = np.flatnonzero(keys == key)
-        # A client not in the fit is predicted as a new client (population prior predictive).
+        # A client not in the fit is predicted as a new client (the population's predictive),
+        # and every row says so (new_client), as for every model that has a population.
         p = res.predict(X[idx], client=known.get(key), level=args.level, seed=args.seed)
         for i, (_, r) in zip(idx, p.iterrows()):
             rows[i] = {"client": key, "mean": float(r["mean"]), "lower": float(r["pred_lower"]),
-                       "upper": float(r["pred_upper"])}
+                       "upper": float(r["pred_upper"]), "new_client": key not in known}
+    new = sorted({k for k in keys if k not in known})
+    if new:
+        print(f"note: {len(new)} client(s) of {args.predict} took no part in the fit ({', '.join(new[:5])}): predicted "
+              "as new clients from the population (new_client: true)", file=sys.stderr)
     return rows
 
 
@@ -506,7 +508,7 @@ def _demo(args) -> None:
     t0 = time.perf_counter()
     ref = pooled_nuts(data, fit_intercept=False, num_warmup=500, num_samples=1000, num_chains=2, seed=args.seed)
     t_pool = time.perf_counter() - t0
-    g = res.global_posterior
+    g = res.global_posterior()
     lo, hi = g.credible_interval(0.9)
     rlo, rhi = np.quantile(ref["phi"], [0.05, 0.95], axis=0)
     table = pd.DataFrame({

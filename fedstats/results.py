@@ -12,9 +12,31 @@ Every fitted model returns a result that keeps the same verbs and columns (the b
   loading a file never runs code it names. A pickle, or a file naming anything else, is
   refused with :class:`ResultFileError` before anything in it is used.
 
-Column contracts (``SUMMARY_COLUMNS``, ``CLIENT_SUMMARY_COLUMNS``, ``PREDICT_COLUMNS``) are
-the fixed leading columns of ``summary``, ``client_summary`` and ``predict``: a model that has
-no distribution for a column fills it with NaN, never changes the column set.
+The contract every result keeps (:class:`FederatedResult`):
+
+* ``summary(level=0.95, kind="eti")``: the global parameters, one row each (index
+  ``parameter``), columns ``mean, sd, lower, upper, p_value`` first. ``mean`` is the
+  posterior mean, or the estimate where the model has no distribution for the parameter;
+  a column the model has no distribution for holds NaN, the column set never changes.
+  Model-specific columns follow. A model without global parameters returns no rows.
+* ``client_summary(level=0.95, kind="eti")``: one long table ``client, parameter, mean, sd,
+  lower, upper, p_value`` (then model-specific columns) of every client's own parameters.
+* ``global_posterior()`` and ``client_posterior(client)``: the posterior objects of
+  :mod:`fedstats.inference.posterior` (intervals, hdi, prob, tail probability, draws,
+  ``to_arviz``); a result without one raises :class:`NoPosteriorError`, whose message names
+  the option or model that gives one.
+* ``predict(X, client=None, *, level=0.95)``: columns ``mean, lower, upper, pred_lower,
+  pred_upper`` first (credible band of the mean response, predictive band of a new
+  observation), NaN where the model has no distribution. ``client=None`` asks for a client
+  that took no part in the fit: models with a population (HM2, the lasso and ridge) predict
+  from it, FGPR from the new client's own ``data=``, the others refuse. A client name the
+  fit has not seen is always refused (:class:`UnknownClientError`, a ``KeyError``), never
+  silently predicted from the population. ``frame.attrs["predicted_for"]`` says which
+  (``"client"`` or ``"new client"``). Mixtures keep scikit-learn's meaning instead:
+  ``predict`` gives component labels and ``predict_proba`` the responsibilities.
+* ``to_arviz(n=4000, seed=0)``: every posterior of the result in one ``InferenceData``.
+* ``history``, ``rounds``, ``converged``, ``seconds``, ``communication`` (every exchange of
+  the fit, with ``communication.by_kind``), ``save``/``load`` and a short ``repr``.
 """
 
 from __future__ import annotations
@@ -25,6 +47,8 @@ import importlib
 import io
 import json
 import math
+import time
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,6 +78,65 @@ _MODULES = (
     "fedstats.mixture",
 )
 _REGISTRY: dict[str, type] = {}
+
+
+class NoPosteriorError(RuntimeError):
+    """The result has no posterior distribution for what was asked; the message names the
+    option or the model that gives one."""
+
+
+class UnknownClientError(KeyError):
+    """A client name the fit has not seen (the message lists known clients)."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+def check_level(level) -> float:
+    """``level`` as a float in (0, 1), or a ValueError in the style of every model."""
+    try:
+        v = float(level)
+    except (TypeError, ValueError):
+        raise ValueError(f"level must be a number in (0, 1), got {level!r}") from None
+    if not 0 < v < 1:
+        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
+    return v
+
+
+def check_kind(kind) -> str:
+    if kind not in ("eti", "hdi"):
+        raise ValueError(f"kind must be 'eti' (equal-tailed) or 'hdi' (highest density), got {kind!r}")
+    return kind
+
+
+def contract_frame(df: pd.DataFrame, leading) -> pd.DataFrame:
+    """``df`` with the columns ``leading`` first (NaN where ``df`` has none of them), the
+    others after in their order."""
+    out = df.copy()
+    for c in leading:
+        if c not in out.columns:
+            out[c] = np.nan
+    rest = [c for c in out.columns if c not in leading]
+    return out[list(leading) + rest]
+
+
+def prediction_frame(mean, lower=None, upper=None, pred_lower=None, pred_upper=None, *, predicted_for="client",
+                     **extra) -> pd.DataFrame:
+    """The ``predict`` table of the contract: the five leading columns (NaN where None), then
+    ``extra`` columns; ``attrs["predicted_for"]`` says whether a fitted client's posterior or
+    a new client's was used."""
+    mean = np.asarray(mean, dtype=float)
+    nan = np.full(mean.shape, np.nan)
+    cols = {"mean": mean}
+    for name, v in (("lower", lower), ("upper", upper), ("pred_lower", pred_lower), ("pred_upper", pred_upper)):
+        cols[name] = nan if v is None else np.asarray(v, dtype=float)
+    df = pd.DataFrame({**cols, **extra})
+    df.attrs["predicted_for"] = predicted_for
+    return df
+
+
+def _empty_table(columns, index_name="parameter") -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=float) for c in columns}, index=pd.Index([], name=index_name, dtype=object))
 
 
 class ResultFileError(ValueError):
@@ -268,6 +351,92 @@ class FederatedResult:
                 parts.append(f"{name}={value}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
+    # ------------------------------------------------------------------ the contract
+    def _no_posterior(self, what: str) -> str:
+        """Why this result has no posterior for ``what`` ("global" or "client") and which
+        option or model gives one (the message of :class:`NoPosteriorError`)."""
+        return f"{type(self).__name__} has no {what} posterior"
+
+    def global_posterior(self):
+        """Posterior of the global parameters (a posterior object of
+        :mod:`fedstats.inference.posterior`); :class:`NoPosteriorError` where the model has none."""
+        raise NoPosteriorError(self._no_posterior("global"))
+
+    def client_posterior(self, client):
+        """Posterior of client ``client``'s own parameters; :class:`NoPosteriorError` where
+        the model has none, :class:`UnknownClientError` for a client the fit has not seen."""
+        self._check_client(client)
+        raise NoPosteriorError(self._no_posterior("client"))
+
+    def _check_client(self, client) -> None:
+        known = list(getattr(self, "clients", []) or [])
+        if client not in known:
+            raise UnknownClientError(f"unknown client {client!r}: the fit has not seen it (known clients include "
+                                     f"{known[:5]}); pass client=None for a new client where the model has one")
+
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        return self.global_posterior().summary(level=level, kind=kind)
+
+    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+        return self.client_posterior(client).summary(level=level, kind=kind)
+
+    def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        """The global parameters, one row each: ``mean, sd, lower, upper, p_value`` (NaN where
+        the model has no distribution for a column), then model-specific columns. ``lower``
+        and ``upper`` bound the ``level`` credible interval, equal-tailed (``kind="eti"``) or
+        of highest density (``"hdi"``); ``p_value`` is the two-sided posterior tail
+        probability of 0, NaN for scale parameters. No rows where the model has no global
+        parameters (see :meth:`client_summary`)."""
+        level, kind = check_level(level), check_kind(kind)
+        table = self._global_table(level, kind)
+        return contract_frame(table, SUMMARY_COLUMNS).rename_axis("parameter")
+
+    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        """Every client's own parameters in one long table: ``client, parameter, mean, sd,
+        lower, upper, p_value`` (as in :meth:`summary`), then model-specific columns."""
+        level, kind = check_level(level), check_kind(kind)
+        frames = []
+        for c in self.clients:
+            t = self._client_table(c, level, kind)
+            t = contract_frame(t, SUMMARY_COLUMNS).rename_axis("parameter").reset_index()
+            t.insert(0, "client", c)
+            frames.append(t)
+        if not frames or all(len(f) == 0 for f in frames):
+            return _empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True)
+        return contract_frame(pd.concat(frames, ignore_index=True), CLIENT_SUMMARY_COLUMNS)
+
+    def to_arviz(self, n: int = 4000, seed: int = 0):
+        """Every posterior of the result in one :class:`arviz.InferenceData`: variable
+        ``global`` (dims ``chain, draw, global_parameter``) and ``local``, every client's own
+        parameters (``chain, draw, client, parameter``), as far as the model has them; ``n`` seeded draws in one chain
+        (weighted draws resampled by weight). :class:`NoPosteriorError` without any."""
+        from .inference.posterior import _to_inference_data
+
+        rng = np.random.default_rng(seed)
+        variables, coords, dims = {}, {}, {}
+        try:
+            g = self.global_posterior()
+        except NoPosteriorError:
+            g = None
+        if g is not None:
+            variables["global"] = g.sample(n, seed=rng)[None]
+            coords["global_parameter"], dims["global"] = list(g.names), ["global_parameter"]
+        try:
+            posts = [self.client_posterior(c) for c in self.clients]
+        except NoPosteriorError:
+            posts = []
+        if posts:
+            names = list(posts[0].names)
+            if any(list(p.names) != names for p in posts):
+                raise ValueError("the clients' posteriors have different parameters; export each with "
+                                 "client_posterior(c).to_arviz()")
+            variables["local"] = np.stack([p.sample(n, seed=rng) for p in posts], axis=1)[None]
+            coords["client"], coords["parameter"] = [str(c) for c in self.clients], names
+            dims["local"] = ["client", "parameter"]
+        if not variables:
+            raise NoPosteriorError(self._no_posterior("global") + "; " + self._no_posterior("client"))
+        return _to_inference_data(variables, coords=coords, dims=dims)
+
     def save(self, path) -> Path:
         """Write the result to ``path``: a zip of JSON and arrays that :meth:`load` reads back
         and that never holds client rows or code (:mod:`fedstats.results`)."""
@@ -283,16 +452,22 @@ class FederatedResult:
 def counted(fit):
     """Decorator for a model's ``fit``: the result's ``communication`` counts every exchange
     of the fit (its rounds and every one-off round: starts, checks, scoring, shared
-    information), with a per-kind breakdown (``communication.by_kind``)."""
+    information), with a per-kind breakdown (``communication.by_kind``), and ``seconds`` is the
+    wall time of the whole fit."""
 
     @functools.wraps(fit)
     def wrapper(self, *args, **kwargs):
         from .federation.runner import counting
 
-        with counting() as ledger:
+        t0 = time.perf_counter()
+        with counting() as ledger, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             res = fit(self, *args, **kwargs)
+        for w in caught:  # re-issued at the caller's line of fit(), not at this wrapper's
+            warnings.warn(w.message, w.category, stacklevel=2)
         if ledger.parts and hasattr(res, "communication"):
             res.communication = ledger.communication()
+        res.seconds = time.perf_counter() - t0
         return res
 
     return wrapper

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 import warnings
 import zipfile
@@ -14,11 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedstats import FederatedData
 from fedstats.results import _REGISTRY, ResultFileError, load_result, save_result
-
-SITES = os.path.join(os.path.dirname(__file__), "..", "examples", "sites.csv")
-
+from fitted_models import MODELS
 
 def same(a, b, where="state"):
     """Deep equality of two decoded states (arrays bit for bit, NaN equal to NaN)."""
@@ -48,85 +44,6 @@ def same(a, b, where="state"):
         same(a.__getstate__(), b.__getstate__(), f"{where}.{type(a).__qualname__}")
     else:
         assert a == b, where
-
-
-@pytest.fixture(scope="module")
-def fitted():
-    """A small fit of every model that has a result (and FEM-OMD's online state)."""
-    from fedstats import HierarchicalLinearModel
-    from fedstats.gp import FGPR
-    from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
-    from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
-    from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture, ring_graph
-    from fedstats.mixture.regret import MixtureStream
-
-    from fedstats.federation import runner
-
-    df = pd.read_csv(SITES)
-    data = FederatedData.from_dataframe(df, by="site", target="y")
-    gm = FederatedData.from_dataframe(df[["site", "x1", "x2"]], by="site")
-    out = {}
-    # the runtime's own counters, read independently of the ledger: every run's round records
-    seen = []
-    real_run = runner._run
-
-    def spying_run(*args, **kwargs):
-        res = real_run(*args, **kwargs)
-        seen.append((sum(r.bytes_up for r in res.history), sum(r.bytes_down for r in res.history)))
-        return res
-
-    class Spy(dict):
-        def __setitem__(self, key, value):
-            super().__setitem__(key, value)
-            runs[key] = (sum(u for u, _ in seen), sum(d for _, d in seen))
-            seen.clear()
-
-    runs = {}
-    out = Spy()
-    runner._run = spying_run
-    try:
-        fit_all(out, data, gm)
-    finally:
-        runner._run = real_run
-    return dict(out), data, runs
-
-
-def fit_all(out, data, gm):
-    from fedstats import HierarchicalLinearModel
-    from fedstats.gp import FGPR
-    from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
-    from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
-    from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture, ring_graph
-    from fedstats.mixture.regret import MixtureStream
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out["hm2"] = HierarchicalLinearModel(rounds=3).fit(data, seed=0, progress=False)
-        out["hm2-nuts"] = HierarchicalLinearModel(rounds=1, estimator="nuts", estimator_options={
-            "num_warmup": 50, "num_samples": 50, "num_chains": 1}).fit(data, seed=0, progress=False)
-        out["lasso"] = BayesianLasso(rounds=2).fit(data, seed=0, progress=False)
-        out["ridge"] = BayesianRidge(rounds=2).fit(data, seed=0, progress=False)
-        out["lasso-centralised"] = BayesianLasso().fit_centralised(data, seed=0, num_warmup=100, num_samples=100)
-        out["hm1"] = StructuralCovarianceModel(rounds=5).fit(data, seed=0, uncertainty=True, progress=False)
-        out["hm1-point"] = StructuralCovarianceModel(rounds=5).fit(data, seed=0, progress=False)
-        out["separate"] = Separate().fit(data)
-        out["fedavg"] = FedAvg().fit(data)
-        out["ditto"] = Ditto(lam=1.0).fit(data)
-        out["distributed-ridge"] = DistributedRidge().fit(data)
-        out["fgpr"] = FGPR(rounds=3).fit(data, seed=0, progress=False)
-        out["fedem"] = FederatedGaussianMixture(3).fit(gm, seed=0)
-        out["vb-fedem"] = FederatedGaussianMixture(3, bayesian=True).fit(gm, seed=0)
-        out["d-fedem"] = DecentralizedGaussianMixture(3, graph=ring_graph(gm.n_clients)).fit(gm, seed=0)
-        stream = MixtureStream(n_clients=5, n=30, d=3, n_components=2, process="fixed", seed=0)
-        m = FEMOMD(2, means_init=stream.means + 0.3, horizon=3)
-        for t in range(1, 3):
-            m.partial_fit(stream.batch(t))
-        out["fem-omd-result"] = m.result()
-        out["fem-omd"] = m
-
-
-MODELS = ["hm2", "hm2-nuts", "lasso", "ridge", "lasso-centralised", "hm1", "hm1-point", "separate", "fedavg", "ditto",
-          "distributed-ridge", "fgpr", "fedem", "vb-fedem", "d-fedem", "fem-omd-result", "fem-omd"]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -250,8 +167,9 @@ def test_object_arrays_and_malformed_files(tmp_path):
             ["theta", {"__array__": "missing"}]]}}))
 
 
-# the results whose fit is one model's fit() (FEM-OMD's result() reports its last step)
-FITS = [m for m in MODELS if m not in ("fem-omd-result", "fem-omd", "lasso-centralised")]
+# the results whose fit communicates (FEM-OMD's result() counts every step so far; the
+# centralised lasso pools rows in one process; FEM-OMD itself is a model, not a result)
+FITS = [m for m in MODELS if m not in ("fem-omd", "lasso-centralised")]
 
 
 @pytest.mark.parametrize("name", FITS)

@@ -224,6 +224,8 @@ class Communication:
         ``by_kind`` (kind -> ``{"bytes_up", "bytes_down", "rounds", "runs"}``) merged."""
         total = cls()
         for c in parts:
+            if c is None:  # a part that did not communicate
+                continue
             total.bytes_up += int(c.bytes_up)
             total.bytes_down += int(c.bytes_down)
             total.rounds += int(c.rounds)

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from scipy import stats as sst
-from ..results import register
+from ..results import prediction_frame, register
 
 KERNELS = ("rbf", "matern")
 MEANS = ("zero", "constant")
@@ -304,15 +304,15 @@ def posterior(spec: HyperSpec, hyper: dict, X: np.ndarray, y: np.ndarray, Xs: np
 
 
 def band_frame(mean, var_f, level: float, var_y=None):
-    """``mean``, ``sd``, ``lower``/``upper`` (the central ``level`` band of f) and, given the
-    predictive variance ``var_y``, ``pred_sd``/``pred_lower``/``pred_upper`` as a DataFrame."""
+    """The prediction table of the result contract: ``mean``, ``lower``/``upper`` (the central
+    ``level`` band of f), ``pred_lower``/``pred_upper`` (given the predictive variance
+    ``var_y``; NaN without), then ``sd`` and ``pred_sd``."""
     z = sst.norm.ppf(0.5 + level / 2)
     sd = np.sqrt(var_f)
-    out = {"mean": mean, "sd": sd, "lower": mean - z * sd, "upper": mean + z * sd}
-    if var_y is not None:
-        psd = np.sqrt(var_y)
-        out.update(pred_sd=psd, pred_lower=mean - z * psd, pred_upper=mean + z * psd)
-    return pd.DataFrame(out)
+    if var_y is None:
+        return prediction_frame(mean, mean - z * sd, mean + z * sd, sd=sd)
+    psd = np.sqrt(var_y)
+    return prediction_frame(mean, mean - z * sd, mean + z * sd, mean - z * psd, mean + z * psd, sd=sd, pred_sd=psd)
 
 
 def hyper_to_numpy(spec: HyperSpec, values: dict[str, torch.Tensor], i: int) -> dict[str, np.ndarray]:

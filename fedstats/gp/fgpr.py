@@ -42,7 +42,7 @@ from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
                     resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
-from ..results import FederatedResult, counted, register
+from ..results import FederatedResult, UnknownClientError, counted, register
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
 
@@ -532,7 +532,7 @@ class FGPR:
         comm = out.communication
         return FGPRResult(spec=spec, hyperparameters=out.server_state.hyper, feature_names=list(data.feature_names),
                           clients=list(data.clients), n_obs=dict(counts), options=self._options(),
-                          history=out.history, communication=comm,
+                          history=out.history, communication=comm, converged=out.converged,
                           seconds=time.perf_counter() - t0, seed=seed, data=data)
 
 
@@ -583,26 +583,33 @@ class FGPRResult(FederatedResult):
     _transient = {"_data": None}  # the training data of an in-process fit: never written
 
     def __init__(self, *, spec: HyperSpec, hyperparameters: dict, feature_names, clients, n_obs, options, history=None,
-                 communication=None, seconds: float = 0.0, seed: int = 0, data=None):
+                 communication=None, converged: bool = False, seconds: float = 0.0, seed: int = 0, data=None):
         self.spec, self.hyperparameters = spec, {k: np.asarray(v, dtype=float) for k, v in hyperparameters.items()}
         self.feature_names, self.clients, self.n_obs = list(feature_names), list(clients), dict(n_obs)
         self.options, self.history, self.communication = options, history, communication
-        self.seconds, self.seed = seconds, seed
+        self.seconds, self.seed, self.converged = seconds, seed, bool(converged)
         self._data = data
 
-    def __repr__(self):
-        h = ", ".join(f"{k}={np.round(v, 4).tolist() if len(v) > 1 else round(float(v[0]), 4)}"
-                      for k, v in self.hyperparameters.items())
-        return f"FGPRResult({len(self.clients)} clients, {h})"
+    model = "FGPR"
 
     @property
     def rounds(self) -> int:
         return 0 if self.history is None else len(self.history)
 
-    def summary(self) -> pd.DataFrame:
-        """One row per hyperparameter scalar (``lengthscale[x0]``... under ARD): its value."""
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        """One row per hyperparameter scalar (``lengthscale[x0]``... under ARD): its
+        maximum-likelihood value in ``mean``, no distribution (NaN sd and interval)."""
         vals = np.concatenate([self.hyperparameters[n] for n in self.spec.names])
-        return pd.DataFrame({"value": vals}, index=pd.Index(self.spec.labels(self.feature_names), name="parameter"))
+        return pd.DataFrame({"mean": vals}, index=pd.Index(self.spec.labels(self.feature_names), name="parameter"))
+
+    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+        # FGPR's parameters are all shared: a client has none of its own
+        return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
+
+    def _no_posterior(self, what: str) -> str:
+        return ("FGPR estimates its shared hyperparameters by maximum marginal likelihood and has no posterior over "
+                "them (nor client parameters); its predictions carry credible and predictive bands: "
+                "predict(X, client)")
 
     def _device(self):
         # a result fitted on a GPU still predicts on a machine without one
@@ -625,10 +632,14 @@ class FGPRResult(FederatedResult):
                     raise DataError("data (X, y) contains NaN or inf")
                 return X, y
             raise TypeError("data must be a tuple (X, y) of the client's own points")
+        if client is None:
+            raise ValueError("FGPR predicts for a client from that client's data: give a fitted client, or the new "
+                             "client's own points as data=(X, y)")
+        if client not in self.clients:
+            raise UnknownClientError(f"unknown client {client!r}: the fit has not seen it; pass its own data as "
+                                     "data=(X, y) to predict for a new client")
         if self._data is None:
             raise ValueError("this result holds no client data (loaded from disk?): pass data=(X, y)")
-        if client not in self._data.clients:
-            raise DataError(f"unknown client {client!r}; pass its own data as data=(X, y) to predict for a new client")
         cd = self._data[client]
         return np.asarray(cd.X), np.asarray(cd.y)
 
@@ -638,8 +649,9 @@ class FGPRResult(FederatedResult):
 
         The shared prior is conditioned on the client's own training data, or on ``data``
         = (X_k, y_k) for a client that took no part in training (no training happens). Returns
-        ``mean``, ``sd`` (of f), ``lower``/``upper`` (credible interval of f), ``pred_sd`` and
-        ``pred_lower``/``pred_upper`` (predictive interval of a new noisy y). With
+        ``mean``, ``lower``/``upper`` (credible interval of f), ``pred_lower``/``pred_upper``
+        (predictive interval of a new noisy y), then ``sd`` (of f) and ``pred_sd``
+        (``attrs["predicted_for"]`` is ``"new client"`` when ``data`` is given). With
         ``standardize=True`` the targets are standardised by the client's own mean and sd
         and the results mapped back (``scale="original"``) or left standardised
         (``scale="standardized"``, the multi-fidelity metric's scale).
@@ -672,7 +684,9 @@ class FGPRResult(FederatedResult):
         var_y = var_f + float(self.hyperparameters["noise"][0])
         if scale == "original":
             mean, var_f, var_y = mu_y + sd_y * mean, var_f * sd_y**2, var_y * sd_y**2
-        return band_frame(mean, var_f, level, var_y)
+        out = band_frame(mean, var_f, level, var_y)
+        out.attrs["predicted_for"] = "client" if data is None else "new client"
+        return out
 
     def rmse(self, test: FederatedData, train: FederatedData | None = None, *, scale: str = "original") -> pd.Series:
         """RMSE of each client of ``test``, predicting by conditioning on that client's data in

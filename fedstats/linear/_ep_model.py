@@ -24,7 +24,7 @@ from ..inference.ep import FederatedEP, check_invariants
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
-from ..results import FederatedResult
+from ..results import FederatedResult, check_level, prediction_frame
 
 
 def normal_pair(value, name) -> tuple[float, float]:
@@ -133,7 +133,7 @@ def design_matrix(X, feature_names, fit_intercept: bool) -> np.ndarray:
     return np.column_stack([np.ones(len(X)), X]) if fit_intercept else X
 
 
-def prediction_frame(Xd, mean, theta, sig, level: float, rng) -> pd.DataFrame:
+def draws_prediction(Xd, mean, theta, sig, level: float, rng, predicted_for: str = "client") -> pd.DataFrame:
     """mean, credible (lower, upper) and predictive (pred_lower, pred_upper) intervals of
     the rows of ``Xd`` from joint draws of coefficients ``theta`` and noise sd ``sig``."""
     mean_draws = theta @ Xd.T  # (n, rows)
@@ -141,7 +141,7 @@ def prediction_frame(Xd, mean, theta, sig, level: float, rng) -> pd.DataFrame:
     a = (1 - level) / 2
     lo, hi = np.quantile(mean_draws, [a, 1 - a], axis=0)
     plo, phi_ = np.quantile(noisy, [a, 1 - a], axis=0)
-    return pd.DataFrame({"mean": mean, "lower": lo, "upper": hi, "pred_lower": plo, "pred_upper": phi_})
+    return prediction_frame(mean, lo, hi, plo, phi_, predicted_for=predicted_for)
 
 
 @dataclass(repr=False)
@@ -170,7 +170,6 @@ class EPLinearResult(FederatedResult):
     def phi_names(self) -> list[str]:
         raise NotImplementedError
 
-    @property
     def global_posterior(self) -> GaussianPosterior:
         """The Gaussian EP approximation q(phi) of the posterior of the global parameters."""
         return GaussianPosterior.from_natural(self.server.q.r, self.server.q.Q, names=self.phi_names)
@@ -208,10 +207,6 @@ class EPLinearResult(FederatedResult):
                  for c, r in self._device_results().items()]
         return pd.DataFrame(rows)
 
-    def _check_client(self, client) -> None:
-        if client not in self.client_states:
-            raise KeyError(f"unknown client {client!r}; known clients include {self.clients[:5]}")
-
     def client_posterior(self, client) -> GaussianPosterior | SamplePosterior:
         """Posterior of device ``client``'s coefficients, from its cavity (spec §2.5).
 
@@ -223,16 +218,6 @@ class EPLinearResult(FederatedResult):
         rng = np.random.default_rng([self.seed, 11, self.clients.index(client)])
         return coefficient_posterior(self.site, self._device_results()[client], self.client_states[client].stats,
                                      self.feature_names, rng)
-
-    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
-        """Long table of every device's coefficients: client, name, mean, sd, lower, upper, p_value."""
-        frames = []
-        for c in self.clients:
-            df = self.client_posterior(c).summary(level=level, kind=kind)
-            df = df[["mean", "sd", "lower", "upper", "p_value"]].rename_axis("name").reset_index()
-            df.insert(0, "client", c)
-            frames.append(df)
-        return pd.concat(frames, ignore_index=True)
 
     def client_noise(self, client) -> SamplePosterior | float:
         """Posterior of device ``client``'s noise sd: a float when it is known, else a
@@ -269,17 +254,21 @@ class EPLinearResult(FederatedResult):
     def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
         """Predictions for the rows of ``X`` (features as in the training data).
 
-        With ``client`` one of the fitted devices, its posterior is used; with a new or
-        missing ``client``, the population-level predictive of a new device. Returns
-        columns mean, lower, upper (credible interval of the mean response) and
-        pred_lower, pred_upper (predictive interval, noise included).
+        With ``client`` one of the fitted devices, its posterior is used; with
+        ``client=None``, the population-level predictive of a new device
+        (``attrs["predicted_for"]`` says which). A client name the fit has not seen is
+        refused (:class:`~fedstats.results.UnknownClientError`). Columns: mean, lower, upper
+        (credible interval of the mean response), pred_lower, pred_upper (predictive
+        interval, noise included), from ``n`` joint draws.
         """
+        level = check_level(level)
         Xd = self._design(X)
         rng = np.random.default_rng(seed)
-        if client is not None and client in self.client_states:
+        if client is not None:
+            self._check_client(client)
             mean = Xd @ self.client_posterior(client).mean
             theta, sig = self._joint_draws(client, n, rng)
         else:
             theta, sig = self._population_draws(n, rng)
             mean = Xd @ theta.mean(axis=0)
-        return prediction_frame(Xd, mean, theta, sig, level, rng)
+        return draws_prediction(Xd, mean, theta, sig, level, rng, "client" if client is not None else "new client")

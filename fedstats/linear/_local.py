@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..federation import FederatedAlgorithm, run
-from ..results import FederatedResult, register
+from ..results import FederatedResult, check_level, prediction_frame, register
 
 
 REDUCTIONS = ("sum", "mean")
@@ -195,7 +195,13 @@ def resolve_lr(lr, Xs, batch_size, reduction: str) -> float:
 class PointResult(FederatedResult):
     """Per-device point estimates of a linear model: ``coef(client)``, ``coefficients``,
     ``predict(X, client)``, with the run's ``history`` and ``communication`` (``None``
-    when the method does not communicate) and ``save``/``load``."""
+    when the method does not communicate) and ``save``/``load``.
+
+    The result contract (:mod:`fedstats.results`) with points only: ``client_summary`` holds
+    each client's coefficients in ``mean`` and NaN in ``sd, lower, upper, p_value``;
+    ``summary`` holds the shared coefficients where every client uses one model (``shared``:
+    FedAvg, distributed ridge) and no rows otherwise; ``predict`` fills ``mean`` only;
+    the posterior verbs raise :class:`~fedstats.results.NoPosteriorError`."""
 
     feature_names: list[str]
     clients: list
@@ -206,16 +212,28 @@ class PointResult(FederatedResult):
     converged: bool = True
     seconds: float = 0.0
     seed: int = 0
+    model: str | None = None  # the estimator's class name
+    shared: bool = False  # every client predicts with one shared model
 
     @property
     def rounds(self) -> int:
         return 0 if self.history is None else len(self.history)
 
     def _k(self, client) -> int:
-        try:
-            return self.clients.index(client)
-        except ValueError:
-            raise KeyError(f"unknown client {client!r}; known clients include {self.clients[:5]}") from None
+        self._check_client(client)
+        return self.clients.index(client)
+
+    def _no_posterior(self, what: str) -> str:
+        return (f"{self.model or type(self).__name__} estimates points, with no {what} posterior; for posteriors fit "
+                "HierarchicalLinearModel, or StructuralCovarianceModel with fit(..., uncertainty=True)")
+
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        if not self.shared:
+            return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
+        return pd.DataFrame({"mean": self.theta[:, 0]}, index=pd.Index(self.feature_names, name="parameter"))
+
+    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+        return pd.DataFrame({"mean": self.coef(client)}, index=pd.Index(self.feature_names, name="parameter"))
 
     def coef(self, client) -> np.ndarray:
         """The coefficients device ``client`` predicts with (a copy)."""
@@ -236,14 +254,31 @@ class PointResult(FederatedResult):
             raise ValueError("X contains NaN or inf")
         return np.column_stack([np.ones(len(X)), X]) if intercept else X
 
-    def predict(self, X, client) -> pd.DataFrame:
-        """Point predictions of device ``client`` for the rows of ``X`` (column ``mean``)."""
-        return pd.DataFrame({"mean": self._design(X) @ self.theta[:, self._k(client)]})
+    def point_predict(self, X, client) -> np.ndarray:
+        """The point predictions ``X coef(client)`` (what :meth:`rmse` scores)."""
+        return self._design(X) @ self.theta[:, self._k(client)]
+
+    def _new_client_k(self, client) -> int:
+        if client is not None:
+            return self._k(client)
+        if not self.shared:
+            raise ValueError(f"{self.model or 'this model'} has no model for a client that took no part in the fit: "
+                             "give a fitted client")
+        return 0
+
+    def predict(self, X, client=None, *, level: float = 0.95) -> pd.DataFrame:
+        """Point predictions of device ``client`` for the rows of ``X``: column ``mean``, NaN
+        bands (this model has no distribution). ``client=None`` (a new client) uses the
+        shared model where there is one, and is refused otherwise."""
+        check_level(level)
+        k = self._new_client_k(client)
+        return prediction_frame(self._design(X) @ self.theta[:, k],
+                                predicted_for="client" if client is not None else "new client")
 
     def rmse(self, test) -> pd.Series:
         """Root mean squared error of each client's predictions on ``test`` (a
         :class:`~fedstats.data.FederatedData` with the same clients); ``.mean()`` is the A-RMSE."""
-        out = {c: float(np.sqrt(np.mean((self.predict(test[c].X, c)["mean"].to_numpy() - test[c].y) ** 2)))
+        out = {c: float(np.sqrt(np.mean((self.point_predict(test[c].X, c) - test[c].y) ** 2)))
                for c in test.clients}
         return pd.Series(out, name="rmse")
 

@@ -90,7 +90,7 @@ class Separate(_GDOptions):
             raise RuntimeError(f"Separate: {len(failed)} device(s) failed; {c!r}: {why}")
         theta = np.column_stack([out.server_state["theta"][c] for c in clients])
         return PointResult(names, clients, theta, self._options(method=self.method, lr_used=lr),
-                           seconds=time.perf_counter() - t0, seed=seed)
+                           seconds=time.perf_counter() - t0, seed=seed, model="Separate")
 
 
 class _SeparateFit(FederatedAlgorithm):
@@ -206,7 +206,7 @@ def _run_averaging(model, data, seed, progress, lam=None):
                                  for c in clients])
     return PointResult(names, clients, theta, model._options(lr_used=lr, **({} if lam is None else {"lam": lam})),
                        history=out.history, communication=out.communication, converged=out.converged,
-                       seconds=time.perf_counter() - t0, seed=seed)
+                       seconds=time.perf_counter() - t0, seed=seed, model=type(model).__name__, shared=lam is None)
 
 
 class FedAvg(_GDOptions):
@@ -292,7 +292,8 @@ class DistributedRidge:
         theta = np.repeat(out.server_state[:, None], len(clients), axis=1)
         return PointResult(coefficient_names(data, self.fit_intercept), clients, theta,
                            {"lam": lam, "fit_intercept": self.fit_intercept}, history=out.history,
-                           communication=out.communication, seconds=time.perf_counter() - t0, seed=seed)
+                           communication=out.communication, seconds=time.perf_counter() - t0, seed=seed,
+                           model="DistributedRidge", shared=True)
 
 
 class PooledOracle:
@@ -322,4 +323,5 @@ class PooledOracle:
         score = np.stack([devices[c][0].T @ devices[c][1] / v for c, v in zip(clients, nv)])
         mean, _ = conditional_posterior(omega, info, score)
         return PointResult(coefficient_names(data, self.fit_intercept), clients, mean.T,
-                           {"fit_intercept": self.fit_intercept}, seconds=time.perf_counter() - t0, seed=seed)
+                           {"fit_intercept": self.fit_intercept}, seconds=time.perf_counter() - t0, seed=seed,
+                           model="PooledOracle")

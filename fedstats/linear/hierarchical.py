@@ -21,7 +21,7 @@ Example
 >>> ys = [X @ np.array([1.0, -0.5]) + 0.1 * rng.normal(size=30) for X in Xs]
 >>> data = FederatedData.from_arrays(Xs, ys)
 >>> res = HierarchicalLinearModel(fit_intercept=False, sigma=0.1, tau=0.1).fit(data, seed=1)
->>> res.global_posterior.mean.round(1)
+>>> res.global_posterior().mean.round(1)
 array([ 1. , -0.5])
 """
 
@@ -169,12 +169,11 @@ class HierarchicalResult(EPLinearResult):
             names += ["log_tau"]
         return names
 
-    def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
-        """Global posterior table: mean, sd, lower, upper, p_value; plus tau on its own scale.
-
-        ``p_value`` (two-sided posterior tail probability of 0) is given for the coefficient
-        means ``mu`` only: no one tests ``log tau = 0`` (tau = 1), so those rows hold NaN."""
-        g = self.global_posterior
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        """``mu`` and ``log_tau``, plus tau on its own scale. ``p_value`` (two-sided posterior
+        tail probability of 0) is given for the coefficient means ``mu`` only: no one tests
+        ``log tau = 0`` (tau = 1), so those rows hold NaN."""
+        g = self.global_posterior()
         df = no_p_value(g.summary(level=level, kind=kind), "log_")
         if self.site.tau_kind != "known":
             df = pd.concat([df, log_scale_rows(g, "log_tau", level, "tau")])
@@ -208,7 +207,7 @@ class HierarchicalResult(EPLinearResult):
         Default: 3 when data are given, else 2.
         """
         level = level or (3 if X is not None else 2)
-        q = self.global_posterior
+        q = self.global_posterior()
         d = self.site.d
         if level == 1:
             return q.mean[:d].copy()

@@ -12,7 +12,7 @@ its cavity. Predictor i is selected on device k when its credible interval exclu
 >>> Xs = [rng.normal(size=(60, 3)) for _ in range(3)]
 >>> ys = [X @ [2.0, 0.0, -1.0] + 0.3 * rng.normal(size=60) for X in Xs]
 >>> res = BayesianRidge().fit(FederatedData.from_arrays(Xs, ys), seed=0, progress=False)
->>> res.selected(0.9).groupby("name")["selected"].sum().to_dict()
+>>> res.selected(0.9).groupby("parameter")["selected"].sum().to_dict()
 {'x0': 3, 'x1': 0, 'x2': 3}
 """
 
@@ -30,9 +30,9 @@ from ..federation.protocol import client_function
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
-from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, no_p_value, normal_pair, prediction_frame
+from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, no_p_value, normal_pair, draws_prediction
 from ._shrinkage_site import ShrinkageSite
-from ..results import FederatedResult, counted, register
+from ..results import FederatedResult, NoPosteriorError, check_level, counted, register
 
 
 @register
@@ -230,7 +230,7 @@ class _Selection:
         frames = []
         for c in self.clients:
             s = self.client_posterior(c).summary(level=level, kind=kind).loc[self._penalised()]
-            s = s[["mean", "sd", "lower", "upper", "p_value"]].rename_axis("name").reset_index()
+            s = s[["mean", "sd", "lower", "upper", "p_value"]].rename_axis("parameter").reset_index()
             s["selected"] = (s["lower"] > 0) | (s["upper"] < 0)
             s.insert(0, "client", c)
             frames.append(s)
@@ -253,7 +253,7 @@ class _Selection:
             neg = 1.0 - pos  # draws exactly at 0 count half on each side
             pb = post.tail_probability()[idx]
             for n, a, b, p in zip(names, pos, neg, pb):
-                rows.append({"client": c, "name": n, "p_positive": float(a), "p_negative": float(b),
+                rows.append({"client": c, "parameter": n, "p_positive": float(a), "p_negative": float(b),
                              "p_value": float(p), "reject": bool(p < 1 - level)})
         return pd.DataFrame(rows)
 
@@ -289,24 +289,26 @@ class ShrinkageResult(_Selection, EPLinearResult):
     def phi_names(self) -> list[str]:
         return ["log_lambda", "log_sigma2"] if self.site.noise == "shared" else ["log_lambda"]
 
-    def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
-        """Global posterior: log lambda (and log sigma^2), then lambda (sigma^2) on their scale.
-
-        ``p_value`` is NaN throughout: these are scale parameters, with no null value to test."""
-        g = self.global_posterior
-        out = [no_p_value(g.summary(level=level, kind=kind), "log_"), log_scale_rows(g, "log_lambda", level, "lambda")]
-        if self.site.noise == "shared":
-            out.append(log_scale_rows(g, "log_sigma2", level, "sigma2"))
-        return pd.concat(out)
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        return _scale_rows(self.global_posterior(), level, kind)
 
     def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
-        phi = self.global_posterior.sample(n, seed=rng)
+        phi = self.global_posterior().sample(n, seed=rng)
         return self.site.prior_draws(phi, rng)
 
     def predict_selected(self, X, client, level: float = 0.9) -> np.ndarray:
         """Point predictions with the posterior means of the selected predictors and the
         excluded ones set to 0 (spec §5.1; the intercept is always kept)."""
         return _predict_selected(self, X, client, level)
+
+
+def _scale_rows(g, level: float, kind: str) -> pd.DataFrame:
+    """log lambda (and log sigma^2), then lambda (sigma^2) on their own scale. ``p_value`` is
+    NaN throughout: these are scale parameters, with no null value to test."""
+    out = [no_p_value(g.summary(level=level, kind=kind), "log_"), log_scale_rows(g, "log_lambda", level, "lambda")]
+    if "log_sigma2" in g.names:
+        out.append(log_scale_rows(g, "log_sigma2", level, "sigma2"))
+    return pd.concat(out)
 
 
 def _predict_selected(res, X, client, level) -> np.ndarray:
@@ -336,33 +338,56 @@ class CentralisedShrinkageResult(_Selection, FederatedResult):
     sigma: np.ndarray
     diagnostics: dict
     seconds: float
+    # the facts of the result contract for one NUTS run on pooled rows: no rounds, nothing
+    # exchanged; "converged" means every R-hat is below 1.05
+    history = None
+    communication = None
+    rounds = 0
+
+    @property
+    def converged(self) -> bool:
+        return bool(self.diagnostics.get("rhat_max", np.inf) < 1.05)
 
     @property
     def clients(self) -> list:
         return list(self.beta)
 
-    @property
     def global_posterior(self) -> SamplePosterior:
+        """NUTS draws of (log lambda, log sigma^2)."""
         return self.phi
 
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        return _scale_rows(self.phi, level, kind)
+
+    def _check_client(self, client) -> None:
+        if client not in self.beta and not ("pooled" in self.beta and client in self.fitted_clients):
+            super()._check_client(client)
+
     def client_posterior(self, client="pooled") -> SamplePosterior:
-        if client in self.beta:
-            return self.beta[client]
-        if "pooled" in self.beta and client in self.fitted_clients:
-            return self.beta["pooled"]
-        raise KeyError(f"unknown client {client!r}; fitted: {self.clients}")
+        """The coefficients' draws of ``client`` (``"pooled"``, or any fitted client, for the
+        one pooled posterior; each client's own with ``per_client=True``)."""
+        self._check_client(client)
+        return self.beta[client] if client in self.beta else self.beta["pooled"]
 
     def _design(self, X) -> np.ndarray:
         return design_matrix(X, self.feature_names, self.model.fit_intercept)
 
     def predict(self, X, client="pooled", *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
         """As :meth:`EPLinearResult.predict`, from ``client``'s posterior (the pooled one
-        unless the fit was per client)."""
+        unless the fit was per client). ``client=None`` (a new client) uses the pooled
+        posterior; with ``per_client=True`` a new client has none and is refused."""
+        level = check_level(level)
         Xd = self._design(X)
-        post = self.client_posterior(client)
+        if client is None:
+            if "pooled" not in self.beta:
+                raise NoPosteriorError("a per-client centralised fit has no posterior for a new client: give a "
+                                       "fitted client, or fit with per_client=False")
+            post, what = self.beta["pooled"], "new client"
+        else:
+            post, what = self.client_posterior(client), "client"
         rng = np.random.default_rng(seed)
         idx = rng.integers(0, post.n_draws, size=n)
-        return prediction_frame(Xd, Xd @ post.mean, post.draws[idx], self.sigma[idx], level, rng)
+        return draws_prediction(Xd, Xd @ post.mean, post.draws[idx], self.sigma[idx], level, rng, what)
 
     def predict_selected(self, X, client="pooled", level: float = 0.9) -> np.ndarray:
         return _predict_selected(self, X, client, level)

@@ -92,7 +92,7 @@ from ..inference.posterior import GaussianPosterior
 from ._local import (INITS, DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
                      federated_lr, full_batch, full_batch_steps, initial_theta, local_steps,
                      resolve_lr)
-from ..results import counted, register
+from ..results import NoPosteriorError, check_level, counted, prediction_frame, register
 
 
 # --------------------------------------------------------------------------- numerics
@@ -524,6 +524,7 @@ class StructuralCovarianceModel:
             feature_names=names, clients=clients, theta=out.server_state.theta, omega_=out.server_state.omega,
             lr=lr, options=self._options(), history=out.history, communication=out.communication,
             converged=round_converged(last, float(self.tol)), seconds=time.perf_counter() - t0, seed=seed,
+            model="StructuralCovarianceModel",
         )
         self._warn_unconverged(res.rounds, res.converged, last, K, d, stacklevel=4)
         if uncertainty:
@@ -585,7 +586,7 @@ class StructuralCovarianceModel:
                 break
         res = StructuralResult(feature_names=names, clients=clients, theta=theta, omega_=omega, lr=lr,
                                options=self._options(), converged=round_converged(metrics, float(self.tol)),
-                               seconds=time.perf_counter() - t0, seed=seed)
+                               seconds=time.perf_counter() - t0, seed=seed, model="StructuralCovarianceModel")
         self._warn_unconverged(done, res.converged, metrics, K, len(names), stacklevel=3)
         return res
 
@@ -784,10 +785,16 @@ class StructuralResult(PointResult):
     def has_uncertainty(self) -> bool:
         return self.posterior_mean is not None
 
+    def _no_posterior(self, what: str) -> str:
+        if what == "global":
+            return ("HM1 has no global parameters with a posterior (summary() lists the estimated Omega); client "
+                    "posteriors need fit(..., uncertainty=True)")
+        return ("no client posterior: fit with uncertainty=True (each device then shares its information matrix "
+                "once)")
+
     def _need_posterior(self) -> None:
         if not self.has_uncertainty:
-            raise RuntimeError("no posterior: fit with uncertainty=True (each device then shares its "
-                               "information matrix once)")
+            raise NoPosteriorError(self._no_posterior("client"))
 
     def client_posterior(self, client) -> GaussianPosterior:
         """Gaussian posterior of device ``client``'s coefficients given ``posterior_omega`` and
@@ -798,47 +805,51 @@ class StructuralResult(PointResult):
         self._need_posterior()
         return GaussianPosterior(self.posterior_mean[k], self.posterior_cov[k], names=self.feature_names)
 
-    def summary(self, level: float = 0.95) -> pd.DataFrame:
-        """Long table of every device's coefficients: ``client``, ``name``, ``estimate``
-        (Algorithm 1's estimate, ``coef``) and, with uncertainty, the posterior ``mean``,
-        ``sd``, equal-tailed credible interval ``lower``, ``upper`` of level ``level``
-        (centred at ``mean``) and ``p_value`` (two-sided posterior tail probability of 0).
-        ``mean``, ``sd``, ``lower``, ``upper`` and ``p_value`` all describe one distribution,
-        the posterior; ``estimate`` is not its centre and may lie outside the interval."""
-        rows = []
-        for c in self.clients:
-            df = pd.DataFrame({"client": c, "name": self.feature_names, "estimate": self.coef(c)})
-            if self.has_uncertainty:
-                s = self.client_posterior(c).summary(level=level)
-                for col in ("mean", "sd", "lower", "upper", "p_value"):
-                    df[col] = s[col].to_numpy()
-            rows.append(df)
-        return pd.concat(rows, ignore_index=True)
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        """The devices' covariance, one row per distinct entry ``omega[a, b]`` (a <= b): the
+        Omega the posteriors condition on (``posterior_omega``) with uncertainty, else
+        Algorithm 1's (``omega``). Estimates only: no distribution."""
+        om = self.posterior_omega_ if self.has_uncertainty else self.omega_
+        a, b = np.triu_indices(len(self.clients))
+        names = [f"omega[{self.clients[i]}, {self.clients[j]}]" for i, j in zip(a, b)]
+        return pd.DataFrame({"mean": om[a, b]}, index=pd.Index(names, name="parameter"))
+
+    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+        """Device ``client``'s coefficients: with uncertainty the posterior ``mean``, ``sd``,
+        credible interval and ``p_value`` (one distribution, centred at ``mean``), else
+        Algorithm 1's estimate in ``mean``; always ``estimate`` = Algorithm 1's estimate
+        (``coef``), which is not the posterior's centre and may lie outside the interval."""
+        est = self.coef(client)
+        if self.has_uncertainty:
+            t = self.client_posterior(client).summary(level=level, kind=kind)
+        else:
+            t = pd.DataFrame({"mean": est}, index=pd.Index(self.feature_names, name="parameter"))
+        t["estimate"] = est
+        return t
 
     # ------------------------------------------------------------ prediction
-    def predict(self, X, client, *, level: float | None = None) -> pd.DataFrame:
-        """Predictions of device ``client`` for the rows of ``X``.
+    def predict(self, X, client=None, *, level: float = 0.95) -> pd.DataFrame:
+        """Predictions of device ``client`` for the rows of ``X`` (HM1 has no model of a new
+        client: ``client`` must be a fitted one).
 
-        Without ``level``: column ``mean``, Algorithm 1's point prediction ``X coef(client)``
-        (what ``rmse`` scores). With ``level`` (needs ``uncertainty=True``) the table
-        describes the posterior of the mean response ``x' theta_k``, as ``summary`` does for
-        the coefficients: ``mean`` (posterior mean, the centre of both intervals), ``sd``,
-        ``lower``, ``upper`` (credible interval of the mean response), ``pred_lower``,
-        ``pred_upper`` (predictive interval of a new observation: the device's noise
-        variance added), and ``estimate``, Algorithm 1's point prediction (the ``mean`` of
-        the call without ``level``), which need not lie inside the intervals."""
+        With ``uncertainty=True`` the table describes the posterior of the mean response
+        ``x' theta_k``, as :meth:`client_summary` does for the coefficients: ``mean`` (the
+        posterior mean, centre of both intervals), ``lower``, ``upper`` (credible interval
+        of the mean response), ``pred_lower``, ``pred_upper`` (predictive interval of a new
+        observation: the device's noise variance added), then ``sd`` and ``estimate``,
+        Algorithm 1's point prediction (what ``rmse`` scores; it need not lie inside the
+        intervals). Without uncertainty, ``mean`` and ``estimate`` are Algorithm 1's point
+        prediction and the intervals are NaN."""
+        level = check_level(level)
+        if client is None:
+            raise ValueError("HM1 has no model for a client that took no part in the fit: give a fitted client")
         Xd = self._design(X)
         k = self._k(client)
         point = Xd @ self.theta[:, k]
-        if level is None:
-            return pd.DataFrame({"mean": point})
         if not self.has_uncertainty:
-            raise RuntimeError("intervals need fit(..., uncertainty=True)")
-        if not 0 < level < 1:
-            raise ValueError(f"level must lie in (0, 1), got {level!r}")
+            return prediction_frame(point, estimate=point)
         m = Xd @ self.posterior_mean[k]
         v = np.einsum("ij,jk,ik->i", Xd, self.posterior_cov[k], Xd)
         z = sst.norm.ppf(0.5 + level / 2)
         sd, psd = np.sqrt(v), np.sqrt(v + self.noise_var[k])
-        return pd.DataFrame({"estimate": point, "mean": m, "sd": sd, "lower": m - z * sd, "upper": m + z * sd,
-                             "pred_lower": m - z * psd, "pred_upper": m + z * psd})
+        return prediction_frame(m, m - z * sd, m + z * sd, m - z * psd, m + z * psd, sd=sd, estimate=point)

@@ -23,7 +23,7 @@ def _rmse(pred, y) -> float:
 def selected_sets(res, level: float) -> dict:
     """client -> set of selected predictor names (intervals at ``level`` excluding 0)."""
     sel = res.selected(level)
-    return {c: set(g.loc[g["selected"], "name"]) for c, g in sel.groupby("client", sort=False)}
+    return {c: set(g.loc[g["selected"], "parameter"]) for c, g in sel.groupby("client", sort=False)}
 
 
 def _ols(X, y, level: float):

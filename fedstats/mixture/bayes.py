@@ -263,7 +263,7 @@ class BayesianMixtureResult(GaussianMixtureResult):
         rows = {"mean": self.means_.ravel(), "sd": sd.ravel(), "lower": (self.means_ - q * scale).ravel(),
                 "upper": (self.means_ + q * scale).ravel()}
         names = [f"mean[{j}][{f}]" for j in range(M) for f in self.feature_names]
-        return pd.DataFrame(rows, index=pd.Index(names, name="name"))
+        return pd.DataFrame(rows, index=pd.Index(names, name="parameter"))
 
     def variance_intervals(self, level: float = 0.95) -> pd.DataFrame:
         """Inverse-gamma marginals of every variance ``[Sigma_j]_ll``."""
@@ -274,7 +274,7 @@ class BayesianMixtureResult(GaussianMixtureResult):
         rows = {"mean": mean.ravel(), "sd": dist.std().ravel(), "lower": dist.ppf(0.5 - level / 2).ravel(),
                 "upper": dist.ppf(0.5 + level / 2).ravel()}
         names = [f"var[{j}][{f}]" for j in range(M) for f in self.feature_names]
-        return pd.DataFrame(rows, index=pd.Index(names, name="name"))
+        return pd.DataFrame(rows, index=pd.Index(names, name="parameter"))
 
     def weight_intervals(self, client, level: float = 0.95) -> pd.DataFrame:
         """Beta marginals of the client's weights (computed on the client)."""
@@ -285,16 +285,25 @@ class BayesianMixtureResult(GaussianMixtureResult):
             dist = stats.beta(a, a.sum() - a)
             sd, lo, hi = dist.std(), dist.ppf(0.5 - level / 2), dist.ppf(0.5 + level / 2)
         return pd.DataFrame({"mean": a / a.sum(), "sd": sd, "lower": lo, "upper": hi},
-                            index=pd.Index([f"weight[{j}]" for j in range(len(a))], name="name"))
+                            index=pd.Index([f"weight[{j}]" for j in range(len(a))], name="parameter"))
 
-    def summary(self, level: float = 0.95) -> pd.DataFrame:
-        """Shared parameters with closed-form credible intervals: means, then variances."""
-        return pd.concat([self.mean_intervals(level), self.variance_intervals(level)])
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        """Shared parameters with closed-form credible intervals (Student-t means, inverse-gamma
+        variances); highest-density intervals (``kind="hdi"``) from exact draws. No
+        ``p_value``: no one tests a component mean or variance against 0."""
+        table = pd.concat([self.mean_intervals(level), self.variance_intervals(level)])
+        if kind == "hdi":
+            hdi = self.global_posterior(n=40000, seed=0).summary(level=level, kind="hdi")
+            table[["lower", "upper"]] = hdi.loc[table.index, ["lower", "upper"]].to_numpy()
+        return table
 
-    def client_summary(self, level: float = 0.95) -> pd.DataFrame:
-        """Every client's weights with Beta credible intervals (a ``client`` column)."""
-        parts = [self.weight_intervals(c, level).assign(client=c).reset_index() for c in self.clients]
-        return pd.concat(parts, ignore_index=True)[["client", "name", "mean", "sd", "lower", "upper"]]
+    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+        """The client's weights with Beta credible intervals (from draws for ``kind="hdi"``)."""
+        table = self.weight_intervals(client, level)
+        if kind == "hdi" and len(table) > 1:
+            hdi = self.client_posterior(client, n=40000, seed=0).summary(level=level, kind="hdi")
+            table[["lower", "upper"]] = hdi.loc[table.index, ["lower", "upper"]].to_numpy()
+        return table
 
     def sample_components(self, n: int, seed=0):
         """Exact draws from q(mu, Sigma): ``(means (n, M, d), covariances (n, M, d, d))``.
@@ -327,7 +336,7 @@ class BayesianMixtureResult(GaussianMixtureResult):
         mus = self.means_ + np.einsum("nmij,nmj->nmi", L, rng.standard_normal((n, M, d)))
         return mus, covs
 
-    def global_posterior(self, n: int = 4000, seed=0) -> SamplePosterior:
+    def global_posterior(self, *, n: int = 4000, seed=0) -> SamplePosterior:
         """q(means, variances) as exact draws (the common posterior API: intervals, hdi, prob, ArviZ)."""
         mus, covs = self.sample_components(n, seed)
         var = np.diagonal(covs, axis1=2, axis2=3)
@@ -336,8 +345,9 @@ class BayesianMixtureResult(GaussianMixtureResult):
                  + [f"var[{j}][{f}]" for j in range(M) for f in self.feature_names])
         return SamplePosterior(np.c_[mus.reshape(n, -1), var.reshape(n, -1)], names=names)
 
-    def client_posterior(self, client, n: int = 4000, seed=0) -> SamplePosterior:
+    def client_posterior(self, client, *, n: int = 4000, seed=0) -> SamplePosterior:
         """q(pi_c) = Dirichlet(alpha_c) as exact draws."""
+        self._check_client(client)
         a = self.weight_concentration_[client]
         draws = np.random.default_rng(seed).dirichlet(a, n)
         return SamplePosterior(draws, names=[f"weight[{j}]" for j in range(len(a))])

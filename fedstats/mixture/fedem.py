@@ -548,7 +548,7 @@ class GaussianMixtureResult(FederatedResult):
     """
 
     def __init__(self, *, means, covariances, weights, covariance_type, feature_names, n_obs, history,
-                 communication, rounds, converged, shared_weights, init_info, reg_covar, loglik=None):
+                 communication, rounds, converged, shared_weights, init_info, reg_covar, loglik=None, seconds=0.0):
         self.means_ = np.asarray(means)
         self.covariances_ = np.asarray(covariances)
         self.weights_ = dict(weights)
@@ -563,6 +563,7 @@ class GaussianMixtureResult(FederatedResult):
         self.init_info = init_info
         self.reg_covar = reg_covar
         self.client_loglik_ = loglik  # dict client -> log-likelihood at the final parameters
+        self.seconds = float(seconds)  # wall time of the fit (set by the fit itself)
 
     @property
     def loglik_(self) -> float:
@@ -691,12 +692,31 @@ class GaussianMixtureResult(FederatedResult):
         return pd.DataFrame({c: w for c, w in self.weights_.items()}, index=[f"weight[{j}]" for j in
                                                                               range(self.n_components)]).T
 
-    def summary(self) -> pd.DataFrame:
-        """Shared parameters, one row each: ``mean[j][feature]`` and ``var[j][feature]``."""
+    # ---------------------------------------------------------------- the result contract
+    # (fedstats.results) for a maximum-likelihood fit: estimates in ``mean``, NaN elsewhere;
+    # ``predict`` keeps scikit-learn's meaning (labels), ``predict_proba`` the responsibilities
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        """Shared parameters, one row each: ``mean[j][feature]``, ``var[j][feature]`` (the
+        diagonal of component j's covariance) and, with shared weights, ``weight[j]``; the
+        estimate in the column ``mean`` (NaN sd and interval: see :meth:`wald_intervals`)."""
         t = self.component_table()
         names = [f"mean[{r.component}][{r.feature}]" for r in t.itertuples()]
         names += [f"var[{r.component}][{r.feature}]" for r in t.itertuples()]
-        return pd.DataFrame({"mean": np.r_[t["mean"], t["variance"]]}, index=pd.Index(names, name="name"))
+        values = [*t["mean"], *t["variance"]]
+        if self.shared_weights and self.weights_:
+            names += [f"weight[{j}]" for j in range(self.n_components)]
+            values += list(next(iter(self.weights_.values())))
+        return pd.DataFrame({"mean": values}, index=pd.Index(names, name="parameter"))
+
+    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+        """The client's weights ``weight[j]`` (estimates in ``mean``)."""
+        return pd.DataFrame({"mean": self.weights_[client]},
+                            index=pd.Index([f"weight[{j}]" for j in range(self.n_components)], name="parameter"))
+
+    def _no_posterior(self, what: str) -> str:
+        return (f"{type(self).__name__} is a maximum-likelihood fit, with no {what} posterior: fit "
+                "FederatedGaussianMixture(..., bayesian=True) for one, or use wald_intervals(data) for "
+                "observed-information intervals")
 
     def __repr__(self):
         return (f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "

@@ -55,6 +55,7 @@ from scipy import stats
 
 from ..data import DataError
 from ..federation import FederatedAlgorithm, run
+from ..federation.runner import Communication, counting
 from ..federation.backend import accepts_backend
 from ._gmm import (
     check_cov_type,
@@ -547,6 +548,7 @@ class FEMOMD:
         self.seed = int(seed)
         self.t_ = 0
         self.history = []
+        self.communication = None  # every exchange of every step so far (starts included)
         self._server = None
         self._clients: dict = {}
         self.feature_names = None
@@ -615,6 +617,12 @@ class FEMOMD:
         """Run one time step on the clients' new batches (FederatedData, dict or list of
         arrays; the clients present take part, the others keep their weights)."""
         data = as_federated(data)
+        with counting() as ledger:
+            self._step(data, progress)
+        self.communication = Communication.combine([self.communication, ledger.communication()])
+        return self
+
+    def _step(self, data, progress) -> None:
         if self._server is None:
             self._start(data)
         elif data.n_features != self.n_features_:
@@ -653,7 +661,6 @@ class FEMOMD:
                              "means_change": moved, "seconds": time.perf_counter() - t0,
                              "bytes_up": int(res.communication.bytes_up),
                              "bytes_down": int(res.communication.bytes_down)})
-        return self
 
     # ---------------------------------------------------------------- what is played next
     def _check_fitted(self):
@@ -730,11 +737,11 @@ class FEMOMD:
         return GaussianMixtureResult(
             means=means, covariances=cov, weights=weights, covariance_type=self._ct,
             feature_names=self.feature_names, n_obs={c: s["n"] for c, s in self._clients.items()}, history=[],
-            communication=None, rounds=self.t_, converged=False, shared_weights=self.shared_weights,
-            init_info={}, reg_covar=self.reg_covar)
+            communication=self.communication, rounds=self.t_, converged=False, shared_weights=self.shared_weights,
+            init_info={}, reg_covar=self.reg_covar, seconds=sum(h["seconds"] for h in self.history))
 
     # ---------------------------------------------------------------- uncertainty
-    def weight_intervals(self, client, level: float = 0.9) -> pd.DataFrame:
+    def weight_intervals(self, client, level: float = 0.95) -> pd.DataFrame:
         """Credible intervals for the client's *current* weights from its discounted
         Dirichlet ``a_{t+1} = lambda a_t + (1 - lambda) alpha_0 + N_t`` (spec §4.5), computed
         on the client: Beta marginals. ``mean`` is the posterior mean, ``played`` the
@@ -752,12 +759,12 @@ class FEMOMD:
             sd, lo, hi = dist.std(), dist.ppf(0.5 - level / 2), dist.ppf(0.5 + level / 2)
         return pd.DataFrame({"mean": a / a.sum(), "sd": sd, "lower": lo, "upper": hi,
                              "played": self.played(client)[2]},
-                            index=pd.Index([f"weight[{j}]" for j in range(M)], name="name"))
+                            index=pd.Index([f"weight[{j}]" for j in range(M)], name="parameter"))
 
-    def client_summary(self, level: float = 0.9) -> pd.DataFrame:
+    def client_summary(self, level: float = 0.95) -> pd.DataFrame:
         """Every client's weight intervals (a ``client`` column)."""
         parts = [self.weight_intervals(c, level).assign(client=c).reset_index() for c in self._clients]
-        return pd.concat(parts, ignore_index=True)[["client", "name", "mean", "sd", "lower", "upper", "played"]]
+        return pd.concat(parts, ignore_index=True)[["client", "parameter", "mean", "sd", "lower", "upper", "played"]]
 
     def save(self, path):
         """Write the whole online state (components, every client's weights and Dirichlet,

@@ -147,7 +147,7 @@ def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
     names = [f"mean[{j}][{f}]" for j in range(M) for f in result.feature_names]
     means_table = pd.DataFrame({"mean": result.means_.ravel(), "sd": sd.ravel(),
                                 "lower": (result.means_ - z * sd).ravel(), "upper": (result.means_ + z * sd).ravel()},
-                               index=pd.Index(names, name="name"))
+                               index=pd.Index(names, name="parameter"))
     rows = []
     for c in data.clients:
         pi = result.weights_[c]
@@ -162,7 +162,7 @@ def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
             boundary = (pi < 1e-8) | (len(f) == 0)  # an MLE at 0 (or 1 because all others are): no interval
             sd_pi, lo, hi = (np.where(boundary, np.nan, v) for v in (sd_pi, lo, hi))
         for j in range(M):
-            rows.append({"client": c, "name": f"weight[{j}]", "mean": pi[j], "sd": sd_pi[j], "lower": lo[j],
+            rows.append({"client": c, "parameter": f"weight[{j}]", "mean": pi[j], "sd": sd_pi[j], "lower": lo[j],
                          "upper": hi[j]})
     info = {"cov_means": cov_t, "cov_eta": cov_eta, **add_bytes(b1, b2)}
     return means_table, pd.DataFrame(rows), info

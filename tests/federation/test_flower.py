@@ -97,8 +97,8 @@ def test_hm2_exact_ep_equals_inprocess(session):
     data, _ = hm2_federation(n_clients=5, n_obs=30, seed=0)
     model = HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact")
     a, b = model.fit(data, seed=2), model.fit(data, seed=2, backend=session)
-    close(a.global_posterior.mean, b.global_posterior.mean)
-    close(a.global_posterior.cov, b.global_posterior.cov)
+    close(a.global_posterior().mean, b.global_posterior().mean)
+    close(a.global_posterior().cov, b.global_posterior().cov)
     for c in data.clients:
         close(a.client_posterior(c).mean, b.client_posterior(c).mean)
         close(a.client_posterior(c).cov, b.client_posterior(c).cov)
@@ -132,7 +132,7 @@ def test_fgpr_equals_inprocess(session):
     data, _ = hm2_federation(n_clients=4, n_obs=25, seed=4)
     model = FGPR(rounds=4, local_steps=3)
     a, b = model.fit(data, seed=5), model.fit(data, seed=5, backend=session)
-    close(a.summary()["value"].to_numpy(), b.summary()["value"].to_numpy(), tol=1e-9)
+    close(a.summary()["mean"].to_numpy(), b.summary()["mean"].to_numpy(), tol=1e-9)
     X = np.random.default_rng(0).normal(size=(5, 4))
     c = data.clients[0]
     close(a.predict(X, client=c)["mean"], b.predict(X, client=c)["mean"], tol=1e-9)

@@ -52,7 +52,7 @@ MIX, _ = gmm_federation(n_clients=4, n_components=2, d=2, n_obs=(30, 50), seed=3
 
 CASES = [
     ("HM2 exact", lambda: HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact"),
-     REG, lambda r: r.global_posterior.mean),
+     REG, lambda r: r.global_posterior().mean),
     ("HM2 importance", lambda: HierarchicalLinearModel(rounds=2, estimator_options={"num_draws": 200}), REG,
      lambda r: r.summary()["mean"]),
     ("ridge", lambda: BayesianRidge(rounds=1, estimator_options={"num_draws": 200}), REG,
@@ -62,7 +62,7 @@ CASES = [
     ("FedAvg", lambda: FedAvg(rounds=3), REG, lambda r: r.theta),
     ("Ditto", lambda: Ditto(rounds=3), REG, lambda r: r.theta),
     ("distributed ridge", lambda: DistributedRidge(), REG, lambda r: r.theta),
-    ("FGPR", lambda: FGPR(rounds=2, local_steps=2), REG, lambda r: r.summary()["value"]),
+    ("FGPR", lambda: FGPR(rounds=2, local_steps=2), REG, lambda r: r.summary()["mean"]),
     ("FedEM", lambda: FederatedGaussianMixture(2), MIX, lambda r: r.means_),
     ("variational FedEM", lambda: FederatedGaussianMixture(2, bayesian=True, max_rounds=10), MIX,
      lambda r: r.summary(0.9)["mean"]),

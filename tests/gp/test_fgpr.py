@@ -15,6 +15,7 @@ from fedstats.data import DataError, FederatedData
 from fedstats.gp import FGPR, FGPRResult
 from fedstats.gp._core import HyperSpec, adam_update
 from fedstats.gp.fgpr import FGPRAlgorithm, average_hypers, draw_participants
+from fedstats.results import UnknownClientError
 
 LOG2 = math.log(2.0)
 
@@ -406,7 +407,7 @@ def test_new_client_predicts_from_its_own_data_without_training():
     xn = np.linspace(0, 10, 40)[:, None]
     pred = res.predict(np.array([[3.3]]), data=(xn, 2 * np.sin(xn[:, 0]) + 5))
     assert abs(pred["mean"][0] - (2 * np.sin(3.3) + 5)) < 0.05
-    with pytest.raises(DataError, match="unknown client"):
+    with pytest.raises(UnknownClientError, match="unknown client 'new'.*data=\\(X, y\\)"):
         res.predict(xn, client="new")
 
 

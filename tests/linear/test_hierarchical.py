@@ -57,7 +57,7 @@ def test_exact_one_round_equals_pooled_posterior():
     data = make_data()
     res = exact_model(rounds=1).fit(data)
     mean, cov = pooled_exact(data, TAU, SIGMA)
-    g = res.global_posterior
+    g = res.global_posterior()
     np.testing.assert_allclose(g.mean, mean[:3], atol=1e-10, rtol=0)
     np.testing.assert_allclose(g.cov, cov[:3, :3], atol=1e-10, rtol=0)
 
@@ -74,8 +74,8 @@ def test_exact_any_order_and_covering_pattern_then_fixed(schedule):
     extra = [["c0", "c1", "c2", "c3", "c4"]] * 2  # further rounds must leave it fixed
     res = exact_model(participation=lambda r, rng: (schedule + extra)[r],
                       rounds=len(schedule) + 2, tol=0).fit(data)
-    np.testing.assert_allclose(res.global_posterior.mean, mean[:3], atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.global_posterior.cov, cov[:3, :3], atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.global_posterior().mean, mean[:3], atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.global_posterior().cov, cov[:3, :3], atol=1e-10, rtol=0)
 
 
 def test_exact_device_posteriors_equal_pooled_marginals_and_q_double_counts():
@@ -102,8 +102,8 @@ def test_damping_to_zero_leaves_q_unchanged():
     data = make_data()
     res = exact_model(rounds=3, damping=1e-12, tol=0).fit(data)
     prior_mean, prior_cov = np.zeros(3), np.eye(3)
-    np.testing.assert_allclose(res.global_posterior.mean, prior_mean, atol=1e-9)
-    np.testing.assert_allclose(res.global_posterior.cov, prior_cov, atol=1e-9)
+    np.testing.assert_allclose(res.global_posterior().mean, prior_mean, atol=1e-9)
+    np.testing.assert_allclose(res.global_posterior().cov, prior_cov, atol=1e-9)
 
 
 def _ep_run(data, rounds, est="importance", participation=1.0, fail=None, checkpoint=None, resume=False):
@@ -238,7 +238,7 @@ def test_result_api_predict_save_load(tmp_path):
     path = tmp_path / "fit.fedstats"
     res.save(path)
     back = HierarchicalResult.load(path)
-    np.testing.assert_allclose(back.global_posterior.mean, res.global_posterior.mean)
+    np.testing.assert_allclose(back.global_posterior().mean, res.global_posterior().mean)
     with pytest.raises(ValueError, match="columns"):
         res.predict(np.ones((2, 7)), client="c1")
     with pytest.raises(KeyError, match="unknown client"):
@@ -314,7 +314,7 @@ def test_fast_adaptation_three_levels():
 
     data, truth = hm2_federation(n_clients=30, n_obs=100, sigma=0.05, seed=5)
     res = HierarchicalLinearModel(fit_intercept=False, sigma=0.05, rounds=6).fit(data, seed=0)
-    q = res.global_posterior
+    q = res.global_posterior()
     # level 1: plug-in population mean, E_q[mu], near the generator's mu
     point = res.new_client_posterior(level=1)
     np.testing.assert_allclose(point, q.mean[:4])

@@ -18,7 +18,7 @@ def test_nuts_mode_matches_exact_posterior_small_federation():
                                                                       num_chains=4)).fit(data, seed=0)
     mean, cov = pooled_exact(data, TAU, SIGMA)
     sd = np.sqrt(np.diag(cov)[:3])
-    g = res.global_posterior
+    g = res.global_posterior()
     assert np.all(np.abs(g.mean - mean[:3]) / sd < 0.1)
     assert np.all(np.abs(g.sd / sd - 1) < 0.1)
     for h in res.history:
@@ -41,7 +41,7 @@ def _coverage(reps, K=10, n=30, level=0.9, seed0=0):
         log_tau = rng.normal(size=2)
         data, _ = hm2_federation(n_clients=K, n_obs=n, mu=mu, tau=np.exp(log_tau), sigma=0.5, seed=1000 + r)
         res = HierarchicalLinearModel(fit_intercept=False, estimator_options={"num_draws": 4000}).fit(data, seed=r)
-        lo, hi = res.global_posterior.credible_interval(level)
+        lo, hi = res.global_posterior().credible_interval(level)
         truth = np.r_[mu, log_tau]
         hits.append((lo <= truth) & (truth <= hi))
     return np.array(hits)
@@ -69,7 +69,7 @@ def test_nuts_mode_on_the_uncertainty_example_matches_pooled_nuts():
                                   estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2,
                                                          target="augmented")).fit(data, seed=0)
     ref = pooled_nuts(data, sigma=0.05, fit_intercept=False, num_warmup=500, num_samples=1000, num_chains=2)
-    g = res.global_posterior
+    g = res.global_posterior()
     rm, rs = ref["phi"].mean(0), ref["phi"].std(0)
     assert np.all(np.abs(g.mean - rm) / rs < 0.25), np.abs(g.mean - rm) / rs
     assert np.all((g.sd / rs > 0.75) & (g.sd / rs < 1.33)), g.sd / rs
@@ -97,7 +97,7 @@ def test_default_fit_converges_across_federations(K, seed):
     assert res.converged
     last = res.history[-1]
     assert not last.skipped and not last.failed
-    g = res.global_posterior
+    g = res.global_posterior()
     assert np.all(np.abs(g.mean - np.r_[truth["mu"], truth["log_tau"]]) / g.sd < 3.5)
 
 
@@ -123,7 +123,7 @@ def test_every_estimator_matches_pooled_nuts_unknown_noise_iso_tau(iso_federatio
     """The shared battery: each tilted estimator, unknown sigma_k, tau = tau I, intercept."""
     data, ref = iso_federation
     res = HierarchicalLinearModel(tau="iso", estimator=estimator, estimator_options=options).fit(data, seed=2)
-    g = res.global_posterior
+    g = res.global_posterior()
     assert g.names == ["mu[intercept]", "mu[x1]", "mu[x2]", "log_tau"]
     rm, rs = ref["phi"].mean(0), ref["phi"].std(0)
     # Laplace matches modes, not means: on the skewed log tau it lands about 0.5 sd off

@@ -38,7 +38,7 @@ def test_one_client_equals_pooled_nuts(cls, opts):
     np.testing.assert_allclose(a.sd / b.sd, 1.0, atol=0.08)
     np.testing.assert_array_equal(fed.selected(0.9)["selected"], ref.selected(0.9)["selected"])
     # phi: EP's Gaussian q against the NUTS marginals of (log lambda, log sigma^2)
-    g, r = fed.global_posterior, ref.global_posterior
+    g, r = fed.global_posterior(), ref.global_posterior()
     np.testing.assert_array_less(np.abs(g.mean - r.mean) / r.sd, 0.15)
     np.testing.assert_allclose(g.sd / r.sd, 1.0, atol=0.15)
 
@@ -62,7 +62,7 @@ def test_several_clients_match_pooled_nuts_of_the_same_model(cls):
         a, b = fed.client_posterior(c), ref.client_posterior(c)
         np.testing.assert_array_less(np.abs(a.mean - b.mean) / b.sd, 0.12)
         np.testing.assert_allclose(a.sd / b.sd, 1.0, atol=0.08)
-    g, r = fed.global_posterior, ref.global_posterior
+    g, r = fed.global_posterior(), ref.global_posterior()
     np.testing.assert_array_less(np.abs(g.mean - r.mean) / r.sd, 0.15)
     np.testing.assert_allclose(g.sd / r.sd, 1.0, atol=0.1)
     np.testing.assert_array_equal(fed.selected(0.9)["selected"], ref.selected(0.9)["selected"])
@@ -91,8 +91,8 @@ def test_selection_tests_and_joint_test_agree_with_intervals():
     train, _, theta = selection_case("I", seed=1)
     res = BayesianRidge().fit(train, seed=0, progress=False)
     sel, t = res.selected(0.9), res.test(level=0.9)
-    assert list(sel.columns) == ["client", "name", "mean", "sd", "lower", "upper", "p_value", "selected"]
-    assert "intercept" not in set(sel["name"])
+    assert list(sel.columns) == ["client", "parameter", "mean", "sd", "lower", "upper", "p_value", "selected"]
+    assert "intercept" not in set(sel["parameter"])
     # the equal-tailed interval excludes 0 exactly when p_B < 1 - level
     np.testing.assert_array_equal(sel["selected"].to_numpy(), t["reject"].to_numpy())
     np.testing.assert_allclose(t["p_value"], 2 * np.minimum(t["p_positive"], t["p_negative"]), atol=1e-12)
@@ -190,4 +190,4 @@ def test_diabetes_single_client_against_long_pooled_nuts():
     np.testing.assert_allclose(fmed[~big], rmed[~big], atol=0.03)
     for level in (0.9, 0.95):
         np.testing.assert_array_equal(fed.selected(level)["selected"], ref.selected(level)["selected"])
-    assert set(fed.selected(0.95).query("selected")["name"]) >= {"bmi", "bp", "s5"}
+    assert set(fed.selected(0.95).query("selected")["parameter"]) >= {"bmi", "bp", "s5"}

@@ -199,17 +199,17 @@ def test_uncertainty_intervals_and_prediction():
     X = np.random.default_rng(0).standard_normal((5, 3))
     p = res.predict(X, 2, level=0.9)
     # with a level every column describes the posterior: its mean is the centre of both intervals
-    assert list(p.columns) == ["estimate", "mean", "sd", "lower", "upper", "pred_lower", "pred_upper"]
+    assert list(p.columns) == ["mean", "lower", "upper", "pred_lower", "pred_upper", "sd", "estimate"]
     assert np.all(p["lower"] < p["mean"]) and np.all(p["mean"] < p["upper"]) and np.all(p["pred_lower"] < p["lower"])
     np.testing.assert_allclose(p["mean"], X @ post.mean)
     np.testing.assert_allclose((p["lower"] + p["upper"]) / 2, p["mean"])
-    np.testing.assert_allclose(p["estimate"], res.predict(X, 2)["mean"])  # Algorithm 1's point, labelled
+    np.testing.assert_allclose(p["estimate"], res.point_predict(X, 2))  # Algorithm 1's point, labelled
     # the information share (up) and each device's posterior block (down) are in the fit's communication
     assert res.communication.by_kind["information share"]["bytes_up"] == 4 * 8 * (9 + 3 + 1)
     assert res.communication.by_kind["posterior blocks"]["bytes_down"] == 4 * 8 * (3 + 9)
     assert res.communication.bytes_up == sum(v["bytes_up"] for v in res.communication.by_kind.values())
-    s = res.summary(0.9)
-    assert list(s.columns) == ["client", "name", "estimate", "mean", "sd", "lower", "upper", "p_value"]
+    s = res.client_summary(0.9)
+    assert list(s.columns) == ["client", "parameter", "mean", "sd", "lower", "upper", "p_value", "estimate"]
     with pytest.raises(RuntimeError, match="uncertainty=True"):
         StructuralCovarianceModel(rounds=2).fit(data).client_posterior(0)
 
@@ -340,7 +340,7 @@ def coverage(K, d, n, sigma, make_omega, reps, level=0.9, seed=0, **opts):
         with pytest.warns(RuntimeWarning, match="did not converge"):  # 30 rounds: Omega still moving
             res = StructuralCovarianceModel(rounds=30, **opts).fit(FederatedData.from_arrays(Xs, ys), seed=r,
                                                                     uncertainty=True)
-        s = res.summary(level)  # client-major rows, as theta.ravel()
+        s = res.client_summary(level)  # client-major rows, as theta.ravel()
         hits.append((s["lower"].to_numpy() <= theta.ravel()) & (theta.ravel() <= s["upper"].to_numpy()))
     return float(np.mean(np.concatenate(hits)))
 
@@ -444,8 +444,8 @@ def test_reported_points_are_the_centres_of_their_intervals():
     with pytest.warns(RuntimeWarning, match="did not converge in 30 rounds"):
         res = StructuralCovarianceModel(rounds=30, fit_intercept=True).fit(data, uncertainty=True)
     assert not res.converged
-    s = res.summary(0.9)
-    assert list(s.columns) == ["client", "name", "estimate", "mean", "sd", "lower", "upper", "p_value"]
+    s = res.client_summary(0.9)
+    assert list(s.columns) == ["client", "parameter", "mean", "sd", "lower", "upper", "p_value", "estimate"]
     assert np.all(s["lower"] < s["mean"]) and np.all(s["mean"] < s["upper"])
     np.testing.assert_allclose((s["lower"] + s["upper"]) / 2, s["mean"])
     np.testing.assert_allclose(s["mean"], res.posterior_mean.ravel())
@@ -457,7 +457,7 @@ def test_reported_points_are_the_centres_of_their_intervals():
         p = res.predict(X, c, level=0.9)
         assert np.all((p["lower"] < p["mean"]) & (p["mean"] < p["upper"]))
         assert np.all((p["pred_lower"] < p["lower"]) & (p["upper"] < p["pred_upper"]))
-        np.testing.assert_allclose(p["estimate"], res.predict(X, c)["mean"])
+        np.testing.assert_allclose(p["estimate"], res.point_predict(X, c))
     # the posterior does not depend on Algorithm 1's rounds (the EM Omega uses the shared statistics)
     with pytest.warns(RuntimeWarning, match="did not converge in 300 rounds"):
         longer = StructuralCovarianceModel(rounds=300, fit_intercept=True).fit(data, uncertainty=True)

@@ -129,7 +129,7 @@ def test_vb_from_kmeans_start_recovers_and_intervals_match_draws():
     np.testing.assert_allclose(lo, w["lower"].to_numpy(), atol=0.01)
     np.testing.assert_allclose(hi, w["upper"].to_numpy(), atol=0.01)
     cs = res.client_summary(0.9)
-    assert list(cs.columns) == ["client", "name", "mean", "sd", "lower", "upper"] and len(cs) == 30
+    assert list(cs.columns) == ["client", "parameter", "mean", "sd", "lower", "upper", "p_value"] and len(cs) == 30
 
 
 def _coverage(reps, seed0=1000):

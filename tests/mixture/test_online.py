@@ -284,7 +284,7 @@ def test_discounted_dirichlet_intervals():
                                      rel=1e-9)
     cs = model.client_summary(0.9)
     truth = stream.weights(40)
-    hit = [(r.lower <= truth[r.client, int(r.name[7])] <= r.upper) for r in cs.itertuples()]
+    hit = [(r.lower <= truth[r.client, int(r.parameter[7])] <= r.upper) for r in cs.itertuples()]
     # discounting with lambda = 0.9 keeps about n / (1 - lambda) = 200 points of memory
     assert np.mean(hit) >= 0.85
     assert set(cs.columns) >= {"lower", "upper", "played"}

@@ -1,0 +1,201 @@
+"""The result contract (fedstats.results), checked the same way for every model: the same
+verbs, the same leading columns, one behaviour for posteriors a model does not have and for
+clients a fit has not seen, ArviZ export, a short repr. (The save/load round trip and the byte
+accounting against the runtime's own records are in test_results.py, over the same fits.)"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from fitted_models import MODELS
+
+from fedstats.results import (CLIENT_SUMMARY_COLUMNS, PREDICT_COLUMNS, SUMMARY_COLUMNS, NoPosteriorError,
+                              UnknownClientError)
+
+# "fem-omd" is the online model itself (partial_fit / played / result), not a fitted result:
+# its result is "fem-omd-result", checked here like every other.
+RESULTS = [m for m in MODELS if m != "fem-omd"]
+
+# which posteriors each model has: (global, client)
+POSTERIORS = {
+    "hm2": (True, True), "hm2-nuts": (True, True), "lasso": (True, True), "ridge": (True, True),
+    "lasso-centralised": (True, True), "vb-fedem": (True, True),
+    "hm1": (False, True),  # HM1 has no global parameters with a posterior (Omega is estimated)
+    "hm1-point": (False, False), "separate": (False, False), "fedavg": (False, False), "ditto": (False, False),
+    "distributed-ridge": (False, False), "fgpr": (False, False), "fedem": (False, False),
+    "d-fedem": (False, False), "fem-omd-result": (False, False),
+}
+# the option or model each NoPosteriorError must name
+REMEDY = {"hm1": "uncertainty=True", "hm1-point": "uncertainty=True", "separate": "HierarchicalLinearModel",
+          "fedavg": "HierarchicalLinearModel", "ditto": "HierarchicalLinearModel",
+          "distributed-ridge": "HierarchicalLinearModel", "fgpr": "predict", "fedem": "bayesian=True",
+          "d-fedem": "bayesian=True", "fem-omd-result": "bayesian=True"}
+# models without global parameters: summary() has no rows (their parameters are per client)
+NO_GLOBAL_ROWS = {"separate", "ditto"}
+# FGPR's parameters are all shared: client_summary() has no rows
+NO_CLIENT_ROWS = {"fgpr"}
+MIXTURES = {"fedem", "vb-fedem", "d-fedem", "fem-omd-result"}
+# a client that took no part in the fit (client=None): predicted from the population, from the
+# new client's own data (FGPR), from the shared model, or refused
+NEW_CLIENT = {"hm2": "population", "hm2-nuts": "population", "lasso": "population", "ridge": "population",
+              "lasso-centralised": "population", "fedavg": "shared", "distributed-ridge": "shared",
+              "fgpr": "data", "hm1": "refused", "hm1-point": "refused", "separate": "refused", "ditto": "refused"}
+assert set(POSTERIORS) == set(RESULTS) and set(NEW_CLIENT) | MIXTURES == set(RESULTS)
+
+
+@pytest.fixture
+def fit(fitted, request):
+    return fitted[0][request.param], fitted[1]
+
+
+@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
+def test_summary_has_the_fixed_columns(fit, request):
+    res, _ = fit
+    name = request.node.callspec.id
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = res.summary()
+        s90 = res.summary(level=0.5)
+        hdi = res.summary(kind="hdi")
+    assert tuple(s.columns[:5]) == SUMMARY_COLUMNS and s.index.name == "parameter"
+    assert tuple(hdi.columns[:5]) == SUMMARY_COLUMNS and list(hdi.index) == list(s.index)
+    assert (len(s) == 0) == (name in NO_GLOBAL_ROWS)
+    has = s["sd"].notna()
+    assert has.any() == POSTERIORS[name][0], "sd given exactly where the model has a global posterior"
+    ok = has & np.isfinite(s["sd"])
+    assert np.all(s.loc[ok, "lower"] <= s.loc[ok, "upper"])
+    # a narrower level gives a nested interval
+    assert np.all(s90.loc[ok, "lower"] >= s.loc[ok, "lower"] - 1e-12)
+    assert np.all(s90.loc[ok, "upper"] <= s.loc[ok, "upper"] + 1e-12)
+    for bad in (0, 1, 1.5, "high"):
+        with pytest.raises(ValueError, match="level must be a number in"):
+            res.summary(level=bad)
+    with pytest.raises(ValueError, match="kind must be"):
+        res.summary(kind="central")
+
+
+@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
+def test_client_summary_is_one_long_table(fit, request):
+    res, _ = fit
+    name = request.node.callspec.id
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = res.client_summary()
+    assert tuple(t.columns[:7]) == CLIENT_SUMMARY_COLUMNS
+    if name in NO_CLIENT_ROWS:
+        assert len(t) == 0
+        return
+    assert list(pd.unique(t["client"])) == list(res.clients)
+    assert t["mean"].notna().all()
+    assert t["sd"].notna().any() == POSTERIORS[name][1]
+    if POSTERIORS[name][1]:  # the table describes the client posteriors (closed forms or their draws)
+        c = res.clients[-1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            own = res.client_posterior(c).summary()
+        rows = t[t["client"] == c].set_index("parameter").loc[own.index]
+        assert np.all(np.abs(rows["mean"] - own["mean"]) <= 0.1 * own["sd"] + 1e-12)
+        np.testing.assert_allclose(rows["sd"], own["sd"], rtol=0.1)
+
+
+@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
+def test_posteriors_one_calling_convention(fit, request):
+    res, _ = fit
+    name = request.node.callspec.id
+    has_global, has_client = POSTERIORS[name]
+    c = res.clients[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for has, call in ((has_global, lambda: res.global_posterior()), (has_client, lambda: res.client_posterior(c))):
+            if has:
+                post = call()
+                lo, hi = post.credible_interval(0.9)
+                assert np.all(lo <= hi) and post.sample(5, seed=0).shape == (5, post.dim)
+                assert post.summary().index.name == "parameter"
+            else:
+                with pytest.raises(NoPosteriorError, match=REMEDY[name].replace("(", r"\(").replace(")", r"\)")):
+                    call()
+        with pytest.raises(UnknownClientError, match="unknown client 'nowhere'") as err:
+            res.client_posterior("nowhere")
+        assert isinstance(err.value, KeyError)
+
+
+@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
+def test_predict_leading_columns_and_unseen_clients(fit, request):
+    res, data = fit
+    name = request.node.callspec.id
+    c = res.clients[0]
+    X = np.asarray(data[data.clients[0]].X)[:4]
+    if name in MIXTURES:  # scikit-learn's meaning: labels and responsibilities (the contract says so)
+        X = np.random.default_rng(0).normal(size=(4, res.means_.shape[-1]))
+        labels, proba = res.predict(X, client=c), res.predict_proba(X, client=c)
+        assert labels.dtype.kind == "i" and np.allclose(proba.sum(1), 1)
+        assert np.array_equal(labels, proba.argmax(1))
+        with pytest.raises(KeyError, match="unknown client"):
+            res.predict(X, client="nowhere")
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = res.predict(X, client=c, level=0.9)
+        assert tuple(p.columns[:5]) == PREDICT_COLUMNS and len(p) == 4 and p.attrs["predicted_for"] == "client"
+        bands = p[list(PREDICT_COLUMNS[1:])]
+        assert bands.notna().all().all() == POSTERIORS[name][1] or name == "fgpr"
+        if bands.notna().all().all():
+            assert np.all((p["lower"] <= p["upper"]) & (p["pred_lower"] <= p["lower"] + 1e-9)
+                          & (p["upper"] <= p["pred_upper"] + 1e-9))
+        with pytest.raises(UnknownClientError, match="unknown client 'nowhere'"):
+            res.predict(X, client="nowhere")
+        how = NEW_CLIENT[name]
+        if how == "refused":
+            with pytest.raises(ValueError, match="took no part in the fit"):
+                res.predict(X, client=None)
+        else:
+            kw = {"data": (np.asarray(data[c].X), np.asarray(data[c].y))} if how == "data" else {}
+            q = res.predict(X, client=None, **kw)
+            assert tuple(q.columns[:5]) == PREDICT_COLUMNS and q.attrs["predicted_for"] == "new client"
+
+
+@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
+def test_to_arviz_holds_every_posterior(fit, request):
+    res, _ = fit
+    name = request.node.callspec.id
+    has_global, has_client = POSTERIORS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if not (has_global or has_client):
+            with pytest.raises(NoPosteriorError):
+                res.to_arviz(n=20)
+            return
+        idata = res.to_arviz(n=20, seed=1)
+    post = idata.posterior
+    assert ("global" in post) == has_global and ("local" in post) == has_client
+    if has_global:
+        assert post["global"].shape == (1, 20, len(res.global_posterior().names))
+    if has_client:
+        assert post["local"].shape[:3] == (1, 20, len(res.clients))
+        assert list(post["local"].coords["client"].values) == [str(c) for c in res.clients]
+
+
+@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
+def test_run_facts_and_a_short_repr(fit, request):
+    res, _ = fit
+    for attr in ("history", "rounds", "converged", "seconds", "communication"):
+        assert hasattr(res, attr), attr
+    if request.node.callspec.id != "lasso-centralised":  # pooled rows in one process: nothing exchanged
+        assert res.communication.bytes_up > 0 and not res.communication.breakdown().empty
+    r = repr(res)
+    assert r.startswith(type(res).__name__ + "(") and "\n" not in r and len(r) < 200
+    assert "clients=" in r
+
+
+@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
+def test_tables_survive_save_and_load(fit, tmp_path):
+    res, _ = fit
+    back = type(res).load(res.save(tmp_path / "r.fedstats"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pd.testing.assert_frame_equal(res.summary(), back.summary())
+        pd.testing.assert_frame_equal(res.client_summary(), back.client_summary())
