@@ -45,7 +45,7 @@ def main(argv=None) -> dict:
     sigma = 0.05
 
     t0 = time.perf_counter()
-    res = HierarchicalLinearModel(fit_intercept=False, sigma=sigma).fit(data, seed=a.seed)
+    res = HierarchicalLinearModel(fit_intercept=False, sigma=sigma, standardize=False).fit(data, seed=a.seed)
     t_ep = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
     nuts = None
     if not a.no_nuts:
         t0 = time.perf_counter()
-        rn = HierarchicalLinearModel(fit_intercept=False, sigma=sigma, estimator="nuts", rounds=10,
+        rn = HierarchicalLinearModel(fit_intercept=False, sigma=sigma, standardize=False, estimator="nuts", rounds=10,
                                      estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2,
                                                             target="augmented")).fit(data, seed=a.seed)
         t_n = time.perf_counter() - t0

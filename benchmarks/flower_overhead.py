@@ -34,7 +34,8 @@ def models(K):
     gmm, _ = gmm_federation(n_clients=K, n_components=3, d=5, n_obs=200, seed=0)
     reg, _ = hm2_federation(n_clients=K, n_obs=200, seed=0)
     fedem = FederatedGaussianMixture(3, max_rounds=15, tol=0)
-    hm2 = HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact", rounds=3)
+    hm2 = HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact", rounds=3,
+                                  standardize=False)
     return [("FedEM (15 rounds)", fedem, gmm, lambda r: r.means_), ("HM2 exact EP", hm2, reg,
                                                                       lambda r: r.global_posterior().mean)]
 

@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
         pairs = []
     for case, penalty in pairs:
         train, _, _ = selection_case(case, seed=a.seed)
-        model = BayesianShrinkage(penalty, damping=1.0)
+        model = BayesianShrinkage(penalty, damping=1.0, standardize=False)
         fed, t_fed = timed(lambda: model.fit(train, seed=a.seed, progress=False))
         ref, t_ref = timed(lambda: model.fit_centralised(train, seed=a.seed, per_client=True, num_warmup=nw,
                                                          num_samples=ns, num_chains=4))
@@ -91,7 +91,7 @@ def main(argv=None) -> dict:
                "pooled_over_federated": round(t_ref / t_fed, 2),
                "agreement": agreement(fed, ref, train.clients)}
         if penalty == "lasso" and case == "I":
-            nuts_model = BayesianShrinkage(penalty, damping=1.0, estimator="nuts")
+            nuts_model = BayesianShrinkage(penalty, damping=1.0, estimator="nuts", standardize=False)
             fn, t_n = timed(lambda: nuts_model.fit(train, seed=a.seed, progress=False))
             row["federated_nuts_tilted"] = {"estimator": repr(fn.algorithm.estimator), "rounds": fn.rounds,
                                             "seconds": round(t_n, 2),

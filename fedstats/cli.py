@@ -155,10 +155,11 @@ def _records(df: pd.DataFrame, cols) -> list[dict]:
     return out
 
 
-def _model(name: str, rounds: int):
+def _model(args):
     from .linear import BayesianLasso, BayesianRidge, HierarchicalLinearModel
 
-    return {"hm2": HierarchicalLinearModel, "lasso": BayesianLasso, "ridge": BayesianRidge}[name](rounds=rounds)
+    cls = {"hm2": HierarchicalLinearModel, "lasso": BayesianLasso, "ridge": BayesianRidge}[args.model]
+    return cls(rounds=args.rounds, standardize=args.standardize, fit_intercept=args.intercept)
 
 
 def _fit(args) -> dict:
@@ -176,6 +177,10 @@ def _fit(args) -> dict:
             raise CLIError(f"--model {args.model} needs --target")
         if args.components is not None or args.bayesian or args.covariance_type != "full":
             raise CLIError("--components, --bayesian and --covariance-type apply to --model gmm only")
+    if not args.standardize and args.model not in ("hm2", "lasso", "ridge"):
+        raise CLIError("--no-standardize applies to --model hm2, lasso and ridge only")
+    if not args.intercept and args.model not in ("hm2", "lasso", "ridge", "hm1"):
+        raise CLIError("--no-intercept applies to the regressions (hm2, lasso, ridge, hm1) only")
     if args.rounds is None:
         args.rounds = {"hm1": 30, "fgpr": 100, "gmm": 200}.get(args.model, 15)
     if args.rounds < 1:
@@ -206,7 +211,7 @@ def _fit(args) -> dict:
     if args.model == "gmm":
         return _fit_gmm(args, data, test)
     t0 = time.perf_counter()
-    res = _model(args.model, args.rounds).fit(data, seed=args.seed, progress=_progress(args))
+    res = _model(args).fit(data, seed=args.seed, progress=_progress(args))
     runtime = time.perf_counter() - t0
     g = res.summary(level=args.level)
     out = {
@@ -246,7 +251,7 @@ def _fit_hm1(args, data, test) -> dict:
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = StructuralCovarianceModel(rounds=args.rounds, fit_intercept=True).fit(
+        res = StructuralCovarianceModel(rounds=args.rounds, fit_intercept=args.intercept).fit(
             data, seed=args.seed, progress=_progress(args), uncertainty=args.uncertainty)
     runtime = time.perf_counter() - t0
     for wmsg in caught:
@@ -481,6 +486,10 @@ def _print_tables(g, tables, res, args, runtime) -> None:
     with pd.option_context("display.width", 120, "display.max_columns", 10, "display.float_format", "{:.4f}".format):
         print(f"Global posterior ({pct} credible intervals), {res.rounds} EP rounds ({_converged_text(res)}), "
               f"{runtime:.1f} s")
+        if res.scaling is not None:
+            print("(fitted on predictors and target standardised with federated moments, reported on the data's "
+                  "scale" + ("; lambda penalises the standardised coefficients" if args.model != "hm2" else "")
+                  + "; --no-standardize fits the data as given)")
         print(_table(g))
         for c, s in tables.items():
             print(f"\nClient {c}")
@@ -502,7 +511,8 @@ def _demo(args) -> None:
           "noise sd unknown to the model.")
     print("Federated EP (raw rows never leave their client):")
     t0 = time.perf_counter()
-    res = HierarchicalLinearModel(fit_intercept=False).fit(data, seed=args.seed, progress=True)
+    # the simulated data are on unit scale and the pooled reference fits them as they are
+    res = HierarchicalLinearModel(fit_intercept=False, standardize=False).fit(data, seed=args.seed, progress=True)
     t_fed = time.perf_counter() - t0
     print("Pooled gold standard: NUTS on all rows of the full hierarchical model ...", flush=True)
     t0 = time.perf_counter()
@@ -554,6 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gmm only: covariance structure (default full)")
     f.add_argument("--bayesian", action="store_true",
                    help="gmm only: variational FedEM with credible intervals for components and weights")
+    f.add_argument("--no-standardize", dest="standardize", action="store_false",
+                   help="hm2, lasso, ridge: fit the data in its own units (default: standardise predictors and target "
+                        "with federated moments, report on the data's scale; the priors then act on the "
+                        "standardised scale)")
+    f.add_argument("--no-intercept", dest="intercept", action="store_false",
+                   help="hm2, lasso, ridge, hm1: no intercept (default: one per client)")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     f.add_argument("--progress", action="store_true",

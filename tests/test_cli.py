@@ -351,3 +351,39 @@ def test_terminal_gets_round_lines_and_quiet_silences_them(csv, monkeypatch, cap
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--rounds", "3", "--quiet"]) == 0
     assert term.getvalue() == ""
     capsys.readouterr()
+
+
+def test_natural_units_standardise_by_default_and_the_options_opt_out(tmp_path, capsys):
+    """Data in the units of an investment panel: the default fit reports intercepts near each
+    client's own least squares; --no-standardize fits the data as given (the N(0, 1) prior then
+    pins the intercepts near 0); --no-intercept drops the intercept."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for firm in range(6):
+        b = -150 + 30 * rng.standard_normal()
+        for _ in range(20):
+            value = rng.uniform(500, 3000)
+            rows.append({"firm": f"f{firm}", "value": value, "inv": b + 0.1 * value + 20 * rng.standard_normal()})
+    p = tmp_path / "panel.csv"
+    df = pd.DataFrame(rows)
+    df.to_csv(p, index=False)
+    intercepts = {}
+    for extra in ([], ["--no-standardize"]):
+        out = tmp_path / "o.json"
+        assert main(["fit", str(p), "--by", "firm", "--target", "inv", "--quiet", "--output", str(out), *extra]) == 0
+        j = json.loads(out.read_text())
+        intercepts[bool(extra)] = [j["client"][f"f{k}"][0]["mean"] for k in range(6)]
+    assert "standardised with federated moments" in capsys.readouterr().out
+    for k in range(6):
+        g = df[df.firm == f"f{k}"]
+        own = np.polyfit(g.value, g.inv, 1)[1]
+        assert abs(intercepts[False][k] - own) < 40, (k, intercepts[False][k], own)
+    assert max(abs(v) for v in intercepts[True]) < 10
+    out = tmp_path / "n.json"
+    assert main(["fit", str(p), "--by", "firm", "--target", "inv", "--quiet", "--no-intercept", "--output",
+                 str(out)]) == 0
+    assert [r["name"] for r in json.loads(out.read_text())["client"]["f0"]] == ["value"]
+    capsys.readouterr()
+    assert main(["fit", str(p), "--by", "firm", "--features", "value", "--model", "gmm", "--components", "2",
+                 "--no-standardize"]) == 2
+    assert "--no-standardize applies to --model hm2, lasso and ridge only" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
 from ..results import FederatedResult, check_level, prediction_frame
+from ._scaling import LinearScaling, federated_scaling
 
 
 def normal_pair(value, name) -> tuple[float, float]:
@@ -40,16 +41,22 @@ def normal_pair(value, name) -> tuple[float, float]:
 
 class Devices:
     """The per-device view of the data the runtime hands to each client step:
-    ``(X, y, known noise sd or None)`` with the intercept column prepended if asked."""
+    ``(X, y, known noise sd or None)`` with the intercept column prepended if asked, on the
+    standardised scale of ``scaling`` when given (each client scales its own rows)."""
 
-    def __init__(self, data, intercept: bool, sigma: dict | None = None):
-        self.data, self.intercept, self.sigma = data, intercept, sigma
+    def __init__(self, data, intercept: bool, sigma: dict | None = None, scaling=None):
+        self.data, self.intercept, self.sigma, self.scaling = data, intercept, sigma, scaling
         self.clients = list(data.clients)
 
     def __getitem__(self, client):
         cd = self.data[client]
-        X = np.column_stack([np.ones(len(cd.y)), cd.X]) if self.intercept else np.asarray(cd.X)
-        return (X, np.asarray(cd.y), None if self.sigma is None else self.sigma[client])
+        X, y = np.asarray(cd.X), np.asarray(cd.y)
+        sig = None if self.sigma is None else self.sigma[client]
+        if self.scaling is not None:
+            X, y = self.scaling.transform_X(X), self.scaling.transform_y(y)
+            sig = None if sig is None else sig / self.scaling.y_sd
+        X = np.column_stack([np.ones(len(y)), X]) if self.intercept else X
+        return (X, y, sig)
 
 
 def check_participation(history, clients) -> None:
@@ -69,9 +76,12 @@ def check_participation(history, clients) -> None:
 def fit_ep(result_cls, model, data, site, prior: NaturalGaussian, est: TiltedEstimator, *, names, sigma=None,
            damping: float, tol: float, rounds: int, participation, seed: int, progress, checkpoint, resume,
            batched: bool):
-    """Run federated EP for ``site`` on ``data`` and wrap the outcome in ``result_cls``."""
+    """Run federated EP for ``site`` on ``data`` and wrap the outcome in ``result_cls``; with
+    ``model.standardize`` on the standardised scale (:mod:`fedstats.linear._scaling`), after
+    one counted round of federated moments."""
     est.check_model(site)
-    devices = Devices(data, model.fit_intercept, sigma)
+    scaling = federated_scaling(data, model.fit_intercept, seed=seed) if model.standardize else None
+    devices = Devices(data, model.fit_intercept, sigma, scaling)
     alg = FederatedEP(site, prior, est, damping=damping, tol=float(tol))
     t0 = time.perf_counter()
     out = run(alg, devices, kind="EP rounds", rounds=int(rounds), participation=participation, seed=seed,
@@ -87,13 +97,19 @@ def fit_ep(result_cls, model, data, site, prior: NaturalGaussian, est: TiltedEst
         model=model, site=site, algorithm=alg, feature_names=list(names), clients=list(data.clients),
         server=out.server_state, client_states=out.client_states, history=out.history,
         communication=out.communication, converged=out.converged, seconds=time.perf_counter() - t0, seed=seed,
+        scaling=scaling,
     )
 
 
-def log_scale_rows(g: GaussianPosterior, prefix: str, level: float, new_prefix: str) -> pd.DataFrame:
+def log_scale_rows(g, prefix: str, level: float, new_prefix: str) -> pd.DataFrame:
     """Summary rows of ``exp(x)`` for the components of ``g`` named ``prefix...``: the
-    log-normal mean and sd, and the equal-tailed interval mapped through exp."""
+    log-normal mean and sd, and the equal-tailed interval mapped through exp (for draws: the
+    summary of the exponentiated draws)."""
     idx = [i for i, n in enumerate(g.names) if n.startswith(prefix)]
+    new_names = [new_prefix + g.names[i][len(prefix):] for i in idx]
+    if isinstance(g, SamplePosterior):
+        t = SamplePosterior(np.exp(g.draws[:, idx]), names=new_names, weights=g.weights).summary(level=level)
+        return t[["mean", "sd", "lower", "upper"]].assign(p_value=np.nan).rename_axis(None)
     lo, hi = g.credible_interval(level, kind="eti")
     m, s = g.mean[idx], g.sd[idx]
     lm = np.exp(m + s**2 / 2)
@@ -150,7 +166,7 @@ class EPLinearResult(FederatedResult):
     round history and communication. Subclasses name phi's components (``phi_names``)
     and say what a device that took no part in the fit looks like (``_population_draws``)."""
 
-    _transient = {"_device_cache": {}}
+    _transient = {"_device_cache": {}, "_global_cache": {}}
 
     model: Any
     site: Any
@@ -164,15 +180,30 @@ class EPLinearResult(FederatedResult):
     converged: bool
     seconds: float
     seed: int = 0
+    scaling: LinearScaling | None = None  # the standardisation the fit ran on (None: the data's own scale)
     _device_cache: dict = field(default_factory=dict, repr=False)
+    _global_cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def phi_names(self) -> list[str]:
         raise NotImplementedError
 
-    def global_posterior(self) -> GaussianPosterior:
-        """The Gaussian EP approximation q(phi) of the posterior of the global parameters."""
+    def _q(self) -> GaussianPosterior:
+        """The Gaussian EP approximation q(phi) on the scale the fit ran on."""
         return GaussianPosterior.from_natural(self.server.q.r, self.server.q.Q, names=self.phi_names)
+
+    def global_posterior(self):
+        """Posterior of the global parameters on the data's own scale: the Gaussian EP
+        approximation q(phi) itself without standardisation, else its exact transformation
+        (a Gaussian where the map is affine, seeded transformed draws where it is not)."""
+        if self.scaling is None:
+            return self._q()
+        if "q" not in self._global_cache:
+            self._global_cache["q"] = self._global_original()
+        return self._global_cache["q"]
+
+    def _global_original(self):
+        raise NotImplementedError
 
     @property
     def rounds(self) -> int:
@@ -216,8 +247,16 @@ class EPLinearResult(FederatedResult):
         self._check_client(client)
         # Each device draws its own normals (the seed folds in the device's index).
         rng = np.random.default_rng([self.seed, 11, self.clients.index(client)])
-        return coefficient_posterior(self.site, self._device_results()[client], self.client_states[client].stats,
+        post = coefficient_posterior(self.site, self._device_results()[client], self.client_states[client].stats,
                                      self.feature_names, rng)
+        return self._coef_back(post)
+
+    def _coef_back(self, post):
+        """A coefficient posterior on the fit's scale -> the data's scale (exact affine map)."""
+        if self.scaling is None:
+            return post
+        A, c = self.scaling.coef_map()
+        return post.affine(A, c, names=list(post.names))
 
     def client_noise(self, client) -> SamplePosterior | float:
         """Posterior of device ``client``'s noise sd: a float when it is known, else a
@@ -225,12 +264,13 @@ class EPLinearResult(FederatedResult):
         self._check_client(client)
         tilted = self._device_results()[client]
         stats = self.client_states[client].stats
+        s = 1.0 if self.scaling is None else self.scaling.y_sd
         if tilted.draws is None:
-            return float(np.sqrt(self.site.noise_variance(tilted.mean[None], np.zeros((1, 0)), stats)[0]))
+            return s * float(np.sqrt(self.site.noise_variance(tilted.mean[None], np.zeros((1, 0)), stats)[0]))
         var = self.site.noise_variance(tilted.draws["phi"], tilted.draws["z"], stats)
         if np.ptp(var) == 0:
-            return float(np.sqrt(var[0]))
-        return SamplePosterior(np.sqrt(var)[:, None], names=["sigma"], weights=tilted.weights)
+            return s * float(np.sqrt(var[0]))
+        return SamplePosterior(s * np.sqrt(var)[:, None], names=["sigma"], weights=tilted.weights)
 
     def _joint_draws(self, client, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
         """``n`` joint draws of (coefficients, noise sd) from the device's posterior:

@@ -75,15 +75,25 @@ class HierarchicalLinearModel:
         by more than ``tol``) in a round.
     participation : float, int or callable
         Devices per round (see :func:`fedstats.federation.run`).
+    standardize : bool, default True
+        Fit on predictors and target standardised with federated moments (one counted round
+        of per-client sums; 0/1 predictors keep their coding; without an intercept nothing is
+        centred) and report every output on the data's own scale by the exact transformation
+        (:mod:`fedstats.linear._scaling`). The priors ``prior_mu``, ``prior_log_tau``,
+        ``prior_log_sigma`` and a known ``tau`` then act on the standardised scale, where
+        N(0, 1) and LogNormal(0, 1) are weakly informative whatever the data's units; a known
+        ``sigma`` is given in the data's units. ``False``: fit the data as given, the priors
+        acting on its own units (the seed paper's setting, on data of unit scale).
     """
 
     def __init__(self, *, tau="diag", sigma=None, fit_intercept=True, prior_mu=(0.0, 1.0),
                  prior_log_tau=(0.0, 1.0), prior_log_sigma=(0.0, 1.0), estimator="auto",
-                 estimator_options=None, damping=None, rounds=15, tol=0.1, participation=1.0):
+                 estimator_options=None, damping=None, rounds=15, tol=0.1, participation=1.0, standardize=True):
         self.tau, self.sigma, self.fit_intercept = tau, sigma, fit_intercept
         self.prior_mu, self.prior_log_tau, self.prior_log_sigma = prior_mu, prior_log_tau, prior_log_sigma
         self.estimator, self.estimator_options = estimator, estimator_options
         self.damping, self.rounds, self.tol, self.participation = damping, rounds, tol, participation
+        self.standardize = standardize
 
     # ------------------------------------------------------------------ set-up
     def _site(self, d: int) -> HM2Site:
@@ -175,9 +185,27 @@ class HierarchicalResult(EPLinearResult):
         ``log tau = 0`` (tau = 1), so those rows hold NaN."""
         g = self.global_posterior()
         df = no_p_value(g.summary(level=level, kind=kind), "log_")
-        if self.site.tau_kind != "known":
+        if any(n.startswith("log_tau") for n in g.names):
             df = pd.concat([df, log_scale_rows(g, "log_tau", level, "tau")])
         return df
+
+    def _global_original(self):
+        """q(mu, log tau) on the data's scale. mu is an affine map of the fitted mu (a Gaussian
+        when tau is known); tau, the population variance of each coefficient, is the diagonal
+        of ``A diag(tau') A'``, a nonlinear map once an intercept absorbs the centring: then
+        the posterior is 20,000 seeded transformed draws of q, with ``log_tau[name]`` per
+        coefficient (also for ``tau="iso"``, which is isotropic on the standardised scale only)."""
+        q, d = self._q(), self.site.d
+        A, c = self.scaling.coef_map()
+        names = [f"mu[{n}]" for n in self.feature_names]
+        if self.site.tau_kind == "known":
+            return q.affine(A, c, names=names)
+        phi = q.sample(20000, seed=np.random.default_rng([self.seed, 13]))
+        mu = phi[:, :d] @ A.T + c
+        tau = np.exp(phi[:, d:])
+        tau = np.broadcast_to(tau, (len(phi), d)) @ (A**2).T
+        return SamplePosterior(np.column_stack([mu, np.log(tau)]),
+                               names=names + [f"log_tau[{n}]" for n in self.feature_names])
 
     def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
         post = self.new_client_posterior(level=2, n=n, seed=int(rng.integers(2**31)))
@@ -187,7 +215,8 @@ class HierarchicalResult(EPLinearResult):
         """Noise sd of a new device: the fitted devices' sigma posteriors, mixed in equal
         parts (each resampled by its weights). Known noise: the root mean known variance."""
         if self.site.sigma_known:
-            return np.full(n, np.sqrt(float(np.mean([s.stats["sigma2"] for s in self.client_states.values()]))))
+            s = 1.0 if self.scaling is None else self.scaling.y_sd
+            return np.full(n, s * np.sqrt(float(np.mean([st.stats["sigma2"] for st in self.client_states.values()]))))
         which = rng.integers(0, len(self.clients), size=n)
         out = np.empty(n)
         for j in np.unique(which):
@@ -207,10 +236,11 @@ class HierarchicalResult(EPLinearResult):
         Default: 3 when data are given, else 2.
         """
         level = level or (3 if X is not None else 2)
-        q = self.global_posterior()
+        q = self._q()
         d = self.site.d
+        sc = self.scaling
         if level == 1:
-            return q.mean[:d].copy()
+            return q.mean[:d].copy() if sc is None else sc.coef_back(q.mean[:d])
         if level == 2:
             rng = np.random.default_rng(seed)
             phi = q.sample(n, seed=rng)
@@ -219,7 +249,7 @@ class HierarchicalResult(EPLinearResult):
             with jax.enable_x64(True):
                 mu, tau = jax.vmap(self.site.split_phi)(jax.numpy.asarray(phi))
             theta = np.asarray(mu) + np.sqrt(np.asarray(tau)) * rng.standard_normal((n, d))
-            return SamplePosterior(theta, names=self.feature_names)
+            return SamplePosterior(theta if sc is None else sc.coef_back(theta), names=self.feature_names)
         if level != 3:
             raise ValueError(f"level must be 1, 2 or 3, got {level}")
         if X is None or y is None:
@@ -230,13 +260,18 @@ class HierarchicalResult(EPLinearResult):
             raise ValueError("X and y must be finite with the same number of rows")
         if self.site.sigma_known and sigma is None:
             raise ValueError("this model has a known noise sd: pass sigma for the new device")
+        if sc is not None:  # the new device scales its rows as the fitted ones did
+            Xd = self._design(sc.transform_X(X))
+            y = sc.transform_y(y)
+            sigma = None if sigma is None else sigma / sc.y_sd
         stats = self.site.stats_from(Xd, y, sigma)
         m, c = self.server.q.moments()
         tilted = self.algorithm.estimator.estimate(self.algorithm.model, m[None], c[None], [stats],
                                                    np.array([seed]), keep_draws=True)[0]
         if not tilted.ok:
             raise FloatingPointError(f"adaptation failed: {tilted.message}")
-        return coefficient_posterior(self.site, tilted, stats, self.feature_names, np.random.default_rng(seed))
+        return self._coef_back(coefficient_posterior(self.site, tilted, stats, self.feature_names,
+                                                     np.random.default_rng(seed)))
 
 
 # ---------------------------------------------------------------------------- centralised reference

@@ -19,6 +19,7 @@ its cavity. Predictor i is selected on device k when its credible interval exclu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,6 +32,7 @@ from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
 from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, no_p_value, normal_pair, draws_prediction
+from ._scaling import federated_scaling
 from ._shrinkage_site import ShrinkageSite
 from ..results import FederatedResult, NoPosteriorError, check_level, counted, register
 
@@ -65,12 +67,20 @@ class BayesianShrinkage:
     damping, rounds, tol, participation
         As in :class:`fedstats.linear.HierarchicalLinearModel`. Damping 0.5 leaves a residual
         about equal to the last round's change, hence ``tol = 0.05`` by default.
+    standardize : bool, default True
+        Fit on predictors and target standardised with federated moments (one counted round
+        of per-client sums; 0/1 predictors keep their coding) and report every output on the
+        data's own scale (:mod:`fedstats.linear._scaling`). The priors then act on the
+        standardised scale: ``lambda`` penalises standardised coefficients (and is reported
+        as such), ``intercept_sd`` and the prior of ``log sigma^2`` are in standardised
+        units; ``sigma2`` is reported on the data's scale. ``False``: fit the data as given,
+        so that the priors act on its own units.
     """
 
     def __init__(self, penalty: str = "lasso", *, scale: str = "sd", noise: str = "shared", fit_intercept=True,
                  intercept_sd: float = 10.0, prior_log_lambda=(0.0, 1.0), prior_log_sigma2=(0.0, 1.0),
                  estimator="auto", estimator_options=None, damping: float = 0.5, rounds: int = 15,
-                 tol: float = 0.05, participation=1.0):
+                 tol: float = 0.05, participation=1.0, standardize: bool = True):
         for name, value, allowed in (("penalty", penalty, ("lasso", "ridge")), ("scale", scale, ("sd", "variance")),
                                      ("noise", noise, ("shared", "device"))):
             if value not in allowed:
@@ -80,6 +90,7 @@ class BayesianShrinkage:
         self.prior_log_lambda, self.prior_log_sigma2 = prior_log_lambda, prior_log_sigma2
         self.estimator, self.estimator_options = estimator, estimator_options
         self.damping, self.rounds, self.tol, self.participation = damping, rounds, tol, participation
+        self.standardize = standardize
 
     def __repr__(self):
         return f"{type(self).__name__}(penalty={self.penalty!r}, scale={self.scale!r}, noise={self.noise!r})"
@@ -293,13 +304,27 @@ class ShrinkageResult(_Selection, EPLinearResult):
         return _scale_rows(self.global_posterior(), level, kind)
 
     def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
-        phi = self.global_posterior().sample(n, seed=rng)
-        return self.site.prior_draws(phi, rng)
+        phi = self._q().sample(n, seed=rng)
+        theta, sig = self.site.prior_draws(phi, rng)
+        if self.scaling is None:
+            return theta, sig
+        return self.scaling.coef_back(theta), sig * self.scaling.y_sd
+
+    def _global_original(self):
+        """q(log lambda, log sigma^2) with sigma^2 on the data's scale (log sigma^2 + 2 log s_y,
+        an affine map: still Gaussian); lambda penalises the standardised coefficients."""
+        return _sigma2_back(self._q(), self.scaling.y_sd)
 
     def predict_selected(self, X, client, level: float = 0.9) -> np.ndarray:
         """Point predictions with the posterior means of the selected predictors and the
         excluded ones set to 0 (spec §5.1; the intercept is always kept)."""
         return _predict_selected(self, X, client, level)
+
+
+def _sigma2_back(g, y_sd: float):
+    """``g`` over (log lambda[, log sigma^2]) with log sigma^2 shifted by ``2 log y_sd``."""
+    b = np.array([2 * np.log(y_sd) if n == "log_sigma2" else 0.0 for n in g.names])
+    return g.affine(np.eye(g.dim), b, names=list(g.names))
 
 
 def _scale_rows(g, level: float, kind: str) -> pd.DataFrame:
@@ -338,6 +363,7 @@ class CentralisedShrinkageResult(_Selection, FederatedResult):
     sigma: np.ndarray
     diagnostics: dict
     seconds: float
+    scaling: Any = None  # the standardisation of the fit (outputs are on the data's scale)
     # the facts of the result contract for one NUTS run on pooled rows: no rounds, nothing
     # exchanged; "converged" means every R-hat is below 1.05
     history = None
@@ -407,6 +433,10 @@ def _pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num
     clients = list(data.clients)
     X = np.concatenate([np.asarray(data[c].X) for c in clients])
     y = np.concatenate([np.asarray(data[c].y) for c in clients])
+    # the federated fit's standardisation (the same moments, here from the pooled rows)
+    scaling = federated_scaling(data, model.fit_intercept, seed=seed) if model.standardize else None
+    if scaling is not None:
+        X, y = scaling.transform_X(X), scaling.transform_y(y)
     group = np.repeat(np.arange(len(clients)), [data[c].n for c in clients]) if per_client else np.zeros(len(y), int)
     G = len(clients) if per_client else 1
     (l0, t0_), (s0, u0) = (normal_pair(model.prior_log_lambda, "prior_log_lambda"),
@@ -439,11 +469,14 @@ def _pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num
 
     def coefficients(g):
         b = s["beta"][:, g]
-        return SamplePosterior(np.column_stack([s["intercept"][:, g], b]) if model.fit_intercept else b, names=names)
+        theta = np.column_stack([s["intercept"][:, g], b]) if model.fit_intercept else b
+        return SamplePosterior(theta if scaling is None else scaling.coef_back(theta), names=names)
 
     beta = {c: coefficients(g) for g, c in enumerate(clients)} if per_client else {"pooled": coefficients(0)}
+    phi = SamplePosterior(np.column_stack([s["log_lambda"], s["log_sigma2"]]), names=["log_lambda", "log_sigma2"])
+    y_sd = 1.0 if scaling is None else scaling.y_sd
     return CentralisedShrinkageResult(
         model=model, feature_names=names, fitted_clients=clients, beta=beta,
-        phi=SamplePosterior(np.column_stack([s["log_lambda"], s["log_sigma2"]]), names=["log_lambda", "log_sigma2"]),
-        sigma=np.exp(0.5 * s["log_sigma2"]), diagnostics={"rhat_max": rhat, "ess_min": ess},
-        seconds=time.perf_counter() - t0)
+        phi=phi if scaling is None else _sigma2_back(phi, y_sd),
+        sigma=y_sd * np.exp(0.5 * s["log_sigma2"]), diagnostics={"rhat_max": rhat, "ess_min": ess},
+        seconds=time.perf_counter() - t0, scaling=scaling)

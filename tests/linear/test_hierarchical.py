@@ -50,7 +50,7 @@ def pooled_exact(data, tau, sigma, s0=1.0):
 
 def exact_model(**kw):
     sig = {f"c{k}": s for k, s in enumerate(SIGMA)}
-    return HierarchicalLinearModel(tau=TAU, sigma=sig, fit_intercept=False, estimator="exact", **kw)
+    return HierarchicalLinearModel(standardize=False, tau=TAU, sigma=sig, fit_intercept=False, estimator="exact", **kw)
 
 
 def test_exact_one_round_equals_pooled_posterior():
@@ -107,7 +107,7 @@ def test_damping_to_zero_leaves_q_unchanged():
 
 
 def _ep_run(data, rounds, est="importance", participation=1.0, fail=None, checkpoint=None, resume=False):
-    model = HierarchicalLinearModel(tau="diag", sigma=None, fit_intercept=False, estimator=est,
+    model = HierarchicalLinearModel(standardize=False, tau="diag", sigma=None, fit_intercept=False, estimator=est,
                                     estimator_options={"num_draws": 400} if est == "importance" else None)
     site = model._site(data.n_features)
 
@@ -313,7 +313,7 @@ def test_fast_adaptation_three_levels():
     from fedstats.datasets.synthetic import UQ_MU, UQ_TAU, hm2_federation
 
     data, truth = hm2_federation(n_clients=30, n_obs=100, sigma=0.05, seed=5)
-    res = HierarchicalLinearModel(fit_intercept=False, sigma=0.05, rounds=6).fit(data, seed=0)
+    res = HierarchicalLinearModel(standardize=False, fit_intercept=False, sigma=0.05, rounds=6).fit(data, seed=0)
     q = res.global_posterior()
     # level 1: plug-in population mean, E_q[mu], near the generator's mu
     point = res.new_client_posterior(level=1)

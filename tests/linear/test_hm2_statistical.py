@@ -13,7 +13,7 @@ def test_nuts_mode_matches_exact_posterior_small_federation():
     """Spec A5 with sampled tilted moments: K <= 10, mean within 0.1 sd, sd within 10%."""
     data = make_data(n=[40, 40, 40, 40, 40])
     sig = {f"c{k}": s for k, s in enumerate(SIGMA)}
-    res = HierarchicalLinearModel(tau=TAU, sigma=sig, fit_intercept=False, estimator="nuts", rounds=3, tol=0,
+    res = HierarchicalLinearModel(standardize=False, tau=TAU, sigma=sig, fit_intercept=False, estimator="nuts", rounds=3, tol=0,
                                   damping=0.7, estimator_options=dict(num_warmup=300, num_samples=2000,
                                                                       num_chains=4)).fit(data, seed=0)
     mean, cov = pooled_exact(data, TAU, SIGMA)
@@ -40,7 +40,7 @@ def _coverage(reps, K=10, n=30, level=0.9, seed0=0):
         mu = rng.normal(size=2)
         log_tau = rng.normal(size=2)
         data, _ = hm2_federation(n_clients=K, n_obs=n, mu=mu, tau=np.exp(log_tau), sigma=0.5, seed=1000 + r)
-        res = HierarchicalLinearModel(fit_intercept=False, estimator_options={"num_draws": 4000}).fit(data, seed=r)
+        res = HierarchicalLinearModel(standardize=False, fit_intercept=False, estimator_options={"num_draws": 4000}).fit(data, seed=r)
         lo, hi = res.global_posterior().credible_interval(level)
         truth = np.r_[mu, log_tau]
         hits.append((lo <= truth) & (truth <= hi))
@@ -65,7 +65,7 @@ def test_nuts_mode_on_the_uncertainty_example_matches_pooled_nuts():
     from fedstats.linear.hierarchical import pooled_nuts
 
     data, truth = hm2_federation(seed=1, sigma=0.05)
-    res = HierarchicalLinearModel(fit_intercept=False, sigma=0.05, estimator="nuts", rounds=10,
+    res = HierarchicalLinearModel(standardize=False, fit_intercept=False, sigma=0.05, estimator="nuts", rounds=10,
                                   estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2,
                                                          target="augmented")).fit(data, seed=0)
     ref = pooled_nuts(data, sigma=0.05, fit_intercept=False, num_warmup=500, num_samples=1000, num_chains=2)
@@ -93,7 +93,7 @@ def test_default_fit_converges_across_federations(K, seed):
     and the default damping.
     """
     data, truth = hm2_federation(n_clients=K, n_obs=100, sigma=0.05, seed=seed)
-    res = HierarchicalLinearModel(fit_intercept=False, sigma=0.05).fit(data, seed=seed)
+    res = HierarchicalLinearModel(standardize=False, fit_intercept=False, sigma=0.05).fit(data, seed=seed)
     assert res.converged
     last = res.history[-1]
     assert not last.skipped and not last.failed
@@ -122,7 +122,7 @@ def iso_federation():
 def test_every_estimator_matches_pooled_nuts_unknown_noise_iso_tau(iso_federation, estimator, options):
     """The shared battery: each tilted estimator, unknown sigma_k, tau = tau I, intercept."""
     data, ref = iso_federation
-    res = HierarchicalLinearModel(tau="iso", estimator=estimator, estimator_options=options).fit(data, seed=2)
+    res = HierarchicalLinearModel(standardize=False, tau="iso", estimator=estimator, estimator_options=options).fit(data, seed=2)
     g = res.global_posterior()
     assert g.names == ["mu[intercept]", "mu[x1]", "mu[x2]", "log_tau"]
     rm, rs = ref["phi"].mean(0), ref["phi"].std(0)
