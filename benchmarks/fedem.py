@@ -67,7 +67,7 @@ def case(name, C, n, d, M, ct, K1=5, K2=25, seed=0):
     _, gm = sk_seconds(X, M, ct, K2, start)
     fits = {}
     for shared in (True, False):
-        model = FederatedGaussianMixture(M, covariance_type=ct, max_rounds=K2, tol=0, shared_weights=shared,
+        model = FederatedGaussianMixture(M, covariance_type=ct, rounds=K2, tol=0, shared_weights=shared,
                                          means_init=m0, covariances_init=cov0, weights_init=w0)
         model.fit(data, seed=0)  # warm-up (imports, caches)
         runs = [model.fit(data, seed=0) for _ in range(3)]
@@ -79,8 +79,8 @@ def case(name, C, n, d, M, ct, K1=5, K2=25, seed=0):
                np.abs(fed.weights_[data.clients[0]] - gm.weights_).max())
     # converged fits from each method's own initialisation
     sk_conv = quiet(lambda: GaussianMixture(M, covariance_type=ct, tol=1e-6, max_iter=500, random_state=0).fit(X))
-    fed_conv = quiet(lambda: FederatedGaussianMixture(M, covariance_type=ct, max_rounds=500, tol=1e-6).fit(data, seed=0))
-    fed_sh = quiet(lambda: FederatedGaussianMixture(M, covariance_type=ct, max_rounds=500, tol=1e-6,
+    fed_conv = quiet(lambda: FederatedGaussianMixture(M, covariance_type=ct, rounds=500, tol=1e-6).fit(data, seed=0))
+    fed_sh = quiet(lambda: FederatedGaussianMixture(M, covariance_type=ct, rounds=500, tol=1e-6,
                                                     shared_weights=True).fit(data, seed=0))
 
     def ll(res):

@@ -33,7 +33,7 @@ RESULTS = Path(__file__).parent / "results"
 def models(K):
     gmm, _ = gmm_federation(n_clients=K, n_components=3, d=5, n_obs=200, seed=0)
     reg, _ = hm2_federation(n_clients=K, n_obs=200, seed=0)
-    fedem = FederatedGaussianMixture(3, max_rounds=15, tol=0)
+    fedem = FederatedGaussianMixture(3, rounds=15, tol=0)
     hm2 = HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact", rounds=3,
                                   standardize=False)
     return [("FedEM (15 rounds)", fedem, gmm, lambda r: r.means_), ("HM2 exact EP", hm2, reg,
@@ -52,7 +52,7 @@ def main():
         cases = models(K)
         session = FlowerSession(num_supernodes=K)
         warm = gmm_federation(n_clients=K, n_components=2, d=2, n_obs=20, seed=1)[0]
-        _, startup = timed(lambda: FederatedGaussianMixture(2, max_rounds=1).fit(warm, backend=session))
+        _, startup = timed(lambda: FederatedGaussianMixture(2, rounds=1).fit(warm, backend=session))
         try:
             for name, model, data, param in cases:
                 local, t_local = timed(lambda: model.fit(data, seed=0))

@@ -366,13 +366,14 @@ def _fit_fgpr(args, data, test) -> dict:
 
 
 def _fit_gmm(args, data, test) -> dict:
-    from .mixture import FederatedGaussianMixture
+    from .mixture import FederatedGaussianMixture, VariationalGaussianMixture
 
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = FederatedGaussianMixture(args.components, covariance_type=args.covariance_type, max_rounds=args.rounds,
-                                       bayesian=args.bayesian).fit(data, seed=args.seed, progress=_progress(args))
+        cls = VariationalGaussianMixture if args.bayesian else FederatedGaussianMixture
+        res = cls(args.components, covariance_type=args.covariance_type, rounds=args.rounds).fit(
+            data, seed=args.seed, progress=_progress(args))
         if args.uncertainty:
             try:
                 g, w = res.wald_intervals(data, args.level, seed=args.seed)

@@ -1036,6 +1036,25 @@ def _safe_sd(sd: np.ndarray, mean: np.ndarray, names: Sequence[str], what: str =
     sd[const] = 1.0
     return sd
 
+def as_federated(data) -> FederatedData:
+    """The :class:`FederatedData` every model's ``fit`` takes, from what converts to one: a
+    FederatedData (returned as is); a dict client -> X, or client -> (X, y); a list of X, or
+    of (X, y) pairs (clients 0, 1, ...)."""
+    if isinstance(data, FederatedData):
+        return data
+    if isinstance(data, Mapping):
+        vals = list(data.values())
+        if vals and all(isinstance(v, tuple) and len(v) == 2 for v in vals):
+            return FederatedData.from_arrays({c: v[0] for c, v in data.items()}, {c: v[1] for c, v in data.items()})
+        return FederatedData.from_arrays(dict(data))
+    if isinstance(data, (list, tuple)):
+        if data and all(isinstance(v, tuple) and len(v) == 2 for v in data):
+            return FederatedData.from_arrays([v[0] for v in data], [v[1] for v in data])
+        return FederatedData.from_arrays(list(data))
+    raise DataError(f"data must be a FederatedData, a dict client -> X or (X, y), or a list of X or of (X, y) "
+                    f"pairs; got {type(data).__name__}")
+
+
 
 @dataclass(frozen=True, eq=False)
 class FederatedScaler:

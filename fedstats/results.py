@@ -57,6 +57,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .data import UnknownClientError  # a KeyError (and a DataError) naming the client
+
 FORMAT = "fedstats-result"
 VERSION = 1
 
@@ -83,13 +85,6 @@ _REGISTRY: dict[str, type] = {}
 class NoPosteriorError(RuntimeError):
     """The result has no posterior distribution for what was asked; the message names the
     option or the model that gives one."""
-
-
-class UnknownClientError(KeyError):
-    """A client name the fit has not seen (the message lists known clients)."""
-
-    def __str__(self) -> str:  # KeyError would print the message in quotes
-        return str(self.args[0]) if self.args else ""
 
 
 def check_level(level) -> float:
@@ -450,15 +445,21 @@ class FederatedResult:
 
 
 def counted(fit):
-    """Decorator for a model's ``fit``: the result's ``communication`` counts every exchange
-    of the fit (its rounds and every one-off round: starts, checks, scoring, shared
-    information), with a per-kind breakdown (``communication.by_kind``), and ``seconds`` is the
-    wall time of the whole fit."""
+    """Decorator for every model's ``fit``, the common entry: ``data`` (the first argument) may be
+    anything :func:`fedstats.data.as_federated` converts; the result's ``communication`` counts
+    every exchange of the fit (its rounds and every one-off round: starts, checks, scoring,
+    shared information), with a per-kind breakdown (``communication.by_kind``); ``seconds`` is
+    the wall time of the whole fit; warnings point at the caller's line."""
 
     @functools.wraps(fit)
     def wrapper(self, *args, **kwargs):
+        from .data import as_federated
         from .federation.runner import counting
 
+        if args:
+            args = (as_federated(args[0]), *args[1:])
+        elif "data" in kwargs:
+            kwargs["data"] = as_federated(kwargs["data"])
         t0 = time.perf_counter()
         with counting() as ledger, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

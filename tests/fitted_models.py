@@ -51,7 +51,8 @@ def fit_all(out, data, gm):
     from fedstats.gp import FGPR
     from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
     from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
-    from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture, ring_graph
+    from fedstats.mixture import (FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture,
+                                  VariationalGaussianMixture, ring_graph)
     from fedstats.mixture.regret import MixtureStream
 
     with warnings.catch_warnings():
@@ -70,7 +71,7 @@ def fit_all(out, data, gm):
         out["distributed-ridge"] = DistributedRidge().fit(data)
         out["fgpr"] = FGPR(rounds=3).fit(data, seed=0, progress=False)
         out["fedem"] = FederatedGaussianMixture(3).fit(gm, seed=0)
-        out["vb-fedem"] = FederatedGaussianMixture(3, bayesian=True).fit(gm, seed=0)
+        out["vb-fedem"] = VariationalGaussianMixture(3).fit(gm, seed=0)
         out["d-fedem"] = DecentralizedGaussianMixture(3, graph=ring_graph(gm.n_clients)).fit(gm, seed=0)
         stream = MixtureStream(n_clients=5, n=30, d=3, n_components=2, process="fixed", seed=0)
         m = FEMOMD(2, means_init=stream.means + 0.3, horizon=3)

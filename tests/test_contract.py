@@ -31,8 +31,8 @@ POSTERIORS = {
 # the option or model each NoPosteriorError must name
 REMEDY = {"hm1": "uncertainty=True", "hm1-point": "uncertainty=True", "separate": "HierarchicalLinearModel",
           "fedavg": "HierarchicalLinearModel", "ditto": "HierarchicalLinearModel",
-          "distributed-ridge": "HierarchicalLinearModel", "fgpr": "predict", "fedem": "bayesian=True",
-          "d-fedem": "bayesian=True", "fem-omd-result": "bayesian=True"}
+          "distributed-ridge": "HierarchicalLinearModel", "fgpr": "predict", "fedem": "VariationalGaussianMixture",
+          "d-fedem": "VariationalGaussianMixture", "fem-omd-result": "VariationalGaussianMixture"}
 # models without global parameters: summary() has no rows (their parameters are per client)
 NO_GLOBAL_ROWS = {"separate", "ditto"}
 # FGPR's parameters are all shared: client_summary() has no rows

@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -42,6 +41,7 @@ from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
                     resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
+from ..estimator import BOOL, Estimator, Int, OneOf, Real
 from ..results import FederatedResult, UnknownClientError, counted, register
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
@@ -329,7 +329,7 @@ def standardise(y: np.ndarray) -> tuple[np.ndarray, float, float]:
 # --------------------------------------------------------------------------- the model
 
 
-class FGPR:
+class FGPR(Estimator):
     """Federated Gaussian process regression: one GP prior learned by federated averaging
     of hyperparameters, personal predictions by conditioning on each client's own data.
 
@@ -422,9 +422,6 @@ class FGPR:
         self.noise_floor, self.lengthscale_floor, self.outputscale_floor = noise_floor, lengthscale_floor, outputscale_floor
         self.standardize, self.device, self.dtype, self.condition_limit = standardize, device, dtype, condition_limit
 
-    def __repr__(self):
-        return (f"FGPR(kernel={self.kernel!r}, ard={self.ard}, rounds={self.rounds}, local_steps={self.local_steps!r}, "
-                f"batch_size={self.batch_size}, optimizer={self.optimizer!r}, lr={self.lr})")
 
     _OPTIONS = ("kernel", "nu", "ard", "mean", "rounds", "local_steps", "batch_size", "sampler", "optimizer", "lr",
                 "lr_decay", "betas", "optimizer_state", "loss_normalization", "average_space", "participation",
@@ -439,7 +436,11 @@ class FGPR:
                          lengthscale_floor=self.lengthscale_floor, outputscale_floor=self.outputscale_floor,
                          noise_floor=self.noise_floor)
 
+    _constraints = {"kernel": OneOf("rbf", "matern"), "ard": BOOL, "rounds": Int(1), "standardize": BOOL,
+                    "lr": Real(0, closed=(False, True))}
+
     def _validate(self, data) -> tuple[HyperSpec, dict]:
+        self._validate_params()
         if not isinstance(data, FederatedData):
             raise TypeError(f"data must be a fedstats.FederatedData, got {type(data).__name__}")
         spec = self.spec(data.n_features)

@@ -11,7 +11,6 @@ devices run as one batched matrix product (:func:`full_batch_steps`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -25,12 +25,14 @@ from ..data import require_target
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ..federation.runner import _INIT_TAG  # init_server's seed stream: Separate starts where HM1 starts
+from ..estimator import BOOL, Estimator, Int, OneOf
 from ..results import counted
 from ._local import (DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
                      federated_lr, full_batch, full_batch_steps, initial_theta, local_steps)
 
 
 def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
+    model._validate_params()
     if data.n_clients < 1:
         raise ValueError("no clients")
     check_positive_int(model.rounds, "rounds")
@@ -43,7 +45,12 @@ def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
     return devices, clients, coefficient_names(data, model.fit_intercept), lr
 
 
-class _GDOptions:
+class _GDOptions(Estimator):
+    """The parameters of the gradient-descent baselines (HM1's: the same step budget)."""
+
+    _constraints = {"rounds": Int(1), "local_steps": Int(1), "grad_reduction": OneOf("sum", "mean"),
+                    "fit_intercept": BOOL}
+
     def __init__(self, *, rounds=30, local_steps=20, lr="auto", batch_size=None, grad_reduction="sum",
                  init="normal", fit_intercept=False, participation=1.0):
         self.rounds, self.local_steps, self.lr, self.batch_size = rounds, local_steps, lr, batch_size
@@ -54,9 +61,6 @@ class _GDOptions:
         keys = ("rounds", "local_steps", "lr", "batch_size", "grad_reduction", "init", "fit_intercept", "participation")
         return {**{k: getattr(self, k) for k in keys}, **extra}
 
-    def __repr__(self):
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._options().items())})"
-
 
 class Separate(_GDOptions):
     """Each device fits alone. ``method="gd"`` (default): ``rounds * local_steps`` local
@@ -64,16 +68,20 @@ class Separate(_GDOptions):
     budget, no shrinkage); ``method="ols"``: closed-form least squares (minimum-norm when a
     device has fewer rows than coefficients)."""
 
-    def __init__(self, *, method: str = "gd", **options):
-        super().__init__(**options)
+    def __init__(self, *, method: str = "gd", rounds=30, local_steps=20, lr="auto", batch_size=None,
+                 grad_reduction="sum", init="normal", fit_intercept=False, participation=1.0):
+        super().__init__(rounds=rounds, local_steps=local_steps, lr=lr, batch_size=batch_size,
+                         grad_reduction=grad_reduction, init=init, fit_intercept=fit_intercept,
+                         participation=participation)
         self.method = method
+
+    _constraints = {**_GDOptions._constraints, "method": OneOf("gd", "ols")}
 
     @counted
     @accepts_backend
     def fit(self, data, *, seed: int = 0) -> PointResult:
         require_target(data, "Separate")
-        if self.method not in ("gd", "ols"):
-            raise ValueError(f"method must be 'gd' or 'ols', got {self.method!r}")
+        self._validate_params()
         t0 = time.perf_counter()
         devices, clients, names, lr = _common(self, data)
         d, K = len(names), len(clients)
@@ -228,8 +236,11 @@ class Ditto(_GDOptions):
     received that round). Devices predict with ``v_k``. ``lam`` grid in the spec:
     {0.01, 0.1, 1, 10}."""
 
-    def __init__(self, *, lam: float = 1.0, **options):
-        super().__init__(**options)
+    def __init__(self, *, lam: float = 1.0, rounds=30, local_steps=20, lr="auto", batch_size=None,
+                 grad_reduction="sum", init="normal", fit_intercept=False, participation=1.0):
+        super().__init__(rounds=rounds, local_steps=local_steps, lr=lr, batch_size=batch_size,
+                         grad_reduction=grad_reduction, init=init, fit_intercept=fit_intercept,
+                         participation=participation)
         self.lam = lam
 
     @counted
@@ -266,16 +277,13 @@ class _OneShotRidge(FederatedAlgorithm):
         return np.mean([r["theta"] for r in replies.values()], axis=0), {}
 
 
-class DistributedRidge:
+class DistributedRidge(Estimator):
     """One-shot distributed ridge (Zhang et al. 2015, one node per device, spec §9 item
     21): each device solves ``(1/N_k)||y - X theta||^2 + lam ||theta||^2`` in closed form,
     the server averages the solutions without weights, and every device uses the average."""
 
     def __init__(self, *, lam: float = 1e-3, fit_intercept: bool = False):
         self.lam, self.fit_intercept = lam, fit_intercept
-
-    def __repr__(self):
-        return f"DistributedRidge(lam={self.lam!r}, fit_intercept={self.fit_intercept})"
 
     @counted
     @accepts_backend
@@ -296,7 +304,7 @@ class DistributedRidge:
                            model="DistributedRidge", shared=True)
 
 
-class PooledOracle:
+class PooledOracle(Estimator):
     """The posterior mean of every device's coefficients under the HM1 prior
     ``vec(Theta) ~ N(0, Omega kron I_d)`` with known ``omega`` (K x K) and ``noise_var``
     (a float or one per client), computed on the pooled data; a yardstick for HM1 in

@@ -39,11 +39,16 @@ from ..inference.tilted import TiltedEstimator, make_estimator
 from ._ep_model import EPLinearResult, coefficient_posterior, fit_ep, log_scale_rows, no_p_value
 from ._ep_model import normal_pair as _normal_pair
 from ._hm2_site import HM2Site
+from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
 from ..results import counted, register
 
 
+_POSITIVE = Constraint(lambda v: np.all(np.isfinite(np.asarray(v, float))) and np.all(np.asarray(v, float) > 0),
+                       "positive numbers")
+
+
 @register
-class HierarchicalLinearModel:
+class HierarchicalLinearModel(Estimator):
     """Hierarchical Bayesian linear regression (HM2) fitted by federated EP.
 
     Parameters
@@ -85,6 +90,16 @@ class HierarchicalLinearModel:
         ``sigma`` is given in the data's units. ``False``: fit the data as given, the priors
         acting on its own units (the seed paper's setting, on data of unit scale).
     """
+
+    _constraints = {
+        "tau": OneOf("diag", "iso") | _POSITIVE,
+        "sigma": NONE | MAPPING | _POSITIVE,
+        "fit_intercept": BOOL, "prior_mu": Pair(), "prior_log_tau": Pair(), "prior_log_sigma": Pair(),
+        "estimator": OneOf("auto", "exact", "laplace", "importance", "nuts") | Constraint(
+            lambda v: not isinstance(v, str), "a TiltedEstimator"),
+        "estimator_options": NONE | MAPPING, "damping": NONE | Real(0, 1, closed=(False, True)),
+        "rounds": Int(1), "tol": Real(0), "participation": Real(0, 1, closed=(False, True)) | Int(1) | Constraint(callable, "a callable"), "standardize": BOOL,
+    }
 
     def __init__(self, *, tau="diag", sigma=None, fit_intercept=True, prior_mu=(0.0, 1.0),
                  prior_log_tau=(0.0, 1.0), prior_log_sigma=(0.0, 1.0), estimator="auto",
@@ -135,11 +150,11 @@ class HierarchicalLinearModel:
         ``data`` is a :class:`fedstats.FederatedData`; raw rows stay with their device
         (each device reduces them to sufficient statistics locally).
         """
-        from ..data import FederatedData, require_target
+        from ..data import as_federated, require_target
 
+        data = as_federated(data)
         require_target(data, "HierarchicalLinearModel")
-        if not isinstance(data, FederatedData):
-            raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
+        self._validate_params()
         names = (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
         site = self._site(len(names))
         est = self._estimator(site)

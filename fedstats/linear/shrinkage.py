@@ -34,11 +34,13 @@ from ..inference.tilted import TiltedEstimator, make_estimator
 from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, no_p_value, normal_pair, draws_prediction
 from ._scaling import federated_scaling
 from ._shrinkage_site import ShrinkageSite
+from ..data import as_federated
+from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
 from ..results import FederatedResult, NoPosteriorError, check_level, counted, register
 
 
 @register
-class BayesianShrinkage:
+class BayesianShrinkage(Estimator):
     """Hierarchical shrinkage regression (Bayesian lasso or ridge) fitted by federated EP.
 
     Parameters
@@ -81,12 +83,8 @@ class BayesianShrinkage:
                  intercept_sd: float = 10.0, prior_log_lambda=(0.0, 1.0), prior_log_sigma2=(0.0, 1.0),
                  estimator="auto", estimator_options=None, damping: float = 0.5, rounds: int = 15,
                  tol: float = 0.05, participation=1.0, standardize: bool = True):
-        for name, value, allowed in (("penalty", penalty, ("lasso", "ridge")), ("scale", scale, ("sd", "variance")),
-                                     ("noise", noise, ("shared", "device"))):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
         self.penalty, self.scale, self.noise = penalty, scale, noise
-        self.fit_intercept, self.intercept_sd = bool(fit_intercept), float(intercept_sd)
+        self.fit_intercept, self.intercept_sd = fit_intercept, intercept_sd
         self.prior_log_lambda, self.prior_log_sigma2 = prior_log_lambda, prior_log_sigma2
         self.estimator, self.estimator_options = estimator, estimator_options
         self.damping, self.rounds, self.tol, self.participation = damping, rounds, tol, participation
@@ -100,7 +98,7 @@ class BayesianShrinkage:
         if not (np.isfinite(self.intercept_sd) and self.intercept_sd > 0):
             raise ValueError(f"intercept_sd must be positive, got {self.intercept_sd}")
         return ShrinkageSite(d=d, penalty=self.penalty, scale=self.scale, noise=self.noise,
-                             intercept=self.fit_intercept, intercept_sd=self.intercept_sd,
+                             intercept=self.fit_intercept, intercept_sd=float(self.intercept_sd),
                              log_sigma2_prior=normal_pair(self.prior_log_sigma2, "prior_log_sigma2"))
 
     def _prior(self, site: ShrinkageSite) -> NaturalGaussian:
@@ -125,11 +123,19 @@ class BayesianShrinkage:
             raise ValueError(f"estimator {spec!r} is not reliable for the lasso's {site.d} local scales; use 'nuts'")
         return make_estimator(spec, **opts)
 
-    def _check(self, data) -> list[str]:
-        from ..data import FederatedData, require_target
+    _constraints = {
+        "penalty": OneOf("lasso", "ridge"), "scale": OneOf("sd", "variance"), "noise": OneOf("shared", "device"),
+        "fit_intercept": BOOL, "intercept_sd": Real(0, closed=(False, True)), "prior_log_lambda": Pair(),
+        "prior_log_sigma2": Pair(), "estimator": OneOf("auto", "gibbs", "importance", "laplace", "nuts", "exact")
+        | Constraint(lambda v: not isinstance(v, str), "a TiltedEstimator"),
+        "estimator_options": NONE | MAPPING, "damping": Real(0, 1, closed=(False, True)), "rounds": Int(1),
+        "tol": Real(0), "participation": Real(0, 1, closed=(False, True)) | Int(1) | Constraint(callable, "a callable"), "standardize": BOOL,
+    }
 
-        if not isinstance(data, FederatedData):
-            raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
+    def _check(self, data) -> list[str]:
+        from ..data import require_target
+
+        self._validate_params()
         require_target(data, type(self).__name__)
         _check_design(data)
         return (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
@@ -141,10 +147,9 @@ class BayesianShrinkage:
             checkpoint=None, resume: bool = False, batched: bool = True) -> "ShrinkageResult":
         """Fit by federated EP; returns a :class:`ShrinkageResult`. Raw rows stay on their
         device, which shares only the changes of its EP site for (log lambda, log sigma^2)."""
+        data = as_federated(data)
         names = self._check(data)
         site = self._site(len(names) - int(self.fit_intercept))
-        if not 0 < float(self.damping) <= 1:
-            raise ValueError(f"damping must lie in (0, 1], got {self.damping}")
         return fit_ep(ShrinkageResult, self, data, site, self._prior(site), self._estimator(site), names=names,
                       damping=float(self.damping), tol=self.tol, rounds=rounds or self.rounds,
                       participation=self.participation, seed=seed, progress=progress, checkpoint=checkpoint,
@@ -161,6 +166,7 @@ class BayesianShrinkage:
         coefficient vector and intercept per client with (lambda, sigma^2) shared, which is
         the exact posterior that federated EP approximates.
         """
+        data = as_federated(data)
         names = self._check(data)
         if self.noise != "shared":
             raise ValueError("the centralised reference pools all rows: use noise='shared'")
@@ -172,16 +178,28 @@ class BayesianShrinkage:
 class BayesianLasso(BayesianShrinkage):
     """Federated Bayesian lasso: :class:`BayesianShrinkage` with ``penalty="lasso"``."""
 
-    def __init__(self, **options):
-        super().__init__("lasso", **options)
+    def __init__(self, *, scale: str = "sd", noise: str = "shared", fit_intercept=True, intercept_sd: float = 10.0,
+                 prior_log_lambda=(0.0, 1.0), prior_log_sigma2=(0.0, 1.0), estimator="auto", estimator_options=None,
+                 damping: float = 0.5, rounds: int = 15, tol: float = 0.05, participation=1.0,
+                 standardize: bool = True):
+        super().__init__("lasso", scale=scale, noise=noise, fit_intercept=fit_intercept, intercept_sd=intercept_sd,
+                         prior_log_lambda=prior_log_lambda, prior_log_sigma2=prior_log_sigma2, estimator=estimator,
+                         estimator_options=estimator_options, damping=damping, rounds=rounds, tol=tol,
+                         participation=participation, standardize=standardize)
 
 
 @register
 class BayesianRidge(BayesianShrinkage):
     """Federated Bayesian ridge: :class:`BayesianShrinkage` with ``penalty="ridge"``."""
 
-    def __init__(self, **options):
-        super().__init__("ridge", **options)
+    def __init__(self, *, scale: str = "sd", noise: str = "shared", fit_intercept=True, intercept_sd: float = 10.0,
+                 prior_log_lambda=(0.0, 1.0), prior_log_sigma2=(0.0, 1.0), estimator="auto", estimator_options=None,
+                 damping: float = 0.5, rounds: int = 15, tol: float = 0.05, participation=1.0,
+                 standardize: bool = True):
+        super().__init__("ridge", scale=scale, noise=noise, fit_intercept=fit_intercept, intercept_sd=intercept_sd,
+                         prior_log_lambda=prior_log_lambda, prior_log_sigma2=prior_log_sigma2, estimator=estimator,
+                         estimator_options=estimator_options, damping=damping, rounds=rounds, tol=tol,
+                         participation=participation, standardize=standardize)
 
 
 @client_function

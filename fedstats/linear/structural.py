@@ -92,6 +92,7 @@ from ..inference.posterior import GaussianPosterior
 from ._local import (INITS, DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
                      federated_lr, full_batch, full_batch_steps, initial_theta, local_steps,
                      resolve_lr)
+from ..estimator import BOOL, Estimator, Int, OneOf
 from ..results import NoPosteriorError, check_level, counted, prediction_frame, register
 
 
@@ -336,7 +337,7 @@ def _check_fraction(x, name, lo_open=True) -> float:
     return v
 
 
-class StructuralCovarianceModel:
+class StructuralCovarianceModel(Estimator):
     """HM1: per-device linear regressions that borrow strength through a learned K x K
     covariance between devices (Algorithm 1 of the linear-models paper).
 
@@ -425,12 +426,12 @@ class StructuralCovarianceModel:
         self.participation, self.jitter, self.eig_floor, self.tol = participation, jitter, eig_floor, tol
         self.stop_early, self.posterior_omega, self.omega_prior_rows = stop_early, posterior_omega, omega_prior_rows
 
-    def __repr__(self):
-        return (f"StructuralCovarianceModel(rounds={self.rounds}, local_steps={self.local_steps}, lr={self.lr!r}, "
-                f"alpha={self.alpha}, batch_size={self.batch_size}, grad_reduction={self.grad_reduction!r}, "
-                f"shrink_scale={self.shrink_scale!r})")
+
+    _constraints = {"rounds": Int(1), "local_steps": Int(1), "grad_reduction": OneOf("sum", "mean"),
+                    "fit_intercept": BOOL, "stop_early": BOOL, "posterior_omega": OneOf("em", "learned")}
 
     def _validated(self, K: int) -> dict:
+        self._validate_params()
         check_positive_int(self.rounds, "rounds")
         check_positive_int(self.local_steps, "local_steps")
         check_positive_int(self.batch_size, "batch_size", allow_none=True)

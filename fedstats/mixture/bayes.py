@@ -28,6 +28,8 @@ coordinates (``nu_j d``), see :meth:`BayesianMixtureResult._marginal_params`.
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +39,13 @@ from scipy.special import digamma, gammaln
 
 from ..federation.protocol import client_function
 from ..inference import SamplePosterior
-from ._gmm import full_covariances, m_step, precision_cholesky
-from .fedem import FedEMAlgorithm, GaussianMixtureResult
-from ..results import register
+from ._gmm import cov_shape, full_covariances, m_step, precision_cholesky
+from ..estimator import MAPPING, NONE, Real
+from ..federation import run
+from ..federation.backend import accepts_backend
+from ..results import counted, register
+from ._common import SERVER_CONSTRAINTS, MixtureEstimator, as_federated, check_failures, without_lost
+from .fedem import FedEMAlgorithm, MixtureResult
 
 _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
 
@@ -215,10 +221,153 @@ class _Shim:  # a FedEM client state carrying VB's E-step weights for one call
     n: int
 
 
+# ====================================================================== the model
+class VariationalGaussianMixture(MixtureEstimator):
+    """Variational FedEM: Dirichlet weights per client (private), Normal-Wishart components,
+    closed-form credible intervals; the sibling of
+    :class:`~fedstats.mixture.fedem.FederatedGaussianMixture` (maximum likelihood), with the
+    same parameters plus the priors.
+
+    Parameters
+    ----------
+    n_components, covariance_type, reg_covar, rounds, tol, shared_weights, n_init, means_init, covariances_init, participation
+        As in :class:`~fedstats.mixture.fedem.FederatedGaussianMixture` (``tol`` applies to the
+        ELBO per point).
+    weight_concentration_prior, mean_precision_prior, mean_prior, degrees_of_freedom_prior, covariance_prior
+        Priors (scikit-learn's names and layouts). Defaults as scikit-learn's:
+        ``weight_concentration_prior = 1/M``, ``mean_precision_prior = 1``, ``mean_prior`` and
+        ``covariance_prior`` the data mean and covariance, computed from federated sums (one
+        counted round), ``degrees_of_freedom_prior = d``.
+    vb_init : dict, optional
+        Start from this q (keys ``mean_precision``, ``means``, ``degrees_of_freedom``,
+        ``covariances`` and ``weight_concentration``, (M,) or a dict client -> (M,)) instead
+        of the k-means start.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from fedstats.mixture import VariationalGaussianMixture
+    >>> rng = np.random.default_rng(0)
+    >>> Xs = [np.r_[rng.normal(0, 1, (40, 2)), rng.normal(6, 1, (30, 2))] for _ in range(3)]
+    >>> res = VariationalGaussianMixture(2, n_init=2).fit(Xs, seed=0)
+    >>> [round(float(v)) for v in np.sort(res.means_[:, 0])]
+    [0, 6]
+    """
+
+    _constraints = {**MixtureEstimator._constraints, **SERVER_CONSTRAINTS,
+                    "weight_concentration_prior": NONE | Real(0, closed=(False, True)),
+                    "mean_precision_prior": NONE | Real(0, closed=(False, True)),
+                    "degrees_of_freedom_prior": NONE | Real(),
+                    "vb_init": NONE | MAPPING}
+
+    def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, rounds=100, tol=1e-6,
+                 shared_weights=False, n_init=10, means_init=None, covariances_init=None, participation=1.0,
+                 weight_concentration_prior=None, mean_precision_prior=None, mean_prior=None,
+                 degrees_of_freedom_prior=None, covariance_prior=None, vb_init=None):
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.rounds = rounds
+        self.tol = tol
+        self.shared_weights = shared_weights
+        self.n_init = n_init
+        self.means_init = means_init
+        self.covariances_init = covariances_init
+        self.participation = participation
+        self.weight_concentration_prior = weight_concentration_prior
+        self.mean_precision_prior = mean_precision_prior
+        self.mean_prior = mean_prior
+        self.degrees_of_freedom_prior = degrees_of_freedom_prior
+        self.covariance_prior = covariance_prior
+        self.vb_init = vb_init
+
+    def _check(self, data):
+        super()._check(data)
+        if self.vb_init is not None:
+            self._check_vb_init(data)
+
+    def _check_vb_init(self, data):
+        M, d, ct = self.n_components, data.n_features, self.covariance_type
+        v = self.vb_init
+        want = {"mean_precision": (M,), "means": (M, d), "degrees_of_freedom": () if ct == "tied" else (M,),
+                "covariances": cov_shape(ct, M, d), "weight_concentration": (M,)}
+        if set(v) != set(want):
+            raise ValueError(f"vb_init must be a dict with exactly the keys {sorted(want)}")
+        for k, shape in want.items():
+            a = v[k]
+            if k == "weight_concentration" and isinstance(a, Mapping):
+                missing = [c for c in data.clients if c not in a]
+                if missing:
+                    raise ValueError(f"vb_init['weight_concentration'] has no entry for client(s) {missing[:5]}")
+                arrays = [np.asarray(a[c], float) for c in data.clients]
+            else:
+                arrays = [np.asarray(a, float)]
+            for arr in arrays:
+                if arr.shape != shape or not np.all(np.isfinite(arr)):
+                    raise ValueError(f"vb_init[{k!r}] must be finite with shape {shape}, got shape {arr.shape}")
+                if k in ("mean_precision", "weight_concentration") and np.any(arr <= 0):
+                    raise ValueError(f"vb_init[{k!r}] must be > 0")
+                if k == "degrees_of_freedom" and np.any(arr <= d - 1):
+                    raise ValueError(f"vb_init['degrees_of_freedom'] must be > d - 1 = {d - 1}")
+        precision_cholesky(np.asarray(v["covariances"], float), ct)
+
+    @counted
+    @accepts_backend
+    def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False):
+        """Fit by variational FedEM. ``data``: FederatedData (``y`` ignored), or per-client
+        arrays. Returns a :class:`BayesianMixtureResult`."""
+        data = as_federated(data)
+        self._check(data)
+        M, d, ct = self.n_components, data.n_features, self.covariance_type
+        m0, cov0, info = federated_priors(data, ct, seed=seed)
+        prior = check_prior({
+            "alpha0": 1.0 / M if self.weight_concentration_prior is None else float(self.weight_concentration_prior),
+            "beta0": 1.0 if self.mean_precision_prior is None else float(self.mean_precision_prior),
+            "m0": m0 if self.mean_prior is None else self.mean_prior,
+            "nu0": float(d) if self.degrees_of_freedom_prior is None else float(self.degrees_of_freedom_prior),
+            "cov0": cov0 if self.covariance_prior is None else self.covariance_prior}, d, M, ct)
+        if self.vb_init is not None:
+            h = {k: np.array(self.vb_init[k], dtype=float) for k in
+                 ("mean_precision", "means", "degrees_of_freedom", "covariances")}
+            a = self.vb_init["weight_concentration"]
+            alpha = {c: np.asarray(a[c], float) for c in data.clients} if isinstance(a, Mapping) else np.asarray(a, float)
+            means, cov, start = h["means"], h["covariances"], {"bytes_up": 0, "bytes_down": 0}
+        else:
+            h, alpha = None, None
+            means, cov, start = self._start(data, seed)
+        algo = VBFedEMAlgorithm(means, cov, prior, hyper=h, alpha_init=alpha, covariance_type=ct,
+                                reg_covar=self.reg_covar, shared_weights=self.shared_weights, tol=self.tol or None)
+        res = run(algo, data, kind="variational rounds", rounds=self.rounds,
+                  participation=self._participation(data.clients), seed=seed, progress=progress, checkpoint=checkpoint,
+                  resume=resume, min_rounds=min(2, self.rounds))
+        st = res.server_state
+        check_failures(res.history, st["seen"], st["clients"], "variational FedEM")
+        data = without_lost(data, res.lost, "variational FedEM")
+        hy = st["hyper"]
+        conc = ({c: st["alpha_shared"] for c in data.clients} if self.shared_weights
+                else {c: s.alpha for c, s in res.client_states.items()})
+        if not res.converged and self.tol:
+            warnings.warn(f"variational FedEM did not converge in {self.rounds} rounds (tol={self.tol})",
+                          RuntimeWarning, stacklevel=2)
+        info = {k: info[k] + start[k] for k in ("bytes_up", "bytes_down")}
+        out = BayesianMixtureResult(
+            means=hy["means"], covariances=hy["covariances"], weights={c: a / a.sum() for c, a in conc.items()},
+            covariance_type=ct, feature_names=data.feature_names, n_obs=data.n_obs, history=res.history,
+            communication=res.communication, rounds=res.rounds, converged=res.converged,
+            shared_weights=self.shared_weights, init_info=info, reg_covar=self.reg_covar)
+        out.weight_concentration_ = conc
+        out.mean_precision_ = hy["mean_precision"]
+        out.degrees_of_freedom_ = hy["degrees_of_freedom"]
+        out.prior = prior
+        return out
+
+
 # ====================================================================== results
 @register
-class BayesianMixtureResult(GaussianMixtureResult):
-    """Variational FedEM fit: ``GaussianMixtureResult`` plus the posterior ``q``.
+class BayesianMixtureResult(MixtureResult):
+    """Variational FedEM fit: :class:`~fedstats.mixture.fedem.MixtureResult` plus the posterior ``q``
+    (the sibling of the maximum-likelihood ``GaussianMixtureResult``: no log-likelihood, BIC or
+    Wald intervals; compare fits by :meth:`elbo_trace`).
 
     ``weight_concentration_`` (dict client -> alpha_c), ``mean_precision_`` (beta),
     ``degrees_of_freedom_`` (nu), ``covariances_`` (``W^{-1}/nu``, scikit-learn's meaning),
@@ -351,16 +500,6 @@ class BayesianMixtureResult(GaussianMixtureResult):
         a = self.weight_concentration_[client]
         draws = np.random.default_rng(seed).dirichlet(a, n)
         return SamplePosterior(draws, names=[f"weight[{j}]" for j in range(len(a))])
-
-    def loglik_trace(self) -> np.ndarray:
-        raise AttributeError("a variational fit has no log-likelihood trace; use elbo_trace()")
-
-    def bic(self) -> float:
-        raise AttributeError("BIC is for maximum-likelihood fits; compare variational fits by their ELBO")
-
-    def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
-        raise AttributeError("Wald intervals are for maximum-likelihood fits; a variational fit has credible "
-                             "intervals: summary(level) and client_summary(level)")
 
     def elbo_trace(self) -> np.ndarray:
         """The evidence lower bound after every round (scikit-learn's, constants dropped)."""

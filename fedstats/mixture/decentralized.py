@@ -31,7 +31,11 @@ from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ._gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
 from ..federation.oneshot import raise_failures
-from .fedem import FederatedGaussianMixture, GaussianMixtureResult, _log_weights, _norm, as_federated, initial_weights
+from ..estimator import NONE, Int, OneOf
+from ._common import WEIGHTS, MixtureEstimator, as_federated, initial_weights
+from ._common import log_weights as _log_weights
+from ._common import norm as _norm
+from .fedem import GaussianMixtureResult
 from ..results import counted, register
 
 
@@ -232,20 +236,21 @@ class DFedEMAlgorithm(FederatedAlgorithm):
         return {"N": N[0], "S1": S1r, "S2": S2r, "loglik": L, "entropy": H}, st
 
 
-class DecentralizedGaussianMixture(FederatedGaussianMixture):
+class DecentralizedGaussianMixture(MixtureEstimator):
     """D-FedEM: a Gaussian mixture fitted without a server, by gossip over a client graph.
 
-    Parameters (beyond :class:`FederatedGaussianMixture`'s, except ``participation`` and
-    ``shared_weights``, which do not apply)
+    Parameters
     ----------
+    n_components, covariance_type, reg_covar, rounds, n_init, means_init, covariances_init, weights_init
+        As in :class:`~fedstats.mixture.fedem.FederatedGaussianMixture`. (Every node gossips in
+        every round, so there is no ``participation``; no node sees the global objective, so
+        there is no ``tol``: it runs ``rounds`` rounds; the weights are each node's own.)
     graph : "complete", "ring", or a symmetric (C, C) adjacency matrix of a connected graph
     gossip_steps : int, default 1
         Gossip steps ``G`` per round.
     mixing : {"metropolis", "fast"}, default "metropolis"
         Metropolis-Hastings weights, or the fastest-mixing chain (:func:`fast_mixing_weights`).
 
-    It runs ``max_rounds`` rounds: no node sees the global objective, so a ``tol`` other than
-    0 or ``None`` is refused.
     The initial components come from the federated k-means start (a one-off aggregation that
     a deployment would also do by gossip, or give as ``means_init``); every node starts from
     them, which keeps component labels aligned across nodes.
@@ -266,12 +271,20 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
     True
     """
 
-    def __init__(self, n_components, *, graph="complete", gossip_steps=1, mixing="metropolis", **kw):
-        for bad in ("participation", "shared_weights", "bayesian", "vb_init", "tol"):
-            if bad in kw and not (bad == "tol" and not kw["tol"]):  # tol=0 / None: "run max_rounds"
-                raise TypeError(f"{bad} does not apply to D-FedEM (every node gossips every round and no node sees "
-                                "the global objective, so it runs max_rounds; maximum likelihood only)")
-        super().__init__(n_components, **kw)
+    _constraints = {**MixtureEstimator._constraints, "weights_init": NONE | WEIGHTS, "gossip_steps": Int(1),
+                    "mixing": OneOf("metropolis", "fast")}
+
+    def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, rounds=100, n_init=10,
+                 means_init=None, covariances_init=None, weights_init=None, graph="complete", gossip_steps=1,
+                 mixing="metropolis"):
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.rounds = rounds
+        self.n_init = n_init
+        self.means_init = means_init
+        self.covariances_init = covariances_init
+        self.weights_init = weights_init
         self.graph = graph
         self.gossip_steps = gossip_steps
         self.mixing = mixing
@@ -303,13 +316,11 @@ class DecentralizedGaussianMixture(FederatedGaussianMixture):
         data = as_federated(data)
         self._check(data)
         G = self.gossip_steps
-        if isinstance(G, bool) or not isinstance(G, (int, np.integer)) or G < 1:
-            raise ValueError(f"gossip_steps must be an int >= 1, got {G!r}")
         W = self.mixing_matrix(data.n_clients)
         means, cov, info = self._start(data, seed)
         algo = DFedEMAlgorithm(means, cov, W, gossip_steps=G, covariance_type=self.covariance_type,
                                reg_covar=self.reg_covar, weights_init=self.weights_init)
-        res = run(algo, data, kind="gossip rounds", rounds=self.max_rounds, seed=seed, progress=progress,
+        res = run(algo, data, kind="gossip rounds", rounds=self.rounds, seed=seed, progress=progress,
                   checkpoint=checkpoint,
                   resume=resume)
         raise_failures(res.history, "D-FedEM")  # a silent node would leave its neighbours' averages stale

@@ -22,13 +22,13 @@ latest statistics and replaces those of the clients that answered; the free ener
 (ELBO) it reports after each M-step never decreases. The first round always asks every
 client, so the M-step always sees the whole federation.
 
-Size: one module for now (about 700 lines): model, algorithm and result; the result contract
-(issue 18, item 3: mixtures as sibling classes, shared helpers in one private module) splits it.
+The variational model (:mod:`fedstats.mixture.bayes`) and D-FedEM
+(:mod:`fedstats.mixture.decentralized`) are sibling estimators; what they share is in
+:mod:`fedstats.mixture._common`.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,13 +37,13 @@ import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
-from ..data import DataError, FederatedData
+from ..data import FederatedData
+from ..estimator import NONE
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ._init import add_bytes, federated_loglik
 from ._gmm import (
     check_cov_type,
-    cov_shape,
     e_step,
     estep_statistics,
     expected_loglik_terms,
@@ -56,30 +56,11 @@ from ._gmm import (
     s2_shape,
 )
 from ..results import FederatedResult, counted, register
+from ._common import (SERVER_CONSTRAINTS, WEIGHTS, MixtureEstimator, as_federated, check_failures, initial_weights,
+                      log_weights, norm, without_lost)
 
-def _log_weights(p: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(p, 1e-300))
-
-
-def as_federated(data) -> FederatedData:
-    """FederatedData from a FederatedData, a dict client -> (n, d) array, or a list of arrays."""
-    if isinstance(data, FederatedData):
-        return data
-    if isinstance(data, (Mapping, list, tuple)):
-        return FederatedData.from_arrays(data)
-    raise DataError(f"data must be a FederatedData, a dict of per-client arrays or a list of arrays, "
-                    f"got {type(data).__name__}")
-
-
-def initial_weights(weights_init, client, M) -> np.ndarray:
-    """A client's starting weights: uniform, the common (M,) vector, or its entry of a dict."""
-    if weights_init is None:
-        return np.full(M, 1.0 / M)
-    w = np.asarray(weights_init[client] if isinstance(weights_init, Mapping) else weights_init, dtype=float)
-    if w.shape != (M,) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
-        raise ValueError(f"weights_init for client {client!r} must be {M} non-negative weights summing to 1")
-    return w
-
+# helpers shared by the three mixtures (their names here are kept for the modules that import them)
+_log_weights, _norm = log_weights, norm
 
 class _Stack:
     """Simulation-side cache of the participants' rows stacked into one array.
@@ -251,8 +232,11 @@ class FedEMAlgorithm(FederatedAlgorithm):
 
 
 # ====================================================================== the model
-class FederatedGaussianMixture:
-    """Gaussian mixture fitted by FedEM: shared components, private per-client weights.
+class FederatedGaussianMixture(MixtureEstimator):
+    """Gaussian mixture fitted by FedEM: shared components, private per-client weights
+    (maximum likelihood; :class:`~fedstats.mixture.bayes.VariationalGaussianMixture` is the
+    variational sibling, :class:`~fedstats.mixture.decentralized.DecentralizedGaussianMixture`
+    the serverless one).
 
     Parameters
     ----------
@@ -261,11 +245,11 @@ class FederatedGaussianMixture:
     covariance_type : {"full", "tied", "diag", "spherical"}, default "full"
     reg_covar : float, default 1e-6
         Added to every covariance's diagonal after the M-step (scikit-learn's meaning).
-    max_rounds : int, default 100
+    rounds : int, default 100
         Communication rounds of EM (each is one exact EM iteration).
     tol : float or None, default 1e-6
         Stop when the free energy per point changes by less than ``tol`` (``None`` or 0:
-        run ``max_rounds``).
+        run ``rounds``).
     shared_weights : bool, default False
         One weight vector for all clients: pooled EM (scikit-learn on the pooled rows).
     n_init : int, default 10
@@ -277,18 +261,6 @@ class FederatedGaussianMixture:
         ``means_init``.
     participation : float in (0, 1], default 1.0
         Fraction of clients asked in each round after the first (incremental EM).
-    bayesian : bool, default False
-        Variational FedEM (:mod:`fedstats.mixture.bayes`): Dirichlet weights per client,
-        Normal-Wishart components, closed-form credible intervals. The priors default to
-        scikit-learn's (``weight_concentration_prior = 1/M``, ``mean_precision_prior = 1``,
-        ``mean_prior`` and ``covariance_prior`` the data mean and covariance, computed from
-        federated sums, ``degrees_of_freedom_prior = d``).
-    weight_concentration_prior, mean_precision_prior, mean_prior, degrees_of_freedom_prior, covariance_prior
-        Priors of the Bayesian model (scikit-learn's names and layouts).
-    vb_init : dict, optional
-        Bayesian model only: start from this q (keys ``mean_precision``, ``means``,
-        ``degrees_of_freedom``, ``covariances`` and ``weight_concentration``, (M,) or a dict
-        client -> (M,)) instead of the k-means start.
 
     Example
     -------
@@ -301,14 +273,15 @@ class FederatedGaussianMixture:
     [0, 6]
     """
 
-    def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, max_rounds=100, tol=1e-6,
+    _constraints = {**MixtureEstimator._constraints, **SERVER_CONSTRAINTS, "weights_init": NONE | WEIGHTS}
+
+    def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, rounds=100, tol=1e-6,
                  shared_weights=False, n_init=10, means_init=None, covariances_init=None, weights_init=None,
-                 participation=1.0, bayesian=False, weight_concentration_prior=None, mean_precision_prior=None,
-                 mean_prior=None, degrees_of_freedom_prior=None, covariance_prior=None, vb_init=None):
+                 participation=1.0):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
-        self.max_rounds = max_rounds
+        self.rounds = rounds
         self.tol = tol
         self.shared_weights = shared_weights
         self.n_init = n_init
@@ -316,106 +289,11 @@ class FederatedGaussianMixture:
         self.covariances_init = covariances_init
         self.weights_init = weights_init
         self.participation = participation
-        self.bayesian = bayesian
-        self.weight_concentration_prior = weight_concentration_prior
-        self.mean_precision_prior = mean_precision_prior
-        self.mean_prior = mean_prior
-        self.degrees_of_freedom_prior = degrees_of_freedom_prior
-        self.covariance_prior = covariance_prior
-        self.vb_init = vb_init
 
     def _check(self, data: FederatedData):
-        M = self.n_components
-        if isinstance(M, bool) or not isinstance(M, (int, np.integer)) or M < 1:
-            raise ValueError(f"n_components must be an int >= 1, got {M!r}")
-        check_cov_type(self.covariance_type)
-        if not (isinstance(self.reg_covar, (int, float)) and self.reg_covar >= 0):
-            raise ValueError(f"reg_covar must be a float >= 0, got {self.reg_covar!r}")
-        if isinstance(self.max_rounds, bool) or not isinstance(self.max_rounds, (int, np.integer)) or self.max_rounds < 1:
-            raise ValueError(f"max_rounds must be an int >= 1, got {self.max_rounds!r}")
-        if isinstance(self.n_init, bool) or not isinstance(self.n_init, (int, np.integer)) or self.n_init < 1:
-            raise ValueError(f"n_init must be an int >= 1, got {self.n_init!r}")
-        p = self.participation
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise ValueError(f"participation must be a fraction in (0, 1], got {p!r}")
-        if data.n_total < M:
-            raise DataError(f"{data.n_total} rows in total, fewer than n_components={M}")
-        d = data.n_features
-        if self.means_init is not None and np.shape(self.means_init) != (M, d):
-            raise ValueError(f"means_init must have shape {(M, d)}, got {np.shape(self.means_init)}")
-        if self.covariances_init is not None:
-            want = cov_shape(self.covariance_type, M, d)
-            if np.shape(self.covariances_init) != want:
-                raise ValueError(f"covariances_init must have shape {want} for covariance_type="
-                                 f"{self.covariance_type!r}, got {np.shape(self.covariances_init)}")
-            precision_cholesky(np.asarray(self.covariances_init, float), self.covariance_type)
+        super()._check(data)
         if isinstance(self.weights_init, Mapping) and self.shared_weights:
             raise ValueError("shared_weights=True takes one weights_init vector (M,), not one per client")
-        if self.bayesian and self.weights_init is not None:
-            raise ValueError("bayesian=True starts the weights from the prior (use vb_init for a given state), "
-                             "not from weights_init")
-        priors = ("weight_concentration_prior", "mean_precision_prior", "mean_prior", "degrees_of_freedom_prior",
-                  "covariance_prior", "vb_init")
-        given = [k for k in priors if getattr(self, k) is not None]
-        if given and not self.bayesian:
-            raise ValueError(f"{given} only apply to bayesian=True")
-        if self.vb_init is not None:
-            self._check_vb_init(data)
-        if isinstance(self.weights_init, Mapping):
-            missing = [c for c in data.clients if c not in self.weights_init]
-            if missing:
-                raise ValueError(f"weights_init has no weights for client(s) {missing[:5]}")
-
-    def _check_vb_init(self, data):
-        M, d, ct = self.n_components, data.n_features, self.covariance_type
-        v = self.vb_init
-        want = {"mean_precision": (M,), "means": (M, d), "degrees_of_freedom": () if ct == "tied" else (M,),
-                "covariances": cov_shape(ct, M, d), "weight_concentration": (M,)}
-        if not isinstance(v, Mapping) or set(v) != set(want):
-            raise ValueError(f"vb_init must be a dict with exactly the keys {sorted(want)}")
-        for k, shape in want.items():
-            a = v[k]
-            if k == "weight_concentration" and isinstance(a, Mapping):
-                missing = [c for c in data.clients if c not in a]
-                if missing:
-                    raise ValueError(f"vb_init['weight_concentration'] has no entry for client(s) {missing[:5]}")
-                arrays = [np.asarray(a[c], float) for c in data.clients]
-            else:
-                arrays = [np.asarray(a, float)]
-            for arr in arrays:
-                if arr.shape != shape or not np.all(np.isfinite(arr)):
-                    raise ValueError(f"vb_init[{k!r}] must be finite with shape {shape}, got shape {arr.shape}")
-                if k in ("mean_precision", "weight_concentration") and np.any(arr <= 0):
-                    raise ValueError(f"vb_init[{k!r}] must be > 0")
-                if k == "degrees_of_freedom" and np.any(arr <= d - 1):
-                    raise ValueError(f"vb_init['degrees_of_freedom'] must be > d - 1 = {d - 1}")
-        precision_cholesky(np.asarray(v["covariances"], float), ct)
-
-    def _start(self, data, seed):
-        """Initial (means, covariances, init info)."""
-        from ._init import federated_kmeans_init, hard_covariances
-
-        M, ct = self.n_components, self.covariance_type
-        if self.means_init is None:
-            return federated_kmeans_init(data, M, ct, self.reg_covar, self.n_init, seed)
-        means = np.array(self.means_init, dtype=float)
-        if self.covariances_init is not None:
-            return means, np.array(self.covariances_init, dtype=float), {"bytes_up": 0, "bytes_down": 0}
-        cov, b = hard_covariances(data, means, ct, self.reg_covar, seed)
-        return means, cov, b
-
-    def _participation(self, clients):
-        p = self.participation
-        if p >= 1:
-            return 1.0
-        k = max(1, math.ceil(round(p * len(clients), 9)))
-
-        def choose(rnd, rng):
-            if rnd == 0:
-                return list(clients)
-            return [clients[i] for i in rng.choice(len(clients), size=k, replace=False)]
-
-        return choose
 
     @counted
     @accepts_backend
@@ -426,27 +304,25 @@ class FederatedGaussianMixture:
         """
         data = as_federated(data)
         self._check(data)
-        if self.bayesian:
-            return self._fit_vb(data, seed, progress, checkpoint, resume)
         means, cov, info = self._start(data, seed)
         algo = FedEMAlgorithm(means, cov, covariance_type=self.covariance_type, reg_covar=self.reg_covar,
                               shared_weights=self.shared_weights, weights_init=self.weights_init,
                               tol=self.tol or None)
-        res = run(algo, data, kind="EM rounds", rounds=self.max_rounds, participation=self._participation(data.clients),
-                  seed=seed, progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.max_rounds))
+        res = run(algo, data, kind="EM rounds", rounds=self.rounds, participation=self._participation(data.clients),
+                  seed=seed, progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.rounds))
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "FedEM")
-        data = _without_lost(data, res.lost, "FedEM")
+        data = without_lost(data, res.lost, "FedEM")
         weights = ({c: np.exp(st["log_w"]) / np.exp(st["log_w"]).sum() for c in data.clients} if self.shared_weights
-                   else {c: _norm(np.exp(s.log_weights)) for c, s in res.client_states.items()})
+                   else {c: norm(np.exp(s.log_weights)) for c, s in res.client_states.items()})
         # one more round: the log-likelihood at the final parameters (for bic, the CLI, ...)
         ll, score_bytes = federated_loglik(data, st["means"], st["cov"], self.covariance_type,
-                                           {c: _log_weights(w) for c, w in weights.items()}, seed)
+                                           {c: log_weights(w) for c, w in weights.items()}, seed)
         if st["empty"]:
             warnings.warn(f"component(s) {st['empty']} received (almost) no mass in the last round and kept their "
                           "previous parameters; consider fewer components", RuntimeWarning, stacklevel=2)
         if not res.converged and self.tol:
-            warnings.warn(f"FedEM did not converge in {self.max_rounds} rounds (tol={self.tol}); increase max_rounds",
+            warnings.warn(f"FedEM did not converge in {self.rounds} rounds (tol={self.tol}); increase rounds",
                           RuntimeWarning, stacklevel=2)
         return GaussianMixtureResult(
             means=st["means"], covariances=st["cov"], weights=weights, covariance_type=self.covariance_type,
@@ -457,93 +333,15 @@ class FederatedGaussianMixture:
         )
 
 
-    def _fit_vb(self, data, seed, progress, checkpoint, resume):
-        from .bayes import BayesianMixtureResult, VBFedEMAlgorithm, check_prior, federated_priors
-
-        M, d, ct = self.n_components, data.n_features, self.covariance_type
-        m0, cov0, info = federated_priors(data, ct, seed=seed)
-        prior = check_prior({
-            "alpha0": 1.0 / M if self.weight_concentration_prior is None else float(self.weight_concentration_prior),
-            "beta0": 1.0 if self.mean_precision_prior is None else float(self.mean_precision_prior),
-            "m0": m0 if self.mean_prior is None else self.mean_prior,
-            "nu0": float(d) if self.degrees_of_freedom_prior is None else float(self.degrees_of_freedom_prior),
-            "cov0": cov0 if self.covariance_prior is None else self.covariance_prior}, d, M, ct)
-        if self.vb_init is not None:
-            h = {k: np.array(self.vb_init[k], dtype=float) for k in
-                 ("mean_precision", "means", "degrees_of_freedom", "covariances")}
-            a = self.vb_init["weight_concentration"]
-            alpha = {c: np.asarray(a[c], float) for c in data.clients} if isinstance(a, Mapping) else np.asarray(a, float)
-            means, cov, start = h["means"], h["covariances"], {"bytes_up": 0, "bytes_down": 0}
-        else:
-            h, alpha = None, None
-            means, cov, start = self._start(data, seed)
-        algo = VBFedEMAlgorithm(means, cov, prior, hyper=h, alpha_init=alpha, covariance_type=ct,
-                                reg_covar=self.reg_covar, shared_weights=self.shared_weights, tol=self.tol or None)
-        res = run(algo, data, kind="variational rounds", rounds=self.max_rounds,
-                  participation=self._participation(data.clients), seed=seed, progress=progress, checkpoint=checkpoint,
-                  resume=resume, min_rounds=min(2, self.max_rounds))
-        st = res.server_state
-        check_failures(res.history, st["seen"], st["clients"], "variational FedEM")
-        data = _without_lost(data, res.lost, "variational FedEM")
-        hy = st["hyper"]
-        conc = ({c: st["alpha_shared"] for c in data.clients} if self.shared_weights
-                else {c: s.alpha for c, s in res.client_states.items()})
-        if not res.converged and self.tol:
-            warnings.warn(f"variational FedEM did not converge in {self.max_rounds} rounds (tol={self.tol})",
-                          RuntimeWarning, stacklevel=3)
-        info = {k: info[k] + start[k] for k in ("bytes_up", "bytes_down")}
-        out = BayesianMixtureResult(
-            means=hy["means"], covariances=hy["covariances"], weights={c: a / a.sum() for c, a in conc.items()},
-            covariance_type=ct, feature_names=data.feature_names, n_obs=data.n_obs, history=res.history,
-            communication=res.communication, rounds=res.rounds, converged=res.converged,
-            shared_weights=self.shared_weights, init_info=info, reg_covar=self.reg_covar)
-        out.weight_concentration_ = conc
-        out.mean_precision_ = hy["mean_precision"]
-        out.degrees_of_freedom_ = hy["degrees_of_freedom"]
-        out.prior = prior
-        return out
-
-
-def _without_lost(data, lost, what):
-    """The data of the clients still there: a node that stopped answering (remote backends)
-    leaves its last statistics in the components, and its weights, which never left it, out
-    of the result."""
-    if not lost:
-        return data
-    c, why = next(iter(lost.items()))
-    warnings.warn(f"{what}: client(s) {list(lost)[:5]} were lost during the fit (client {c!r}: {why}); their last "
-                  "statistics stay in the components, their weights are not in the result", RuntimeWarning,
-                  stacklevel=4)
-    return data.subset([c for c in data.clients if c not in lost])
-
-
-def _norm(w):
-    return w / w.sum()
-
-
-def check_failures(history, seen, clients, what):
-    """Clients that failed: an error if one never contributed statistics, else a warning
-    (incremental EM used its last statistics in the rounds it missed)."""
-    failed = {c: why for rec in history for c, why in rec.failed.items()}
-    if not failed:
-        return
-    never = [c for c, s in zip(clients, seen) if not s]
-    c, why = next(iter(failed.items()))
-    if never:
-        raise RuntimeError(f"{what}: client(s) {never[:5]} never answered; client {c!r} failed with {why}")
-    warnings.warn(f"{what}: {len(failed)} client(s) failed in some round and counted with their last statistics; "
-                  f"client {c!r}: {why}", RuntimeWarning, stacklevel=3)
-
-
 # ====================================================================== results
-@register
-class GaussianMixtureResult(FederatedResult):
-    """A fitted federated Gaussian mixture.
+class MixtureResult(FederatedResult):
+    """What every fitted federated Gaussian mixture has (the base of the maximum-likelihood
+    :class:`GaussianMixtureResult` and its variational sibling
+    :class:`~fedstats.mixture.bayes.BayesianMixtureResult`).
 
     Attributes (scikit-learn names): ``means_`` (M, d), ``covariances_`` (layout of
     ``covariance_type``), ``weights_`` (dict client -> (M,); the weights never move during
-    the fit: each client returns its final ones once, at the end, for this object), ``loglik_`` (log-likelihood at the final parameters, from
-    one scoring round after the last EM round; ``client_loglik_`` per client),
+    the fit: each client returns its final ones once, at the end, for this object),
     ``history``, ``communication``, ``rounds``, ``converged``.
     """
 
@@ -566,13 +364,6 @@ class GaussianMixtureResult(FederatedResult):
         self.seconds = float(seconds)  # wall time of the fit (set by the fit itself)
 
     @property
-    def loglik_(self) -> float:
-        """Federated log-likelihood at the final parameters, each client with its weights."""
-        if self.client_loglik_ is None:
-            raise AttributeError(f"{type(self).__name__} has no final log-likelihood")
-        return float(sum(self.client_loglik_.values()))
-
-    @property
     def n_components(self) -> int:
         return self.means_.shape[0]
 
@@ -584,12 +375,6 @@ class GaussianMixtureResult(FederatedResult):
     def precisions_cholesky_(self) -> np.ndarray:
         return precision_cholesky(self.covariances_, self.covariance_type)
 
-    def loglik_trace(self) -> np.ndarray:
-        """Federated log-likelihood at the parameters broadcast in each round (rounds where all answered)."""
-        K = len(self.n_obs)
-        return np.array([r.metrics["loglik"] for r in self.history if len(r.answered) == K])
-
-    # ---------------------------------------------------------------- prediction
     def _weights_for(self, client, weights):
         if weights is not None:
             w = np.asarray(weights, float)
@@ -652,31 +437,6 @@ class GaussianMixtureResult(FederatedResult):
             prev = cur
         return w
 
-    @accepts_backend
-    def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
-        """Observed-information intervals for the means and every client's weights.
-
-        One more federated round over ``data`` (the fitted clients, each holding its rows):
-        each client sends a Schur complement of its information (spec §4.2); covariances
-        are held at their estimate. Returns ``(means_table, weights_table)``.
-        See :func:`fedstats.mixture.wald.wald_intervals`.
-        """
-        from ..federation.runner import Communication, counting
-        from .wald import wald_intervals
-
-        with counting() as ledger:
-            m, w, self.wald_info_ = wald_intervals(self, as_federated(data), level=level, seed=seed)
-        self.communication = Communication.combine([self.communication, ledger.communication()])
-        return m, w
-
-    def bic(self) -> float:
-        """Federated BIC ``-2 sum_c L_c + p log N`` at the final parameters (``loglik_``)."""
-        ll = self.loglik_
-        p = n_parameters(self.n_components, self.means_.shape[1], self.covariance_type, len(self.n_obs),
-                         self.shared_weights)
-        return float(-2 * ll + p * np.log(sum(self.n_obs.values())))
-
-    # ---------------------------------------------------------------- tables
     def component_table(self) -> pd.DataFrame:
         """Means and variances per component and feature."""
         M, d = self.means_.shape
@@ -715,9 +475,57 @@ class GaussianMixtureResult(FederatedResult):
 
     def _no_posterior(self, what: str) -> str:
         return (f"{type(self).__name__} is a maximum-likelihood fit, with no {what} posterior: fit "
-                "FederatedGaussianMixture(..., bayesian=True) for one, or use wald_intervals(data) for "
+                "VariationalGaussianMixture for one, or use wald_intervals(data) for "
                 "observed-information intervals")
 
     def __repr__(self):
         return (f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "
                 f"clients={len(self.n_obs)}, rounds={self.rounds}, converged={self.converged})")
+
+
+@register
+class GaussianMixtureResult(MixtureResult):
+    """A federated Gaussian mixture fitted by maximum likelihood (FedEM, D-FedEM, FEM-OMD's
+    played mixture): :class:`MixtureResult` plus ``loglik_`` (log-likelihood at the final
+    parameters, from one scoring round after the last EM round; ``client_loglik_`` per
+    client), ``loglik_trace``, ``bic`` and observed-information ``wald_intervals``.
+    """
+
+    @property
+    def loglik_(self) -> float:
+        """Federated log-likelihood at the final parameters, each client with its weights."""
+        if self.client_loglik_ is None:
+            raise AttributeError(f"{type(self).__name__} has no final log-likelihood")
+        return float(sum(self.client_loglik_.values()))
+
+    def loglik_trace(self) -> np.ndarray:
+        """Federated log-likelihood at the parameters broadcast in each round (rounds where all answered)."""
+        K = len(self.n_obs)
+        return np.array([r.metrics["loglik"] for r in self.history if len(r.answered) == K])
+
+    # ---------------------------------------------------------------- prediction
+    @accepts_backend
+    def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
+        """Observed-information intervals for the means and every client's weights.
+
+        One more federated round over ``data`` (the fitted clients, each holding its rows):
+        each client sends a Schur complement of its information (spec §4.2); covariances
+        are held at their estimate. Returns ``(means_table, weights_table)``.
+        See :func:`fedstats.mixture.wald.wald_intervals`.
+        """
+        from ..federation.runner import Communication, counting
+        from .wald import wald_intervals
+
+        with counting() as ledger:
+            m, w, self.wald_info_ = wald_intervals(self, as_federated(data), level=level, seed=seed)
+        self.communication = Communication.combine([self.communication, ledger.communication()])
+        return m, w
+
+    def bic(self) -> float:
+        """Federated BIC ``-2 sum_c L_c + p log N`` at the final parameters (``loglik_``)."""
+        ll = self.loglik_
+        p = n_parameters(self.n_components, self.means_.shape[1], self.covariance_type, len(self.n_obs),
+                         self.shared_weights)
+        return float(-2 * ll + p * np.log(sum(self.n_obs.values())))
+
+    # ---------------------------------------------------------------- tables

@@ -69,7 +69,9 @@ from ._gmm import (
     s2_shape,
 )
 from ..federation.oneshot import raise_failures
-from .fedem import GaussianMixtureResult, _log_weights, _Stack, as_federated
+from ._common import as_federated
+from ._common import log_weights as _log_weights
+from .fedem import GaussianMixtureResult, _Stack
 from ..results import load_result, register, save_result
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")

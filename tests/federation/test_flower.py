@@ -30,7 +30,8 @@ from fedstats.federation.flower import (  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import StructuralCovarianceModel  # noqa: E402
 from fedstats.linear.baselines import FedAvg  # noqa: E402
-from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture  # noqa: E402
+from fedstats.mixture import (FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture,  # noqa: E402
+                              VariationalGaussianMixture)
 
 HERE = Path(__file__).parent
 TIGHT = 1e-10
@@ -140,7 +141,7 @@ def test_fgpr_equals_inprocess(session):
 
 def test_variational_fedem_wald_d_fedem_and_fem_omd_equal_inprocess(session):
     data, _ = gmm_federation(n_clients=5, n_components=2, d=2, n_obs=(30, 50), seed=2)
-    vb = FederatedGaussianMixture(2, bayesian=True, max_rounds=20)
+    vb = VariationalGaussianMixture(2, rounds=20)
     a, b = vb.fit(data, seed=1), vb.fit(data, seed=1, backend=session)
     close(a.summary(0.9)[["mean", "lower", "upper"]].to_numpy(), b.summary(0.9)[["mean", "lower", "upper"]].to_numpy())
 
@@ -150,7 +151,7 @@ def test_variational_fedem_wald_d_fedem_and_fem_omd_equal_inprocess(session):
     for fa, fb in zip(wa, wb):
         close(fa.select_dtypes("number").to_numpy(), fb.select_dtypes("number").to_numpy())
 
-    dfe = DecentralizedGaussianMixture(2, max_rounds=4)
+    dfe = DecentralizedGaussianMixture(2, rounds=4)
     a, b = dfe.fit(data, seed=1), dfe.fit(data, seed=1, backend=session)
     same_history(a.history, b.history)
 

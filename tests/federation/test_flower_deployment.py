@@ -142,7 +142,7 @@ def test_deployed_fedem_equals_inprocess(federation):
     assert deployed.feature_names == ["x1", "x2"]  # not the site column
     # the ServerApp prints a line per round, which reaches the `flwr run --stream` terminal
     assert "fedstats: FedEM round 1: loglik" in done.stdout, done.stdout[-4000:]
-    local = FederatedGaussianMixture(3, max_rounds=4).fit(federation.pooled(), seed=2)
+    local = FederatedGaussianMixture(3, rounds=4).fit(federation.pooled(), seed=2)
     np.testing.assert_allclose(deployed.means_, local.means_, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(deployed.covariances_, local.covariances_, rtol=1e-10, atol=1e-10)
     assert sorted(deployed.weights_) == ["site_a", "site_b"]

@@ -21,7 +21,8 @@ from fedstats.federation.runner import _Devices  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import BayesianRidge, StructuralCovarianceModel  # noqa: E402
 from fedstats.linear.baselines import Ditto, DistributedRidge, FedAvg, Separate  # noqa: E402
-from fedstats.mixture import DecentralizedGaussianMixture, FederatedGaussianMixture  # noqa: E402
+from fedstats.mixture import (DecentralizedGaussianMixture, FederatedGaussianMixture,  # noqa: E402
+                              VariationalGaussianMixture)
 
 
 class NodeLocal:
@@ -64,9 +65,9 @@ CASES = [
     ("distributed ridge", lambda: DistributedRidge(), REG, lambda r: r.theta),
     ("FGPR", lambda: FGPR(rounds=2, local_steps=2), REG, lambda r: r.summary()["mean"]),
     ("FedEM", lambda: FederatedGaussianMixture(2), MIX, lambda r: r.means_),
-    ("variational FedEM", lambda: FederatedGaussianMixture(2, bayesian=True, max_rounds=10), MIX,
+    ("variational FedEM", lambda: VariationalGaussianMixture(2, rounds=10), MIX,
      lambda r: r.summary(0.9)["mean"]),
-    ("D-FedEM", lambda: DecentralizedGaussianMixture(2, max_rounds=3), MIX, lambda r: r.means_),
+    ("D-FedEM", lambda: DecentralizedGaussianMixture(2, rounds=3), MIX, lambda r: r.means_),
 ]
 
 

@@ -34,8 +34,8 @@ def _valid(W, A):
 def test_complete_graph_equals_fedem(fed, ct):
     data, m0, c0 = fed
     c0 = c0 if ct == "full" else np.ones((3, 3))
-    kw = dict(covariance_type=ct, max_rounds=25, tol=0, means_init=m0, covariances_init=c0)
-    f = FederatedGaussianMixture(3, **kw).fit(data, seed=0)
+    kw = dict(covariance_type=ct, rounds=25, means_init=m0, covariances_init=c0)
+    f = FederatedGaussianMixture(3, tol=0, **kw).fit(data, seed=0)
     d = DecentralizedGaussianMixture(3, graph="complete", **kw).fit(data, seed=0)
     np.testing.assert_allclose(d.mixing_matrix_, np.full((12, 12), 1 / 12), atol=1e-15)
     for c in data.clients:
@@ -54,7 +54,7 @@ def test_ring_gossip_contracts_geometrically(fed):
     assert 0.8 < rho < 1
     dis, con = [], []
     for G in (1, 2, 4, 8, 16, 32):
-        d = DecentralizedGaussianMixture(3, graph="ring", gossip_steps=G, max_rounds=10, tol=0, means_init=m0,
+        d = DecentralizedGaussianMixture(3, graph="ring", gossip_steps=G, rounds=10, means_init=m0,
                                          covariances_init=c0).fit(data, seed=0)
         c = np.array([r.metrics["contraction"] for r in d.history])
         assert np.all(c <= rho**G * (1 + 1e-9))  # every round, the SLEM bound
@@ -81,9 +81,9 @@ def test_mixing_matrices():
 def test_fast_mixing_run_and_private_predictions(fed):
     data, m0, c0 = fed
     A = erdos_renyi_graph(12, 0.5, seed=1)
-    d = DecentralizedGaussianMixture(3, graph=A, mixing="fast", gossip_steps=2, max_rounds=15, tol=0, means_init=m0,
+    d = DecentralizedGaussianMixture(3, graph=A, mixing="fast", gossip_steps=2, rounds=15, means_init=m0,
                                      covariances_init=c0).fit(data, seed=0)
-    f = FederatedGaussianMixture(3, max_rounds=15, tol=0, means_init=m0, covariances_init=c0).fit(data, seed=0)
+    f = FederatedGaussianMixture(3, rounds=15, tol=0, means_init=m0, covariances_init=c0).fit(data, seed=0)
     assert np.abs(d.means_ - f.means_).max() < 0.05
     X = data[3].X
     # a client predicts with its own copy of the components
@@ -99,10 +99,10 @@ def test_weights_init_applies_and_tol_is_refused(fed):
     data = fed[0]
     M = 3
     w0 = {c: np.roll([0.8, 0.1, 0.1], k) for k, c in enumerate(data.clients)}
-    one = DecentralizedGaussianMixture(M, graph="ring", max_rounds=1, n_init=2, weights_init=w0).fit(data, seed=0)
-    uni = DecentralizedGaussianMixture(M, graph="ring", max_rounds=1, n_init=2).fit(data, seed=0)
+    one = DecentralizedGaussianMixture(M, graph="ring", rounds=1, n_init=2, weights_init=w0).fit(data, seed=0)
+    uni = DecentralizedGaussianMixture(M, graph="ring", rounds=1, n_init=2).fit(data, seed=0)
     assert any(not np.allclose(one.weights_[c], uni.weights_[c]) for c in data.clients)
     with pytest.raises(TypeError, match="tol"):
         DecentralizedGaussianMixture(M, tol=1e-3)
     with pytest.raises(ValueError, match="weights_init"):
-        DecentralizedGaussianMixture(M, max_rounds=1, n_init=2, weights_init=np.ones(M)).fit(data, seed=0)
+        DecentralizedGaussianMixture(M, rounds=1, n_init=2, weights_init=np.ones(M)).fit(data, seed=0)

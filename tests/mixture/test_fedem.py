@@ -13,7 +13,7 @@ from sklearn.mixture import GaussianMixture
 from fedstats import FederatedData
 from fedstats.datasets.synthetic import gmm_federation
 from fedstats.federation import run
-from fedstats.mixture import FedEMAlgorithm, FederatedGaussianMixture, GaussianMixtureResult
+from fedstats.mixture import FedEMAlgorithm, FederatedGaussianMixture, GaussianMixtureResult, VariationalGaussianMixture
 
 COV_TYPES = ["full", "tied", "diag", "spherical"]
 
@@ -56,7 +56,7 @@ def test_one_client_equals_sklearn(ct):
     w0 = np.array([0.2, 0.3, 0.5])
     cov0, prec0 = _init(ct, M, d)
     sk = _sklearn(X, M, ct, K, w0, m0, prec0)
-    res = FederatedGaussianMixture(M, covariance_type=ct, max_rounds=K, tol=0, means_init=m0, covariances_init=cov0,
+    res = FederatedGaussianMixture(M, covariance_type=ct, rounds=K, tol=0, means_init=m0, covariances_init=cov0,
                                    weights_init=w0).fit([X], seed=0)
     assert res.rounds == K
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
@@ -96,7 +96,7 @@ def test_federated_equals_pooled_reference_em():
     cov0 = np.stack([np.eye(3) * 1.5] * 3)
     K = 100
     ref_m, ref_c, ref_w = _pooled_reference_em(Xs, m0, cov0, K)
-    res = FederatedGaussianMixture(3, max_rounds=K, tol=0, means_init=m0, covariances_init=cov0).fit(data, seed=0)
+    res = FederatedGaussianMixture(3, rounds=K, tol=0, means_init=m0, covariances_init=cov0).fit(data, seed=0)
     assert res.rounds == K
     np.testing.assert_allclose(res.means_, ref_m, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.covariances_, ref_c, atol=1e-10, rtol=0)
@@ -110,7 +110,7 @@ def test_shared_weights_equals_pooled_sklearn(ct):
     m0, w0, K = truth["means"] + 0.5, np.full(3, 1 / 3), 40
     cov0, prec0 = _init(ct, 3, 3)
     sk = _sklearn(X, 3, ct, K, w0, m0, prec0)
-    res = FederatedGaussianMixture(3, covariance_type=ct, max_rounds=K, tol=0, shared_weights=True, means_init=m0,
+    res = FederatedGaussianMixture(3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0,
                                    covariances_init=cov0).fit(data, seed=0)
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
@@ -118,9 +118,9 @@ def test_shared_weights_equals_pooled_sklearn(ct):
         np.testing.assert_allclose(res.weights_[c], sk.weights_, atol=1e-10, rtol=0)
     # permuting the clients, or splitting one client in two, changes nothing with shared weights
     Xs = [data[c].X for c in data.clients]
-    perm = FederatedGaussianMixture(3, covariance_type=ct, max_rounds=K, tol=0, shared_weights=True, means_init=m0,
+    perm = FederatedGaussianMixture(3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0,
                                     covariances_init=cov0).fit(Xs[::-1], seed=0)
-    split = FederatedGaussianMixture(3, covariance_type=ct, max_rounds=K, tol=0, shared_weights=True, means_init=m0,
+    split = FederatedGaussianMixture(3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0,
                                      covariances_init=cov0).fit([Xs[0][:7], Xs[0][7:]] + Xs[1:], seed=0)
     for other in (perm, split):
         np.testing.assert_allclose(other.means_, res.means_, atol=1e-10, rtol=0)
@@ -130,7 +130,7 @@ def test_shared_weights_equals_pooled_sklearn(ct):
 @pytest.mark.parametrize("ct", COV_TYPES)
 def test_loglik_never_decreases(ct):
     data, _ = gmm_federation(n_clients=8, n_components=3, d=2, min_separation=None, spread=2.0, seed=1)
-    res = FederatedGaussianMixture(3, covariance_type=ct, max_rounds=40, tol=0, n_init=2).fit(data, seed=1)
+    res = FederatedGaussianMixture(3, covariance_type=ct, rounds=40, tol=0, n_init=2).fit(data, seed=1)
     ll = res.loglik_trace()
     assert len(ll) == 40
     assert np.all(np.diff(ll) >= -1e-9 * np.abs(ll[:-1]))
@@ -156,7 +156,7 @@ def test_batched_equals_looped_client_steps():
 
 def test_recovery_and_private_weights():
     data, truth = gmm_federation(n_clients=20, n_components=3, d=4, alpha=0.4, min_separation=8.0, seed=11)
-    res = FederatedGaussianMixture(3, n_init=10, max_rounds=100).fit(data, seed=0)
+    res = FederatedGaussianMixture(3, n_init=10, rounds=100).fit(data, seed=0)
     order, err = _align(res.means_, truth["means"])
     assert err < 0.2
     W = np.stack([res.weights_[c][order] for c in data.clients])
@@ -242,11 +242,11 @@ def test_client_failures_are_reported(monkeypatch):
 
     monkeypatch.setattr(FedEMAlgorithm, "client_steps", flaky)
     with pytest.warns(RuntimeWarning, match="disk full"):
-        res = FederatedGaussianMixture(2, n_init=2, max_rounds=10, tol=0).fit(data, seed=0)
+        res = FederatedGaussianMixture(2, n_init=2, rounds=10, tol=0).fit(data, seed=0)
     assert bad in res.history[2].failed and all(not r.failed for i, r in enumerate(res.history) if i != 2)
     calls.update(n=0, fail=set(range(1, 100)))  # fails every round: the fit never saw its statistics
     with pytest.raises(RuntimeError, match="never answered.*disk full"):
-        FederatedGaussianMixture(2, n_init=2, max_rounds=10, tol=0).fit(data, seed=0)
+        FederatedGaussianMixture(2, n_init=2, rounds=10, tol=0).fit(data, seed=0)
 
     import fedstats.mixture._init as init
 
@@ -260,7 +260,7 @@ def test_client_failures_are_reported(monkeypatch):
 
 def test_bic_uses_the_final_parameters():
     data, _ = gmm_federation(n_clients=5, n_components=3, d=2, seed=2)
-    res = FederatedGaussianMixture(3, n_init=2, max_rounds=3, tol=0).fit(data, seed=0)
+    res = FederatedGaussianMixture(3, n_init=2, rounds=3, tol=0).fit(data, seed=0)
     exact = sum(res.score(data[c].X, c) * data.n_obs[c] for c in data.clients)
     assert res.loglik_ == pytest.approx(exact, rel=1e-12)
     p = 3 * 2 + 3 * 3 + 5 * 2
@@ -273,7 +273,7 @@ def test_one_feature_equals_sklearn():
     X = np.r_[rng.normal(0, 1, (60, 1)), rng.normal(5, 0.5, (40, 1))]
     m0 = np.array([[1.0], [4.0]])
     sk = _sklearn(X, 2, "full", 20, np.full(2, 0.5), m0, np.ones((2, 1, 1)))
-    res = FederatedGaussianMixture(2, max_rounds=20, tol=0, means_init=m0, covariances_init=np.ones((2, 1, 1)),
+    res = FederatedGaussianMixture(2, rounds=20, tol=0, means_init=m0, covariances_init=np.ones((2, 1, 1)),
                                    shared_weights=True).fit([X], seed=0)
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10)
@@ -289,7 +289,7 @@ def test_server_rule_guard_statistics_not_parameter_averaging():
         Xs.append(np.array([[0.0, 0.0], [6.0, 0.0]])[z] + rng.standard_normal((100, 2)))
     m0 = np.array([[1.0, 1.0], [4.0, -1.0]])
     cov0 = np.stack([np.eye(2)] * 2)
-    fed = FederatedGaussianMixture(2, max_rounds=1, tol=0, means_init=m0, covariances_init=cov0).fit(Xs, seed=0)
+    fed = FederatedGaussianMixture(2, rounds=1, tol=0, means_init=m0, covariances_init=cov0).fit(Xs, seed=0)
     ref_m, _, _ = _pooled_reference_em(Xs, m0, cov0, 1)
     np.testing.assert_allclose(fed.means_, ref_m, atol=1e-12)
     # what "averaging the clients' local M-steps with n_c/N" would give
@@ -331,7 +331,7 @@ def test_unseen_client_weights():
 def test_incremental_em_with_partial_participation():
     data, truth = gmm_federation(n_clients=10, n_components=3, d=2, min_separation=6.0, seed=6)
     m0 = truth["means"] + 0.7
-    kw = dict(max_rounds=300, tol=0, means_init=m0, covariances_init=np.stack([np.eye(2)] * 3))
+    kw = dict(rounds=300, tol=0, means_init=m0, covariances_init=np.stack([np.eye(2)] * 3))
     full = FederatedGaussianMixture(3, **kw).fit(data, seed=0)
     part = FederatedGaussianMixture(3, participation=0.2, **kw).fit(data, seed=0)
     assert all(len(r.answered) == 2 for r in part.history[1:])
@@ -344,7 +344,7 @@ def test_incremental_em_with_partial_participation():
     np.testing.assert_allclose(part.means_, full.means_, atol=1e-4)
     # client ids that numpy would turn into arrays (tuples) are sampled by index
     tup = FederatedData.from_arrays({(k, "site"): data[c].X for k, c in enumerate(data.clients)})
-    res = FederatedGaussianMixture(3, participation=0.3, **dict(kw, max_rounds=5)).fit(tup, seed=0)
+    res = FederatedGaussianMixture(3, participation=0.3, **dict(kw, rounds=5)).fit(tup, seed=0)
     assert all(len(r.answered) == 3 and all(isinstance(c, tuple) for c in r.answered) for r in res.history[1:])
 
 
@@ -358,7 +358,7 @@ def test_degenerate_data_and_empty_component():
     # a third component placed far away gets no mass: kept, flagged, warned about
     m0 = np.array([[5.0, 5.0], [0.0, 0.0], [1e3, 1e3]])
     with pytest.warns(RuntimeWarning, match="no mass"):
-        res = FederatedGaussianMixture(3, max_rounds=5, tol=0, means_init=m0,
+        res = FederatedGaussianMixture(3, rounds=5, tol=0, means_init=m0,
                                        covariances_init=np.stack([np.eye(2)] * 3)).fit(Xs, seed=0)
     np.testing.assert_array_equal(res.means_[2], m0[2])
     assert res.history[-1].metrics["empty_components"] == 1
@@ -384,10 +384,10 @@ def test_bad_input_is_refused():
         res.predict(np.zeros((3, 2)), "nobody")
     with pytest.raises(ValueError, match="client="):
         res.score(np.zeros((3, 2)))
-    with pytest.raises(ValueError, match="only apply to bayesian=True"):
-        FederatedGaussianMixture(2, mean_precision_prior=2.0).fit(Xs)
+    with pytest.raises(TypeError, match="mean_precision_prior"):  # the variational model's: its own class
+        FederatedGaussianMixture(2, mean_precision_prior=2.0)
     with pytest.raises(ValueError, match="vb_init"):
-        FederatedGaussianMixture(2, bayesian=True, vb_init={"means": np.zeros((2, 2))}).fit(Xs)
+        VariationalGaussianMixture(2, vb_init={"means": np.zeros((2, 2))}).fit(Xs)
     with pytest.raises(ValueError, match="fitted federation"):
         res.wald_intervals([Xs[0]])
     with pytest.raises(Exception, match="needs a target"):
@@ -449,7 +449,7 @@ def test_round_time_within_1_5x_of_sklearn_iteration():
         return time.perf_counter() - t0
 
     per_sk = min((sk(13) - sk(3)) / 10 for _ in range(3))
-    model = FederatedGaussianMixture(M, max_rounds=10, tol=0, means_init=m0, covariances_init=cov0)
+    model = FederatedGaussianMixture(M, rounds=10, tol=0, means_init=m0, covariances_init=cov0)
     model.fit(data)  # warm-up
     per_fed = min(np.median([r.seconds for r in model.fit(data).history]) for _ in range(3))
     print(f"FedEM round {per_fed:.4f} s, scikit-learn iteration {per_sk:.4f} s, ratio {per_fed / per_sk:.2f}")

@@ -149,7 +149,7 @@ def test_one_step_to_convergence_equals_batch_fedem():
     cov0 = np.stack([np.eye(2)] * 3)
     model = FEMOMD(3, covariance_type="full", means_init=m0, covariances_init=cov0, inner_rounds=300)
     model.partial_fit(batch)
-    fed = FederatedGaussianMixture(3, means_init=m0, covariances_init=cov0, max_rounds=300, tol=0).fit(batch)
+    fed = FederatedGaussianMixture(3, means_init=m0, covariances_init=cov0, rounds=300, tol=0).fit(batch)
     np.testing.assert_allclose(model.inner_means_, fed.means_, atol=1e-10)
     np.testing.assert_allclose(model.inner_covariances_, fed.covariances_, atol=1e-10)
 

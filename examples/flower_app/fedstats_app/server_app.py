@@ -18,7 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedstats import HierarchicalLinearModel
 from fedstats.federation.flower import FlowerSession
-from fedstats.mixture import FederatedGaussianMixture
+from fedstats.mixture import FederatedGaussianMixture, VariationalGaussianMixture
 
 app = ServerApp()
 
@@ -40,9 +40,9 @@ def settings(cfg) -> dict:
 def build(cfg):
     s = settings(cfg)
     if s["model"] in ("gmm", "gmm-bayes"):
-        return FederatedGaussianMixture(int(cfg["components"]), covariance_type=str(cfg["covariance-type"]),
-                                        max_rounds=s["max-rounds"], tol=s["tol"],
-                                        bayesian=s["model"] == "gmm-bayes")
+        cls = VariationalGaussianMixture if s["model"] == "gmm-bayes" else FederatedGaussianMixture
+        return cls(int(cfg["components"]), covariance_type=str(cfg["covariance-type"]), rounds=s["max-rounds"],
+                   tol=s["tol"])
     return HierarchicalLinearModel(rounds=s["max-rounds"], tol=s["tol"])
 
 

@@ -1,0 +1,164 @@
+"""The estimator conventions every fedstats model keeps (scikit-learn's, where they apply).
+
+* The constructor takes keyword parameters and stores each one as given, under its own name,
+  without validating or converting it; no ``**options``.
+* :meth:`Estimator.get_params` / :meth:`Estimator.set_params` read and change them,
+  :meth:`Estimator.clone` makes an unfitted copy, and the ``repr`` lists the parameters that
+  differ from their defaults.
+* Parameters are validated when ``fit`` starts, declaratively: each class lists its
+  constraints in ``_constraints`` (name -> :class:`Constraint`) and every violation gives the
+  same message, ``"<Model>: <name> must be <what>, got <value>"``.
+* ``rounds`` is the one name of a round budget, ``seed`` is an argument of ``fit`` (or of
+  ``partial_fit`` for online models), and ``fit`` takes a
+  :class:`~fedstats.data.FederatedData` or what converts to one.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+class Constraint:
+    """What a parameter may be: ``check(value)`` is true when it is allowed; ``what`` says it
+    in words for the error message."""
+
+    def __init__(self, check: Callable[[Any], bool], what: str):
+        self.check, self.what = check, what
+
+    def __or__(self, other: Constraint) -> Constraint:
+        return Constraint(lambda v: self.check(v) or other.check(v), f"{self.what} or {other.what}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (numbers.Integral, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (numbers.Real, np.floating, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _bound_text(low, high, closed):
+    lo = "" if low is None else f"{'>=' if closed[0] else '>'} {low:g}"
+    hi = "" if high is None else f"{'<=' if closed[1] else '<'} {high:g}"
+    return " and ".join(t for t in (lo, hi) if t)
+
+
+def Int(low=None, high=None) -> Constraint:
+    """An int in [low, high] (either bound may be None)."""
+    ok = lambda v: _is_int(v) and (low is None or v >= low) and (high is None or v <= high)  # noqa: E731
+    bounds = _bound_text(low, high, (True, True))
+    return Constraint(ok, "an int" + (f" {bounds}" if bounds else ""))
+
+
+def Real(low=None, high=None, closed=(True, True)) -> Constraint:
+    """A finite real number between ``low`` and ``high`` (bounds closed or open as given)."""
+    def ok(v):
+        if not _is_real(v) or not np.isfinite(v):
+            return False
+        if low is not None and (v < low if closed[0] else v <= low):
+            return False
+        return high is None or (v <= high if closed[1] else v < high)
+
+    bounds = _bound_text(low, high, closed)
+    return Constraint(ok, "a number" + (f" {bounds}" if bounds else ""))
+
+
+def OneOf(*values) -> Constraint:
+    return Constraint(lambda v: isinstance(v, str) and v in values or (not isinstance(v, str) and any(
+        v is x for x in values)), "one of " + ", ".join(repr(v) for v in values))
+
+
+BOOL = Constraint(lambda v: isinstance(v, (bool, np.bool_)), "True or False")
+NONE = Constraint(lambda v: v is None, "None")
+MAPPING = Constraint(lambda v: isinstance(v, Mapping), "a dict")
+
+
+def Pair(low_sd=0.0) -> Constraint:
+    """A (mean, sd) pair of a Normal prior: finite numbers, sd > ``low_sd``."""
+    def ok(v):
+        try:
+            m, s = v
+        except (TypeError, ValueError):
+            return False
+        return _is_real(m) and _is_real(s) and np.isfinite(m) and np.isfinite(s) and s > low_sd
+
+    return Constraint(ok, "a (mean, sd) pair of finite numbers with sd > 0")
+
+
+class Estimator:
+    """Base of fedstats's models: parameters as given, ``get_params``/``set_params``,
+    ``clone``, a generated ``repr`` and declarative validation (see the module docs)."""
+
+    _constraints: ClassVar[Mapping[str, Constraint]] = {}
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        sig = inspect.signature(cls.__init__)
+        names = []
+        for p in list(sig.parameters.values())[1:]:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TypeError(f"{cls.__name__}.__init__ takes *args or **kwargs: every parameter must be named")
+            names.append(p.name)
+        return names
+
+    @classmethod
+    def _defaults(cls) -> dict:
+        sig = inspect.signature(cls.__init__)
+        return {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
+
+    def get_params(self, deep: bool = False) -> dict:
+        """The constructor's parameters, as given (``deep`` is accepted for scikit-learn
+        compatibility; fedstats models hold no nested estimators)."""
+        return {n: getattr(self, n) for n in self._param_names()}
+
+    def set_params(self, **params) -> Estimator:
+        """Change parameters by name (validated when ``fit`` starts); returns the model."""
+        valid = self._param_names()
+        unknown = [k for k in params if k not in valid]
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no parameter(s) {unknown}; its parameters: {valid}")
+        for k, v in params.items():
+            setattr(self, k, v)
+        return self
+
+    def clone(self) -> Estimator:
+        """An unfitted copy with the same parameters (deep copies of them)."""
+        return type(self)(**copy.deepcopy(self.get_params()))
+
+    def _validate_params(self) -> None:
+        """Raise a ValueError for the first parameter that breaks its constraint."""
+        for name, c in self._constraints.items():
+            v = getattr(self, name)
+            if not c.check(v):
+                raise ValueError(f"{type(self).__name__}: {name} must be {c.what}, got {v!r}")
+
+    def __repr__(self) -> str:
+        defaults = self._defaults()
+        parts = []
+        for n, v in self.get_params().items():
+            if n in defaults and _same(v, defaults[n]):
+                continue
+            parts.append(f"{n}={_short(v)}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+def _same(a, b) -> bool:
+    try:
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return False
+        return type(a) is type(b) and bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _short(v) -> str:
+    if isinstance(v, np.ndarray):
+        return f"array(shape={v.shape})"
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."

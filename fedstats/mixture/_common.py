@@ -1,0 +1,142 @@
+"""What the federated Gaussian mixtures share: the estimator base (parameters, their checks,
+the federated start, client sampling) and small helpers. The three models are siblings, as
+scikit-learn keeps ``GaussianMixture`` and ``BayesianGaussianMixture``:
+
+* :class:`~fedstats.mixture.fedem.FederatedGaussianMixture` (FedEM, maximum likelihood);
+* :class:`~fedstats.mixture.bayes.VariationalGaussianMixture` (variational FedEM);
+* :class:`~fedstats.mixture.decentralized.DecentralizedGaussianMixture` (D-FedEM, gossip).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..data import DataError, FederatedData, as_federated
+from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
+from ._gmm import cov_shape, precision_cholesky
+
+__all__ = ["MixtureEstimator", "as_federated", "initial_weights", "check_failures", "without_lost", "norm",
+           "log_weights"]
+
+ARRAY = Constraint(lambda v: np.ndim(v) >= 1, "an array")
+WEIGHTS = Constraint(lambda v: isinstance(v, Mapping) or np.ndim(v) == 1, "an (M,) array or a dict client -> (M,)")
+
+
+def log_weights(p: np.ndarray) -> np.ndarray:
+    return np.log(np.maximum(p, 1e-300))
+
+
+def norm(w):
+    return w / w.sum()
+
+
+def initial_weights(weights_init, client, M) -> np.ndarray:
+    """A client's starting weights: uniform, the common (M,) vector, or its entry of a dict."""
+    if weights_init is None:
+        return np.full(M, 1.0 / M)
+    w = np.asarray(weights_init[client] if isinstance(weights_init, Mapping) else weights_init, dtype=float)
+    if w.shape != (M,) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+        raise ValueError(f"weights_init for client {client!r} must be {M} non-negative weights summing to 1")
+    return w
+
+
+def check_failures(history, seen, clients, what):
+    """Clients that failed: an error if one never contributed statistics, else a warning
+    (incremental EM used its last statistics in the rounds it missed)."""
+    failed = {c: why for rec in history for c, why in rec.failed.items()}
+    if not failed:
+        return
+    never = [c for c, s in zip(clients, seen) if not s]
+    c, why = next(iter(failed.items()))
+    if never:
+        raise RuntimeError(f"{what}: client(s) {never[:5]} never answered; client {c!r} failed with {why}")
+    warnings.warn(f"{what}: {len(failed)} client(s) failed in some round and counted with their last statistics; "
+                  f"client {c!r}: {why}", RuntimeWarning, stacklevel=3)
+
+
+def without_lost(data, lost, what):
+    """The data of the clients still there: a node that stopped answering (remote backends)
+    leaves its last statistics in the components, and its weights, which never left it, out
+    of the result."""
+    if not lost:
+        return data
+    c, why = next(iter(lost.items()))
+    warnings.warn(f"{what}: client(s) {list(lost)[:5]} were lost during the fit (client {c!r}: {why}); their last "
+                  "statistics stay in the components, their weights are not in the result", RuntimeWarning,
+                  stacklevel=4)
+    return data.subset([c for c in data.clients if c not in lost])
+
+
+class MixtureEstimator(Estimator):
+    """The parameters every federated mixture has, their checks and the federated start.
+
+    Subclasses declare their own parameters in their constructor and their constraints in
+    ``_constraints`` (merged with these)."""
+
+    _constraints = {
+        "n_components": Int(1),
+        "covariance_type": OneOf("full", "tied", "diag", "spherical"),
+        "reg_covar": Real(0),
+        "rounds": Int(1),
+        "n_init": Int(1),
+        "means_init": NONE | ARRAY,
+        "covariances_init": NONE | ARRAY,
+    }
+
+    def _check(self, data: FederatedData) -> None:
+        self._validate_params()
+        M, d = self.n_components, data.n_features
+        if data.n_total < M:
+            raise DataError(f"{data.n_total} rows in total, fewer than n_components={M}")
+        if self.means_init is not None and np.shape(self.means_init) != (M, d):
+            raise ValueError(f"means_init must have shape {(M, d)}, got {np.shape(self.means_init)}")
+        if self.covariances_init is not None:
+            want = cov_shape(self.covariance_type, M, d)
+            if np.shape(self.covariances_init) != want:
+                raise ValueError(f"covariances_init must have shape {want} for covariance_type="
+                                 f"{self.covariance_type!r}, got {np.shape(self.covariances_init)}")
+            precision_cholesky(np.asarray(self.covariances_init, float), self.covariance_type)
+        weights_init = getattr(self, "weights_init", None)
+        if isinstance(weights_init, Mapping):
+            missing = [c for c in data.clients if c not in weights_init]
+            if missing:
+                raise ValueError(f"weights_init has no weights for client(s) {missing[:5]}")
+
+    def _start(self, data, seed):
+        """Initial (means, covariances, bytes of the start): the federated k-means start, or
+        the given means (with the federated within-cluster covariance unless given)."""
+        from ._init import federated_kmeans_init, hard_covariances
+
+        M, ct = self.n_components, self.covariance_type
+        if self.means_init is None:
+            return federated_kmeans_init(data, M, ct, self.reg_covar, self.n_init, seed)
+        means = np.array(self.means_init, dtype=float)
+        if self.covariances_init is not None:
+            return means, np.array(self.covariances_init, dtype=float), {"bytes_up": 0, "bytes_down": 0}
+        cov, b = hard_covariances(data, means, ct, self.reg_covar, seed)
+        return means, cov, b
+
+    def _participation(self, clients):
+        p = self.participation
+        if p >= 1:
+            return 1.0
+        k = max(1, math.ceil(round(p * len(clients), 9)))
+
+        def choose(rnd, rng):
+            if rnd == 0:
+                return list(clients)
+            return [clients[i] for i in rng.choice(len(clients), size=k, replace=False)]
+
+        return choose
+
+
+# the parameters of the two client-server models (FedEM and variational FedEM)
+SERVER_CONSTRAINTS = {
+    "tol": NONE | Real(0),
+    "shared_weights": BOOL,
+    "participation": Real(0, 1, closed=(False, True)),
+}
