@@ -43,8 +43,15 @@ from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, 
 from ..results import counted, register
 
 
-_POSITIVE = Constraint(lambda v: np.all(np.isfinite(np.asarray(v, float))) and np.all(np.asarray(v, float) > 0),
-                       "positive numbers")
+def _positive(v) -> bool:
+    try:
+        a = np.asarray(v, dtype=float)
+    except (TypeError, ValueError):
+        return False
+    return bool(a.size and np.all(np.isfinite(a)) and np.all(a > 0))
+
+
+_POSITIVE = Constraint(_positive, "positive numbers")
 
 
 @register
@@ -95,8 +102,8 @@ class HierarchicalLinearModel(Estimator):
         "tau": OneOf("diag", "iso") | _POSITIVE,
         "sigma": NONE | MAPPING | _POSITIVE,
         "fit_intercept": BOOL, "prior_mu": Pair(), "prior_log_tau": Pair(), "prior_log_sigma": Pair(),
-        "estimator": OneOf("auto", "exact", "laplace", "importance", "nuts") | Constraint(
-            lambda v: not isinstance(v, str), "a TiltedEstimator"),
+        # a name is checked by make_estimator, which says which estimators exist and why one does not apply
+        "estimator": Constraint(lambda v: isinstance(v, str) or hasattr(v, "estimate"), "a name or a TiltedEstimator"),
         "estimator_options": NONE | MAPPING, "damping": NONE | Real(0, 1, closed=(False, True)),
         "rounds": Int(1), "tol": Real(0), "participation": Real(0, 1, closed=(False, True)) | Int(1) | Constraint(callable, "a callable"), "standardize": BOOL,
     }

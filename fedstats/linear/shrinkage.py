@@ -126,8 +126,8 @@ class BayesianShrinkage(Estimator):
     _constraints = {
         "penalty": OneOf("lasso", "ridge"), "scale": OneOf("sd", "variance"), "noise": OneOf("shared", "device"),
         "fit_intercept": BOOL, "intercept_sd": Real(0, closed=(False, True)), "prior_log_lambda": Pair(),
-        "prior_log_sigma2": Pair(), "estimator": OneOf("auto", "gibbs", "importance", "laplace", "nuts", "exact")
-        | Constraint(lambda v: not isinstance(v, str), "a TiltedEstimator"),
+        "prior_log_sigma2": Pair(),
+        "estimator": Constraint(lambda v: isinstance(v, str) or hasattr(v, "estimate"), "a name or a TiltedEstimator"),
         "estimator_options": NONE | MAPPING, "damping": Real(0, 1, closed=(False, True)), "rounds": Int(1),
         "tol": Real(0), "participation": Real(0, 1, closed=(False, True)) | Int(1) | Constraint(callable, "a callable"), "standardize": BOOL,
     }

@@ -339,4 +339,4 @@ def test_session_options_are_checked():
     with pytest.raises(TypeError, match="trust"):
         FlowerSession(trust="fedstats")
     with pytest.raises(ValueError, match="backend must be"):
-        FederatedGaussianMixture(2).fit(toy_data(), backend="spark")
+        FederatedGaussianMixture(2).fit(FederatedData.from_arrays([np.zeros((3, 2))] * 2), backend="spark")

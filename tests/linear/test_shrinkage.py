@@ -127,10 +127,10 @@ def test_bad_input_is_reported():
         BayesianRidge(rounds=2).fit(FederatedData.from_arrays(few, [ys[0], ys[1][:2]], min_rows=1), progress=False)
     with pytest.raises(ValueError, match="not reliable for the lasso"):
         BayesianLasso(estimator="importance").fit(FederatedData.from_arrays(Xs, ys), progress=False)
-    with pytest.raises(ValueError, match="penalty"):
-        BayesianShrinkage("elastic")
-    with pytest.raises(ValueError, match="noise"):
-        BayesianLasso(noise="none")
+    with pytest.raises(ValueError, match="BayesianShrinkage: penalty must be one of 'lasso', 'ridge'"):
+        BayesianShrinkage("elastic").fit(FederatedData.from_arrays(Xs, ys), progress=False)
+    with pytest.raises(ValueError, match="BayesianLasso: noise must be"):
+        BayesianLasso(noise="none").fit(FederatedData.from_arrays(Xs, ys), progress=False)
 
 
 @pytest.mark.slow
