@@ -55,17 +55,74 @@ class CLIError(Exception):
     """An input problem reported as one line, without a traceback."""
 
 
-def _read_csv(path: str) -> pd.DataFrame:
+def _read_csv(path: str, decimal: str = ".") -> pd.DataFrame:
     p = Path(path)
     if not p.is_file():
         raise CLIError(f"file not found: {path}")
     try:
-        df = pd.read_csv(p, sep=None, engine="python")
+        # decimal commas go with semicolon-separated files (the convention where "1,5" is 1.5)
+        df = pd.read_csv(p, sep=None if decimal == "." else ";", engine="python", decimal=decimal)
     except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
         raise CLIError(f"cannot read {path} as CSV: {exc}") from None
     if df.empty:
         raise CLIError(f"{path} has no rows")
     return df
+
+
+_DECIMAL_COMMA = r"^\s*[-+]?\d+,\d+(?:[eE][-+]?\d+)?\s*$"
+
+
+def _check_columns(df: pd.DataFrame, features: list[str], target: str | None, by: str, path: str) -> None:
+    """Refuse what would be fitted as silent nonsense, and warn about what may be: numbers
+    written with decimal commas, text with so many levels that one-hot encoding would fit one
+    coefficient per few rows, values too large to square in float64; duplicated columns and
+    columns that are linearly dependent at every client. (Missing columns and values are
+    reported by :func:`_data_from`.)"""
+    cols = [*features, *([target] if target else [])]
+    if by not in df.columns or any(c not in df.columns for c in cols):
+        return
+    n = len(df)
+    for c in cols:
+        v = df[c]
+        if v.dtype == object or isinstance(v.dtype, pd.StringDtype):
+            text = v.dropna().astype(str)
+            if len(text) and text.str.match(_DECIMAL_COMMA).mean() >= 0.5:
+                raise CLIError(f"{path}: column {c!r} holds numbers written with a decimal comma (e.g. "
+                               f"{text[text.str.match(_DECIMAL_COMMA)].iloc[0]!r}): pass --decimal ,")
+            if len(text) and pd.to_numeric(text, errors="coerce").notna().mean() >= 0.5:
+                bad = text[pd.to_numeric(text, errors="coerce").isna()].iloc[0]
+                raise CLIError(f"{path}: column {c!r} is mostly numbers but holds text such as {bad!r}: fix or "
+                               "remove those values (missing values must be empty)")
+            levels = text.nunique()
+            if levels > 20 and levels > n / 5:
+                raise CLIError(f"{path}: column {c!r} is text with {levels} distinct values in {n} rows; one-hot "
+                               f"encoding it would fit {levels - 1} coefficients: drop it (--features) or encode it")
+        elif pd.api.types.is_numeric_dtype(v) and not pd.api.types.is_bool_dtype(v):
+            big = np.abs(v.to_numpy(dtype=float))
+            if np.any(np.isfinite(big) & (big > 1e150)):
+                raise CLIError(f"{path}: column {c!r} has a value ({v.iloc[int(np.nanargmax(big))]:g}) too large to "
+                               "square in float64: rescale it or check for a sentinel value")
+    numeric = [c for c in features if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
+    for i, a in enumerate(numeric):
+        for b in numeric[i + 1:]:
+            if df[a].equals(df[b]):
+                print(f"warning: columns {a!r} and {b!r} are identical (a duplicated column?): their coefficients "
+                      "cannot be told apart", file=sys.stderr)
+    if len(numeric) > 1:
+        dependent = True
+        for _, g in df.groupby(by, sort=False):
+            X = g[numeric].to_numpy(dtype=float)
+            if not np.all(np.isfinite(X)):
+                dependent = False
+                break
+            X = X - X.mean(axis=0)
+            if len(g) <= len(numeric) or np.linalg.matrix_rank(X) == len(numeric):
+                dependent = False
+                break
+        if dependent:
+            print(f"warning: the predictors {numeric} are linearly dependent at every client: their coefficients "
+                  "are not identified by the data (the prior decides how an effect is split between them)",
+                  file=sys.stderr)
 
 
 def _data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: str):
@@ -191,11 +248,12 @@ def _fit(args) -> dict:
         raise CLIError("--uncertainty (Wald intervals) and --bayesian (credible intervals) exclude each other")
     if (args.kernel != "rbf" or args.ard) and args.model != "fgpr":
         raise CLIError("--kernel and --ard apply to --model fgpr only")
-    df = _read_csv(args.data)
+    df = _read_csv(args.data, args.decimal)
+    _check_columns(df, data_columns(df, args), args.target, args.by, args.data)
     data = _data_from(df, args.by, args.target, args.features, path=args.data)
     test = None
     if args.predict:
-        tdf = _read_csv(args.predict)
+        tdf = _read_csv(args.predict, args.decimal)
         cols = [args.by, *data_columns(df, args)]
         missing = [c for c in cols if c not in tdf.columns]
         if missing:
@@ -571,6 +629,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "standardised scale)")
     f.add_argument("--no-intercept", dest="intercept", action="store_false",
                    help="hm2, lasso, ridge, hm1: no intercept (default: one per client)")
+    f.add_argument("--decimal", default=".", choices=(".", ","),
+                   help="decimal separator of the CSVs (',' reads semicolon-separated files with decimal commas)")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     f.add_argument("--progress", action="store_true",

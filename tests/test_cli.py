@@ -387,3 +387,40 @@ def test_natural_units_standardise_by_default_and_the_options_opt_out(tmp_path, 
     assert main(["fit", str(p), "--by", "firm", "--features", "value", "--model", "gmm", "--components", "2",
                  "--no-standardize"]) == 2
     assert "--no-standardize applies to --model hm2, lasso and ridge only" in capsys.readouterr().err
+
+
+def test_csv_defects_are_refused_or_read_correctly(tmp_path, capsys):
+    """Semicolons with decimal commas, duplicated columns, many-level text and overflowing
+    values: refused with a message naming the column, read correctly, or warned about;
+    never one-hot encoded or fitted silently."""
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({"site": np.repeat(["A", "B", "C"], 15), "x": rng.normal(size=45).round(3)})
+    df["y"] = (1 + 2 * df["x"] + 0.1 * rng.normal(size=45)).round(3)
+    p = tmp_path / "comma.csv"
+    df.to_csv(p, sep=";", decimal=",", index=False)
+    base = ["fit", str(p), "--by", "site", "--target", "y", "--quiet", "--rounds", "3"]
+    assert main(base) == 2
+    assert "column 'x' holds numbers written with a decimal comma (e.g. " in capsys.readouterr().err
+    out = tmp_path / "o.json"
+    assert main([*base, "--decimal", ",", "--output", str(out)]) == 0
+    j = json.loads(out.read_text())
+    assert [r["name"] for r in j["client"]["A"]] == ["intercept", "x"]  # numeric, not x[2,5] categories
+    assert abs(j["client"]["A"][1]["mean"] - 2) < 0.3
+
+    dup = df.assign(x2=df["x"])
+    dup.to_csv(p, index=False)
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--quiet", "--rounds", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "columns 'x' and 'x2' are identical" in err and "linearly dependent at every client" in err
+
+    ids = df.assign(code=[f"id{i}" for i in range(45)])
+    ids.to_csv(p, index=False)
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--quiet"]) == 2
+    assert "column 'code' is text with 45 distinct values in 45 rows" in capsys.readouterr().err
+
+    big = df.copy()
+    big.loc[7, "x"] = 1e308
+    big.to_csv(p, index=False)
+    for model in ("hm2", "hm1", "fgpr"):
+        assert main(["fit", str(p), "--by", "site", "--target", "y", "--quiet", "--model", model]) == 2
+        assert "column 'x' has a value (1e+308) too large" in capsys.readouterr().err
