@@ -29,7 +29,8 @@ The contract every result keeps (:class:`FederatedResult`):
   pred_upper`` first (credible band of the mean response, predictive band of a new
   observation), NaN where the model has no distribution. ``client=None`` asks for a client
   that took no part in the fit: models with a population (HM2, the lasso and ridge) predict
-  from it, FGPR from the new client's own ``data=``, the others refuse. A client name the
+  from it, FedAvg and distributed ridge from their shared model, FGPR from the new client's
+  own ``data=``, the others (HM1, Separate, Ditto) refuse. A client name the
   fit has not seen is always refused (:class:`UnknownClientError`, a ``KeyError``), never
   silently predicted from the population. ``frame.attrs["predicted_for"]`` says which
   (``"client"`` or ``"new client"``). Mixtures keep scikit-learn's meaning instead:
