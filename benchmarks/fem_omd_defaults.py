@@ -72,12 +72,12 @@ DEFAULT = "adaptive, floor min(eta,1)/(t+1)"  # FEMOMD(m): eta="adaptive", weigh
 OLD = "theory-T, floor 1e-3"  # notebook 06's options: the reference of part 2
 
 
-def _model(name, means_init, T, seed):
+def _model(name, means_init, T):
     kw = dict(OPTIONS[name])
     kw["horizon"] = T if kw["horizon"] == "T" else None
     if kw.get("weight_floor") == "1/(T+1)":
         kw["weight_floor"] = 1.0 / (T + 1)
-    return FEMOMD(M, means_init=means_init, seed=seed, **kw)
+    return FEMOMD(M, means_init=means_init, **kw)
 
 
 def start_near_truth(stream, seed=5):
@@ -94,8 +94,8 @@ def run_job(job):
     stream = MixtureStream(n_clients=C, n=job["n"], d=D, n_components=M, process=job["process"],
                            seed=job["seed"])
     start = stream.means + job["shift"] if job["shift"] != "sep/16" else start_near_truth(stream)
-    learners = {name: _model(name, start, job["T"], job["seed"]) for name in job["options"]}
-    curves, _ = simulate(stream, learners, job["T"], progress=False)
+    learners = {name: _model(name, start, job["T"]) for name in job["options"]}
+    curves, _ = simulate(stream, learners, job["T"], progress=False, seed=job["seed"])
     rows = []
     for name, model in learners.items():
         c = curves[curves.learner == name]

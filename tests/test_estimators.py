@@ -14,7 +14,8 @@ from fedstats.estimator import Estimator
 from fedstats.gp import FGPR
 from fedstats.linear import BayesianLasso, BayesianRidge, BayesianShrinkage, StructuralCovarianceModel
 from fedstats.linear.baselines import Ditto, DistributedRidge, FedAvg, PooledOracle, Separate
-from fedstats.mixture import DecentralizedGaussianMixture, FederatedGaussianMixture, VariationalGaussianMixture
+from fedstats.mixture import (FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture,
+                              VariationalGaussianMixture)
 
 MODELS = {
     "hm2": lambda: HierarchicalLinearModel(rounds=3, tau="iso"),
@@ -31,6 +32,7 @@ MODELS = {
     "fedem": lambda: FederatedGaussianMixture(2, rounds=5, n_init=2),
     "vb-fedem": lambda: VariationalGaussianMixture(2, rounds=5, n_init=2),
     "d-fedem": lambda: DecentralizedGaussianMixture(2, rounds=5, n_init=2, graph="ring"),
+    "fem-omd": lambda: FEMOMD(3, horizon=10, eta=None),  # online: partial_fit(batch, seed=...)
 }
 # (parameter, bad value) declared in each model's constraints
 BAD = {"hm2": ("rounds", 0), "shrinkage": ("penalty", "elastic"), "lasso": ("damping", 1.5), "ridge": ("tol", -1),

@@ -72,6 +72,7 @@ from ..federation.oneshot import raise_failures
 from ._common import as_federated
 from ._common import log_weights as _log_weights
 from .fedem import GaussianMixtureResult, _Stack
+from ..estimator import Estimator
 from ..results import load_result, register, save_result
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
@@ -339,7 +340,7 @@ class FEMOMDStep(FederatedAlgorithm):
             eta = adaptive_eta(gsq, self.M)[:, None]
         new_w = None if self.m.shared_weights else _log_weights(eg_update(
             np.exp(played), G, eta, floor_at(self.t, eta, self.m.weight_floor)))
-        lam, a0 = self.m.discount, self.m.concentration_prior
+        lam, a0 = self.m.discount, self.m._alpha0
         for i, s in enumerate(states):
             s = dict(s)
             if self.m.shared_weights:
@@ -381,7 +382,7 @@ class FEMOMDStep(FederatedAlgorithm):
 
 # ------------------------------------------------------------------ the model
 @register
-class FEMOMD:
+class FEMOMD(Estimator):
     """Online federated Gaussian mixture: FEM-OMD (thesis Algorithm 15, spec §2.7).
 
     Parameters
@@ -438,8 +439,10 @@ class FEMOMD:
         clients' gradients (weighted by batch size) and makes the mirror-descent step.
     reg_covar : float, default 1e-6
         For learned covariances.
-    seed : int, default 0
-        All randomness of step ``t`` derives from ``(seed, t)``.
+
+    The parameters are stored as given and checked at the first ``partial_fit`` (or
+    ``played``); the seed is an argument of :meth:`partial_fit`: all randomness of step ``t``
+    derives from ``(seed, t)``.
 
     Notes
     -----
@@ -486,68 +489,76 @@ class FEMOMD:
     def __init__(self, n_components, *, covariance_type="identity", inner_rounds=5, eta="adaptive", horizon=None,
                  weight_floor="auto", sample_splitting=False, inner_init="uniform", grad_source="model", n_mc=None,
                  discount=0.9, concentration_prior=None, means_init=None, covariances_init=None, pooling="federated",
-                 shared_weights=False, reg_covar=1e-6, seed=0):
-        if means_init is not None:
-            mi = np.asarray(means_init, float)
-            if mi.ndim != 2 or mi.shape[0] != n_components or not np.all(np.isfinite(mi)):
-                raise ValueError(f"means_init must be a finite ({n_components}, d) array, got shape {mi.shape}")
-        if covariances_init is not None and covariance_type == "identity":
-            raise ValueError("covariances_init does not apply to covariance_type='identity' (unit covariances)")
-        if n_mc is not None and grad_source == "empirical":
-            raise ValueError("n_mc does not apply to grad_source='empirical' (the batch is the sample)")
-        if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) or n_components < 1:
-            raise ValueError(f"n_components must be an int >= 1, got {n_components!r}")
-        if covariance_type not in COV_TYPES_ONLINE:
-            raise ValueError(f"covariance_type must be one of {COV_TYPES_ONLINE}, got {covariance_type!r}")
-        if covariance_type != "identity":
-            check_cov_type(covariance_type)
-        for name, v in (("inner_rounds", inner_rounds),) + ((("horizon", horizon),) if horizon is not None else ()) + (
-                (("n_mc", n_mc),) if n_mc is not None else ()):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if isinstance(eta, str):
-            if eta != "adaptive":
-                raise ValueError(f"eta must be 'adaptive', None or a number > 0, got {eta!r}")
-        elif eta is not None and (isinstance(eta, bool) or not isinstance(eta, numbers.Real)
-                                  or not (math.isfinite(eta) and eta > 0)):
-            raise ValueError(f"eta must be a number > 0, got {eta!r}")
-        if isinstance(weight_floor, str):
-            if weight_floor != "auto":
-                raise ValueError(f"weight_floor must be 'auto' or lie in [0, 1), got {weight_floor!r}")
-        elif not 0 <= weight_floor < 1:
-            raise ValueError(f"weight_floor must lie in [0, 1), got {weight_floor!r}")
-        if not 0 < discount <= 1:
-            raise ValueError(f"discount must lie in (0, 1], got {discount!r}")
-        if concentration_prior is None:
-            concentration_prior = 1.0 / n_components
-        if not concentration_prior > 0:
-            raise ValueError(f"concentration_prior must be > 0, got {concentration_prior!r}")
-        for name, v, ok in (("inner_init", inner_init, ("uniform", "played")),
-                            ("grad_source", grad_source, ("model", "empirical")),
-                            ("pooling", pooling, ("federated", "local"))):
-            if v not in ok:
-                raise ValueError(f"{name} must be one of {ok}, got {v!r}")
-        if pooling == "local" and shared_weights:
-            raise ValueError("pooling='local' with shared_weights=True is not a model (local components, global weights)")
-        self.n_components = int(n_components)
+                 shared_weights=False, reg_covar=1e-6):
+        self.n_components = n_components
         self.covariance_type = covariance_type
-        self.inner_rounds = int(inner_rounds)
+        self.inner_rounds = inner_rounds
         self.eta = eta
         self.horizon = horizon
-        self.weight_floor = weight_floor if isinstance(weight_floor, str) else float(weight_floor)
-        self.sample_splitting = bool(sample_splitting)
+        self.weight_floor = weight_floor
+        self.sample_splitting = sample_splitting
         self.inner_init = inner_init
         self.grad_source = grad_source
         self.n_mc = n_mc
-        self.discount = float(discount)
-        self.concentration_prior = float(concentration_prior)
+        self.discount = discount
+        self.concentration_prior = concentration_prior
         self.means_init = means_init
         self.covariances_init = covariances_init
-        self._init = "given" if means_init is not None else "kmeans"
         self.pooling = pooling
-        self.shared_weights = bool(shared_weights)
-        self.reg_covar = float(reg_covar)
-        self.seed = int(seed)
+        self.shared_weights = shared_weights
+        self.reg_covar = reg_covar
+        self._reset()
+
+    @property
+    def _alpha0(self) -> float:
+        """The Dirichlet prior's concentration (``1/m`` by default)."""
+        return 1.0 / self.n_components if self.concentration_prior is None else self.concentration_prior
+
+    def _validate(self) -> None:
+        """Check the parameters (when a step or ``played`` first needs them; they are stored as given)."""
+        if self.means_init is not None:
+            mi = np.asarray(self.means_init, float)
+            if mi.ndim != 2 or mi.shape[0] != self.n_components or not np.all(np.isfinite(mi)):
+                raise ValueError(f"means_init must be a finite ({self.n_components}, d) array, got shape {mi.shape}")
+        if self.covariances_init is not None and self.covariance_type == "identity":
+            raise ValueError("covariances_init does not apply to covariance_type='identity' (unit covariances)")
+        if self.n_mc is not None and self.grad_source == "empirical":
+            raise ValueError("n_mc does not apply to grad_source='empirical' (the batch is the sample)")
+        if isinstance(self.n_components, bool) or not isinstance(self.n_components, (int, np.integer)) or self.n_components < 1:
+            raise ValueError(f"n_components must be an int >= 1, got {self.n_components!r}")
+        if self.covariance_type not in COV_TYPES_ONLINE:
+            raise ValueError(f"covariance_type must be one of {COV_TYPES_ONLINE}, got {self.covariance_type!r}")
+        if self.covariance_type != "identity":
+            check_cov_type(self.covariance_type)
+        for name, v in (("inner_rounds", self.inner_rounds),) + ((("horizon", self.horizon),) if self.horizon is not None else ()) + (
+                (("n_mc", self.n_mc),) if self.n_mc is not None else ()):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if isinstance(self.eta, str):
+            if self.eta != "adaptive":
+                raise ValueError(f"eta must be 'adaptive', None or a number > 0, got {self.eta!r}")
+        elif self.eta is not None and (isinstance(self.eta, bool) or not isinstance(self.eta, numbers.Real)
+                                  or not (math.isfinite(self.eta) and self.eta > 0)):
+            raise ValueError(f"eta must be a number > 0, got {self.eta!r}")
+        if isinstance(self.weight_floor, str):
+            if self.weight_floor != "auto":
+                raise ValueError(f"weight_floor must be 'auto' or lie in [0, 1), got {self.weight_floor!r}")
+        elif not 0 <= self.weight_floor < 1:
+            raise ValueError(f"weight_floor must lie in [0, 1), got {self.weight_floor!r}")
+        if not 0 < self.discount <= 1:
+            raise ValueError(f"discount must lie in (0, 1], got {self.discount!r}")
+        if not self._alpha0 > 0:
+            raise ValueError(f"concentration_prior must be > 0, got {self.concentration_prior!r}")
+        for name, v, ok in (("inner_init", self.inner_init, ("uniform", "played")),
+                            ("grad_source", self.grad_source, ("model", "empirical")),
+                            ("pooling", self.pooling, ("federated", "local"))):
+            if v not in ok:
+                raise ValueError(f"{name} must be one of {ok}, got {v!r}")
+        if self.pooling == "local" and self.shared_weights:
+            raise ValueError("pooling='local' with shared_weights=True is not a model (local components, global weights)")
+
+    def _reset(self) -> None:
+        self._init = "given" if self.means_init is not None else "kmeans"
         self.t_ = 0
         self.history = []
         self.communication = None  # every exchange of every step so far (starts included)
@@ -564,10 +575,10 @@ class FEMOMD:
     def _new_client_state(self):
         M = self.n_components
         return {"log_pi": np.full(M, -math.log(M)), "log_pi_tilde": np.full(M, -math.log(M)),
-                "alpha": np.full(M, self.concentration_prior), "last_gradient": np.zeros(M), "grad_sq": 0.0,
+                "alpha": np.full(M, self._alpha0), "last_gradient": np.zeros(M), "grad_sq": 0.0,
                 "n": 0}
 
-    def _start(self, data):
+    def _start(self, data, seed):
         M, d = self.n_components, data.n_features
         self.n_features_, self.feature_names = d, list(data.feature_names)
         if self.means_init is not None:
@@ -577,7 +588,7 @@ class FEMOMD:
         else:
             from ._init import federated_kmeans_init
 
-            means, _, _ = federated_kmeans_init(data, M, self._ct, self.reg_covar, 10, self.seed)
+            means, _, _ = federated_kmeans_init(data, M, self._ct, self.reg_covar, 10, seed)
         if self.covariance_type == "identity":
             cov = np.ones(M)
         elif self.covariances_init is not None:
@@ -615,18 +626,21 @@ class FEMOMD:
         st["index"] = idx
 
     @accepts_backend
-    def partial_fit(self, data, *, progress: bool | None = False) -> FEMOMD:
+    def partial_fit(self, data, *, seed: int = 0, progress: bool | None = False) -> FEMOMD:
         """Run one time step on the clients' new batches (FederatedData, dict or list of
-        arrays; the clients present take part, the others keep their weights)."""
+        arrays; the clients present take part, the others keep their weights). Step ``t``'s
+        randomness (the k-means start at the first step, Monte-Carlo gradients, minibatch
+        splits) comes from ``seed`` and ``t``: pass the same ``seed`` at every step of a stream."""
+        self._validate()
         data = as_federated(data)
         with counting() as ledger:
-            self._step(data, progress)
+            self._step(data, progress, int(seed))
         self.communication = Communication.combine([self.communication, ledger.communication()])
         return self
 
-    def _step(self, data, progress) -> None:
+    def _step(self, data, progress, seed: int) -> None:
         if self._server is None:
-            self._start(data)
+            self._start(data, seed)
         elif data.n_features != self.n_features_:
             raise DataError(f"the model has {self.n_features_} features, the batch {data.n_features}")
         if self.sample_splitting:
@@ -644,8 +658,8 @@ class FEMOMD:
         eta = None if adaptive else step_size(t, self.n_components, self.eta, self.horizon)
         algo = FEMOMDStep(self, self._server, self._clients, eta, t)
         t0 = time.perf_counter()
-        seed = int(np.random.SeedSequence([self.seed, t]).generate_state(1)[0])
-        res = run(algo, data, kind="FEM-OMD step", rounds=self.inner_rounds + 1, seed=seed, progress=progress)
+        step_seed = int(np.random.SeedSequence([seed, t]).generate_state(1)[0])
+        res = run(algo, data, kind="FEM-OMD step", rounds=self.inner_rounds + 1, seed=step_seed, progress=progress)
         raise_failures(res.history, f"FEM-OMD step {t}")
         st = res.server_state
         self.inner_means_ = st["tilde_means"]  # this step's federated EM estimate
@@ -703,6 +717,7 @@ class FEMOMD:
         (uniform weights for a client not seen yet; before the first step, ``means_init``)."""
         M = self.n_components
         if self._server is None:
+            self._validate()
             if self.means_init is None:
                 raise RuntimeError("without means_init nothing can be played before the first batch (the k-means "
                                    "start needs data): give means_init, or partial_fit a warm-up batch first")
@@ -786,6 +801,3 @@ class FEMOMD:
         time, bytes."""
         return pd.DataFrame(self.history)
 
-    def __repr__(self):
-        return (f"FEMOMD(m={self.n_components}, covariance_type={self.covariance_type!r}, K={self.inner_rounds}, "
-                f"pooling={self.pooling!r}, shared_weights={self.shared_weights}, steps={self.t_})")

@@ -248,9 +248,10 @@ def growth(curve: pd.DataFrame) -> dict:
 
 
 def simulate(stream: MixtureStream, learners: Mapping, T: int, *, n_eval: int = 100, grid_points: int = 16,
-             progress: bool | None = None):
+             progress: bool | None = None, seed: int = 0):
     """Run ``learners`` (name -> an object with ``played(client)`` and ``partial_fit(batch)``,
-    e.g. :class:`~fedstats.mixture.FEMOMD`) on the same stream for ``T`` steps.
+    e.g. :class:`~fedstats.mixture.FEMOMD`) on the same stream for ``T`` steps; learners whose
+    ``partial_fit`` takes a ``seed`` get ``seed`` at every step.
 
     At every step each learner first plays, the evaluator charges the loss on a fresh
     evaluation sample, then the learner receives the batch. Returns ``(curves, tracker)``:
@@ -259,8 +260,11 @@ def simulate(stream: MixtureStream, learners: Mapping, T: int, *, n_eval: int = 
     """
     from tqdm import tqdm
 
+    import inspect
+
     tracker = RegretTracker(stream.means, n_eval=n_eval)
     names = list(learners)
+    takes_seed = ["seed" in inspect.signature(L.partial_fit).parameters for L in learners.values()]
     for t in tqdm(range(1, T + 1), disable=progress is False or (progress is None and not _tty()), desc="steps"):
         played_w = None
         if stream.process == "adversarial":
@@ -269,8 +273,8 @@ def simulate(stream: MixtureStream, learners: Mapping, T: int, *, n_eval: int = 
         evals = stream.evaluation(t, n_eval, played_w)
         tracker.record(evals, {name: (lambda c, L=L: _played(L, c)) for name, L in learners.items()})
         batch = stream.batch(t, played_w)
-        for L in learners.values():
-            L.partial_fit(batch)
+        for L, seeded in zip(learners.values(), takes_seed):
+            L.partial_fit(batch, seed=seed) if seeded else L.partial_fit(batch)
     grid = tracker.grid(grid_points)
     curves = pd.concat([tracker.curve(name, grid).assign(learner=name) for name in names], ignore_index=True)
     return curves, tracker

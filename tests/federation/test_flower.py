@@ -155,11 +155,11 @@ def test_variational_fedem_wald_d_fedem_and_fem_omd_equal_inprocess(session):
     a, b = dfe.fit(data, seed=1), dfe.fit(data, seed=1, backend=session)
     same_history(a.history, b.history)
 
-    online_a, online_b = FEMOMD(2, inner_rounds=3, seed=4), FEMOMD(2, inner_rounds=3, seed=4)
+    online_a, online_b = FEMOMD(2, inner_rounds=3), FEMOMD(2, inner_rounds=3)
     halves = [data.train_test_split(0.5, seed=s) for s in range(2)]
     for batch in [h[k] for h in halves for k in range(2)]:  # four time steps
-        online_a.partial_fit(batch)
-        online_b.partial_fit(batch, backend=session)
+        online_a.partial_fit(batch, seed=4)
+        online_b.partial_fit(batch, seed=4, backend=session)
     close(online_a.means_, online_b.means_)
     for c in data.clients:
         close(online_a.weights_[c], online_b.weights_[c])

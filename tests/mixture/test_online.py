@@ -217,11 +217,11 @@ def test_stream_processes():
 def _run(n, C, process="fixed", T=120, seed=1, baselines=False, d=5, m=3):
     stream = MixtureStream(n_clients=C, n=n, d=d, n_components=m, process=process, seed=seed)
     kw = dict(means_init=_start(stream), horizon=T, eta=None, weight_floor=1e-3)  # notebook 06's options
-    learners = {"fem-omd": FEMOMD(m, seed=seed, **kw)}
+    learners = {"fem-omd": FEMOMD(m, **kw)}
     if baselines:
-        learners["local"] = FEMOMD(m, pooling="local", seed=seed, **kw)
-        learners["global"] = FEMOMD(m, shared_weights=True, seed=seed, **kw)
-    curves, _ = simulate(stream, learners, T, n_eval=100)
+        learners["local"] = FEMOMD(m, pooling="local", **kw)
+        learners["global"] = FEMOMD(m, shared_weights=True, **kw)
+    curves, _ = simulate(stream, learners, T, n_eval=100, seed=seed)
     return {name: growth(curves[curves.learner == name]) for name in learners}
 
 
@@ -238,8 +238,8 @@ def test_regret_claims_quick():
 
 def _regret_first_clients(C, k=5, T=100, seed=1, n_eval=100):
     s = MixtureStream(n_clients=C, n=1, d=10, n_components=5, process="fixed", seed=seed)
-    _, tr = simulate(s, {"f": FEMOMD(5, means_init=_start(s), horizon=T, eta=None, weight_floor=1e-3, seed=seed)}, T,
-                     n_eval=n_eval)
+    _, tr = simulate(s, {"f": FEMOMD(5, means_init=_start(s), horizon=T, eta=None, weight_floor=1e-3)}, T,
+                     n_eval=n_eval, seed=seed)
     return growth(tr.curve("f", tr.grid(16), clients=range(k)))["regret_T"]
 
 
@@ -291,27 +291,29 @@ def test_discounted_dirichlet_intervals():
 
 
 def test_bad_input_and_options():
+    batch = MixtureStream(n_clients=3, n=10, d=5, n_components=3, process="fixed", seed=0).batch(1)
+    FEMOMD(3, eta=0)  # stored as given: checked when a step needs the parameters
     with pytest.raises(ValueError, match="eta"):
-        FEMOMD(3, eta=0)
+        FEMOMD(3, eta=0).partial_fit(batch)
     with pytest.raises(ValueError, match="pooling"):
-        FEMOMD(3, pooling="nope")
+        FEMOMD(3, pooling="nope").partial_fit(batch)
     with pytest.raises(ValueError, match="weight_floor"):
-        FEMOMD(3, weight_floor=1.0)
+        FEMOMD(3, weight_floor=1.0).partial_fit(batch)
     with pytest.raises(ValueError, match="weight_floor"):
-        FEMOMD(3, weight_floor="fixed-share")
+        FEMOMD(3, weight_floor="fixed-share").partial_fit(batch)
     with pytest.raises(ValueError, match="eta"):
-        FEMOMD(3, eta="adagrad")
+        FEMOMD(3, eta="adagrad").partial_fit(batch)
     stream = MixtureStream(n_clients=3, n=4, d=2, n_components=3, seed=0)
     with pytest.raises(Exception, match="sample_splitting"):
         FEMOMD(3, means_init=stream.means, sample_splitting=True, inner_rounds=5).partial_fit(stream.batch(1))
     with pytest.raises(ValueError, match="n_mc"):
-        FEMOMD(3, grad_source="empirical", n_mc=7)
+        FEMOMD(3, grad_source="empirical", n_mc=7).partial_fit(batch)
     with pytest.raises(ValueError, match="covariances_init"):
-        FEMOMD(3, covariances_init=np.ones(3))
+        FEMOMD(3, covariances_init=np.ones(3)).partial_fit(batch)
     with pytest.raises(ValueError, match="means_init"):
-        FEMOMD(3, means_init=np.zeros((2, 5)))
+        FEMOMD(3, means_init=np.zeros((2, 5))).partial_fit(batch)
     with pytest.raises(ValueError, match="eta"):
-        FEMOMD(3, eta=True)
+        FEMOMD(3, eta=True).partial_fit(batch)
     with pytest.raises(RuntimeError, match="means_init"):
         FEMOMD(3).played(0)
     m = FEMOMD(3, means_init=stream.means, sample_splitting=True, inner_rounds=2, grad_source="empirical",
@@ -444,8 +446,8 @@ def test_default_step_is_adaptive_per_client_with_the_auto_floor():
 def _readme_regret(T=500, shift=0.3, seed=0, **options):
     """The README's stream: MixtureStream(n_clients=50, n=30, d=10, n_components=5, process="fixed")."""
     stream = MixtureStream(n_clients=50, n=30, d=10, n_components=5, process="fixed", seed=seed)
-    model = FEMOMD(5, means_init=stream.means + shift, horizon=T, seed=seed, **options)
-    curves, _ = simulate(stream, {"f": model}, T, n_eval=100)
+    model = FEMOMD(5, means_init=stream.means + shift, horizon=T, **options)
+    curves, _ = simulate(stream, {"f": model}, T, n_eval=100, seed=seed)
     return growth(curves)
 
 
@@ -468,7 +470,7 @@ def test_default_options_sublinear_on_drifting_weights(process, shift):
     (R_T 6,330 without a horizon), iid without a horizon 5,498."""
     T = 150
     stream = MixtureStream(n_clients=20, n=30, d=10, n_components=5, process=process, seed=1)
-    curves, _ = simulate(stream, {"f": FEMOMD(5, means_init=stream.means + shift, horizon=T, seed=1)}, T, n_eval=100)
+    curves, _ = simulate(stream, {"f": FEMOMD(5, means_init=stream.means + shift, horizon=T)}, T, n_eval=100, seed=1)
     g = growth(curves)
     assert g["sublinear"] or g["regret_T"] <= 0, g  # <= 0: better than the best fixed weights
     assert g["regret_T"] < 60, g
