@@ -42,7 +42,7 @@ from ..federation.backend import accepts_backend
 from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
                     resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
 from ..estimator import BOOL, Estimator, Int, OneOf, Real
-from ..results import FederatedResult, UnknownClientError, counted, register
+from ..results import FederatedResult, UnknownClientError, check_level, counted, register
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
 
@@ -657,8 +657,7 @@ class FGPRResult(FederatedResult):
         and the results mapped back (``scale="original"``) or left standardised
         (``scale="standardized"``, the multi-fidelity metric's scale).
         """
-        if not (0 < level < 1):
-            raise ValueError(f"level must be in (0, 1), got {level!r}")
+        level = check_level(level)
         if scale not in ("original", "standardized"):
             raise ValueError(f"scale must be 'original' or 'standardized', got {scale!r}")
         Xk, yk = self._client_data(client, data)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..federation import FederatedAlgorithm, run
-from ..federation.oneshot import raise_failures
+from ..data import aggregate_moments, client_moments
+from ..federation import run
+from ..federation.oneshot import OneShot, raise_failures
 from ..results import register
 
 __all__ = ["LinearScaling", "federated_scaling"]
@@ -91,50 +92,24 @@ class LinearScaling:
         return bool(np.all(self.x_mean == 0) and np.all(self.x_sd == 1) and self.y_mean == 0 and self.y_sd == 1)
 
 
-class _Moments(FederatedAlgorithm):
-    """One round: every client sends its row count, column sums and sums of squared
-    deviations about its own mean (no cancellation), the same for y, whether each column holds
-    only 0 and 1, and which sums overflowed; the server combines them (Chan et al.'s parallel
-    formula)."""
+class _Moments(OneShot):
+    """One round: every client sends :func:`~fedstats.data.client_moments` of its rows (count,
+    sums, sums of squared deviations about its own mean), whether each column holds only 0
+    and 1, and which sums overflowed (sent as 0, for the server to name)."""
 
-    reply_keys = ("n", "sx", "ssx", "sy", "ssy", "binary", "overflow")
-
-    def init_server(self, clients, rng):
-        return None
-
-    def init_client(self, client, data, rng):
-        return None
-
-    def broadcast(self, server_state, client, round):
-        return {}
+    def __init__(self):
+        super().__init__(("n", "sum_x", "m2_x", "sum_y", "m2_y", "binary", "overflow"), {}, None)
 
     def client_step(self, message, state, data, rng):
         X = np.asarray(data.X, dtype=float)
-        y = np.asarray(data.y, dtype=float)[:, None]
-        parts = {}
         with np.errstate(over="ignore", invalid="ignore"):
-            for key, A in (("x", X), ("y", y)):
-                m = A.mean(axis=0)
-                parts["s" + key], parts["ss" + key] = A.sum(axis=0), ((A - m) ** 2).sum(axis=0)
-        # a column whose sums overflow float64 is flagged (and sent as 0), for the server to name
-        overflow = ~(np.isfinite(np.r_[parts["sx"], parts["sy"]]) & np.isfinite(np.r_[parts["ssx"], parts["ssy"]]))
+            m = client_moments(X, np.asarray(data.y, dtype=float))
+        parts = {k: np.atleast_1d(np.asarray(m[k], dtype=float)) for k in ("sum_x", "m2_x", "sum_y", "m2_y")}
+        overflow = ~(np.isfinite(np.r_[parts["sum_x"], parts["sum_y"]]) & np.isfinite(np.r_[parts["m2_x"], parts["m2_y"]]))
         reply = {k: np.where(np.isfinite(v), v, 0.0) for k, v in parts.items()}
-        reply.update(n=np.array([len(y)], float), binary=np.all((X == 0) | (X == 1), axis=0).astype(np.int8),
+        reply.update(n=np.array([m["n"]], float), binary=np.all((X == 0) | (X == 1), axis=0).astype(np.int8),
                      overflow=overflow.astype(np.int8))
         return reply, state
-
-    def server_step(self, server_state, replies, round):
-        return dict(replies), {}
-
-
-def _combine(reps, key_sum, key_ss):
-    n = np.array([r["n"][0] for r in reps])
-    sums = np.stack([np.atleast_1d(r[key_sum]) for r in reps])
-    N = n.sum()
-    mean = sums.sum(axis=0) / N
-    within = sum(np.atleast_1d(r[key_ss]) for r in reps)
-    between = sum(k * (s / k - mean) ** 2 for k, s in zip(n, sums) if k > 0)
-    return mean, np.sqrt((within + between) / max(N - 1, 1)), N
 
 
 def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScaling:
@@ -143,8 +118,10 @@ def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScal
     raise_failures(out.history, "the federated scaling round")
     reps = [out.server_state[c] for c in data.clients]
     with np.errstate(over="ignore", invalid="ignore"):
-        x_mean, x_sd, _ = _combine(reps, "sx", "ssx")
-        y_mean, y_sd, _ = _combine(reps, "sy", "ssy")
+        agg = aggregate_moments([{"n": int(r["n"][0]), "sum_x": r["sum_x"], "m2_x": r["m2_x"],
+                                  "sum_y": float(r["sum_y"][0]), "m2_y": float(r["m2_y"][0])} for r in reps])
+    x_mean, x_sd = agg["mean_x"], agg["sd_x"]
+    y_mean, y_sd = np.atleast_1d(agg["mean_y"]), np.atleast_1d(agg["sd_y"])
     flagged = np.any(np.stack([r["overflow"] for r in reps]), axis=0)
     flagged |= ~np.isfinite(np.r_[x_mean, y_mean]) | ~np.isfinite(np.r_[x_sd, y_sd])
     names = [*map(repr, data.feature_names), f"{data.target_name or 'y'!r} (the target)"]
