@@ -1,48 +1,34 @@
 """The ``fedstats`` command.
 
-``fedstats fit DATA.csv --by CLIENT --target Y [--features A B ...] [--model hm2|lasso|ridge]
+``fedstats fit DATA.csv --by CLIENT --target Y [--features A B ...] [--model MODEL]
 [--level 0.9] [--rounds N] [--seed S] [--output OUT.json] [--predict TEST.csv]`` fits a
-federated model with one client per value of ``--by`` and prints the global posterior and
-each client's coefficients with credible intervals; for the lasso and ridge also which
-predictors each client selects (its interval at ``--level`` excludes 0), a ``"selected"``
-field per client coefficient in the JSON (``null`` for the unpenalised intercept).
-``--model hm1`` fits HM1 (a per-client regression that learns the covariance Omega between
-clients, Algorithm 1): point estimates under ``"client"`` (``mean``), with
-``--uncertainty`` also conditional posterior intervals (each client then shares its
-information matrix once); the learned Omega is written beside the JSON as
-``OUT.omega.csv``.
-``--model fgpr`` fits federated Gaussian process regression (one shared GP prior,
-hyperparameters averaged over clients; features standardised with federated moments first):
-the hyperparameters under ``"global"`` (``value``), each client's number of rows under
-``"client"``, and with ``--predict`` each row's personal prediction (the client conditions
-the shared prior on its own rows) with a predictive interval (``lower``, ``upper``) and a
-credible interval of the latent function (``f_lower``, ``f_upper``). ``--kernel`` and
-``--ard`` choose the kernel.
-``--model gmm --components M`` (no ``--target``) fits a Gaussian mixture by FedEM: shared
-components, each client's own mixing weights. Components under ``"global"`` (names
-``mean[j][feature]``, ``var[j][feature]``), each client's weights under ``"client"`` (names
-``weight[j]``); with ``--bayesian`` (variational FedEM) credible intervals (``sd``,
-``lower``, ``upper``), with ``--uncertainty`` Wald intervals of the means and weights
-instead; otherwise point estimates (``sd``, ``lower``, ``upper`` are ``null``).
-``--covariance-type`` picks full, tied, diag or spherical covariances. With ``--predict``
-each row gets its client's most probable component, the component probabilities and its
-log-density; a client not in the fit first gets weights fitted on its own rows in the
-prediction file, with the components frozen.
+federated model with one client per value of ``--by``. Every model (hm2, lasso, ridge, hm1,
+fgpr, gmm) goes through one path, the result contract of :mod:`fedstats.results`: the
+printed tables and the JSON's ``"global"`` and ``"client"`` are ``summary(level)`` and
+``client_summary(level)`` (records ``name, mean, sd, lower, upper, p_value``, ``null`` where
+the model has no distribution, then the model's own columns such as HM1's ``estimate`` or
+the lasso's ``selected``), ``"predictions"`` come from ``predict`` (regressions: ``mean``,
+the predictive band ``lower``/``upper``, the credible band of the mean
+``mean_lower``/``mean_upper``; mixtures, with scikit-learn's meaning: ``component``,
+``proba``, ``logdensity``), and ``"communication"`` is the fit's one ledger with its
+per-kind breakdown. What differs per model is only the estimator's construction
+(:func:`_estimator`), the header line and a few model-specific JSON fields
+(:func:`_extras`). A client not in the fit is predicted as a new client (``new_client``)
+where the model has a rule for one, and refused before the fit by hm1 and fgpr.
 ``fedstats demo`` simulates a federation, fits it and prints the fit beside the pooled gold
 standard.
 
 Bad input gives a one-line error on stderr and exit status 2 (1 for a failed fit).
 
-Size: one module for now (about 690 lines). It still holds one branch per model (hm1, fgpr,
-gmm) beside the common path; issue 18 item 5 routes every model through the result contract,
-which removes those branches, and issue 20 then splits reading/checking the CSV from the
-command itself.
+Size: one module for now (about 620 lines); issue 20 splits reading and checking the CSV
+(about 150 lines) from the command itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import sys
 import time
@@ -208,23 +194,101 @@ def _nonfinite_warning(model: str, where: list[str]) -> str:
     return f"warning: {len(where)} non-finite value(s) written as null (JSON has no NaN or Infinity): {why}"
 
 
-def _records(df: pd.DataFrame, cols) -> list[dict]:
+def _records(df: pd.DataFrame) -> list[dict]:
+    """One JSON record per row: ``name``, the contract's columns (``null`` where the model has
+    no value), then the table's own columns (HM1's ``estimate``, the lasso's ``selected``)."""
+    cols = CONTRACT_COLUMNS + [c for c in df.columns if c not in CONTRACT_COLUMNS]
     out = []
     for name, row in df.iterrows():
         rec = {"name": str(name)}
-        rec.update({c: (None if pd.isna(row[c]) else float(row[c])) for c in cols})
+        for c in cols:
+            v = row.get(c, np.nan)
+            rec[c] = v if isinstance(v, (bool, np.bool_)) or v is None else (None if pd.isna(v) else float(v))
         out.append(rec)
     return out
 
 
-def _model(args):
-    from .linear import BayesianLasso, BayesianRidge, HierarchicalLinearModel
+# What differs between the models is only how the estimator is built, how the run is
+# described and a few model-specific JSON fields; everything else goes through the result
+# contract (fedstats.results): summary / client_summary / predict / communication.
+REGRESSIONS = ("hm2", "lasso", "ridge")
 
-    cls = {"hm2": HierarchicalLinearModel, "lasso": BayesianLasso, "ridge": BayesianRidge}[args.model]
-    return cls(rounds=args.rounds, standardize=args.standardize, fit_intercept=args.intercept)
+
+def _estimator(args):
+    """``--model``'s estimator with the command's options, and its extra ``fit`` arguments."""
+    if args.model in REGRESSIONS:
+        from .linear import BayesianLasso, BayesianRidge, HierarchicalLinearModel
+
+        cls = {"hm2": HierarchicalLinearModel, "lasso": BayesianLasso, "ridge": BayesianRidge}[args.model]
+        return cls(rounds=args.rounds, standardize=args.standardize, fit_intercept=args.intercept), {}
+    if args.model == "hm1":
+        from .linear import StructuralCovarianceModel
+
+        return (StructuralCovarianceModel(rounds=args.rounds, fit_intercept=args.intercept),
+                {"uncertainty": args.uncertainty})
+    if args.model == "fgpr":
+        from .gp import FGPR
+
+        return FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard), {}
+    from .mixture import FederatedGaussianMixture, VariationalGaussianMixture
+
+    if args.bayesian:
+        return VariationalGaussianMixture(args.components, covariance_type=args.covariance_type, rounds=args.rounds), {}
+    return (FederatedGaussianMixture(args.components, covariance_type=args.covariance_type, rounds=args.rounds),
+            {"uncertainty": args.uncertainty})
 
 
-def _fit(args) -> dict:
+# Models without a prediction for a client that took no part in the fit (checked before the
+# fit, so that nobody waits for a fit that then cannot predict); the others predict such a
+# client from the population (hm2, lasso, ridge) or from its own rows' weights (gmm).
+NO_NEW_CLIENTS = {"hm1": "HM1 has no model of a client that took no part in the fit",
+                  "fgpr": "FGPR predicts a client from its own training rows"}
+CONTRACT_COLUMNS = ["mean", "sd", "lower", "upper", "p_value"]
+
+
+def _header(args, res, runtime: float) -> str:
+    conv = _converged_text(res)
+    if args.model in REGRESSIONS:
+        return (f"Global posterior ({100 * args.level:g}% credible intervals), {res.rounds} EP rounds ({conv}), "
+                f"{runtime:.1f} s")
+    if args.model == "hm1":
+        return f"HM1 (Algorithm 1): {res.rounds} rounds ({conv}), learning rate {res.lr:.3g}, {runtime:.1f} s"
+    if args.model == "fgpr":
+        return (f"FGPR ({args.kernel}{', ARD' if args.ard else ''}): {res.rounds} rounds, {len(res.clients)} clients, "
+                f"{runtime:.1f} s. Shared hyperparameters (outputscale and noise are variances on each client's "
+                "standardised scale):")
+    kind = "variational FedEM" if args.bayesian else "FedEM"
+    what = ("credible intervals" if args.bayesian else "Wald intervals" if args.uncertainty else "point estimates")
+    return (f"Gaussian mixture, {args.components} components ({args.covariance_type}), {kind}: {res.rounds} rounds "
+            f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; {what}")
+
+
+def _extras(args, res, data, scaler) -> dict:
+    """The model-specific fields of the JSON (beside the contract's)."""
+    if args.model == "hm1":
+        out = {"learning_rate": res.lr}
+        if args.output:
+            omega_path = Path(args.output).with_suffix(".omega.csv")
+            om = res.posterior_omega if res.has_uncertainty else res.omega
+            om.index = om.columns = [_id_key(c) for c in data.clients]
+            try:
+                om.to_csv(omega_path)
+            except OSError as exc:
+                raise CLIError(f"cannot write {omega_path}: {exc.strerror}") from None
+            out["omega_file"] = omega_path.name
+        return out
+    if args.model == "fgpr":
+        return {"kernel": args.kernel, "ard": bool(args.ard),
+                "input_scaling": {"mean": scaler.mean.tolist(), "sd": scaler.sd.tolist()}}
+    if args.model == "gmm":
+        return {"components": args.components, "covariance_type": args.covariance_type, "bayesian": bool(args.bayesian),
+                "intervals": "credible" if args.bayesian else ("wald" if args.uncertainty else None),
+                "loglik": None if args.bayesian else res.loglik_,
+                "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None}
+    return {}
+
+
+def _check_args(args) -> None:
     if args.model not in MODELS:
         raise CLIError(f"unknown model {args.model!r}; choose one of: {', '.join(MODELS)}")
     if not 0 < args.level < 1:
@@ -239,9 +303,9 @@ def _fit(args) -> dict:
             raise CLIError(f"--model {args.model} needs --target")
         if args.components is not None or args.bayesian or args.covariance_type != "full":
             raise CLIError("--components, --bayesian and --covariance-type apply to --model gmm only")
-    if not args.standardize and args.model not in ("hm2", "lasso", "ridge"):
+    if not args.standardize and args.model not in REGRESSIONS:
         raise CLIError("--no-standardize applies to --model hm2, lasso and ridge only")
-    if not args.intercept and args.model not in ("hm2", "lasso", "ridge", "hm1"):
+    if not args.intercept and args.model not in (*REGRESSIONS, "hm1"):
         raise CLIError("--no-intercept applies to the regressions (hm2, lasso, ridge, hm1) only")
     if args.rounds is None:
         args.rounds = {"hm1": 30, "fgpr": 100, "gmm": 200}.get(args.model, 15)
@@ -253,244 +317,78 @@ def _fit(args) -> dict:
         raise CLIError("--uncertainty (Wald intervals) and --bayesian (credible intervals) exclude each other")
     if (args.kernel != "rbf" or args.ard) and args.model != "fgpr":
         raise CLIError("--kernel and --ard apply to --model fgpr only")
+
+
+def _read_test(args, df, data):
+    """The prediction file: its rows and their design (checked before the fit)."""
+    tdf = _read_csv(args.predict, args.decimal)
+    cols = [args.by, *data_columns(df, args)]
+    missing = [c for c in cols if c not in tdf.columns]
+    if missing:
+        raise CLIError(f"{args.predict}: column(s) not found: {', '.join(missing)}")
+    if tdf[args.by].isna().any():
+        lines = ", ".join(str(i + 2) for i in np.flatnonzero(tdf[args.by].isna().to_numpy())[:5])
+        raise CLIError(f"{args.predict}: column {args.by!r} has missing client ids (line(s) {lines})")
+    known = {_id_key(c) for c in data.clients}
+    unknown = sorted({_id_key(v) for v in tdf[args.by]} - known)
+    if unknown and args.model in NO_NEW_CLIENTS:
+        raise CLIError(f"{args.predict}: {NO_NEW_CLIENTS[args.model]}; client(s) not in the fit: "
+                       f"{', '.join(unknown[:5])}")
+    return tdf, _design(tdf, list(data.feature_names), args.predict)
+
+
+def _fit(args) -> dict:
+    _check_args(args)
     df = _read_csv(args.data, args.decimal)
     _check_columns(df, data_columns(df, args), args.target, args.by, args.data)
     data = _data_from(df, args.by, args.target, args.features, path=args.data)
-    test = None
-    if args.predict:
-        tdf = _read_csv(args.predict, args.decimal)
-        cols = [args.by, *data_columns(df, args)]
-        missing = [c for c in cols if c not in tdf.columns]
-        if missing:
-            raise CLIError(f"{args.predict}: column(s) not found: {', '.join(missing)}")
-        if tdf[args.by].isna().any():
-            lines = ", ".join(str(i + 2) for i in np.flatnonzero(tdf[args.by].isna().to_numpy())[:5])
-            raise CLIError(f"{args.predict}: column {args.by!r} has missing client ids (line(s) {lines})")
-        test = (tdf, _design(tdf, list(data.feature_names), args.predict))  # schema errors before the fit
-    if args.model == "hm1":
-        return _fit_hm1(args, data, test)
-    if args.model == "fgpr":
-        return _fit_fgpr(args, data, test)
-    if args.model == "gmm":
-        return _fit_gmm(args, data, test)
+    if args.model == "hm1" and data.n_clients < 2:
+        raise CLIError("--model hm1 learns a covariance between clients: it needs at least 2 clients")
+    test = _read_test(args, df, data) if args.predict else None  # schema errors before the fit
+    scaler, fit_data = None, data
+    if args.model == "fgpr":  # federated moments: every client uses the same input scale
+        fit_data, scaler = data.standardize()
+    estimator, options = _estimator(args)
     t0 = time.perf_counter()
-    res = _model(args).fit(data, seed=args.seed, progress=_progress(args))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            res = estimator.fit(fit_data, seed=args.seed, progress=_progress(args), **options)
+        except np.linalg.LinAlgError:
+            if args.model != "gmm":
+                raise
+            raise CLIError("the information matrix is singular (a weight at 0 or components that cannot be "
+                           "told apart): no Wald intervals; try fewer --components or --bayesian") from None
     runtime = time.perf_counter() - t0
+    for wmsg in caught:
+        print(f"warning: {wmsg.message}", file=sys.stderr)
     g = res.summary(level=args.level)
+    cs = res.client_summary(level=args.level)
+    selection = res.selected(args.level) if hasattr(res, "selected") else None
+    tables = {}
+    for c in data.clients:
+        t = cs[cs["client"] == c].drop(columns="client").set_index("parameter")
+        if selection is not None:
+            chosen = selection.loc[selection["client"] == c].set_index("parameter")["selected"]
+            t = t.assign(selected=[bool(chosen[n]) if n in chosen.index else None for n in t.index])
+        tables[c] = t
     out = {
         "model": args.model,
         "level": args.level,
         "clients": [_id_key(c) for c in data.clients],
-        "global": _records(g, ["mean", "sd", "lower", "upper"]),
-        "client": {},
+        "n_obs": {_id_key(c): int(data.n_obs[c]) for c in data.clients},
+        "global": _records(g),
+        "client": {_id_key(c): _records(t) for c, t in tables.items()},
         "rounds": res.rounds,
         "converged": bool(res.converged),
         "communication": _communication(res),
         "runtime_s": round(runtime, 3),
+        **_extras(args, res, data, scaler),
     }
-    tables = {}
-    selection = res.selected(args.level) if hasattr(res, "selected") else None
-    for c in data.clients:
-        s = res.client_posterior(c).summary(level=args.level)
-        recs = _records(s, ["mean", "sd", "lower", "upper", "p_value"])
-        if selection is not None:
-            chosen = selection.loc[selection["client"] == c].set_index("parameter")["selected"]
-            s = s.assign(selected=[("yes" if chosen[n] else "no") if n in chosen.index else "" for n in s.index])
-            for r in recs:
-                r["selected"] = bool(chosen[r["name"]]) if r["name"] in chosen.index else None
-        tables[c] = s
-        out["client"][_id_key(c)] = recs
     if test is not None:
-        out["predictions"] = _predict(res, data, *test, args)
+        tdf, X = test
+        out["predictions"] = _predict(res, data, tdf, X if scaler is None else scaler.transform_X(X), args)
     _print_tables(g, tables, res, args, runtime)
-    return out
-
-
-def _fit_hm1(args, data, test) -> dict:
-    from .linear import StructuralCovarianceModel
-
-    if data.n_clients < 2:
-        raise CLIError("--model hm1 learns a covariance between clients: it needs at least 2 clients")
-    t0 = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        res = StructuralCovarianceModel(rounds=args.rounds, fit_intercept=args.intercept).fit(
-            data, seed=args.seed, progress=_progress(args), uncertainty=args.uncertainty)
-    runtime = time.perf_counter() - t0
-    for wmsg in caught:
-        print(f"warning: {wmsg.message}", file=sys.stderr)
-    s = res.client_summary(level=args.level)
-    cols = ["mean", "sd", "lower", "upper", "p_value"]
-    out = {
-        "model": "hm1", "level": args.level, "clients": [_id_key(c) for c in data.clients], "global": [],
-        "client": {}, "rounds": res.rounds, "converged": bool(res.converged),
-        "communication": _communication(res),
-        "runtime_s": round(runtime, 3), "learning_rate": res.lr,
-    }
-    tables = {}
-    for c in data.clients:
-        # "estimate" is Algorithm 1's point; "mean" (with --uncertainty) the posterior mean,
-        # the centre of its own interval. Without --uncertainty there is only the estimate.
-        t = s[s["client"] == c].set_index("parameter")
-        recs = _records(t, ["estimate", *cols])
-        out["client"][_id_key(c)] = recs
-        tables[c] = t
-    if test is not None:
-        tdf, X = test
-        known = {_id_key(c): c for c in data.clients}
-        keys = np.array([_id_key(v) for v in tdf[args.by]])
-        unknown = sorted(set(keys) - set(known))
-        if unknown:
-            raise CLIError(f"{args.predict}: HM1 has no model for client(s) not in the fit: {', '.join(unknown[:5])}")
-        rows: list[dict] = [{} for _ in range(len(tdf))]
-        for key in pd.unique(keys):
-            idx = np.flatnonzero(keys == key)
-            p = res.predict(X[idx], known[key], level=args.level)
-            for i, (_, r) in zip(idx, p.iterrows()):
-                rows[i] = {"client": key, "mean": float(r["mean"]),
-                           "estimate": float(r["estimate"]),
-                           "lower": None if np.isnan(r["pred_lower"]) else float(r["pred_lower"]),
-                           "upper": None if np.isnan(r["pred_upper"]) else float(r["pred_upper"]),
-                           "new_client": False}
-        out["predictions"] = rows
-    if args.output:
-        omega_path = Path(args.output).with_suffix(".omega.csv")
-        om = res.omega
-        om.index = om.columns = [_id_key(c) for c in data.clients]
-        try:
-            om.to_csv(omega_path)
-        except OSError as exc:
-            raise CLIError(f"cannot write {omega_path}: {exc.strerror}") from None
-        out["omega_file"] = omega_path.name
-    pct = f"{100 * args.level:g}%"
-    with pd.option_context("display.width", 120, "display.max_columns", 10, "display.float_format", "{:.4f}".format):
-        print(f"HM1 (Algorithm 1): {res.rounds} rounds ({_converged_text(res)}), learning rate {res.lr:.3g}, "
-              f"{runtime:.1f} s")
-        if res.has_uncertainty:
-            print(f"estimate: Algorithm 1's point; mean, sd, {pct} interval: the posterior given Omega re-estimated "
-                  "from the shared information (the interval is centred at mean)")
-        for c, t in tables.items():
-            print(f"\nClient {c}")
-            print(_table(t[["estimate", *cols]] if res.has_uncertainty else t[["estimate"]]))
-        corr = res.correlation
-        if len(corr) <= 10:
-            print("\nLearned correlation between clients (Omega scaled):")
-            print(corr.to_string())
-        w = np.linalg.eigvalsh(res.omega_)
-        print(f"\nOmega: {len(w)} x {len(w)}, eigenvalues {w[0]:.3g} .. {w[-1]:.3g}")
-    return out
-
-
-def _fit_fgpr(args, data, test) -> dict:
-    from .gp import FGPR
-
-    known = {_id_key(c): c for c in data.clients}
-    if test is not None:
-        keys = np.array([_id_key(v) for v in test[0][args.by]])
-        unknown = sorted(set(keys) - set(known))
-        if unknown:
-            raise CLIError(f"{args.predict}: FGPR predicts a client from its own training rows; no rows for "
-                           f"client(s): {', '.join(unknown[:5])}")
-    scaled, scaler = data.standardize()  # federated moments: every client uses the same input scale
-    t0 = time.perf_counter()
-    res = FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard).fit(scaled, seed=args.seed, progress=_progress(args))
-    runtime = time.perf_counter() - t0
-    g = res.summary()
-    out = {
-        "model": "fgpr", "level": args.level, "clients": [_id_key(c) for c in data.clients],
-        "global": [{"name": str(n), "value": float(v)} for n, v in g["mean"].items()],
-        "client": {_id_key(c): [{"name": "n_rows", "value": int(data.n_obs[c])}] for c in data.clients},
-        "rounds": res.rounds,
-        "communication": _communication(res),
-        "runtime_s": round(runtime, 3), "kernel": args.kernel, "ard": bool(args.ard),
-        "input_scaling": {"mean": scaler.mean.tolist(), "sd": scaler.sd.tolist()},
-    }
-    if test is not None:
-        tdf, X = test
-        X = scaler.transform_X(X)
-        keys = np.array([_id_key(v) for v in tdf[args.by]])
-        rows: list[dict] = [{} for _ in range(len(tdf))]
-        for key in pd.unique(keys):
-            idx = np.flatnonzero(keys == key)
-            p = res.predict(X[idx], client=known[key], level=args.level)
-            for i, (_, r) in zip(idx, p.iterrows()):
-                rows[i] = {"client": key, "mean": float(r["mean"]), "lower": float(r["pred_lower"]),
-                           "upper": float(r["pred_upper"]), "f_lower": float(r["lower"]),
-                           "f_upper": float(r["upper"]), "new_client": False}
-        out["predictions"] = rows
-    with pd.option_context("display.width", 120, "display.float_format", "{:.4f}".format):
-        print(f"FGPR ({args.kernel}{', ARD' if args.ard else ''}): {res.rounds} rounds, {len(data.clients)} clients, "
-              f"{runtime:.1f} s")
-        print("Shared hyperparameters (outputscale and noise are variances on each client's standardised scale):")
-        print(g[["mean"]].rename(columns={"mean": "value"}).to_string())
-        if test is not None:
-            print(f"\n{len(out['predictions'])} personal predictions with {100 * args.level:g}% predictive intervals")
-    return out
-
-
-def _fit_gmm(args, data, test) -> dict:
-    from .mixture import FederatedGaussianMixture, VariationalGaussianMixture
-
-    t0 = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        cls = VariationalGaussianMixture if args.bayesian else FederatedGaussianMixture
-        res = cls(args.components, covariance_type=args.covariance_type, rounds=args.rounds).fit(
-            data, seed=args.seed, progress=_progress(args))
-        if args.uncertainty:
-            try:
-                g, w = res.wald_intervals(data, args.level, seed=args.seed)
-            except np.linalg.LinAlgError:
-                raise CLIError("the information matrix is singular (a weight at 0 or components that cannot be "
-                               "told apart): no Wald intervals; try fewer --components or --bayesian") from None
-    runtime = time.perf_counter() - t0
-    for wmsg in caught:
-        print(f"warning: {wmsg.message}", file=sys.stderr)
-    if args.bayesian:
-        g, w = res.summary(args.level), res.client_summary(args.level)
-    elif not args.uncertainty:
-        g, w = res.summary(), res.client_summary()
-    if args.uncertainty:  # Wald for the means; the variances are point estimates
-        var = res.summary().loc[lambda t: t.index.str.startswith("var[")].assign(sd=np.nan, lower=np.nan, upper=np.nan)
-        g = pd.concat([g, var])
-    cols = ["mean", "sd", "lower", "upper"]
-    out = {
-        "model": "gmm", "level": args.level, "clients": [_id_key(c) for c in data.clients],
-        "components": args.components, "covariance_type": args.covariance_type, "bayesian": bool(args.bayesian),
-        "intervals": "credible" if args.bayesian else ("wald" if args.uncertainty else None),
-        "global": _records(g, cols),
-        "client": {_id_key(c): _records(w[w["client"] == c].set_index("parameter"), cols) for c in data.clients},
-        "rounds": res.rounds, "converged": bool(res.converged),
-        "loglik": None if args.bayesian else res.loglik_,
-        "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None,
-        "communication": _communication(res), "runtime_s": round(runtime, 3),
-    }
-    if test is not None:
-        tdf, X = test
-        known = {_id_key(c): c for c in data.clients}
-        keys = np.array([_id_key(v) for v in tdf[args.by]])
-        rows: list[dict] = [{} for _ in range(len(tdf))]
-        for key in pd.unique(keys):
-            idx = np.flatnonzero(keys == key)
-            if key in known:
-                kw = {"client": known[key]}
-            else:  # an unseen client: its weights from its own rows, components frozen
-                kw = {"weights": res.new_client_weights(X[idx])}
-            proba = res.predict_proba(X[idx], **kw)
-            dens = res.score_samples(X[idx], **kw)
-            for i, p_, l_ in zip(idx, proba, dens):
-                rows[i] = {"client": key, "component": int(np.argmax(p_)), "proba": [float(v) for v in p_],
-                           "logdensity": float(l_), "new_client": key not in known}
-        out["predictions"] = rows
-    with pd.option_context("display.width", 120, "display.max_rows", 200, "display.float_format", "{:.4f}".format):
-        kind = "variational FedEM" if args.bayesian else "FedEM"
-        print(f"Gaussian mixture, {args.components} components ({args.covariance_type}), {kind}: {res.rounds} rounds"
-              f"{'' if res.converged else ' (not converged)'}, {len(data.clients)} clients, {runtime:.1f} s")
-        print(g[cols].to_string() if (args.bayesian or args.uncertainty) else g[["mean"]].to_string())
-        print("\nClient weights (they never leave their client):")
-        print(w.pivot(index="client", columns="parameter", values="mean").to_string())
-        if test is not None:
-            print(f"\n{len(out['predictions'])} rows assigned to components")
     return out
 
 
@@ -525,40 +423,64 @@ def _id_key(value) -> str:
 
 
 def _predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
+    """One record per row of ``test``, in its order. Regressions: ``mean``, ``lower``/``upper``
+    (predictive band of a new observation), ``mean_lower``/``mean_upper`` (credible band of the
+    mean), then the model's own columns. Mixtures (scikit-learn's meaning of predict): the most
+    probable ``component``, ``proba`` and ``logdensity``. Every record says ``new_client``."""
     ids = test[args.by]
     # Ids are matched as text, so 3, 3.0 and "3" name the same client whatever the column types.
     known = {_id_key(c): c for c in data.clients}
     keys = np.array([_id_key(v) for v in ids])
     rows: list[dict] = [{} for _ in range(len(test))]
+    mixture = hasattr(res, "predict_proba")
+    seed = {"seed": args.seed} if "seed" in inspect.signature(res.predict).parameters else {}
     for key in pd.unique(keys):
         idx = np.flatnonzero(keys == key)
-        # A client not in the fit is predicted as a new client (the population's predictive),
-        # and every row says so (new_client), as for every model that has a population.
-        p = res.predict(X[idx], client=known.get(key), level=args.level, seed=args.seed)
+        client = known.get(key)
+        if mixture:  # an unseen client: its weights from its own rows, the components frozen
+            kw = {"client": client} if client is not None else {"weights": res.new_client_weights(X[idx])}
+            for i, p_, l_ in zip(idx, res.predict_proba(X[idx], **kw), res.score_samples(X[idx], **kw)):
+                rows[i] = {"client": key, "component": int(np.argmax(p_)), "proba": [float(v) for v in p_],
+                           "logdensity": float(l_), "new_client": client is None}
+            continue
+        p = res.predict(X[idx], client=client, level=args.level, **seed)
+        extra = [c for c in p.columns if c not in ("mean", "lower", "upper", "pred_lower", "pred_upper")]
         for i, (_, r) in zip(idx, p.iterrows()):
-            rows[i] = {"client": key, "mean": float(r["mean"]), "lower": float(r["pred_lower"]),
-                       "upper": float(r["pred_upper"]), "new_client": key not in known}
+            rows[i] = {"client": key, "mean": r["mean"], "lower": r["pred_lower"], "upper": r["pred_upper"],
+                       "mean_lower": r["lower"], "mean_upper": r["upper"], **{c: r[c] for c in extra},
+                       "new_client": client is None}
+            rows[i] = {k: ((None if np.isnan(v) else float(v)) if isinstance(v, (float, np.floating)) else v)
+                       for k, v in rows[i].items()}  # NaN: no band (HM1 without uncertainty)
     new = sorted({k for k in keys if k not in known})
     if new:
+        how = "their weights fitted on their own rows, the components frozen" if mixture else "from the population"
         print(f"note: {len(new)} client(s) of {args.predict} took no part in the fit ({', '.join(new[:5])}): predicted "
-              "as new clients from the population (new_client: true)", file=sys.stderr)
+              f"as new clients, {how} (new_client: true)", file=sys.stderr)
     return rows
 
 
 def _print_tables(g, tables, res, args, runtime) -> None:
+    def shown(t):  # the columns with a value somewhere
+        return t[[c for c in t.columns if t[c].notna().any()]]
+
     pct = f"{100 * args.level:g}%"
-    with pd.option_context("display.width", 120, "display.max_columns", 10, "display.float_format", "{:.4f}".format):
-        print(f"Global posterior ({pct} credible intervals), {res.rounds} EP rounds ({_converged_text(res)}), "
-              f"{runtime:.1f} s")
-        if res.scaling is not None:
+    with pd.option_context("display.width", 120, "display.max_columns", 10, "display.max_rows", 60,
+                           "display.float_format", "{:.4f}".format):
+        print(_header(args, res, runtime))
+        if getattr(res, "scaling", None) is not None:
             print("(fitted on predictors and target standardised with federated moments, reported on the data's "
                   "scale" + ("; lambda penalises the standardised coefficients" if args.model != "hm2" else "")
                   + "; --no-standardize fits the data as given)")
-        print(_table(g))
+        if args.model == "hm1" and res.has_uncertainty:
+            print(f"estimate: Algorithm 1's point; mean, sd, {pct} interval: the posterior given Omega re-estimated "
+                  "from the shared information (the interval is centred at mean)")
+        if len(g):
+            print(_table(shown(g)))
         for c, s in tables.items():
-            print(f"\nClient {c}")
-            cols = ["mean", "sd", "lower", "upper", "p_value"] + (["selected"] if "selected" in s.columns else [])
-            print(_table(s[cols]))
+            if len(s):
+                print(f"\nClient {c}")
+                print(_table(shown(s).assign(**({"selected": s["selected"].map({True: "yes", False: "no"}).fillna("")}
+                                                 if "selected" in s.columns else {}))))
         if any("selected" in s.columns for s in tables.values()):
             print(f"\nselected: the {pct} credible interval excludes 0 (the intercept is never penalised or selected)")
 

@@ -36,8 +36,9 @@ def test_fit_writes_json_with_documented_shape(csv, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "Global posterior" in printed and "Client B" in printed
     j = json.loads(out.read_text())
-    assert set(j) == {"model", "level", "clients", "global", "client", "rounds", "converged", "communication",
-                      "runtime_s", "predictions"}
+    assert set(j) == {"model", "level", "clients", "n_obs", "global", "client", "rounds", "converged",
+                      "communication", "runtime_s", "predictions"}
+    assert j["n_obs"] == {"A": 30, "B": 30, "C": 30}
     assert j["converged"] is False and "4 EP rounds (NOT converged" in printed  # 4 rounds are too few
     assert j["model"] == "hm2" and j["level"] == 0.9 and j["clients"] == ["A", "B", "C"]
     assert {"name", "mean", "sd", "lower", "upper"} <= set(j["global"][0])
@@ -49,7 +50,8 @@ def test_fit_writes_json_with_documented_shape(csv, tmp_path, capsys):
     preds = j["predictions"]
     assert [r["client"] for r in preds] == ["A", "B", "C", "A"]  # the rows' order
     for r, truth in zip(preds, df["y"].iloc[[0, 40, 80, 1]]):
-        assert r["lower"] < r["mean"] < r["upper"]
+        # the predictive band of a new observation holds the credible band of the mean
+        assert r["lower"] < r["mean_lower"] < r["mean"] < r["mean_upper"] < r["upper"] and not r["new_client"]
         assert r["lower"] - 0.5 < truth < r["upper"] + 0.5
 
 
@@ -127,9 +129,13 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
                "--output", str(out), "--predict", str(t)])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "HM1 (Algorithm 1): 30 rounds" in printed and "Learned correlation" in printed
+    assert "HM1 (Algorithm 1): 30 rounds" in printed and "omega[A, B]" in printed
     j = json.loads(out.read_text())
-    assert j["model"] == "hm1" and j["global"] == [] and j["rounds"] == 30
+    assert j["model"] == "hm1" and j["rounds"] == 30
+    # the global parameters are Omega's distinct entries (estimates, no distribution)
+    assert [g["name"] for g in j["global"]] == ["omega[A, A]", "omega[A, B]", "omega[A, C]", "omega[B, B]",
+                                                "omega[B, C]", "omega[C, C]"]
+    assert all(g["sd"] is None and g["mean"] is not None for g in j["global"])
     recs = {r["name"]: r for r in j["client"]["B"]}
     assert list(recs) == ["intercept", "x1", "x2", "grp[v]"]
     assert abs(recs["x1"]["mean"] - 2) < 0.2 and recs["x1"]["sd"] is None
@@ -179,18 +185,20 @@ def test_fgpr_writes_hyperparameters_and_personal_predictions(tmp_path, capsys):
     assert "FGPR (rbf): 40 rounds, 2 clients" in capsys.readouterr().out
     j = json.loads(out.read_text())
     assert j["model"] == "fgpr" and [g["name"] for g in j["global"]] == ["lengthscale", "outputscale", "noise"]
-    assert j["client"]["A"] == [{"name": "n_rows", "value": 40}] and j["rounds"] == 40
+    assert all(g["mean"] > 0 and g["sd"] is None for g in j["global"])  # maximum likelihood: no distribution
+    assert j["client"] == {"A": [], "B": []} and j["n_obs"] == {"A": 40, "B": 40} and j["rounds"] == 40
     assert j["communication"]["bytes_up"] == 40 * 2 * 3 * 8 + 2 * 8
     truth = 3 + np.array([1, -1, 1]) * np.sin(test["x"].to_numpy())
     for r, y in zip(j["predictions"], truth):
         assert r["lower"] < y < r["upper"] and abs(r["mean"] - y) < 0.1
-        assert r["lower"] <= r["f_lower"] < r["f_upper"] <= r["upper"]
+        assert r["lower"] <= r["mean_lower"] < r["mean_upper"] <= r["upper"]
     # no rows to condition on for a new client; options that belong to fgpr only
     pd.DataFrame({"site": ["Z"], "x": [1.0]}).to_csv(tmp_path / "z.csv", index=False)
     capsys.readouterr()
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--model", "fgpr", "--predict",
                  str(tmp_path / "z.csv")]) == 2
-    assert "no rows for client(s): Z" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "from its own training rows; client(s) not in the fit: Z" in err
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--ard"]) == 2
     assert "--kernel and --ard apply to --model fgpr only" in capsys.readouterr().err
 
@@ -208,7 +216,7 @@ def test_gmm_writes_components_client_weights_and_predictions(tmp_path, capsys):
                "--output", str(out), "--predict", str(t)])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "variational FedEM" in printed and "never leave their client" in printed
+    assert "variational FedEM" in printed and "credible intervals" in printed and "Client 3" in printed
     j = json.loads(out.read_text())
     assert j["model"] == "gmm" and j["bayesian"] and j["intervals"] == "credible" and j["components"] == 2
     names = [g["name"] for g in j["global"]]

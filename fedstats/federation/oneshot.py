@@ -54,14 +54,14 @@ class OneShot(FederatedAlgorithm):
 def one_shot(data, keys, payload, client_fn, *, seed, what, private=None):
     """Run a :class:`OneShot` round that every client must answer.
 
-    Returns ``(replies, client_states, bytes)``; raises ``RuntimeError`` naming the first
+    Returns ``(replies, client_states)`` (its bytes are in the ledger of the fit, like every
+    exchange); raises ``RuntimeError`` naming the first
     client that failed (a one-off aggregate over part of the federation would be wrong).
     """
     r = run(OneShot(tuple(keys), payload, client_fn, private), data, rounds=1, seed=seed, progress=False,
             batched=False, kind=what.removeprefix("the "))
     raise_failures(r.history, what)
-    return r.server_state, r.client_states, {"bytes_up": int(r.communication.bytes_up),
-                                              "bytes_down": int(r.communication.bytes_down)}
+    return r.server_state, r.client_states
 
 
 def raise_failures(history, what):

@@ -219,7 +219,7 @@ def _check_design(data) -> None:
     import warnings
 
     d = data.n_features
-    reps, _, _ = one_shot(data, ("n", "const", "rank", "varying"), {}, _design_report, seed=0,
+    reps, _ = one_shot(data, ("n", "const", "rank", "varying"), {}, _design_report, seed=0,
                           what="the design check")
     for c in data.clients:
         n = int(reps[c]["n"][0])

@@ -107,8 +107,9 @@ class MixtureEstimator(Estimator):
                 raise ValueError(f"weights_init has no weights for client(s) {missing[:5]}")
 
     def _start(self, data, seed):
-        """Initial (means, covariances, bytes of the start): the federated k-means start, or
-        the given means (with the federated within-cluster covariance unless given)."""
+        """Initial (means, covariances, info): the federated k-means start (``info``: its
+        candidates' log-likelihoods), or the given means (with the federated within-cluster
+        covariance unless given; ``info`` empty)."""
         from ._init import federated_kmeans_init, hard_covariances
 
         M, ct = self.n_components, self.covariance_type
@@ -116,9 +117,8 @@ class MixtureEstimator(Estimator):
             return federated_kmeans_init(data, M, ct, self.reg_covar, self.n_init, seed)
         means = np.array(self.means_init, dtype=float)
         if self.covariances_init is not None:
-            return means, np.array(self.covariances_init, dtype=float), {"bytes_up": 0, "bytes_down": 0}
-        cov, b = hard_covariances(data, means, ct, self.reg_covar, seed)
-        return means, cov, b
+            return means, np.array(self.covariances_init, dtype=float), {}
+        return means, hard_covariances(data, means, ct, self.reg_covar, seed), {}
 
     def _participation(self, clients):
         p = self.participation

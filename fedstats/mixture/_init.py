@@ -80,10 +80,6 @@ def kmeans(X, k, rng, weights=None, iters=50):
     return lloyd(X, kmeans_pp(X, k, rng, weights), weights, iters)
 
 
-def add_bytes(*infos) -> dict:
-    return {k: int(sum(i.get(k, 0) for i in infos)) for k in ("bytes_up", "bytes_down")}
-
-
 def summed(replies, clients, key):
     return sum(replies[c][key] for c in clients)
 
@@ -139,21 +135,20 @@ def _score(msg, X, rng, log_weights=None):
 
 def federated_loglik(data, means, cov, cov_type, log_weights, seed=0):
     """One round: the federated log-likelihood at ``(means, cov)``, each client with its own
-    log-weights (dict client -> (M,)). Returns ``(per-client dict, bytes)``."""
+    log-weights (dict client -> (M,)). Returns a dict client -> log-likelihood."""
     payload = {"means": means[None], "covariances": cov[None], "cov_type": np.array([COV_TYPES.index(cov_type)])}
-    reps, _, b = one_shot(data, ("loglik",), payload, _score, seed=seed, what="the scoring round",
-                          private=log_weights)
-    return {c: float(reps[c]["loglik"][0]) for c in data.clients}, b
+    reps, _ = one_shot(data, ("loglik",), payload, _score, seed=seed, what="the scoring round", private=log_weights)
+    return {c: float(reps[c]["loglik"][0]) for c in data.clients}
 
 
 def hard_covariances(data, means, cov_type, reg_covar, seed=0):
     """Covariances at given means from one round of hard-assignment statistics (a
     component with fewer than ``d + 1`` points gets the pooled covariance)."""
-    reps, _, b = one_shot(data, ("N", "S1", "S2"), {"candidates": means[None],
-                                                    "cov_type": np.array([COV_TYPES.index(cov_type)])},
-                          _hard_stats, seed=seed, what="the covariance initialisation")
+    reps, _ = one_shot(data, ("N", "S1", "S2"), {"candidates": means[None],
+                                                 "cov_type": np.array([COV_TYPES.index(cov_type)])},
+                       _hard_stats, seed=seed, what="the covariance initialisation")
     N, S1, S2 = (summed(reps, data.clients, k)[0] for k in ("N", "S1", "S2"))
-    return _typed_m_step(N, S1, S2, means, cov_type, reg_covar), b
+    return _typed_m_step(N, S1, S2, means, cov_type, reg_covar)
 
 
 def _typed_m_step(N, S1, S2, means, cov_type, reg_covar):
@@ -180,16 +175,14 @@ def _pooled_cov(N, S1, S2, shift, cov_type, reg_covar):
 def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed):
     """Run the four steps above; returns ``(means, covariances, info)``.
 
-    ``info`` holds the candidates' log-likelihoods and the bytes of the three init rounds.
+    ``info`` holds the candidates' log-likelihoods and the index of the best.
     """
     M, d = n_components, data.n_features
     ct = np.array([COV_TYPES.index(cov_type)])
     min_size = d + 1
-    b1 = {}
     for k in (M, 2 * M, 4 * M):  # ask for more local clusters when small ones dissolved too many
-        reps, _, b = one_shot(data, ("centres", "sizes"), {"k": np.array([k]), "min_size": np.array([min_size])},
-                              _local_centres, seed=seed, what="the k-means initialisation")
-        b1 = add_bytes(b1, b)
+        reps, _ = one_shot(data, ("centres", "sizes"), {"k": np.array([k]), "min_size": np.array([min_size])},
+                           _local_centres, seed=seed, what="the k-means initialisation")
         centres = np.concatenate([reps[c]["centres"] for c in data.clients])
         sizes = np.concatenate([reps[c]["sizes"] for c in data.clients])
         if centres.shape[0] >= M:
@@ -201,13 +194,13 @@ def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed)
     srng = np.random.default_rng([seed, 7919])
     g = np.average(centres, axis=0, weights=sizes)
     cands = np.stack([kmeans(centres - g, M, srng, sizes)[0] + g for _ in range(n_init)])
-    reps, _, b2 = one_shot(data, ("N", "S1", "S2"), {"candidates": cands, "cov_type": ct}, _hard_stats, seed=seed,
-                           what="the k-means initialisation")
+    reps, _ = one_shot(data, ("N", "S1", "S2"), {"candidates": cands, "cov_type": ct}, _hard_stats, seed=seed,
+                       what="the k-means initialisation")
     N, S1, S2 = (summed(reps, data.clients, k) for k in ("N", "S1", "S2"))
     cov_a = np.stack([_typed_m_step(N[r], S1[r], S2[r], cands[r], cov_type, reg_covar) for r in range(n_init)])
-    reps, _, b3 = one_shot(data, ("loglik",), {"means": cands, "covariances": cov_a, "cov_type": ct}, _score,
-                           seed=seed, what="the k-means initialisation")
+    reps, _ = one_shot(data, ("loglik",), {"means": cands, "covariances": cov_a, "cov_type": ct}, _score,
+                       seed=seed, what="the k-means initialisation")
     ll = summed(reps, data.clients, "loglik")
     best = int(np.argmax(ll))
-    info = {"candidate_loglik": ll, "best": best, **add_bytes(b1, b2, b3)}
+    info = {"candidate_loglik": ll, "best": best}
     return cands[best], cov_a[best], info

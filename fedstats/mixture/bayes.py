@@ -319,7 +319,7 @@ class VariationalGaussianMixture(MixtureEstimator):
         data = as_federated(data)
         self._check(data)
         M, d, ct = self.n_components, data.n_features, self.covariance_type
-        m0, cov0, info = federated_priors(data, ct, seed=seed)
+        m0, cov0 = federated_priors(data, ct, seed=seed)
         prior = check_prior({
             "alpha0": 1.0 / M if self.weight_concentration_prior is None else float(self.weight_concentration_prior),
             "beta0": 1.0 if self.mean_precision_prior is None else float(self.mean_precision_prior),
@@ -331,10 +331,10 @@ class VariationalGaussianMixture(MixtureEstimator):
                  ("mean_precision", "means", "degrees_of_freedom", "covariances")}
             a = self.vb_init["weight_concentration"]
             alpha = {c: np.asarray(a[c], float) for c in data.clients} if isinstance(a, Mapping) else np.asarray(a, float)
-            means, cov, start = h["means"], h["covariances"], {"bytes_up": 0, "bytes_down": 0}
+            means, cov, info = h["means"], h["covariances"], {}
         else:
             h, alpha = None, None
-            means, cov, start = self._start(data, seed)
+            means, cov, info = self._start(data, seed)
         algo = VBFedEMAlgorithm(means, cov, prior, hyper=h, alpha_init=alpha, covariance_type=ct,
                                 reg_covar=self.reg_covar, shared_weights=self.shared_weights, tol=self.tol or None)
         res = run(algo, data, kind="variational rounds", rounds=self.rounds,
@@ -349,7 +349,6 @@ class VariationalGaussianMixture(MixtureEstimator):
         if not res.converged and self.tol:
             warnings.warn(f"variational FedEM did not converge in {self.rounds} rounds (tol={self.tol})",
                           RuntimeWarning, stacklevel=2)
-        info = {k: info[k] + start[k] for k in ("bytes_up", "bytes_down")}
         out = BayesianMixtureResult(
             means=hy["means"], covariances=hy["covariances"], weights={c: a / a.sum() for c, a in conc.items()},
             covariance_type=ct, feature_names=data.feature_names, n_obs=data.n_obs, history=res.history,
@@ -519,8 +518,8 @@ def federated_priors(data, cov_type, *, seed=0):
     data covariance (``ddof=1``; diagonal / mean variance for diag / spherical). One round."""
     from ..federation.oneshot import one_shot
 
-    reps, _, b = one_shot(data, ("n", "s", "ss"), {"go": np.array([1])}, _prior_moments, seed=seed,
-                          what="the prior round")
+    reps, _ = one_shot(data, ("n", "s", "ss"), {"go": np.array([1])}, _prior_moments, seed=seed,
+                       what="the prior round")
     n = sum(reps[c]["n"][0] for c in data.clients)
     mean = sum(reps[c]["s"] for c in data.clients) / n
     # Chan et al.'s parallel combination: within-client scatter + between-client term
@@ -529,7 +528,7 @@ def federated_priors(data, cov_type, *, seed=0):
                   for c in data.clients)
     cov = scatter / (n - 1)
     cov0 = {"full": cov, "tied": cov, "diag": np.diag(cov).copy(), "spherical": float(np.diag(cov).mean())}[cov_type]
-    return mean, cov0, b
+    return mean, cov0
 
 
 def check_prior(prior: dict, d: int, M: int, cov_type: str) -> dict:

@@ -41,7 +41,7 @@ from ..data import FederatedData
 from ..estimator import NONE
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
-from ._init import add_bytes, federated_loglik
+from ._init import federated_loglik
 from ._gmm import (
     check_cov_type,
     e_step,
@@ -55,7 +55,7 @@ from ._gmm import (
     reshift,
     s2_shape,
 )
-from ..results import FederatedResult, counted, register
+from ..results import FederatedResult, check_level, counted, register
 from ._common import (SERVER_CONSTRAINTS, WEIGHTS, MixtureEstimator, as_federated, check_failures, initial_weights,
                       log_weights, norm, without_lost)
 
@@ -297,10 +297,14 @@ class FederatedGaussianMixture(MixtureEstimator):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False):
+    def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False,
+            uncertainty: bool = False):
         """Fit by FedEM. ``data``: FederatedData (``y`` ignored), or per-client arrays.
 
-        Returns a :class:`GaussianMixtureResult`.
+        Returns a :class:`GaussianMixtureResult`. ``uncertainty=True`` adds the Wald rounds
+        (:meth:`GaussianMixtureResult.wald_intervals`): the result's ``summary(level)`` and
+        ``client_summary(level)`` then carry observed-information sd and intervals of the
+        means and weights.
         """
         data = as_federated(data)
         self._check(data)
@@ -316,7 +320,7 @@ class FederatedGaussianMixture(MixtureEstimator):
         weights = ({c: np.exp(st["log_w"]) / np.exp(st["log_w"]).sum() for c in data.clients} if self.shared_weights
                    else {c: norm(np.exp(s.log_weights)) for c, s in res.client_states.items()})
         # one more round: the log-likelihood at the final parameters (for bic, the CLI, ...)
-        ll, score_bytes = federated_loglik(data, st["means"], st["cov"], self.covariance_type,
+        ll = federated_loglik(data, st["means"], st["cov"], self.covariance_type,
                                            {c: log_weights(w) for c, w in weights.items()}, seed)
         if st["empty"]:
             warnings.warn(f"component(s) {st['empty']} received (almost) no mass in the last round and kept their "
@@ -324,13 +328,16 @@ class FederatedGaussianMixture(MixtureEstimator):
         if not res.converged and self.tol:
             warnings.warn(f"FedEM did not converge in {self.rounds} rounds (tol={self.tol}); increase rounds",
                           RuntimeWarning, stacklevel=2)
-        return GaussianMixtureResult(
+        out = GaussianMixtureResult(
             means=st["means"], covariances=st["cov"], weights=weights, covariance_type=self.covariance_type,
             feature_names=data.feature_names, n_obs=data.n_obs, history=res.history, communication=res.communication,
             rounds=res.rounds, converged=res.converged, shared_weights=self.shared_weights,
-            init_info={**info, **add_bytes(info, score_bytes)},
+            init_info=info,
             reg_covar=self.reg_covar, loglik=ll,
         )
+        if uncertainty:
+            out.wald_intervals(data, seed=seed)
+        return out
 
 
 # ====================================================================== results
@@ -458,7 +465,9 @@ class MixtureResult(FederatedResult):
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         """Shared parameters, one row each: ``mean[j][feature]``, ``var[j][feature]`` (the
         diagonal of component j's covariance) and, with shared weights, ``weight[j]``; the
-        estimate in the column ``mean`` (NaN sd and interval: see :meth:`wald_intervals`)."""
+        estimate in the column ``mean``. After the Wald rounds (``fit(..., uncertainty=True)``
+        or :meth:`wald_intervals`) the means and shared weights have ``sd`` and intervals at
+        ``level``; the variances are point estimates (NaN)."""
         t = self.component_table()
         names = [f"mean[{r.component}][{r.feature}]" for r in t.itertuples()]
         names += [f"var[{r.component}][{r.feature}]" for r in t.itertuples()]
@@ -466,17 +475,32 @@ class MixtureResult(FederatedResult):
         if self.shared_weights and self.weights_:
             names += [f"weight[{j}]" for j in range(self.n_components)]
             values += list(next(iter(self.weights_.values())))
-        return pd.DataFrame({"mean": values}, index=pd.Index(names, name="parameter"))
+        t = pd.DataFrame({"mean": values}, index=pd.Index(names, name="parameter"))
+        wald = getattr(self, "wald_info_", None)
+        if wald is not None:
+            from .wald import means_table, weights_table
+
+            t = t.combine_first(means_table(self, wald["cov_means"], level)).loc[names]
+            if self.shared_weights:
+                c = self.clients[0]
+                t.update(weights_table(self, c, wald["cov_eta"][c], level))
+        return t
 
     def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
-        """The client's weights ``weight[j]`` (estimates in ``mean``)."""
+        """The client's weights ``weight[j]`` (estimates in ``mean``; with the Wald rounds done
+        also ``sd`` and logit-scale intervals at ``level``)."""
+        wald = getattr(self, "wald_info_", None)
+        if wald is not None:
+            from .wald import weights_table
+
+            return weights_table(self, client, wald["cov_eta"][client], level)
         return pd.DataFrame({"mean": self.weights_[client]},
                             index=pd.Index([f"weight[{j}]" for j in range(self.n_components)], name="parameter"))
 
     def _no_posterior(self, what: str) -> str:
         return (f"{type(self).__name__} is a maximum-likelihood fit, with no {what} posterior: fit "
-                "VariationalGaussianMixture for one, or use wald_intervals(data) for "
-                "observed-information intervals")
+                "VariationalGaussianMixture for one, or fit(..., uncertainty=True) for "
+                "observed-information (Wald) intervals in summary()")
 
     def __repr__(self):
         return (f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "
@@ -508,18 +532,24 @@ class GaussianMixtureResult(MixtureResult):
     def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
         """Observed-information intervals for the means and every client's weights.
 
-        One more federated round over ``data`` (the fitted clients, each holding its rows):
-        each client sends a Schur complement of its information (spec §4.2); covariances
-        are held at their estimate. Returns ``(means_table, weights_table)``.
-        See :func:`fedstats.mixture.wald.wald_intervals`.
+        The Wald rounds over ``data`` (the fitted clients, each holding its rows): each
+        client sends a Schur complement of its information (spec §4.2); covariances are
+        held at their estimate. The covariances are kept (``wald_info_``), so ``summary``
+        and ``client_summary`` carry the intervals from then on, at any level; the rounds
+        join ``communication``. Returns ``(means_table, weights_table)`` at ``level``
+        (the weights one row per client and component). Raises
+        ``numpy.linalg.LinAlgError`` when the information is singular. See
+        :mod:`fedstats.mixture.wald`.
         """
         from ..federation.runner import Communication, counting
-        from .wald import wald_intervals
+        from .wald import means_table, wald_covariances
 
+        level = check_level(level)
         with counting() as ledger:
-            m, w, self.wald_info_ = wald_intervals(self, as_federated(data), level=level, seed=seed)
+            self.wald_info_ = wald_covariances(self, as_federated(data), seed=seed)
         self.communication = Communication.combine([self.communication, ledger.communication()])
-        return m, w
+        return (means_table(self, self.wald_info_["cov_means"], level),
+                self.client_summary(level).drop(columns="p_value"))
 
     def bic(self) -> float:
         """Federated BIC ``-2 sum_c L_c + p log N`` at the final parameters (``loglik_``)."""

@@ -31,7 +31,6 @@ from scipy.special import expit
 from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
 from ._gmm import COV_TYPES, centre, e_step, full_covariances, log_gaussian, precision_cholesky
-from ._init import add_bytes
 
 
 def free_weights(weights, tiny=1e-8):
@@ -102,29 +101,21 @@ def _logit_interval(p, sd_p, z):
     return expit(lp - z * s), expit(lp + z * s)
 
 
-def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
-    """Wald intervals of a :class:`~fedstats.mixture.GaussianMixtureResult` (two federated
-    rounds; one with ``shared_weights``).
-
-    Returns ``(means_table, weights_table, info)``: the means with ``sd``, ``lower``,
-    ``upper``; every client's weights likewise (a ``client`` column), each computed on its
-    client; ``info`` holds ``cov_means`` (Md x Md) and the bytes of the round.
-    Raises ``numpy.linalg.LinAlgError`` when the information is singular (a weight at 0,
-    or components that cannot be told apart).
-    """
-    if not 0 < level < 1:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
+def wald_covariances(result, data, *, seed: int = 0) -> dict:
+    """The Wald rounds of a :class:`~fedstats.mixture.GaussianMixtureResult` (two federated
+    rounds; one with ``shared_weights``): ``{"cov_means": (Md x Md), "cov_eta": {client: its
+    weights' covariance in log-ratio coordinates}}``. Raises ``numpy.linalg.LinAlgError``
+    when the information is singular (a weight at 0, or components that cannot be told
+    apart)."""
     if set(data.clients) != set(result.weights_):
-        raise ValueError("wald_intervals needs the fitted federation: data's clients differ from the fit's")
+        raise ValueError("the Wald intervals need the fitted federation: data's clients differ from the fit's")
     M, d = result.means_.shape
-    z = stats.norm.ppf(0.5 + level / 2)
     shared = bool(result.shared_weights)
     payload = {"means": result.means_, "covariances": result.covariances_,
                "cov_type": np.array([COV_TYPES.index(result.covariance_type)]), "shared": np.array([int(shared)])}
-
     what = "the Wald round"
-    reps, _, b1 = one_shot(data, ("A", "Jte", "Jee") if shared else ("A",), payload, _schur_reply, seed=seed,
-                           what=what, private=result.weights_)
+    reps, _ = one_shot(data, ("A", "Jte", "Jee") if shared else ("A",), payload, _schur_reply, seed=seed,
+                       what=what, private=result.weights_)
     Ptot = M * d
     if shared:
         L = len(free_weights(result.weights_[data.clients[0]]))
@@ -135,34 +126,38 @@ def wald_intervals(result, data, *, level: float = 0.95, seed: int = 0):
             J[Ptot:, :Ptot] += rep["Jte"].T
             J[Ptot:, Ptot:] += rep["Jee"]
         cov_all = np.linalg.inv(J)
-        cov_t = cov_all[:Ptot, :Ptot]
-        cov_eta = {c: cov_all[Ptot:, Ptot:] for c in data.clients}
-        b2 = {}
-    else:
-        cov_t = np.linalg.inv(sum(rep["A"] for rep in reps.values()))
-        _, held, b2 = one_shot(data, (), dict(payload, cov_means=cov_t), _weights_cov, seed=seed, what=what,
-                               private=result.weights_)
-        cov_eta = {c: held[c][1] for c in data.clients}
-    sd = np.sqrt(np.diag(cov_t)).reshape(M, d)
+        return {"cov_means": cov_all[:Ptot, :Ptot], "cov_eta": {c: cov_all[Ptot:, Ptot:] for c in data.clients}}
+    cov_t = np.linalg.inv(sum(rep["A"] for rep in reps.values()))
+    _, held = one_shot(data, (), dict(payload, cov_means=cov_t), _weights_cov, seed=seed, what=what,
+                       private=result.weights_)
+    return {"cov_means": cov_t, "cov_eta": {c: held[c][1] for c in data.clients}}
+
+
+def means_table(result, cov_means, level: float) -> pd.DataFrame:
+    """The shared means (``mean[j][feature]``) with Wald ``sd``, ``lower``, ``upper``."""
+    z = stats.norm.ppf(0.5 + level / 2)
+    M, d = result.means_.shape
+    sd = np.sqrt(np.diag(cov_means)).reshape(M, d)
     names = [f"mean[{j}][{f}]" for j in range(M) for f in result.feature_names]
-    means_table = pd.DataFrame({"mean": result.means_.ravel(), "sd": sd.ravel(),
-                                "lower": (result.means_ - z * sd).ravel(), "upper": (result.means_ + z * sd).ravel()},
-                               index=pd.Index(names, name="parameter"))
-    rows = []
-    for c in data.clients:
-        pi = result.weights_[c]
-        # pi = softmax(eta) over the free coordinates: d pi_k / d eta_l = pi_k (delta_kl - pi_l)
-        f = free_weights(pi)
-        Jac = (np.diag(pi) - np.outer(pi, pi))[:, f]
-        sd_pi = np.sqrt(np.maximum(np.diag(Jac @ cov_eta[c] @ Jac.T), 0.0))
-        lo, hi = _logit_interval(np.clip(pi, 1e-12, 1 - 1e-12), sd_pi, z)
-        if M == 1:  # the weight is 1 by definition, not a parameter
-            sd_pi, lo, hi = np.zeros(1), np.ones(1), np.ones(1)
-        else:
-            boundary = (pi < 1e-8) | (len(f) == 0)  # an MLE at 0 (or 1 because all others are): no interval
-            sd_pi, lo, hi = (np.where(boundary, np.nan, v) for v in (sd_pi, lo, hi))
-        for j in range(M):
-            rows.append({"client": c, "parameter": f"weight[{j}]", "mean": pi[j], "sd": sd_pi[j], "lower": lo[j],
-                         "upper": hi[j]})
-    info = {"cov_means": cov_t, "cov_eta": cov_eta, **add_bytes(b1, b2)}
-    return means_table, pd.DataFrame(rows), info
+    return pd.DataFrame({"mean": result.means_.ravel(), "sd": sd.ravel(), "lower": (result.means_ - z * sd).ravel(),
+                         "upper": (result.means_ + z * sd).ravel()}, index=pd.Index(names, name="parameter"))
+
+
+def weights_table(result, client, cov_eta, level: float) -> pd.DataFrame:
+    """One client's weights (``weight[j]``) with Wald ``sd`` and logit-scale intervals (NaN
+    for a weight estimated at 0)."""
+    z = stats.norm.ppf(0.5 + level / 2)
+    M = result.n_components
+    pi = result.weights_[client]
+    # pi = softmax(eta) over the free coordinates: d pi_k / d eta_l = pi_k (delta_kl - pi_l)
+    f = free_weights(pi)
+    Jac = (np.diag(pi) - np.outer(pi, pi))[:, f]
+    sd_pi = np.sqrt(np.maximum(np.diag(Jac @ cov_eta @ Jac.T), 0.0))
+    lo, hi = _logit_interval(np.clip(pi, 1e-12, 1 - 1e-12), sd_pi, z)
+    if M == 1:  # the weight is 1 by definition, not a parameter
+        sd_pi, lo, hi = np.zeros(1), np.ones(1), np.ones(1)
+    else:
+        boundary = (pi < 1e-8) | (len(f) == 0)  # an MLE at 0 (or 1 because all others are): no interval
+        sd_pi, lo, hi = (np.where(boundary, np.nan, v) for v in (sd_pi, lo, hi))
+    return pd.DataFrame({"mean": pi, "sd": sd_pi, "lower": lo, "upper": hi},
+                        index=pd.Index([f"weight[{j}]" for j in range(M)], name="parameter"))

@@ -208,7 +208,7 @@ def test_wald_information_equals_autodiff_and_pooled_inverse():
     for k, c in enumerate(data.clients):
         s = slice(P + k * (M - 1), P + (k + 1) * (M - 1))
         np.testing.assert_allclose(res.wald_info_["cov_eta"][c], inv[s, s], rtol=1e-8)
-    assert res.wald_info_["bytes_up"] == C * P * P * 8  # only the P x P Schur term goes up
+    assert res.communication.by_kind["Wald round"]["bytes_up"] == C * P * P * 8  # only the P x P Schur term goes up
     assert np.all((w["lower"] > 0) & (w["upper"] < 1))
 
 
@@ -234,7 +234,7 @@ def test_wald_shared_weights_equals_autodiff(ct):
     for c in data.clients:
         np.testing.assert_allclose(res.wald_info_["cov_eta"][c], inv[P:, P:], rtol=1e-8)
     np.testing.assert_allclose(m["sd"].to_numpy(), np.sqrt(np.diag(inv[:P, :P])), rtol=1e-8)
-    assert res.wald_info_["bytes_down"] > 0 and len(wt) == 9
+    assert res.communication.by_kind["Wald round"]["bytes_down"] > 0 and len(wt) == 9
 
 
 def test_wald_second_round_counts_the_download():
@@ -243,8 +243,9 @@ def test_wald_second_round_counts_the_download():
     res.wald_intervals(data)
     P = 4
     # up: one P x P Schur term per client; down: the components twice, Cov(theta) once
-    assert res.wald_info_["bytes_up"] == 4 * P * P * 8
-    assert res.wald_info_["bytes_down"] > 4 * P * P * 8
+    wald = res.communication.by_kind["Wald round"]
+    assert wald["bytes_up"] == 4 * P * P * 8 and wald["rounds"] == 2
+    assert wald["bytes_down"] > 4 * P * P * 8
 
 
 def test_one_component_and_refusals():

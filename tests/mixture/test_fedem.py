@@ -4,6 +4,7 @@ invariants (monotone likelihood, incremental EM), recovery, unseen clients, edge
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy.optimize import linear_sum_assignment, minimize
 from scipy.special import logsumexp, softmax
@@ -221,6 +222,37 @@ def test_translation_equivariance_far_from_the_origin(ct):
     assert b.loglik_ == pytest.approx(a.loglik_, rel=1e-7)
     w = b.wald_intervals([X + off for X in Xs], 0.9)[0]
     np.testing.assert_allclose(w["sd"], a.wald_intervals(Xs, 0.9)[0]["sd"], rtol=1e-4)
+
+
+def test_uncertainty_puts_wald_intervals_into_the_summaries(tmp_path):
+    """fit(..., uncertainty=True) runs the Wald rounds inside the fit (counted there); the
+    summaries then carry them at any level, and they survive save/load."""
+    from scipy import stats
+
+    data, _ = gmm_federation(n_clients=4, n_components=2, d=2, n_obs=60, min_separation=5.0, seed=3)
+    plain = FederatedGaussianMixture(2, n_init=2).fit(data, seed=0)
+    assert plain.summary()["sd"].isna().all() and "Wald round" not in plain.communication.by_kind
+    res = FederatedGaussianMixture(2, n_init=2).fit(data, seed=0, uncertainty=True)
+    assert res.communication.by_kind["Wald round"]["rounds"] == 2
+    assert res.communication.bytes_up == plain.communication.bytes_up + 4 * 4 * 4 * 8
+    m, w = plain.wald_intervals(data, 0.9)
+    g = res.summary(0.9)
+    means = g.loc[m.index]
+    np.testing.assert_allclose(means[["mean", "sd", "lower", "upper"]].to_numpy(), m.to_numpy(), rtol=1e-10)
+    assert g.loc[[n for n in g.index if n.startswith("var[")], "sd"].isna().all()  # variances: point estimates
+    # another level: the same sd, intervals from the normal quantile
+    g8 = res.summary(0.8)
+    z = stats.norm.ppf(0.9)
+    np.testing.assert_allclose(g8.loc[m.index, "upper"], means["mean"] + z * means["sd"], rtol=1e-10)
+    cs = res.client_summary(0.9)
+    np.testing.assert_allclose(cs[["mean", "sd", "lower", "upper"]].to_numpy(),
+                               w[["mean", "sd", "lower", "upper"]].to_numpy(), rtol=1e-10)
+    inner = cs[cs["sd"].notna()]  # a weight estimated at 0 (and its partner at 1) has no interval
+    assert len(inner) == 4 and cs.loc[cs["sd"].isna(), "mean"].round(6).isin([0.0, 1.0]).all()
+    assert ((inner["lower"] > 0) & (inner["lower"] < inner["mean"]) & (inner["mean"] < inner["upper"])
+            & (inner["upper"] < 1)).all()
+    back = GaussianMixtureResult.load(res.save(tmp_path / "r.fedstats"))
+    pd.testing.assert_frame_equal(back.client_summary(0.9), cs)
 
 
 def test_client_failures_are_reported(monkeypatch):
