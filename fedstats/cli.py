@@ -225,7 +225,7 @@ def _estimator(args):
         from .linear import StructuralCovarianceModel
 
         return (StructuralCovarianceModel(rounds=args.rounds, fit_intercept=args.intercept),
-                {"uncertainty": args.uncertainty})
+                {"uncertainty": True if args.uncertainty else "auto"})
     if args.model == "fgpr":
         from .gp import FGPR
 
@@ -541,7 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30), "
                    "fgpr (default 100) and gmm (at most; default 200)")
     f.add_argument("--uncertainty", action="store_true",
-                   help="hm1: conditional posterior intervals (each client shares X^T X / sigma^2 once); gmm: Wald "
+                   help="hm1: require the conditional posteriors (each client shares X^T X / sigma^2 once; by default "
+                   "they are given whenever every client can share, else Algorithm 1's point with a warning); gmm: Wald "
                    "intervals from the observed information (each client shares a Schur complement once)")
     f.add_argument("--kernel", default="rbf", choices=("rbf", "matern"), help="fgpr only: GP kernel (default rbf)")
     f.add_argument("--ard", action="store_true", help="fgpr only: one lengthscale per feature")

@@ -64,7 +64,7 @@ def fit_all(out, data, gm):
         out["ridge"] = BayesianRidge(rounds=2).fit(data, seed=0, progress=False)
         out["lasso-centralised"] = BayesianLasso().fit_centralised(data, seed=0, num_warmup=100, num_samples=100)
         out["hm1"] = StructuralCovarianceModel(rounds=5).fit(data, seed=0, uncertainty=True, progress=False)
-        out["hm1-point"] = StructuralCovarianceModel(rounds=5).fit(data, seed=0, progress=False)
+        out["hm1-point"] = StructuralCovarianceModel(rounds=5).fit(data, seed=0, progress=False, uncertainty=False)
         out["separate"] = Separate().fit(data)
         out["fedavg"] = FedAvg().fit(data)
         out["ditto"] = Ditto(lam=1.0).fit(data)

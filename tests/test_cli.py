@@ -128,7 +128,7 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
     rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm1", "--level", "0.9",
                "--output", str(out), "--predict", str(t)])
     assert rc == 0
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert "HM1 (Algorithm 1): 30 rounds" in printed and "omega[A, B]" in printed
     j = json.loads(out.read_text())
     assert j["model"] == "hm1" and j["rounds"] == 30
@@ -138,25 +138,35 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
     assert all(g["sd"] is None and g["mean"] is not None for g in j["global"])
     recs = {r["name"]: r for r in j["client"]["B"]}
     assert list(recs) == ["intercept", "x1", "x2", "grp[v]"]
-    assert abs(recs["x1"]["mean"] - 2) < 0.2 and recs["x1"]["sd"] is None
     om = pd.read_csv(tmp_path / j["omega_file"], index_col=0)
     assert om.shape == (3, 3) and list(om.columns) == ["A", "B", "C"]
     np.testing.assert_allclose(om.to_numpy(), om.to_numpy().T)
-    assert all(r["lower"] is None for r in j["predictions"])
-    # with --uncertainty: intervals from the conditional posterior, predictive intervals
-    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm1", "--uncertainty",
-               "--output", str(out), "--predict", str(t)])
-    assert rc == 0
-    printed, err = capsys.readouterr()
-    j = json.loads(out.read_text())
+    # by default every client can share its information (30 rows for 4 coefficients): the
+    # estimate is the posterior mean, the centre of its interval; Algorithm 1's is beside it
     x1 = {r["name"]: r for r in j["client"]["A"]}["x1"]
     assert x1["lower"] < x1["mean"] < x1["upper"] and x1["lower"] < 2 < x1["upper"]
     assert abs(x1["mean"] - (x1["lower"] + x1["upper"]) / 2) < 1e-9  # the point is its interval's centre
-    assert "estimate" in x1
-    # convergence is reported in the JSON, the header line, and (if not) a warning on stderr
-    assert ("NOT converged" in printed) == (not j["converged"]) == ("did not converge" in err)
+    assert abs(x1["estimate"] - 2) < 0.2
     for r, truth in zip(j["predictions"], df["y"].iloc[[0, 40, 80, 1]]):
         assert r["lower"] < r["mean"] < r["upper"] and r["lower"] - 0.5 < truth < r["upper"] + 0.5
+        assert r["lower"] < r["mean_lower"] < r["mean_upper"] < r["upper"]
+    # convergence is reported in the JSON, the header line, and (if not) a warning on stderr
+    assert ("NOT converged" in printed) == (not j["converged"]) == ("did not converge" in err)
+    # a client with 4 rows for 4 coefficients cannot estimate its noise variance: by default
+    # Algorithm 1's point only, with a warning; --uncertainty makes that an error
+    small = pd.concat([df, df[df.site == "A"].iloc[:4].assign(site="D")])
+    small.to_csv(tmp_path / "small.csv", index=False)
+    rc = main(["fit", str(tmp_path / "small.csv"), "--by", "site", "--target", "y", "--model", "hm1",
+               "--output", str(out), "--predict", str(t)])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "Algorithm 1's point estimates only" in err and "client 'D' has 4 rows" in err
+    j = json.loads(out.read_text())
+    assert all(r["sd"] is None and r["mean"] == r["estimate"] for r in j["client"]["A"])
+    assert all(r["lower"] is None for r in j["predictions"])
+    assert main(["fit", str(tmp_path / "small.csv"), "--by", "site", "--target", "y", "--model", "hm1",
+                 "--uncertainty"]) == 1
+    assert "client 'D' has 4 rows for 4 independent coefficients" in capsys.readouterr().err
     # a client not in the fit, --uncertainty with another model: one-line errors
     other = df.drop(columns="y").iloc[[0]].assign(site="Z")
     other.to_csv(tmp_path / "z.csv", index=False)

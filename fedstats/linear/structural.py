@@ -277,18 +277,23 @@ def shrink_for(shrink_scale, X, y, client, steps: int, batch_size, reduction: st
     return steps * residual_variance(X, y, client, "use a numeric shrink_scale") * frac
 
 
+class CannotShareError(ValueError):
+    """A device could not share its information matrix or estimate its noise variance (``fit`` with ``uncertainty="auto"``
+    then keeps Algorithm 1's point and warns)."""
+
+
 def residual_variance(X, y, client=None, hint: str = "give noise_sd") -> float:
     """Unbiased residual variance of the device's least-squares fit (needs more rows than
     the rank of its design, and a residual that is not exactly 0)."""
     n = X.shape[0]
     rank = np.linalg.matrix_rank(X)
     if n <= rank:
-        raise ValueError(f"client {client!r} has {n} rows for {rank} independent coefficients: its noise variance "
+        raise CannotShareError(f"client {client!r} has {n} rows for {rank} independent coefficients: its noise variance "
                          f"cannot be estimated; {hint}")
     beta, *_ = np.linalg.lstsq(X, y, rcond=None)
     rss = float(np.sum((y - X @ beta) ** 2))
     if not rss > 1e-24 * float(np.sum(y**2)):  # an exact fit up to rounding
-        raise ValueError(f"client {client!r}: least squares fits its data exactly, so its noise variance cannot be "
+        raise CannotShareError(f"client {client!r}: least squares fits its data exactly, so its noise variance cannot be "
                          f"estimated; {hint}")
     return rss / (n - rank)
 
@@ -475,23 +480,33 @@ class StructuralCovarianceModel(Estimator):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress: bool | None = None, uncertainty: bool = False,
+    def fit(self, data, *, seed: int = 0, progress: bool | None = None, uncertainty: bool | str = "auto",
             noise_sd=None, checkpoint=None, resume: bool = False, batched: bool = True,
             theta_init=None, callback=None) -> StructuralResult:
         """Fit Algorithm 1 on ``data`` (a :class:`~fedstats.data.FederatedData`, K >= 2).
 
-        ``uncertainty=True`` then runs one more exchange in which every device shares its
-        information matrix (see the module docs) and returns Gaussian posteriors of every
-        ``theta_k`` given an estimate of Omega (``posterior_omega``: by default the EM
-        estimate from those matrices, not Algorithm 1's Omega); ``noise_sd`` (a float, or a
-        dict client -> float) gives known noise sds, else each device uses its
-        least-squares residual variance (which needs more rows than coefficients). The
+        With uncertainty one more exchange follows, in which every device shares its
+        information matrix (see the module docs), and the result holds Gaussian posteriors
+        of every ``theta_k`` given an estimate of Omega (``posterior_omega``: by default the
+        EM estimate from those matrices, not Algorithm 1's Omega); their mean is the
+        reported estimate (``mean`` of ``client_summary`` and ``predict``; Algorithm 1's point
+        stays beside it as ``estimate``, ``coef``, ``theta``, and is what ``rmse`` scores).
+        ``noise_sd`` (a float, or a dict client -> float) gives known noise sds, else each
+        device uses its least-squares residual variance (which needs more rows than
+        coefficients). ``uncertainty="auto"`` (default): posteriors whenever every device
+        can share (a warning otherwise, and the result then holds Algorithm 1's point only);
+        ``True``: posteriors or an error; ``False``: Algorithm 1 only. Why the posterior mean
+        is the default estimate: on data-poor devices it is the better point (README,
+        ``benchmarks/results/hm1_defaults.md``). The
         result's ``converged`` says whether Algorithm 1's last round changed Theta and Omega
         by less than ``tol`` (relative); if not, a :class:`RuntimeWarning` says so.
         ``theta_init`` (d x K) overrides ``init``. ``callback(round, Theta, Omega)`` is called
         on the server after every round (copies; e.g. to trace parameter recovery).
         """
         require_target(data, "StructuralCovarianceModel")
+        if not (uncertainty is True or uncertainty is False or uncertainty == "auto"):
+            raise ValueError(f"StructuralCovarianceModel.fit: uncertainty must be True, False or 'auto', got "
+                             f"{uncertainty!r}")
         clients, opts, devices, names = self._prepare(data)
         K, d = len(clients), len(names)
         if theta_init is not None:
@@ -529,8 +544,14 @@ class StructuralCovarianceModel(Estimator):
         )
         self._warn_unconverged(res.rounds, res.converged, last, K, d, stacklevel=4)
         if uncertainty:
-            res._add_posteriors(devices, noise_sd, seed=seed, jitter=float(self.jitter), how=self.posterior_omega,
-                                prior_rows=self.omega_prior_rows)
+            try:
+                res._add_posteriors(devices, noise_sd, seed=seed, jitter=float(self.jitter), how=self.posterior_omega,
+                                    prior_rows=self.omega_prior_rows)
+            except CannotShareError as exc:
+                if uncertainty is True:
+                    raise
+                warnings.warn(f"HM1 reports Algorithm 1's point estimates only, without posteriors: {exc}",
+                              RuntimeWarning, stacklevel=3)
         return res
 
     def _warn_unconverged(self, rounds: int, converged: bool, metrics: Mapping, K: int, d: int, *,
@@ -754,7 +775,7 @@ class StructuralResult(PointResult):
         if missing:
             why = out.history[0].failed
             c = missing[0]
-            raise ValueError(f"client {c!r} could not share its information matrix: {why.get(c, 'no reply')}")
+            raise CannotShareError(f"client {c!r} could not share its information matrix: {why.get(c, 'no reply')}")
         info = np.stack([replies[c]["information"] for c in self.clients])
         score = np.stack([replies[c]["score"] for c in self.clients])
         self.noise_var = np.array([float(replies[c]["noise_var"]) for c in self.clients])

@@ -211,7 +211,7 @@ def test_uncertainty_intervals_and_prediction():
     s = res.client_summary(0.9)
     assert list(s.columns) == ["client", "parameter", "mean", "sd", "lower", "upper", "p_value", "estimate"]
     with pytest.raises(RuntimeError, match="uncertainty=True"):
-        StructuralCovarianceModel(rounds=2).fit(data).client_posterior(0)
+        StructuralCovarianceModel(rounds=2).fit(data, uncertainty=False).client_posterior(0)
 
 
 def test_conditional_posterior_equals_the_dense_oracle():
@@ -262,6 +262,13 @@ def test_bad_input_and_options():
         StructuralCovarianceModel(rounds=2).fit(small, uncertainty=True)
     res = StructuralCovarianceModel(rounds=2).fit(small, uncertainty=True, noise_sd=0.5)
     assert np.all(np.isfinite(res.posterior_mean))
+    # the default ("auto"): posteriors where every device can share, else Algorithm 1 with a warning
+    with pytest.warns(RuntimeWarning, match="Algorithm 1's point estimates only.*noise_sd"):
+        point = StructuralCovarianceModel(rounds=2).fit(small)
+    assert not point.has_uncertainty and point.client_summary()["sd"].isna().all()
+    assert StructuralCovarianceModel(rounds=2).fit(small, noise_sd=0.5).has_uncertainty
+    with pytest.raises(ValueError, match="uncertainty must be True, False or 'auto'"):
+        StructuralCovarianceModel(rounds=2).fit(small, uncertainty="yes")
     with pytest.raises(KeyError, match="unknown client"):
         res.coef("nope")
     with pytest.raises(ValueError, match="columns"):
@@ -519,7 +526,7 @@ def test_new_options_are_checked():
     with pytest.raises(ValueError, match="stop_early"):
         StructuralCovarianceModel(stop_early="yes").fit(data)
     with pytest.raises(RuntimeError, match="uncertainty=True"):
-        StructuralCovarianceModel(rounds=2, tol=0).fit(data).posterior_omega
+        StructuralCovarianceModel(rounds=2, tol=0).fit(data, uncertainty=False).posterior_omega
     res = StructuralCovarianceModel(rounds=2, tol=0, omega_prior_rows=0.5).fit(data, uncertainty=True)
     assert res.posterior_info["omega"] == "em" and res.posterior_info["prior_rows"] == 0.5
     assert res.posterior_omega.shape == (3, 3) and list(res.posterior_omega.index) == data.clients
