@@ -68,8 +68,8 @@ def main():
     for name, data, opts in cases:
         model = StructuralCovarianceModel(**opts)
         reps = 1 if data.n_clients > 500 else 3
-        fed, t_fed = timed(lambda: model.fit(data, seed=0, progress=False), reps)
-        loop, t_loop = timed(lambda: model.fit(data, seed=0, progress=False, batched=False), reps)
+        fed, t_fed = timed(lambda: model.fit(data, seed=0, progress=False, uncertainty=False), reps)
+        loop, t_loop = timed(lambda: model.fit(data, seed=0, progress=False, batched=False, uncertainty=False), reps)
         cen, t_cen = timed(lambda: model.fit_centralised(data, seed=0), reps)
         r = opts["rounds"]
         rows.append({

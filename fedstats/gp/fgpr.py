@@ -41,7 +41,7 @@ from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
                     resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
-from ..estimator import BOOL, Estimator, Int, OneOf, Real
+from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..results import FederatedResult, UnknownClientError, check_level, counted, register
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
@@ -436,60 +436,42 @@ class FGPR(Estimator):
                          lengthscale_floor=self.lengthscale_floor, outputscale_floor=self.outputscale_floor,
                          noise_floor=self.noise_floor)
 
-    _constraints = {"kernel": OneOf("rbf", "matern"), "ard": BOOL, "rounds": Int(1), "standardize": BOOL,
-                    "lr": Real(0, closed=(False, True))}
+    _constraints = {
+        "kernel": OneOf("rbf", "matern"), "ard": BOOL, "rounds": Int(1), "standardize": BOOL,
+        "local_steps": OneOf("epoch") | Int(1),
+        # one point cannot separate signal from noise
+        "batch_size": Int(2) | Real(0, 1, closed=(False, False)),
+        "sampler": OneOf(*SAMPLERS), "optimizer": OneOf(*OPTIMIZERS), "average_space": OneOf(*SPACES),
+        "optimizer_state": OneOf("fresh", "persistent"), "loss_normalization": OneOf("mean", "sum"),
+        "lr": Real(0, closed=(False, True)), "lr_decay": NONE | Real(0, closed=(False, True)),
+        "betas": Constraint(lambda v: isinstance(v, (tuple, list, np.ndarray)) and len(v) == 2 and all(
+            isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and 0 <= x < 1
+            for x in v), "two numbers in [0, 1)"),
+        "condition_limit": NONE | Int(1),
+        "participation": Int(1) | Real(0, 1, closed=(False, True)),
+    }
 
     def _validate(self, data) -> tuple[HyperSpec, dict]:
         self._validate_params()
         if not isinstance(data, FederatedData):
             raise TypeError(f"data must be a fedstats.FederatedData, got {type(data).__name__}")
         spec = self.spec(data.n_features)
-        _int(self.rounds, "rounds")
-        if not (self.local_steps == "epoch" or _is_int(self.local_steps) and self.local_steps >= 1):
-            raise ValueError(f"local_steps must be an int >= 1 or 'epoch', got {self.local_steps!r}")
-        if not (_is_int(self.batch_size) and self.batch_size >= 2 or isinstance(self.batch_size, float)
-                and 0 < self.batch_size < 1):
-            raise ValueError(f"batch_size must be an int >= 2 (one point cannot separate signal from noise) or a "
-                             f"fraction in (0, 1), got {self.batch_size!r}")
-        for name, allowed in (("sampler", SAMPLERS), ("optimizer", OPTIMIZERS), ("average_space", SPACES),
-                              ("optimizer_state", ("fresh", "persistent")), ("loss_normalization", ("mean", "sum"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if not (isinstance(self.lr, (int, float, np.integer, np.floating)) and not isinstance(self.lr, bool)
-                and np.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        if self.lr_decay is not None:
-            if self.optimizer != "sgd":
-                raise ValueError("lr_decay applies to optimizer='sgd' only")
-            if not (isinstance(self.lr_decay, (int, float)) and self.lr_decay > 0):
-                raise ValueError(f"lr_decay must be a positive number of steps or None, got {self.lr_decay!r}")
-        try:
-            b = tuple(float(x) for x in self.betas)
-        except TypeError:
-            b = ()
-        if len(b) != 2 or not all(0 <= x < 1 for x in b):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
-        if self.condition_limit is not None:
-            _int(self.condition_limit, "condition_limit")
+        if self.lr_decay is not None and self.optimizer != "sgd":
+            raise ValueError("FGPR: lr_decay applies to optimizer='sgd' only")
+        b = tuple(float(x) for x in self.betas)
         small = {c: n for c, n in data.n_obs.items() if n < 2}
         if small:
             c = next(iter(small))
             raise DataError(f"client {c!r} has {small[c]} point(s); FGPR needs at least 2 per client "
                             f"(a marginal likelihood of one point cannot separate signal from noise)")
         K = len(data.clients)
-        p = self.participation
-        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
-            raise ValueError(f"participation must be 1.0, a count or a fraction of clients, got {p!r}")
+        p = self.participation  # a count of clients, or a fraction of them (1.0: all)
         if isinstance(p, (float, np.floating)) and p == 1.0:
             k = None
-        elif isinstance(p, (int, np.integer)):
-            if p < 1:
-                raise ValueError(f"participation count must be >= 1, got {p}")
+        elif _is_int(p):
             k = int(p)
-        elif 0 < p < 1:
-            k = max(1, math.ceil(round(p * K, 9)))
         else:
-            raise ValueError(f"participation fraction must be in (0, 1], got {p!r}")
+            k = max(1, math.ceil(round(p * K, 9)))
         if k is not None and k >= K:  # K_s = K is full participation (spec §2.1), not K draws
             k = None
         init = spec.check(self.init, "init") if self.init is not None else spec.default()
@@ -560,11 +542,6 @@ class FGPR(Estimator):
 
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _int(v, name: str) -> None:
-    if not _is_int(v) or v < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
 
 
 # --------------------------------------------------------------------------- the result

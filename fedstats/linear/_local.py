@@ -16,25 +16,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..estimator import OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..results import FederatedResult, check_level, prediction_frame, register
 
 
 REDUCTIONS = ("sum", "mean")
-
-
-def check_reduction(value) -> str:
-    if value not in REDUCTIONS:
-        raise ValueError(f"grad_reduction must be one of {REDUCTIONS}, got {value!r}")
-    return value
-
-
-def check_positive_int(value, name, *, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, got {value!r}")
-    return int(value)
+#: A step size: "auto" or a number > 0 (the constraint of every gradient model's ``lr``).
+LR = OneOf("auto") | Real(0, closed=(False, True))
 
 
 def full_batch(batch_size, n: int) -> bool:

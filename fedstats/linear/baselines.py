@@ -25,9 +25,9 @@ from ..data import require_target
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ..federation.runner import _INIT_TAG  # init_server's seed stream: Separate starts where HM1 starts
-from ..estimator import BOOL, Estimator, Int, OneOf
+from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..results import counted
-from ._local import (DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
+from ._local import (INITS, LR, REDUCTIONS, DeviceDesign, PointResult, coefficient_names,
                      federated_lr, full_batch, full_batch_steps, initial_theta, local_steps)
 
 
@@ -35,10 +35,6 @@ def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
     model._validate_params()
     if data.n_clients < 1:
         raise ValueError("no clients")
-    check_positive_int(model.rounds, "rounds")
-    check_positive_int(model.local_steps, "local_steps")
-    check_positive_int(model.batch_size, "batch_size", allow_none=True)
-    check_reduction(model.grad_reduction)
     devices = DeviceDesign(data, model.fit_intercept)
     clients = list(data.clients)
     lr = federated_lr(model.lr, devices, model.batch_size, model.grad_reduction)
@@ -48,8 +44,8 @@ def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
 class _GDOptions(Estimator):
     """The parameters of the gradient-descent baselines (HM1's: the same step budget)."""
 
-    _constraints = {"rounds": Int(1), "local_steps": Int(1), "grad_reduction": OneOf("sum", "mean"),
-                    "fit_intercept": BOOL}
+    _constraints = {"rounds": Int(1), "local_steps": Int(1), "lr": LR, "batch_size": NONE | Int(1),
+                    "grad_reduction": OneOf(*REDUCTIONS), "init": OneOf(*INITS), "fit_intercept": BOOL}
 
     def __init__(self, *, rounds=30, local_steps=20, lr="auto", batch_size=None, grad_reduction="sum",
                  init="normal", fit_intercept=False, participation=1.0):
@@ -236,6 +232,8 @@ class Ditto(_GDOptions):
     received that round). Devices predict with ``v_k``. ``lam`` grid in the spec:
     {0.01, 0.1, 1, 10}."""
 
+    _constraints = {**_GDOptions._constraints, "lam": Real(0)}
+
     def __init__(self, *, lam: float = 1.0, rounds=30, local_steps=20, lr="auto", batch_size=None,
                  grad_reduction="sum", init="normal", fit_intercept=False, participation=1.0):
         super().__init__(rounds=rounds, local_steps=local_steps, lr=lr, batch_size=batch_size,
@@ -247,10 +245,8 @@ class Ditto(_GDOptions):
     @accepts_backend
     def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
         require_target(data, "Ditto")
-        lam = float(self.lam)
-        if not (np.isfinite(lam) and lam >= 0):
-            raise ValueError(f"lam must be a non-negative number, got {self.lam!r}")
-        return _run_averaging(self, data, seed, progress, lam=lam)
+        self._validate_params()
+        return _run_averaging(self, data, seed, progress, lam=float(self.lam))
 
 
 class _OneShotRidge(FederatedAlgorithm):
@@ -282,6 +278,8 @@ class DistributedRidge(Estimator):
     21): each device solves ``(1/N_k)||y - X theta||^2 + lam ||theta||^2`` in closed form,
     the server averages the solutions without weights, and every device uses the average."""
 
+    _constraints = {"lam": Real(0, closed=(False, True)), "fit_intercept": BOOL}
+
     def __init__(self, *, lam: float = 1e-3, fit_intercept: bool = False):
         self.lam, self.fit_intercept = lam, fit_intercept
 
@@ -289,9 +287,8 @@ class DistributedRidge(Estimator):
     @accepts_backend
     def fit(self, data, *, seed: int = 0) -> PointResult:
         require_target(data, "DistributedRidge")
+        self._validate_params()
         lam = float(self.lam)
-        if not (np.isfinite(lam) and lam > 0):
-            raise ValueError(f"lam must be positive, got {self.lam!r}")
         t0 = time.perf_counter()
         devices, clients = DeviceDesign(data, self.fit_intercept), list(data.clients)
         out = run(_OneShotRidge(lam), devices, kind="ridge statistics", rounds=1, seed=seed, progress=False)

@@ -89,10 +89,10 @@ from ..federation import Communication, FederatedAlgorithm, run
 from ..federation.runner import record
 from ..federation.backend import accepts_backend
 from ..inference.posterior import GaussianPosterior
-from ._local import (INITS, DeviceDesign, PointResult, check_positive_int, check_reduction, coefficient_names,
+from ._local import (INITS, LR, REDUCTIONS, DeviceDesign, PointResult, coefficient_names,
                      federated_lr, full_batch, full_batch_steps, initial_theta, local_steps,
                      resolve_lr)
-from ..estimator import BOOL, Estimator, Int, OneOf
+from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..results import NoPosteriorError, check_level, counted, prediction_frame, register
 
 
@@ -332,16 +332,6 @@ class _InformationShare(FederatedAlgorithm):
 POSTERIOR_OMEGAS = ("em", "learned")
 
 
-def _check_fraction(x, name, lo_open=True) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {x!r}") from None
-    if not np.isfinite(v) or v < 0 or v > 1 or (lo_open and v == 0):
-        raise ValueError(f"{name} must lie in {'(0' if lo_open else '[0'}, 1], got {x!r}")
-    return v
-
-
 class StructuralCovarianceModel(Estimator):
     """HM1: per-device linear regressions that borrow strength through a learned K x K
     covariance between devices (Algorithm 1 of the linear-models paper).
@@ -432,34 +422,14 @@ class StructuralCovarianceModel(Estimator):
         self.stop_early, self.posterior_omega, self.omega_prior_rows = stop_early, posterior_omega, omega_prior_rows
 
 
-    _constraints = {"rounds": Int(1), "local_steps": Int(1), "grad_reduction": OneOf("sum", "mean"),
-                    "fit_intercept": BOOL, "stop_early": BOOL, "posterior_omega": OneOf("em", "learned")}
+    _constraints = {"rounds": Int(1), "local_steps": Int(1), "lr": LR, "alpha": Real(0, 1),
+                    "batch_size": NONE | Int(1), "grad_reduction": OneOf(*REDUCTIONS), "shrink_scale": OneOf("noise") | Real(0),
+                    "init": OneOf(*INITS), "fit_intercept": BOOL, "jitter": Real(0), "eig_floor": Real(0), "tol": Real(0),
+                    "stop_early": BOOL, "posterior_omega": OneOf(*POSTERIOR_OMEGAS), "omega_prior_rows": NONE | Real(0)}
 
     def _validated(self, K: int) -> dict:
+        """The declarative checks, then those that need the number of clients K."""
         self._validate_params()
-        check_positive_int(self.rounds, "rounds")
-        check_positive_int(self.local_steps, "local_steps")
-        check_positive_int(self.batch_size, "batch_size", allow_none=True)
-        check_reduction(self.grad_reduction)
-        alpha = _check_fraction(self.alpha, "alpha", lo_open=False)
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if not (isinstance(self.shrink_scale, str) and self.shrink_scale == "noise") and not (
-                isinstance(self.shrink_scale, (int, float, np.number)) and not isinstance(self.shrink_scale, bool)
-                and np.isfinite(self.shrink_scale) and self.shrink_scale >= 0):
-            raise ValueError(f"shrink_scale must be a non-negative number or 'noise', got {self.shrink_scale!r}")
-        for name in ("jitter", "eig_floor", "tol"):
-            v = getattr(self, name)
-            if not (np.isscalar(v) and np.isfinite(float(v)) and float(v) >= 0):
-                raise ValueError(f"{name} must be a non-negative number, got {v!r}")
-        if not isinstance(self.stop_early, (bool, np.bool_)):
-            raise ValueError(f"stop_early must be True or False, got {self.stop_early!r}")
-        if self.posterior_omega not in POSTERIOR_OMEGAS:
-            raise ValueError(f"posterior_omega must be one of {POSTERIOR_OMEGAS}, got {self.posterior_omega!r}")
-        nu = self.omega_prior_rows
-        if nu is not None and not (isinstance(nu, (int, float, np.number)) and not isinstance(nu, bool)
-                                   and np.isfinite(nu) and nu >= 0):
-            raise ValueError(f"omega_prior_rows must be a non-negative number or None, got {nu!r}")
         omega = None
         if self.omega_init is not None:
             omega = np.asarray(self.omega_init, dtype=float)
@@ -468,7 +438,7 @@ class StructuralCovarianceModel(Estimator):
                                  f"got shape {omega.shape}")
             if not np.allclose(omega, omega.T) or np.linalg.eigvalsh((omega + omega.T) / 2)[0] <= 0:
                 raise ValueError("omega_init must be symmetric positive definite")
-        return {"alpha": alpha, "omega": omega}
+        return {"alpha": float(self.alpha), "omega": omega}
 
     def _prepare(self, data):
         """Validated options and the device view: ``(clients, options, devices, names)``."""

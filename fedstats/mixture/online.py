@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 import time
 import warnings
 from collections.abc import Mapping
@@ -58,7 +57,6 @@ from ..federation import FederatedAlgorithm, run
 from ..federation.runner import Communication, counting
 from ..federation.backend import accepts_backend
 from ._gmm import (
-    check_cov_type,
     cov_shape,
     e_step,
     estep_statistics,
@@ -72,7 +70,7 @@ from ..federation.oneshot import raise_failures
 from ._common import as_federated
 from ._common import log_weights as _log_weights
 from .fedem import GaussianMixtureResult, _Stack
-from ..estimator import Estimator
+from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..results import load_result, register, save_result
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
@@ -514,8 +512,19 @@ class FEMOMD(Estimator):
         """The Dirichlet prior's concentration (``1/m`` by default)."""
         return 1.0 / self.n_components if self.concentration_prior is None else self.concentration_prior
 
+    _constraints = {
+        "n_components": Int(1), "covariance_type": OneOf(*COV_TYPES_ONLINE), "inner_rounds": Int(1),
+        "eta": OneOf("adaptive") | NONE | Real(0, closed=(False, True)), "horizon": NONE | Int(1),
+        "weight_floor": OneOf("auto") | Real(0, 1, closed=(True, False)), "sample_splitting": BOOL,
+        "inner_init": OneOf("uniform", "played"), "grad_source": OneOf("model", "empirical"), "n_mc": NONE | Int(1),
+        "discount": Real(0, 1, closed=(False, True)), "concentration_prior": NONE | Real(0, closed=(False, True)),
+        "pooling": OneOf("federated", "local"), "shared_weights": BOOL, "reg_covar": Real(0),
+    }
+
     def _validate(self) -> None:
-        """Check the parameters (when a step or ``played`` first needs them; they are stored as given)."""
+        """Check the parameters (when a step or ``played`` first needs them; they are stored as
+        given): the declarative constraints, then the combinations."""
+        self._validate_params()
         if self.means_init is not None:
             mi = np.asarray(self.means_init, float)
             if mi.ndim != 2 or mi.shape[0] != self.n_components or not np.all(np.isfinite(mi)):
@@ -524,36 +533,6 @@ class FEMOMD(Estimator):
             raise ValueError("covariances_init does not apply to covariance_type='identity' (unit covariances)")
         if self.n_mc is not None and self.grad_source == "empirical":
             raise ValueError("n_mc does not apply to grad_source='empirical' (the batch is the sample)")
-        if isinstance(self.n_components, bool) or not isinstance(self.n_components, (int, np.integer)) or self.n_components < 1:
-            raise ValueError(f"n_components must be an int >= 1, got {self.n_components!r}")
-        if self.covariance_type not in COV_TYPES_ONLINE:
-            raise ValueError(f"covariance_type must be one of {COV_TYPES_ONLINE}, got {self.covariance_type!r}")
-        if self.covariance_type != "identity":
-            check_cov_type(self.covariance_type)
-        for name, v in (("inner_rounds", self.inner_rounds),) + ((("horizon", self.horizon),) if self.horizon is not None else ()) + (
-                (("n_mc", self.n_mc),) if self.n_mc is not None else ()):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if isinstance(self.eta, str):
-            if self.eta != "adaptive":
-                raise ValueError(f"eta must be 'adaptive', None or a number > 0, got {self.eta!r}")
-        elif self.eta is not None and (isinstance(self.eta, bool) or not isinstance(self.eta, numbers.Real)
-                                  or not (math.isfinite(self.eta) and self.eta > 0)):
-            raise ValueError(f"eta must be a number > 0, got {self.eta!r}")
-        if isinstance(self.weight_floor, str):
-            if self.weight_floor != "auto":
-                raise ValueError(f"weight_floor must be 'auto' or lie in [0, 1), got {self.weight_floor!r}")
-        elif not 0 <= self.weight_floor < 1:
-            raise ValueError(f"weight_floor must lie in [0, 1), got {self.weight_floor!r}")
-        if not 0 < self.discount <= 1:
-            raise ValueError(f"discount must lie in (0, 1], got {self.discount!r}")
-        if not self._alpha0 > 0:
-            raise ValueError(f"concentration_prior must be > 0, got {self.concentration_prior!r}")
-        for name, v, ok in (("inner_init", self.inner_init, ("uniform", "played")),
-                            ("grad_source", self.grad_source, ("model", "empirical")),
-                            ("pooling", self.pooling, ("federated", "local"))):
-            if v not in ok:
-                raise ValueError(f"{name} must be one of {ok}, got {v!r}")
         if self.pooling == "local" and self.shared_weights:
             raise ValueError("pooling='local' with shared_weights=True is not a model (local components, global weights)")
 

@@ -437,7 +437,7 @@ def test_malformed_client_rejected_before_training(monkeypatch):
 @pytest.mark.parametrize("opts, match", [
     (dict(kernel="linear"), "kernel"), (dict(nu=1.0, kernel="matern"), "nu"), (dict(rounds=0), "rounds"),
     (dict(local_steps=0), "local_steps"), (dict(sampler="grid"), "sampler"), (dict(lr=-1), "lr"),
-    (dict(lr_decay=5.0), "sgd"), (dict(participation=1.5), "participation"), (dict(participation=0), "count"),
+    (dict(lr_decay=5.0), "sgd"), (dict(participation=1.5), "participation"), (dict(participation=0), "participation must be an int >= 1 or a number > 0"),
     (dict(init={"lengthscale": 1.0}), "init"), (dict(init={"lengthscale": 1, "outputscale": 1, "noise": 1e-5}), "floor"),
     (dict(device="tpu"), "device"), (dict(batch_size=1), "batch_size"), (dict(betas=0.9), "betas"), (dict(dtype="float16"), "dtype"), (dict(average_space="median"), "average_space"),
 ])
