@@ -31,27 +31,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedstats import FederatedData
+from fedstats.datasets.synthetic import hm1_clusters
 from fedstats.linear import StructuralCovarianceModel
 from fedstats.linear.baselines import PooledOracle
 
 OUT = Path(__file__).parent / "results"
 SEEDS = 20
-
-
-def federation(K, d, n_poor, n_rich, rho, sigma, mean, seed):
-    rng = np.random.default_rng(seed)
-    lab = np.arange(K) % 2
-    omega = np.where(lab[:, None] == lab[None, :], rho, 0.0) + (1 - rho) * np.eye(K)
-    theta = mean + np.linalg.cholesky(omega) @ rng.standard_normal((K, d))
-    poor = np.arange(K) % 2 == 0
-    Xs, ys = [], []
-    for k in range(K):
-        n = n_poor if poor[k] else n_rich
-        X = rng.standard_normal((n, d)) + 1.0
-        Xs.append(X)
-        ys.append(X @ theta[k] + sigma * rng.standard_normal(n))
-    return FederatedData.from_arrays(Xs, ys), theta, poor, omega
 
 
 def rmse(est, theta, rows):
@@ -63,7 +48,8 @@ def main():
     for K, rho, sigma, mean in itertools.product((4, 20), (0.0, 0.95), (0.5, 2.0), (0.0, 2.0)):
         ratios = []
         for seed in range(SEEDS):
-            data, theta, poor, omega = federation(K, 4, 8, 100, rho, sigma, mean, seed)
+            data, theta, poor, omega = hm1_clusters(n_clients=K, d=4, n_poor=8, n_rich=100, rho=rho, sigma=sigma,
+                                                    mean=mean, seed=seed)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 res = StructuralCovarianceModel().fit(data, seed=seed)  # the defaults

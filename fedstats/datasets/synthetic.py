@@ -124,6 +124,35 @@ def hm1_case(case: str = "I", *, n_test: int = 1000, noisy_test: bool = False, s
     return parts[0], parts[1], truth
 
 
+def hm1_clusters(*, n_clients: int = 20, d: int = 4, n_poor: int = 8, n_rich: int = 100, rho: float = 0.95,
+                 sigma: float = 0.5, mean: float = 0.0, seed: int = 0):
+    """A federation where HM1 can borrow strength (issue 18's sweep of HM1's defaults):
+    clients in two clusters (even and odd index), coefficients ``mean + N(0, Omega)`` per
+    predictor with correlation ``rho`` within a cluster and 0 across, ``X ~ N(1, I)``
+    (predictors with mean 1), every other client data-poor (``n_poor`` rows, the rest
+    ``n_rich``), noise sd ``sigma``.
+
+    Returns ``(data, theta (K, d), poor (K,) bool, omega (K, K))``.
+
+    >>> data, theta, poor, omega = hm1_clusters(n_clients=4, seed=0)
+    >>> data.n_obs, theta.shape, poor.tolist()
+    ({0: 8, 1: 100, 2: 8, 3: 100}, (4, 4), [True, False, True, False])
+    """
+    rng = np.random.default_rng(seed)
+    K = n_clients
+    lab = np.arange(K) % 2
+    omega = np.where(lab[:, None] == lab[None, :], rho, 0.0) + (1 - rho) * np.eye(K)
+    theta = mean + np.linalg.cholesky(omega) @ rng.standard_normal((K, d))
+    poor = np.arange(K) % 2 == 0
+    Xs, ys = [], []
+    for k in range(K):
+        n = n_poor if poor[k] else n_rich
+        X = rng.standard_normal((n, d)) + 1.0
+        Xs.append(X)
+        ys.append(X @ theta[k] + sigma * rng.standard_normal(n))
+    return FederatedData.from_arrays(Xs, ys), theta, poor, omega
+
+
 def gmm_federation(*, n_clients: int = 20, n_components: int = 3, d: int = 4, alpha: float = 0.4,
                    n_obs: tuple[int, int] | int | list[int] = (20, 200), min_separation: float | None = 8.0,
                    spread: float = 5.0, covariance: str = "identity", seed: int = 0) -> tuple[FederatedData, dict]:
