@@ -197,7 +197,9 @@ def _nonfinite_warning(model: str, where: list[str]) -> str:
 def _records(df: pd.DataFrame) -> list[dict]:
     """One JSON record per row: ``name``, the contract's columns (``null`` where the model has
     no value), then the table's own columns (HM1's ``estimate``, the lasso's ``selected``)."""
-    cols = CONTRACT_COLUMNS + [c for c in df.columns if c not in CONTRACT_COLUMNS]
+    from .results import SUMMARY_COLUMNS
+
+    cols = [*SUMMARY_COLUMNS, *(c for c in df.columns if c not in SUMMARY_COLUMNS)]
     out = []
     for name, row in df.iterrows():
         rec = {"name": str(name)}
@@ -243,7 +245,6 @@ def _estimator(args):
 # client from the population (hm2, lasso, ridge) or from its own rows' weights (gmm).
 NO_NEW_CLIENTS = {"hm1": "HM1 has no model of a client that took no part in the fit",
                   "fgpr": "FGPR predicts a client from its own training rows"}
-CONTRACT_COLUMNS = ["mean", "sd", "lower", "upper", "p_value"]
 
 
 def _header(args, res, runtime: float) -> str:
