@@ -79,6 +79,7 @@ _MODULES = (
     "fedstats.linear",
     "fedstats.gp",
     "fedstats.mixture",
+    "fedstats.glm",
 )
 _REGISTRY: dict[str, type] = {}
 

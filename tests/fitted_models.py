@@ -48,6 +48,7 @@ def fit_with_spy():
 
 def fit_all(out, data, gm):
     from fedstats import HierarchicalLinearModel
+    from fedstats.glm import FederatedGLM
     from fedstats.gp import FGPR
     from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
     from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
@@ -70,6 +71,7 @@ def fit_all(out, data, gm):
         out["ditto"] = Ditto(lam=1.0).fit(data)
         out["distributed-ridge"] = DistributedRidge().fit(data)
         out["fgpr"] = FGPR(rounds=3).fit(data, seed=0, progress=False)
+        out["glm"] = FederatedGLM("gaussian").fit(data, seed=0, progress=False)
         out["fedem"] = FederatedGaussianMixture(3).fit(gm, seed=0)
         out["vb-fedem"] = VariationalGaussianMixture(3).fit(gm, seed=0)
         out["d-fedem"] = DecentralizedGaussianMixture(3, graph=ring_graph(gm.n_clients)).fit(gm, seed=0)
@@ -82,4 +84,4 @@ def fit_all(out, data, gm):
 
 
 MODELS = ["hm2", "hm2-nuts", "lasso", "ridge", "lasso-centralised", "hm1", "hm1-point", "separate", "fedavg", "ditto",
-          "distributed-ridge", "fgpr", "fedem", "vb-fedem", "d-fedem", "fem-omd-result", "fem-omd"]
+          "distributed-ridge", "fgpr", "glm", "fedem", "vb-fedem", "d-fedem", "fem-omd-result", "fem-omd"]

@@ -25,23 +25,25 @@ POSTERIORS = {
     "lasso-centralised": (True, True), "vb-fedem": (True, True),
     "hm1": (False, True),  # HM1 has no global parameters with a posterior (Omega is estimated)
     "hm1-point": (False, False), "separate": (False, False), "fedavg": (False, False), "ditto": (False, False),
-    "distributed-ridge": (False, False), "fgpr": (False, False), "fedem": (False, False),
+    "distributed-ridge": (False, False), "fgpr": (False, False), "glm": (False, False), "fedem": (False, False),
     "d-fedem": (False, False), "fem-omd-result": (False, False),
 }
 # the option or model each NoPosteriorError must name
 REMEDY = {"hm1": "uncertainty=True", "hm1-point": "uncertainty=True", "separate": "HierarchicalLinearModel",
           "fedavg": "HierarchicalLinearModel", "ditto": "HierarchicalLinearModel",
-          "distributed-ridge": "HierarchicalLinearModel", "fgpr": "predict", "fedem": "VariationalGaussianMixture",
+          "distributed-ridge": "HierarchicalLinearModel", "fgpr": "predict", "glm": "BayesianGLM", "fedem": "VariationalGaussianMixture",
           "d-fedem": "VariationalGaussianMixture", "fem-omd-result": "VariationalGaussianMixture"}
 # models without global parameters: summary() has no rows (their parameters are per client)
 NO_GLOBAL_ROWS = {"separate", "ditto"}
 # FGPR's parameters are all shared: client_summary() has no rows
-NO_CLIENT_ROWS = {"fgpr"}
+NO_CLIENT_ROWS = {"fgpr", "glm"}
+# sd and bands without a posterior: the GLM's standard errors and Wald bands (maximum likelihood)
+WALD_BANDS = {"glm"}
 MIXTURES = {"fedem", "vb-fedem", "d-fedem", "fem-omd-result"}
 # a client that took no part in the fit (client=None): predicted from the population, from the
 # new client's own data (FGPR), from the shared model, or refused
 NEW_CLIENT = {"hm2": "population", "hm2-nuts": "population", "lasso": "population", "ridge": "population",
-              "lasso-centralised": "population", "fedavg": "shared", "distributed-ridge": "shared",
+              "lasso-centralised": "population", "fedavg": "shared", "distributed-ridge": "shared", "glm": "shared",
               "fgpr": "data", "hm1": "refused", "hm1-point": "refused", "separate": "refused", "ditto": "refused"}
 assert set(POSTERIORS) == set(RESULTS) and set(NEW_CLIENT) | MIXTURES == set(RESULTS)
 
@@ -64,7 +66,8 @@ def test_summary_has_the_fixed_columns(fit, request):
     assert tuple(hdi.columns[:5]) == SUMMARY_COLUMNS and list(hdi.index) == list(s.index)
     assert (len(s) == 0) == (name in NO_GLOBAL_ROWS)
     has = s["sd"].notna()
-    assert has.any() == POSTERIORS[name][0], "sd given exactly where the model has a global posterior"
+    assert has.any() == (POSTERIORS[name][0] or name in WALD_BANDS), \
+        "sd given exactly where the model has a global posterior (or the sampling distribution of an estimate)"
     ok = has & np.isfinite(s["sd"])
     assert np.all(s.loc[ok, "lower"] <= s.loc[ok, "upper"])
     # a narrower level gives a nested interval
@@ -142,7 +145,7 @@ def test_predict_leading_columns_and_unseen_clients(fit, request):
         p = res.predict(X, client=c, level=0.9)
         assert tuple(p.columns[:5]) == PREDICT_COLUMNS and len(p) == 4 and p.attrs["predicted_for"] == "client"
         bands = p[list(PREDICT_COLUMNS[1:])]
-        assert bands.notna().all().all() == POSTERIORS[name][1] or name == "fgpr"
+        assert bands.notna().all().all() == POSTERIORS[name][1] or name == "fgpr" or name in WALD_BANDS
         if bands.notna().all().all():
             assert np.all((p["lower"] <= p["upper"]) & (p["pred_lower"] <= p["lower"] + 1e-9)
                           & (p["upper"] <= p["pred_upper"] + 1e-9))

@@ -171,6 +171,18 @@ def test_fedavg_baseline_equals_inprocess(session):
     close(a.theta, b.theta)
 
 
+def test_glm_equals_inprocess(session):
+    from fedstats.glm import FederatedGLM
+
+    data, _ = hm2_federation(n_clients=4, n_obs=30, seed=7)
+    data = FederatedData.from_arrays([np.asarray(data[c].X) for c in data.clients],
+                                     [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients])
+    a = FederatedGLM("binomial", cov_type="HC0").fit(data, seed=1)
+    b = FederatedGLM("binomial", cov_type="HC0").fit(data, seed=1, backend=session)
+    close(np.r_[a.params, a.bse, a.deviance, a.llf], np.r_[b.params, b.bse, b.deviance, b.llf])
+    same_history(a.history, b.history)
+
+
 def test_more_clients_than_nodes_is_refused(session):
     data, _ = gmm_federation(n_clients=7, n_components=2, d=2, n_obs=(20, 30), seed=0)
     with pytest.raises(ValueError, match=r"7 clients but the Flower simulation has \d live SuperNodes"):

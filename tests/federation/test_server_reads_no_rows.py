@@ -14,10 +14,11 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fedstats import HierarchicalLinearModel  # noqa: E402
+from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
 from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: E402
 from fedstats.federation.flower import RemoteDataError, RemoteFederatedData, dumps, loads  # noqa: E402
 from fedstats.federation.runner import _Devices  # noqa: E402
+from fedstats.glm import FederatedGLM  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import BayesianRidge, StructuralCovarianceModel  # noqa: E402
 from fedstats.linear.baselines import Ditto, DistributedRidge, FedAvg, Separate  # noqa: E402
@@ -49,6 +50,8 @@ def same(a, b, tol=1e-10):
 
 
 REG, _ = hm2_federation(n_clients=4, n_obs=25, seed=3)
+REG_W = FederatedData.from_arrays([np.column_stack([REG[c].X, np.arange(REG[c].n) % 3]) for c in REG.clients],
+                                  [REG[c].y for c in REG.clients], clients=REG.clients)
 MIX, _ = gmm_federation(n_clients=4, n_components=2, d=2, n_obs=(30, 50), seed=3)
 
 CASES = [
@@ -64,6 +67,9 @@ CASES = [
     ("Ditto", lambda: Ditto(rounds=3), REG, lambda r: r.theta),
     ("distributed ridge", lambda: DistributedRidge(), REG, lambda r: r.theta),
     ("FGPR", lambda: FGPR(rounds=2, local_steps=2), REG, lambda r: r.summary()["mean"]),
+    # the offset and weights are columns the nodes take out of their own rows
+    ("GLM", lambda: FederatedGLM("gaussian", offset="x3", weights="x4", cov_type="HC0"), REG_W,
+     lambda r: np.r_[r.params, r.bse, r.llf]),
     ("FedEM", lambda: FederatedGaussianMixture(2), MIX, lambda r: r.means_),
     ("variational FedEM", lambda: VariationalGaussianMixture(2, rounds=10), MIX,
      lambda r: r.summary(0.9)["mean"]),

@@ -1,0 +1,107 @@
+"""What each client hands the GLM algorithms: its design, outcome, offset, weights and trials.
+
+The special columns (offset, exposure, frequency weights, binomial trials) are named
+columns of the client's own data; :class:`GLMDesign` takes them out of the predictors on the
+client, so that the same specification works in process and on a Flower deployment (where
+the node applies it to its own file). Rows are checked on the client (:func:`check_rows`):
+a bad value raises :class:`~fedstats.data.DataError` naming the client and the column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data import DataError
+
+SPECIAL = ("offset", "exposure", "weights", "trials")
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One client's GLM data. ``y`` is the outcome (binomial with trials: the proportion of
+    successes), ``n`` the binomial trials (1 elsewhere), ``f`` the frequency weights,
+    ``offset`` the linear-predictor offset (log exposure included)."""
+
+    X: np.ndarray
+    y: np.ndarray
+    n: np.ndarray
+    f: np.ndarray
+    offset: np.ndarray
+    client: object
+    target: str
+    columns: tuple  # the special columns actually used, for messages: {role: column}
+
+
+class GLMDesign:
+    """The runtime's view of the data for a GLM: ``clients`` and ``[client] -> Rows``.
+
+    ``roles`` maps ``offset``/``exposure``/``weights``/``trials`` to a column name of the data
+    (or None). The predictors are the other columns, after an intercept column of ones when
+    ``intercept``.
+    """
+
+    def __init__(self, data, intercept: bool, roles: dict):
+        self.data, self.intercept, self.roles = data, intercept, dict(roles)
+        self.clients = list(data.clients)
+        names = list(data.feature_names)
+        for role, col in self.roles.items():
+            if col is not None and col not in names:
+                raise DataError(f"{role}={col!r} is not a column of the data (columns: {names[:10]})")
+        used = [c for c in self.roles.values() if c is not None]
+        if len(set(used)) < len(used):
+            raise DataError(f"one column has two roles: {self.roles}")
+        self.keep = [j for j, c in enumerate(names) if c not in used]
+        self.index = {c: names.index(c) for c in used}
+        self.predictors = [names[j] for j in self.keep]
+        if not self.predictors and not intercept:
+            raise DataError("no predictors: every column has a role (offset, weights, ...) and there is no intercept")
+
+    @property
+    def names(self) -> list[str]:
+        return (["intercept"] if self.intercept else []) + self.predictors
+
+    def _column(self, X, role):
+        col = self.roles.get(role)
+        return None if col is None else np.asarray(X[:, self.index[col]], dtype=float)
+
+    def __getitem__(self, client) -> Rows:
+        cd = self.data[client]
+        X = np.asarray(cd.X, dtype=float)
+        m = X.shape[0]
+        design = X[:, self.keep]
+        if self.intercept:
+            design = np.column_stack([np.ones(m), design])
+        offset, exposure = self._column(X, "offset"), self._column(X, "exposure")
+        weights, trials = self._column(X, "weights"), self._column(X, "trials")
+        y = np.asarray(cd.y, dtype=float)
+        where = f"client {client!r}"
+        if exposure is not None and np.any(exposure <= 0):
+            raise DataError(f"{where}: exposure column {self.roles['exposure']!r} has values <= 0 (such as "
+                            f"{exposure[exposure <= 0][0]:g}); exposure must be positive")
+        if weights is not None and np.any(weights < 0):
+            raise DataError(f"{where}: weights column {self.roles['weights']!r} has negative values (such as "
+                            f"{weights[weights < 0][0]:g})")
+        if trials is not None and (np.any(trials <= 0) or np.any(trials != np.round(trials))):
+            bad = trials[(trials <= 0) | (trials != np.round(trials))][0]
+            raise DataError(f"{where}: trials column {self.roles['trials']!r} must hold positive whole numbers "
+                            f"(found {bad:g})")
+        off = np.zeros(m) if offset is None else offset.copy()
+        if exposure is not None:
+            off = off + np.log(exposure)
+        n = np.ones(m) if trials is None else trials
+        return Rows(design, y, n, np.ones(m) if weights is None else weights, off, client,
+                    str(self.data.target_name), tuple((k, v) for k, v in self.roles.items() if v is not None))
+
+
+def check_rows(rows: Rows, family, trials_given: bool) -> Rows:
+    """Raise :class:`DataError` naming the client and the outcome column if ``rows.y`` is
+    not an outcome of ``family``; binomial with trials: returns the rows with ``y`` as the
+    proportion of successes."""
+    why = family.check_outcome(rows.y, rows.n if trials_given else None)
+    if why:
+        raise DataError(f"client {rows.client!r}: outcome {rows.target!r} {why}")
+    if trials_given:
+        return Rows(rows.X, rows.y / rows.n, rows.n, rows.f, rows.offset, rows.client, rows.target, rows.columns)
+    return rows

@@ -1,0 +1,162 @@
+"""Federated IRLS (Fisher scoring) and its one-off rounds, as :class:`FederatedAlgorithm` s.
+
+* :class:`DesignCheck`: one round; every client checks its rows against the family (a bad
+  outcome raises there, naming the client and column) and sends its row count, the sum of
+  its outcomes (statsmodels' starting mean), its weighted row count, per-column minima and
+  maxima and ``X'X`` (to name constant or collinear predictors before any fit).
+* :class:`IRLS`: round 0 starts from statsmodels' starting means; round ``r`` evaluates the
+  broadcast coefficients ``beta_r`` on every client, which sends the weighted cross-products
+  ``X'WX``, ``X'Wz`` at ``beta_r``, its deviance, Pearson statistic and log-likelihood sums,
+  and how many of its rows sit at the edge of the mean's range. The server sums them,
+  stops when the deviance changed by at most ``tol`` (statsmodels' criterion), and
+  otherwise solves for ``beta_{r+1}``. Exactly statsmodels' iterations, one round later:
+  the deviance of a solve is known only when the clients have evaluated it.
+* :class:`Sandwich`: one round at the final coefficients: the observed information and the
+  outer product of the scores (``cov_type="HC0"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..federation import FederatedAlgorithm
+from ._design import check_rows
+
+#: a fitted mean closer than this to the edge of its range (0, or 1 for binomial) on a row
+#: whose outcome sits at that edge counts as perfectly predicted (separation)
+EDGE = 1e-8
+
+
+def _state(family, rows, trials_given):
+    return check_rows(rows, family, trials_given)
+
+
+class DesignCheck(FederatedAlgorithm):
+    reply_keys = ("n_rows", "sum_y", "wnobs", "col_min", "col_max", "xtx")
+
+    def __init__(self, family, trials_given: bool):
+        self.family, self.trials_given = family, trials_given
+
+    def init_server(self, clients, rng):
+        return {}
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        return {}
+
+    def client_step(self, message, state, data, rng):
+        r = _state(self.family, data, self.trials_given)
+        X = r.X
+        return {"n_rows": np.array([float(len(r.y))]), "sum_y": np.array([r.y.sum()]), "wnobs": np.array([r.f.sum()]),
+                "col_min": X.min(axis=0), "col_max": X.max(axis=0), "xtx": X.T @ X}, None
+
+    def server_step(self, server_state, replies, round):
+        return dict(replies), {}
+
+
+def evaluate(family, r, beta, start: bool, ybar: float):
+    """One client's IRLS quantities at ``beta`` (or at the starting means)."""
+    if start:
+        mu = family.start_mu(r.y, ybar)
+        eta = family.link(mu)
+    else:
+        eta = r.X @ beta + r.offset
+        mu = family.fitted(eta)
+    g1 = family.link.deriv(mu)
+    var = family.variance(mu)
+    w = r.f * r.n / (g1**2 * var)
+    z = eta + g1 * (r.y - mu) - r.offset
+    Xw = r.X * w[:, None]
+    dev = np.sum(r.f * family.resid_dev(r.y, mu, r.n))
+    pearson = np.sum(r.f * r.n * (r.y - mu) ** 2 / var)
+    upper = 1.0 if family.name == "binomial" else np.inf
+    edge = ((mu < EDGE) & (r.y == 0)) | ((mu > upper - EDGE) & (r.y == upper))
+    return {"xtwx": r.X.T @ Xw, "xtwz": Xw.T @ z, "dev": np.array([dev]), "pearson": np.array([pearson]),
+            "ll": family.loglike_sums(r.y, mu, r.f, r.n), "edge": np.array([float(np.sum(edge & (r.f > 0)))])}
+
+
+class IRLS(FederatedAlgorithm):
+    reply_keys = ("xtwx", "xtwz", "dev", "pearson", "ll", "edge")
+
+    def __init__(self, family, trials_given: bool, p: int, ybar: float, tol: float, df_resid: float):
+        self.family, self.trials_given, self.p, self.ybar, self.tol = family, trials_given, p, ybar, tol
+        self.df_resid = df_resid
+
+    def init_server(self, clients, rng):
+        return {"beta": np.zeros(self.p), "start": True, "dev": [], "crit": [], "scale": [], "betas": [], "stats": [],
+                "converged": False, "singular": None}
+
+    def init_client(self, client, data, rng):
+        return None  # nothing kept: a client's final state goes to the server on Flower
+
+    def broadcast(self, server_state, client, round):
+        return {"beta": server_state["beta"], "start": np.array([float(server_state["start"])]),
+                "ybar": np.array([self.ybar])}
+
+    def client_step(self, message, state, data, rng):
+        rows = _state(self.family, data, self.trials_given)
+        return evaluate(self.family, rows, message["beta"], bool(message["start"][0]), float(message["ybar"][0])), None
+
+    def server_step(self, server_state, replies, round):
+        s = dict(server_state)
+        tot = {k: sum(np.asarray(r[k], dtype=float) for r in replies.values()) for k in self.reply_keys}
+        dev = float(tot["dev"][0])
+        s["dev"] = s["dev"] + [dev]
+        # statsmodels' criterion: the deviance scaled by the dispersion estimated one step
+        # earlier (at the start, at the starting means); 1 for the fixed-dispersion families
+        scale = 1.0 if self.family.fixed_scale else float(tot["pearson"][0]) / self.df_resid
+        s["scale"] = s["scale"] + [scale]
+        s["crit"] = s["crit"] + [dev / s["scale"][max(len(s["scale"]) - 2, 0)]]
+        s["betas"] = s["betas"] + [s["beta"]]
+        s["stats"] = (s["stats"] + [tot])[-2:]  # this round's and the last round's sums
+        metrics = {"deviance": dev}
+        if len(s["crit"]) >= 2 and abs(s["crit"][-1] - s["crit"][-2]) <= self.tol:
+            s["converged"] = True
+            return s, metrics
+        try:
+            L = np.linalg.cholesky(tot["xtwx"])
+            beta = np.linalg.solve(L.T, np.linalg.solve(L, tot["xtwz"]))
+        except np.linalg.LinAlgError:
+            beta = np.linalg.lstsq(tot["xtwx"], tot["xtwz"], rcond=None)[0]
+            s["singular"] = round
+        s["beta"], s["start"] = beta, False
+        metrics["step"] = float(np.max(np.abs(beta - s["betas"][-1]))) if round else float("nan")
+        return s, metrics
+
+    def converged(self, server_state, metrics):
+        return server_state["converged"]
+
+
+class Sandwich(FederatedAlgorithm):
+    """At the final ``beta``: the observed information ``X' diag(h) X`` and the meat
+    ``sum_i f_i s_i^2 x_i x_i'`` of the scores (statsmodels' GLM HC0, frequency weights not
+    squared); both at dispersion 1, which cancels in the sandwich."""
+
+    reply_keys = ("hessian", "meat")
+
+    def __init__(self, family, trials_given: bool, beta):
+        self.family, self.trials_given, self.beta = family, trials_given, np.asarray(beta, dtype=float)
+
+    def init_server(self, clients, rng):
+        return {}
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        return {"beta": self.beta}
+
+    def client_step(self, message, state, data, rng):
+        fam, r = self.family, _state(self.family, data, self.trials_given)
+        mu = fam.fitted(r.X @ message["beta"] + r.offset)
+        g1, var = fam.link.deriv(mu), fam.variance(mu)
+        sf = (r.y - mu) / (g1 * var)  # score factor per unit weight
+        eim = r.f * r.n / (g1**2 * var)
+        oim = eim * (1 + sf * (var * fam.link.deriv2(mu) + fam.variance_deriv(mu) * g1))
+        meat_w = r.f * (r.n * sf) ** 2
+        return {"hessian": r.X.T @ (r.X * oim[:, None]), "meat": r.X.T @ (r.X * meat_w[:, None])}, None
+
+    def server_step(self, server_state, replies, round):
+        return {k: sum(np.asarray(r[k]) for r in replies.values()) for k in self.reply_keys}, {}

@@ -1,0 +1,352 @@
+"""Exact maximum likelihood GLMs across clients: :class:`FederatedGLM`, by federated IRLS.
+
+Every round each client evaluates the broadcast coefficients on its own rows and sends
+``X'WX``, ``X'Wz``, its deviance, Pearson statistic and log-likelihood sums (a few numbers
+and one ``p x p`` matrix); the server sums them and solves the weighted least-squares step.
+The sums are exactly those of the pooled rows, so the fit is statsmodels'
+``GLM(...).fit()`` on the pooled rows: same iterations, same coefficients, standard errors,
+deviance, log-likelihood, AIC and BIC to rounding (the tests hold it to 1e-8).
+
+Example
+-------
+>>> import numpy as np
+>>> from fedstats.data import FederatedData
+>>> from fedstats.glm import FederatedGLM
+>>> rng = np.random.default_rng(0)
+>>> Xs = [rng.normal(size=(200, 2)) for _ in range(3)]
+>>> ys = [rng.binomial(1, 1 / (1 + np.exp(-(0.5 + X @ [1.0, -1.0])))) for X in Xs]
+>>> res = FederatedGLM("binomial").fit(FederatedData.from_arrays(Xs, ys))
+>>> res.summary().round(2).columns.tolist()[:5]
+['mean', 'sd', 'lower', 'upper', 'p_value']
+>>> res.converged
+True
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from ..data import DataError, require_target
+from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
+from ..federation import run
+from ..federation.backend import accepts_backend
+from ..results import FederatedResult, NoPosteriorError, _empty_table, CLIENT_SUMMARY_COLUMNS, check_level, \
+    counted, prediction_frame, register
+from ._design import GLMDesign
+from ._irls import IRLS, DesignCheck, Sandwich
+from .families import FAMILIES, LINKS, family_of
+
+__all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning"]
+
+
+class SeparationError(DataError):
+    """The outcome is perfectly predicted on some rows (complete or quasi-complete
+    separation): the maximum likelihood estimate does not exist, a coefficient runs off to
+    infinity. The message names the predictor and the clients."""
+
+
+class GLMConvergenceWarning(UserWarning):
+    """IRLS stopped at the round limit before the deviance settled."""
+
+
+_COLUMN = NONE | Constraint(lambda v: isinstance(v, str), "a column name")
+
+
+def _one_line(why: str) -> str:
+    return why.split(": ", 1)[1] if why.split(":", 1)[0] in ("DataError", "ValueError") else why
+
+
+class FederatedGLM(Estimator):
+    """Generalised linear model fitted by federated IRLS (exact maximum likelihood).
+
+    Parameters
+    ----------
+    family : {"gaussian", "binomial", "poisson", "gamma", "negative_binomial"}
+    link : str, optional
+        None: the canonical link (gaussian identity, binomial logit, poisson log, gamma
+        inverse, negative binomial log). Others: gaussian ``log``/``inverse``; binomial
+        ``probit``/``cloglog``/``log``; poisson ``identity``; gamma ``log``/``identity``;
+        negative binomial ``identity``.
+    fit_intercept : bool, default True
+    alpha : float, default 1.0
+        The negative binomial's fixed dispersion (variance ``mu + alpha mu^2``).
+    offset, exposure, weights, trials : str, optional
+        Columns of the data with these roles (taken out of the predictors on each client):
+        an offset added to the linear predictor, an exposure whose log is added, frequency
+        weights (a row counts that many times), and the binomial number of trials (the
+        target then counts successes).
+    cov_type : {"nonrobust", "HC0"}
+        ``"HC0"``: sandwich standard errors from one more counted round.
+    rounds : int, default 100
+        Most IRLS iterations (statsmodels' ``maxiter``); the fit takes one round more.
+    tol : float, default 1e-8
+        Stop when the deviance changes by at most this (statsmodels' criterion).
+    """
+
+    _constraints = {"family": OneOf(*FAMILIES), "link": NONE | OneOf(*LINKS), "fit_intercept": BOOL,
+                    "alpha": Real(0, closed=(False, True)), "offset": _COLUMN, "exposure": _COLUMN, "weights": _COLUMN,
+                    "trials": _COLUMN, "cov_type": OneOf("nonrobust", "HC0"), "rounds": Int(1),
+                    "tol": Real(0, closed=(False, True))}
+
+    def __init__(self, family="gaussian", link=None, *, fit_intercept=True, alpha=1.0, offset=None, exposure=None,
+                 weights=None, trials=None, cov_type="nonrobust", rounds=100, tol=1e-8):
+        self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
+        self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
+        self.cov_type, self.rounds, self.tol = cov_type, rounds, tol
+
+    def _family(self):
+        self._validate_params()
+        try:
+            fam = family_of(self.family, self.link, self.alpha)
+        except ValueError as exc:
+            raise ValueError(f"FederatedGLM: {exc}") from None
+        if self.trials is not None and fam.name != "binomial":
+            raise ValueError(f"FederatedGLM: trials= is for the binomial family, not {fam.name}")
+        return fam
+
+    @counted
+    @accepts_backend
+    def fit(self, data, *, seed: int = 0, progress=None) -> "GLMResult":
+        """Fit by federated IRLS; returns a :class:`GLMResult`.
+
+        Raises :class:`~fedstats.data.DataError` (one line naming the client and column) for
+        an outcome the family cannot take, a constant or collinear predictor, and
+        :class:`SeparationError` when the outcome is perfectly predicted on some rows."""
+        require_target(data, "FederatedGLM")
+        fam = self._family()
+        roles = {"offset": self.offset, "exposure": self.exposure, "weights": self.weights, "trials": self.trials}
+        design = GLMDesign(data, self.fit_intercept, roles)
+        trials = self.trials is not None
+        names = design.names
+        check = run(DesignCheck(fam, trials), design, rounds=1, seed=seed, progress=False, batched=False,
+                    kind="design check")
+        failed = {c: why for rec in check.history for c, why in rec.failed.items()}
+        if failed:
+            c, why = next(iter(failed.items()))
+            raise DataError(_one_line(why))
+        sums = {k: sum(np.asarray(r[k], dtype=float) for r in check.server_state.values())
+                for k in ("n_rows", "sum_y", "wnobs", "xtx")}
+        lo = np.min([r["col_min"] for r in check.server_state.values()], axis=0)
+        hi = np.max([r["col_max"] for r in check.server_state.values()], axis=0)
+        _check_design(names, sums["xtx"], lo, hi, self.fit_intercept)
+        n_rows, wnobs = float(sums["n_rows"][0]), float(sums["wnobs"][0])
+        p = len(names)
+        if wnobs <= p:
+            raise DataError(f"{wnobs:g} weighted rows for {p} coefficients: nothing left to estimate the fit from")
+        alg = IRLS(fam, trials, p, float(sums["sum_y"][0]) / n_rows, float(self.tol), wnobs - p)
+        out = run(alg, design, rounds=int(self.rounds) + 1, seed=seed, progress=progress, kind="IRLS rounds")
+        failed = {c: why for rec in out.history for c, why in rec.failed.items()}
+        if failed:
+            c, why = next(iter(failed.items()))
+            raise RuntimeError(f"FederatedGLM: client {c!r} failed: {why}")
+        s = out.server_state
+        if s["singular"] is not None:
+            raise DataError("the weighted information X'WX became singular in round "
+                            f"{s['singular']}: a predictor is (almost) collinear with others under the fitted weights")
+        beta, prev, last = s["betas"][-1], s["stats"][-2], s["stats"][-1]
+        rms_x = np.sqrt(np.diag(sums["xtx"]) / n_rows)  # a predictor's scale, to name the one that moves
+        if last["edge"][0] > 0:
+            raise SeparationError(_separation_message(names, s["betas"], rms_x, self.fit_intercept, fam,
+                                                      int(last["edge"][0])))
+        df_model = p - 1
+        df_resid = wnobs - p
+        scale = 1.0 if fam.fixed_scale else float(last["pearson"][0]) / df_resid
+        cov = np.linalg.inv(prev["xtwx"]) * scale
+        cov = (cov + cov.T) / 2
+        if not s["converged"]:
+            warnings.warn(GLMConvergenceWarning(
+                f"IRLS did not converge in {self.rounds} iterations (deviance change "
+                f"{abs(s['crit'][-1] - s['crit'][-2]):.3g} > tol={self.tol:g}); the coefficient still moving most is "
+                f"{_moving(names, s['betas'], rms_x, self.fit_intercept)!r}: raise rounds=, or check that predictor"))
+        if self.cov_type == "HC0":
+            sw = run(Sandwich(fam, trials, beta), design, rounds=1, seed=seed, progress=False, batched=False,
+                     kind="sandwich round").server_state
+            h_inv = np.linalg.inv(sw["hessian"])
+            cov = h_inv @ sw["meat"] @ h_inv
+            cov = (cov + cov.T) / 2
+        gaussian_identity = fam.name == "gaussian" and fam.link.name == "identity"
+        llf = fam.loglike(last["ll"], scale, wnobs, rss_mle=gaussian_identity)
+        k = df_model + 1
+        return GLMResult(
+            model="FederatedGLM", family=fam.name, link=fam.link.name, alpha=float(self.alpha), names=names,
+            predictors=design.predictors, fit_intercept=bool(self.fit_intercept), roles=roles, clients=list(design.clients),
+            coef=np.asarray(beta, dtype=float), cov=cov, cov_type=self.cov_type, scale=scale,
+            deviance=float(s["dev"][-1]), pearson_chi2=float(last["pearson"][0]), llf=llf, aic=float(-2 * llf + 2 * k),
+            bic=float(-2 * llf + k * np.log(wnobs)), df_model=df_model, df_resid=float(df_resid), nobs=int(n_rows), wnobs=wnobs,
+            n_obs={c: int(check.server_state[c]["n_rows"][0]) for c in design.clients},
+            converged=bool(s["converged"]), n_iter=len(s["dev"]) - 1, rounds=len(out.history),
+            deviance_history=list(map(float, s["dev"])), history=out.history, communication=out.communication)
+
+
+def _check_design(names, xtx, lo, hi, intercept) -> None:
+    """Refuse, by name, a predictor the pooled rows cannot identify: constant at every client
+    (with an intercept) or a linear combination of the predictors before it."""
+    start = 1 if intercept else 0
+    for j in range(start, len(names)):
+        if intercept and lo[j] == hi[j]:
+            raise DataError(f"predictor {names[j]!r} is constant ({lo[j]:g}) at every client: the intercept already "
+                            "covers it; drop it")
+    d = np.sqrt(np.diag(xtx))
+    if np.any(d == 0):
+        j = int(np.flatnonzero(d == 0)[0])
+        raise DataError(f"predictor {names[j]!r} is 0 on every row at every client; drop it")
+    C = xtx / np.outer(d, d)
+    for j in range(1, len(names)):
+        ev = np.linalg.eigvalsh(C[: j + 1, : j + 1])
+        if ev[0] < 1e-10 * ev[-1]:
+            raise DataError(f"predictor {names[j]!r} is a linear combination of {names[:j]} on the pooled rows: its "
+                            "coefficient is not identified; drop it")
+
+
+def _moving(names, betas, rms_x, intercept) -> str:
+    if len(betas) < 2:
+        return names[0]
+    change = np.abs(betas[-1] - betas[-2]) * np.where(rms_x > 0, rms_x, 1.0)
+    if intercept and len(names) > 1 and np.any(change[1:] > 0):
+        return names[1 + int(np.argmax(change[1:]))]
+    return names[int(np.argmax(change))]
+
+
+def _separation_message(names, betas, rms_x, intercept, fam, edge) -> str:
+    who = _moving(names, betas, rms_x, intercept)
+    what = "probabilities of exactly 0 or 1" if fam.name == "binomial" else "means of exactly 0"
+    return (f"separation: {edge} row(s) are perfectly predicted ({what}), so the maximum likelihood estimate does "
+            f"not exist and the coefficient of {who!r} runs off to infinity; drop or merge {who!r} (or the sparse "
+            "categories behind it), or fit BayesianGLM, whose prior keeps it finite")
+
+
+@register
+class GLMResult(FederatedResult):
+    """A federated GLM fit: statsmodels' ``GLMResults`` quantities under the result contract.
+
+    ``summary(level)``: ``mean`` (the estimate), ``sd`` (its standard error), the Wald
+    interval ``lower``/``upper``, ``p_value`` (two-sided Wald test of 0), then ``z``. There
+    is no posterior (a frequentist fit: see ``BayesianGLM``) and no per-client parameter.
+    Attributes as statsmodels: ``params``, ``bse``, ``tvalues``, ``pvalues``, ``cov_params()``,
+    ``conf_int()``, ``deviance``, ``pearson_chi2``, ``llf``, ``aic``, ``bic``, ``scale``,
+    ``df_model``, ``df_resid``, ``nobs`` (rows), ``wnobs`` (rows counted by their frequency weights), ``n_iter``; tests: :meth:`lr_test`, :meth:`wald_test`.
+    """
+
+    def __init__(self, **state):
+        self.__dict__.update(state)
+        self.seconds = 0.0
+
+    # -- statsmodels' names
+    @property
+    def params(self) -> pd.Series:
+        return pd.Series(self.coef, index=self.names, name="params")
+
+    @property
+    def bse(self) -> pd.Series:
+        return pd.Series(np.sqrt(np.diag(self.cov)), index=self.names, name="bse")
+
+    @property
+    def tvalues(self) -> pd.Series:
+        return (self.params / self.bse).rename("z")
+
+    @property
+    def pvalues(self) -> pd.Series:
+        return pd.Series(2 * stats.norm.sf(np.abs(self.tvalues.to_numpy())), index=self.names, name="p_value")
+
+    def cov_params(self) -> pd.DataFrame:
+        return pd.DataFrame(self.cov, index=self.names, columns=self.names)
+
+    def conf_int(self, level: float = 0.95) -> pd.DataFrame:
+        """Wald intervals at ``level`` (normal quantiles, as statsmodels' GLM)."""
+        q = stats.norm.ppf(0.5 + check_level(level) / 2)
+        b, se = self.params, self.bse
+        return pd.DataFrame({"lower": b - q * se, "upper": b + q * se})
+
+    @property
+    def family_(self):
+        return family_of(self.family, self.link, self.alpha)
+
+    # -- the contract
+    def _no_posterior(self, what: str) -> str:
+        return (f"FederatedGLM is a maximum likelihood fit: no {what} posterior (its summary gives Wald intervals); "
+                "BayesianGLM and HierarchicalGLM give posteriors")
+
+    def _global_table(self, level, kind):
+        ci = self.conf_int(level)
+        return pd.DataFrame({"mean": self.params, "sd": self.bse, "lower": ci["lower"], "upper": ci["upper"],
+                             "p_value": self.pvalues, "z": self.tvalues})
+
+    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        """No rows: the coefficients are shared by every client (see :meth:`summary`)."""
+        check_level(level)
+        return _empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True)
+
+    def predict(self, X, client=None, *, level: float = 0.95, offset=None, exposure=None) -> pd.DataFrame:
+        """The mean response (probabilities, rates, ...) at the rows of ``X`` (the
+        predictors, in the order of ``predictors``), with its Wald band (``lower``,
+        ``upper``: the linear predictor's interval mapped through the inverse link). The
+        predictive band of a new observation is given for the gaussian identity model only
+        (NaN otherwise). ``offset``/``exposure``: per row, where the fit had them.
+        ``client`` (a fitted one, or None) does not change the prediction."""
+        q = stats.norm.ppf(0.5 + check_level(level) / 2)
+        if client is not None:
+            self._check_client(client)
+        X = np.asarray(X, dtype=float)
+        if X.ndim == 1:
+            X = X[None, :]
+        if X.ndim != 2 or X.shape[1] != len(self.predictors):
+            raise ValueError(f"X must have {len(self.predictors)} columns ({self.predictors}), got shape {X.shape}")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X has NaN or inf")
+        D = np.column_stack([np.ones(len(X)), X]) if self.fit_intercept else X
+        off = np.zeros(len(X))
+        for name, v, f in (("offset", offset, lambda a: a), ("exposure", exposure, np.log)):
+            if v is not None:
+                if self.roles.get(name) is None:
+                    raise ValueError(f"the fit had no {name}: do not pass {name}=")
+                v = np.broadcast_to(np.asarray(v, dtype=float), (len(X),))
+                off = off + f(v)
+            elif self.roles.get(name) is not None:
+                raise ValueError(f"the fit had an {name} column ({self.roles[name]!r}): pass {name}= for these rows")
+        eta = D @ self.coef + off
+        se = np.sqrt(np.einsum("ij,jk,ik->i", D, self.cov, D))
+        fam = self.family_
+        mean = fam.fitted(eta)
+        a, b = fam.fitted(eta - q * se), fam.fitted(eta + q * se)
+        pred = {}
+        if fam.name == "gaussian" and fam.link.name == "identity":
+            s = np.sqrt(se**2 + self.scale)
+            pred = {"pred_lower": mean - q * s, "pred_upper": mean + q * s}
+        return prediction_frame(mean, np.minimum(a, b), np.maximum(a, b), **pred,
+                                predicted_for="client" if client is not None else "new client")
+
+    # -- tests
+    def lr_test(self, other: "GLMResult") -> pd.Series:
+        """Likelihood-ratio test of the smaller of ``self`` and ``other`` (nested: its
+        coefficients a subset of the larger's, same family, link, rows and weights):
+        ``statistic = 2 (llf_large - llf_small)`` on the difference in coefficients;
+        returns ``statistic, df, p_value``."""
+        if not isinstance(other, GLMResult):
+            raise TypeError(f"lr_test compares two GLMResult fits, got {type(other).__name__}")
+        big, small = (self, other) if len(self.names) >= len(other.names) else (other, self)
+        if (big.family, big.link, big.alpha) != (small.family, small.link, small.alpha):
+            raise ValueError(f"lr_test needs the same family and link: {big.family}/{big.link} vs "
+                             f"{small.family}/{small.link}")
+        if not set(small.names) < set(big.names):
+            raise ValueError(f"the models are not nested: {small.names} is not a subset of {big.names}")
+        if big.wnobs != small.wnobs or big.n_obs != small.n_obs:
+            raise ValueError("the two fits used different rows or weights")
+        stat = 2 * (big.llf - small.llf)
+        df = len(big.names) - len(small.names)
+        return pd.Series({"statistic": stat, "df": float(df), "p_value": float(stats.chi2.sf(stat, df))})
+
+    def wald_test(self, names, value=0.0) -> pd.Series:
+        """Joint Wald test that the coefficients ``names`` equal ``value`` (a number or one
+        per name): ``statistic`` (chi-square on ``len(names)`` df), ``df``, ``p_value``."""
+        names = [names] if isinstance(names, str) else list(names)
+        unknown = [n for n in names if n not in self.names]
+        if unknown or not names:
+            raise ValueError(f"unknown coefficient(s) {unknown}; the coefficients are {self.names}")
+        idx = [self.names.index(n) for n in names]
+        diff = self.coef[idx] - np.broadcast_to(np.asarray(value, dtype=float), (len(idx),))
+        stat = float(diff @ np.linalg.solve(self.cov[np.ix_(idx, idx)], diff))
+        return pd.Series({"statistic": stat, "df": float(len(idx)), "p_value": float(stats.chi2.sf(stat, len(idx)))})
