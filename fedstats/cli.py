@@ -3,11 +3,11 @@
 ``fedstats fit DATA.csv --by CLIENT --target Y [--features A B ...] [--model MODEL]
 [--level 0.9] [--rounds N] [--seed S] [--output OUT.json] [--predict TEST.csv]`` fits a
 federated model with one client per value of ``--by``. Every model (hm2, lasso, ridge, hm1,
-fgpr, gmm) goes through one path, the result contract of :mod:`fedstats.results`: the
+fgpr, gmm, glm) goes through one path, the result contract of :mod:`fedstats.results`: the
 printed tables and the JSON's ``"global"`` and ``"client"`` are ``summary(level)`` and
 ``client_summary(level)`` (records ``name, mean, sd, lower, upper, p_value``, ``null`` where
-the model has no distribution, then the model's own columns such as HM1's ``estimate`` or
-the lasso's ``selected``), ``"predictions"`` come from ``predict`` (regressions: ``mean``,
+the model has no distribution, then the model's own columns such as HM1's ``estimate``,
+the lasso's ``selected`` or the GLM's ``z`` and ``se``), ``"predictions"`` come from ``predict`` (regressions: ``mean``,
 the predictive band ``lower``/``upper``, the credible band of the mean
 ``mean_lower``/``mean_upper``; mixtures, with scikit-learn's meaning: ``component``,
 ``proba``, ``logdensity``), and ``"communication"`` is the fit's one ledger with its
@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-MODELS = ("hm2", "lasso", "ridge", "hm1", "fgpr", "gmm")
+MODELS = ("hm2", "lasso", "ridge", "hm1", "fgpr", "gmm", "glm")
+GLM_ROLES = ("offset", "exposure", "weights", "trials")
 MIN_ROWS = 3
 
 
@@ -232,6 +233,12 @@ def _estimator(args):
         from .gp import FGPR
 
         return FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard), {}
+    if args.model == "glm":
+        from .glm import FederatedGLM
+
+        return FederatedGLM(args.family, args.link, alpha=args.alpha, fit_intercept=args.intercept, rounds=args.rounds,
+                            cov_type="HC0" if args.robust else "nonrobust",
+                            **{r: getattr(args, r) for r in GLM_ROLES}), {}
     from .mixture import FederatedGaussianMixture, VariationalGaussianMixture
 
     if args.bayesian:
@@ -258,6 +265,12 @@ def _header(args, res, runtime: float) -> str:
         return (f"FGPR ({args.kernel}{', ARD' if args.ard else ''}): {res.rounds} rounds, {len(res.clients)} clients, "
                 f"{runtime:.1f} s. Shared hyperparameters (outputscale and noise are variances on each client's "
                 "standardised scale):")
+    if args.model == "glm":
+        errors = "HC0 sandwich" if args.robust else "model-based"
+        return (f"GLM, {res.family} family, {res.link} link, maximum likelihood by federated IRLS: {res.rounds} rounds "
+                f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; Wald {100 * args.level:g}% intervals, "
+                f"{errors} standard errors (sd); deviance {res.deviance:.4f} on {res.df_resid:g} df, "
+                f"AIC {res.aic:.2f}, dispersion {res.scale:.4g}")
     kind = "variational FedEM" if args.bayesian else "FedEM"
     what = ("credible intervals" if args.bayesian else "Wald intervals" if args.uncertainty else "point estimates")
     return (f"Gaussian mixture, {args.components} components ({args.covariance_type}), {kind}: {res.rounds} rounds "
@@ -286,6 +299,12 @@ def _extras(args, res, data, scaler) -> dict:
                 "intervals": "credible" if args.bayesian else ("wald" if args.uncertainty else None),
                 "loglik": None if args.bayesian else res.loglik_,
                 "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None}
+    if args.model == "glm":
+        return {"family": res.family, "link": res.link, "alpha": res.alpha if res.family == "negative_binomial" else None,
+                "cov_type": res.cov_type, "deviance": res.deviance, "pearson_chi2": res.pearson_chi2, "llf": res.llf,
+                "aic": res.aic, "bic": res.bic, "dispersion": res.scale, "df_model": res.df_model,
+                "df_resid": res.df_resid, "n_iter": res.n_iter,
+                "roles": {r: getattr(args, r) for r in GLM_ROLES if getattr(args, r) is not None}}
     return {}
 
 
@@ -306,10 +325,32 @@ def _check_args(args) -> None:
             raise CLIError("--components, --bayesian and --covariance-type apply to --model gmm only")
     if not args.standardize and args.model not in REGRESSIONS:
         raise CLIError("--no-standardize applies to --model hm2, lasso and ridge only")
-    if not args.intercept and args.model not in (*REGRESSIONS, "hm1"):
-        raise CLIError("--no-intercept applies to the regressions (hm2, lasso, ridge, hm1) only")
+    if not args.intercept and args.model not in (*REGRESSIONS, "hm1", "glm"):
+        raise CLIError("--no-intercept applies to the regressions (hm2, lasso, ridge, hm1, glm) only")
+    glm_only = [f"--{o}" for o in ("family", "link", "alpha", *GLM_ROLES, "robust")
+                if getattr(args, o) not in (None, False)]
+    if args.model != "glm" and glm_only:
+        raise CLIError(f"{', '.join(glm_only)}: for --model glm only")
+    if args.model == "glm":
+        from .glm.families import FAMILIES
+
+        if args.family is None:
+            raise CLIError(f"--model glm needs --family ({', '.join(FAMILIES)})")
+        if args.link is not None and args.link not in FAMILIES[args.family].links:
+            raise CLIError(f"the {args.family} family takes --link {', '.join(FAMILIES[args.family].links)}, "
+                           f"got {args.link}")
+        if args.trials is not None and args.family != "binomial":
+            raise CLIError("--trials is for --family binomial")
+        if args.alpha is not None and args.family != "negative_binomial":
+            raise CLIError("--alpha is for --family negative_binomial")
+        args.alpha = 1.0 if args.alpha is None else args.alpha
+        if args.alpha <= 0:
+            raise CLIError(f"--alpha must be positive, got {args.alpha}")
+        used = [c for c in (getattr(args, r) for r in GLM_ROLES) if c is not None]
+        if args.features and any(c not in args.features for c in used):
+            args.features = [*args.features, *(c for c in used if c not in args.features)]
     if args.rounds is None:
-        args.rounds = {"hm1": 30, "fgpr": 100, "gmm": 200}.get(args.model, 15)
+        args.rounds = {"hm1": 30, "fgpr": 100, "gmm": 200, "glm": 100}.get(args.model, 15)
     if args.rounds < 1:
         raise CLIError(f"--rounds must be at least 1, got {args.rounds}")
     if args.uncertainty and args.model not in ("hm1", "gmm"):
@@ -339,6 +380,8 @@ def _read_test(args, df, data):
 
 
 def _fit(args) -> dict:
+    from .data import DataError
+
     _check_args(args)
     df = _read_csv(args.data, args.decimal)
     _check_columns(df, data_columns(df, args), args.target, args.by, args.data)
@@ -355,6 +398,8 @@ def _fit(args) -> dict:
         warnings.simplefilter("always")
         try:
             res = estimator.fit(fit_data, seed=args.seed, progress=_progress(args), **options)
+        except DataError as exc:  # the data, not the program: one line naming the column and client
+            raise CLIError(f"{args.data}: {exc}") from None
         except np.linalg.LinAlgError:
             if args.model != "gmm":
                 raise
@@ -386,6 +431,8 @@ def _fit(args) -> dict:
         "runtime_s": round(runtime, 3),
         **_extras(args, res, data, scaler),
     }
+    if args.model == "glm":  # the frequentist names beside the contract's: se is sd, the standard error
+        out["global"] = [{**r, "se": r["sd"]} for r in out["global"]]
     if test is not None:
         tdf, X = test
         out["predictions"] = _predict(res, data, tdf, X if scaler is None else scaler.transform_X(X), args)
@@ -444,7 +491,12 @@ def _predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
                 rows[i] = {"client": key, "component": int(np.argmax(p_)), "proba": [float(v) for v in p_],
                            "logdensity": float(l_), "new_client": client is None}
             continue
-        p = res.predict(X[idx], client=client, level=args.level, **seed)
+        if args.model == "glm":  # the offset and exposure columns are not predictors
+            names = list(data.feature_names)
+            kw = {r: X[idx, names.index(res.roles[r])] for r in ("offset", "exposure") if res.roles.get(r)}
+            p = res.predict(X[idx][:, [names.index(c) for c in res.predictors]], client=client, level=args.level, **kw)
+        else:
+            p = res.predict(X[idx], client=client, level=args.level, **seed)
         extra = [c for c in p.columns if c not in ("mean", "lower", "upper", "pred_lower", "pred_upper")]
         for i, (_, r) in zip(idx, p.iterrows()):
             rows[i] = {"client": key, "mean": r["mean"], "lower": r["pred_lower"], "upper": r["pred_upper"],
@@ -536,15 +588,26 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--model", default="hm2", help=f"model: {', '.join(MODELS)} (default hm2: hierarchical "
                    "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection; hm1: per-client "
                    "regressions sharing a learned covariance between clients; fgpr: federated Gaussian process regression; "
-                   "gmm: Gaussian mixture with per-client weights, by FedEM)")
+                   "gmm: Gaussian mixture with per-client weights, by FedEM; glm: generalised linear model (logistic, "
+                   "Poisson, ...) by exact maximum likelihood, needs --family)")
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
     f.add_argument("--rounds", type=int, default=None,
                    help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30), "
-                   "fgpr (default 100) and gmm (at most; default 200)")
+                   "fgpr (default 100), gmm (at most; default 200) and glm (IRLS iterations, at most; default 100)")
     f.add_argument("--uncertainty", action="store_true",
                    help="hm1: require the conditional posteriors (each client shares X^T X / sigma^2 once; by default "
                    "they are given whenever every client can share, else Algorithm 1's point with a warning); gmm: Wald "
                    "intervals from the observed information (each client shares a Schur complement once)")
+    f.add_argument("--family", choices=("gaussian", "binomial", "poisson", "gamma", "negative_binomial"),
+                   help="glm only: the outcome's distribution (binomial: 0/1 rows, or successes with --trials)")
+    f.add_argument("--link", choices=("identity", "log", "inverse", "logit", "probit", "cloglog"),
+                   help="glm only: the link (default: the family's canonical link)")
+    f.add_argument("--alpha", type=float, help="glm, negative_binomial only: the fixed dispersion (default 1)")
+    f.add_argument("--offset", help="glm only: a column added to the linear predictor (not a predictor)")
+    f.add_argument("--exposure", help="glm only: a column whose log is added to the linear predictor (rates)")
+    f.add_argument("--weights", help="glm only: a column of frequency weights")
+    f.add_argument("--trials", help="glm, binomial only: a column of trials (the target then counts successes)")
+    f.add_argument("--robust", action="store_true", help="glm only: HC0 sandwich standard errors (one more round)")
     f.add_argument("--kernel", default="rbf", choices=("rbf", "matern"), help="fgpr only: GP kernel (default rbf)")
     f.add_argument("--ard", action="store_true", help="fgpr only: one lengthscale per feature")
     f.add_argument("--components", type=int, help="gmm only: number of mixture components")
@@ -557,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "with federated moments, report on the data's scale; the priors then act on the "
                         "standardised scale)")
     f.add_argument("--no-intercept", dest="intercept", action="store_false",
-                   help="hm2, lasso, ridge, hm1: no intercept (default: one per client)")
+                   help="hm2, lasso, ridge, hm1, glm: no intercept (default: one per client; glm: one shared)")
     f.add_argument("--decimal", default=".", choices=(".", ","),
                    help="decimal separator of the CSVs (',' reads semicolon-separated files with decimal commas)")
     f.add_argument("--seed", type=int, default=0)

@@ -442,3 +442,64 @@ def test_csv_defects_are_refused_or_read_correctly(tmp_path, capsys):
     for model in ("hm2", "hm1", "fgpr"):
         assert main(["fit", str(p), "--by", "site", "--target", "y", "--quiet", "--model", model]) == 2
         assert "column 'x' has a value (1e+308) too large" in capsys.readouterr().err
+
+
+@pytest.fixture()
+def counts(tmp_path):
+    """Event counts over years of follow-up at three sites, and a 0/1 outcome."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for site in ("A", "B", "C"):
+        for _ in range(80):
+            age, years, smoker = rng.normal(50, 10), rng.uniform(0.5, 4), rng.choice(["no", "yes"])
+            rows.append({"site": site, "age": age, "smoker": smoker, "years": years,
+                         "visits": rng.poisson(years * np.exp(-2 + 0.02 * age + 0.5 * (smoker == "yes"))),
+                         "sick": int(rng.uniform() < 1 / (1 + np.exp(-(-5 + 0.1 * age))))})
+    df = pd.DataFrame(rows)
+    p = tmp_path / "c.csv"
+    df.to_csv(p, index=False)
+    return p, df
+
+
+def test_glm_poisson_with_exposure_equals_statsmodels(counts, tmp_path, capsys):
+    import statsmodels.api as sm
+
+    p, df = counts
+    out, t = tmp_path / "g.json", tmp_path / "t.csv"
+    df.drop(columns=["visits", "sick"]).iloc[[0, 100]].to_csv(t, index=False)
+    rc = main(["fit", str(p), "--by", "site", "--target", "visits", "--features", "age", "smoker", "--model", "glm",
+               "--family", "poisson", "--exposure", "years", "--robust", "--output", str(out), "--predict", str(t), "-q"])
+    assert rc == 0
+    assert "poisson family, log link" in capsys.readouterr().out
+    j = json.loads(out.read_text())
+    X = sm.add_constant(np.column_stack([df["age"], (df["smoker"] == "yes").astype(float)]))
+    ref = sm.GLM(df["visits"], X, family=sm.families.Poisson(), exposure=df["years"]).fit(cov_type="HC0")
+    assert [r["name"] for r in j["global"]] == ["intercept", "age", "smoker[yes]"]  # years is the exposure
+    np.testing.assert_allclose([r["mean"] for r in j["global"]], ref.params, rtol=1e-8)
+    np.testing.assert_allclose([r["se"] for r in j["global"]], ref.bse, rtol=1e-8)
+    np.testing.assert_allclose([r["p_value"] for r in j["global"]], ref.pvalues, rtol=1e-6)
+    assert j["deviance"] == pytest.approx(ref.deviance, rel=1e-8) and j["aic"] == pytest.approx(ref.aic, rel=1e-8)
+    assert j["cov_type"] == "HC0" and j["roles"] == {"exposure": "years"} and j["client"]["A"] == []
+    pred = j["predictions"][0]
+    row = df.iloc[0]
+    want = row["years"] * np.exp(ref.params @ [1, row["age"], float(row["smoker"] == "yes")])
+    assert pred["mean"] == pytest.approx(want, rel=1e-8) and pred["mean_lower"] < pred["mean"] < pred["mean_upper"]
+
+
+def test_glm_bad_input_is_one_line(counts, tmp_path, capsys):
+    p, df = counts
+    base = ["fit", str(p), "--by", "site", "--model", "glm", "-q"]
+    assert main([*base, "--target", "sick"]) == 2
+    assert "needs --family" in capsys.readouterr().err
+    assert main([*base, "--target", "visits", "--family", "binomial", "--features", "age"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "client 'A': outcome 'visits' is not 0/1" in err
+    assert main([*base, "--target", "sick", "--family", "poisson", "--link", "logit"]) == 2
+    assert "takes --link log, identity" in capsys.readouterr().err
+    assert main(["fit", str(p), "--by", "site", "--target", "sick", "--exposure", "years", "-q"]) == 2
+    assert "--exposure: for --model glm only" in capsys.readouterr().err
+    sep = df.assign(sick=(df["age"] > 50).astype(int))
+    sep.to_csv(tmp_path / "sep.csv", index=False)
+    assert main(["fit", str(tmp_path / "sep.csv"), "--by", "site", "--target", "sick", "--features", "age", "smoker",
+                 "--model", "glm", "--family", "binomial", "-q"]) == 2
+    assert "separation" in capsys.readouterr().err
