@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/fgpr.py
 	$(BIN)/python benchmarks/fedem.py
 	$(BIN)/python benchmarks/fem_omd.py
+	$(BIN)/python benchmarks/glm.py
 	$(BIN)/python benchmarks/flower_overhead.py
 
 clean:
