@@ -34,8 +34,8 @@ from ..data import DataError, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import run
 from ..federation.backend import accepts_backend
-from ..results import FederatedResult, NoPosteriorError, _empty_table, CLIENT_SUMMARY_COLUMNS, check_level, \
-    counted, prediction_frame, register
+from ..results import (CLIENT_SUMMARY_COLUMNS, FederatedResult, _empty_table, check_level, counted,
+                       prediction_frame, register)
 from ._design import GLMDesign
 from ._irls import IRLS, DesignCheck, Sandwich
 from .families import FAMILIES, LINKS, family_of
