@@ -64,6 +64,12 @@ def evaluate(family, r, beta, start: bool, ybar: float):
     else:
         eta = r.X @ beta + r.offset
         mu = family.fitted(eta)
+    upper = 1.0 if family.name == "binomial" else np.inf
+    lower = -np.inf if family.name == "gaussian" else 0.0
+    out = (mu < lower) | (mu > upper) | ~np.isfinite(mu)
+    if not start and out.any():  # e.g. a negative rate under the identity link
+        raise ValueError(f"the fitted mean left the {family.name} family's range under the {family.link.name} link "
+                         f"(e.g. {mu[out][0]:.3g}); use the family's default link")
     g1 = family.link.deriv(mu)
     var = family.variance(mu)
     w = r.f * r.n / (g1**2 * var)
@@ -71,7 +77,6 @@ def evaluate(family, r, beta, start: bool, ybar: float):
     Xw = r.X * w[:, None]
     dev = np.sum(r.f * family.resid_dev(r.y, mu, r.n))
     pearson = np.sum(r.f * r.n * (r.y - mu) ** 2 / var)
-    upper = 1.0 if family.name == "binomial" else np.inf
     edge = ((mu < EDGE) & (r.y == 0)) | ((mu > upper - EDGE) & (r.y == upper))
     return {"xtwx": r.X.T @ Xw, "xtwz": Xw.T @ z, "dev": np.array([dev]), "pearson": np.array([pearson]),
             "ll": family.loglike_sums(r.y, mu, r.f, r.n), "edge": np.array([float(np.sum(edge & (r.f > 0)))])}
@@ -101,6 +106,8 @@ class IRLS(FederatedAlgorithm):
 
     def server_step(self, server_state, replies, round):
         s = dict(server_state)
+        if not replies:  # every client failed: the fit reports the first failure
+            return s, {}
         tot = {k: sum(np.asarray(r[k], dtype=float) for r in replies.values()) for k in self.reply_keys}
         dev = float(tot["dev"][0])
         s["dev"] = s["dev"] + [dev]

@@ -287,6 +287,14 @@ def test_bad_options_and_special_columns():
         FederatedGLM("poisson", exposure="x0").fit(data)
 
 
+def test_a_mean_outside_the_family_range_is_named():
+    rng = np.random.default_rng(17)
+    Xs = [3 * rng.normal(size=(50, 1)) for _ in range(3)]
+    ys = [rng.poisson(np.exp(0.8 * X[:, 0])).astype(float) for X in Xs]
+    with pytest.raises(RuntimeError, match="left the poisson family's range under the identity link"):
+        FederatedGLM("poisson", "identity").fit(FederatedData.from_arrays(Xs, ys))
+
+
 def test_non_convergence_warns_naming_the_predictor():
     Xs, ys = simulate("gamma", "log", seed=15)
     with pytest.warns(UserWarning, match="did not converge in 2 iterations.*coefficient still moving most"):
@@ -301,3 +309,11 @@ def test_save_and_load_keep_everything(tmp_path):
     pd.testing.assert_frame_equal(res.summary(), back.summary())
     assert back.llf == res.llf and back.family_.alpha == ALPHA
     pd.testing.assert_frame_equal(res.predict(Xs[0][:3]), back.predict(Xs[0][:3]))
+
+
+def test_module_example_runs():
+    import doctest
+
+    import fedstats.glm.frequentist as module
+
+    assert doctest.testmod(module).failed == 0
