@@ -3,11 +3,16 @@
 * :class:`FederatedGLM`: exact maximum likelihood by federated IRLS (statsmodels' pooled fit,
   to rounding): coefficients, standard errors (model-based or HC0 sandwich), Wald intervals
   and tests, deviance, log-likelihood, AIC/BIC, likelihood-ratio tests between nested fits.
+* :class:`BayesianGLM`: the same likelihoods with shared coefficients and a Normal prior, by
+  federated EP; :class:`HierarchicalGLM`: each client's own coefficients around a population
+  (HM2's structure with a GLM likelihood), posteriors for both.
 * :mod:`~fedstats.glm.families`: the families (gaussian, binomial, poisson, gamma, negative
   binomial) and links.
 """
 
 from .families import FAMILIES, LINKS, family_of
 from .frequentist import FederatedGLM, GLMConvergenceWarning, GLMResult, SeparationError
+from .bayes import BayesianGLM, BayesianGLMResult, HierarchicalGLM, HierarchicalGLMResult
 
-__all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning", "FAMILIES", "LINKS", "family_of"]
+__all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning", "BayesianGLM", "BayesianGLMResult",
+           "HierarchicalGLM", "HierarchicalGLMResult", "FAMILIES", "LINKS", "family_of"]

@@ -39,11 +39,12 @@ class GLMDesign:
 
     ``roles`` maps ``offset``/``exposure``/``weights``/``trials`` to a column name of the data
     (or None). The predictors are the other columns, after an intercept column of ones when
-    ``intercept``.
+    ``intercept``; with ``scaling`` (a :class:`~fedstats.linear._scaling.LinearScaling` of the
+    predictors), standardised by each client.
     """
 
-    def __init__(self, data, intercept: bool, roles: dict):
-        self.data, self.intercept, self.roles = data, intercept, dict(roles)
+    def __init__(self, data, intercept: bool, roles: dict, scaling=None):
+        self.data, self.intercept, self.roles, self.scaling = data, intercept, dict(roles), scaling
         self.clients = list(data.clients)
         names = list(data.feature_names)
         for role, col in self.roles.items():
@@ -71,6 +72,8 @@ class GLMDesign:
         X = np.asarray(cd.X, dtype=float)
         m = X.shape[0]
         design = X[:, self.keep]
+        if self.scaling is not None:  # the client standardises its own rows (federated moments)
+            design = self.scaling.transform_X(design)
         if self.intercept:
             design = np.column_stack([np.ones(m), design])
         offset, exposure = self._column(X, "offset"), self._column(X, "exposure")

@@ -1,0 +1,440 @@
+"""Bayesian GLMs by federated EP: :class:`BayesianGLM` (coefficients shared by every client)
+and :class:`HierarchicalGLM` (each client's own coefficients around a population).
+
+Both standardise the predictors with federated moments first (one counted round; 0/1
+columns keep their coding), put their priors on that scale and report on the data's own
+scale. Each EP site is one client's full likelihood; the tilted moments come from
+Laplace-corrected importance sampling (:class:`~fedstats.inference.tilted.ImportanceTilted`),
+one compiled kernel for every client. A client's rows never leave it and are not kept in its
+EP state.
+
+* ``BayesianGLM``: ``beta ~ N(0, prior_scale^2)`` per standardised predictor, the intercept
+  ``~ N(g(mean outcome), intercept_scale^2)``; gaussian adds ``log sigma`` and gamma ``log
+  shape`` as shared parameters.
+* ``HierarchicalGLM``: ``theta_k ~ N(mu, diag(tau))``, ``mu ~ N(0, I)``, ``log tau ~ N(0, I)``
+  on the standardised scale (HM2's structure), the intercept one of the coefficients with
+  its own random effect. ``theta_k`` is integrated out in each site by a Laplace
+  approximation; client posteriors come from one more counted round in which every client
+  combines its likelihood with its cavity and sends the mean and covariance of its
+  coefficients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..data import DataError, require_target
+from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
+from ..federation import FederatedAlgorithm, run
+from ..federation.backend import accepts_backend
+from ..inference.ep import check_invariants, fractional_cavity
+from ..inference.gaussian import NaturalGaussian
+from ..inference.posterior import GaussianPosterior, SamplePosterior
+from ..inference.tilted import ImportanceTilted
+from ..linear._ep_model import check_participation, log_scale_rows, no_p_value
+from ..linear._scaling import LinearScaling, federated_scaling
+from ..results import FederatedResult, check_level, counted, prediction_frame, register
+from ._design import GLMDesign
+from ._irls import DesignCheck
+from ._sites import BAYES_LINKS, DISPERSION, HierarchicalSite, RowsEP, SharedSite
+from .families import family_of
+from .frequentist import _COLUMN, _check_design, _one_line
+
+__all__ = ["BayesianGLM", "HierarchicalGLM", "BayesianGLMResult", "HierarchicalGLMResult"]
+
+
+def _n_pad(n: int) -> int:
+    """Rows per client as the kernels see them: the largest client's, rounded up to a
+    multiple of 32, so that fits of similar data share compilations."""
+    return -(-n // 32) * 32
+
+
+class _BayesBase(Estimator):
+    _families = tuple(BAYES_LINKS)
+
+    def _family(self):
+        self._validate_params()
+        name = type(self).__name__
+        fam = family_of(self.family, self.link, self.alpha) if self.family in BAYES_LINKS else None
+        if fam is None or fam.link.name not in BAYES_LINKS[self.family] or self.family not in self._families:
+            allowed = {f: BAYES_LINKS[f] for f in self._families}
+            raise ValueError(f"{name}: family/link must be one of {allowed}, got {self.family!r}/{self.link!r}")
+        if self.trials is not None and fam.name != "binomial":
+            raise ValueError(f"{name}: trials= is for the binomial family, not {fam.name}")
+        return fam
+
+    def _setup(self, data, seed):
+        """Checks (one counted round), the federated scaling of the predictors (one more) and
+        the design every client reads its standardised rows through."""
+        require_target(data, type(self).__name__)
+        fam = self._family()
+        roles = {"offset": self.offset, "exposure": self.exposure, "weights": self.weights, "trials": self.trials}
+        raw = GLMDesign(data, self.fit_intercept, roles)
+        check = run(DesignCheck(fam, self.trials is not None), raw, rounds=1, seed=seed, progress=False,
+                    batched=False, kind="design check")
+        failed = {c: why for rec in check.history for c, why in rec.failed.items()}
+        if failed:
+            raise DataError(_one_line(next(iter(failed.values()))))
+        reps = check.server_state
+        xtx = sum(np.asarray(r["xtx"]) for r in reps.values())
+        _check_design(raw.names, xtx, np.min([r["col_min"] for r in reps.values()], axis=0),
+                      np.max([r["col_max"] for r in reps.values()], axis=0), self.fit_intercept)
+        n_rows = {c: int(r["n_rows"][0]) for c, r in reps.items()}
+        ybar = sum(float(r["sum_y"][0]) for r in reps.values()) / sum(n_rows.values())
+        scaling = None
+        if self.standardize:
+            full = federated_scaling(data, self.fit_intercept, seed=seed)
+            k = raw.keep
+            scaling = LinearScaling(x_mean=full.x_mean[k], x_sd=full.x_sd[k], y_mean=0.0, y_sd=1.0,
+                                    binary=full.binary[k], fit_intercept=bool(self.fit_intercept))
+            y_sd = full.y_sd
+        else:
+            y_sd = 1.0
+        design = GLMDesign(data, self.fit_intercept, roles, scaling=scaling)
+        return fam, roles, design, scaling, n_rows, ybar, y_sd
+
+    def _run_ep(self, site, prior, design, seed, progress):
+        est = ImportanceTilted(num_draws=int(self.num_draws))
+        alg = RowsEP(site, prior, est, damping=float(self.damping), tol=float(self.tol))
+        out = run(alg, design, kind="EP rounds", rounds=int(self.rounds), seed=seed, progress=progress,
+                  min_rounds=min(2, int(self.rounds)))
+        check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
+        check_participation(out.history, list(design.clients))
+        return alg, out
+
+
+def _intercept_mean(fam, ybar: float) -> float:
+    lo, hi = (0.01, 0.99) if fam.name == "binomial" else (1e-3, np.inf)
+    v = ybar if fam.name == "gaussian" else float(np.clip(ybar, lo, hi))
+    return float(fam.link(np.array(v)))
+
+
+_COMMON = {"link": NONE | OneOf("identity", "log", "logit", "probit", "cloglog"), "fit_intercept": BOOL,
+           "alpha": Real(0, closed=(False, True)), "offset": _COLUMN, "exposure": _COLUMN, "weights": _COLUMN,
+           "trials": _COLUMN, "standardize": BOOL, "rounds": Int(1), "tol": Real(0, closed=(False, True)),
+           "damping": Real(0, 1, closed=(False, True)), "num_draws": Int(100)}
+
+
+class BayesianGLM(_BayesBase):
+    """GLM with coefficients shared by every client and a Normal prior, by federated EP.
+
+    Parameters
+    ----------
+    family, link, alpha, fit_intercept, offset, exposure, weights, trials
+        As :class:`~fedstats.glm.FederatedGLM`. Families and links: binomial (logit, probit,
+        cloglog), poisson (log), negative_binomial (log), gaussian (identity; ``log sigma``
+        shared), gamma (log; ``log shape`` shared).
+    prior_scale : float, default 2.5
+        Prior sd of each coefficient of a standardised predictor (gaussian: times the
+        outcome's federated sd).
+    intercept_scale : float, default 10
+        Prior sd of the intercept, centred at the link of the mean outcome.
+    standardize : bool, default True
+    rounds, tol, damping, num_draws
+        EP rounds (at most); stop when no posterior mean moves by ``tol`` sds and no sd by a
+        factor ``exp(tol)``; damping (1: the sites of log-concave likelihoods need none; a
+        damped site reaches only ``1 - (1 - damping)^r`` of its precision in ``r`` rounds);
+        importance draws per client and round.
+    """
+
+    _constraints = {"family": OneOf(*BAYES_LINKS), **_COMMON, "prior_scale": Real(0, closed=(False, True)),
+                    "intercept_scale": Real(0, closed=(False, True))}
+
+    def __init__(self, family="binomial", link=None, *, fit_intercept=True, alpha=1.0, offset=None, exposure=None,
+                 weights=None, trials=None, prior_scale=2.5, intercept_scale=10.0, standardize=True, rounds=15,
+                 tol=0.05, damping=1.0, num_draws=4000):
+        self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
+        self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
+        self.prior_scale, self.intercept_scale, self.standardize = prior_scale, intercept_scale, standardize
+        self.rounds, self.tol, self.damping, self.num_draws = rounds, tol, damping, num_draws
+
+    @counted
+    @accepts_backend
+    def fit(self, data, *, seed: int = 0, progress=None) -> "BayesianGLMResult":
+        """Fit by federated EP; returns a :class:`BayesianGLMResult`."""
+        fam, roles, design, scaling, n_rows, ybar, y_sd = self._setup(data, seed)
+        p = len(design.names)
+        site = SharedSite(fam.name, fam.link.name, float(self.alpha), p, _n_pad(max(n_rows.values())))
+        s = self.prior_scale * (y_sd if fam.name == "gaussian" else 1.0)
+        mean, sd = np.zeros(p), np.full(p, s)
+        if self.fit_intercept:
+            mean[0], sd[0] = _intercept_mean(fam, ybar), self.intercept_scale * (y_sd if fam.name == "gaussian" else 1)
+        if fam.name in DISPERSION:
+            mean = np.r_[mean, np.log(y_sd) if fam.name == "gaussian" else 0.0]
+            sd = np.r_[sd, 1.0 if fam.name == "gaussian" else 2.0]
+        alg, out = self._run_ep(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, seed, progress)
+        return BayesianGLMResult(model="BayesianGLM", family=fam.name, link=fam.link.name, alpha=float(self.alpha),
+                                 names=design.names, predictors=design.predictors, roles=roles,
+                                 fit_intercept=bool(self.fit_intercept), clients=list(design.clients), n_obs=n_rows,
+                                 q=(out.server_state.q.r, out.server_state.q.Q), scaling=scaling,
+                                 history=out.history, rounds=len(out.history), converged=bool(out.converged),
+                                 communication=out.communication, seed=seed)
+
+
+class _GLMPosteriorMixin:
+    """Predictions on the response scale from draws of the coefficients."""
+
+    def _eta_draws(self, X, beta, offset, exposure):
+        X = np.asarray(X, dtype=float)
+        if X.ndim == 1:
+            X = X[None, :]
+        if X.ndim != 2 or X.shape[1] != len(self.predictors):
+            raise ValueError(f"X must have {len(self.predictors)} columns ({self.predictors}), got shape {X.shape}")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X has NaN or inf")
+        D = np.column_stack([np.ones(len(X)), X]) if self.fit_intercept else X
+        off = np.zeros(len(X))
+        for name, v, f in (("offset", offset, lambda a: a), ("exposure", exposure, np.log)):
+            if v is not None:
+                if self.roles.get(name) is None:
+                    raise ValueError(f"the fit had no {name}: do not pass {name}=")
+                off = off + f(np.broadcast_to(np.asarray(v, dtype=float), (len(X),)))
+            elif self.roles.get(name) is not None:
+                raise ValueError(f"the fit had an {name} column ({self.roles[name]!r}): pass {name}= for these rows")
+        return beta @ D.T + off
+
+    def _prediction(self, eta, disp, level, rng, predicted_for):
+        fam = family_of(self.family, self.link, self.alpha)
+        mu = fam.fitted(eta)
+        a = (1 - level) / 2
+        lo, hi = np.quantile(mu, [a, 1 - a], axis=0)
+        if fam.name == "binomial":
+            y = rng.binomial(1, mu)
+        elif fam.name == "poisson":
+            y = rng.poisson(mu)
+        elif fam.name == "negative_binomial":
+            y = rng.negative_binomial(1 / self.alpha, 1 / (1 + self.alpha * mu))
+        elif fam.name == "gaussian":
+            y = mu + np.exp(disp)[:, None] * rng.standard_normal(mu.shape)
+        else:
+            k = np.exp(disp)[:, None]
+            y = rng.gamma(k, mu / k)
+        plo, phi_ = np.quantile(y, [a, 1 - a], axis=0)
+        return prediction_frame(mu.mean(axis=0), lo, hi, plo, phi_, predicted_for=predicted_for)
+
+
+@register
+class BayesianGLMResult(_GLMPosteriorMixin, FederatedResult):
+    """A :class:`BayesianGLM` fit: the Gaussian EP posterior of the shared coefficients (and
+    the dispersion), on the data's scale; no per-client parameters."""
+
+    def __init__(self, **state):
+        self.__dict__.update(state)
+        self.seconds = 0.0
+
+    @property
+    def phi_names(self) -> list[str]:
+        return list(self.names) + ([DISPERSION[self.family]] if self.family in DISPERSION else [])
+
+    def _fitted_q(self) -> GaussianPosterior:
+        return GaussianPosterior.from_natural(*self.q, names=self.phi_names)
+
+    def global_posterior(self) -> GaussianPosterior:
+        """The Gaussian EP posterior of the coefficients (then the log dispersion) on the data's
+        scale (an exact affine map of the standardised fit)."""
+        q = self._fitted_q()
+        if self.scaling is None:
+            return q
+        A, c = self.scaling.coef_map()
+        k = q.dim - len(c)
+        A = np.block([[A, np.zeros((len(c), k))], [np.zeros((k, len(c))), np.eye(k)]])
+        return q.affine(A, np.r_[c, np.zeros(k)], names=self.phi_names)
+
+    def _global_table(self, level, kind):
+        return no_p_value(self.global_posterior().summary(level=level, kind=kind), "log_")
+
+    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        """No rows: the coefficients are shared by every client."""
+        from ..results import CLIENT_SUMMARY_COLUMNS, _empty_table
+
+        check_level(level)
+        return _empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True)
+
+    def _no_posterior(self, what: str) -> str:
+        return f"BayesianGLM has no {what} posterior: its coefficients are shared (HierarchicalGLM has per-client ones)"
+
+    def predict(self, X, client=None, *, level: float = 0.95, offset=None, exposure=None, n: int = 4000,
+                seed: int = 0) -> pd.DataFrame:
+        """Mean response (probabilities, rates, ...) with its credible band and the predictive
+        band of a new observation, from ``n`` seeded posterior draws. ``client`` does not
+        change the prediction (shared coefficients)."""
+        level = check_level(level)
+        if client is not None:
+            self._check_client(client)
+        rng = np.random.default_rng(seed)
+        draws = self.global_posterior().sample(n, seed=rng)
+        p = len(self.names)
+        eta = self._eta_draws(X, draws[:, :p], offset, exposure)
+        disp = draws[:, p] if draws.shape[1] > p else np.zeros(n)
+        return self._prediction(eta, disp, level, rng, "client" if client is not None else "new client")
+
+
+class HierarchicalGLM(_BayesBase):
+    """GLM with each client's own coefficients ``theta_k ~ N(mu, diag(tau))``, by federated EP.
+
+    ``phi = (mu, log tau)`` with ``mu ~ N(0, prior_mu_sd^2)``, ``log tau ~ N(0, prior_log_tau_sd^2)``
+    (default 1 each) on the standardised scale; the intercept is a coefficient with its own
+    random effect. Families: binomial (logit, probit, cloglog), poisson (log), negative
+    binomial (log). Other parameters as :class:`BayesianGLM`.
+    """
+
+    _families = ("binomial", "poisson", "negative_binomial")
+    _constraints = {"family": OneOf("binomial", "poisson", "negative_binomial"), **_COMMON,
+                    "prior_mu_sd": Real(0, closed=(False, True)), "prior_log_tau_sd": Real(0, closed=(False, True))}
+
+    def __init__(self, family="binomial", link=None, *, fit_intercept=True, alpha=1.0, offset=None, exposure=None,
+                 weights=None, trials=None, prior_mu_sd=1.0, prior_log_tau_sd=1.0, standardize=True, rounds=30,
+                 tol=0.05, damping=0.5, num_draws=2000):
+        self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
+        self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
+        self.prior_mu_sd, self.prior_log_tau_sd, self.standardize = prior_mu_sd, prior_log_tau_sd, standardize
+        self.rounds, self.tol, self.damping, self.num_draws = rounds, tol, damping, num_draws
+
+    @counted
+    @accepts_backend
+    def fit(self, data, *, seed: int = 0, progress=None) -> "HierarchicalGLMResult":
+        """Fit by federated EP, then one counted round of client posteriors; returns a
+        :class:`HierarchicalGLMResult`."""
+        fam, roles, design, scaling, n_rows, ybar, _ = self._setup(data, seed)
+        p = len(design.names)
+        site = HierarchicalSite(fam.name, fam.link.name, float(self.alpha), p, _n_pad(max(n_rows.values())))
+        sd = np.r_[np.full(p, self.prior_mu_sd), np.full(p, self.prior_log_tau_sd)]
+        prior = NaturalGaussian.from_moments(np.zeros(2 * p), np.diag(sd**2))
+        alg, out = self._run_ep(site, prior, design, seed, progress)
+        sites = alg.committed_sites(out.server_state, out.client_states)
+        post = run(_ClientPosteriors(site, out.server_state.q, sites, int(self.num_draws)), design, rounds=1,
+                   seed=seed, progress=False, batched=False, kind="client posteriors")
+        failed = {c: why for rec in post.history for c, why in rec.failed.items()}
+        if failed:
+            c, why = next(iter(failed.items()))
+            raise RuntimeError(f"HierarchicalGLM: client {c!r} could not form its posterior: {why}")
+        theta = {c: (np.asarray(r["mean"]), np.asarray(r["cov"])) for c, r in post.server_state.items()}
+        return HierarchicalGLMResult(model="HierarchicalGLM", family=fam.name, link=fam.link.name,
+                                     alpha=float(self.alpha), names=design.names, predictors=design.predictors,
+                                     roles=roles, fit_intercept=bool(self.fit_intercept), clients=list(design.clients),
+                                     n_obs=n_rows, q=(out.server_state.q.r, out.server_state.q.Q), theta=theta,
+                                     scaling=scaling, history=out.history, rounds=len(out.history),
+                                     converged=bool(out.converged), communication=out.communication, seed=seed)
+
+
+class _ClientPosteriors(FederatedAlgorithm):
+    """One round after EP: each client combines its likelihood with its cavity ``q / site_k``
+    (importance draws of phi), and for each draw the Laplace posterior of its coefficients
+    given phi; it sends the mean and covariance of that mixture (standardised scale)."""
+
+    reply_keys = ("mean", "cov")
+    per_client_fields = ("sites",)
+
+    def __init__(self, site, q, sites, num_draws):
+        self.site, self.q, self.sites, self.num_draws = site, q, sites, num_draws
+
+    def init_server(self, clients, rng):
+        return {}
+
+    def init_client(self, client, data, rng):
+        return self.sites[client]
+
+    def broadcast(self, server_state, client, round):
+        return {"r": self.q.r, "Q": self.q.Q}
+
+    def client_step(self, message, state, data, rng):
+        import jax
+
+        q = NaturalGaussian(np.asarray(message["r"]), np.asarray(message["Q"]))
+        cavity, _ = fractional_cavity(q, state)
+        m, C = cavity.moments()
+        stats = self.site.client_stats(data)
+        est = ImportanceTilted(num_draws=self.num_draws)
+        t = est.estimate(self.site, m[None], C[None], [stats], np.array([rng.integers(2**63 - 1)]),
+                         keep_draws=True)[0]
+        phi, w = t.draws["phi"], (t.weights if t.weights is not None else np.full(len(t.draws["phi"]), 1 / len(t.draws["phi"])))
+        idx = rng.choice(len(phi), size=min(500, len(phi)), p=w)
+        p = self.site.p
+        with jax.enable_x64(True):
+            modes, negH = _theta_modes(self.site)(phi[idx, :p], phi[idx, p:], stats)
+        modes, covs = np.asarray(modes), np.linalg.inv(np.asarray(negH))
+        mean = modes.mean(axis=0)
+        cov = covs.mean(axis=0) + np.cov(modes.T, bias=True).reshape(p, p)
+        return {"mean": mean, "cov": 0.5 * (cov + cov.T)}, state
+
+    def server_step(self, server_state, replies, round):
+        return dict(replies), {}
+
+
+_MODES: dict = {}
+
+
+def _theta_modes(site):
+    import jax
+
+    key = site.cache_key()
+    if key not in _MODES:
+        _MODES[key] = jax.jit(jax.vmap(site.theta_mode, in_axes=(0, 0, None)))
+    return _MODES[key]
+
+
+@register
+class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
+    """A :class:`HierarchicalGLM` fit: the EP posterior of ``(mu, log tau)`` and every client's
+    coefficient posterior (Gaussian), on the data's scale."""
+
+    def __init__(self, **state):
+        self.__dict__.update(state)
+        self.seconds = 0.0
+
+    @property
+    def phi_names(self) -> list[str]:
+        return [f"mu[{n}]" for n in self.names] + [f"log_tau[{n}]" for n in self.names]
+
+    def _fitted_q(self) -> GaussianPosterior:
+        """q(mu, log tau) on the standardised scale the fit ran on."""
+        return GaussianPosterior.from_natural(*self.q, names=self.phi_names)
+
+    def global_posterior(self):
+        """q(mu, log tau) on the data's scale: the fitted Gaussian without standardisation,
+        else 20,000 seeded draws of it mapped exactly (mu affinely; tau, the population
+        variance of each coefficient, as the diagonal of ``A diag(tau) A'``)."""
+        q = self._fitted_q()
+        if self.scaling is None:
+            return q
+        p = len(self.names)
+        A, c = self.scaling.coef_map()
+        phi = q.sample(20000, seed=np.random.default_rng([self.seed, 13]))
+        tau = np.exp(phi[:, p:]) @ (A**2).T
+        return SamplePosterior(np.column_stack([phi[:, :p] @ A.T + c, np.log(tau)]), names=self.phi_names)
+
+    def _global_table(self, level, kind):
+        g = self.global_posterior()
+        return pd.concat([no_p_value(g.summary(level=level, kind=kind), "log_"),
+                          log_scale_rows(g, "log_tau", level, "tau")])
+
+    def client_posterior(self, client) -> GaussianPosterior:
+        """Client ``client``'s coefficients: the Gaussian with the mean and covariance its own
+        round sent (its likelihood times its cavity), on the data's scale."""
+        self._check_client(client)
+        m, C = self.theta[client]
+        post = GaussianPosterior(m, C, names=list(self.names))
+        if self.scaling is None:
+            return post
+        A, c = self.scaling.coef_map()
+        return post.affine(A, c, names=list(self.names))
+
+    def predict(self, X, client=None, *, level: float = 0.95, offset=None, exposure=None, n: int = 4000,
+                seed: int = 0) -> pd.DataFrame:
+        """Mean response with its credible band and the predictive band of a new observation,
+        from ``n`` seeded draws: of the client's coefficients, or for ``client=None`` (a new
+        client) of ``theta ~ N(mu, diag tau)`` with ``(mu, log tau)`` from the posterior."""
+        level = check_level(level)
+        rng = np.random.default_rng(seed)
+        if client is not None:
+            self._check_client(client)
+            beta = self.client_posterior(client).sample(n, seed=rng)
+        else:
+            p = len(self.names)
+            phi = self._fitted_q().sample(n, seed=rng)
+            beta = phi[:, :p] + np.exp(0.5 * phi[:, p:]) * rng.standard_normal((n, p))
+            if self.scaling is not None:
+                beta = self.scaling.coef_back(beta)
+        eta = self._eta_draws(X, beta, offset, exposure)
+        return self._prediction(eta, np.zeros(n), level, rng, "client" if client is not None else "new client")
