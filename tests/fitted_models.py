@@ -40,15 +40,15 @@ def fit_with_spy():
     out = Spy()
     runner._run = spying_run
     try:
-        fit_all(out, data, gm)
+        fit_all(out, data, gm, df)
     finally:
         runner._run = real_run
     return dict(out), data, runs
 
 
-def fit_all(out, data, gm):
+def fit_all(out, data, gm, df):
     from fedstats import HierarchicalLinearModel
-    from fedstats.glm import FederatedGLM
+    from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
     from fedstats.gp import FGPR
     from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
     from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
@@ -72,6 +72,10 @@ def fit_all(out, data, gm):
         out["distributed-ridge"] = DistributedRidge().fit(data)
         out["fgpr"] = FGPR(rounds=3).fit(data, seed=0, progress=False)
         out["glm"] = FederatedGLM("gaussian").fit(data, seed=0, progress=False)
+        binary = FederatedData.from_dataframe(df.assign(y=(df["y"] > df["y"].median()).astype(float)), by="site",
+                                              target="y")
+        out["bglm"] = BayesianGLM("binomial", rounds=3, num_draws=400).fit(binary, seed=0, progress=False)
+        out["hglm"] = HierarchicalGLM("binomial", rounds=2, num_draws=400).fit(binary, seed=0, progress=False)
         out["fedem"] = FederatedGaussianMixture(3).fit(gm, seed=0)
         out["vb-fedem"] = VariationalGaussianMixture(3).fit(gm, seed=0)
         out["d-fedem"] = DecentralizedGaussianMixture(3, graph=ring_graph(gm.n_clients)).fit(gm, seed=0)
@@ -84,4 +88,4 @@ def fit_all(out, data, gm):
 
 
 MODELS = ["hm2", "hm2-nuts", "lasso", "ridge", "lasso-centralised", "hm1", "hm1-point", "separate", "fedavg", "ditto",
-          "distributed-ridge", "fgpr", "glm", "fedem", "vb-fedem", "d-fedem", "fem-omd-result", "fem-omd"]
+          "distributed-ridge", "fgpr", "glm", "bglm", "hglm", "fedem", "vb-fedem", "d-fedem", "fem-omd-result", "fem-omd"]

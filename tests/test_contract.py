@@ -25,25 +25,29 @@ POSTERIORS = {
     "lasso-centralised": (True, True), "vb-fedem": (True, True),
     "hm1": (False, True),  # HM1 has no global parameters with a posterior (Omega is estimated)
     "hm1-point": (False, False), "separate": (False, False), "fedavg": (False, False), "ditto": (False, False),
-    "distributed-ridge": (False, False), "fgpr": (False, False), "glm": (False, False), "fedem": (False, False),
+    "distributed-ridge": (False, False), "fgpr": (False, False), "glm": (False, False), "bglm": (True, False), "hglm": (True, True),
+    "fedem": (False, False),
     "d-fedem": (False, False), "fem-omd-result": (False, False),
 }
 # the option or model each NoPosteriorError must name
 REMEDY = {"hm1": "uncertainty=True", "hm1-point": "uncertainty=True", "separate": "HierarchicalLinearModel",
           "fedavg": "HierarchicalLinearModel", "ditto": "HierarchicalLinearModel",
-          "distributed-ridge": "HierarchicalLinearModel", "fgpr": "predict", "glm": "BayesianGLM", "fedem": "VariationalGaussianMixture",
+          "distributed-ridge": "HierarchicalLinearModel", "fgpr": "predict", "glm": "BayesianGLM", "bglm": "HierarchicalGLM", "fedem": "VariationalGaussianMixture",
           "d-fedem": "VariationalGaussianMixture", "fem-omd-result": "VariationalGaussianMixture"}
 # models without global parameters: summary() has no rows (their parameters are per client)
 NO_GLOBAL_ROWS = {"separate", "ditto"}
 # FGPR's parameters are all shared: client_summary() has no rows
-NO_CLIENT_ROWS = {"fgpr", "glm"}
+NO_CLIENT_ROWS = {"fgpr", "glm", "bglm"}
+# predictive bands of 0/1 outcomes (the Bayesian logistic models in the battery)
+DISCRETE = {"bglm", "hglm"}
 # sd and bands without a posterior: the GLM's standard errors and Wald bands (maximum likelihood)
 WALD_BANDS = {"glm"}
 MIXTURES = {"fedem", "vb-fedem", "d-fedem", "fem-omd-result"}
 # a client that took no part in the fit (client=None): predicted from the population, from the
 # new client's own data (FGPR), from the shared model, or refused
 NEW_CLIENT = {"hm2": "population", "hm2-nuts": "population", "lasso": "population", "ridge": "population",
-              "lasso-centralised": "population", "fedavg": "shared", "distributed-ridge": "shared", "glm": "shared",
+              "lasso-centralised": "population", "fedavg": "shared", "distributed-ridge": "shared", "glm": "shared", "bglm": "shared",
+              "hglm": "population",
               "fgpr": "data", "hm1": "refused", "hm1-point": "refused", "separate": "refused", "ditto": "refused"}
 assert set(POSTERIORS) == set(RESULTS) and set(NEW_CLIENT) | MIXTURES == set(RESULTS)
 
@@ -145,8 +149,12 @@ def test_predict_leading_columns_and_unseen_clients(fit, request):
         p = res.predict(X, client=c, level=0.9)
         assert tuple(p.columns[:5]) == PREDICT_COLUMNS and len(p) == 4 and p.attrs["predicted_for"] == "client"
         bands = p[list(PREDICT_COLUMNS[1:])]
-        assert bands.notna().all().all() == POSTERIORS[name][1] or name == "fgpr" or name in WALD_BANDS
-        if bands.notna().all().all():
+        # bands come from the client's posterior, or from shared coefficients (the GLMs)
+        assert bands.notna().all().all() == POSTERIORS[name][1] or name == "fgpr" or name in WALD_BANDS | {"bglm"}
+        if bands.notna().all().all() and name in DISCRETE:  # a band of 0/1 outcomes need not hold the mean's
+            assert np.all((p["lower"] <= p["upper"]) & (p["pred_lower"] <= p["pred_upper"]))
+            assert set(p["pred_lower"]) | set(p["pred_upper"]) <= {0.0, 1.0}
+        elif bands.notna().all().all():
             assert np.all((p["lower"] <= p["upper"]) & (p["pred_lower"] <= p["lower"] + 1e-9)
                           & (p["upper"] <= p["pred_upper"] + 1e-9))
         with pytest.raises(UnknownClientError, match="unknown client 'nowhere'"):

@@ -11,7 +11,7 @@ import pytest
 
 from fedstats import HierarchicalLinearModel
 from fedstats.estimator import Estimator
-from fedstats.glm import FederatedGLM
+from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
 from fedstats.gp import FGPR
 from fedstats.linear import BayesianLasso, BayesianRidge, BayesianShrinkage, StructuralCovarianceModel
 from fedstats.linear.baselines import Ditto, DistributedRidge, FedAvg, PooledOracle, Separate
@@ -31,6 +31,8 @@ MODELS = {
     "oracle": lambda: PooledOracle(omega=np.eye(3), noise_var=1.0),
     "fgpr": lambda: FGPR(rounds=2),
     "glm": lambda: FederatedGLM("gaussian", cov_type="HC0"),
+    "bglm": lambda: BayesianGLM("gaussian", rounds=2, num_draws=200),
+    "hglm": lambda: HierarchicalGLM("poisson", rounds=2, num_draws=200),
     "fedem": lambda: FederatedGaussianMixture(2, rounds=5, n_init=2),
     "vb-fedem": lambda: VariationalGaussianMixture(2, rounds=5, n_init=2),
     "d-fedem": lambda: DecentralizedGaussianMixture(2, rounds=5, n_init=2, graph="ring"),
@@ -39,7 +41,8 @@ MODELS = {
 # (parameter, bad value) declared in each model's constraints
 BAD = {"hm2": ("rounds", 0), "shrinkage": ("penalty", "elastic"), "lasso": ("damping", 1.5), "ridge": ("tol", -1),
        "hm1": ("posterior_omega", "mle"), "separate": ("method", "qr"), "fedavg": ("local_steps", 0),
-       "ditto": ("grad_reduction", "max"), "fgpr": ("kernel", "cubic"), "glm": ("family", "weibull"), "fedem": ("n_components", 0),
+       "ditto": ("grad_reduction", "max"), "fgpr": ("kernel", "cubic"), "glm": ("family", "weibull"), "bglm": ("prior_scale", 0.0),
+       "hglm": ("family", "gaussian"), "fedem": ("n_components", 0),
        "vb-fedem": ("mean_precision_prior", -1.0), "d-fedem": ("mixing", "slow")}
 
 
