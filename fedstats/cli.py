@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-MODELS = ("hm2", "lasso", "ridge", "hm1", "fgpr", "gmm", "glm")
+MODELS = ("hm2", "lasso", "ridge", "hm1", "fgpr", "gmm", "glm", "bglm", "hglm")
+GLMS = ("glm", "bglm", "hglm")
 GLM_ROLES = ("offset", "exposure", "weights", "trials")
 MIN_ROWS = 3
 
@@ -233,12 +234,13 @@ def _estimator(args):
         from .gp import FGPR
 
         return FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard), {}
-    if args.model == "glm":
-        from .glm import FederatedGLM
+    if args.model in GLMS:
+        from .glm import BayesianGLM, FederatedGLM, HierarchicalGLM
 
-        return FederatedGLM(args.family, args.link, alpha=args.alpha, fit_intercept=args.intercept, rounds=args.rounds,
-                            cov_type="HC0" if args.robust else "nonrobust",
-                            **{r: getattr(args, r) for r in GLM_ROLES}), {}
+        cls = {"glm": FederatedGLM, "bglm": BayesianGLM, "hglm": HierarchicalGLM}[args.model]
+        extra = {"cov_type": "HC0" if args.robust else "nonrobust"} if args.model == "glm" else {}
+        return cls(args.family, args.link, alpha=args.alpha, fit_intercept=args.intercept, rounds=args.rounds,
+                   **extra, **{r: getattr(args, r) for r in GLM_ROLES}), {}
     from .mixture import FederatedGaussianMixture, VariationalGaussianMixture
 
     if args.bayesian:
@@ -271,6 +273,11 @@ def _header(args, res, runtime: float) -> str:
                 f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; Wald {100 * args.level:g}% intervals, "
                 f"{errors} standard errors (sd); deviance {res.deviance:.4f} on {res.df_resid:g} df, "
                 f"AIC {res.aic:.2f}, dispersion {res.scale:.4g}")
+    if args.model in ("bglm", "hglm"):
+        what = ("coefficients shared by every client" if args.model == "bglm" else
+                "each client's coefficients around the population mean mu (tau: their variances)")
+        return (f"Bayesian GLM, {res.family} family, {res.link} link, {what}, by federated EP: {res.rounds} rounds "
+                f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; {100 * args.level:g}% credible intervals")
     kind = "variational FedEM" if args.bayesian else "FedEM"
     what = ("credible intervals" if args.bayesian else "Wald intervals" if args.uncertainty else "point estimates")
     return (f"Gaussian mixture, {args.components} components ({args.covariance_type}), {kind}: {res.rounds} rounds "
@@ -299,6 +306,10 @@ def _extras(args, res, data, scaler) -> dict:
                 "intervals": "credible" if args.bayesian else ("wald" if args.uncertainty else None),
                 "loglik": None if args.bayesian else res.loglik_,
                 "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None}
+    if args.model in ("bglm", "hglm"):
+        return {"family": res.family, "link": res.link,
+                "alpha": res.alpha if res.family == "negative_binomial" else None,
+                "roles": {r: getattr(args, r) for r in GLM_ROLES if getattr(args, r) is not None}}
     if args.model == "glm":
         return {"family": res.family, "link": res.link, "alpha": res.alpha if res.family == "negative_binomial" else None,
                 "cov_type": res.cov_type, "deviance": res.deviance, "pearson_chi2": res.pearson_chi2, "llf": res.llf,
@@ -325,20 +336,26 @@ def _check_args(args) -> None:
             raise CLIError("--components, --bayesian and --covariance-type apply to --model gmm only")
     if not args.standardize and args.model not in REGRESSIONS:
         raise CLIError("--no-standardize applies to --model hm2, lasso and ridge only")
-    if not args.intercept and args.model not in (*REGRESSIONS, "hm1", "glm"):
-        raise CLIError("--no-intercept applies to the regressions (hm2, lasso, ridge, hm1, glm) only")
+    if not args.intercept and args.model not in (*REGRESSIONS, "hm1", *GLMS):
+        raise CLIError("--no-intercept applies to the regressions (hm2, lasso, ridge, hm1, glm, bglm, hglm) only")
     glm_only = [f"--{o}" for o in ("family", "link", "alpha", *GLM_ROLES, "robust")
                 if getattr(args, o) not in (None, False)]
-    if args.model != "glm" and glm_only:
-        raise CLIError(f"{', '.join(glm_only)}: for --model glm only")
-    if args.model == "glm":
+    if args.model not in GLMS and glm_only:
+        raise CLIError(f"{', '.join(glm_only)}: for --model glm, bglm and hglm only")
+    if args.robust and args.model != "glm":
+        raise CLIError("--robust (sandwich standard errors) is for --model glm only")
+    if args.model in GLMS:
+        from .glm._sites import BAYES_LINKS
         from .glm.families import FAMILIES
 
-        if args.family is None:
-            raise CLIError(f"--model glm needs --family ({', '.join(FAMILIES)})")
-        if args.link is not None and args.link not in FAMILIES[args.family].links:
-            raise CLIError(f"the {args.family} family takes --link {', '.join(FAMILIES[args.family].links)}, "
-                           f"got {args.link}")
+        links = {f: FAMILIES[f].links for f in FAMILIES} if args.model == "glm" else dict(BAYES_LINKS)
+        if args.model == "hglm":
+            links = {f: links[f] for f in ("binomial", "poisson", "negative_binomial")}
+        if args.family is None or args.family not in links:
+            raise CLIError(f"--model {args.model} needs --family, one of: {', '.join(links)}")
+        if args.link is not None and args.link not in links[args.family]:
+            raise CLIError(f"the {args.family} family takes --link {', '.join(links[args.family])} with --model "
+                           f"{args.model}, got {args.link}")
         if args.trials is not None and args.family != "binomial":
             raise CLIError("--trials is for --family binomial")
         if args.alpha is not None and args.family != "negative_binomial":
@@ -350,7 +367,7 @@ def _check_args(args) -> None:
         if args.features and any(c not in args.features for c in used):
             args.features = [*args.features, *(c for c in used if c not in args.features)]
     if args.rounds is None:
-        args.rounds = {"hm1": 30, "fgpr": 100, "gmm": 200, "glm": 100}.get(args.model, 15)
+        args.rounds = {"hm1": 30, "fgpr": 100, "gmm": 200, "glm": 100, "hglm": 30}.get(args.model, 15)
     if args.rounds < 1:
         raise CLIError(f"--rounds must be at least 1, got {args.rounds}")
     if args.uncertainty and args.model not in ("hm1", "gmm"):
@@ -491,10 +508,11 @@ def _predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
                 rows[i] = {"client": key, "component": int(np.argmax(p_)), "proba": [float(v) for v in p_],
                            "logdensity": float(l_), "new_client": client is None}
             continue
-        if args.model == "glm":  # the offset and exposure columns are not predictors
+        if args.model in GLMS:  # the offset and exposure columns are not predictors
             names = list(data.feature_names)
             kw = {r: X[idx, names.index(res.roles[r])] for r in ("offset", "exposure") if res.roles.get(r)}
-            p = res.predict(X[idx][:, [names.index(c) for c in res.predictors]], client=client, level=args.level, **kw)
+            p = res.predict(X[idx][:, [names.index(c) for c in res.predictors]], client=client, level=args.level,
+                            **kw, **seed)
         else:
             p = res.predict(X[idx], client=client, level=args.level, **seed)
         extra = [c for c in p.columns if c not in ("mean", "lower", "upper", "pred_lower", "pred_upper")]
@@ -520,7 +538,10 @@ def _print_tables(g, tables, res, args, runtime) -> None:
     with pd.option_context("display.width", 120, "display.max_columns", 10, "display.max_rows", 60,
                            "display.float_format", "{:.4f}".format):
         print(_header(args, res, runtime))
-        if getattr(res, "scaling", None) is not None:
+        if getattr(res, "scaling", None) is not None and args.model in GLMS:
+            print("(fitted on predictors standardised with federated moments, the priors on that scale; reported on "
+                  "the data's scale; 0/1 predictors keep their coding)")
+        elif getattr(res, "scaling", None) is not None:
             print("(fitted on predictors and target standardised with federated moments, reported on the data's "
                   "scale" + ("; lambda penalises the standardised coefficients" if args.model != "hm2" else "")
                   + "; --no-standardize fits the data as given)")
@@ -589,24 +610,26 @@ def build_parser() -> argparse.ArgumentParser:
                    "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection; hm1: per-client "
                    "regressions sharing a learned covariance between clients; fgpr: federated Gaussian process regression; "
                    "gmm: Gaussian mixture with per-client weights, by FedEM; glm: generalised linear model (logistic, "
-                   "Poisson, ...) by exact maximum likelihood, needs --family)")
+                   "Poisson, ...) by exact maximum likelihood, needs --family; bglm: the same with a prior and "
+                   "posteriors; hglm: each client's own coefficients around a population, with posteriors)")
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
     f.add_argument("--rounds", type=int, default=None,
                    help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30), "
-                   "fgpr (default 100), gmm (at most; default 200) and glm (IRLS iterations, at most; default 100)")
+                   "fgpr (default 100), gmm (at most; default 200), glm (IRLS iterations, at most; default 100), "
+                   "bglm (EP, default 15) and hglm (EP, default 30)")
     f.add_argument("--uncertainty", action="store_true",
                    help="hm1: require the conditional posteriors (each client shares X^T X / sigma^2 once; by default "
                    "they are given whenever every client can share, else Algorithm 1's point with a warning); gmm: Wald "
                    "intervals from the observed information (each client shares a Schur complement once)")
     f.add_argument("--family", choices=("gaussian", "binomial", "poisson", "gamma", "negative_binomial"),
-                   help="glm only: the outcome's distribution (binomial: 0/1 rows, or successes with --trials)")
+                   help="glm, bglm, hglm: the outcome's distribution (binomial: 0/1 rows, or successes with --trials)")
     f.add_argument("--link", choices=("identity", "log", "inverse", "logit", "probit", "cloglog"),
-                   help="glm only: the link (default: the family's canonical link)")
-    f.add_argument("--alpha", type=float, help="glm, negative_binomial only: the fixed dispersion (default 1)")
-    f.add_argument("--offset", help="glm only: a column added to the linear predictor (not a predictor)")
-    f.add_argument("--exposure", help="glm only: a column whose log is added to the linear predictor (rates)")
-    f.add_argument("--weights", help="glm only: a column of frequency weights")
-    f.add_argument("--trials", help="glm, binomial only: a column of trials (the target then counts successes)")
+                   help="glm, bglm, hglm: the link (default: the family's canonical link)")
+    f.add_argument("--alpha", type=float, help="glm, bglm, hglm with negative_binomial: the fixed dispersion (default 1)")
+    f.add_argument("--offset", help="glm, bglm, hglm: a column added to the linear predictor (not a predictor)")
+    f.add_argument("--exposure", help="glm, bglm, hglm: a column whose log is added to the linear predictor (rates)")
+    f.add_argument("--weights", help="glm, bglm, hglm: a column of frequency weights")
+    f.add_argument("--trials", help="glm, bglm, hglm with binomial: a column of trials (the target then counts successes)")
     f.add_argument("--robust", action="store_true", help="glm only: HC0 sandwich standard errors (one more round)")
     f.add_argument("--kernel", default="rbf", choices=("rbf", "matern"), help="fgpr only: GP kernel (default rbf)")
     f.add_argument("--ard", action="store_true", help="fgpr only: one lengthscale per feature")

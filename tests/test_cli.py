@@ -495,11 +495,32 @@ def test_glm_bad_input_is_one_line(counts, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "client 'A': outcome 'visits' is not 0/1" in err
     assert main([*base, "--target", "sick", "--family", "poisson", "--link", "logit"]) == 2
-    assert "takes --link log, identity" in capsys.readouterr().err
+    assert "takes --link log, identity with --model glm" in capsys.readouterr().err
     assert main(["fit", str(p), "--by", "site", "--target", "sick", "--exposure", "years", "-q"]) == 2
-    assert "--exposure: for --model glm only" in capsys.readouterr().err
+    assert "--exposure: for --model glm, bglm and hglm only" in capsys.readouterr().err
     sep = df.assign(sick=(df["age"] > 50).astype(int))
     sep.to_csv(tmp_path / "sep.csv", index=False)
     assert main(["fit", str(tmp_path / "sep.csv"), "--by", "site", "--target", "sick", "--features", "age", "smoker",
                  "--model", "glm", "--family", "binomial", "-q"]) == 2
     assert "separation" in capsys.readouterr().err
+
+
+def test_bayesian_and_hierarchical_glms_from_the_command_line(counts, tmp_path, capsys):
+    p, df = counts
+    out = tmp_path / "h.json"
+    rc = main(["fit", str(p), "--by", "site", "--target", "sick", "--features", "age", "--model", "hglm",
+               "--family", "binomial", "--output", str(out), "--predict", str(p), "-q", "--rounds", "6"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "each client's coefficients around the population" in printed and "Client B" in printed
+    j = json.loads(out.read_text())
+    names = [r["name"] for r in j["global"]]
+    assert names[:2] == ["mu[intercept]", "mu[age]"] and "tau[age]" in names
+    assert [r["name"] for r in j["client"]["A"]] == ["intercept", "age"]
+    assert all(0 <= r["mean"] <= 1 and r["lower"] in (0, 1) for r in j["predictions"])  # probabilities, 0/1 bands
+    assert main(["fit", str(p), "--by", "site", "--target", "visits", "--features", "age", "--model", "hglm",
+                 "--family", "gamma", "-q"]) == 2
+    assert "--model hglm needs --family, one of: binomial, poisson, negative_binomial" in capsys.readouterr().err
+    assert main(["fit", str(p), "--by", "site", "--target", "visits", "--features", "age", "--model", "bglm",
+                 "--family", "poisson", "--robust", "-q"]) == 2
+    assert "--robust (sandwich standard errors) is for --model glm only" in capsys.readouterr().err
