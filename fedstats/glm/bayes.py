@@ -94,11 +94,11 @@ class _BayesBase(Estimator):
         design = GLMDesign(data, self.fit_intercept, roles, scaling=scaling)
         return fam, roles, design, scaling, n_rows, ybar, y_sd
 
-    def _run_ep(self, site, prior, design, seed, progress):
+    def _run_ep(self, site, prior, design, seed, progress, batched):
         est = ImportanceTilted(num_draws=int(self.num_draws))
         alg = RowsEP(site, prior, est, damping=float(self.damping), tol=float(self.tol))
         out = run(alg, design, kind="EP rounds", rounds=int(self.rounds), seed=seed, progress=progress,
-                  min_rounds=min(2, int(self.rounds)))
+                  min_rounds=min(2, int(self.rounds)), batched=batched)
         check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
         check_participation(out.history, list(design.clients))
         return alg, out
@@ -151,8 +151,9 @@ class BayesianGLM(_BayesBase):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress=None) -> "BayesianGLMResult":
-        """Fit by federated EP; returns a :class:`BayesianGLMResult`."""
+    def fit(self, data, *, seed: int = 0, progress=None, batched: bool = True) -> "BayesianGLMResult":
+        """Fit by federated EP; returns a :class:`BayesianGLMResult`. ``batched``: one
+        vectorised tilted-moment call for all clients (False: one per client, as on Flower)."""
         fam, roles, design, scaling, n_rows, ybar, y_sd = self._setup(data, seed)
         p = len(design.names)
         site = SharedSite(fam.name, fam.link.name, float(self.alpha), p, _n_pad(max(n_rows.values())))
@@ -163,7 +164,8 @@ class BayesianGLM(_BayesBase):
         if fam.name in DISPERSION:
             mean = np.r_[mean, np.log(y_sd) if fam.name == "gaussian" else 0.0]
             sd = np.r_[sd, 1.0 if fam.name == "gaussian" else 2.0]
-        alg, out = self._run_ep(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, seed, progress)
+        alg, out = self._run_ep(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, seed, progress,
+                                batched)
         return BayesianGLMResult(model="BayesianGLM", family=fam.name, link=fam.link.name, alpha=float(self.alpha),
                                  names=design.names, predictors=design.predictors, roles=roles,
                                  fit_intercept=bool(self.fit_intercept), clients=list(design.clients), n_obs=n_rows,
@@ -293,15 +295,15 @@ class HierarchicalGLM(_BayesBase):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress=None) -> "HierarchicalGLMResult":
+    def fit(self, data, *, seed: int = 0, progress=None, batched: bool = True) -> "HierarchicalGLMResult":
         """Fit by federated EP, then one counted round of client posteriors; returns a
-        :class:`HierarchicalGLMResult`."""
+        :class:`HierarchicalGLMResult`. ``batched`` as :meth:`BayesianGLM.fit`."""
         fam, roles, design, scaling, n_rows, ybar, _ = self._setup(data, seed)
         p = len(design.names)
         site = HierarchicalSite(fam.name, fam.link.name, float(self.alpha), p, _n_pad(max(n_rows.values())))
         sd = np.r_[np.full(p, self.prior_mu_sd), np.full(p, self.prior_log_tau_sd)]
         prior = NaturalGaussian.from_moments(np.zeros(2 * p), np.diag(sd**2))
-        alg, out = self._run_ep(site, prior, design, seed, progress)
+        alg, out = self._run_ep(site, prior, design, seed, progress, batched)
         sites = alg.committed_sites(out.server_state, out.client_states)
         post = run(_ClientPosteriors(site, out.server_state.q, sites, int(self.num_draws)), design, rounds=1,
                    seed=seed, progress=False, batched=False, kind="client posteriors")

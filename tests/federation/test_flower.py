@@ -183,6 +183,24 @@ def test_glm_equals_inprocess(session):
     same_history(a.history, b.history)
 
 
+def test_bayesian_and_hierarchical_glms_equal_inprocess(session):
+    """Sampled EP: a node steps its client alone, as the in-process run with batched=False;
+    no row is in the state a node sends back."""
+    from fedstats.glm import BayesianGLM, HierarchicalGLM
+
+    data, _ = hm2_federation(n_clients=3, n_obs=30, seed=8)
+    data = FederatedData.from_arrays([np.asarray(data[c].X) for c in data.clients],
+                                     [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients])
+    for make in (lambda: BayesianGLM("binomial", rounds=2, num_draws=200),
+                 lambda: HierarchicalGLM("binomial", rounds=2, num_draws=200)):
+        a = make().fit(data, seed=2, batched=False)
+        b = make().fit(data, seed=2, backend=session)
+        close(a.global_posterior().mean, b.global_posterior().mean)
+        close(a.global_posterior().sd, b.global_posterior().sd)
+        same_history(a.history, b.history)
+    close(a.client_posterior(0).mean, b.client_posterior(0).mean)
+
+
 def test_more_clients_than_nodes_is_refused(session):
     data, _ = gmm_federation(n_clients=7, n_components=2, d=2, n_obs=(20, 30), seed=0)
     with pytest.raises(ValueError, match=r"7 clients but the Flower simulation has \d live SuperNodes"):
