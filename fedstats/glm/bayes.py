@@ -26,12 +26,12 @@ import pandas as pd
 
 from ..data import DataError, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..federation import FederatedAlgorithm, run
+from ..federation import FederatedAlgorithm, History, run
 from ..federation.backend import accepts_backend
 from ..inference.ep import check_invariants, fractional_cavity
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
-from ..inference.tilted import ImportanceTilted
+from ..inference.tilted import ImportanceTilted, LaplaceTilted
 from ..linear._ep_model import check_participation, log_scale_rows, no_p_value
 from ..linear._scaling import LinearScaling, federated_scaling
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
@@ -101,7 +101,7 @@ class _BayesBase(Estimator):
                   min_rounds=min(2, int(self.rounds)), batched=batched)
         check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
         check_participation(out.history, list(design.clients))
-        return alg, out
+        return alg, out, list(out.history)
 
 
 def _intercept_mean(fam, ybar: float) -> float:
@@ -164,13 +164,13 @@ class BayesianGLM(_BayesBase):
         if fam.name in DISPERSION:
             mean = np.r_[mean, np.log(y_sd) if fam.name == "gaussian" else 0.0]
             sd = np.r_[sd, 1.0 if fam.name == "gaussian" else 2.0]
-        alg, out = self._run_ep(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, seed, progress,
-                                batched)
+        alg, out, history = self._run_ep(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, seed,
+                                         progress, batched)
         return BayesianGLMResult(model="BayesianGLM", family=fam.name, link=fam.link.name, alpha=float(self.alpha),
                                  names=design.names, predictors=design.predictors, roles=roles,
                                  fit_intercept=bool(self.fit_intercept), clients=list(design.clients), n_obs=n_rows,
                                  q=(out.server_state.q.r, out.server_state.q.Q), scaling=scaling,
-                                 history=out.history, rounds=len(out.history), converged=bool(out.converged),
+                                 history=History(history), rounds=len(history), converged=bool(out.converged),
                                  communication=out.communication, seed=seed)
 
 
@@ -303,10 +303,10 @@ class HierarchicalGLM(_BayesBase):
         site = HierarchicalSite(fam.name, fam.link.name, float(self.alpha), p, _n_pad(max(n_rows.values())))
         sd = np.r_[np.full(p, self.prior_mu_sd), np.full(p, self.prior_log_tau_sd)]
         prior = NaturalGaussian.from_moments(np.zeros(2 * p), np.diag(sd**2))
-        alg, out = self._run_ep(site, prior, design, seed, progress, batched)
+        alg, out, history = self._run_ep(site, prior, design, seed, progress, batched)
         sites = alg.committed_sites(out.server_state, out.client_states)
         post = run(_ClientPosteriors(site, out.server_state.q, sites, int(self.num_draws)), design, rounds=1,
-                   seed=seed, progress=False, batched=False, kind="client posteriors")
+                   seed=seed, progress=False, batched=batched, kind="client posteriors")
         failed = {c: why for rec in post.history for c, why in rec.failed.items()}
         if failed:
             c, why = next(iter(failed.items()))
@@ -316,7 +316,7 @@ class HierarchicalGLM(_BayesBase):
                                      alpha=float(self.alpha), names=design.names, predictors=design.predictors,
                                      roles=roles, fit_intercept=bool(self.fit_intercept), clients=list(design.clients),
                                      n_obs=n_rows, q=(out.server_state.q.r, out.server_state.q.Q), theta=theta,
-                                     scaling=scaling, history=out.history, rounds=len(out.history),
+                                     scaling=scaling, history=History(history), rounds=len(history),
                                      converged=bool(out.converged), communication=out.communication, seed=seed)
 
 
@@ -341,24 +341,59 @@ class _ClientPosteriors(FederatedAlgorithm):
         return {"r": self.q.r, "Q": self.q.Q}
 
     def client_step(self, message, state, data, rng):
+        out = self.client_steps([message], [state], [data], [rng])[0]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def _tilted(self, means, covs, stats, seeds):
+        """Importance draws of every client's tilted at once; a client whose proposal fails
+        (a numerically singular cavity covariance) alone, falling back to Laplace draws."""
+        est = ImportanceTilted(num_draws=self.num_draws)
+        try:
+            return est.estimate(self.site, means, covs, stats, seeds, keep_draws=True)
+        except (np.linalg.LinAlgError, FloatingPointError):
+            out = []
+            for k in range(len(stats)):
+                args = (self.site, means[k:k + 1], covs[k:k + 1], stats[k:k + 1], seeds[k:k + 1])
+                try:
+                    out.append(est.estimate(*args, keep_draws=True)[0])
+                except (np.linalg.LinAlgError, FloatingPointError):
+                    out.append(LaplaceTilted(num_draws=self.num_draws).estimate(*args, keep_draws=True)[0])
+            return out
+
+    def client_steps(self, messages, states, datas, rngs):
+        """Every participating client at once (in process): one importance call, one
+        vectorised pass of Laplace modes over clients and draws."""
         import jax
 
-        q = NaturalGaussian(np.asarray(message["r"]), np.asarray(message["Q"]))
-        cavity, _ = fractional_cavity(q, state)
-        m, C = cavity.moments()
-        stats = self.site.client_stats(data)
-        est = ImportanceTilted(num_draws=self.num_draws)
-        t = est.estimate(self.site, m[None], C[None], [stats], np.array([rng.integers(2**63 - 1)]),
-                         keep_draws=True)[0]
-        phi, w = t.draws["phi"], (t.weights if t.weights is not None else np.full(len(t.draws["phi"]), 1 / len(t.draws["phi"])))
-        idx = rng.choice(len(phi), size=min(500, len(phi)), p=w)
+        from ..inference.tilted import _stack_stats
+
         p = self.site.p
+        cav = []
+        for msg, site in zip(messages, states):
+            q = NaturalGaussian(np.asarray(msg["r"]), np.asarray(msg["Q"]))
+            cav.append(fractional_cavity(q, site)[0].moments())
+        stats = [self.site.client_stats(d) for d in datas]
+        seeds = np.array([r.integers(2**63 - 1) for r in rngs])
+        tilted = self._tilted(np.stack([m for m, _ in cav]), np.stack([C for _, C in cav]), stats, seeds)
+        m = min(500, self.num_draws)
+        phis = []
+        for t, r in zip(tilted, rngs):
+            phi = t.draws["phi"]
+            w = t.weights if t.weights is not None else np.full(len(phi), 1 / len(phi))
+            if not np.all(np.isfinite(w)):
+                raise FloatingPointError("the importance weights of the client's posterior are not finite")
+            phis.append(phi[r.choice(len(phi), size=m, p=w)])
+        phis = np.stack(phis)
         with jax.enable_x64(True):
-            modes, negH = _theta_modes(self.site)(phi[idx, :p], phi[idx, p:], stats)
-        modes, covs = np.asarray(modes), np.linalg.inv(np.asarray(negH))
-        mean = modes.mean(axis=0)
-        cov = covs.mean(axis=0) + np.cov(modes.T, bias=True).reshape(p, p)
-        return {"mean": mean, "cov": 0.5 * (cov + cov.T)}, state
+            modes, negH = _theta_modes(self.site)(phis[..., :p], phis[..., p:], _stack_stats(stats, len(stats)))
+        out = []
+        for k in range(len(stats)):
+            mk = np.asarray(modes[k])
+            cov = np.linalg.inv(np.asarray(negH[k])).mean(axis=0) + np.cov(mk.T, bias=True).reshape(p, p)
+            out.append(({"mean": mk.mean(axis=0), "cov": 0.5 * (cov + cov.T)}, states[k]))
+        return out
 
     def server_step(self, server_state, replies, round):
         return dict(replies), {}
@@ -372,7 +407,8 @@ def _theta_modes(site):
 
     key = site.cache_key()
     if key not in _MODES:
-        _MODES[key] = jax.jit(jax.vmap(site.theta_mode, in_axes=(0, 0, None)))
+        per_client = jax.vmap(site.theta_mode, in_axes=(0, 0, None))  # over one client's draws
+        _MODES[key] = jax.jit(jax.vmap(per_client))  # over clients
     return _MODES[key]
 
 
