@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/fedem.py
 	$(BIN)/python benchmarks/fem_omd.py
 	$(BIN)/python benchmarks/glm.py
+	$(BIN)/python benchmarks/glm_hierarchical.py
 	$(BIN)/python benchmarks/flower_overhead.py
 
 clean:
