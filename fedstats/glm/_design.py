@@ -108,3 +108,25 @@ def check_rows(rows: Rows, family, trials_given: bool) -> Rows:
     if trials_given:
         return Rows(rows.X, rows.y / rows.n, rows.n, rows.f, rows.offset, rows.client, rows.target, rows.columns)
     return rows
+
+
+def prediction_rows(X, predictors, fit_intercept: bool, roles: dict, offset=None, exposure=None):
+    """Rows to predict, as the fit saw them: ``(D, off)``, the design (intercept first) and
+    the offset (with log exposure), checked against the fit's predictors and roles."""
+    X = np.asarray(X, dtype=float)
+    if X.ndim == 1:
+        X = X[None, :]
+    if X.ndim != 2 or X.shape[1] != len(predictors):
+        raise ValueError(f"X must have {len(predictors)} columns ({predictors}), got shape {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X has NaN or inf")
+    D = np.column_stack([np.ones(len(X)), X]) if fit_intercept else X
+    off = np.zeros(len(X))
+    for name, v, f in (("offset", offset, lambda a: a), ("exposure", exposure, np.log)):
+        if v is not None:
+            if roles.get(name) is None:
+                raise ValueError(f"the fit had no {name}: do not pass {name}=")
+            off = off + f(np.broadcast_to(np.asarray(v, dtype=float), (len(X),)))
+        elif roles.get(name) is not None:
+            raise ValueError(f"the fit had an {name} column ({roles[name]!r}): pass {name}= for these rows")
+    return D, off

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..federation import FederatedAlgorithm
+from ..data import DataError
+from ..federation import FederatedAlgorithm, run
 from ._design import check_rows
 
 #: a fitted mean closer than this to the edge of its range (0, or 1 for binomial) on a row
@@ -54,6 +55,49 @@ class DesignCheck(FederatedAlgorithm):
 
     def server_step(self, server_state, replies, round):
         return dict(replies), {}
+
+
+def design_check(family, design, trials_given: bool, seed: int) -> dict:
+    """Run :class:`DesignCheck` (one counted round) and the server's checks of its sums.
+
+    Returns ``n_obs`` (rows per client), ``n_rows``, ``wnobs`` (rows counted by their
+    weights), ``ybar`` (the mean outcome over rows, statsmodels' start) and ``xtx``. Raises
+    :class:`~fedstats.data.DataError` with the first client's message for a bad outcome, and
+    naming the predictor that is constant at every client or collinear with others."""
+    check = run(DesignCheck(family, trials_given), design, rounds=1, seed=seed, progress=False, batched=False,
+                kind="design check")
+    failed = [why for rec in check.history for why in rec.failed.values()]
+    if failed:
+        why = failed[0]
+        raise DataError(why.split(": ", 1)[1] if why.split(":", 1)[0] in ("DataError", "ValueError") else why)
+    reps = check.server_state
+    xtx = sum(np.asarray(r["xtx"], dtype=float) for r in reps.values())
+    check_identified(design.names, xtx, np.min([r["col_min"] for r in reps.values()], axis=0),
+                     np.max([r["col_max"] for r in reps.values()], axis=0), design.intercept)
+    n_obs = {c: int(r["n_rows"][0]) for c, r in reps.items()}
+    n_rows = sum(n_obs.values())
+    return {"n_obs": n_obs, "n_rows": n_rows, "wnobs": sum(float(r["wnobs"][0]) for r in reps.values()),
+            "ybar": sum(float(r["sum_y"][0]) for r in reps.values()) / n_rows, "xtx": xtx}
+
+
+def check_identified(names, xtx, lo, hi, intercept) -> None:
+    """Refuse, by name, a predictor the pooled rows cannot identify: constant at every client
+    (with an intercept) or a linear combination of the predictors before it."""
+    start = 1 if intercept else 0
+    for j in range(start, len(names)):
+        if intercept and lo[j] == hi[j]:
+            raise DataError(f"predictor {names[j]!r} is constant ({lo[j]:g}) at every client: the intercept already "
+                            "covers it; drop it")
+    d = np.sqrt(np.diag(xtx))
+    if np.any(d == 0):
+        j = int(np.flatnonzero(d == 0)[0])
+        raise DataError(f"predictor {names[j]!r} is 0 on every row at every client; drop it")
+    C = xtx / np.outer(d, d)
+    for j in range(1, len(names)):
+        ev = np.linalg.eigvalsh(C[: j + 1, : j + 1])
+        if ev[0] < 1e-10 * ev[-1]:
+            raise DataError(f"predictor {names[j]!r} is a linear combination of {names[:j]} on the pooled rows: its "
+                            "coefficient is not identified; drop it")
 
 
 def evaluate(family, r, beta, start: bool, ybar: float):

@@ -3,8 +3,8 @@
 A client's rows travel to the tilted estimators as fixed-shape arrays padded to ``n_pad``
 rows (padding has frequency weight 0), so that every client shares one compiled kernel.
 The rows are rebuilt from the client's data at every step and never kept in its EP state
-(:class:`RowsEP`): a client's final state, which Flower hands to the server, holds its
-site only.
+(:class:`~fedstats.inference.ep.RowsEP`): a client's final state, which Flower hands to the
+server, holds its site only.
 
 * :class:`SharedSite` (``BayesianGLM``): ``phi = beta`` (then ``log sigma`` for gaussian,
   ``log shape`` for gamma), the client's full likelihood;
@@ -16,12 +16,10 @@ site only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..inference.ep import EPClientState, FederatedEP
-from ..inference.gaussian import NaturalGaussian
 from ..results import register
 
 #: families and links with a jax likelihood (the Bayesian models)
@@ -189,16 +187,3 @@ class HierarchicalSite:
         t, negH = self.theta_mode(mu, log_tau, stats)
         sign, logdet = jnp.linalg.slogdet(negH)
         return self._joint(t, mu, log_tau, stats) + 0.5 * self.p * jnp.log(2 * jnp.pi) - 0.5 * logdet
-
-
-class RowsEP(FederatedEP):
-    """Federated EP whose clients rebuild their padded rows from their data at every step
-    and keep only their site: nothing of a row is in the state Flower returns to the server."""
-
-    def init_client(self, client, data, rng):
-        return EPClientState(stats={}, site=NaturalGaussian.flat(self.model.phi_dim))
-
-    def client_steps(self, messages, states, datas, rngs):
-        full = [replace(s, stats=self.model.client_stats(d)) for s, d in zip(states, datas)]
-        out = super().client_steps(messages, full, datas, rngs)
-        return [o if isinstance(o, BaseException) else (o[0], replace(o[1], stats={})) for o in out]

@@ -24,22 +24,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..data import DataError, require_target
+from ..data import require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import FederatedAlgorithm, History, run
 from ..federation.backend import accepts_backend
-from ..inference.ep import check_invariants, fractional_cavity
+from ..inference.ep import RowsEP, check_invariants, fractional_cavity
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
 from ..linear._ep_model import check_participation, log_scale_rows, no_p_value
 from ..linear._scaling import LinearScaling, federated_scaling
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
-from ._design import GLMDesign
-from ._irls import DesignCheck
-from ._sites import BAYES_LINKS, DISPERSION, HierarchicalSite, RowsEP, SharedSite
+from ._design import GLMDesign, prediction_rows
+from ._irls import design_check
+from ._sites import BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite
 from .families import family_of
-from .frequentist import _COLUMN, _check_design, _one_line
+from .frequentist import _COLUMN
 
 __all__ = ["BayesianGLM", "HierarchicalGLM", "BayesianGLMResult", "HierarchicalGLMResult"]
 
@@ -71,17 +71,8 @@ class _BayesBase(Estimator):
         fam = self._family()
         roles = {"offset": self.offset, "exposure": self.exposure, "weights": self.weights, "trials": self.trials}
         raw = GLMDesign(data, self.fit_intercept, roles)
-        check = run(DesignCheck(fam, self.trials is not None), raw, rounds=1, seed=seed, progress=False,
-                    batched=False, kind="design check")
-        failed = {c: why for rec in check.history for c, why in rec.failed.items()}
-        if failed:
-            raise DataError(_one_line(next(iter(failed.values()))))
-        reps = check.server_state
-        xtx = sum(np.asarray(r["xtx"]) for r in reps.values())
-        _check_design(raw.names, xtx, np.min([r["col_min"] for r in reps.values()], axis=0),
-                      np.max([r["col_max"] for r in reps.values()], axis=0), self.fit_intercept)
-        n_rows = {c: int(r["n_rows"][0]) for c, r in reps.items()}
-        ybar = sum(float(r["sum_y"][0]) for r in reps.values()) / sum(n_rows.values())
+        chk = design_check(fam, raw, self.trials is not None, seed)
+        n_rows, ybar = chk["n_obs"], chk["ybar"]
         scaling = None
         if self.standardize:
             full = federated_scaling(data, self.fit_intercept, seed=seed)
@@ -178,22 +169,7 @@ class _GLMPosteriorMixin:
     """Predictions on the response scale from draws of the coefficients."""
 
     def _eta_draws(self, X, beta, offset, exposure):
-        X = np.asarray(X, dtype=float)
-        if X.ndim == 1:
-            X = X[None, :]
-        if X.ndim != 2 or X.shape[1] != len(self.predictors):
-            raise ValueError(f"X must have {len(self.predictors)} columns ({self.predictors}), got shape {X.shape}")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X has NaN or inf")
-        D = np.column_stack([np.ones(len(X)), X]) if self.fit_intercept else X
-        off = np.zeros(len(X))
-        for name, v, f in (("offset", offset, lambda a: a), ("exposure", exposure, np.log)):
-            if v is not None:
-                if self.roles.get(name) is None:
-                    raise ValueError(f"the fit had no {name}: do not pass {name}=")
-                off = off + f(np.broadcast_to(np.asarray(v, dtype=float), (len(X),)))
-            elif self.roles.get(name) is not None:
-                raise ValueError(f"the fit had an {name} column ({self.roles[name]!r}): pass {name}= for these rows")
+        D, off = prediction_rows(X, self.predictors, self.fit_intercept, self.roles, offset, exposure)
         return beta @ D.T + off
 
     def _prediction(self, eta, disp, level, rng, predicted_for):

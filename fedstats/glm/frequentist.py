@@ -36,8 +36,8 @@ from ..federation import run
 from ..federation.backend import accepts_backend
 from ..results import (CLIENT_SUMMARY_COLUMNS, FederatedResult, _empty_table, check_level, counted,
                        prediction_frame, register)
-from ._design import GLMDesign
-from ._irls import IRLS, DesignCheck, Sandwich
+from ._design import GLMDesign, prediction_rows
+from ._irls import IRLS, Sandwich, design_check
 from .families import FAMILIES, LINKS, family_of
 
 __all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning"]
@@ -54,10 +54,6 @@ class GLMConvergenceWarning(UserWarning):
 
 
 _COLUMN = NONE | Constraint(lambda v: isinstance(v, str), "a column name")
-
-
-def _one_line(why: str) -> str:
-    return why.split(": ", 1)[1] if why.split(":", 1)[0] in ("DataError", "ValueError") else why
 
 
 class FederatedGLM(Estimator):
@@ -122,22 +118,12 @@ class FederatedGLM(Estimator):
         design = GLMDesign(data, self.fit_intercept, roles)
         trials = self.trials is not None
         names = design.names
-        check = run(DesignCheck(fam, trials), design, rounds=1, seed=seed, progress=False, batched=False,
-                    kind="design check")
-        failed = {c: why for rec in check.history for c, why in rec.failed.items()}
-        if failed:
-            c, why = next(iter(failed.items()))
-            raise DataError(_one_line(why))
-        sums = {k: sum(np.asarray(r[k], dtype=float) for r in check.server_state.values())
-                for k in ("n_rows", "sum_y", "wnobs", "xtx")}
-        lo = np.min([r["col_min"] for r in check.server_state.values()], axis=0)
-        hi = np.max([r["col_max"] for r in check.server_state.values()], axis=0)
-        _check_design(names, sums["xtx"], lo, hi, self.fit_intercept)
-        n_rows, wnobs = float(sums["n_rows"][0]), float(sums["wnobs"][0])
+        chk = design_check(fam, design, trials, seed)
+        n_rows, wnobs = float(chk["n_rows"]), chk["wnobs"]
         p = len(names)
         if wnobs <= p:
             raise DataError(f"{wnobs:g} weighted rows for {p} coefficients: nothing left to estimate the fit from")
-        alg = IRLS(fam, trials, p, float(sums["sum_y"][0]) / n_rows, float(self.tol), wnobs - p)
+        alg = IRLS(fam, trials, p, chk["ybar"], float(self.tol), wnobs - p)
         out = run(alg, design, rounds=int(self.rounds) + 1, seed=seed, progress=progress, kind="IRLS rounds")
         failed = {c: why for rec in out.history for c, why in rec.failed.items()}
         if failed:
@@ -148,7 +134,7 @@ class FederatedGLM(Estimator):
             raise DataError("the weighted information X'WX became singular in round "
                             f"{s['singular']}: a predictor is (almost) collinear with others under the fitted weights")
         beta, prev, last = s["betas"][-1], s["stats"][-2], s["stats"][-1]
-        rms_x = np.sqrt(np.diag(sums["xtx"]) / n_rows)  # a predictor's scale, to name the one that moves
+        rms_x = np.sqrt(np.diag(chk["xtx"]) / n_rows)  # a predictor's scale, to name the one that moves
         if last["edge"][0] > 0:
             raise SeparationError(_separation_message(names, s["betas"], rms_x, self.fit_intercept, fam,
                                                       int(last["edge"][0])))
@@ -177,29 +163,9 @@ class FederatedGLM(Estimator):
             coef=np.asarray(beta, dtype=float), cov=cov, cov_type=self.cov_type, scale=scale,
             deviance=float(s["dev"][-1]), pearson_chi2=float(last["pearson"][0]), llf=llf, aic=float(-2 * llf + 2 * k),
             bic=float(-2 * llf + k * np.log(wnobs)), df_model=df_model, df_resid=float(df_resid), nobs=int(n_rows), wnobs=wnobs,
-            n_obs={c: int(check.server_state[c]["n_rows"][0]) for c in design.clients},
+            n_obs=chk["n_obs"],
             converged=bool(s["converged"]), n_iter=len(s["dev"]) - 1, rounds=len(out.history),
             deviance_history=list(map(float, s["dev"])), history=out.history, communication=out.communication)
-
-
-def _check_design(names, xtx, lo, hi, intercept) -> None:
-    """Refuse, by name, a predictor the pooled rows cannot identify: constant at every client
-    (with an intercept) or a linear combination of the predictors before it."""
-    start = 1 if intercept else 0
-    for j in range(start, len(names)):
-        if intercept and lo[j] == hi[j]:
-            raise DataError(f"predictor {names[j]!r} is constant ({lo[j]:g}) at every client: the intercept already "
-                            "covers it; drop it")
-    d = np.sqrt(np.diag(xtx))
-    if np.any(d == 0):
-        j = int(np.flatnonzero(d == 0)[0])
-        raise DataError(f"predictor {names[j]!r} is 0 on every row at every client; drop it")
-    C = xtx / np.outer(d, d)
-    for j in range(1, len(names)):
-        ev = np.linalg.eigvalsh(C[: j + 1, : j + 1])
-        if ev[0] < 1e-10 * ev[-1]:
-            raise DataError(f"predictor {names[j]!r} is a linear combination of {names[:j]} on the pooled rows: its "
-                            "coefficient is not identified; drop it")
 
 
 def _moving(names, betas, rms_x, intercept) -> str:
@@ -290,23 +256,7 @@ class GLMResult(FederatedResult):
         q = stats.norm.ppf(0.5 + check_level(level) / 2)
         if client is not None:
             self._check_client(client)
-        X = np.asarray(X, dtype=float)
-        if X.ndim == 1:
-            X = X[None, :]
-        if X.ndim != 2 or X.shape[1] != len(self.predictors):
-            raise ValueError(f"X must have {len(self.predictors)} columns ({self.predictors}), got shape {X.shape}")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X has NaN or inf")
-        D = np.column_stack([np.ones(len(X)), X]) if self.fit_intercept else X
-        off = np.zeros(len(X))
-        for name, v, f in (("offset", offset, lambda a: a), ("exposure", exposure, np.log)):
-            if v is not None:
-                if self.roles.get(name) is None:
-                    raise ValueError(f"the fit had no {name}: do not pass {name}=")
-                v = np.broadcast_to(np.asarray(v, dtype=float), (len(X),))
-                off = off + f(v)
-            elif self.roles.get(name) is not None:
-                raise ValueError(f"the fit had an {name} column ({self.roles[name]!r}): pass {name}= for these rows")
+        D, off = prediction_rows(X, self.predictors, self.fit_intercept, self.roles, offset, exposure)
         eta = D @ self.coef + off
         se = np.sqrt(np.einsum("ij,jk,ik->i", D, self.cov, D))
         fam = self.family_

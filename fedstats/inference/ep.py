@@ -229,6 +229,21 @@ class FederatedEP(FederatedAlgorithm):
                                        np.asarray(seeds), keep_draws=True)
 
 
+class RowsEP(FederatedEP):
+    """Federated EP whose clients rebuild their statistics (``model.client_stats``) from their
+    data at every step and keep only their site. For sites whose statistics are the rows
+    themselves (GLMs, user models): nothing of a row is in the state Flower returns to the
+    server at the end of a run."""
+
+    def init_client(self, client, data, rng):
+        return EPClientState(stats={}, site=NaturalGaussian.flat(self.model.phi_dim))
+
+    def client_steps(self, messages, states, datas, rngs):
+        full = [replace(s, stats=self.model.client_stats(d)) for s, d in zip(states, datas)]
+        out = super().client_steps(messages, full, datas, rngs)
+        return [o if isinstance(o, BaseException) else (o[0], replace(o[1], stats={})) for o in out]
+
+
 def fractional_cavity(q: NaturalGaussian, site: NaturalGaussian,
                       alphas=(1.0, 0.9, 0.75, 0.5, 0.25, 0.0)) -> tuple[NaturalGaussian, float]:
     """``q / site**alpha`` with the largest ``alpha`` in ``alphas`` that is positive definite.
