@@ -13,6 +13,7 @@ EXPECT = {
     "04_fgpr_multifidelity.ipynb": "FGPR notebook checks pass: True",
     "05_fedem.ipynb": "FedEM notebook checks pass: True",
     "06_fem_omd.ipynb": "FEM-OMD notebook checks pass: True",
+    "07_glm.ipynb": "GLM notebook checks pass: True",
 }
 
 

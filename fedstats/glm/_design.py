@@ -40,11 +40,13 @@ class GLMDesign:
     ``roles`` maps ``offset``/``exposure``/``weights``/``trials`` to a column name of the data
     (or None). The predictors are the other columns, after an intercept column of ones when
     ``intercept``; with ``scaling`` (a :class:`~fedstats.linear._scaling.LinearScaling` of the
-    predictors), standardised by each client.
+    predictors), standardised by each client; with ``family``, checked by :func:`check_rows`
+    (binomial successes out of trials become proportions).
     """
 
-    def __init__(self, data, intercept: bool, roles: dict, scaling=None):
+    def __init__(self, data, intercept: bool, roles: dict, scaling=None, family=None):
         self.data, self.intercept, self.roles, self.scaling = data, intercept, dict(roles), scaling
+        self.family = family  # given: rows come checked, binomial successes as proportions (check_rows)
         self.clients = list(data.clients)
         names = list(data.feature_names)
         for role, col in self.roles.items():
@@ -94,8 +96,9 @@ class GLMDesign:
         if exposure is not None:
             off = off + np.log(exposure)
         n = np.ones(m) if trials is None else trials
-        return Rows(design, y, n, np.ones(m) if weights is None else weights, off, client,
+        rows = Rows(design, y, n, np.ones(m) if weights is None else weights, off, client,
                     str(self.data.target_name), tuple((k, v) for k, v in self.roles.items() if v is not None))
+        return rows if self.family is None else check_rows(rows, self.family, trials is not None)
 
 
 def check_rows(rows: Rows, family, trials_given: bool) -> Rows:

@@ -10,7 +10,7 @@ server, holds its site only.
   ``log shape`` for gamma), the client's full likelihood;
 * :class:`HierarchicalSite` (``HierarchicalGLM``): ``phi = (mu, log tau)``, the client's own
   coefficients ``theta_k ~ N(mu, diag(tau))`` integrated out by a Laplace approximation
-  (6 inner Newton iterations; the last step is differentiated, which gives the exact
+  (10 inner Newton iterations, each step capped; the last step is differentiated, which gives the exact
   gradient and Hessian of the profile part at the optimum).
 """
 
@@ -124,7 +124,7 @@ class HierarchicalSite:
     alpha: float
     p: int
     n_pad: int
-    inner_steps: int = 6
+    inner_steps: int = 10
 
     theta_dim = 0
     local_dim = 0
@@ -174,7 +174,14 @@ class HierarchicalSite:
             negH = X.T @ (X * jnp.maximum(-d2(eta), 0.0)[:, None]) + jnp.diag(prec)
             return jnp.linalg.solve(negH, grad), negH
 
-        t = jax.lax.stop_gradient(jax.lax.fori_loop(0, self.inner_steps, lambda _, t: t + newton(t)[0], mu))
+        def safe_step(_, t):
+            # a Newton step, capped so that no row's linear predictor moves by more than 3
+            # (from a poor start, Newton on many trials per row overshoots and diverges)
+            step = newton(t)[0]
+            move = jnp.max(jnp.abs(X @ step) * (w > 0))
+            return t + step * jnp.minimum(1.0, 3.0 / jnp.maximum(move, 1e-12))
+
+        t = jax.lax.stop_gradient(jax.lax.fori_loop(0, self.inner_steps, safe_step, mu))
         # one more Newton step that carries the derivatives in (mu, log tau): exact first and
         # second derivatives of max_theta at the optimum (the gradient in theta is 0 there)
         t = t + newton(t)[0]

@@ -82,7 +82,7 @@ class _BayesBase(Estimator):
             y_sd = full.y_sd
         else:
             y_sd = 1.0
-        design = GLMDesign(data, self.fit_intercept, roles, scaling=scaling)
+        design = GLMDesign(data, self.fit_intercept, roles, scaling=scaling, family=fam)
         return fam, roles, design, scaling, n_rows, ybar, y_sd
 
     def _run_ep(self, site, prior, design, seed, progress, batched):

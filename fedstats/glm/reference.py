@@ -21,8 +21,8 @@ def _pooled(design):
 
 def pooled_nuts(design, family: str, link: str, *, alpha: float = 1.0, hierarchical: bool = False, prior_mean=None,
                 prior_sd=None, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 2, seed: int = 0):
-    """Draws of the pooled posterior on the design's scale (a ``GLMDesign``; binomial rows with
-    trials must already hold proportions, as :func:`fedstats.glm._design.check_rows` gives).
+    """Draws of the pooled posterior on the design's scale (a ``GLMDesign``; with binomial
+    trials, built with ``family=`` so that its rows hold proportions, as the fits see them).
 
     Shared (``hierarchical=False``): ``phi = beta`` (then the log dispersion) with the
     Normal prior ``prior_mean``, ``prior_sd``; returns ``{"phi": (S, dim)}``. Hierarchical:

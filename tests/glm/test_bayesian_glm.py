@@ -138,3 +138,22 @@ def test_bad_input_for_the_bayesian_models():
     bad = FederatedData.from_arrays([np.ones((3, 1)) * [[1], [2], [3]]], [np.array([0.0, 2.0, 1.0])])
     with pytest.raises(Exception, match="client 0: outcome 'y' is not 0/1"):
         BayesianGLM("binomial").fit(bad)
+
+
+def test_successes_out_of_trials():
+    """Binomial rows with trials= (successes out of n): the Bayesian fit sees proportions, as
+    the maximum likelihood fit does, and agrees with it under a vague prior."""
+    rng = np.random.default_rng(7)
+    Xs, ys = [], []
+    for n in (30, 50, 40):
+        x, trials = rng.normal(size=n), rng.integers(20, 400, n).astype(float)
+        Xs.append(np.column_stack([x, trials]))
+        ys.append(rng.binomial(trials.astype(int), 1 / (1 + np.exp(-(0.3 + 0.7 * x)))).astype(float))
+    data = FederatedData.from_arrays(Xs, ys, feature_names=["x", "n"])
+    mle = FederatedGLM("binomial", trials="n").fit(data)
+    res = BayesianGLM("binomial", trials="n", prior_scale=100.0, intercept_scale=100.0).fit(data)
+    g = res.global_posterior()
+    assert np.max(np.abs(g.mean - mle.params.to_numpy()) / mle.bse.to_numpy()) < 0.1
+    assert np.max(np.abs(g.sd / mle.bse.to_numpy() - 1)) < 0.05
+    hier = HierarchicalGLM("binomial", trials="n").fit(data)
+    assert abs(hier.summary().loc["mu[x]", "mean"] - 0.7) < 0.3
