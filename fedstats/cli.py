@@ -20,8 +20,10 @@ standard.
 
 Bad input gives a one-line error on stderr and exit status 2 (1 for a failed fit).
 
-Size: one module for now (about 620 lines); issue 20 splits reading and checking the CSV
-(about 150 lines) from the command itself.
+Size: one module for now (about 700 lines, over the 650 we aim for): it grew by the three GLM
+models' options; issue 20, the next open issue after the GLMs, splits reading and checking
+the CSV (about 150 lines) and the per-model adapters (_estimator, _header, _extras) from the
+command itself.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import pandas as pd
 
 MODELS = ("hm2", "lasso", "ridge", "hm1", "fgpr", "gmm", "glm", "bglm", "hglm")
 GLMS = ("glm", "bglm", "hglm")
-GLM_ROLES = ("offset", "exposure", "weights", "trials")
+from .glm._design import SPECIAL as GLM_ROLES  # noqa: E402 - the GLMs' column roles, one list
 MIN_ROWS = 3
 
 

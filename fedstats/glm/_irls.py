@@ -28,10 +28,6 @@ from ._design import check_rows
 EDGE = 1e-8
 
 
-def _state(family, rows, trials_given):
-    return check_rows(rows, family, trials_given)
-
-
 class DesignCheck(FederatedAlgorithm):
     reply_keys = ("n_rows", "sum_y", "wnobs", "col_min", "col_max", "xtx")
 
@@ -48,7 +44,7 @@ class DesignCheck(FederatedAlgorithm):
         return {}
 
     def client_step(self, message, state, data, rng):
-        r = _state(self.family, data, self.trials_given)
+        r = check_rows(data, self.family, self.trials_given)
         X = r.X
         return {"n_rows": np.array([float(len(r.y))]), "sum_y": np.array([r.y.sum()]), "wnobs": np.array([r.f.sum()]),
                 "col_min": X.min(axis=0), "col_max": X.max(axis=0), "xtx": X.T @ X}, None
@@ -145,7 +141,7 @@ class IRLS(FederatedAlgorithm):
                 "ybar": np.array([self.ybar])}
 
     def client_step(self, message, state, data, rng):
-        rows = _state(self.family, data, self.trials_given)
+        rows = check_rows(data, self.family, self.trials_given)
         return evaluate(self.family, rows, message["beta"], bool(message["start"][0]), float(message["ybar"][0])), None
 
     def server_step(self, server_state, replies, round):
@@ -200,7 +196,7 @@ class Sandwich(FederatedAlgorithm):
         return {"beta": self.beta}
 
     def client_step(self, message, state, data, rng):
-        fam, r = self.family, _state(self.family, data, self.trials_given)
+        fam, r = self.family, check_rows(data, self.family, self.trials_given)
         mu = fam.fitted(r.X @ message["beta"] + r.offset)
         g1, var = fam.link.deriv(mu), fam.variance(mu)
         sf = (r.y - mu) / (g1 * var)  # score factor per unit weight

@@ -35,7 +35,7 @@ from ..inference.tilted import ImportanceTilted, LaplaceTilted
 from ..linear._ep_model import check_participation, log_scale_rows, no_p_value
 from ..linear._scaling import LinearScaling, federated_scaling
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
-from ._design import GLMDesign, prediction_rows
+from ._design import SPECIAL, GLMDesign, prediction_rows
 from ._irls import design_check
 from ._sites import BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite
 from .families import family_of
@@ -69,7 +69,7 @@ class _BayesBase(Estimator):
         the design every client reads its standardised rows through."""
         require_target(data, type(self).__name__)
         fam = self._family()
-        roles = {"offset": self.offset, "exposure": self.exposure, "weights": self.weights, "trials": self.trials}
+        roles = {r: getattr(self, r) for r in SPECIAL}
         raw = GLMDesign(data, self.fit_intercept, roles)
         chk = design_check(fam, raw, self.trials is not None, seed)
         n_rows, ybar = chk["n_obs"], chk["ybar"]
@@ -222,12 +222,9 @@ class BayesianGLMResult(_GLMPosteriorMixin, FederatedResult):
     def _global_table(self, level, kind):
         return no_p_value(self.global_posterior().summary(level=level, kind=kind), "log_")
 
-    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
-        """No rows: the coefficients are shared by every client."""
-        from ..results import CLIENT_SUMMARY_COLUMNS, _empty_table
-
-        check_level(level)
-        return _empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True)
+    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+        # the coefficients are shared by every client: a client has none of its own
+        return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
     def _no_posterior(self, what: str) -> str:
         return f"BayesianGLM has no {what} posterior: its coefficients are shared (HierarchicalGLM has per-client ones)"
@@ -375,17 +372,18 @@ class _ClientPosteriors(FederatedAlgorithm):
         return dict(replies), {}
 
 
-_MODES: dict = {}
-
-
 def _theta_modes(site):
+    """The Laplace modes of theta over (clients, draws), compiled once per site structure (in
+    the estimators' shared cache of kernels)."""
     import jax
 
-    key = site.cache_key()
-    if key not in _MODES:
+    from ..inference.tilted import _COMPILED
+
+    key = ("theta modes", site.cache_key())
+    if key not in _COMPILED:
         per_client = jax.vmap(site.theta_mode, in_axes=(0, 0, None))  # over one client's draws
-        _MODES[key] = jax.jit(jax.vmap(per_client))  # over clients
-    return _MODES[key]
+        _COMPILED[key] = jax.jit(jax.vmap(per_client))  # over clients
+    return _COMPILED[key]
 
 
 @register

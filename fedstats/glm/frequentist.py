@@ -34,9 +34,8 @@ from ..data import DataError, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import run
 from ..federation.backend import accepts_backend
-from ..results import (CLIENT_SUMMARY_COLUMNS, FederatedResult, _empty_table, check_level, counted,
-                       prediction_frame, register)
-from ._design import GLMDesign, prediction_rows
+from ..results import FederatedResult, check_level, counted, prediction_frame, register
+from ._design import SPECIAL, GLMDesign, prediction_rows
 from ._irls import IRLS, Sandwich, design_check
 from .families import FAMILIES, LINKS, family_of
 
@@ -114,7 +113,7 @@ class FederatedGLM(Estimator):
         :class:`SeparationError` when the outcome is perfectly predicted on some rows."""
         require_target(data, "FederatedGLM")
         fam = self._family()
-        roles = {"offset": self.offset, "exposure": self.exposure, "weights": self.weights, "trials": self.trials}
+        roles = {r: getattr(self, r) for r in SPECIAL}
         design = GLMDesign(data, self.fit_intercept, roles)
         trials = self.trials is not None
         names = design.names
@@ -241,10 +240,9 @@ class GLMResult(FederatedResult):
         return pd.DataFrame({"mean": self.params, "sd": self.bse, "lower": ci["lower"], "upper": ci["upper"],
                              "p_value": self.pvalues, "z": self.tvalues})
 
-    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
-        """No rows: the coefficients are shared by every client (see :meth:`summary`)."""
-        check_level(level)
-        return _empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True)
+    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+        # the coefficients are shared by every client: a client has none of its own
+        return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
     def predict(self, X, client=None, *, level: float = 0.95, offset=None, exposure=None) -> pd.DataFrame:
         """The mean response (probabilities, rates, ...) at the rows of ``X`` (the

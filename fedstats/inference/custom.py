@@ -144,11 +144,11 @@ class CustomEPResult(FederatedResult):
     def global_posterior(self) -> GaussianPosterior:
         return GaussianPosterior.from_natural(*self.q, names=self.names)
 
-    def client_summary(self, level: float = 0.95, kind: str = "eti"):
-        from ..results import CLIENT_SUMMARY_COLUMNS, _empty_table, check_level
+    def _client_table(self, client, level: float, kind: str):
+        import pandas as pd
 
-        check_level(level)
-        return _empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True)
+        # the parameters are global: a client has none of its own
+        return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
     def _no_posterior(self, what: str) -> str:
         return f"a custom model by federated_ep has no {what} posterior (its parameters are global)"
