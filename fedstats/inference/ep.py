@@ -49,6 +49,7 @@ class EPServerState:
     accept: dict = field(default_factory=dict)  # client -> accepted fraction of its pending change
     clients: tuple = ()
     quiet: frozenset = frozenset()  # devices that answered since the last round that moved q by >= tol
+    stage: int = 0  # which of the algorithm's estimators the devices use
 
 
 @register
@@ -73,8 +74,12 @@ class FederatedEP(FederatedAlgorithm):
         Supplies the device likelihood ``f_k(phi)`` and ``client_stats(data)``.
     prior : NaturalGaussian
         Gaussian prior of ``phi`` (PD).
-    estimator : TiltedEstimator
-        How a device computes its tilted moments.
+    estimator : TiltedEstimator or a sequence of them
+        How a device computes its tilted moments. A sequence runs in stages: EP with the
+        first until it has converged (by ``tol``), then from there with the next, and so on;
+        the fit has converged when the last stage has. E.g. ``(LaplaceTilted(),
+        ImportanceTilted())``: cheap deterministic rounds to near the fixed point, then
+        sampled rounds remove the Laplace approximation's bias.
     damping : float in (0, 1]
         ``delta``: new site = (1 - delta) old + delta proposed, in natural parameters
         (1 reproduces the paper).
@@ -89,15 +94,19 @@ class FederatedEP(FederatedAlgorithm):
 
     reply_keys = ("dr", "dQ")
 
-    def __init__(self, model: SiteModel, prior: NaturalGaussian, estimator: TiltedEstimator, *,
-                 damping: float = 1.0, tol: float = 1e-3, max_backoff: int = 20):
+    def __init__(self, model: SiteModel, prior: NaturalGaussian, estimator: TiltedEstimator | Sequence[TiltedEstimator],
+                 *, damping: float = 1.0, tol: float = 1e-3, max_backoff: int = 20):
         if not (0.0 < damping <= 1.0):
             raise ValueError(f"damping must lie in (0, 1], got {damping}")
         if prior.dim != model.phi_dim:
             raise ValueError(f"prior has dimension {prior.dim}, model's phi has {model.phi_dim}")
         if not prior.is_proper():
             raise ValueError("the prior's precision must be positive definite")
-        self.model, self.prior, self.estimator = model, prior, estimator
+        self.stages = tuple(estimator) if isinstance(estimator, (list, tuple)) else (estimator,)
+        if not self.stages:
+            raise ValueError("at least one tilted estimator is needed")
+        # the estimator of the fit's final stage (device posteriors after the fit use it)
+        self.model, self.prior, self.estimator = model, prior, self.stages[-1]
         self.damping, self.tol, self.max_backoff = float(damping), float(tol), int(max_backoff)
 
     # ---------------------------------------------------------------- server side
@@ -105,7 +114,10 @@ class FederatedEP(FederatedAlgorithm):
         return EPServerState(prior=self.prior, q=self.prior, clients=tuple(clients))
 
     def broadcast(self, state: EPServerState, client: Any, round: int) -> Message:
-        return {"r": state.q.r, "Q": state.q.Q, "accept": np.array(state.accept.get(client, 1.0))}
+        msg = {"r": state.q.r, "Q": state.q.Q, "accept": np.array(state.accept.get(client, 1.0))}
+        if len(self.stages) > 1:
+            msg["stage"] = np.array(state.stage)
+        return msg
 
     def server_step(self, state: EPServerState, replies: Mapping[Any, Message], round: int):
         old = state.q
@@ -136,7 +148,13 @@ class FederatedEP(FederatedAlgorithm):
         # it out: converged only once every device has answered in quiet rounds.
         quiet = state.quiet | frozenset(replies) if small else frozenset()
         done = small and quiet.issuperset(state.clients)
-        return replace(state, q=q, round=state.round + 1, converged=bool(done), accept=accept, quiet=quiet), metrics
+        stage = state.stage
+        if len(self.stages) > 1:
+            metrics["stage"] = stage
+        if done and stage + 1 < len(self.stages):  # this stage has converged: the next starts from here
+            stage, done, quiet = stage + 1, False, frozenset()
+        return replace(state, q=q, round=state.round + 1, converged=bool(done), accept=accept, quiet=quiet,
+                       stage=stage), metrics
 
     def converged(self, state: EPServerState, metrics) -> bool:
         return state.converged
@@ -167,9 +185,11 @@ class FederatedEP(FederatedAlgorithm):
             cav_covs.append(c)
         if todo:
             seeds = np.array([rngs[i].integers(2**63 - 1) for i in todo])
+            # every device of a round gets the same broadcast stage (one estimator per call)
+            est = self.stages[min(int(messages[todo[0]].get("stage", 0)), len(self.stages) - 1)]
             try:
-                tilted = self.estimator.estimate(self.model, np.stack(cav_means), np.stack(cav_covs),
-                                                 [states[i].stats for i in todo], seeds)
+                tilted = est.estimate(self.model, np.stack(cav_means), np.stack(cav_covs),
+                                      [states[i].stats for i in todo], seeds)
             except Exception as exc:  # noqa: BLE001 - reported per device by the runtime
                 tilted = [exc] * len(todo)
             for i, t in zip(todo, tilted):

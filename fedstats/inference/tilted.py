@@ -32,8 +32,9 @@ Size: one module for now (about 870 lines): five estimators; one module per esti
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -117,10 +118,31 @@ class TiltedEstimator(ABC):
 
 
 # --------------------------------------------------------------------------- helpers
+class _KernelCache(OrderedDict):
+    """Compiled kernels by key; beyond ``maxsize`` the least recently used one is dropped
+    (and its compiled code freed): every compiled kernel holds memory maps of JIT code, and a
+    process may hold only so many (65,530 by default on Linux; past that XLA crashes)."""
+
+    def __init__(self, maxsize: int):
+        super().__init__()
+        self.maxsize = int(maxsize)
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        self.move_to_end(key)
+        return value
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.maxsize:
+            self.popitem(last=False)
+
+
 # Compiled kernels, shared by every estimator instance in the process: a kernel depends on
 # the model's structure (``model.cache_key()``) and the estimator's static options only, so
 # repeated fits (studies, notebooks, tests) compile once.
-_COMPILED: dict[Any, Any] = {}
+_COMPILED = _KernelCache(maxsize=32)
 
 def _stack_stats(stats: list[dict[str, np.ndarray]], pad_to: int) -> dict[str, np.ndarray]:
     """Stack per-device stats along a new leading axis, padding by repeating the first."""
@@ -142,6 +164,19 @@ def _bucket(b: int) -> int:
     if b <= 4:
         return 1 if b <= 1 else (2 if b == 2 else 4)
     return -(-b // 8) * 8
+
+
+def _normal_draws(rng: np.random.Generator, n: int, d: int, qmc: bool) -> np.ndarray:
+    """``n`` standard normal draws in ``d`` dimensions: pseudo-random, or a scrambled Sobol
+    sequence mapped through the normal quantile (randomised quasi-Monte Carlo: unbiased,
+    with much smaller errors for smooth integrands)."""
+    if not qmc:
+        return rng.standard_normal((n, d))
+    from scipy.stats import norm, qmc as _qmc
+
+    # the first n points of a scrambled base-2 sequence (still unbiased when n is not a power of 2)
+    u = _qmc.Sobol(d, scramble=True, seed=rng).random_base2(max(0, int(np.ceil(np.log2(max(n, 1))))))[:n]
+    return norm.ppf(np.clip(u, 1e-12, 1 - 1e-12))
 
 
 def _cavity_precision(cavity_cov: np.ndarray) -> np.ndarray:
@@ -320,14 +355,21 @@ class ImportanceTilted(LaplaceTilted):
         predictors (phi of dimension 80) and the prior as cavity, the ESS of 4,000 draws
         is 2-50, so without the fallback no device ever answered and the fit stayed at the
         prior; once the sites have moved q towards the tilteds, the ESS recovers.
+    qmc : bool
+        Draw each stratum from a scrambled Sobol sequence instead of pseudo-random normals
+        (randomised quasi-Monte Carlo: still unbiased; for the hierarchical GLM's
+        six-dimensional tilteds the seed-to-seed sd of the EP means fell about threefold at
+        512 draws).
     """
 
     name = "importance"
     sampled = True
+    qmc = False  # results saved before the option existed
 
     def __init__(self, *, num_draws: int = 4000, defensive: float = 0.5, newton_steps: int = 30,
-                 min_ess_fraction: float = 0.02, fallback: str | None = "laplace"):
+                 min_ess_fraction: float = 0.02, fallback: str | None = "laplace", qmc: bool = False):
         super().__init__(newton_steps=newton_steps)
+        self.qmc = bool(qmc)
         self.num_draws = -(-int(num_draws) // 4) * 4
         if not 0.0 <= defensive < 1.0:
             raise ValueError(f"defensive must lie in [0, 1), got {defensive}")
@@ -338,7 +380,8 @@ class ImportanceTilted(LaplaceTilted):
         self.fallback = fallback
 
     def __repr__(self):
-        return f"ImportanceTilted(num_draws={self.num_draws}, defensive={self.defensive}, fallback={self.fallback!r})"
+        return (f"ImportanceTilted(num_draws={self.num_draws}, defensive={self.defensive}, fallback={self.fallback!r}, "
+                f"qmc={self.qmc})")
 
     def _logw_fn(self, model):
         import jax
@@ -396,7 +439,7 @@ class ImportanceTilted(LaplaceTilted):
             chunks, chols = [], []
             for (_, m, C), n in zip(comps, sizes):
                 L = np.linalg.cholesky(C)
-                e = rng.standard_normal((n // 2, D))
+                e = _normal_draws(rng, n // 2, D, self.qmc)
                 chunks.append(m + np.concatenate([e, -e]) @ L.T)
                 chols.append(L)
             draws[b] = np.concatenate(chunks)
