@@ -14,12 +14,20 @@ Global parameters are real-valued (EP's approximation is Gaussian): put a positi
 the log scale, as ``log_nu`` above. Their prior is the Gaussian ``prior={name: (mean, sd)}``
 given to :func:`federated_ep` (the distributions written in the model only fix their names
 and shapes). Every client's site is its rows' log-likelihood, with tilted moments by
-Laplace-corrected importance sampling; rows are padded to a common length (padding masked
-out) so that one compiled kernel serves every client, and are rebuilt from the client's data
-at every step, never kept in its EP state. Local latent variables (one per client) are not
-supported yet, and the fit runs in process only (a Flower node loads code from trusted
-packages only, and the model is your function). :func:`pooled_nuts` samples the same model
-with every row pooled, the reference to check a federated fit against.
+Laplace-corrected importance sampling (or NUTS, or Laplace alone: ``tilted=``); rows are
+padded to a common length (padding masked out) so that one compiled kernel serves every
+client, and are rebuilt from the client's data at every step, never kept in its EP state.
+
+*Local latent variables*: with ``global_sites=[...]`` every other latent site of the model is
+the client's own (for example a random intercept ``b ~ N(0, exp(log_sd))`` with ``log_sd``
+global). Its prior is the distribution written in the model (which may depend on the global
+parameters), its values are real, with a shape that does not depend on the client's number
+of rows, and it is integrated out inside the client's tilted distribution; after the fit one
+more counted round gives each client's posterior of its own latents (``client_posterior``).
+
+The fit runs in process only (a Flower node loads code from trusted packages only, and the
+model is your function). :func:`pooled_nuts` samples the same model with every row pooled
+(and every client's local latents), the reference to check a federated fit against.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..federation.protocol import FederatedAlgorithm
 from ..results import FederatedResult, register
 from .gaussian import NaturalGaussian
 from .posterior import GaussianPosterior
@@ -36,21 +45,47 @@ from .posterior import GaussianPosterior
 __all__ = ["federated_ep", "pooled_nuts", "CustomEPResult"]
 
 
-def _global_shapes(model, X, y) -> dict[str, tuple]:
-    """Names and shapes of the model's latent (global) sample sites, from one trace."""
+def _latent_sites(model, X, y) -> dict[str, tuple]:
+    """Names and shapes of the model's latent sample sites, from one trace; checks that y is
+    observed in exactly one site and that every latent site is real-valued."""
     import jax
     from numpyro import handlers
+    from numpyro.distributions import constraints
 
     with handlers.seed(rng_seed=0):
         tr = handlers.trace(model).get_trace(X, y)
     obs = [n for n, s in tr.items() if s["type"] == "sample" and s["is_observed"]]
     if len(obs) != 1:
         raise ValueError(f"the model must observe y in exactly one sample site, it observes {obs}")
-    shapes = {n: tuple(jax.numpy.shape(s["value"])) for n, s in tr.items()
-              if s["type"] == "sample" and not s["is_observed"]}
+    latent = {n: s for n, s in tr.items() if s["type"] == "sample" and not s["is_observed"]}
+    for n, site in latent.items():
+        support = site["fn"].support
+        while isinstance(support, constraints.independent):
+            support = support.base_constraint
+        if support is not constraints.real:
+            raise ValueError(f"latent site {n!r} must be real-valued (EP's approximation is Gaussian): put a "
+                             f"positive one on the log scale")
+    return {n: tuple(jax.numpy.shape(s["value"])) for n, s in latent.items()}
+
+
+def _split_sites(model, X, y, n_pad, global_sites):
+    """(global shapes, local shapes) of the model's latent sites; local shapes must not
+    change with the number of rows (traced at the client's rows and at ``n_pad`` rows)."""
+    shapes = _latent_sites(model, X, y)
     if not shapes:
-        raise ValueError("the model samples no global parameter")
-    return shapes
+        raise ValueError("the model samples no latent parameter")
+    names = list(shapes) if global_sites is None else list(global_sites)
+    unknown = [n for n in names if n not in shapes]
+    if unknown:
+        raise ValueError(f"global_sites {unknown} are not latent sample sites of the model; it has {list(shapes)}")
+    if not names:
+        raise ValueError("global_sites= names no site: EP needs at least one global parameter")
+    padded = _latent_sites(model, np.resize(X, (n_pad, *np.shape(X)[1:])), np.resize(y, n_pad))
+    per_row = [n for n in shapes if padded[n] != shapes[n]]
+    if per_row:
+        raise ValueError(f"latent site(s) {per_row} have one value per row: only global parameters and per-client "
+                         f"latents (a shape that does not depend on the rows) are supported")
+    return ({n: shapes[n] for n in names}, {n: sh for n, sh in shapes.items() if n not in names})
 
 
 def _names(shapes) -> list[str]:
@@ -70,35 +105,48 @@ def _unflatten(phi, shapes):
     return out
 
 
-def _row_loglik(model, shapes, phi, X, y):
-    """Per-row log-likelihood of the observed site at the global values ``phi``."""
+def _size(shapes) -> int:
+    return int(sum(int(np.prod(sh)) if sh else 1 for sh in shapes.values()))
+
+
+def _client_logp(model, shapes, local, phi, z, X, y, mask):
+    """One client's ``log p(y | phi, z) + log p(z | phi)``: the observed site's per-row
+    log-likelihood (rows with ``mask`` 0 left out) and its local latents' prior log density,
+    at the global values ``phi`` and local values ``z`` (flat)."""
+    import jax.numpy as jnp
     from numpyro import handlers
 
-    params = _unflatten(phi, shapes)
+    params = {**_unflatten(phi, shapes), **_unflatten(z, local)}
     with handlers.block():  # inside a pooled NUTS model the user's sites must stay hidden
         tr = handlers.trace(handlers.substitute(model, data=params)).get_trace(X, y)
-    site = next(s for s in tr.values() if s["type"] == "sample" and s["is_observed"])
-    return site["fn"].log_prob(site["value"])
+    obs = next(s for s in tr.values() if s["type"] == "sample" and s["is_observed"])
+    ll = jnp.sum(jnp.where(mask > 0, obs["fn"].log_prob(obs["value"]), 0.0))
+    return ll + sum(jnp.sum(tr[n]["fn"].log_prob(tr[n]["value"])) for n in local)
 
 
 @dataclass(frozen=True, eq=False)
 class CustomSite:
-    """The EP site of a user model: the log-likelihood of one client's padded rows."""
+    """The EP site of a user model: the log-likelihood of one client's padded rows, its
+    local latents (if any) the nuisance ``z`` of the tilted estimators."""
 
     model: Any
     shapes: dict
+    local: dict
     n_pad: int
     d: int
 
     theta_dim = 0
-    local_dim = 0
 
     @property
     def phi_dim(self) -> int:
-        return int(sum(int(np.prod(s)) if s else 1 for s in self.shapes.values()))
+        return _size(self.shapes)
+
+    @property
+    def local_dim(self) -> int:
+        return _size(self.local)
 
     def cache_key(self) -> tuple:
-        return ("custom", id(self.model), tuple(self.shapes.items()), self.n_pad, self.d)
+        return ("custom", id(self.model), tuple(self.shapes.items()), tuple(self.local.items()), self.n_pad, self.d)
 
     def client_stats(self, data) -> dict[str, np.ndarray]:
         X, y = np.asarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
@@ -111,13 +159,10 @@ class CustomSite:
         return {"X": Xp, "y": yp, "mask": mask}
 
     def init_local(self, stats):
-        return np.zeros(0), np.zeros(0)
+        return np.zeros(0), np.zeros(self.local_dim)
 
     def log_collapsed(self, phi, z, stats):
-        import jax.numpy as jnp
-
-        ll = _row_loglik(self.model, self.shapes, phi, stats["X"], stats["y"])
-        return jnp.sum(jnp.where(stats["mask"] > 0, ll, 0.0))
+        return _client_logp(self.model, self.shapes, self.local, phi, z, stats["X"], stats["y"], stats["mask"])
 
 
 class _Rows:
@@ -135,39 +180,116 @@ class _Rows:
 @register
 class CustomEPResult(FederatedResult):
     """A user model fitted by :func:`federated_ep`: the Gaussian EP posterior of its global
-    parameters (``summary``, ``global_posterior``), history and communication."""
+    parameters (``summary``, ``global_posterior``), each client's posterior of its local
+    latents where the model has any (``client_posterior``, ``client_summary``), history and
+    communication."""
 
     def __init__(self, **state):
+        state.setdefault("local_names", [])
+        state.setdefault("local", {})
         self.__dict__.update(state)
         self.seconds = 0.0
 
     def global_posterior(self) -> GaussianPosterior:
         return GaussianPosterior.from_natural(*self.q, names=self.names)
 
+    def client_posterior(self, client) -> GaussianPosterior:
+        """Client ``client``'s local latents: the Gaussian with the mean and covariance its own
+        round sent (its tilted distribution at the fitted ``q``)."""
+        self._check_client(client)
+        if not self.local_names:
+            return super().client_posterior(client)
+        m, C = self.local[client]
+        return GaussianPosterior(np.asarray(m), np.asarray(C), names=list(self.local_names))
+
     def _client_table(self, client, level: float, kind: str):
         import pandas as pd
 
+        if self.local_names:
+            return super()._client_table(client, level, kind)
         # the parameters are global: a client has none of its own
         return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
     def _no_posterior(self, what: str) -> str:
-        return f"a custom model by federated_ep has no {what} posterior (its parameters are global)"
+        return (f"a custom model by federated_ep has no {what} posterior (its parameters are global; name the global "
+                f"ones with global_sites= to give clients latents of their own)")
 
 
-def federated_ep(model: Callable, data, *, prior: dict, rounds: int = 15, damping: float = 1.0, tol: float = 0.05,
-                 num_draws: int = 4000, seed: int = 0, progress=None, batched: bool = True) -> CustomEPResult:
+class _LocalPosteriors(FederatedAlgorithm):
+    """One round after EP: each client forms its tilted distribution (cavity times its
+    likelihood) with draws and sends the weighted mean and covariance of its local latents."""
+
+    reply_keys = ("mean", "cov")
+    per_client_fields = ("sites",)
+
+    def __init__(self, site, estimator, q, sites):
+        self.site, self.estimator, self.q, self.sites = site, estimator, q, sites
+
+    def init_server(self, clients, rng):
+        return {}
+
+    def init_client(self, client, data, rng):
+        return self.sites[client]
+
+    def broadcast(self, server_state, client, round):
+        return {"r": self.q.r, "Q": self.q.Q}
+
+    def client_step(self, message, state, data, rng):
+        from .ep import fractional_cavity
+
+        q = NaturalGaussian(np.asarray(message["r"]), np.asarray(message["Q"]))
+        m, C = fractional_cavity(q, state)[0].moments()
+        seed = np.array([rng.integers(2**63 - 1)])
+        t = self.estimator.estimate(self.site, m[None], C[None], [self.site.client_stats(data)], seed,
+                                    keep_draws=True)[0]
+        if isinstance(t, BaseException):
+            raise t
+        z = np.asarray(t.draws["z"])
+        w = t.weights if t.weights is not None else np.full(len(z), 1.0 / len(z))
+        mean = w @ z
+        d = z - mean
+        return {"mean": mean, "cov": d.T @ (d * w[:, None])}, state
+
+    def server_step(self, server_state, replies, round):
+        return dict(replies), {}
+
+
+def _estimator(tilted, num_draws):
+    from .tilted import ImportanceTilted, LaplaceTilted, NUTSTilted, TiltedEstimator
+
+    if isinstance(tilted, TiltedEstimator):
+        return tilted
+    options = {"importance": lambda: ImportanceTilted(num_draws=num_draws, qmc=True),
+               "laplace": lambda: LaplaceTilted(num_draws=num_draws),
+               "nuts": lambda: NUTSTilted(num_warmup=300, num_samples=500, num_chains=2, target="collapsed")}
+    if tilted not in options:
+        raise ValueError(f"tilted must be one of {list(options)} or a TiltedEstimator, got {tilted!r}")
+    return options[tilted]()
+
+
+def federated_ep(model: Callable, data, *, prior: dict, global_sites=None, tilted="importance", rounds: int = 15,
+                 damping: float = 1.0, tol: float = 0.05, num_draws: int = 4000, seed: int = 0, progress=None,
+                 batched: bool = True) -> CustomEPResult:
     """Fit the NumPyro ``model(X, y)`` of one client's rows across the clients of ``data``.
 
     Parameters
     ----------
     model : callable
-        ``model(X, y)``: samples the global parameters by name, observes ``y`` in one site
-        with one entry per row (see the module docs).
+        ``model(X, y)``: samples its parameters by name, observes ``y`` in one site with one
+        entry per row (see the module docs).
     data : FederatedData
         Each client's ``X`` (as the model expects it: add an intercept column yourself) and
         ``y``.
     prior : dict
         ``{name: (mean, sd)}`` for every global parameter (scalars broadcast over its shape).
+    global_sites : list of str, optional
+        The global parameters; every other latent site is each client's own (local latents,
+        with the model's own prior). Default: every latent site is global.
+    tilted : {"importance", "nuts", "laplace"} or a TiltedEstimator
+        The clients' tilted moments: importance sampling from a Laplace-based proposal
+        (quasi-Monte Carlo draws, control variates), NumPyro NUTS on the tilted target (2
+        chains of 300 warm-up and 500 draws per client and round, vectorised over clients),
+        or the Laplace approximation alone.
     rounds, damping, tol, num_draws, seed, progress, batched
         As the other EP models.
 
@@ -181,13 +303,42 @@ def federated_ep(model: Callable, data, *, prior: dict, rounds: int = 15, dampin
     from ..federation import run
     from ..federation.runner import counting
     from .ep import RowsEP, check_invariants
-    from .tilted import ImportanceTilted
 
     data = as_federated(data)
     require_target(data, "federated_ep")
+    estimator = _estimator(tilted, int(num_draws))
     t0 = time.perf_counter()
     first = data[data.clients[0]]
-    shapes = _global_shapes(model, np.asarray(first.X), np.asarray(first.y))
+    n_pad = -(-max(data.n_obs.values()) // 32) * 32
+    shapes, local = _split_sites(model, np.asarray(first.X), np.asarray(first.y), n_pad, global_sites)
+    mean, sd = _prior_moments(prior, shapes)
+    site = CustomSite(model, shapes, local, n_pad, data.n_features)
+    alg = RowsEP(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), estimator, damping=damping, tol=tol)
+    rows = _Rows(data)
+    with counting() as ledger:
+        out = run(alg, rows, kind="EP rounds", rounds=int(rounds), seed=seed, progress=progress,
+                  min_rounds=min(2, int(rounds)), batched=batched)
+        sites = alg.committed_sites(out.server_state, out.client_states)
+        check_invariants(out.server_state, list(sites.values()))
+        posts = {}
+        if local:
+            post = run(_LocalPosteriors(site, estimator, out.server_state.q, sites), rows, rounds=1, seed=seed,
+                       progress=False, batched=False, kind="client posteriors")
+            failed = {c: why for rec in post.history for c, why in rec.failed.items()}
+            if failed:
+                c, why = next(iter(failed.items()))
+                raise RuntimeError(f"federated_ep: client {c!r} could not form the posterior of its latents: {why}")
+            posts = {c: (np.asarray(r["mean"]), np.asarray(r["cov"])) for c, r in post.server_state.items()}
+    res = CustomEPResult(model=getattr(model, "__name__", "custom"), names=_names(shapes), clients=list(data.clients),
+                         q=(out.server_state.q.r, out.server_state.q.Q), history=out.history,
+                         rounds=len(out.history), converged=bool(out.converged),
+                         communication=ledger.communication(), local_names=_names(local), local=posts)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _prior_moments(prior, shapes):
+    """The flat prior mean and sd of the global parameters from ``{name: (mean, sd)}``."""
     missing = [n for n in shapes if n not in prior]
     if missing:
         raise ValueError(f"prior= needs a (mean, sd) for every global parameter; missing {missing}")
@@ -200,26 +351,15 @@ def federated_ep(model: Callable, data, *, prior: dict, rounds: int = 15, dampin
     mean, sd = np.concatenate(mean), np.concatenate(sd)
     if not np.all(np.isfinite(mean) & np.isfinite(sd) & (sd > 0)):
         raise ValueError("prior= must give finite means and positive sds")
-    n_pad = -(-max(data.n_obs.values()) // 32) * 32
-    site = CustomSite(model, shapes, n_pad, data.n_features)
-    alg = RowsEP(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), ImportanceTilted(num_draws=num_draws),
-                 damping=damping, tol=tol)
-    with counting() as ledger:
-        out = run(alg, _Rows(data), kind="EP rounds", rounds=int(rounds), seed=seed, progress=progress,
-                  min_rounds=min(2, int(rounds)), batched=batched)
-    check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
-    res = CustomEPResult(model=getattr(model, "__name__", "custom"), names=_names(shapes), clients=list(data.clients),
-                         q=(out.server_state.q.r, out.server_state.q.Q), history=out.history,
-                         rounds=len(out.history), converged=bool(out.converged),
-                         communication=ledger.communication())
-    res.seconds = time.perf_counter() - t0
-    return res
+    return mean, sd
 
 
-def pooled_nuts(model: Callable, data, *, prior: dict, num_warmup: int = 500, num_samples: int = 1000,
-                num_chains: int = 2, seed: int = 0) -> np.ndarray:
-    """Draws (S, dim) of the same model with every client's rows pooled, under the same
-    Gaussian prior, by NumPyro's NUTS (the reference for :func:`federated_ep`)."""
+def pooled_nuts(model: Callable, data, *, prior: dict, global_sites=None, num_warmup: int = 500,
+                num_samples: int = 1000, num_chains: int = 2, seed: int = 0, return_local: bool = False):
+    """Draws (S, dim) of the global parameters of the same model with every client's rows
+    pooled in this process, under the same Gaussian prior, by NumPyro's NUTS (the reference
+    for :func:`federated_ep`). With local latents (``global_sites=``), each client's are
+    sampled with them; ``return_local=True`` also returns their draws, (S, K, local dim)."""
     import jax
     import jax.numpy as jnp
     import numpyro
@@ -229,23 +369,32 @@ def pooled_nuts(model: Callable, data, *, prior: dict, num_warmup: int = 500, nu
     from ..data import as_federated
 
     data = as_federated(data)
-    X = np.vstack([np.asarray(data[c].X) for c in data.clients])
-    y = np.concatenate([np.asarray(data[c].y) for c in data.clients])
-    shapes = _global_shapes(model, X, y)
-    names = list(shapes)
+    rows = [(np.asarray(data[c].X, dtype=float), np.asarray(data[c].y, dtype=float)) for c in data.clients]
+    n_pad = -(-max(len(y) for _, y in rows) // 32) * 32
+    shapes, local = _split_sites(model, *rows[0], n_pad, global_sites)
+    mean, sd = _prior_moments(prior, shapes)
+    dz, K = _size(local), len(rows)
+    if local:  # every client's padded rows, its log density vectorised over clients
+        X = np.stack([np.resize(X, (n_pad, *X.shape[1:])) for X, _ in rows])
+        y = np.stack([np.resize(y, n_pad) for _, y in rows])
+        mask = np.stack([np.arange(n_pad) < len(r[1]) for r in rows]).astype(float)
+    else:  # one likelihood over every row
+        X, y = np.vstack([X for X, _ in rows]), np.concatenate([y for _, y in rows])
 
     def pooled():
-        flat = []
-        for n in names:
-            m, s = prior[n]
-            v = numpyro.sample(n, dist.Normal(jnp.broadcast_to(m, shapes[n]), jnp.broadcast_to(s, shapes[n]))
-                               .to_event(len(shapes[n])))
-            flat.append(jnp.reshape(v, (-1,)))
-        numpyro.factor("ll", jnp.sum(_row_loglik(model, shapes, jnp.concatenate(flat), X, y)))
+        phi = numpyro.sample("phi", dist.Normal(jnp.asarray(mean), jnp.asarray(sd)).to_event(1))
+        if not local:
+            numpyro.factor("ll", _client_logp(model, shapes, local, phi, jnp.zeros(0), X, y, np.ones(len(y))))
+            return
+        z = numpyro.sample("z", dist.ImproperUniform(dist.constraints.real_vector, (), (K, dz)))
+        one = lambda zk, Xk, yk, mk: _client_logp(model, shapes, local, phi, zk, Xk, yk, mk)  # noqa: E731
+        numpyro.factor("ll", jnp.sum(jax.vmap(one)(z, X, y, mask)))
 
     with jax.enable_x64(True):
         mc = MCMC(NUTS(pooled), num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                   chain_method="sequential", progress_bar=False)
         mc.run(jax.random.PRNGKey(seed))
-        s = mc.get_samples()
-    return np.column_stack([np.asarray(s[n]).reshape(num_samples * num_chains, -1) for n in names])
+        s = {k: np.asarray(v) for k, v in mc.get_samples().items()}
+    if not return_local:
+        return s["phi"]
+    return s["phi"], (s["z"] if local else None)
