@@ -200,7 +200,7 @@ class HierarchicalSite:
         (at most ``max_steps``), each capped so that none moves by more than 3 (from a poor
         start, Newton on many trials per row overshoots and diverges). Under ``vmap`` the
         loop runs until every lane has converged: near the posterior that is two or three
-        steps; a separated client (no finite estimate of its own) takes about ten."""
+        steps; a separated client (no finite estimate of its own) about five."""
         import jax
         import jax.numpy as jnp
 
