@@ -26,9 +26,9 @@ import pandas as pd
 
 from ..data import require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..federation import FederatedAlgorithm, History, run
+from ..federation import History, run
 from ..federation.backend import accepts_backend
-from ..inference.ep import RowsEP, check_invariants, fractional_cavity
+from ..inference.ep import PosteriorRound, RowsEP, check_invariants, posterior_round
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
@@ -290,13 +290,8 @@ class HierarchicalGLM(_BayesBase):
         prior = NaturalGaussian.from_moments(np.zeros(2 * p), np.diag(sd**2))
         alg, out, history = self._run_ep(site, prior, design, seed, progress, batched)
         sites = alg.committed_sites(out.server_state, out.client_states)
-        post = run(_ClientPosteriors(site, out.server_state.q, sites, int(self.num_draws)), design, rounds=1,
-                   seed=seed, progress=False, batched=batched, kind="client posteriors")
-        failed = {c: why for rec in post.history for c, why in rec.failed.items()}
-        if failed:
-            c, why = next(iter(failed.items()))
-            raise RuntimeError(f"HierarchicalGLM: client {c!r} could not form its posterior: {why}")
-        theta = {c: (np.asarray(r["mean"]), np.asarray(r["cov"])) for c, r in post.server_state.items()}
+        theta = posterior_round(_ClientPosteriors(site, out.server_state.q, sites, int(self.num_draws)), design,
+                                seed=seed, batched=batched, who="HierarchicalGLM")
         return HierarchicalGLMResult(model="HierarchicalGLM", family=fam.name, link=fam.link.name,
                                      alpha=float(self.alpha), names=design.names, predictors=design.predictors,
                                      roles=roles, fit_intercept=bool(self.fit_intercept), clients=list(design.clients),
@@ -305,31 +300,14 @@ class HierarchicalGLM(_BayesBase):
                                      converged=bool(out.converged), communication=out.communication, seed=seed)
 
 
-class _ClientPosteriors(FederatedAlgorithm):
+class _ClientPosteriors(PosteriorRound):
     """One round after EP: each client combines its likelihood with its cavity ``q / site_k``
     (importance draws of phi), and for each draw the Laplace posterior of its coefficients
     given phi; it sends the mean and covariance of that mixture (standardised scale)."""
 
-    reply_keys = ("mean", "cov")
-    per_client_fields = ("sites",)
-
     def __init__(self, site, q, sites, num_draws):
-        self.site, self.q, self.sites, self.num_draws = site, q, sites, num_draws
-
-    def init_server(self, clients, rng):
-        return {}
-
-    def init_client(self, client, data, rng):
-        return self.sites[client]
-
-    def broadcast(self, server_state, client, round):
-        return {"r": self.q.r, "Q": self.q.Q}
-
-    def client_step(self, message, state, data, rng):
-        out = self.client_steps([message], [state], [data], [rng])[0]
-        if isinstance(out, BaseException):
-            raise out
-        return out
+        super().__init__(site, q, sites)
+        self.num_draws = num_draws
 
     def _tilted(self, means, covs, stats, seeds):
         """Importance draws of every client's tilted at once; a client whose proposal fails
@@ -355,13 +333,9 @@ class _ClientPosteriors(FederatedAlgorithm):
         from ..inference.tilted import _stack_stats
 
         p = self.site.p
-        cav = []
-        for msg, site in zip(messages, states):
-            q = NaturalGaussian(np.asarray(msg["r"]), np.asarray(msg["Q"]))
-            cav.append(fractional_cavity(q, site)[0].moments())
         stats = [self.site.client_stats(d) for d in datas]
         seeds = np.array([r.integers(2**63 - 1) for r in rngs])
-        tilted = self._tilted(np.stack([m for m, _ in cav]), np.stack([C for _, C in cav]), stats, seeds)
+        tilted = self._tilted(*self.cavities(messages, states), stats, seeds)
         m = min(500, self.num_draws)
         phis = []
         for t, r in zip(tilted, rngs):
@@ -380,8 +354,6 @@ class _ClientPosteriors(FederatedAlgorithm):
             out.append(({"mean": mk.mean(axis=0), "cov": 0.5 * (cov + cov.T)}, states[k]))
         return out
 
-    def server_step(self, server_state, replies, round):
-        return dict(replies), {}
 
 
 def _theta_modes(site):

@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..federation.protocol import FederatedAlgorithm
 from ..results import FederatedResult, register
+from .ep import PosteriorRound
 from .gaussian import NaturalGaussian
 from .posterior import GaussianPosterior
 
@@ -215,43 +215,27 @@ class CustomEPResult(FederatedResult):
                 f"ones with global_sites= to give clients latents of their own)")
 
 
-class _LocalPosteriors(FederatedAlgorithm):
+class _LocalPosteriors(PosteriorRound):
     """One round after EP: each client forms its tilted distribution (cavity times its
-    likelihood) with draws and sends the weighted mean and covariance of its local latents."""
-
-    reply_keys = ("mean", "cov")
-    per_client_fields = ("sites",)
+    likelihood) with draws and sends the weighted mean and covariance of its local latents
+    (every participating client in one estimator call)."""
 
     def __init__(self, site, estimator, q, sites):
-        self.site, self.estimator, self.q, self.sites = site, estimator, q, sites
+        super().__init__(site, q, sites)
+        self.estimator = estimator
 
-    def init_server(self, clients, rng):
-        return {}
-
-    def init_client(self, client, data, rng):
-        return self.sites[client]
-
-    def broadcast(self, server_state, client, round):
-        return {"r": self.q.r, "Q": self.q.Q}
-
-    def client_step(self, message, state, data, rng):
-        from .ep import fractional_cavity
-
-        q = NaturalGaussian(np.asarray(message["r"]), np.asarray(message["Q"]))
-        m, C = fractional_cavity(q, state)[0].moments()
-        seed = np.array([rng.integers(2**63 - 1)])
-        t = self.estimator.estimate(self.site, m[None], C[None], [self.site.client_stats(data)], seed,
-                                    keep_draws=True)[0]
-        if isinstance(t, BaseException):
-            raise t
-        z = np.asarray(t.draws["z"])
-        w = t.weights if t.weights is not None else np.full(len(z), 1.0 / len(z))
-        mean = w @ z
-        d = z - mean
-        return {"mean": mean, "cov": d.T @ (d * w[:, None])}, state
-
-    def server_step(self, server_state, replies, round):
-        return dict(replies), {}
+    def client_steps(self, messages, states, datas, rngs):
+        seeds = np.array([r.integers(2**63 - 1) for r in rngs])
+        stats = [self.site.client_stats(d) for d in datas]
+        out = []
+        for t, state in zip(self.estimator.estimate(self.site, *self.cavities(messages, states), stats, seeds,
+                                                    keep_draws=True), states):
+            z = np.asarray(t.draws["z"])
+            w = t.weights if t.weights is not None else np.full(len(z), 1.0 / len(z))
+            mean = w @ z
+            d = z - mean
+            out.append(({"mean": mean, "cov": d.T @ (d * w[:, None])}, state))
+        return out
 
 
 def _estimator(tilted, num_draws):
@@ -302,7 +286,7 @@ def federated_ep(model: Callable, data, *, prior: dict, global_sites=None, tilte
     from ..data import as_federated, require_target
     from ..federation import run
     from ..federation.runner import counting
-    from .ep import RowsEP, check_invariants
+    from .ep import RowsEP, check_invariants, posterior_round
 
     data = as_federated(data)
     require_target(data, "federated_ep")
@@ -322,13 +306,8 @@ def federated_ep(model: Callable, data, *, prior: dict, global_sites=None, tilte
         check_invariants(out.server_state, list(sites.values()))
         posts = {}
         if local:
-            post = run(_LocalPosteriors(site, estimator, out.server_state.q, sites), rows, rounds=1, seed=seed,
-                       progress=False, batched=False, kind="client posteriors")
-            failed = {c: why for rec in post.history for c, why in rec.failed.items()}
-            if failed:
-                c, why = next(iter(failed.items()))
-                raise RuntimeError(f"federated_ep: client {c!r} could not form the posterior of its latents: {why}")
-            posts = {c: (np.asarray(r["mean"]), np.asarray(r["cov"])) for c, r in post.server_state.items()}
+            posts = posterior_round(_LocalPosteriors(site, estimator, out.server_state.q, sites), rows, seed=seed,
+                                    batched=batched, who="federated_ep")
     res = CustomEPResult(model=getattr(model, "__name__", "custom"), names=_names(shapes), clients=list(data.clients),
                          q=(out.server_state.q.r, out.server_state.q.Q), history=out.history,
                          rounds=len(out.history), converged=bool(out.converged),

@@ -288,3 +288,54 @@ def check_invariants(server: EPServerState, sites: Sequence[NaturalGaussian], *,
         raise AssertionError("global approximation differs from prior times sites")
     if not server.q.is_proper():
         raise AssertionError("global precision is not positive definite")
+
+
+class PosteriorRound(FederatedAlgorithm):
+    """One counted round after an EP fit in which every client forms its own posterior from
+    its committed site and the fitted ``q`` (its cavity ``q / site_k``, see
+    :func:`fractional_cavity`) and sends a mean and covariance. Subclasses implement
+    ``client_steps``; :meth:`cavities` gives them every client's cavity moments."""
+
+    reply_keys = ("mean", "cov")
+    per_client_fields = ("sites",)
+
+    def __init__(self, site, q: NaturalGaussian, sites: Mapping[Any, NaturalGaussian]):
+        self.site, self.q, self.sites = site, q, sites
+
+    def init_server(self, clients, rng):
+        return {}
+
+    def init_client(self, client, data, rng):
+        return self.sites[client]
+
+    def broadcast(self, server_state, client, round):
+        return {"r": self.q.r, "Q": self.q.Q}
+
+    def client_step(self, message, state, data, rng):
+        out = self.client_steps([message], [state], [data], [rng])[0]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    @staticmethod
+    def cavities(messages, states) -> tuple[np.ndarray, np.ndarray]:
+        """Stacked cavity means and covariances of the clients of one call."""
+        moments = [fractional_cavity(NaturalGaussian(np.asarray(m["r"]), np.asarray(m["Q"])), s)[0].moments()
+                   for m, s in zip(messages, states)]
+        return np.stack([m for m, _ in moments]), np.stack([C for _, C in moments])
+
+    def server_step(self, server_state, replies, round):
+        return dict(replies), {}
+
+
+def posterior_round(algorithm: PosteriorRound, data, *, seed: int, batched: bool, who: str) -> dict:
+    """Run ``algorithm`` for its one counted round ("client posteriors"); ``{client: (mean,
+    cov)}``, or a ``RuntimeError`` naming the first client that could not form its posterior."""
+    from ..federation import run
+
+    out = run(algorithm, data, rounds=1, seed=seed, progress=False, batched=batched, kind="client posteriors")
+    failed = {c: why for rec in out.history for c, why in rec.failed.items()}
+    if failed:
+        c, why = next(iter(failed.items()))
+        raise RuntimeError(f"{who}: client {c!r} could not form its posterior: {why}")
+    return {c: (np.asarray(r["mean"]), np.asarray(r["cov"])) for c, r in out.server_state.items()}
