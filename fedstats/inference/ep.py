@@ -187,9 +187,16 @@ class FederatedEP(FederatedAlgorithm):
             seeds = np.array([rngs[i].integers(2**63 - 1) for i in todo])
             # every device of a round gets the same broadcast stage (one estimator per call)
             est = self.stages[min(int(messages[todo[0]].get("stage", 0)), len(self.stages) - 1)]
+            # A skipped device's place is filled with a copy of the first (its result dropped),
+            # as the estimators pad a batch: the batch keeps the round's size, so a round in
+            # which some cavities are improper reuses the compiled kernels (a new batch size
+            # is a new compilation: 5 s for the hierarchical GLM's Laplace kernel).
+            fill = len(states) - len(todo)
+            stats = [states[i].stats for i in todo]
             try:
-                tilted = est.estimate(self.model, np.stack(cav_means), np.stack(cav_covs),
-                                      [states[i].stats for i in todo], seeds)
+                tilted = est.estimate(self.model, np.stack(cav_means + cav_means[:1] * fill),
+                                      np.stack(cav_covs + cav_covs[:1] * fill), stats + stats[:1] * fill,
+                                      np.r_[seeds, seeds[:1].repeat(fill)])[: len(todo)]
             except Exception as exc:  # noqa: BLE001 - reported per device by the runtime
                 tilted = [exc] * len(todo)
             for i, t in zip(todo, tilted):

@@ -82,8 +82,10 @@ def hierarchical_clients(K=8, seed=3):
 def test_staged_tilted_moments_run_laplace_then_importance():
     """``tilted="laplace+importance"`` (the default): Laplace rounds until converged, then
     importance rounds from there; the stage travels in the broadcast and history shows it.
-    Its answer agrees with importance sampling alone, and the Laplace stage alone is the
-    deterministic answer the importance stage refines."""
+    It reaches the EP fixed point that importance sampling alone reaches (both within 0.1
+    posterior sd of a long importance run: 2,048 draws, tolerance 0.01; the two stop on
+    either side of it, 0.09 to 0.13 sd apart on log tau over seeds), and the Laplace stage
+    alone does not (0.33 sd away): the importance stage is what corrects it."""
     data = hierarchical_clients()
     staged = HierarchicalGLM("binomial", standardize=False).fit(data, seed=0)
     stages = [rec.metrics["stage"] for rec in staged.history]
@@ -91,9 +93,17 @@ def test_staged_tilted_moments_run_laplace_then_importance():
     alone = HierarchicalGLM("binomial", standardize=False, tilted="importance").fit(data, seed=0)
     assert all("stage" not in rec.metrics for rec in alone.history)
     laplace = HierarchicalGLM("binomial", standardize=False, tilted="laplace").fit(data, seed=0)
-    q, qi, ql = staged._fitted_q(), alone._fitted_q(), laplace._fitted_q()
-    assert np.max(np.abs(q.mean - qi.mean) / qi.sd) < 0.1 and np.max(np.abs(np.log(q.sd / qi.sd))) < 0.1
-    # the importance stage moves the answer away from the Laplace one, towards importance alone
-    assert np.max(np.abs(q.mean - ql.mean) / ql.sd) > np.max(np.abs(q.mean - qi.mean) / qi.sd)
+    ref = HierarchicalGLM("binomial", standardize=False, tilted="importance", num_draws=2048, tol=0.01,
+                          rounds=60).fit(data, seed=1)
+    assert ref.converged
+    r = ref._fitted_q()
+
+    def gap(res):
+        q = res._fitted_q()
+        return np.max(np.abs(q.mean - r.mean) / r.sd), np.max(np.abs(np.log(q.sd / r.sd)))
+
+    for res in (staged, alone):
+        assert gap(res)[0] < 0.1 and gap(res)[1] < 0.1
+    assert gap(laplace)[0] > 0.2
     with pytest.raises(ValueError, match="tilted"):
         HierarchicalGLM("binomial", tilted="nuts").fit(data)
