@@ -232,13 +232,21 @@ class HierarchicalSite:
         init = (jnp.zeros((), jnp.int32), t, jnp.array(jnp.inf, t.dtype))
         return jax.lax.while_loop(lambda c: (c[0] < max_steps) & (c[2] > 1e-4), body, init)[1]
 
+    def prepare(self, stats):
+        """The statistics with the client's :meth:`_anchor` added (inside the compiled kernels,
+        once per client, before any loop over phi; never kept or sent)."""
+        t, P = self._anchor(stats)
+        return {**stats, "anchor": t, "anchor_curvature": P}
+
     def _anchor(self, stats):
         """The client's own coefficients under a vague ``N(0, 10^2)`` (the maximum likelihood
         estimate, kept finite under separation) and the likelihood's curvature there: a
-        Gaussian summary of its rows that depends on the rows only, so under ``vmap`` over
-        draws of phi it is computed once per client."""
+        Gaussian summary of its rows that depends on the rows only (:meth:`prepare` computes
+        it once per client)."""
         import jax.numpy as jnp
 
+        if "anchor" in stats:
+            return stats["anchor"], stats["anchor_curvature"]
         newton, curvature = self._newton(stats)
         zero = jnp.zeros(self.p)
         t = self._iterate(stats, newton, zero, zero, jnp.full(self.p, 0.01), self.max_steps)

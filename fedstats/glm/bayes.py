@@ -365,8 +365,9 @@ def _theta_modes(site):
 
     key = ("theta modes", site.cache_key())
     if key not in _COMPILED:
-        per_client = jax.vmap(site.theta_mode, in_axes=(0, 0, None))  # over one client's draws
-        _COMPILED[key] = jax.jit(jax.vmap(per_client))  # over clients
+        over_draws = jax.vmap(site.theta_mode, in_axes=(0, 0, None))  # one client's draws
+        # clients one after another (as the importance weights: each stops when its own draws converge)
+        _COMPILED[key] = jax.jit(lambda *args: jax.lax.map(lambda a: over_draws(a[0], a[1], site.prepare(a[2])), args))
     return _COMPILED[key]
 
 
