@@ -68,6 +68,32 @@ def test_the_inner_mode_from_the_anchor_is_the_mode(family, link, alpha):
         assert np.max(np.abs(grad)) < 1e-5 * max(1.0, float(np.max(np.abs(negH))))
 
 
+def test_both_forms_of_the_curvature_agree(monkeypatch):
+    """X' diag(c) X from the rows' outer products (few rows x coefficients^2) and as
+    X' (X * c) (the form for clients too large to keep the outer products): equal modes,
+    curvatures and collapsed log-likelihoods."""
+    import fedstats.glm._sites as sites
+
+    rng = np.random.default_rng(4)
+    p = 4
+    stats_rows = client_rows("poisson", rng, 120, p)
+    mus, log_taus = rng.normal(0, 1.0, (50, p)), rng.uniform(-3, 1, (50, p))
+
+    def evaluate():
+        site = HierarchicalSite("poisson", "log", 1.0, p, 128)
+        stats = site.client_stats(stats_rows)
+        with jax.enable_x64(True):
+            t, negH = jax.vmap(site.theta_mode, in_axes=(0, 0, None))(mus, log_taus, stats)
+            ll = jax.vmap(site.log_collapsed, in_axes=(0, None, None))(np.hstack([mus, log_taus]), None, stats)
+        return np.asarray(t), np.asarray(negH), np.asarray(ll)
+
+    assert 128 * p * p <= sites._OUTER_LIMIT
+    outer = evaluate()
+    monkeypatch.setattr(sites, "_OUTER_LIMIT", 0)
+    for a, b in zip(outer, evaluate()):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
 def hierarchical_clients(K=8, seed=3):
     rng = np.random.default_rng(seed)
     Xs, ys = [], []

@@ -348,3 +348,41 @@ def test_fast_adaptation_three_levels():
     # 240 intervals, correlated within a device: allow 0.06 around 0.9
     assert abs(np.mean(cover_q) - 0.9) < 0.06, np.mean(cover_q)
     assert np.mean(cover_0) < np.mean(cover_q) - 0.1, (np.mean(cover_0), np.mean(cover_q))
+
+
+def test_a_round_with_an_improper_cavity_keeps_its_batch_size():
+    """A device whose cavity is not positive definite sits the round out, and the estimator
+    still receives the round's whole batch (the others, padded with a copy of the first, as
+    the estimators pad): a new batch size would be a new compilation. The other devices'
+    replies equal those of a round without it."""
+    from dataclasses import replace
+
+    from fedstats.federation import SkipRound
+    from fedstats.inference.gaussian import NaturalGaussian
+    from fedstats.inference.tilted import ExactTilted
+
+    data = make_data(n=[40, 40, 40, 40, 40])
+    model = exact_model()
+    site = model._site(3)
+    sizes = []
+
+    class Spy(ExactTilted):
+        def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, **kw):
+            sizes.append(len(stats))
+            return super().estimate(model, cavity_mean, cavity_cov, stats, seeds, **kw)
+
+    alg = FederatedEP(site, model._prior(site), Spy())
+    sig = {f"c{k}": s for k, s in enumerate(SIGMA)}
+    devices = Devices(data, False, sig)
+    rngs = lambda: [np.random.default_rng(k) for k in range(5)]  # noqa: E731
+    datas = [devices[c] for c in data.clients]
+    states = [alg.init_client(c, d, r) for c, d, r in zip(data.clients, datas, rngs())]
+    msg = alg.broadcast(alg.init_server(data.clients, np.random.default_rng(0)), "c0", 0)
+    # c2's site is more precise than q: its cavity q / site is improper
+    states[2] = replace(states[2], site=NaturalGaussian(np.zeros(3), 2 * np.asarray(msg["Q"])))
+    out = alg.client_steps([msg] * 5, states, datas, rngs())
+    assert sizes == [5] and isinstance(out[2], SkipRound)
+    alone = alg.client_steps([msg] * 4, states[:2] + states[3:], datas[:2] + datas[3:], rngs()[:2] + rngs()[3:])
+    for a, b in zip([o for i, o in enumerate(out) if i != 2], alone):
+        for key in ("dr", "dQ"):
+            np.testing.assert_allclose(a[0][key], b[0][key], rtol=0, atol=1e-12)
