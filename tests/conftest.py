@@ -25,8 +25,8 @@ def _free_compiled_code():
     if "jax" in sys.modules:
         import jax
 
-        from fedstats.inference.tilted import _COMPILED
+        from fedstats.inference.tilted.kernels import KERNELS
 
-        _COMPILED.clear()
+        KERNELS.clear()
         jax.clear_caches()
         gc.collect()

@@ -330,7 +330,7 @@ class _ClientPosteriors(PosteriorRound):
         vectorised pass of Laplace modes over clients and draws."""
         import jax
 
-        from ..inference.tilted import _stack_stats
+        from ..inference.tilted.kernels import stack_stats
 
         p = self.site.p
         stats = [self.site.client_stats(d) for d in datas]
@@ -346,7 +346,7 @@ class _ClientPosteriors(PosteriorRound):
             phis.append(phi[r.choice(len(phi), size=m, p=w)])
         phis = np.stack(phis)
         with jax.enable_x64(True):
-            modes, negH = _theta_modes(self.site)(phis[..., :p], phis[..., p:], _stack_stats(stats, len(stats)))
+            modes, negH = _theta_modes(self.site)(phis[..., :p], phis[..., p:], stack_stats(stats, len(stats)))
         out = []
         for k in range(len(stats)):
             mk = np.asarray(modes[k])
@@ -361,14 +361,14 @@ def _theta_modes(site):
     the estimators' shared cache of kernels)."""
     import jax
 
-    from ..inference.tilted import _COMPILED
+    from ..inference.tilted.kernels import KERNELS
 
     key = ("theta modes", site.cache_key())
-    if key not in _COMPILED:
+    if key not in KERNELS:
         over_draws = jax.vmap(site.theta_mode, in_axes=(0, 0, None))  # one client's draws
         # clients one after another (as the importance weights: each stops when its own draws converge)
-        _COMPILED[key] = jax.jit(lambda *args: jax.lax.map(lambda a: over_draws(a[0], a[1], site.prepare(a[2])), args))
-    return _COMPILED[key]
+        KERNELS[key] = jax.jit(lambda *args: jax.lax.map(lambda a: over_draws(a[0], a[1], site.prepare(a[2])), args))
+    return KERNELS[key]
 
 
 @register

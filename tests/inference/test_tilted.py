@@ -188,7 +188,7 @@ def test_quasi_monte_carlo_draws_are_unbiased_and_less_noisy():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        from fedstats.inference.tilted import _normal_draws
+        from fedstats.inference.tilted.kernels import normal_draws
 
-        z = _normal_draws(np.random.default_rng(0), 250, 3, True)
+        z = normal_draws(np.random.default_rng(0), 250, 3, True)
     assert z.shape == (250, 3) and abs(z.mean()) < 0.05

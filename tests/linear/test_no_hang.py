@@ -52,7 +52,8 @@ def test_laplace_kernel_repeated_does_not_deadlock():
     # no call returned within 300 s); on 0.9.2 the 80 calls take about 10 s.
     out = run_script("""
         import numpy as np, jax
-        from fedstats.inference import tilted as T
+        from fedstats.inference.tilted.kernels import stack_stats
+        from fedstats.inference.tilted.laplace import laplace_fns
         from fedstats.linear._hm2_site import HM2Site
         rng = np.random.default_rng(0)
         site, B = HM2Site(d=10), 16
@@ -62,8 +63,8 @@ def test_laplace_kernel_repeated_does_not_deadlock():
             stats.append(site.stats_from(X, X @ np.ones(10) + 0.05 * rng.normal(size=100)))
         p = site.phi_dim
         x0 = np.stack([np.r_[np.zeros(p), site.init_local(s)[1]] for s in stats])
-        args = (x0, np.zeros((B, p)), np.broadcast_to(np.eye(p), (B, p, p)).copy(), T._stack_stats(stats, B))
-        f = jax.jit(jax.vmap(T._laplace_fns(site, 30)[1]))
+        args = (x0, np.zeros((B, p)), np.broadcast_to(np.eye(p), (B, p, p)).copy(), stack_stats(stats, B))
+        f = jax.jit(jax.vmap(laplace_fns(site, 30)[1]))
         with jax.enable_x64(True):
             for _ in range(80):
                 x = np.asarray(f(*args)[0])

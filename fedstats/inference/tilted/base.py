@@ -1,0 +1,140 @@
+"""The contract between a model and the tilted-moment estimators: what a model's EP site
+provides (:class:`SiteModel` and the optional capabilities some estimators use), what an
+estimator returns (:class:`TiltedResult`), and the estimator base class."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..gaussian import NaturalGaussian, chol_solve, cholesky, symmetrize
+
+#: one device's statistics: fixed-shape arrays by name (numpy outside a kernel, jax inside)
+Stats = dict[str, Any]
+
+
+@runtime_checkable
+class SiteModel(Protocol):
+    """What every estimator needs from a model's site (all jax functions pure).
+
+    ``stats`` is one device's dict of fixed-shape arrays (e.g. sufficient statistics, or its
+    rows padded to a common length), so that devices stack into a batch. ``phi`` has
+    ``phi_dim`` entries, the device's coefficients ``theta`` ``theta_dim``, its local
+    nuisances ``z`` (e.g. a log noise sd) ``local_dim``.
+    """
+
+    phi_dim: int
+    theta_dim: int
+    local_dim: int
+
+    def cache_key(self) -> tuple:
+        """Everything that determines the compiled kernels (structure and static options)."""
+        ...
+
+    def client_stats(self, data: Any) -> Stats:
+        """A device's statistics from its data (on the device)."""
+        ...
+
+    def log_collapsed(self, phi: Any, z: Any, stats: Stats) -> Any:
+        """``log p(Y_k | phi, z) + log p(z)`` with ``theta_k`` integrated out (jax scalar)."""
+        ...
+
+    def init_local(self, stats: Stats) -> tuple[np.ndarray, np.ndarray]:
+        """``(theta0, z0)``: starting values of the device's own variables for samplers."""
+        ...
+
+
+@runtime_checkable
+class AugmentedSite(SiteModel, Protocol):
+    """A site that also gives the joint with ``theta_k`` (``NUTSTilted(target="augmented")``)."""
+
+    def log_augmented(self, phi: Any, theta: Any, z: Any, stats: Stats) -> Any:
+        """``log p(Y_k | theta, z) + log p(theta | phi) + log p(z)`` (jax scalar)."""
+        ...
+
+
+@runtime_checkable
+class ExactSite(SiteModel, Protocol):
+    """A site exactly Gaussian in ``phi`` (``ExactTilted``)."""
+
+    def exact_site(self, stats: Stats) -> NaturalGaussian:
+        ...
+
+
+@runtime_checkable
+class GibbsSite(SiteModel, Protocol):
+    """A site with conditionals to sample ``theta_k`` and the locals exactly (``GibbsTilted``);
+    optionally ``invariant_direction()``, a direction of ``(phi, locals)`` along which the
+    target changes slowly, for an extra Metropolis move."""
+
+    mh_locals: int
+
+    def draw_theta(self, phi: Any, z: Any, stats: Stats, key: Any) -> Any:
+        ...
+
+    def draw_locals(self, phi: Any, theta: Any, z: Any, stats: Stats, key: Any) -> Any:
+        ...
+
+
+@runtime_checkable
+class PreparedSite(SiteModel, Protocol):
+    """A site with per-device quantities that depend on the statistics only: ``prepare`` adds
+    them, once per device inside each compiled kernel, before any loop or batch over phi
+    (``HierarchicalGLM``'s client estimate, the start of its inner Newton solves)."""
+
+    def prepare(self, stats: Stats) -> Stats:
+        ...
+
+
+@dataclass
+class TiltedResult:
+    """Moments of phi under one device's tilted distribution, and what produced them.
+
+    ``draws`` (when the estimator samples) maps ``"phi"``, ``"z"`` and possibly
+    ``"theta"`` to arrays with a leading draw axis; ``weights`` are normalised importance
+    weights (``None`` for equally weighted MCMC draws).
+    """
+
+    mean: np.ndarray
+    cov: np.ndarray
+    ok: bool = True
+    message: str = ""
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    draws: dict[str, np.ndarray] | None = None
+    weights: np.ndarray | None = None
+
+    def natural(self) -> NaturalGaussian:
+        """Natural parameters of N(mean, cov)."""
+        L = cholesky(self.cov)
+        Q = symmetrize(chol_solve(L, np.eye(self.mean.size)))
+        return NaturalGaussian(Q @ self.mean, Q)
+
+
+class TiltedEstimator(ABC):
+    """Base class: ``estimate`` maps a batch of cavities and device statistics to moments."""
+
+    name: str = "?"
+    sampled: bool = False  # whether results carry draws (and Monte-Carlo noise)
+
+    @abstractmethod
+    def estimate(
+        self,
+        model: SiteModel,
+        cavity_mean: np.ndarray,
+        cavity_cov: np.ndarray,
+        stats: list[dict[str, np.ndarray]],
+        seeds: np.ndarray,
+        *,
+        keep_draws: bool = False,
+    ) -> list[TiltedResult]:
+        """Tilted moments for B devices: ``cavity_mean`` (B, p), ``cavity_cov`` (B, p, p)."""
+
+    def check_model(self, model: SiteModel) -> None:
+        """Raise ``ValueError`` when this estimator cannot handle ``model`` (checked before a fit)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+

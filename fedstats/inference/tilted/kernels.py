@@ -1,0 +1,88 @@
+"""What the estimators share to run batches of devices in compiled kernels: the process's
+cache of compiled kernels, stacking and padding of a batch, normal draws (optionally
+quasi-random), and the model's per-device preparation."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from ..gaussian import symmetrize
+from .base import SiteModel, Stats
+
+
+def prepare_stats(model: SiteModel, stats: Stats) -> Stats:
+    """``model.prepare(stats)`` where the model has it (:class:`~.base.PreparedSite`), else
+    ``stats`` (inside a kernel)."""
+    return model.prepare(stats) if hasattr(model, "prepare") else stats
+
+
+class KernelCache(OrderedDict):
+    """Compiled kernels by key; beyond ``maxsize`` the least recently used one is dropped
+    (and its compiled code freed): every compiled kernel holds memory maps of JIT code, and a
+    process may hold only so many (65,530 by default on Linux; past that XLA crashes)."""
+
+    def __init__(self, maxsize: int):
+        super().__init__()
+        self.maxsize = int(maxsize)
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        self.move_to_end(key)
+        return value
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.maxsize:
+            self.popitem(last=False)
+
+
+# Compiled kernels, shared by every estimator instance in the process: a kernel depends on
+# the model's structure (``model.cache_key()``) and the estimator's static options only, so
+# repeated fits (studies, notebooks, tests) compile once.
+KERNELS = KernelCache(maxsize=32)
+
+
+def stack_stats(stats: list[dict[str, np.ndarray]], pad_to: int) -> dict[str, np.ndarray]:
+    """Stack per-device stats along a new leading axis, padding by repeating the first."""
+    keys = stats[0].keys()
+    padded = list(stats) + [stats[0]] * (pad_to - len(stats))
+    return {k: np.stack([np.asarray(s[k], dtype=float) for s in padded]) for k in keys}
+
+
+def pad_batch(a: np.ndarray, pad_to: int) -> np.ndarray:
+    """``a`` with its first entry repeated along the leading axis up to ``pad_to`` entries."""
+    if a.shape[0] == pad_to:
+        return a
+    return np.concatenate([a, np.repeat(a[:1], pad_to - a.shape[0], axis=0)])
+
+
+def bucket(b: int) -> int:
+    """Batch size rounded up to 1, 2, 4 or a multiple of 8: few distinct shapes (few
+    compilations) when participation varies, little padding when it does not (padded
+    devices are computed, so a single device must not pay for eight)."""
+    if b <= 4:
+        return 1 if b <= 1 else (2 if b == 2 else 4)
+    return -(-b // 8) * 8
+
+
+def normal_draws(rng: np.random.Generator, n: int, d: int, qmc: bool) -> np.ndarray:
+    """``n`` standard normal draws in ``d`` dimensions: pseudo-random, or a scrambled Sobol
+    sequence mapped through the normal quantile (randomised quasi-Monte Carlo: unbiased,
+    with much smaller errors for smooth integrands)."""
+    if not qmc:
+        return rng.standard_normal((n, d))
+    from scipy.stats import norm
+    from scipy.stats import qmc as _qmc
+
+    # the first n points of a scrambled base-2 sequence (still unbiased when n is not a power of 2)
+    u = _qmc.Sobol(d, scramble=True, seed=rng).random_base2(max(0, int(np.ceil(np.log2(max(n, 1))))))[:n]
+    return norm.ppf(np.clip(u, 1e-12, 1 - 1e-12))
+
+
+def cavity_precision(cavity_cov: np.ndarray) -> np.ndarray:
+    """The precision matrices of a batch of cavity covariances (B, p, p)."""
+    return np.stack([symmetrize(np.linalg.inv(symmetrize(c))) for c in cavity_cov])
+
