@@ -192,3 +192,21 @@ def test_quasi_monte_carlo_draws_are_unbiased_and_less_noisy():
 
         z = normal_draws(np.random.default_rng(0), 250, 3, True)
     assert z.shape == (250, 3) and abs(z.mean()) < 0.05
+
+
+def test_every_site_of_the_package_meets_the_site_protocol():
+    """The sites fedstats's models hand to the estimators provide every member of
+    ``SiteModel`` that the estimators and the EP engine call, and the optional capabilities
+    their estimators use (runtime protocol checks: member presence)."""
+    from fedstats.glm._sites import HierarchicalSite, SharedSite
+    from fedstats.inference.tilted import AugmentedSite, ExactSite, GibbsSite, PreparedSite, SiteModel
+    from fedstats.linear._hm2_site import HM2Site
+    from fedstats.linear._shrinkage_site import ShrinkageSite
+
+    hm2, lasso = HM2Site(d=3), ShrinkageSite(d=3)
+    glm, hier = SharedSite("binomial", "logit", 1.0, 3, 16), HierarchicalSite("binomial", "logit", 1.0, 3, 16)
+    assert all(isinstance(s, SiteModel) for s in (hm2, lasso, glm, hier))
+    assert isinstance(hm2, ExactSite) and isinstance(hm2, AugmentedSite)   # exact, NUTS on (phi, theta)
+    assert isinstance(lasso, GibbsSite) and isinstance(lasso, AugmentedSite)
+    assert isinstance(hier, PreparedSite) and not isinstance(glm, PreparedSite)
+    assert not isinstance(glm, ExactSite) and not isinstance(object(), SiteModel)
