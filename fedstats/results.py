@@ -407,7 +407,7 @@ class FederatedResult:
         ``global`` (dims ``chain, draw, global_parameter``) and ``local``, every client's own
         parameters (``chain, draw, client, parameter``), as far as the model has them; ``n`` seeded draws in one chain
         (weighted draws resampled by weight). :class:`NoPosteriorError` without any."""
-        from .inference.posterior import _to_inference_data
+        from .inference.arviz_export import to_inference_data
 
         rng = np.random.default_rng(seed)
         variables, coords, dims = {}, {}, {}
@@ -432,7 +432,7 @@ class FederatedResult:
             dims["local"] = ["client", "parameter"]
         if not variables:
             raise NoPosteriorError(self._no_posterior("global") + "; " + self._no_posterior("client"))
-        return _to_inference_data(variables, coords=coords, dims=dims)
+        return to_inference_data(variables, coords=coords, dims=dims)
 
     def save(self, path) -> Path:
         """Write the result to ``path``: a zip of JSON and arrays that :meth:`load` reads back
