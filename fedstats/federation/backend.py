@@ -20,7 +20,7 @@ import functools
 from contextlib import contextmanager
 from typing import Any
 
-from .runner import _BACKEND
+from .runner import BACKEND
 
 __all__ = ["use_backend", "current_backend", "accepts_backend"]
 
@@ -28,7 +28,7 @@ __all__ = ["use_backend", "current_backend", "accepts_backend"]
 def _resolve(backend: Any) -> tuple[Any, bool]:
     """``(session or None, created here)``."""
     if backend is None:
-        return _BACKEND.get(), False
+        return BACKEND.get(), False
     if isinstance(backend, str):
         if backend == "inprocess":
             return None, False
@@ -59,11 +59,11 @@ def use_backend(backend: Any):
     True
     """
     session, owned = _resolve(backend)
-    token = _BACKEND.set(session)
+    token = BACKEND.set(session)
     try:
         yield session
     finally:
-        _BACKEND.reset(token)
+        BACKEND.reset(token)
         if owned:
             session.close()
 
@@ -71,7 +71,7 @@ def use_backend(backend: Any):
 def current_backend() -> Any:
     """The session that runs the client side of :func:`~fedstats.federation.run` now
     (``None``: this process)."""
-    return _BACKEND.get()
+    return BACKEND.get()
 
 
 def accepts_backend(method):

@@ -73,7 +73,7 @@ import numpy as np
 
 from ..data import DataError, FederatedData
 from .protocol import ClientDisconnected, ClientId, FederatedAlgorithm, ProtocolError, SkipRound, validate_message
-from .runner import _describe_exc, _Outcome, checked_step, client_rng
+from .runner import describe_exc, Outcome, checked_step, client_rng
 
 try:
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -332,7 +332,7 @@ class _Node:
                                                                            init=True))
                 rec["state"] = dumps(state)
             except Exception as exc:  # noqa: BLE001 - reported to the server, which stops the run
-                return self._answer(message, {"status": "init-failed", "error": _describe_exc(exc)})
+                return self._answer(message, {"status": "init-failed", "error": describe_exc(exc)})
             context.state[key] = ConfigRecord(rec)
         if key not in context.state:
             return self._answer(message, {"status": "failed", "error": "ProtocolError: this node holds no state "
@@ -365,7 +365,7 @@ class _Node:
         except SkipRound:
             return "skipped", "", None
         except Exception as exc:  # noqa: BLE001 - a failing client is recorded, its state unchanged
-            return "failed", _describe_exc(exc), None
+            return "failed", describe_exc(exc), None
         rec["state"] = new_state
         return "ok", "", reply
 
@@ -480,7 +480,7 @@ class _FlowerClients:
                     if status == "ok" and config.get("send", False):
                         cfg["state"] = bytes(cfg["state"])
                 except Exception as exc:  # noqa: BLE001
-                    out[c] = f"ProtocolError: malformed answer from the node ({_describe_exc(exc)})"
+                    out[c] = f"ProtocolError: malformed answer from the node ({describe_exc(exc)})"
                     continue
                 if status == "init-failed":
                     raise RuntimeError(f"client {c!r} could not start the run on its node: {cfg.get('error')}")
@@ -537,17 +537,17 @@ class _FlowerClients:
             c = self.ids[i]
             reply = got[c]
             if isinstance(reply, str):
-                outcomes.append(_Outcome(failed=reply))
+                outcomes.append(Outcome(failed=reply))
             elif reply["status"] == "skipped":
-                outcomes.append(_Outcome(skipped=True))
+                outcomes.append(Outcome(skipped=True))
             elif reply["status"] != "ok":
-                outcomes.append(_Outcome(failed=str(reply.get("error", "failed"))))
+                outcomes.append(Outcome(failed=str(reply.get("error", "failed"))))
             else:
                 try:  # the server checks again: it does not trust the node's check
-                    outcomes.append(_Outcome(reply=validate_message(reply["reply"], self.algorithm.reply_keys,
+                    outcomes.append(Outcome(reply=validate_message(reply["reply"], self.algorithm.reply_keys,
                                                                     who=f"client {c!r}")))
                 except ProtocolError as exc:
-                    outcomes.append(_Outcome(failed=_describe_exc(exc)))
+                    outcomes.append(Outcome(failed=describe_exc(exc)))
         return outcomes, None
 
     def close(self) -> None:

@@ -74,6 +74,7 @@ from .protocol import (
     message_nbytes,
     validate_message,
 )
+from .. import streams
 from ..results import register
 
 __all__ = ["run", "RunResult", "History", "RoundRecord", "Communication"]
@@ -83,11 +84,8 @@ CHECKPOINT_FORMAT = 1
 
 #: the backend that runs the client side of :func:`run` (``None``: this process); set by
 #: :func:`fedstats.federation.use_backend`
-_BACKEND: ContextVar[Any] = ContextVar("fedstats_backend", default=None)
+BACKEND: ContextVar[Any] = ContextVar("fedstats_backend", default=None)
 
-# Seed-sequence tag used for initialisation streams. It is out of the range of round
-# numbers (``rounds`` must stay below it), so init streams never collide with round ones.
-_INIT_TAG = 2**31 - 1
 
 
 # --------------------------------------------------------------------------- records
@@ -290,7 +288,7 @@ class RunResult:
 # --------------------------------------------------------------------------- helpers
 
 
-def _describe_exc(exc: BaseException) -> str:
+def describe_exc(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -327,7 +325,7 @@ def _client_list(data: Any) -> tuple[list[ClientId], Callable[[ClientId], Any]]:
 
 
 def _round_rng(seed: int, rnd: int) -> np.random.Generator:
-    return np.random.default_rng([seed, rnd, 0])
+    return streams.stream(seed, rnd, streams.PARTICIPATION)
 
 
 # --------------------------------------------------------------------------- participation
@@ -410,7 +408,7 @@ class _Participation:
 # --------------------------------------------------------------------------- client side
 
 
-class _Outcome:
+class Outcome:
     __slots__ = ("reply", "failed", "skipped")
 
     def __init__(self, reply: Message | None = None, failed: str | None = None, skipped: bool = False):
@@ -423,7 +421,7 @@ def client_rng(seed: int, rnd: int, index: int, init: bool = False) -> np.random
     Every backend derives a client's randomness from this function alone, which is what
     makes a run on Flower equal the in-process run.
     """
-    return np.random.default_rng([seed, _INIT_TAG, 1, index] if init else [seed, rnd, 1, index])
+    return streams.stream(seed, *((streams.INIT, streams.CLIENT, index) if init else (rnd, streams.CLIENT, index)))
 
 
 def checked_step(algorithm: FederatedAlgorithm, client: ClientId, result: Any) -> tuple[Message, Any]:
@@ -468,19 +466,19 @@ class _Devices:
 
     final_states = states
 
-    def _accept(self, i: int, result: Any) -> _Outcome:
+    def _accept(self, i: int, result: Any) -> Outcome:
         """Check one client's result; commit its new state only if the reply is valid."""
         c = self.ids[i]
         if isinstance(result, BaseException):
             if isinstance(result, SkipRound):
-                return _Outcome(skipped=True)
-            return _Outcome(failed=_describe_exc(result))
+                return Outcome(skipped=True)
+            return Outcome(failed=describe_exc(result))
         try:
             clean, new_state = checked_step(self.algorithm, c, result)
         except ProtocolError as exc:
-            return _Outcome(failed=_describe_exc(exc))
+            return Outcome(failed=describe_exc(exc))
         self._states[c] = new_state
-        return _Outcome(reply=clean)
+        return Outcome(reply=clean)
 
     def _loop(self, rnd: int, idx: list[int], messages: Mapping[int, Message]) -> list[Any]:
         out: list[Any] = []
@@ -496,7 +494,7 @@ class _Devices:
 
     def run_round(
         self, rnd: int, idx: list[int], messages: Mapping[int, Message], batched: bool
-    ) -> tuple[list[_Outcome], str | None]:
+    ) -> tuple[list[Outcome], str | None]:
         if not idx:
             return [], None
         fallback = None
@@ -513,7 +511,7 @@ class _Devices:
                     got = len(results) if isinstance(results, Sequence) else type(results).__name__
                     raise ProtocolError(f"client_steps returned {got} results for {len(idx)} clients")
             except Exception as exc:  # noqa: BLE001 - fall back to one client at a time
-                fallback = _describe_exc(exc)
+                fallback = describe_exc(exc)
                 results = None
         if results is None:
             # fresh rngs: the failed batched call may have consumed the ones it was given
@@ -588,7 +586,7 @@ def _read_checkpoint(path: str) -> dict:
         with open(path, "rb") as f:
             payload = pickle.load(f)
     except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"could not read checkpoint {path!r}: {_describe_exc(exc)}") from exc
+        raise ValueError(f"could not read checkpoint {path!r}: {describe_exc(exc)}") from exc
     if not isinstance(payload, dict) or "format" not in payload:
         raise ValueError(f"{path!r} is not a fedstats checkpoint")
     if payload["format"] != CHECKPOINT_FORMAT:
@@ -768,8 +766,8 @@ def run(
     if not _is_int(rounds) or rounds < 1:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     rounds = int(rounds)
-    if rounds >= _INIT_TAG:
-        raise ValueError(f"rounds must be below {_INIT_TAG}")
+    if rounds >= streams.INIT:
+        raise ValueError(f"rounds must be below {streams.INIT}")
     if not _is_int(seed) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     seed = int(seed)
@@ -794,7 +792,7 @@ def run(
     ids, get = _client_list(data)
     plan = _Participation(participation, ids, rounds)
     fingerprint = _fingerprint(algorithm, ids, seed, plan)
-    backend = _BACKEND.get()
+    backend = BACKEND.get()
     devices = _Devices(algorithm, ids, get, seed) if backend is None else backend.client_side(algorithm, ids, data, seed)
     try:
         out = _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, checkpoint,
@@ -833,7 +831,7 @@ def _run(algorithm, devices, ids, plan, fingerprint, seed, rounds, progress, che
         comm: Communication = saved["communication"]
         start = completed
     else:
-        server_state = algorithm.init_server(list(ids), np.random.default_rng([seed, _INIT_TAG]))
+        server_state = algorithm.init_server(list(ids), streams.stream(seed, streams.INIT))
         devices.init_states()
         history = History()
         comm = Communication(per_client={c: {"bytes_up": 0, "bytes_down": 0} for c in ids})

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .. import streams
 from ..data import require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import History, run
@@ -397,7 +398,7 @@ class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
             return q
         p = len(self.names)
         A, c = self.scaling.coef_map()
-        phi = q.sample(20000, seed=np.random.default_rng([self.seed, 13]))
+        phi = q.sample(20000, seed=streams.stream(self.seed, streams.SCALE_MAP))
         tau = np.exp(phi[:, p:]) @ (A**2).T
         return SamplePosterior(np.column_stack([phi[:, :p] @ A.T + c, np.log(tau)]), names=self.phi_names)
 

@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 from scipy.spatial import cKDTree
 
+from .. import streams
 from ..data import DataError, FederatedData, require_target
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
@@ -49,7 +50,6 @@ __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_
 SAMPLERS = ("uniform", "nearest")
 OPTIMIZERS = ("adam", "sgd")
 SPACES = ("constrained", "raw", "log")
-_DRAW_TAG = 0x6770  # seed-sequence tag of the with-replacement participant draws
 
 
 # --------------------------------------------------------------------------- server helpers
@@ -59,7 +59,7 @@ def draw_participants(seed: int, round: int, p: np.ndarray, k: int) -> np.ndarra
     """Multiplicities of the K clients in round ``round``: ``k`` draws with replacement from
     Categorical(p) (spec §2.2a). A pure function of ``(seed, round)``, so that the
     participation callable and the server step agree without sharing state."""
-    rng = np.random.default_rng([seed, round, _DRAW_TAG])
+    rng = streams.stream(seed, round, streams.FGPR_DRAWS)
     return np.bincount(rng.choice(len(p), size=k, replace=True, p=p), minlength=len(p))
 
 

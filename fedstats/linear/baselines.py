@@ -24,7 +24,7 @@ import numpy as np
 from ..data import require_target
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
-from ..federation.runner import _INIT_TAG  # init_server's seed stream: Separate starts where HM1 starts
+from .. import streams  # init_server's stream: Separate starts where HM1 starts
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..results import counted
 from ._local import (INITS, LR, REDUCTIONS, DeviceDesign, PointResult, coefficient_names,
@@ -82,7 +82,7 @@ class Separate(_GDOptions):
         devices, clients, names, lr = _common(self, data)
         d, K = len(names), len(clients)
         # the same initial Theta as HM1 under the same seed (runner's init stream)
-        theta0 = initial_theta(self.init, d, K, np.random.default_rng([seed, _INIT_TAG]))
+        theta0 = initial_theta(self.init, d, K, streams.stream(seed, streams.INIT))
         alg = _SeparateFit(self.method, theta0, seed=seed, steps=self.rounds * self.local_steps, lr=lr,
                            batch_size=self.batch_size, reduction=self.grad_reduction)
         out = run(alg, devices, kind="local fits", rounds=1, seed=seed, progress=False)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .. import streams
 from ..federation.backend import accepts_backend
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
@@ -222,7 +223,7 @@ class HierarchicalResult(EPLinearResult):
         names = [f"mu[{n}]" for n in self.feature_names]
         if self.site.tau_kind == "known":
             return q.affine(A, c, names=names)
-        phi = q.sample(20000, seed=np.random.default_rng([self.seed, 13]))
+        phi = q.sample(20000, seed=streams.stream(self.seed, streams.SCALE_MAP))
         mu = phi[:, :d] @ A.T + c
         tau = np.exp(phi[:, d:])
         tau = np.broadcast_to(tau, (len(phi), d)) @ (A**2).T

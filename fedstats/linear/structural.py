@@ -544,7 +544,7 @@ class StructuralCovarianceModel(Estimator):
         The reference that the federated fit must equal (full-batch steps, everyone taking
         part) and the baseline of ``benchmarks/hm1.py``. ``converged``, ``tol`` and
         ``stop_early`` work as in :meth:`fit` (no history is kept)."""
-        from ..federation.runner import _INIT_TAG
+        from .. import streams
 
         if self.batch_size is not None or self.participation != 1.0:
             raise ValueError("fit_centralised runs full-batch steps with every device taking part")
@@ -560,7 +560,7 @@ class StructuralCovarianceModel(Estimator):
         shrink = np.array([shrink_for(self.shrink_scale, X, y, c, self.local_steps, None, self.grad_reduction)
                            for (X, y), c in zip(Xs, clients)])
         theta = (np.array(theta_init, dtype=float) if theta_init is not None
-                 else initial_theta(self.init, len(names), K, np.random.default_rng([seed, _INIT_TAG])))
+                 else initial_theta(self.init, len(names), K, streams.stream(seed, streams.INIT)))
         omega = np.eye(K) if opts["omega"] is None else opts["omega"]
         metrics, done = {}, 0
         for _ in range(int(self.rounds)):

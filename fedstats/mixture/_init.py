@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import streams
 from ..data import DataError
 from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
@@ -191,7 +192,7 @@ def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed)
         raise DataError(f"the federated k-means start got {centres.shape[0]} local centres (each the mean of at "
                         f"least d + 1 = {min_size} rows of one client), fewer than n_components={M}; "
                         "give means_init or fewer components")
-    srng = np.random.default_rng([seed, 7919])
+    srng = streams.stream(seed, streams.MIXTURE_START)
     g = np.average(centres, axis=0, weights=sizes)
     cands = np.stack([kmeans(centres - g, M, srng, sizes)[0] + g for _ in range(n_init)])
     reps, _ = one_shot(data, ("N", "S1", "S2"), {"candidates": cands, "cov_type": ct}, _hard_stats, seed=seed,

@@ -975,3 +975,16 @@ def test_counting_adds_up_every_run_by_kind_and_nests():
     for client, per in total.per_client.items():
         assert per["bytes_up"] == sum(r.communication.per_client[client]["bytes_up"] for r in (a, b, c))
     assert list(total.breakdown().index) == ["FedMean", "one-off"]
+
+
+def test_random_streams_are_named_distinct_and_stable():
+    """Every seeded stream tag lives in fedstats.streams under a name; the tags differ, and
+    the layout of the runner's streams is the documented one (a change would change every
+    seeded result and break equality with results saved earlier)."""
+    from fedstats import streams
+    from fedstats.federation.runner import client_rng
+
+    tags = {k: v for k, v in vars(streams).items() if k.isupper() and isinstance(v, int)}
+    assert len(tags) >= 6 and len(set(tags.values())) == len(tags)
+    assert client_rng(5, 3, 2).random() == np.random.default_rng([5, 3, 1, 2]).random()
+    assert client_rng(5, 3, 2, init=True).random() == np.random.default_rng([5, 2**31 - 1, 1, 2]).random()
