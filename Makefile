@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-deployment bench install clean
+.PHONY: demo test test-slow test-deployment bench install clean lint
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/fedstats demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check fedstats tests benchmarks examples
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
     if nuts:
         md.append(f"| federated EP, NUTS tilted moments ({nuts['rounds']} rounds) | {nuts['seconds']:.1f} | "
                   f"{nuts['seconds'] / t_ep:.1f} |")
-    md += ["", f"Accuracy against pooled NUTS (max |mean diff| / sd; sd ratio range):",
+    md += ["", "Accuracy against pooled NUTS (max |mean diff| / sd; sd ratio range):",
            f"- EP, importance: {out['max_abs_mean_diff_over_sd']}; [{out['sd_ratio_min']}, {out['sd_ratio_max']}]"]
     if nuts:
         md.append(f"- EP, NUTS: {nuts['max_abs_mean_diff_over_sd']}; [{nuts['sd_ratio_min']}, {nuts['sd_ratio_max']}]")

@@ -43,6 +43,7 @@ import pandas as pd
 MODELS = ("hm2", "lasso", "ridge", "hm1", "fgpr", "gmm", "glm", "bglm", "hglm")
 GLMS = ("glm", "bglm", "hglm")
 from .glm._design import SPECIAL as GLM_ROLES  # noqa: E402 - the GLMs' column roles, one list
+
 MIN_ROWS = 3
 
 

@@ -52,8 +52,13 @@ def fit_all(out, data, gm, df):
     from fedstats.gp import FGPR
     from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
     from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
-    from fedstats.mixture import (FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture,
-                                  VariationalGaussianMixture, ring_graph)
+    from fedstats.mixture import (
+        FEMOMD,
+        DecentralizedGaussianMixture,
+        FederatedGaussianMixture,
+        VariationalGaussianMixture,
+        ring_graph,
+    )
     from fedstats.mixture.regret import MixtureStream
 
     with warnings.catch_warnings():

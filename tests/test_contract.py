@@ -12,8 +12,13 @@ import pandas as pd
 import pytest
 from fitted_models import MODELS
 
-from fedstats.results import (CLIENT_SUMMARY_COLUMNS, PREDICT_COLUMNS, SUMMARY_COLUMNS, NoPosteriorError,
-                              UnknownClientError)
+from fedstats.results import (
+    CLIENT_SUMMARY_COLUMNS,
+    PREDICT_COLUMNS,
+    SUMMARY_COLUMNS,
+    NoPosteriorError,
+    UnknownClientError,
+)
 
 # "fem-omd" is the online model itself (partial_fit / played / result), not a fitted result:
 # its result is "fem-omd-result", checked here like every other.

@@ -14,9 +14,8 @@ from fedstats.estimator import Estimator
 from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
 from fedstats.gp import FGPR
 from fedstats.linear import BayesianLasso, BayesianRidge, BayesianShrinkage, StructuralCovarianceModel
-from fedstats.linear.baselines import Ditto, DistributedRidge, FedAvg, PooledOracle, Separate
-from fedstats.mixture import (FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture,
-                              VariationalGaussianMixture)
+from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, PooledOracle, Separate
+from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture, VariationalGaussianMixture
 
 MODELS = {
     "hm2": lambda: HierarchicalLinearModel(rounds=3, tau="iso"),

@@ -12,9 +12,10 @@ import zipfile
 import numpy as np
 import pandas as pd
 import pytest
+from fitted_models import MODELS
 
 from fedstats.results import _REGISTRY, ResultFileError, load_result, save_result
-from fitted_models import MODELS
+
 
 def same(a, b, where="state"):
     """Deep equality of two decoded states (arrays bit for bit, NaN equal to NaN)."""

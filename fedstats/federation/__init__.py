@@ -14,17 +14,17 @@
   ``fedstats[flower]``). Every model's ``fit`` takes ``backend=`` too.
 """
 
+from .backend import current_backend, use_backend
 from .protocol import (
     ClientDisconnected,
     FederatedAlgorithm,
     Message,
     ProtocolError,
     SkipRound,
-    message_nbytes,
     client_function,
+    message_nbytes,
     validate_message,
 )
-from .backend import current_backend, use_backend
 from .runner import Communication, History, Ledger, RoundRecord, RunResult, counting, round_lines, run
 
 __all__ = [

@@ -73,7 +73,7 @@ import numpy as np
 
 from ..data import DataError, FederatedData
 from .protocol import ClientDisconnected, ClientId, FederatedAlgorithm, ProtocolError, SkipRound, validate_message
-from .runner import describe_exc, Outcome, checked_step, client_rng
+from .runner import Outcome, checked_step, client_rng, describe_exc
 
 try:
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict

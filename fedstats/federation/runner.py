@@ -61,10 +61,12 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import streams
+from ..results import register
 from .protocol import (
     ClientId,
     FederatedAlgorithm,
@@ -74,8 +76,9 @@ from .protocol import (
     message_nbytes,
     validate_message,
 )
-from .. import streams
-from ..results import register
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["run", "RunResult", "History", "RoundRecord", "Communication"]
 

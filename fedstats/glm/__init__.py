@@ -10,9 +10,9 @@
   binomial) and links.
 """
 
+from .bayes import BayesianGLM, BayesianGLMResult, HierarchicalGLM, HierarchicalGLMResult
 from .families import FAMILIES, LINKS, family_of
 from .frequentist import FederatedGLM, GLMConvergenceWarning, GLMResult, SeparationError
-from .bayes import BayesianGLM, BayesianGLMResult, HierarchicalGLM, HierarchicalGLMResult
 
 __all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning", "BayesianGLM", "BayesianGLMResult",
            "HierarchicalGLM", "HierarchicalGLMResult", "FAMILIES", "LINKS", "family_of"]

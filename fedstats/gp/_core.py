@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import gpytorch
 import numpy as np
-import pandas as pd
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from scipy import stats as sst
+
 from ..results import prediction_frame, register
 
 KERNELS = ("rbf", "matern")

@@ -38,12 +38,25 @@ from scipy.spatial import cKDTree
 
 from .. import streams
 from ..data import DataError, FederatedData, require_target
+from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
-from ._core import (BatchGP, HyperSpec, adam_update, band_frame, hyper_to_numpy, posterior, raw_tensors, resolve_device,
-                    resolve_dtype, sgd_lr, single_model, small_work, fit_mle_sum)
-from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..results import FederatedResult, UnknownClientError, check_level, counted, register
+from ._core import (
+    BatchGP,
+    HyperSpec,
+    adam_update,
+    band_frame,
+    fit_mle_sum,
+    hyper_to_numpy,
+    posterior,
+    raw_tensors,
+    resolve_device,
+    resolve_dtype,
+    sgd_lr,
+    single_model,
+    small_work,
+)
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
 

@@ -15,12 +15,20 @@ if _JAXLIB.startswith(DEADLOCKING_JAXLIB):
         "vectorised fits (from about 9 predictors; fixed upstream by jax-ml/jax 859992407d): install "
         "jaxlib 0.9.2 (constraints.txt) or a release after 0.11.0", RuntimeWarning, stacklevel=2)
 
-from .ep import EPClientState, EPServerState, FederatedEP, RowsEP, check_invariants
 from .custom import federated_ep
+from .ep import EPClientState, EPServerState, FederatedEP, RowsEP, check_invariants
 from .gaussian import NaturalGaussian, NotPositiveDefinite, is_pd
 from .posterior import GaussianPosterior, Posterior, SamplePosterior
-from .tilted import (ExactTilted, ImportanceTilted, LaplaceTilted, NUTSTilted, SiteModel, TiltedEstimator,
-                     TiltedResult, make_estimator)
+from .tilted import (
+    ExactTilted,
+    ImportanceTilted,
+    LaplaceTilted,
+    NUTSTilted,
+    SiteModel,
+    TiltedEstimator,
+    TiltedResult,
+    make_estimator,
+)
 
 __all__ = [
     "EPClientState", "EPServerState", "FederatedEP", "RowsEP", "check_invariants", "federated_ep", "NaturalGaussian",

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from ..federation.protocol import FederatedAlgorithm, Message, SkipRound
+from ..results import register
 from .gaussian import NaturalGaussian
 from .tilted import SiteModel, TiltedEstimator, TiltedResult
-from ..results import register
 
 
 @register

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg as sla
+
 from ..results import register
 
 

@@ -3,8 +3,7 @@ ridge, fitted by federated EP; HM1 (a multi-task model that learns the covarianc
 devices, Algorithm 1); and the baselines of fedstats.linear.baselines."""
 
 from .hierarchical import HierarchicalLinearModel, HierarchicalResult
-from .shrinkage import (BayesianLasso, BayesianRidge, BayesianShrinkage, CentralisedShrinkageResult,
-                        ShrinkageResult)
+from .shrinkage import BayesianLasso, BayesianRidge, BayesianShrinkage, CentralisedShrinkageResult, ShrinkageResult
 from .structural import StructuralCovarianceModel, StructuralResult
 
 __all__ = ["HierarchicalLinearModel", "HierarchicalResult", "BayesianShrinkage", "BayesianLasso", "BayesianRidge",

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from ..results import register
 
 
@@ -168,7 +169,7 @@ class HM2Site:
 
     def exact_site(self, stats):
         """The Gaussian site in mu when tau and sigma are known (phi = mu)."""
-        from ..inference.gaussian import NaturalGaussian, cholesky, chol_solve
+        from ..inference.gaussian import NaturalGaussian, chol_solve, cholesky
 
         if not (self.tau_kind == "known" and self.sigma_known):
             raise TypeError("the exact site needs phi = mu with tau and sigma known")

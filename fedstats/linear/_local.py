@@ -20,7 +20,6 @@ from ..estimator import OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..results import FederatedResult, check_level, prediction_frame, register
 
-
 REDUCTIONS = ("sum", "mean")
 #: A step size: "auto" or a number > 0 (the constraint of every gradient model's ``lr``).
 LR = OneOf("auto") | Real(0, closed=(False, True))

@@ -21,14 +21,25 @@ import time
 
 import numpy as np
 
+from .. import streams  # init_server's stream: Separate starts where HM1 starts
 from ..data import require_target
+from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
-from .. import streams  # init_server's stream: Separate starts where HM1 starts
-from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..results import counted
-from ._local import (INITS, LR, REDUCTIONS, DeviceDesign, PointResult, coefficient_names,
-                     federated_lr, full_batch, full_batch_steps, initial_theta, local_steps)
+from ._local import (
+    INITS,
+    LR,
+    REDUCTIONS,
+    DeviceDesign,
+    PointResult,
+    coefficient_names,
+    federated_lr,
+    full_batch,
+    full_batch_steps,
+    initial_theta,
+    local_steps,
+)
 
 
 def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:

@@ -33,15 +33,15 @@ import numpy as np
 import pandas as pd
 
 from .. import streams
+from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
 from ..federation.backend import accepts_backend
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
+from ..results import counted, register
 from ._ep_model import EPLinearResult, coefficient_posterior, fit_ep, log_scale_rows, no_p_value
 from ._ep_model import normal_pair as _normal_pair
 from ._hm2_site import HM2Site
-from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
-from ..results import counted, register
 
 
 def _positive(v) -> bool:

@@ -25,18 +25,18 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
+from ..data import as_federated
+from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
 from ..federation.backend import accepts_backend
 from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
-from ._ep_model import EPLinearResult, design_matrix, fit_ep, log_scale_rows, no_p_value, normal_pair, draws_prediction
+from ..results import FederatedResult, NoPosteriorError, check_level, counted, register
+from ._ep_model import EPLinearResult, design_matrix, draws_prediction, fit_ep, log_scale_rows, no_p_value, normal_pair
 from ._scaling import federated_scaling
 from ._shrinkage_site import ShrinkageSite
-from ..data import as_federated
-from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
-from ..results import FederatedResult, NoPosteriorError, check_level, counted, register
 
 
 @register

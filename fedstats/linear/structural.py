@@ -79,22 +79,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from ..data import require_target
 import pandas as pd
 from scipy import linalg as sla
 from scipy import stats as sst
 
-from ..federation import Communication, FederatedAlgorithm, run
-from ..federation.runner import record
-from ..federation.backend import accepts_backend
-from ..inference.posterior import GaussianPosterior
-from ._local import (INITS, LR, REDUCTIONS, DeviceDesign, PointResult, coefficient_names,
-                     federated_lr, full_batch, full_batch_steps, initial_theta, local_steps,
-                     resolve_lr)
+from ..data import require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
+from ..federation import Communication, FederatedAlgorithm, run
+from ..federation.backend import accepts_backend
+from ..federation.runner import record
+from ..inference.posterior import GaussianPosterior
 from ..results import NoPosteriorError, check_level, counted, prediction_frame, register
-
+from ._local import (
+    INITS,
+    LR,
+    REDUCTIONS,
+    DeviceDesign,
+    PointResult,
+    coefficient_names,
+    federated_lr,
+    full_batch,
+    full_batch_steps,
+    initial_theta,
+    local_steps,
+    resolve_lr,
+)
 
 # --------------------------------------------------------------------------- numerics
 

@@ -305,7 +305,7 @@ def cmapss_run(path=None, *, sensor: int = 2, seed: int = 0, scaling: str = "own
     the 100 engines' test segments. Returns the A-RMSE per method and the chosen options."""
     from ..datasets.cmapss import load_cmapss
     from ._local import auto_lr
-    from .baselines import Ditto, DistributedRidge, FedAvg, Separate
+    from .baselines import DistributedRidge, Ditto, FedAvg, Separate
     from .structural import StructuralCovarianceModel
 
     g = {**CMAPSS_GRIDS, **(grids or {})}

@@ -37,14 +37,14 @@ import pandas as pd
 from scipy import stats
 from scipy.special import digamma, gammaln
 
-from ..federation.protocol import client_function
-from ..inference import SamplePosterior
-from ._gmm import cov_shape, full_covariances, m_step, precision_cholesky
 from ..estimator import MAPPING, NONE, Real
 from ..federation import run
 from ..federation.backend import accepts_backend
+from ..federation.protocol import client_function
+from ..inference import SamplePosterior
 from ..results import counted, register
 from ._common import SERVER_CONSTRAINTS, MixtureEstimator, as_federated, check_failures, without_lost
+from ._gmm import cov_shape, full_covariances, m_step, precision_cholesky
 from .fedem import FedEMAlgorithm, MixtureResult
 
 _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count

@@ -27,16 +27,16 @@ import math
 
 import numpy as np
 
+from ..estimator import NONE, Int, OneOf
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
-from ._gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
 from ..federation.oneshot import raise_failures
-from ..estimator import NONE, Int, OneOf
+from ..results import counted, register
 from ._common import WEIGHTS, MixtureEstimator, as_federated, initial_weights
 from ._common import log_weights as _log_weights
 from ._common import norm as _norm
+from ._gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
 from .fedem import GaussianMixtureResult
-from ..results import counted, register
 
 
 # ---------------------------------------------------------------------------- graphs

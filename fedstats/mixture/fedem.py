@@ -41,7 +41,18 @@ from ..data import FederatedData
 from ..estimator import NONE
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
-from ._init import federated_loglik
+from ..results import FederatedResult, check_level, counted, register
+from ._common import (
+    SERVER_CONSTRAINTS,
+    WEIGHTS,
+    MixtureEstimator,
+    as_federated,
+    check_failures,
+    initial_weights,
+    log_weights,
+    norm,
+    without_lost,
+)
 from ._gmm import (
     check_cov_type,
     e_step,
@@ -55,9 +66,7 @@ from ._gmm import (
     reshift,
     s2_shape,
 )
-from ..results import FederatedResult, check_level, counted, register
-from ._common import (SERVER_CONSTRAINTS, WEIGHTS, MixtureEstimator, as_federated, check_failures, initial_weights,
-                      log_weights, norm, without_lost)
+from ._init import federated_loglik
 
 # helpers shared by the three mixtures (their names here are kept for the modules that import them)
 _log_weights, _norm = log_weights, norm

@@ -53,9 +53,14 @@ import pandas as pd
 from scipy import stats
 
 from ..data import DataError
+from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import FederatedAlgorithm, run
-from ..federation.runner import Communication, counting
 from ..federation.backend import accepts_backend
+from ..federation.oneshot import raise_failures
+from ..federation.runner import Communication, counting
+from ..results import load_result, register, save_result
+from ._common import as_federated
+from ._common import log_weights as _log_weights
 from ._gmm import (
     cov_shape,
     e_step,
@@ -66,12 +71,7 @@ from ._gmm import (
     precision_cholesky,
     s2_shape,
 )
-from ..federation.oneshot import raise_failures
-from ._common import as_federated
-from ._common import log_weights as _log_weights
 from .fedem import GaussianMixtureResult, _Stack
-from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..results import load_result, register, save_result
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
 

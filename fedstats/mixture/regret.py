@@ -258,9 +258,9 @@ def simulate(stream: MixtureStream, learners: Mapping, T: int, *, n_eval: int = 
     a long DataFrame (``learner``, ``t``, ``regret``, ...) and the :class:`RegretTracker`.
     The adversarial process reacts to the first learner's played weights.
     """
-    from tqdm import tqdm
-
     import inspect
+
+    from tqdm import tqdm
 
     tracker = RegretTracker(stream.means, n_eval=n_eval)
     names = list(learners)

@@ -30,8 +30,7 @@ from fedstats.federation.flower import (  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import StructuralCovarianceModel  # noqa: E402
 from fedstats.linear.baselines import FedAvg  # noqa: E402
-from fedstats.mixture import (FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture,  # noqa: E402
-                              VariationalGaussianMixture)
+from fedstats.mixture import FEMOMD, DecentralizedGaussianMixture, FederatedGaussianMixture, VariationalGaussianMixture  # noqa: E402
 
 HERE = Path(__file__).parent
 TIGHT = 1e-10

@@ -166,9 +166,10 @@ class BrokenBatch(Noisy):
 class Exploding(FedMean):
     """FedMean whose client ``bad`` raises (at the given rounds) or declines."""
 
-    def __init__(self, bad, rounds=(1,), exc=RuntimeError("device lost power"), d=3):
+    def __init__(self, bad, rounds=(1,), exc=None, d=3):
         super().__init__(d)
-        self.bad, self.bad_rounds, self.exc = bad, set(rounds), exc
+        self.bad, self.bad_rounds = bad, set(rounds)
+        self.exc = RuntimeError("device lost power") if exc is None else exc
 
     def client_step(self, message, state, data, rng):
         if data is self.bad and int(message["round"]) in self.bad_rounds:

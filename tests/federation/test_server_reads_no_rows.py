@@ -21,9 +21,8 @@ from fedstats.federation.runner import _Devices  # noqa: E402
 from fedstats.glm import FederatedGLM  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import BayesianRidge, StructuralCovarianceModel  # noqa: E402
-from fedstats.linear.baselines import Ditto, DistributedRidge, FedAvg, Separate  # noqa: E402
-from fedstats.mixture import (DecentralizedGaussianMixture, FederatedGaussianMixture,  # noqa: E402
-                              VariationalGaussianMixture)
+from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate  # noqa: E402
+from fedstats.mixture import DecentralizedGaussianMixture, FederatedGaussianMixture, VariationalGaussianMixture  # noqa: E402
 
 
 class NodeLocal:

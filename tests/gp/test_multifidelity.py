@@ -9,7 +9,6 @@ import pytest
 from fedstats.gp import testfunctions as tf
 from fedstats.gp.multifidelity import AR1CoKriging, SeparateGP, fidelity_data, mf_run
 
-
 # --------------------------------------------------------------------------- test functions
 
 

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from fedstats.inference.gaussian import NaturalGaussian
-from fedstats.inference.tilted import (ImportanceTilted, LaplaceTilted, NUTSTilted, make_estimator,
-                                       zero_variance_moments)
+from fedstats.inference.tilted import ImportanceTilted, LaplaceTilted, NUTSTilted, make_estimator, zero_variance_moments
 from fedstats.linear._hm2_site import HM2Site
 
 

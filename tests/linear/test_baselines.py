@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedstats.data import FederatedData
-from fedstats.linear.baselines import Ditto, DistributedRidge, FedAvg, PooledOracle, Separate
+from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, PooledOracle, Separate
 
 
 def federation(K=4, d=3, seed=0):

@@ -5,9 +5,8 @@ import pytest
 
 from fedstats import FederatedData
 from fedstats.federation import run
-from fedstats.inference.ep import check_invariants
+from fedstats.inference.ep import FederatedEP, check_invariants
 from fedstats.linear import HierarchicalLinearModel
-from fedstats.inference.ep import FederatedEP
 from fedstats.linear._ep_model import Devices
 from fedstats.linear.hierarchical import HierarchicalResult
 

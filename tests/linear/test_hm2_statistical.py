@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+from test_hierarchical import SIGMA, TAU, make_data, pooled_exact  # noqa: E402
 
 from fedstats.datasets.synthetic import hm2_federation
 from fedstats.linear import HierarchicalLinearModel
-
-from test_hierarchical import SIGMA, TAU, make_data, pooled_exact  # noqa: E402
 
 
 def test_nuts_mode_matches_exact_posterior_small_federation():
