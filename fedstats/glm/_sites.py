@@ -189,8 +189,7 @@ class HierarchicalSite:
         if n * p * p <= _OUTER_LIMIT:
             # X' diag(c) X as one product of the per-row curvatures with the rows' outer
             # products, which depend on the rows only: under vmap over draws of phi they are
-            # formed once per client and each batch of draws costs one matrix product (about
-            # twice as fast as X' (X * c) for the few coefficients of a hierarchical model)
+            # formed once per client and each batch of draws costs one matrix product
             outer = (X[:, :, None] * X[:, None, :]).reshape(n, p * p)
 
             def gram(c):

@@ -190,7 +190,7 @@ class FederatedEP(FederatedAlgorithm):
             # A skipped device's place is filled with a copy of the first (its result dropped),
             # as the estimators pad a batch: the batch keeps the round's size, so a round in
             # which some cavities are improper reuses the compiled kernels (a new batch size
-            # is a new compilation: 5 s for the hierarchical GLM's Laplace kernel).
+            # is a new compilation).
             fill = len(states) - len(todo)
             stats = [states[i].stats for i in todo]
             try:

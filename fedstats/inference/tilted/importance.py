@@ -86,7 +86,7 @@ class ImportanceTilted(LaplaceTilted):
             over_draws = jax.vmap(log_target, in_axes=(0, None, None, None))
             # devices one after another, each device's draws vectorised: a model's inner loops
             # (HierarchicalGLM's Newton steps) then stop when that device's draws have
-            # converged, not every device's (25% faster at K = 50 than one vmap over devices)
+            # converged, not every device's
             KERNELS[key] = jax.jit(lambda *args: jax.lax.map(
                 lambda a: over_draws(a[0], a[1], a[2], prepare_stats(model, a[3])), args))
         return KERNELS[key]
@@ -136,7 +136,7 @@ class ImportanceTilted(LaplaceTilted):
             sizes = self._stratum_sizes([c[0] for c in comps])
             props.append((comps, sizes, laplace_ok))
             # one sequence per device, consecutive blocks of it per stratum (for Sobol points
-            # each block is itself evenly spread; a scrambled sequence costs 0.5 ms to set up)
+            # each block is itself evenly spread; setting up a scrambled sequence is costly)
             e_all = np.split(normal_draws(rng, sum(sizes) // 2, D, self.qmc), np.cumsum(sizes)[:-1] // 2)
             chunks, chols = [], []
             for (_, m, C), e in zip(comps, e_all):
