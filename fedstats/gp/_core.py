@@ -280,7 +280,7 @@ def sgd_lr(lr: float, decay, t: torch.Tensor) -> torch.Tensor:
 
 def posterior(spec: HyperSpec, hyper: dict, X: np.ndarray, y: np.ndarray, Xs: np.ndarray, *, device,
               dtype, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and latent variance of f at ``Xs`` given ``(X, y)`` under ``hyper`` (spec §3.1):
+    """Mean and latent variance of f at ``Xs`` given ``(X, y)`` under ``hyper`` (the GP predictive):
     ``mu = m + K*^T (K + s I)^{-1} (y - m)``, ``var_f = k** - K*^T (K + s I)^{-1} K*``.
     Exact (Cholesky); ``Xs`` is processed in chunks."""
     model = single_model(spec, hyper, device, dtype)
@@ -353,7 +353,7 @@ def fit_mle(spec: HyperSpec, X: np.ndarray, y: np.ndarray, *, init: dict | None 
 def fit_mle_sum(spec: HyperSpec, Xs, ys, *, init: dict | None = None, features=None, restarts: int = 1,
                 seed: int = 0, max_iter: int = 500, device="cpu", dtype=torch.float64) -> tuple[dict, float, float]:
     """Shared hyperparameters maximising ``sum_k p_k L_k / N_k`` over data sets ``(X_k, y_k)``
-    with ``p_k = N_k / N``: the FGPR objective (spec §1.3) optimised centrally by L-BFGS, each
+    with ``p_k = N_k / N``: the FGPR objective optimised centrally by L-BFGS, each
     data set an independent GP. See :func:`fit_mle` for ``features``, ``init`` and ``restarts``."""
     rng = np.random.default_rng(seed)
     as_t = lambda a: torch.as_tensor(np.array(a, dtype=float), device=device, dtype=dtype)[None]  # noqa: E731

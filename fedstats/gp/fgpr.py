@@ -12,13 +12,13 @@ is shared by all clients and learned by federated averaging of hyperparameters:
   replacement with probabilities ``N_k / N`` and takes the plain average counting
   duplicates with their multiplicity.
 
-Each client then predicts by conditioning the shared prior on its *own* data (spec §3),
+Each client then predicts by conditioning the shared prior on its *own* data,
 which personalises automatically; a client that took no part in training does the same
 with no training. What crosses the network: the hyperparameters each way every round, and
 each client's ``N_k`` once, before the first round. Never data, gradients or predictions.
 
 The objective is ``sum_k p_k L_k``: clients are independent draws from one prior, so FGPR
-with several clients is *not* an exact GP on the pooled data (spec §1.3).
+with several clients is *not* an exact GP on the pooled data.
 
 Size: one module for now (about 710 lines): the model, its algorithm and its result; moving the
 result into its own module comes with the result contract's FGPR work and issue 20.
@@ -70,8 +70,9 @@ SPACES = ("constrained", "raw", "log")
 
 def draw_participants(seed: int, round: int, p: np.ndarray, k: int) -> np.ndarray:
     """Multiplicities of the K clients in round ``round``: ``k`` draws with replacement from
-    Categorical(p) (spec §2.2a). A pure function of ``(seed, round)``, so that the
-    participation callable and the server step agree without sharing state."""
+    Categorical(p), as in the paper's partial-participation analysis (each sampled client an
+    independent draw: FedAvg's scheme, Li et al., 2019). A pure function of ``(seed, round)``,
+    so that the participation callable and the server step agree without sharing state."""
     rng = streams.stream(seed, round, streams.FGPR_DRAWS)
     return np.bincount(rng.choice(len(p), size=k, replace=True, p=p), minlength=len(p))
 
@@ -404,8 +405,8 @@ class FGPR(Estimator):
     dtype : "float64" or "float32"
     condition_limit : int or None
         A client with more points than this conditions its predictions on a random subset
-        of this size (spec §8 C2, default 2000; a warning says so); None always conditions
-        on all of them (O(N_k^3)).
+        of this size (default 2000; a warning says so); None always conditions on all of them
+        (exact conditioning costs O(N_k^3)).
 
     Examples
     --------
@@ -485,7 +486,7 @@ class FGPR(Estimator):
             k = int(p)
         else:
             k = max(1, math.ceil(round(p * K, 9)))
-        if k is not None and k >= K:  # K_s = K is full participation (spec §2.1), not K draws
+        if k is not None and k >= K:  # K_s = K is full participation (Algorithm 1 of the paper), not K draws
             k = None
         init = spec.check(self.init, "init") if self.init is not None else spec.default()
         return spec, {"participants": k, "init": init, "device": resolve_device(self.device),
@@ -636,7 +637,7 @@ class FGPRResult(FederatedResult):
 
     def predict(self, X, client=None, *, data=None, level: float = 0.95, scale: str = "original",
                 seed: int = 0) -> pd.DataFrame:
-        """Personal prediction of ``client`` at the rows of ``X`` (spec §3).
+        """Personal prediction of ``client`` at the rows of ``X``.
 
         The shared prior is conditioned on the client's own training data, or on ``data``
         = (X_k, y_k) for a client that took no part in training (no training happens). Returns

@@ -6,7 +6,7 @@ sizes per level. Every function takes ``X`` of shape ``(n, d)`` in the problem's
 units and returns ``(n,)``.
 
 The paper's formulas are the default. ``code_compat=True`` gives the published R code's
-variants where it departs from them (spec §4.3): BRANIN's middle level without the square
+variants where it departs from them: BRANIN's middle level without the square
 root, BRANIN's low level taking ``-3 x2`` at the transformed input, and Hartmann with the
 usual minus sign.
 """
@@ -168,7 +168,8 @@ class Problem:
         return self.bounds[:, 0] + U * (self.bounds[:, 1] - self.bounds[:, 0])
 
     def to_unit(self, X) -> np.ndarray:
-        """Map inputs affinely from the box to [0, 1]^d (spec §8 A4)."""
+        """Map inputs affinely from the box to [0, 1]^d (the paper does not say how it scales
+        inputs; on Borehole the choice decides the result)."""
         return (np.asarray(X, dtype=float) - self.bounds[:, 0]) / (self.bounds[:, 1] - self.bounds[:, 0])
 
 
