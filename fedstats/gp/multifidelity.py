@@ -11,9 +11,9 @@
   keeping its outputs; input locations travel down the chain of levels and predictive
   means and variances come back.
 * :func:`mf_run` runs one repetition of the paper's table under the paper protocol
-  (spec §9 item 12: nearest-neighbour batches, Adam lr 0.01, ``M = min_k N_k``,
+  (the published code's settings: nearest-neighbour batches, Adam lr 0.01, ``M = min_k N_k``,
   ``E_k = floor(N_k / M)``, 200 rounds plus the code's initial one, log 2 start) or the
-  converged protocol (every model at its optimum, spec §4.8) and returns the RMSE of each
+  converged protocol (every model at its optimum) and returns the RMSE of each
   method on the high-fidelity client's standardised scale.
 """
 
@@ -65,8 +65,8 @@ def fidelity_data(name: str | Problem, *, seed: int = 0, layout: str = "paper", 
     ``layout="paper"``: one client per level; ``"code"``: two clients per level, each with
     the level's size (the published code). ``sizes`` overrides the paper's sizes per level.
     Inputs are uniform on the box (an equally spaced grid for the 1-D examples) and, with
-    ``scale_x`` (default), mapped to [0, 1]^d by the known box (spec §8 A4; the published
-    code feeds Borehole and BRANIN raw). The simulators are noise-free.
+    ``scale_x`` (default), mapped to [0, 1]^d by the known box (the paper does not say how
+    it scales inputs; the published code feeds Borehole and BRANIN raw). The simulators are noise-free.
     """
     prob = name if isinstance(name, Problem) else problem(name, code_compat=code_compat)
     if layout not in ("paper", "code"):
@@ -97,7 +97,7 @@ def fidelity_data(name: str | Problem, *, seed: int = 0, layout: str = "paper", 
 
 def paper_protocol(data: FederatedData, *, lr: float = 0.01, rounds: int = 201, kernel: str = "rbf",
                    ard: bool = False, batch_size=None, **kw) -> FGPR:
-    """FGPR with the published code's multi-fidelity settings (spec §4.8 check 1, §9 item 12):
+    """FGPR with the published code's multi-fidelity settings:
     nearest-neighbour batches of ``M = min_k N_k`` (``batch_size`` overrides, e.g. 0.2 for the
     1-D examples' ``N_k / 5``), one local epoch ``E_k = floor(N_k / M_k)``, Adam with a fresh
     state each round, 200 rounds plus the initial one, log 2 start."""
@@ -109,7 +109,7 @@ def paper_protocol(data: FederatedData, *, lr: float = 0.01, rounds: int = 201, 
 class SeparateGP:
     """A GP on one data set alone (the high-fidelity level), no communication.
 
-    ``protocol="paper"``: the published code's budget (spec §4.4): Adam kept across
+    ``protocol="paper"``: the published code's budget: Adam kept across
     ``rounds`` epochs of ``floor(N / M)`` nearest-neighbour steps from log 2 (a one-client
     FGPR with a persistent optimiser state). ``"converged"``: exact maximum likelihood by
     L-BFGS (``restarts`` starts); predictions then condition on all of its points exactly.
@@ -283,13 +283,13 @@ def mf_run(name: str, *, seed: int = 0, protocol: str = "paper", layout: str = "
     """One repetition of the multi-fidelity table (``FedAR1``, the federated AR1, with the paper
     layout only: the code layout has two clients per level).
 
-    ``protocol="paper"`` (spec §9 item 12): FGPR follows :func:`paper_protocol`; Separate
+    ``protocol="paper"``: FGPR follows :func:`paper_protocol`; Separate
     gets the same Adam, lr and batch size for ``rounds - 1`` epochs on the high-fidelity data
-    alone. ``"converged"`` (spec §4.8 check 2, §9 item 13): the optimum of FGPR's objective
+    alone. ``"converged"``: the optimum of FGPR's objective
     (:meth:`FGPR.fit_centralised`, L-BFGS from ``restarts`` starts) against a Separate GP
     fitted to convergence the same way. AR1 (centralised recursive co-kriging, fitted to
     convergence) is the same under both. Returns the RMSE of each method against the
-    noise-free high-fidelity truth on the scored client's standardised scale (spec §4.5).
+    noise-free high-fidelity truth on the scored client's standardised scale.
     """
     if protocol not in ("paper", "converged"):
         raise ValueError(f"protocol must be 'paper' or 'converged', got {protocol!r}")
