@@ -287,6 +287,6 @@ def expected_loglik_terms(N, S1, S2, shift, means, cov, cov_type):
 
 
 def n_parameters(M: int, d: int, cov_type: str, n_clients: int, shared_weights: bool) -> int:
-    """Free parameters: means, covariances, and every client's free weights (spec §5.9)."""
+    """Free parameters (for AIC and BIC): means, covariances, and every client's free weights."""
     cov = {"full": M * d * (d + 1) // 2, "diag": M * d, "spherical": M, "tied": d * (d + 1) // 2}[cov_type]
     return M * d + cov + (1 if shared_weights else n_clients) * (M - 1)

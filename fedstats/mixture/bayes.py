@@ -1,4 +1,4 @@
-"""Variational FedEM: a Bayesian Gaussian mixture with private Dirichlet weights (spec §4.3).
+"""Variational FedEM: a Bayesian Gaussian mixture with private Dirichlet weights (beyond the thesis).
 
 Model: ``pi_c ~ Dir(alpha_0)`` per client, ``(mu_j, Lambda_j) ~ NormalWishart(m_0, beta_0,
 W_0, nu_0)`` per component, ``z ~ Cat(pi_c)``, ``x | z=j ~ N(mu_j, Lambda_j^{-1})``.

@@ -12,7 +12,8 @@ One round (client-server, :class:`FedEMAlgorithm`):
   means, its log-likelihood at the broadcast parameters and the entropy of its
   responsibilities;
 * the server adds the statistics and does the closed-form M-step. It never averages
-  parameters (spec §1.7: averaging local closed-form means with ``n_c/N`` is wrong).
+  parameters (averaging the clients' local closed-form means with weights ``n_c/N`` is not the
+  EM update: a component's mean must be weighted by each client's responsibility mass).
 
 So a federated round *is* an EM iteration of the per-client-weights model on the pooled
 data: federated equals centralised exactly, and the log-likelihood never decreases.
@@ -542,7 +543,8 @@ class GaussianMixtureResult(MixtureResult):
         """Observed-information intervals for the means and every client's weights.
 
         The Wald rounds over ``data`` (the fitted clients, each holding its rows): each
-        client sends a Schur complement of its information (spec §4.2); covariances are
+        client sends a Schur complement of its information (its own weights eliminated from
+        the arrowhead observed information); covariances are
         held at their estimate. The covariances are kept (``wald_info_``), so ``summary``
         and ``client_summary`` carry the intervals from then on, at any level; the rounds
         join ``communication``. Returns ``(means_table, weights_table)`` at ``level``

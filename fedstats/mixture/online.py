@@ -2,7 +2,7 @@
 
 At every time step ``t`` each client *plays* the shared components ``mu_t`` (and covariances)
 with its own weights ``pi_{t,c}``, then receives a batch ``X_{t,c}`` of ``n`` rows. One step
-(thesis Algorithm 15, spec §2.7) is one run of ``K + 1`` federated rounds:
+(Algorithm 15 of Marfoq's thesis, section 4.4) is one run of ``K + 1`` federated rounds:
 
 * rounds ``0..K-1`` (inner federated EM): the server broadcasts ``mu~``; each client runs an
   E-step on its batch (or on the k-th of ``K`` splits) with its inner weights ``pi~_c``
@@ -29,7 +29,7 @@ horizon ``T``) or ``sqrt(log m / t)``.
 
 Each client also keeps a discounted Dirichlet ``a_{t+1} = lambda a_t + (1 - lambda) alpha_0 +
 N_t`` (``N_t``: its soft counts of the batch under the new components and its inner weights),
-whose Beta marginals are credible intervals for its *current* weights (spec §4.5).
+whose Beta marginals are credible intervals for its *current* weights (not in the thesis).
 
 Two baselines for experiments use the same machinery: ``pooling="local"`` (every client
 estimates its own components from its own statistics only: local online EM with the same
@@ -381,7 +381,7 @@ class FEMOMDStep(FederatedAlgorithm):
 # ------------------------------------------------------------------ the model
 @register
 class FEMOMD(Estimator):
-    """Online federated Gaussian mixture: FEM-OMD (thesis Algorithm 15, spec §2.7).
+    """Online federated Gaussian mixture: FEM-OMD (Algorithm 15 of Marfoq's thesis, section 4.4).
 
     Parameters
     ----------
@@ -427,7 +427,8 @@ class FEMOMD(Estimator):
         Components played at the first step (the thesis form: the running average counts
         them as one estimate). Without ``means_init`` the first batch initialises them
         (federated k-means, as :class:`FederatedGaussianMixture`) before that step runs, and
-        the running average starts from the first step's estimate (spec §5.2); nothing can be
+        the running average starts from the first step's estimate (the data-free start is not
+        averaged in); nothing can be
         played before that first batch.
     pooling : {"federated", "local"}, default "federated"
         ``"local"``: the local-only baseline, each client learns its own components from
@@ -579,7 +580,7 @@ class FEMOMD(Estimator):
             cov = {"full": np.stack([np.eye(d)] * M), "tied": np.eye(d), "diag": np.ones((M, d)),
                    "spherical": np.ones(M)}[self.covariance_type]
         # the running average counts the given start as one estimate; a k-means start on the
-        # first batch is not averaged in (spec §5.2): mu_2 is then the first step's estimate
+        # first batch is not averaged in: mu_2 is then the first step's estimate
         self._server = {"means": means, "cov": cov, "log_w": np.full(M, -math.log(M)), "index": {},
                         "n_avg": 1.0 if self._init == "given" else 0.0}
 
@@ -739,7 +740,7 @@ class FEMOMD(Estimator):
     # ---------------------------------------------------------------- uncertainty
     def weight_intervals(self, client, level: float = 0.95) -> pd.DataFrame:
         """Credible intervals for the client's *current* weights from its discounted
-        Dirichlet ``a_{t+1} = lambda a_t + (1 - lambda) alpha_0 + N_t`` (spec §4.5), computed
+        Dirichlet ``a_{t+1} = lambda a_t + (1 - lambda) alpha_0 + N_t``, computed
         on the client: Beta marginals. ``mean`` is the posterior mean, ``played`` the
         mirror-descent weights the client plays next."""
         if not 0 < level < 1:

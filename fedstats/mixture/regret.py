@@ -32,7 +32,7 @@ PROCESSES = ("iid", "fixed", "switching", "adversarial")
 
 
 class MixtureStream:
-    """The synthetic environment of thesis §4.4.5.1 (spec §3.1).
+    """The synthetic environment of section 4.4.5.1 of Marfoq's thesis.
 
     Parameters
     ----------
@@ -230,7 +230,7 @@ def played_log_density(played, E):
 
 
 def growth(curve: pd.DataFrame) -> dict:
-    """Classify the growth of a regret curve (spec §2.8 step 4).
+    """Classify the growth of a regret curve as sub-linear or linear.
 
     ``slope``: least-squares slope of ``log R_t`` on ``log t`` over the second half of the
     grid (points with ``R_t <= 0`` left out; NaN if fewer than two remain); ``ratio_decreasing``: ``R_T / T < R_{T/2} / (T/2)`` (the grid point nearest
