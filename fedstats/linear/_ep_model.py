@@ -239,7 +239,7 @@ class EPLinearResult(FederatedResult):
         return pd.DataFrame(rows)
 
     def client_posterior(self, client) -> GaussianPosterior | SamplePosterior:
-        """Posterior of device ``client``'s coefficients, from its cavity (spec §2.5).
+        """Posterior of device ``client``'s coefficients, from its cavity (Section 4.2.1 of the linear-models paper).
 
         Exact (Gaussian) when the estimator is exact; otherwise a weighted or MCMC sample of
         the coefficients, Rao-Blackwellised over the global and local parameters.

@@ -3,7 +3,7 @@ view of the data, and a result of per-device point estimates.
 
 The loss of device k is ``||y_k - X_k theta||^2``; one step is
 ``theta <- theta + 2 lr * X_b^T (y_b - X_b theta) / r`` on a batch ``b`` of rows, with
-``r = 1`` for ``grad_reduction="sum"`` and ``r = |b|`` for ``"mean"`` (spec §1.5 item 4).
+``r = 1`` for ``grad_reduction="sum"`` and ``r = |b|`` for ``"mean"`` (the paper does not say which).
 A full batch needs only the device's ``X^T X`` and ``X^T y``, so full-batch steps of many
 devices run as one batched matrix product (:func:`full_batch_steps`).
 """

@@ -1,4 +1,5 @@
-"""Site model of the federated Bayesian lasso and ridge (spec §3), on sufficient statistics.
+"""Site model of the federated Bayesian lasso and ridge (the linear-models paper's Section 4.3),
+on sufficient statistics.
 
 Device k: ``y_k = X_k beta_k + e``, ``e ~ N(0, sigma^2 I)`` with ``X_k`` = [1, features]
 when there is an intercept. The intercept has a fixed N(0, intercept_sd^2) prior (never

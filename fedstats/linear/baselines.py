@@ -285,8 +285,7 @@ class _OneShotRidge(FederatedAlgorithm):
 
 
 class DistributedRidge(Estimator):
-    """One-shot distributed ridge (Zhang et al. 2015, one node per device, spec §9 item
-    21): each device solves ``(1/N_k)||y - X theta||^2 + lam ||theta||^2`` in closed form,
+    """One-shot distributed ridge (Zhang et al. 2015, one node per device): each device solves ``(1/N_k)||y - X theta||^2 + lam ||theta||^2`` in closed form,
     the server averages the solutions without weights, and every device uses the average."""
 
     _constraints = {"lam": Real(0, closed=(False, True)), "fit_intercept": BOOL}

@@ -9,7 +9,7 @@ Model (Example 4.1 of the linear-models paper, generalised)::
 
 The global ``phi = (mu, log tau)`` is fitted by federated EP
 (:class:`fedstats.inference.ep.FederatedEP`); device posteriors come from each device's
-*cavity* (spec §2.5: ``q`` itself would count the device's data twice).
+*cavity* (Section 4.2.1 of the linear-models paper; ``q`` itself would count the device's data twice).
 
 Example
 -------
@@ -249,7 +249,8 @@ class HierarchicalResult(EPLinearResult):
 
     def new_client_posterior(self, X=None, y=None, *, level: int | None = None, sigma: float | None = None,
                              n: int = 4000, seed: int = 0):
-        """Fast adaptation to a device that took no part in the fit (spec §2.6).
+        """Fast adaptation to a device that took no part in the fit (the paper seeds a new device
+        with the posterior mean of mu; levels 2 and 3 go further).
 
         level 1: plug-in ``theta_new = E_q[mu]``, returned as an array (a point, no posterior).
         level 2: prior predictive ``theta_new ~ int N(mu, diag tau) q(phi) dphi`` (no data),

@@ -1,4 +1,5 @@
-"""Federated Bayesian lasso and ridge with variable selection and posterior tests (spec §3).
+"""Federated Bayesian lasso and ridge with variable selection and posterior tests (Section 4.3
+of the linear-models paper).
 
 Each device has its own coefficients beta_k with i.i.d. shrinkage priors whose strength
 lambda (and, by default, the noise variance sigma^2) is shared: ``phi = (log lambda,
@@ -335,7 +336,7 @@ class ShrinkageResult(_Selection, EPLinearResult):
 
     def predict_selected(self, X, client, level: float = 0.9) -> np.ndarray:
         """Point predictions with the posterior means of the selected predictors and the
-        excluded ones set to 0 (spec §5.1; the intercept is always kept)."""
+        excluded ones set to 0 (the linear-models paper's rule, Section 6.1; the intercept is always kept)."""
         return _predict_selected(self, X, client, level)
 
 

@@ -12,7 +12,7 @@ The coefficients of the K devices form a d x K matrix Theta with the matrix-norm
 * the server writes the returned columns into Theta (non-participants keep theirs) and
   updates ``Omega <- (1 - alpha) Omega + (alpha / d) Theta^T Theta``.
 
-What the iteration optimises (spec §1.5): with Omega frozen and full-batch gradients it
+What the iteration optimises: with Omega frozen and full-batch gradients it
 converges to the solution of ``(I - M_k)(theta_k - theta_k^OLS) + 2 lr s_k (Theta
 Omega^{-1})[:, k] = 0`` with ``M_k = (I - 2 lr X_k^T X_k)`` to the power T; as ``lr -> 0`` that is
 the MAP with noise variance ``s_k / T`` on device k. ``shrink_scale=1`` (the paper's
@@ -361,8 +361,9 @@ class StructuralCovarianceModel(Estimator):
     batch_size : int or None
         Rows per local step; ``None`` (default) is full-batch gradient descent.
     grad_reduction : "sum" or "mean"
-        Whether a step's gradient sums or averages over the batch (the paper does not say,
-        spec §1.5 item 4; "sum" matches its derivation and code).
+        Whether a step's gradient sums or averages over the batch (the paper does not say;
+        "sum" matches its derivation and code; a full-batch sum step diverges once
+        ``2 lr`` times the largest eigenvalue of ``X_k^T X_k`` exceeds 2).
     shrink_scale : float or "noise"
         ``s`` in the prior step ``theta_k <- theta_k - 2 lr s g_k``. ``1`` is the paper's
         algorithm (its fixed point assumes noise variance 1/T); ``"noise"`` uses
@@ -380,7 +381,8 @@ class StructuralCovarianceModel(Estimator):
         The paper's recommendation for partial participation is a fraction drawn uniformly
         without replacement.
     jitter : float
-        Relative jitter of the Cholesky solve with Omega (spec §1.5 item 3).
+        Relative jitter of the Cholesky solve with Omega (never inverted explicitly: its identity
+        part decays geometrically over the rounds).
     eig_floor : float
         If positive, Omega's eigenvalues are raised to at least ``eig_floor * mean(diag)``
         after every update (off by default, as in the paper).
