@@ -11,7 +11,7 @@ The linear-models paper fits, per engine and per sensor, a polynomial in time: r
 cycles train and the last 40% test (extrapolation). Each engine's sensor values are min-max
 scaled with its *training* minimum and maximum (default); the published code scaled the
 test segment with its own minimum and maximum (``scaling="own"``, a leak kept for
-comparison with the paper's numbers, spec §9 item 18).
+comparison with the paper's numbers).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""UCI Student Performance data (Cortez & Silva 2008) as a two-school federation (spec §5.1).
+"""UCI Student Performance data (Cortez & Silva 2008) as a two-school federation (Section 6.1 of
+the linear-models paper).
 
 The files are not shipped with fedstats: pass the folder (or file) that holds
 ``student-por.csv`` / ``student-mat.csv``, or set ``FEDSTATS_DATA`` to a folder holding a
@@ -71,9 +72,9 @@ def read_student(path=None, subject: str = "por") -> pd.DataFrame:
 
 
 def student_design(df: pd.DataFrame) -> pd.DataFrame:
-    """The 38 predictors of spec §5.1 (13 numeric, 12 binary coded 0/1, 13 dummies of
-    Mjob, Fjob, reason and guardian; G1 and G2 left out), unscaled, with ``school`` and
-    ``G3`` kept as columns."""
+    """The 38 predictors of the linear-models paper's Section 6.1 (13 numeric, 12 binary coded
+    0/1, 13 dummies of Mjob, Fjob, reason and guardian; G1 and G2 left out), unscaled, with
+    ``school`` and ``G3`` kept as columns."""
     out = {"school": df["school"].to_numpy()}
     for col in NUMERIC:
         out[col] = df[col].to_numpy(float)

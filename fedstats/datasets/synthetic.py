@@ -6,7 +6,7 @@ import numpy as np
 
 from ..data import FederatedData
 
-#: The HM2 uncertainty example of the paper (spec §4.2, Figure 4 right).
+#: The HM2 uncertainty example of the linear-models paper (Section 5.2, Figure 4 right).
 UQ_MU = np.array([1.0, 3.0, 0.5, 2.0])
 UQ_TAU = np.array([1.17, 2.35, 2.52, 0.67])
 
@@ -35,7 +35,7 @@ def hm2_federation(*, n_clients: int = 100, n_obs: int | list[int] = 100, mu=UQ_
     return data, {"mu": mu, "tau": tau, "log_tau": np.log(tau), "theta": theta, "sigma": sigma}
 
 
-#: The variable-selection cases of the paper (spec §4.2, Table 2; after van Erp et al. 2019).
+#: The variable-selection cases of the linear-models paper (Section 5.2, Table 2; after van Erp et al. 2019).
 SELECTION_CASES = {
     "I": {"K": 10, "theta": [3, 1.5, 0, 0, 2, 0, 0, 0], "n_train": [100] * 10, "n_test": 1000},
     "II": {"K": 10, "theta": [3, 1.5, 0, 0, 2, 0, 0, 0], "n_train": [20, 20] + [200] * 8, "n_test": 1000},
@@ -45,7 +45,7 @@ SELECTION_CASES = {
 
 def selection_case(case: str = "I", *, sigma: float = 0.05, seed: int = 0):
     """One run of a Table 2 case: the same theta on every device, ``X ~ N(0, I)``, noise sd
-    ``sigma`` (0.05, spec §9 item 5) on training and test targets alike.
+    ``sigma`` (0.05; the paper does not state it) on training and test targets alike.
 
     Returns ``(train, test, theta)``: two :class:`FederatedData` with the same clients, and
     the true coefficients.
@@ -70,7 +70,7 @@ def selection_case(case: str = "I", *, sigma: float = 0.05, seed: int = 0):
     return parts[0], parts[1], theta
 
 
-#: The HM1 cases of the paper (spec §4.1, Table 1): K, d, training rows per device, noise
+#: The HM1 cases of the linear-models paper (Section 5.1, Table 1): K, d, training rows per device, noise
 #: variance, and which devices enter the A-RMSE.
 HM1_CASES = {
     "I": {"K": 2, "d": 5, "n_train": [20, 200], "noise_var": 0.05, "evaluate": [0]},
@@ -93,7 +93,7 @@ def random_covariance(K: int, rng, low: float = 1.0, ratio: float = 10.0) -> np.
 
 
 def hm1_case(case: str = "I", *, n_test: int = 1000, noisy_test: bool = False, seed: int = 0):
-    """One run of a Table 1 case (spec §4.1): ``Omega`` ([[1, .7], [.7, 1]] in Case I, else
+    """One run of a Table 1 case: ``Omega`` ([[1, .7], [.7, 1]] in Case I, else
     :func:`random_covariance`), the rows of Theta i.i.d. ``N(0, Omega)``, ``X ~ N(0, I)``,
     ``y = X theta_k + N(0, noise_var)``; test targets noise-free unless ``noisy_test``.
 
