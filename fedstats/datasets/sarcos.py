@@ -39,7 +39,8 @@ def load_sarcos_federation(path=None, *, output: int = 1, n_clients: int = 25, t
 
     Inputs and the torque of joint ``output`` (1-7) are standardised with the mean and sd of
     all clients' *training* rows (the FGPR paper does not say how it scales; these are the
-    statistics a federation would compute from per-client sums). Returns ``(train, test)`` with clients ``"client1"`` ...
+    statistics a federation would compute from per-client sums). Returns ``(train, test)``
+    with clients ``"client1"`` ...
     """
     if not isinstance(output, (int, np.integer)) or not 1 <= output <= 7:
         raise ValueError(f"output must be a joint number 1..7, got {output!r}")
