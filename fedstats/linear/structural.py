@@ -67,7 +67,7 @@ narrow). They do not depend on Algorithm 1's tuning or convergence; Algorithm 1'
 never as its centre. ``posterior_omega="learned"`` conditions on Algorithm 1's Omega (the
 behaviour before this option existed).
 
-Size: one module for now (about 840 lines): Algorithm 1, the EM Omega for the intervals and the
+Size: one module for now (about 860 lines): Algorithm 1, the EM Omega for the intervals and the
 result; splitting algorithm, uncertainty and result is part of issue 20.
 """
 
