@@ -34,27 +34,14 @@ RESULTS = Path(__file__).parent / "results"
 TILTED = ("laplace+importance", "importance", "laplace")
 
 
-def federation(K, seed):
-    from fedstats.data import FederatedData
-
-    rng = np.random.default_rng(seed)
-    mu, tau = np.array([-0.3, 0.6, -0.4]), np.array([0.3, 0.1, 0.05])
-    Xs, ys = [], []
-    for n in rng.integers(30, 150, K):
-        X = rng.normal(size=(n, 2))
-        th = mu + np.sqrt(tau) * rng.normal(size=3)
-        Xs.append(X)
-        ys.append(rng.binomial(1, 1 / (1 + np.exp(-(th[0] + X @ th[1:])))).astype(float))
-    return FederatedData.from_arrays(Xs, ys)
-
-
 def one(K, seed):
     """Every measurement of one K (run in its own process)."""
+    from fedstats.datasets.synthetic import hierarchical_logistic
     from fedstats.glm import HierarchicalGLM
     from fedstats.glm._design import GLMDesign
     from fedstats.glm.reference import pooled_nuts
 
-    data = federation(K, seed)
+    data = hierarchical_logistic(K, seed)
     nuts, refs = [], []
     for _ in range(3):
         t0 = time.perf_counter()

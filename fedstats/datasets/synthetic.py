@@ -209,3 +209,19 @@ def gmm_federation(*, n_clients: int = 20, n_components: int = 3, d: int = 4, al
         labels.append(z)
     data = FederatedData.from_arrays(Xs, feature_names=[f"x{i + 1}" for i in range(d)])
     return data, {"means": means, "covariances": covs, "weights": weights, "labels": labels}
+
+
+def hierarchical_logistic(n_clients: int, seed: int = 0) -> FederatedData:
+    """Clients of unequal size (30 to 149 rows, two standard-normal predictors), each with its
+    own logistic coefficients ``theta_k ~ N(mu, diag tau)``, ``mu = (-0.3, 0.6, -0.4)`` and
+    ``tau = (0.3, 0.1, 0.05)`` (intercept first): the federation of the hierarchical GLM's
+    speed benchmark and test."""
+    rng = np.random.default_rng(seed)
+    mu, tau = np.array([-0.3, 0.6, -0.4]), np.array([0.3, 0.1, 0.05])
+    Xs, ys = [], []
+    for n in rng.integers(30, 150, n_clients):
+        X = rng.normal(size=(n, 2))
+        th = mu + np.sqrt(tau) * rng.normal(size=3)
+        Xs.append(X)
+        ys.append(rng.binomial(1, 1 / (1 + np.exp(-(th[0] + X @ th[1:])))).astype(float))
+    return FederatedData.from_arrays(Xs, ys)

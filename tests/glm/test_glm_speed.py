@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from fedstats.data import FederatedData
+from fedstats.datasets.synthetic import hierarchical_logistic
 from fedstats.glm import FederatedGLM, HierarchicalGLM
 
 
@@ -48,24 +49,12 @@ def test_federated_irls_within_twice_statsmodels_at_the_issue_scale():
     assert irls_ratio(50, 20000, 20) < 2.0
 
 
-def logistic_federation(K, seed):
-    rng = np.random.default_rng(seed)
-    mu, tau = np.array([-0.3, 0.6, -0.4]), np.array([0.3, 0.1, 0.05])
-    Xs, ys = [], []
-    for n in rng.integers(30, 150, K):
-        X = rng.normal(size=(n, 2))
-        th = mu + np.sqrt(tau) * rng.normal(size=3)
-        Xs.append(X)
-        ys.append(rng.binomial(1, 1 / (1 + np.exp(-(th[0] + X @ th[1:])))).astype(float))
-    return FederatedData.from_arrays(Xs, ys)
-
-
 @pytest.mark.slow
 def test_hierarchical_ep_five_times_faster_than_pooled_nuts_at_k50():
     from fedstats.glm._design import GLMDesign
     from fedstats.glm.reference import pooled_nuts
 
-    data = logistic_federation(50, 0)
+    data = hierarchical_logistic(50, 0)
     design = GLMDesign(data, True, {})
     nuts = lambda: pooled_nuts(design, "binomial", "logit", hierarchical=True, seed=0)  # noqa: E731
     fit = lambda: HierarchicalGLM("binomial", standardize=False).fit(data, seed=0, progress=False)  # noqa: E731
