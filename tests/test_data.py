@@ -423,7 +423,9 @@ def test_scaler_oracle_against_pooled_numpy():
 
 def test_fit_scaler_only_uses_per_client_sums(fd, monkeypatch):
     calls = []
-    real = fdata.client_moments
+    from fedstats.data import scaling
+
+    real = scaling.client_moments
 
     def spy(X, y=None):
         calls.append((X, y))
@@ -433,14 +435,14 @@ def test_fit_scaler_only_uses_per_client_sums(fd, monkeypatch):
         raise AssertionError("rows of different clients must not be pooled")
 
     seen_by_server = []
-    real_agg = fdata.aggregate_moments
+    real_agg = scaling.aggregate_moments
 
     def agg_spy(moments):
         seen_by_server.append(moments)
         return real_agg(moments)
 
-    monkeypatch.setattr(fdata, "client_moments", spy)
-    monkeypatch.setattr(fdata, "aggregate_moments", agg_spy)
+    monkeypatch.setattr(scaling, "client_moments", spy)
+    monkeypatch.setattr(scaling, "aggregate_moments", agg_spy)
     for name in ("concatenate", "vstack", "hstack", "stack", "row_stack", "column_stack", "append"):
         if hasattr(np, name):
             monkeypatch.setattr(np, name, forbidden)

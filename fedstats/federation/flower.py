@@ -157,7 +157,10 @@ class _SafeUnpickler(pickle.Unpickler):
         # a dotted name would walk attributes (fedstats.data -> np -> ... -> subprocess.Popen):
         # only a name defined in a trusted module itself is looked at
         if "." not in name and self._trusted(module):
-            obj = super().find_class(module, name)
+            try:
+                obj = super().find_class(module, name)
+            except AttributeError:  # not a name of that module: refused below like any other
+                obj = None
             # a class may be rebuilt (or constructed); a function is loaded only if registered
             if (self._trusted(getattr(obj, "__module__", "") or "")
                     and (isinstance(obj, type) or getattr(obj, "__fedstats_client_function__", False))):

@@ -1,0 +1,46 @@
+"""Per-client regression data: :class:`FederatedData` and federated standardisation.
+
+A :class:`FederatedData` holds, for every client (data holder), a design matrix ``X`` of
+shape ``(n_k, d)`` and a response ``y`` of shape ``(n_k,)``. All clients share the same
+``d`` features (``feature_names``). The container validates everything at the boundary
+and fails loudly (:class:`DataError`, a :class:`ValueError`) with a message that names the
+client and, where it applies, the column. Nothing is ever dropped silently: a row with a
+NaN is an error, not a row to skip.
+
+Anything computed *across* clients here (:meth:`FederatedData.fit_scaler`) is computed the
+federated way: every client reports a few sums of its own rows (:func:`client_moments`)
+and the server combines only those sums (:func:`aggregate_moments`); rows are never pooled.
+
+Example
+-------
+>>> import numpy as np
+>>> from fedstats.data import FederatedData
+>>> rng = np.random.default_rng(0)
+>>> Xs = [rng.normal(size=(n, 2)) for n in (5, 8)]
+>>> ys = [X @ [1.0, -2.0] for X in Xs]
+>>> fd = FederatedData.from_arrays(Xs, ys, clients=["a", "b"], feature_names=["u", "v"])
+>>> fd
+FederatedData(K=2 clients, d=2 features, n=13, rows per client 5..8, target='y')
+>>> scaled, scaler = fd.standardize()
+>>> scaled["a"].X.shape
+(5, 2)
+"""
+
+from __future__ import annotations
+
+from .container import ClientData, FederatedData, as_federated, require_target
+from .scaling import FederatedScaler, aggregate_moments, client_moments
+from .validation import ConstantFeatureWarning, DataError, UnknownClientError
+
+__all__ = [
+    "ClientData",
+    "ConstantFeatureWarning",
+    "DataError",
+    "FederatedData",
+    "FederatedScaler",
+    "UnknownClientError",
+    "aggregate_moments",
+    "as_federated",
+    "client_moments",
+    "require_target",
+]

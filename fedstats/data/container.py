@@ -1,0 +1,589 @@
+"""The per-client data container, :class:`FederatedData`, and the conversion every model's
+``fit`` applies to its input (:func:`as_federated`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .frames import frame_of, frame_to_arrays
+from .scaling import FederatedScaler, fit_scaler
+from .validation import (
+    SHOW,
+    ClientId,
+    DataError,
+    UnknownClientError,
+    as_float_array,
+    check_feature_names,
+    check_finite_X,
+    check_finite_y,
+    cname,
+    missing_target,
+    normalise_id,
+    pair_up,
+    preview,
+    readonly,
+)
+
+
+def require_target(data, what: str) -> None:
+    """Raise :class:`DataError` if ``data`` is a :class:`FederatedData` without a target
+    (supervised models call it first, so unsupervised data fails with a clear message)."""
+    if isinstance(data, FederatedData):
+        data._need_target(what)
+
+
+@dataclass(frozen=True, eq=False)
+class ClientData:
+    """The data of one client: ``X`` (n, d), ``y`` (n,), both read-only float64.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from fedstats.data import FederatedData
+    >>> fd = FederatedData.from_arrays([np.ones((3, 2))], [np.zeros(3)])
+    >>> cd = fd[0]
+    >>> cd.client, cd.n, cd.X.shape
+    (0, 3, (3, 2))
+    """
+
+    X: np.ndarray
+    y: np.ndarray | None
+    client: ClientId
+
+    @property
+    def n(self) -> int:
+        """Number of rows (observations) of this client."""
+        return int(self.X.shape[0])
+
+
+class FederatedData:
+    """Per-client regression data with a shared feature schema.
+
+    Build it with :meth:`from_arrays` or :meth:`from_dataframe` (the constructor takes the
+    same arguments as :meth:`from_arrays`). Arrays are copied on the way in and stored
+    read-only; every method returns a new object.
+
+    Parameters
+    ----------
+    Xs, ys, clients, feature_names, target_name, min_rows
+        See :meth:`from_arrays`.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from fedstats.data import FederatedData
+    >>> fd = FederatedData.from_arrays({"a": np.arange(6.0).reshape(3, 2), "b": np.ones((2, 2))},
+    ...                                {"a": np.zeros(3), "b": np.ones(2)})
+    >>> fd.clients, fd.n_obs, fd.feature_names
+    (['a', 'b'], {'a': 3, 'b': 2}, ['x0', 'x1'])
+    """
+
+    __slots__ = ("_X", "_y", "_clients", "_feature_names", "_target_name")
+
+    def __init__(
+        self,
+        Xs: Sequence[Any] | Mapping[ClientId, Any],
+        ys: Sequence[Any] | Mapping[ClientId, Any] | None = None,
+        *,
+        clients: Sequence[ClientId] | None = None,
+        feature_names: Sequence[str] | None = None,
+        target_name: str = "y",
+        min_rows: int = 1,
+    ) -> None:
+        clients, X_list, y_list = pair_up(Xs, ys, clients)
+        if not isinstance(min_rows, (int, np.integer)) or isinstance(min_rows, bool) or min_rows < 1:
+            raise DataError(f"min_rows must be an integer >= 1, got {min_rows!r}")
+        if not isinstance(target_name, str):
+            raise DataError(f"target_name must be a str, got {target_name!r}")
+        if ys is None:  # unsupervised data (e.g. for mixture models): no target at all
+            target_name = None
+
+        Xd: dict[ClientId, np.ndarray] = {}
+        yd: dict[ClientId, np.ndarray] = {}
+        d: int | None = None
+        first: ClientId = None
+        for cid, X, y in zip(clients, X_list, y_list):
+            X = as_float_array(X, "X", cid)
+            if X.ndim == 1:  # a single feature given as a vector
+                X = X[:, None]
+            if X.ndim != 2:
+                raise DataError(f"{cname(cid)}: X must be 2-D (n, d), got shape {X.shape}")
+            if y is not None:
+                y = as_float_array(y, f"target {target_name!r}", cid)
+                if y.ndim == 2 and y.shape[1] == 1:  # a column vector is unambiguous
+                    y = y[:, 0]
+                if y.ndim != 1:
+                    raise DataError(f"{cname(cid)}: y must be 1-D (n,), got shape {y.shape}")
+            if y is not None and X.shape[0] != y.shape[0]:
+                raise DataError(
+                    f"{cname(cid)}: X has {X.shape[0]} rows but y has {y.shape[0]} entries"
+                )
+            if X.shape[0] == 0:
+                raise DataError(f"{cname(cid)} has no rows (empty client)")
+            if X.shape[0] < min_rows:
+                raise DataError(
+                    f"{cname(cid)} has {X.shape[0]} row(s), fewer than min_rows={min_rows}"
+                )
+            if d is None:
+                d, first = X.shape[1], cid
+                if d == 0:
+                    raise DataError(f"{cname(cid)}: X has no columns (d == 0)")
+            elif X.shape[1] != d:
+                raise DataError(
+                    f"{cname(cid)}: X has {X.shape[1]} columns but {cname(first)} has {d}; "
+                    "all clients must share the same features"
+                )
+            Xd[cid], yd[cid] = X, y
+
+        assert d is not None
+        names = check_feature_names(feature_names, d, target_name)
+        for cid in clients:
+            check_finite_X(Xd[cid], cid, names)
+            readonly(Xd[cid])
+            if yd[cid] is not None:
+                check_finite_y(yd[cid], cid, target_name)
+                readonly(yd[cid])
+
+        self._X = Xd
+        self._y = yd
+        self._clients = list(clients)
+        self._feature_names = names
+        self._target_name = target_name
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_arrays(
+        cls,
+        Xs: Sequence[Any] | Mapping[ClientId, Any],
+        ys: Sequence[Any] | Mapping[ClientId, Any] | None = None,
+        *,
+        clients: Sequence[ClientId] | None = None,
+        feature_names: Sequence[str] | None = None,
+        target_name: str = "y",
+        min_rows: int = 1,
+    ) -> FederatedData:
+        """Build from per-client arrays.
+
+        Parameters
+        ----------
+        Xs : sequence of array_like, or dict client id -> array_like
+            Design matrices, each ``(n_k, d)``; a 1-D array is read as ``(n_k, 1)``.
+        ys : sequence of array_like, or dict client id -> array_like, optional
+            Responses, each ``(n_k,)`` (an ``(n_k, 1)`` column is accepted). Must be a dict
+            with the same keys when ``Xs`` is a dict. ``None`` (default) gives data without
+            a target (for unsupervised models such as mixtures; ``y`` is then ``None``).
+        clients : sequence of hashable, optional
+            Client ids when ``Xs`` is a sequence (default ``0 .. K-1``). Not allowed with a
+            dict ``Xs`` (its keys are the ids).
+        feature_names : sequence of str, optional
+            Default ``["x0", ..., "x{d-1}"]``.
+        target_name : str, default "y"
+        min_rows : int, default 1
+            A client with fewer rows is an error.
+
+        Returns
+        -------
+        FederatedData
+
+        Raises
+        ------
+        DataError
+            Shape mismatch, empty client, duplicate ids, non-numeric or non-finite values.
+
+        Example
+        -------
+        >>> import numpy as np
+        >>> from fedstats.data import FederatedData
+        >>> fd = FederatedData.from_arrays([np.ones((3, 2)), np.zeros((4, 2))],
+        ...                                [np.ones(3), np.zeros(4)], clients=["a", "b"])
+        >>> len(fd), fd.n_features, fd.n_obs
+        (2, 2, {'a': 3, 'b': 4})
+        """
+        return cls(
+            Xs, ys, clients=clients, feature_names=feature_names,
+            target_name=target_name, min_rows=min_rows,
+        )
+
+    @classmethod
+    def from_dataframe(
+        cls,
+        df: pd.DataFrame,
+        *,
+        by: Hashable,
+        target: Hashable | None = None,
+        features: Sequence[Hashable] | None = None,
+        categorical: str = "error",
+        drop_first: bool = True,
+        min_rows: int = 1,
+    ) -> FederatedData:
+        """Build from a long data frame, one client per distinct value of column ``by``.
+
+        Clients come in order of first appearance in ``by``. Numeric columns are used as
+        they are, bool columns become 0/1. Other columns (strings, objects, categoricals)
+        are an error unless ``categorical="onehot"``, which one-hot encodes them into
+        dummies named ``col[level]``. The levels are taken from the whole frame (the
+        shared schema, not pooled data) so every client gets the same columns, even when a
+        level never occurs at that client.
+
+        Parameters
+        ----------
+        df : pandas.DataFrame
+        by : column label
+            The client id column.
+        target : column label, optional
+            The response column (numeric or bool). ``None`` (default): no target, for
+            unsupervised models (every column but ``by`` is then a feature by default).
+        features : sequence of column labels, optional
+            Default: every column except ``by`` and ``target``, in frame order.
+        categorical : {"error", "onehot"}, default "error"
+        drop_first : bool, default True
+            With ``"onehot"``, drop the first level (the reference): k-1 dummies. Levels are
+            sorted (a pandas categorical keeps its category order).
+        min_rows : int, default 1
+            A client with fewer rows is an error.
+
+        Returns
+        -------
+        FederatedData
+
+        Raises
+        ------
+        DataError
+            Missing columns, missing client ids, non-numeric columns, NaN values, ...
+
+        Example
+        -------
+        >>> import pandas as pd
+        >>> from fedstats.data import FederatedData
+        >>> df = pd.DataFrame({"site": ["a", "a", "b", "b"], "age": [30, 40, 50, 60],
+        ...                    "sex": ["f", "m", "f", "f"], "y": [1.0, 2.0, 3.0, 4.0]})
+        >>> fd = FederatedData.from_dataframe(df, by="site", target="y", categorical="onehot")
+        >>> fd.feature_names, fd.n_obs
+        (['age', 'sex[m]'], {'a': 2, 'b': 2})
+        """
+        return cls(**frame_to_arrays(df, by=by, target=target, features=features, categorical=categorical,
+                                     drop_first=drop_first), min_rows=min_rows)
+
+    # ------------------------------------------------------------------ accessors
+    @property
+    def clients(self) -> list[ClientId]:
+        """The client ids, in order."""
+        return list(self._clients)
+
+    @property
+    def n_clients(self) -> int:
+        """Number of clients K."""
+        return len(self._clients)
+
+    @property
+    def n_features(self) -> int:
+        """Number of features d (columns of every X)."""
+        return len(self._feature_names)
+
+    @property
+    def feature_names(self) -> list[str]:
+        """The d feature names (a copy)."""
+        return list(self._feature_names)
+
+    @property
+    def has_target(self) -> bool:
+        """Whether the data has a target ``y`` (``False`` for unsupervised data)."""
+        return self._target_name is not None
+
+    def _need_target(self, what: str) -> None:
+        if not self.has_target:
+            raise missing_target(what)
+
+    @property
+    def target_name(self) -> str | None:
+        """Name of the response."""
+        return self._target_name
+
+    @property
+    def n_obs(self) -> dict[ClientId, int]:
+        """Rows per client, ``{client: n_k}``."""
+        return {c: int(self._X[c].shape[0]) for c in self._clients}
+
+    @property
+    def n_total(self) -> int:
+        """Total number of rows over all clients."""
+        return sum(self.n_obs.values())
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def __iter__(self) -> Iterator[ClientId]:
+        return iter(list(self._clients))
+
+    def __contains__(self, client: object) -> bool:
+        try:
+            return client in self._X
+        except TypeError:  # unhashable
+            return False
+
+    def _unknown(self, client: Any) -> UnknownClientError:
+        return UnknownClientError(
+            f"unknown {cname(client)}; known clients ({self.n_clients}): "
+            f"{preview(self._clients)}"
+        )
+
+    def __getitem__(self, client: ClientId) -> ClientData:
+        """The :class:`ClientData` of one client (read-only arrays)."""
+        if client not in self:
+            raise self._unknown(client)
+        return ClientData(X=self._X[client], y=self._y[client], client=client)
+
+    def items(self) -> list[tuple[ClientId, ClientData]]:
+        """``[(client, ClientData), ...]`` in client order."""
+        return [(c, self[c]) for c in self._clients]
+
+    def __repr__(self) -> str:
+        ns = list(self.n_obs.values())
+        return (
+            f"FederatedData(K={self.n_clients} client{'s' if self.n_clients != 1 else ''}, "
+            f"d={self.n_features} feature{'s' if self.n_features != 1 else ''}, "
+            f"n={sum(ns)}, rows per client {min(ns)}..{max(ns)}, target={self._target_name!r})"
+        )
+
+    # ------------------------------------------------------------------ derived data
+    def subset(self, clients: Iterable[ClientId]) -> FederatedData:
+        """A new :class:`FederatedData` with only ``clients``, in the order given.
+
+        Raises
+        ------
+        DataError
+            Unknown (:class:`UnknownClientError`), duplicate, or no client ids.
+
+        Example
+        -------
+        >>> import numpy as np
+        >>> from fedstats.data import FederatedData
+        >>> fd = FederatedData.from_arrays([np.ones((2, 1))] * 3, [np.ones(2)] * 3)
+        >>> fd.subset([2, 0]).clients
+        [2, 0]
+        """
+        if isinstance(clients, (str, bytes)) or not isinstance(clients, Iterable):
+            raise DataError(f"clients must be a sequence of client ids, got {clients!r}")
+        ids = [normalise_id(c) for c in clients]
+        unknown = [c for c in ids if c not in self]
+        if unknown:
+            raise UnknownClientError(
+                f"unknown client id(s) {preview(unknown)}; known clients "
+                f"({self.n_clients}): {preview(self._clients)}"
+            )
+        seen: set = set()
+        dups = [c for c in ids if c in seen or seen.add(c)]
+        if dups:
+            raise DataError(f"duplicate client ids: {preview(dups)}")
+        if not ids:
+            raise DataError("subset needs at least one client")
+        return checked_data(
+            {c: self._X[c] for c in ids}, {c: self._y[c] for c in ids},
+            self._feature_names, self._target_name,
+        )
+
+    def train_test_split(
+        self,
+        test_size: float = 0.4,
+        *,
+        seed: int | np.random.Generator | np.random.SeedSequence | None,
+        shuffle: bool = True,
+    ) -> tuple[FederatedData, FederatedData]:
+        """Split every client's own rows into a train and a test part.
+
+        Each client puts ``round(test_size * n_k)`` rows (clipped to ``1 .. n_k - 1``, so
+        both sides keep at least one row of every client) into the test part. Within each
+        part, rows keep their original order.
+
+        Parameters
+        ----------
+        test_size : float in (0, 1), default 0.4
+        seed : int, Generator or SeedSequence; keyword-only and required
+            Drives the shuffling (client ``k`` uses the k-th spawned stream, so the split is
+            reproducible). May be ``None`` only with ``shuffle=False``.
+        shuffle : bool, default True
+            ``False`` gives a chronological split: the first rows train, the last rows test.
+
+        Returns
+        -------
+        (train, test) : tuple of FederatedData
+
+        Raises
+        ------
+        DataError
+            A client with fewer than 2 rows, or a bad ``test_size``.
+
+        Example
+        -------
+        >>> import numpy as np
+        >>> from fedstats.data import FederatedData
+        >>> fd = FederatedData.from_arrays([np.arange(10.0)], [np.arange(10.0)])
+        >>> tr, te = fd.train_test_split(0.3, seed=None, shuffle=False)
+        >>> te[0].y
+        array([7., 8., 9.])
+        """
+        if isinstance(test_size, bool) or not isinstance(test_size, (float, int, np.floating)) or not 0 < test_size < 1:
+            raise DataError(f"test_size must be a float strictly between 0 and 1, got {test_size!r}")
+        if shuffle and seed is None:
+            raise DataError("train_test_split(shuffle=True) needs a seed, for reproducibility")
+        small = [c for c in self._clients if self._X[c].shape[0] < 2]
+        if small:
+            raise DataError(
+                f"cannot split {', '.join(cname(c) for c in small[:SHOW])}: fewer than 2 rows"
+            )
+        if shuffle:
+            gen = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+            rngs = gen.spawn(self.n_clients)
+        Xtr, ytr, Xte, yte = {}, {}, {}, {}
+        for k, c in enumerate(self._clients):
+            n = self._X[c].shape[0]
+            n_test = min(max(math.floor(test_size * n + 0.5), 1), n - 1)
+            if shuffle:
+                perm = rngs[k].permutation(n)
+                te_idx, tr_idx = np.sort(perm[:n_test]), np.sort(perm[n_test:])
+            else:
+                tr_idx, te_idx = np.arange(n - n_test), np.arange(n - n_test, n)
+            y = self._y[c]
+            Xtr[c], ytr[c] = self._X[c][tr_idx], None if y is None else y[tr_idx]
+            Xte[c], yte[c] = self._X[c][te_idx], None if y is None else y[te_idx]
+        make = checked_data
+        return (
+            make(Xtr, ytr, self._feature_names, self._target_name),
+            make(Xte, yte, self._feature_names, self._target_name),
+        )
+
+    # ------------------------------------------------------------------ statistics
+    def sufficient_statistics(self) -> dict[ClientId, dict[str, Any]]:
+        """Per-client Gaussian-linear-model sufficient statistics, computed client-side.
+
+        Returns
+        -------
+        dict
+            ``{client: {"A": X^T X (d, d), "b": X^T y (d,), "c": y^T y (float), "n": n_k}}``.
+
+        Example
+        -------
+        >>> import numpy as np
+        >>> from fedstats.data import FederatedData
+        >>> fd = FederatedData.from_arrays([np.ones((3, 1))], [np.full(3, 2.0)])
+        >>> s = fd.sufficient_statistics()[0]
+        >>> s["A"], s["b"], s["c"], s["n"]
+        (array([[3.]]), array([6.]), 12.0, 3)
+        """
+        self._need_target("sufficient_statistics")
+        out = {}
+        for c in self._clients:
+            X, y = self._X[c], self._y[c]
+            out[c] = {"A": X.T @ X, "b": X.T @ y, "c": float(y @ y), "n": int(y.shape[0])}
+        return out
+
+    def fit_scaler(
+        self, *, center: bool = True, scale: bool = True, target: bool = False
+    ) -> FederatedScaler:
+        """Fit a :class:`FederatedScaler` from per-client sums only.
+
+        Each client reports ``n_k``, its column sums and its sum of squared deviations
+        (:func:`client_moments`); the server combines those (:func:`aggregate_moments`)
+        into the overall mean and sample sd (``n - 1`` denominator). No rows are pooled.
+
+        Parameters
+        ----------
+        center : bool, default True
+            Subtract the mean (else ``mean`` is all zeros).
+        scale : bool, default True
+            Divide by the sd (else ``sd`` is all ones). A constant feature gets sd 1 and a
+            :class:`ConstantFeatureWarning`.
+        target : bool, default False
+            Also standardise ``y`` (fills ``y_mean`` and ``y_sd``).
+
+        Returns
+        -------
+        FederatedScaler
+
+        Example
+        -------
+        >>> import numpy as np
+        >>> from fedstats.data import FederatedData
+        >>> fd = FederatedData.from_arrays([np.array([[0.0], [2.0]]), np.array([[4.0]])],
+        ...                                [np.zeros(2), np.ones(1)])
+        >>> sc = fd.fit_scaler()
+        >>> sc.mean, sc.sd
+        (array([2.]), array([2.]))
+        """
+        return fit_scaler(self, center=center, scale=scale, target=target)
+
+    def standardize(
+        self, *, center: bool = True, scale: bool = True, target: bool = False
+    ) -> tuple[FederatedData, FederatedScaler]:
+        """Fit a scaler (:meth:`fit_scaler`) and apply it: returns ``(scaled, scaler)``.
+
+        Example
+        -------
+        >>> import numpy as np
+        >>> from fedstats.data import FederatedData
+        >>> fd = FederatedData.from_arrays([np.array([[0.0], [2.0]]), np.array([[4.0]])],
+        ...                                [np.zeros(2), np.ones(1)])
+        >>> scaled, sc = fd.standardize()
+        >>> scaled[0].X.ravel(), scaled[1].X.ravel()
+        (array([-1.,  0.]), array([1.]))
+        """
+        scaler = self.fit_scaler(center=center, scale=scale, target=target)
+        return scaler.transform(self), scaler
+
+    def to_dataframe(self, *, client_col: str = "client") -> pd.DataFrame:
+        """Long format: one row per observation, columns ``client_col``, features, target.
+
+        Example
+        -------
+        >>> import numpy as np
+        >>> from fedstats.data import FederatedData
+        >>> fd = FederatedData.from_arrays({"a": np.ones((1, 1))}, {"a": np.zeros(1)})
+        >>> fd.to_dataframe()
+          client   x0    y
+        0      a  1.0  0.0
+        """
+        return frame_of(self, client_col)
+
+
+def checked_data(
+    Xd: dict[ClientId, np.ndarray],
+    yd: dict[ClientId, np.ndarray | None],
+    feature_names: Sequence[str],
+    target_name: str | None,
+) -> FederatedData:
+    """A :class:`FederatedData` of arrays derived from an already validated one (same features,
+    finite values), without checking them again: for the data's own derived objects (a subset,
+    a split, a scaled copy)."""
+    fd = object.__new__(FederatedData)
+    fd._X = {c: readonly(X) for c, X in Xd.items()}
+    fd._y = {c: None if y is None else readonly(y) for c, y in yd.items()}
+    fd._clients = list(Xd.keys())
+    fd._feature_names = list(feature_names)
+    fd._target_name = target_name
+    return fd
+
+
+def as_federated(data) -> FederatedData:
+    """The :class:`FederatedData` every model's ``fit`` takes, from what converts to one: a
+    FederatedData (returned as is); a dict client -> X, or client -> (X, y); a list of X, or
+    of (X, y) pairs (clients 0, 1, ...)."""
+    if isinstance(data, FederatedData):
+        return data
+    if isinstance(data, Mapping):
+        vals = list(data.values())
+        if vals and all(isinstance(v, tuple) and len(v) == 2 for v in vals):
+            return FederatedData.from_arrays({c: v[0] for c, v in data.items()}, {c: v[1] for c, v in data.items()})
+        return FederatedData.from_arrays(dict(data))
+    if isinstance(data, (list, tuple)):
+        if data and all(isinstance(v, tuple) and len(v) == 2 for v in data):
+            return FederatedData.from_arrays([v[0] for v in data], [v[1] for v in data])
+        return FederatedData.from_arrays(list(data))
+    raise DataError(f"data must be a FederatedData, a dict client -> X or (X, y), or a list of X or of (X, y) "
+                    f"pairs; got {type(data).__name__}")
+
