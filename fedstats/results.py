@@ -456,7 +456,7 @@ def counted(fit):
     @functools.wraps(fit)
     def wrapper(self, *args, **kwargs):
         from .data import as_federated
-        from .federation.runner import counting
+        from .federation import counting
 
         if args:
             args = (as_federated(args[0]), *args[1:])

@@ -15,6 +15,7 @@
 """
 
 from .backend import current_backend, use_backend
+from .progress import round_lines
 from .protocol import (
     ClientDisconnected,
     FederatedAlgorithm,
@@ -25,7 +26,8 @@ from .protocol import (
     message_nbytes,
     validate_message,
 )
-from .runner import Communication, History, Ledger, RoundRecord, RunResult, counting, round_lines, run
+from .records import Communication, History, Ledger, RoundRecord, RunResult, counting
+from .runner import run
 
 __all__ = [
     "FederatedAlgorithm",

@@ -29,6 +29,11 @@ Message = dict[str, np.ndarray]
 ClientId = Hashable
 
 
+def describe_exc(exc: BaseException) -> str:
+    """``"ExcType: message"``: how a failure is recorded and reported."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 class SkipRound(Exception):
     """Raised by a client step that declines to update this round (e.g. a non-PD cavity).
 

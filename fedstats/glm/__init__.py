@@ -7,12 +7,16 @@
   federated EP; :class:`HierarchicalGLM`: each client's own coefficients around a population
   (HM2's structure with a GLM likelihood), posteriors for both.
 * :mod:`~fedstats.glm.families`: the families (gaussian, binomial, poisson, gamma, negative
-  binomial) and links.
+  binomial) and links; ``BAYES_LINKS``: the links of each family that the Bayesian models take.
+* ``ROLES``: the column roles a GLM's data may give besides predictors and outcome (offset,
+  exposure, frequency weights, binomial trials).
 """
 
+from ._design import SPECIAL as ROLES
+from ._sites import BAYES_LINKS
 from .bayes import BayesianGLM, BayesianGLMResult, HierarchicalGLM, HierarchicalGLMResult
 from .families import FAMILIES, LINKS, family_of
 from .frequentist import FederatedGLM, GLMConvergenceWarning, GLMResult, SeparationError
 
 __all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning", "BayesianGLM", "BayesianGLMResult",
-           "HierarchicalGLM", "HierarchicalGLMResult", "FAMILIES", "LINKS", "family_of"]
+           "HierarchicalGLM", "HierarchicalGLMResult", "FAMILIES", "LINKS", "family_of", "ROLES", "BAYES_LINKS"]

@@ -27,7 +27,8 @@ import torch
 
 from ..data import FederatedData, require_target
 from ._core import HyperSpec, band_frame, fit_mle, posterior
-from .fgpr import FGPR, FGPRResult, standardise
+from .fgpr import FGPR, FGPRResult
+from .fgpr_algorithm import standardise
 from .testfunctions import Problem, problem
 
 __all__ = ["MFData", "fidelity_data", "SeparateGP", "AR1CoKriging", "FederatedAR1", "mf_run", "paper_protocol"]

@@ -284,8 +284,7 @@ def federated_ep(model: Callable, data, *, prior: dict, global_sites=None, tilte
     import time
 
     from ..data import as_federated, require_target
-    from ..federation import run
-    from ..federation.runner import counting
+    from ..federation import counting, run
     from .ep import RowsEP, check_invariants, posterior_round
 
     data = as_federated(data)

@@ -322,7 +322,7 @@ class PooledOracle(Estimator):
 
     def fit(self, data, *, seed: int = 0) -> PointResult:
         require_target(data, "PooledOracle")
-        from .structural import conditional_posterior
+        from .hm1_posterior import conditional_posterior
 
         t0 = time.perf_counter()
         clients = list(data.clients)

@@ -64,11 +64,7 @@ and on the noise variances: the uncertainty of Omega and of estimated noise vari
 propagated (with few residual degrees of freedom per device the intervals are then somewhat
 narrow). They do not depend on Algorithm 1's tuning or convergence; Algorithm 1's estimate
 (``coef``, column ``estimate``) is a different point and is reported beside the posterior,
-never as its centre. ``posterior_omega="learned"`` conditions on Algorithm 1's Omega (the
-behaviour before this option existed).
-
-Size: one module for now (about 860 lines): Algorithm 1, the EM Omega for the intervals and the
-result; splitting algorithm, uncertainty and result is part of issue 20.
+never as its centre. ``posterior_omega="learned"`` conditions on Algorithm 1's Omega.
 """
 
 from __future__ import annotations
@@ -80,14 +76,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy import linalg as sla
 from scipy import stats as sst
 
 from ..data import require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..federation import Communication, FederatedAlgorithm, run
+from ..federation import Communication, run
 from ..federation.backend import accepts_backend
-from ..federation.runner import record
+from ..federation.records import record
 from ..inference.posterior import GaussianPosterior
 from ..results import NoPosteriorError, check_level, counted, prediction_frame, register
 from ._local import (
@@ -98,243 +93,22 @@ from ._local import (
     PointResult,
     coefficient_names,
     federated_lr,
-    full_batch,
     full_batch_steps,
     initial_theta,
-    local_steps,
     resolve_lr,
 )
-
-# --------------------------------------------------------------------------- numerics
-
-
-def jittered_cholesky(A: np.ndarray, jitter: float = 1e-8, max_tries: int = 12) -> tuple[np.ndarray, float]:
-    """Lower Cholesky factor of ``A + eps I`` with ``eps = jitter * mean(diag A)``, raised
-    tenfold until the factorisation succeeds. Returns ``(L, eps)``."""
-    A = (A + A.T) / 2
-    scale = float(np.mean(np.diag(A)))
-    if not np.isfinite(scale) or scale <= 0:
-        scale = 1.0
-    eps = jitter * scale
-    for _ in range(max_tries):
-        try:
-            L = np.linalg.cholesky(A + eps * np.eye(len(A)))
-            if np.all(np.isfinite(L)):
-                return L, eps
-        except np.linalg.LinAlgError:
-            pass
-        eps = max(eps * 10, 1e-12 * scale)
-    raise np.linalg.LinAlgError(f"matrix not positive definite even with jitter {eps:.3g}")
-
-
-def solve_omega(omega: np.ndarray, B: np.ndarray, jitter: float = 1e-8) -> np.ndarray:
-    """``Omega^{-1} B`` by a jittered Cholesky solve."""
-    L, _ = jittered_cholesky(omega, jitter)
-    return sla.cho_solve((L, True), B)
-
-
-def aggregates(theta: np.ndarray, omega: np.ndarray, jitter: float = 1e-8) -> np.ndarray:
-    """``G = Theta Omega^{-1}`` (d x K), column k being device k's aggregate ``g_k``."""
-    return solve_omega(omega, theta.T, jitter).T
-
-
-def floor_eigenvalues(omega: np.ndarray, floor: float) -> np.ndarray:
-    """``Omega`` with its eigenvalues raised to at least ``floor * mean(diag Omega)``."""
-    if floor <= 0:
-        return omega
-    w, V = np.linalg.eigh((omega + omega.T) / 2)
-    lo = floor * float(np.mean(np.diag(omega)))
-    if w[0] >= lo:
-        return omega
-    return (V * np.maximum(w, lo)) @ V.T
-
-
-def omega_update(omega: np.ndarray, theta: np.ndarray, alpha: float) -> np.ndarray:
-    """``(1 - alpha) Omega + (alpha / d) Theta^T Theta``, symmetrised."""
-    d = theta.shape[0]
-    new = (1 - alpha) * omega + (alpha / d) * (theta.T @ theta)
-    return (new + new.T) / 2
-
-
-# --------------------------------------------------------------------------- the algorithm
-
-
-@dataclass
-class _Server:
-    theta: np.ndarray  # (d, K)
-    omega: np.ndarray  # (K, K)
-    agg: np.ndarray  # (d, K): Theta Omega^{-1} for the current (Theta, Omega)
-    index: dict
-
-
-@dataclass
-class _Device:
-    n: int
-    XtX: np.ndarray
-    Xty: np.ndarray
-    shrink: float
-
-
-class HM1Algorithm(FederatedAlgorithm):
-    """Algorithm 1 as a :class:`~fedstats.federation.FederatedAlgorithm`.
-
-    The broadcast to device k holds exactly ``theta`` (its own column) and ``aggregate``
-    (``g_k``); the reply holds ``theta``. See :class:`StructuralCovarianceModel` for the
-    options.
-    """
-
-    reply_keys = ("theta",)
-    server_only_fields = ("theta_init", "omega_init", "callback")
-
-    def __init__(self, d: int, *, local_steps: int, lr: float, alpha: float, batch_size, grad_reduction: str,
-                 shrink_scale, init: str, omega_init=None, theta_init=None, jitter: float = 1e-8,
-                 eig_floor: float = 0.0, tol: float = 1e-4, callback=None):
-        self.callback = callback
-        self.d, self.local_steps, self.lr, self.alpha = d, local_steps, lr, alpha
-        self.batch_size, self.grad_reduction, self.shrink_scale = batch_size, grad_reduction, shrink_scale
-        self.init, self.omega_init, self.theta_init = init, omega_init, theta_init
-        self.jitter, self.eig_floor, self.tol = jitter, eig_floor, tol
-
-    def init_server(self, clients, rng):
-        K = len(clients)
-        theta = (np.array(self.theta_init, dtype=float) if self.theta_init is not None
-                 else initial_theta(self.init, self.d, K, rng))
-        omega = np.eye(K) if self.omega_init is None else np.array(self.omega_init, dtype=float)
-        return _Server(theta, omega, aggregates(theta, omega, self.jitter), {c: i for i, c in enumerate(clients)})
-
-    def init_client(self, client, data, rng):
-        X, y = data
-        n = X.shape[0]
-        s = shrink_for(self.shrink_scale, X, y, client, self.local_steps, self.batch_size, self.grad_reduction)
-        return _Device(n, X.T @ X, X.T @ y, s)
-
-    def broadcast(self, server_state, client, round):
-        k = server_state.index[client]
-        return {"theta": server_state.theta[:, k].copy(), "aggregate": server_state.agg[:, k].copy()}
-
-    def _scale(self, n: int) -> float:
-        return 1.0 if self.grad_reduction == "sum" else float(n)
-
-    def client_step(self, message, state, data, rng):
-        X, y = data
-        theta = local_steps(message["theta"], X, y, steps=self.local_steps, lr=self.lr, batch_size=self.batch_size,
-                            reduction=self.grad_reduction, rng=rng)
-        theta = theta - 2 * self.lr * state.shrink * message["aggregate"]
-        if not np.all(np.isfinite(theta)):
-            raise FloatingPointError(f"local gradient descent diverged (lr={self.lr:.3g})")
-        return {"theta": theta}, state
-
-    def client_steps(self, messages, states, datas, rngs):
-        # Full-batch gradient descent needs only each device's X^T X and X^T y: one batched
-        # product for all devices. Mini-batches draw rows and go one device at a time.
-        if not all(full_batch(self.batch_size, s.n) for s in states):
-            return super().client_steps(messages, states, datas, rngs)
-        thetas = full_batch_steps(np.stack([m["theta"] for m in messages]), np.stack([s.XtX for s in states]),
-                                  np.stack([s.Xty for s in states]), steps=self.local_steps, lr=self.lr,
-                                  scale=[self._scale(s.n) for s in states])
-        shrink = np.array([s.shrink for s in states])[:, None]
-        thetas = thetas - 2 * self.lr * shrink * np.stack([m["aggregate"] for m in messages])
-        return [({"theta": t}, s) if np.all(np.isfinite(t))
-                else FloatingPointError(f"local gradient descent diverged (lr={self.lr:.3g})")
-                for t, s in zip(thetas, states)]
-
-    def server_step(self, server_state, replies, round):
-        theta = server_state.theta.copy()
-        for c, reply in replies.items():
-            theta[:, server_state.index[c]] = reply["theta"]
-        with np.errstate(over="ignore", invalid="ignore"):
-            omega = omega_update(server_state.omega, theta, self.alpha)
-        if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(omega))):
-            raise FloatingPointError("the coefficients or Omega overflowed")
-        omega = floor_eigenvalues(omega, self.eig_floor)
-        change = float(np.linalg.norm(theta - server_state.theta))
-        theta_rel, omega_rel = relative_change(theta, server_state.theta), relative_change(omega, server_state.omega)
-        w = np.linalg.eigvalsh(omega)
-        new = _Server(theta, omega, aggregates(theta, omega, self.jitter), server_state.index)
-        if self.callback is not None:
-            self.callback(round, theta.copy(), omega.copy())
-        return new, {"theta_rel_change": theta_rel, "omega_rel_change": omega_rel, "theta_change": change,
-                     "omega_min_eig": float(w[0]), "omega_cond": float(w[-1] / w[0]) if w[0] > 0 else float("inf")}
-
-    def converged(self, server_state, metrics):
-        """:func:`round_converged` (the fit runs all rounds unless ``stop_early``, by passing
-        ``min_rounds=rounds`` to the runner)."""
-        return round_converged(metrics, self.tol)
-
-
-def relative_change(new: np.ndarray, old: np.ndarray) -> float:
-    """``||new - old||_F / max(||new||_F, ||old||_F)`` (0 when they are equal)."""
-    num = float(np.linalg.norm(new - old))
-    if num == 0:
-        return 0.0
-    return num / max(float(np.linalg.norm(new)), float(np.linalg.norm(old)))
-
-
-def round_converged(metrics: Mapping, tol: float) -> bool:
-    """Whether a round's relative changes of Theta and Omega are both below ``tol`` (> 0)."""
-    return bool(tol > 0 and metrics.get("theta_rel_change", np.inf) < tol
-                and metrics.get("omega_rel_change", np.inf) < tol)
-
-
-def shrink_for(shrink_scale, X, y, client, steps: int, batch_size, reduction: str) -> float:
-    """A device's ``s`` in the prior step: ``shrink_scale`` itself, or for ``"noise"``
-    ``T sigma^2`` times the expected fraction of the full-data sum gradient one step takes."""
-    if shrink_scale != "noise":
-        return float(shrink_scale)
-    n = X.shape[0]
-    frac = 1.0 / n if reduction == "mean" else (1.0 if full_batch(batch_size, n) else batch_size / n)
-    return steps * residual_variance(X, y, client, "use a numeric shrink_scale") * frac
-
-
-class CannotShareError(ValueError):
-    """A device could not share its information matrix or estimate its noise variance (``fit`` with ``uncertainty="auto"``
-    then keeps Algorithm 1's point and warns)."""
-
-
-def residual_variance(X, y, client=None, hint: str = "give noise_sd") -> float:
-    """Unbiased residual variance of the device's least-squares fit (needs more rows than
-    the rank of its design, and a residual that is not exactly 0)."""
-    n = X.shape[0]
-    rank = np.linalg.matrix_rank(X)
-    if n <= rank:
-        raise CannotShareError(f"client {client!r} has {n} rows for {rank} independent coefficients: its noise variance "
-                         f"cannot be estimated; {hint}")
-    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
-    rss = float(np.sum((y - X @ beta) ** 2))
-    if not rss > 1e-24 * float(np.sum(y**2)):  # an exact fit up to rounding
-        raise CannotShareError(f"client {client!r}: least squares fits its data exactly, so its noise variance cannot be "
-                         f"estimated; {hint}")
-    return rss / (n - rank)
-
-
-class _InformationShare(FederatedAlgorithm):
-    """One round in which each device sends ``X^T X / sigma^2``, ``X^T y / sigma^2`` and its
-    noise variance ``sigma^2`` (known, or its least-squares residual variance); opt-in, for
-    the conditional posterior. The server only collects them."""
-
-    reply_keys = ("information", "score", "noise_var")
-
-    def __init__(self, noise_var: Mapping | None):
-        self.noise_var = noise_var
-
-    def init_server(self, clients, rng):
-        return {}
-
-    def init_client(self, client, data, rng):
-        if self.noise_var is not None and client in self.noise_var:
-            return float(self.noise_var[client])
-        return residual_variance(*data, client)
-
-    def broadcast(self, server_state, client, round):
-        return {}
-
-    def client_step(self, message, state, data, rng):
-        X, y = data
-        return {"information": X.T @ X / state, "score": X.T @ y / state, "noise_var": np.array(state)}, state
-
-    def server_step(self, server_state, replies, round):
-        return dict(replies), {}
-
+from .hm1_algorithm import (
+    CannotShareError,
+    HM1Algorithm,
+    InformationShare,
+    aggregates,
+    floor_eigenvalues,
+    omega_update,
+    relative_change,
+    round_converged,
+    shrink_for,
+)
+from .hm1_posterior import conditional_posterior, em_omega, exchangeable_target, noise_vars
 
 # --------------------------------------------------------------------------- model
 
@@ -600,95 +374,6 @@ class StructuralCovarianceModel(Estimator):
                                               "omega_prior_rows")}
 
 
-def _noise_vars(noise_sd, clients) -> dict | None:
-    if noise_sd is None:
-        return None
-    if isinstance(noise_sd, Mapping):
-        unknown = [c for c in noise_sd if c not in clients]
-        if unknown:
-            raise ValueError(f"noise_sd names unknown client(s): {unknown[:5]}")
-        vals = dict(noise_sd)
-    else:
-        vals = {c: noise_sd for c in clients}
-    out = {}
-    for c, v in vals.items():
-        v = float(v)
-        if not (np.isfinite(v) and v > 0):
-            raise ValueError(f"noise_sd of client {c!r} must be positive, got {v!r}")
-        out[c] = v**2
-    return out
-
-
-def _joint_posterior(omega, information, score, jitter: float = 1e-8):
-    """Mean (K, d) and the full covariance (K d, K d), client-major, of ``vec(Theta)`` given
-    Omega: precision ``blockdiag(information_k) + Omega^{-1} kron I_d``, linear term ``score``."""
-    K, d = score.shape
-    omega_inv = solve_omega(omega, np.eye(K), jitter)
-    P = np.kron((omega_inv + omega_inv.T) / 2, np.eye(d))
-    for k in range(K):
-        P[k * d:(k + 1) * d, k * d:(k + 1) * d] += information[k]
-    L, _ = jittered_cholesky(P, 1e-12)
-    cov = sla.cho_solve((L, True), np.eye(K * d))
-    return (cov @ score.reshape(-1)).reshape(K, d), cov
-
-
-def conditional_posterior(omega, information, score, jitter: float = 1e-8):
-    """Mean (K, d) and per-device covariance (K, d, d) of ``vec(Theta)`` given Omega:
-    precision ``blockdiag(information_k) + Omega^{-1} kron I_d``, linear term ``score_k``."""
-    K, d = score.shape
-    mean, cov = _joint_posterior(omega, information, score, jitter)
-    blocks = np.stack([cov[k * d:(k + 1) * d, k * d:(k + 1) * d] for k in range(K)])
-    return mean, (blocks + np.swapaxes(blocks, 1, 2)) / 2
-
-
-def em_omega(information, score, *, prior_rows: float, start=None, tol: float = 1e-6, max_iter: int = 500,
-             jitter: float = 1e-8) -> tuple[np.ndarray, dict]:
-    """Omega estimated from the devices' information by EM with ``prior_rows`` (nu)
-    pseudo-rows of coefficients from ``N(0, T)`` (see the module docs):
-
-        Omega <- (S + nu T) / (d + nu),   S = E[Theta^T Theta | y, Omega],
-
-    where ``S = M^T M + sum_j Cov(row j of Theta)`` under the conditional posterior given the
-    current Omega (M the posterior mean) and ``T = tau^2 ((1 - rho) I + rho 1 1^T)`` is the
-    exchangeable covariance with the mean variance and mean covariance of ``S / d``
-    (:func:`exchangeable_target`). Iterates from ``start`` (default ``tau0^2 I`` from least
-    squares) until the relative change (Frobenius) is below ``tol``. Returns ``(Omega,
-    info)``, info holding ``iterations``, ``converged``, ``last_change``, ``tau2``, ``rho`` and
-    ``prior_rows``. Each iteration factors the K d x K d posterior precision."""
-    K, d = score.shape
-    nu = float(prior_rows)
-    if start is None:
-        tau0 = np.mean([np.sum(np.linalg.lstsq(information[k], score[k], rcond=None)[0] ** 2) / d for k in range(K)])
-        start = (tau0 if np.isfinite(tau0) and tau0 > 0 else 1.0) * np.eye(K)
-    omega = (np.asarray(start, dtype=float) + np.asarray(start, dtype=float).T) / 2
-    change, it = np.inf, 0
-    tau2, rho, _ = exchangeable_target(omega)
-    for it in range(1, max_iter + 1):
-        mean, cov = _joint_posterior(omega, information, score, jitter)
-        S = mean @ mean.T + np.einsum("kjlj->kl", cov.reshape(K, d, K, d))
-        tau2, rho, target = exchangeable_target(S / d)
-        new = (S + nu * target) / (d + nu)
-        new = (new + new.T) / 2
-        change = relative_change(new, omega)
-        omega = new
-        if change < tol:
-            break
-    return omega, {"iterations": it, "converged": bool(change < tol), "last_change": float(change), "tau2": tau2,
-                   "rho": rho, "prior_rows": nu}
-
-
-def exchangeable_target(A: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """The exchangeable (compound-symmetric) covariance closest in average to ``A``:
-    ``tau^2 ((1 - rho) I + rho 1 1^T)`` with ``tau^2`` the mean diagonal and ``rho tau^2`` the
-    mean off-diagonal entry of ``A`` (rho clipped to ``[-1/(K-1), 1]``). Returns
-    ``(tau^2, rho, target)``."""
-    K = len(A)
-    tau2 = float(np.trace(A) / K)
-    if not tau2 > 0:
-        return 1.0, 0.0, np.eye(K)
-    rho = float((A.sum() - np.trace(A)) / (K * (K - 1)) / tau2)
-    rho = min(max(rho, -1.0 / (K - 1)), 1.0)
-    return tau2, rho, tau2 * ((1 - rho) * np.eye(K) + rho * np.ones((K, K)))
 
 
 # --------------------------------------------------------------------------- result
@@ -749,7 +434,7 @@ class StructuralResult(PointResult):
     # ------------------------------------------------------------ uncertainty
     def _add_posteriors(self, devices, noise_sd, *, seed: int, jitter: float, how: str = "em",
                         prior_rows=None) -> None:
-        alg = _InformationShare(_noise_vars(noise_sd, self.clients))
+        alg = InformationShare(noise_vars(noise_sd, self.clients))
         out = run(alg, devices, kind="information share", rounds=1, seed=seed, progress=False)
         replies = out.server_state
         missing = [c for c in self.clients if c not in replies]

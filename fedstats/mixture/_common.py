@@ -140,3 +140,24 @@ SERVER_CONSTRAINTS = {
     "shared_weights": BOOL,
     "participation": Real(0, 1, closed=(False, True)),
 }
+
+
+class RowStack:
+    """Simulation-side cache of the participants' rows stacked into one array.
+
+    The batched client step of FedEM computes every participant's E-step in one pass
+    (the components are the same for all of them). Only the in-process simulator uses it;
+    it lives on the algorithm object and is dropped from pickles.
+    """
+
+    def __init__(self):
+        self.key: tuple = ()
+        self.X = None
+        self.starts = None
+
+    def get(self, Xs):
+        if len(Xs) != len(self.key) or any(a is not b for a, b in zip(Xs, self.key)):
+            self.key = tuple(Xs)
+            self.X = np.concatenate(Xs) if len(Xs) > 1 else Xs[0]
+            self.starts = np.cumsum([0] + [x.shape[0] for x in Xs[:-1]])
+        return self.X, self.starts

@@ -47,6 +47,7 @@ from ._common import (
     SERVER_CONSTRAINTS,
     WEIGHTS,
     MixtureEstimator,
+    RowStack,
     as_federated,
     check_failures,
     initial_weights,
@@ -71,27 +72,6 @@ from ._init import federated_loglik
 
 # helpers shared by the three mixtures (their names here are kept for the modules that import them)
 _log_weights, _norm = log_weights, norm
-
-class _Stack:
-    """Simulation-side cache of the participants' rows stacked into one array.
-
-    The batched client step of FedEM computes every participant's E-step in one pass
-    (the components are the same for all of them). Only the in-process simulator uses it;
-    it lives on the algorithm object and is dropped from pickles.
-    """
-
-    def __init__(self):
-        self.key: tuple = ()
-        self.X = None
-        self.starts = None
-
-    def get(self, Xs):
-        if len(Xs) != len(self.key) or any(a is not b for a, b in zip(Xs, self.key)):
-            self.key = tuple(Xs)
-            self.X = np.concatenate(Xs) if len(Xs) > 1 else Xs[0]
-            self.starts = np.cumsum([0] + [x.shape[0] for x in Xs[:-1]])
-        return self.X, self.starts
-
 
 @dataclass
 class ClientMixtureState:
@@ -129,11 +109,11 @@ class FedEMAlgorithm(FederatedAlgorithm):
         self.weights_init = weights_init
         self.tol = tol
         self.M, self.d = self.means0.shape
-        self._stack = _Stack()
+        self._stack = RowStack()
 
     def __getstate__(self):
         s = dict(self.__dict__)
-        s["_stack"] = _Stack()
+        s["_stack"] = RowStack()
         return s
 
     def _w0(self, client) -> np.ndarray:
@@ -552,7 +532,7 @@ class GaussianMixtureResult(MixtureResult):
         ``numpy.linalg.LinAlgError`` when the information is singular. See
         :mod:`fedstats.mixture.wald`.
         """
-        from ..federation.runner import Communication, counting
+        from ..federation import Communication, counting
         from .wald import means_table, wald_covariances
 
         level = check_level(level)

@@ -35,18 +35,13 @@ Two baselines for experiments use the same machinery: ``pooling="local"`` (every
 estimates its own components from its own statistics only: local online EM with the same
 mirror-descent weights) and ``shared_weights=True`` (one weight vector for all clients, a
 global online mixture).
-
-Size: one module for now (about 780 lines): the step algorithm and the online model share the
-per-client state layout; splitting them is part of issue 20.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 import warnings
-from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -54,328 +49,22 @@ from scipy import stats
 
 from ..data import DataError
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..federation import FederatedAlgorithm, run
+from ..federation import Communication, counting, run
 from ..federation.backend import accepts_backend
 from ..federation.oneshot import raise_failures
-from ..federation.runner import Communication, counting
 from ..results import load_result, register, save_result
 from ._common import as_federated
-from ._common import log_weights as _log_weights
 from ._gmm import (
     cov_shape,
-    e_step,
-    estep_statistics,
-    full_covariances,
-    log_gaussian,
-    m_step,
     precision_cholesky,
-    s2_shape,
 )
-from .fedem import GaussianMixtureResult, _Stack
+from .fedem import GaussianMixtureResult
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
+from .omd import adaptive_eta, eg_update, floor_at, omd_gradient, step_size
+from .online_step import FEMOMDStep, new_client_state, prior_concentration
 
-
-# ------------------------------------------------------------------ the two building blocks
-def _lse(a: np.ndarray) -> np.ndarray:
-    """log-sum-exp over the last axis (plain numpy: scipy's costs ~100 us a call here)."""
-    amax = a.max(axis=-1, keepdims=True)
-    return (amax + np.log(np.exp(a - amax).sum(axis=-1, keepdims=True)))[..., 0]
-
-
-def eg_update(pi, grad, eta, floor=0.0) -> np.ndarray:
-    """Exponentiated-gradient (entropic mirror-descent) step on the simplex.
-
-    ``softmax(log pi - eta grad)``, i.e. ``argmin_q <q, eta grad> + KL(q || pi)``; then
-    ``(1 - floor) q + floor / m``. Adding a constant to ``grad`` changes nothing. Works on
-    one ``(m,)`` vector or a stack ``(C, m)`` (``eta`` and ``floor`` scalars, or ``(C, 1)``:
-    one per row).
-    """
-    pi = np.asarray(pi, float)
-    a = _log_weights(pi) - eta * np.asarray(grad, float)
-    q = np.exp(a - _lse(a)[..., None])
-    if np.any(floor):
-        q = (1.0 - floor) * q + floor / q.shape[-1]
-    return q
-
-
-def omd_gradient(log_dens, log_pi, starts=None) -> np.ndarray:
-    """Monte-Carlo gradient of ``pi -> KL(P || sum_j pi_j f_j)`` at ``pi`` from draws of P.
-
-    ``log_dens`` (S, m): ``log f_j(Z_s)``; returns ``g_j = -mean_s f_j(Z_s) / sum_l pi_l
-    f_l(Z_s)``. For any draws ``sum_j pi_j g_j = -1`` (the ratios are responsibilities / pi).
-    Stacked clients: ``starts`` (C,) row offsets and ``log_pi`` (C, m) give (C, m).
-    """
-    if starts is None:
-        lse = _lse(log_dens + log_pi)
-        return -np.mean(np.exp(log_dens - lse[:, None]), axis=0)
-    starts = np.asarray(starts)
-    sizes = np.diff(np.r_[starts, log_dens.shape[0]])
-    lp = np.repeat(log_pi, sizes, axis=0)
-    lse = _lse(log_dens + lp)
-    return -np.add.reduceat(np.exp(log_dens - lse[:, None]), starts, axis=0) / sizes[:, None]
-
-
-def step_size(t: int, n_components: int, eta=None, horizon=None) -> float:
-    """``eta`` if given, else ``sqrt(log m / T)`` (horizon known) or ``sqrt(log m / t)``."""
-    if eta is not None:
-        return float(eta)
-    m = max(n_components, 2)
-    return math.sqrt(math.log(m) / (horizon if horizon is not None else max(t, 1)))
-
-
-def adaptive_eta(grad_sq, n_components) -> np.ndarray:
-    """The adaptive step ``sqrt(log m / sum_{s<=t} r_s^2)``, ``r_s = max_j g_sj - min_j g_sj``.
-
-    ``grad_sq``: the running sum of squared gradient ranges, this step's included (scalar or
-    one per client). The scale-free (AdaGrad) step of exponentiated gradient: it is the anytime
-    ``sqrt(log m / t)`` when every range is 1, and ``eta_t r_t <= sqrt(log m)``, so no single
-    gradient, however large, moves a weight ratio by more than ``exp(sqrt(log m))``. 0 while
-    the sum is 0 (no gradient has told the weights apart yet).
-    """
-    m = max(n_components, 2)
-    gs = np.asarray(grad_sq, float)
-    return np.where(gs > 0, np.sqrt(math.log(m) / np.maximum(gs, 1e-300)), 0.0)
-
-
-def floor_at(t: int, eta, weight_floor="auto"):
-    """The weight floor of step ``t`` with step ``eta`` (scalar or one per client): ``weight_floor``
-    if it is a number; ``"auto"``: ``min(eta, 1) / (t + 1)``.
-
-    Mixing ``floor`` of the uniform vector into exponentiated-gradient weights that shrink by
-    ``exp(-eta)`` per step holds a weight the gradients push down at ``~ floor / (m eta)``, and
-    costs ``~ floor / eta`` nats per step (fixed share's ``log(1 / (1 - alpha)) / eta``). The
-    ``"auto"`` floor keeps the first at ``1 / (m (t + 1))`` and the second, summed over T steps,
-    of the order of ``log(T + 1)`` nats, whatever the step; a constant floor under a shrinking
-    step would let both grow with ``t``.
-    """
-    if isinstance(weight_floor, str):
-        return np.minimum(eta, 1.0) / (t + 1)
-    return float(weight_floor)
-
-
-# ------------------------------------------------------------------ one time step
-class FEMOMDStep(FederatedAlgorithm):
-    """One FEM-OMD time step as ``K + 1`` rounds (see the module docs).
-
-    ``server`` / ``clients``: the state carried over from the previous step (mutated copies
-    are returned through the run's server and client states).
-    """
-
-    reply_keys = ("N", "S1", "S2", "g")
-    per_client_fields = ("clients0",)
-    server_only_fields = ("server0",)
-
-    def __init__(self, model: FEMOMD, server: dict, clients: Mapping, eta: float | None, t: int = 1):
-        self.m = model
-        self.server0 = server
-        self.clients0 = clients
-        self.eta = eta  # None: the adaptive step, per client (per federation with shared_weights)
-        self.t = t
-        self.K = model.inner_rounds
-        self.ct = "spherical" if model.covariance_type == "identity" else model.covariance_type
-        self.M = model.n_components
-        self._stack = _Stack()
-
-    def __getstate__(self):
-        s = dict(self.__dict__)
-        s["_stack"] = _Stack()
-        return s
-
-    def for_client(self, client):
-        out = super().for_client(client)
-        # the model object carries every client's state and the server's: a node gets options only
-        out.m = copy.copy(self.m)
-        out.m._clients, out.m._server, out.m.history = {}, None, []
-        return out
-
-    # ---------------------------------------------------------------- server side
-    def init_server(self, clients, rng):
-        st = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.server0.items()}
-        st["clients"] = list(clients)
-        st["tilde_means"] = st["means"].copy()
-        st["tilde_cov"] = st["cov"].copy()
-        if self.m.shared_weights:
-            st["log_w_tilde"] = (st["log_w"].copy() if self.m.inner_init == "played"
-                                 else np.full(self.M, -math.log(self.M)))
-        return st
-
-    def _means_for(self, st, key, client):
-        a = st[key]
-        return a[st["index"][client]] if self.m.pooling == "local" else a
-
-    def broadcast(self, st, client, round):
-        inner = round < self.K
-        msg = {"means": self._means_for(st, "tilde_means" if inner else "means", client),
-               "covariances": self._means_for(st, "tilde_cov" if inner else "cov", client),
-               "round": np.array([round])}
-        if self.m.shared_weights:
-            msg["log_w_tilde"] = st["log_w_tilde"]
-            msg["log_w"] = st["log_w"]
-        return msg
-
-    def server_step(self, st, replies, round):
-        st = dict(st)
-        if round < self.K:
-            st = self._inner_update(st, replies)
-            if round == self.K - 1:  # play the running average (k mu_t + mu~) / (k + 1) from now on
-                k = st["n_avg"]  # estimates averaged so far (the given start counts as one)
-                if self.m.pooling == "local":  # per client: only those that took part this step
-                    k = np.asarray(k, float)
-                    st["n_avg"] = k + np.isin(np.arange(len(k)), [st["index"][c] for c in replies])
-                else:
-                    st["n_avg"] = k + 1
-                kk = k.reshape((-1,) + (1,) * (st["means"].ndim - 1)) if np.ndim(k) else k
-                st["means"] = (kk * st["means"] + st["tilde_means"]) / (kk + 1)
-                if self.m.covariance_type != "identity":
-                    kc = k.reshape((-1,) + (1,) * (st["cov"].ndim - 1)) if np.ndim(k) else k
-                    st["cov"] = (kc * st["cov"] + st["tilde_cov"]) / (kc + 1)
-            return st, {"answered": float(len(replies))}
-        if self.m.shared_weights and replies:
-            tot = sum(r["g"] for r in replies.values())  # (sum_c n_c g_c, sum_c n_c)
-            g = tot[:-1] / tot[-1]
-            eta = self.eta
-            if eta is None:  # adaptive: sqrt(log m / sum of squared gradient ranges so far)
-                st["grad_sq"] = st.get("grad_sq", 0.0) + float(np.ptp(g)) ** 2
-                eta = float(adaptive_eta(st["grad_sq"], self.M))
-            floor = floor_at(self.t, eta, self.m.weight_floor)
-            st["log_w"] = _log_weights(eg_update(np.exp(st["log_w"]), g, eta, floor))
-        return st, {"answered": float(len(replies))}
-
-    def _inner_update(self, st, replies):
-        if not replies:
-            return st
-        cov_fixed = self.m.covariance_type == "identity"
-        idx = st["index"]
-        if self.m.pooling == "local":
-            means, cov = st["tilde_means"].copy(), st["tilde_cov"].copy()
-            for c, r in replies.items():
-                i = idx[c]
-                means[i], cv, _ = m_step(r["N"], r["S1"], r["S2"] if not cov_fixed else self._zeros_s2(),
-                                         means[i], self.ct, self.m.reg_covar, prev_means=means[i], prev_cov=cov[i])
-                if not cov_fixed:
-                    cov[i] = cv
-            st["tilde_means"], st["tilde_cov"] = means, cov
-        else:
-            N = sum(r["N"] for r in replies.values())
-            S1 = sum(r["S1"] for r in replies.values())
-            S2 = sum(r["S2"] for r in replies.values()) if not cov_fixed else self._zeros_s2()
-            old = st["tilde_means"]
-            means, cv, _ = m_step(N, S1, S2, old, self.ct, self.m.reg_covar, prev_means=old, prev_cov=st["tilde_cov"])
-            st["tilde_means"] = means
-            if not cov_fixed:
-                st["tilde_cov"] = cv
-            if self.m.shared_weights:
-                st["log_w_tilde"] = _log_weights(N / N.sum())
-        return st
-
-    def _zeros_s2(self):
-        return np.zeros(s2_shape(self.ct, self.M, self.m.n_features_))
-
-    # ---------------------------------------------------------------- client side
-    def init_client(self, client, data, rng):
-        s = self.clients0.get(client)
-        if s is None:  # a client seen for the first time starts from uniform weights
-            s = self.m._new_client_state()
-        s = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in s.items()}
-        s["n"] = int(data.n)
-        return s
-
-    def client_step(self, message, state, data, rng):
-        return self.client_steps([message], [state], [data], [rng])[0]
-
-    def _rows(self, X, k):
-        if not self.m.sample_splitting:
-            return X
-        b = X.shape[0] // self.K
-        return X[k * b:(k + 1) * b]
-
-    def client_steps(self, messages, states, datas, rngs):
-        first = messages[0]
-        if self.m.pooling == "local" and len(messages) > 1:  # every client has its own components
-            return [self.client_steps([m], [s], [d], [r])[0] for m, s, d, r in zip(messages, states, datas, rngs)]
-        k = int(first["round"][0])
-        Xs = [np.asarray(d.X) for d in datas]
-        means, cov = first["means"], first["covariances"]
-        pc = precision_cholesky(cov, self.ct)
-        empty = np.zeros(0)
-        if k < self.K:
-            if k == 0:
-                for s in states:
-                    s["log_pi_tilde"] = (s["log_pi"].copy() if self.m.inner_init == "played"
-                                         else np.full(self.M, -math.log(self.M)))
-            rows = [self._rows(X, k) for X in Xs]
-            X, starts = self._stack.get(rows) if not self.m.sample_splitting else (
-                np.concatenate(rows), np.cumsum([0] + [len(r) for r in rows[:-1]]))
-            logw = first["log_w_tilde"] if self.m.shared_weights else np.stack([s["log_pi_tilde"] for s in states])
-            N, S1, S2, _, _ = estep_statistics(X, starts, means, pc, logw, self.ct)
-            out = []
-            for i, s in enumerate(states):
-                s = dict(s)
-                if not self.m.shared_weights:
-                    s["log_pi_tilde"] = _log_weights(N[i] / len(rows[i]))
-                s2 = S2[i] if self.m.covariance_type != "identity" else empty
-                out.append(({"N": N[i], "S1": S1[i], "S2": s2, "g": empty}, s))
-            return out
-        # mirror-descent round: gradient at the played weights, new weights, Dirichlet update
-        out = []
-        X, starts = self._stack.get(Xs)
-        inner_logw = (first["log_w_tilde"] if self.m.shared_weights
-                      else np.stack([s["log_pi_tilde"] for s in states]))
-        g0 = means.mean(0)
-        ld_x = log_gaussian(X - g0, means - g0, pc, self.ct)
-        lw_rows = inner_logw if inner_logw.ndim == 1 else np.repeat(inner_logw, np.diff(np.r_[starts, len(X)]), 0)
-        Nx = np.add.reduceat(e_step(ld_x, lw_rows)[0], starts, axis=0)  # soft counts for the Dirichlet
-        Z, zstarts = self._draws(means, cov, states, Xs, inner_logw, rngs)
-        ld = log_gaussian(Z - means.mean(0), means - means.mean(0), pc, self.ct)
-        C = len(states)
-        played = (np.broadcast_to(first["log_w"], (C, self.M)) if self.m.shared_weights
-                  else np.stack([s["log_pi"] for s in states]))
-        G = omd_gradient(ld, played, zstarts)
-        eta = self.eta
-        if eta is None and not self.m.shared_weights:  # adaptive, per client
-            gsq = np.array([s.get("grad_sq", 0.0) for s in states]) + np.ptp(G, axis=1) ** 2
-            eta = adaptive_eta(gsq, self.M)[:, None]
-        new_w = None if self.m.shared_weights else _log_weights(eg_update(
-            np.exp(played), G, eta, floor_at(self.t, eta, self.m.weight_floor)))
-        lam, a0 = self.m.discount, self.m._alpha0
-        for i, s in enumerate(states):
-            s = dict(s)
-            if self.m.shared_weights:
-                reply_g = np.r_[G[i] * s["n"], s["n"]]
-            else:
-                s["log_pi"] = new_w[i]
-                reply_g = empty
-            s["last_gradient"] = G[i]
-            if self.eta is None and not self.m.shared_weights:
-                s["grad_sq"] = float(gsq[i])
-            s["alpha"] = lam * s["alpha"] + (1 - lam) * a0 + Nx[i]
-            out.append(({"N": empty, "S1": empty, "S2": empty, "g": reply_g}, s))
-        return out
-
-    def _draws(self, means, cov, states, Xs, inner_logw, rngs):
-        if self.m.grad_source == "empirical":
-            return np.concatenate(Xs), np.cumsum([0] + [len(X) for X in Xs[:-1]])
-        M, d = means.shape
-        ct = self.m.covariance_type
-        chol = np.linalg.cholesky(full_covariances(cov, self.ct, M, d)) if ct in ("full", "tied") else None
-        sd = None if chol is not None else np.sqrt(np.broadcast_to(
-            cov[:, None] if cov.ndim == 1 else cov, (M, d)))  # identity / spherical / diag: scale normals
-        Zs = []
-        for i, (s, rng) in enumerate(zip(states, rngs)):
-            S = self.m.n_mc or s["n"]
-            lw = inner_logw if inner_logw.ndim == 1 else inner_logw[i]
-            p = np.exp(lw - _lse(lw))
-            z = rng.choice(M, size=S, p=p / p.sum())
-            eps = rng.standard_normal((S, d))
-            if chol is None:
-                Zs.append(means[z] + sd[z] * eps)
-            else:  # one product per component, not one d x d factor per draw
-                Z = means[z].copy()
-                for j in np.unique(z):
-                    Z[z == j] += eps[z == j] @ chol[j].T
-                Zs.append(Z)
-        return np.concatenate(Zs), np.cumsum([0] + [len(Z) for Z in Zs[:-1]])
+__all__ = ["FEMOMD", "FEMOMDStep", "eg_update", "omd_gradient", "adaptive_eta", "floor_at", "step_size"]
 
 
 # ------------------------------------------------------------------ the model
@@ -511,7 +200,7 @@ class FEMOMD(Estimator):
     @property
     def _alpha0(self) -> float:
         """The Dirichlet prior's concentration (``1/m`` by default)."""
-        return 1.0 / self.n_components if self.concentration_prior is None else self.concentration_prior
+        return prior_concentration(self.n_components, self.concentration_prior)
 
     _constraints = {
         "n_components": Int(1), "covariance_type": OneOf(*COV_TYPES_ONLINE), "inner_rounds": Int(1),
@@ -553,10 +242,7 @@ class FEMOMD(Estimator):
         return "spherical" if self.covariance_type == "identity" else self.covariance_type
 
     def _new_client_state(self):
-        M = self.n_components
-        return {"log_pi": np.full(M, -math.log(M)), "log_pi_tilde": np.full(M, -math.log(M)),
-                "alpha": np.full(M, self._alpha0), "last_gradient": np.zeros(M), "grad_sq": 0.0,
-                "n": 0}
+        return new_client_state(self.n_components, self._alpha0)
 
     def _start(self, data, seed):
         M, d = self.n_components, data.n_features
@@ -780,4 +466,5 @@ class FEMOMD(Estimator):
         client's own, kept on the client), weight floor, participants, change of the played means,
         time, bytes."""
         return pd.DataFrame(self.history)
+
 

@@ -50,7 +50,7 @@ def session():
         # half a CPU per node: 4 Ray actors on 2 cores, so one busy node does not hold up the others
         with FlowerSession(num_supernodes=6, timeout=300, trust=("fedstats", "flower_toys"),
                            backend_config={"client_resources": {"num_cpus": 0.5, "num_gpus": 0.0}}) as s:
-            s._assign(list(range(6)))  # start it now: tests may run in any order
+            s.assign(list(range(6)))  # start it now: tests may run in any order
             yield s
     finally:
         if old is None:

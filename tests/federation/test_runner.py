@@ -803,13 +803,13 @@ def test_checkpoint_every_and_final_write(tmp_path, monkeypatch):
     import fedstats.federation.runner as runner_mod
 
     writes = []
-    orig = runner_mod._write_atomic
+    orig = runner_mod.write_atomic
 
     def spy(path, payload):
         writes.append(payload["completed"])
         orig(path, payload)
 
-    monkeypatch.setattr(runner_mod, "_write_atomic", spy)
+    monkeypatch.setattr(runner_mod, "write_atomic", spy)
     run(FedMean(), make_data(3), rounds=5, checkpoint=tmp_path / "c.ckpt", checkpoint_every=2, progress=False)
     assert writes == [2, 4, 5]
 
@@ -983,7 +983,7 @@ def test_random_streams_are_named_distinct_and_stable():
     the layout of the runner's streams is the documented one (a change would change every
     seeded result and break equality with results saved earlier)."""
     from fedstats import streams
-    from fedstats.federation.runner import client_rng
+    from fedstats.federation.client_side import client_rng
 
     tags = {k: v for k, v in vars(streams).items() if k.isupper() and isinstance(v, int)}
     assert len(tags) >= 6 and len(set(tags.values())) == len(tags)

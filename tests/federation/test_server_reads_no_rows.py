@@ -16,8 +16,8 @@ pytest.importorskip("flwr")
 
 from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
 from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: E402
+from fedstats.federation.client_side import InProcessClients  # noqa: E402
 from fedstats.federation.flower import RemoteDataError, RemoteFederatedData, dumps, loads  # noqa: E402
-from fedstats.federation.runner import _Devices  # noqa: E402
 from fedstats.glm import FederatedGLM  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import BayesianRidge, StructuralCovarianceModel  # noqa: E402
@@ -37,7 +37,7 @@ class NodeLocal:
         def node_data(c):
             return loads(payload, local=self.real.subset([c]))[c]
 
-        return _Devices(algorithm, ids, node_data, seed)
+        return InProcessClients(algorithm, ids, node_data, seed)
 
 
 def remote(data):

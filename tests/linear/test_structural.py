@@ -8,7 +8,7 @@ import pytest
 
 from fedstats.data import FederatedData
 from fedstats.linear import StructuralCovarianceModel
-from fedstats.linear.structural import HM1Algorithm, aggregates, jittered_cholesky, omega_update
+from fedstats.linear.hm1_algorithm import HM1Algorithm, aggregates, jittered_cholesky, omega_update
 
 
 def random_spd(K, rng, lo=1.0, hi=10.0):
@@ -215,7 +215,7 @@ def test_uncertainty_intervals_and_prediction():
 
 
 def test_conditional_posterior_equals_the_dense_oracle():
-    from fedstats.linear.structural import conditional_posterior
+    from fedstats.linear.hm1_posterior import conditional_posterior
 
     data, _, omega = simulate(K=3, d=2, seed=11)
     sigma2 = 0.09
@@ -392,7 +392,7 @@ def test_why_the_plug_in_of_algorithm_1s_omega_was_over_confident():
     # K = 10 > d = 5: Algorithm 1's Omega is (1 - alpha)^C I plus averages of Theta'Theta/d,
     # of rank <= d, so K - d of its eigenvalues are 0.9^30 = 0.042 (true ones: 1 to 10) and its
     # intervals are narrower than those given the true Omega; the EM estimate is not.
-    from fedstats.linear.structural import conditional_posterior
+    from fedstats.linear.hm1_posterior import conditional_posterior
 
     rng = np.random.default_rng(0)
     K, d, n, sigma = 10, 5, 100, 3.0
@@ -417,7 +417,7 @@ def test_why_the_plug_in_of_algorithm_1s_omega_was_over_confident():
 
 
 def test_em_omega_is_the_fixed_point_of_its_update():
-    from fedstats.linear.structural import em_omega, exchangeable_target
+    from fedstats.linear.hm1_posterior import em_omega, exchangeable_target
 
     data, _, _ = simulate(K=6, d=3, n=40, sigma=0.5, seed=21, omega=0.8 * np.ones((6, 6)) + 0.2 * np.eye(6))
     sigma2 = 0.25

@@ -167,6 +167,7 @@ def test_recovery_and_private_weights():
 
 def test_weights_never_cross_the_network(monkeypatch):
     """Record every message of a fit (start, EM rounds, scoring): none holds a weight vector."""
+    import fedstats.federation.client_side as client_side
     import fedstats.federation.runner as runner
 
     seen = []
@@ -176,7 +177,8 @@ def test_weights_never_cross_the_network(monkeypatch):
         seen.append(dict(message))
         return orig(message, keys, **kw)
 
-    monkeypatch.setattr(runner, "validate_message", spy)
+    monkeypatch.setattr(runner, "validate_message", spy)  # broadcasts
+    monkeypatch.setattr(client_side, "validate_message", spy)  # replies
     data, _ = gmm_federation(n_clients=5, n_components=3, d=2, alpha=0.5, seed=3)
     res = FederatedGaussianMixture(3, n_init=2).fit(data, seed=0)
     assert len(seen) >= 5 * (res.rounds + 4)  # every reply of every round went through the spy

@@ -1,0 +1,124 @@
+"""The ``fedstats`` command.
+
+``fedstats fit DATA.csv --by CLIENT --target Y [--features A B ...] [--model MODEL]
+[--level 0.9] [--rounds N] [--seed S] [--output OUT.json] [--predict TEST.csv]`` fits a
+federated model with one client per value of ``--by``. Every model (hm2, lasso, ridge, hm1,
+fgpr, gmm, glm) goes through one path, the result contract of :mod:`fedstats.results`: the
+printed tables and the JSON's ``"global"`` and ``"client"`` are ``summary(level)`` and
+``client_summary(level)`` (records ``name, mean, sd, lower, upper, p_value``, ``null`` where
+the model has no distribution, then the model's own columns such as HM1's ``estimate``,
+the lasso's ``selected`` or the GLM's ``z`` and ``se``), ``"predictions"`` come from ``predict`` (regressions: ``mean``,
+the predictive band ``lower``/``upper``, the credible band of the mean
+``mean_lower``/``mean_upper``; mixtures, with scikit-learn's meaning: ``component``,
+``proba``, ``logdensity``), and ``"communication"`` is the fit's one ledger with its
+per-kind breakdown. What differs per model is only the estimator's construction
+(:func:`.models.estimator`), the header line and a few model-specific JSON fields
+(:func:`.models.extras`). A client not in the fit is predicted as a new client (``new_client``)
+where the model has a rule for one, and refused before the fit by hm1 and fgpr.
+``fedstats demo`` simulates a federation, fits it and prints the fit beside the pooled gold
+standard.
+
+Bad input gives a one-line error on stderr and exit status 2 (1 for a failed fit).
+
+Modules: :mod:`.inputs` (reading and checking the CSVs), :mod:`.models` (the per-model
+estimators, option checks, header and JSON fields), :mod:`.output` (tables and JSON), and one per
+sub-command, :mod:`.fit` and :mod:`.demo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import demo, fit
+from .errors import CLIError
+from .models import MODELS
+
+__all__ = ["main", "build_parser", "CLIError"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    p = argparse.ArgumentParser(prog="fedstats", description="Federated statistics from the command line.")
+    p.add_argument("--version", action="version", version=f"fedstats {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fit", help="fit a federated model to a CSV with one client per value of --by")
+    f.add_argument("data", help="CSV file (separator detected)")
+    f.add_argument("--by", required=True, help="column naming each row's client")
+    f.add_argument("--target", help="response column (every model but gmm)")
+    f.add_argument("--features", nargs="+", help="feature columns (default: all but --by and --target)")
+    f.add_argument("--model", default="hm2", help=f"model: {', '.join(MODELS)} (default hm2: hierarchical "
+                   "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection; hm1: per-client "
+                   "regressions sharing a learned covariance between clients; fgpr: federated Gaussian process regression; "
+                   "gmm: Gaussian mixture with per-client weights, by FedEM; glm: generalised linear model (logistic, "
+                   "Poisson, ...) by exact maximum likelihood, needs --family; bglm: the same with a prior and "
+                   "posteriors; hglm: each client's own coefficients around a population, with posteriors)")
+    f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
+    f.add_argument("--rounds", type=int, default=None,
+                   help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30), "
+                   "fgpr (default 100), gmm (at most; default 200), glm (IRLS iterations, at most; default 100), "
+                   "bglm (EP, default 15) and hglm (EP, default 30)")
+    f.add_argument("--uncertainty", action="store_true",
+                   help="hm1: require the conditional posteriors (each client shares X^T X / sigma^2 once; by default "
+                   "they are given whenever every client can share, else Algorithm 1's point with a warning); gmm: Wald "
+                   "intervals from the observed information (each client shares a Schur complement once)")
+    f.add_argument("--family", choices=("gaussian", "binomial", "poisson", "gamma", "negative_binomial"),
+                   help="glm, bglm, hglm: the outcome's distribution (binomial: 0/1 rows, or successes with --trials)")
+    f.add_argument("--link", choices=("identity", "log", "inverse", "logit", "probit", "cloglog"),
+                   help="glm, bglm, hglm: the link (default: the family's canonical link)")
+    f.add_argument("--alpha", type=float, help="glm, bglm, hglm with negative_binomial: the fixed dispersion (default 1)")
+    f.add_argument("--offset", help="glm, bglm, hglm: a column added to the linear predictor (not a predictor)")
+    f.add_argument("--exposure", help="glm, bglm, hglm: a column whose log is added to the linear predictor (rates)")
+    f.add_argument("--weights", help="glm, bglm, hglm: a column of frequency weights")
+    f.add_argument("--trials", help="glm, bglm, hglm with binomial: a column of trials (the target then counts successes)")
+    f.add_argument("--robust", action="store_true", help="glm only: HC0 sandwich standard errors (one more round)")
+    f.add_argument("--kernel", default="rbf", choices=("rbf", "matern"), help="fgpr only: GP kernel (default rbf)")
+    f.add_argument("--ard", action="store_true", help="fgpr only: one lengthscale per feature")
+    f.add_argument("--components", type=int, help="gmm only: number of mixture components")
+    f.add_argument("--covariance-type", default="full", choices=("full", "tied", "diag", "spherical"),
+                   help="gmm only: covariance structure (default full)")
+    f.add_argument("--bayesian", action="store_true",
+                   help="gmm only: variational FedEM with credible intervals for components and weights")
+    f.add_argument("--no-standardize", dest="standardize", action="store_false",
+                   help="hm2, lasso, ridge: fit the data in its own units (default: standardise predictors and target "
+                        "with federated moments, report on the data's scale; the priors then act on the "
+                        "standardised scale)")
+    f.add_argument("--no-intercept", dest="intercept", action="store_false",
+                   help="hm2, lasso, ridge, hm1, glm: no intercept (default: one per client; glm: one shared)")
+    f.add_argument("--decimal", default=".", choices=(".", ","),
+                   help="decimal separator of the CSVs (',' reads semicolon-separated files with decimal commas)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    f.add_argument("--progress", action="store_true",
+                   help="a progress line per round on stderr even when it is not a terminal (default: only on a terminal)")
+    f.add_argument("--output", help="write the results as JSON here")
+    f.add_argument("--predict", help="CSV of rows to predict (same client and feature columns)")
+    d = sub.add_parser("demo", help="simulate a federation, fit it, compare with the pooled gold standard")
+    d.add_argument("--seed", type=int, default=0)
+    return p
+
+
+
+
+def main(argv=None) -> int:
+    """Run the command with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    # argparse prints usage on errors; turn its errors into our one-line form.
+    parser.error = lambda msg: (_ for _ in ()).throw(CLIError(msg))  # type: ignore[method-assign]
+    for sp in parser._subparsers._group_actions[0].choices.values():  # noqa: SLF001
+        sp.error = parser.error
+    try:
+        args = parser.parse_args(argv)
+        {"demo": demo.command, "fit": fit.command}[args.command](args)
+        return 0
+    except CLIError as exc:
+        print(f"fedstats: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedstats: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - no tracebacks for users; the message says what failed
+        print(f"fedstats: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+

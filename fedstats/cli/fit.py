@@ -1,0 +1,154 @@
+"""``fedstats fit``: one path for every model, on top of the result contract."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import CLIError
+from .inputs import check_columns, data_columns, data_from, id_key, read_csv, read_test
+from .models import GLMS, NO_NEW_CLIENTS, check_args, estimator, extras, header
+from .output import communication, json_ready, nonfinite_warning, print_tables, records
+
+
+def command(args) -> None:
+    """Fit, print the tables and write ``--output``; the per-round lines on stderr where shown."""
+    if args.quiet and args.progress:
+        raise CLIError("--quiet and --progress exclude each other")
+    show = args.progress or (not args.quiet and sys.stderr.isatty())
+    from ..federation import round_lines
+
+    with round_lines(label=f"fedstats {args.model}") if show else contextlib.nullcontext():
+        if show:
+            print(f"fedstats {args.model}: reading {args.data} and fitting (the first round includes "
+                  "compilation)", file=sys.stderr, flush=True)
+        out = fit(args)
+    out, nonfinite = json_ready(out)
+    if nonfinite and args.output:
+        print(nonfinite_warning(args.model, nonfinite), file=sys.stderr)
+    if args.output:
+        try:
+            Path(args.output).write_text(json.dumps(out, indent=2, allow_nan=False))
+        except OSError as exc:
+            raise CLIError(f"cannot write {args.output}: {exc.strerror}") from None
+        print(f"\nwrote {args.output}")
+
+
+def progress(args):
+    """The ``progress`` argument of a fit: ``False`` under ``--quiet`` (no tqdm bar even on a
+    terminal), else ``None``: per-round lines where :func:`main` opened ``round_lines``."""
+    return False if args.quiet else None
+
+
+
+def fit(args) -> dict:
+    from ..data import DataError
+
+    check_args(args)
+    df = read_csv(args.data, args.decimal)
+    check_columns(df, data_columns(df, args), args.target, args.by, args.data)
+    data = data_from(df, args.by, args.target, args.features, path=args.data)
+    if args.model == "hm1" and data.n_clients < 2:
+        raise CLIError("--model hm1 learns a covariance between clients: it needs at least 2 clients")
+    # schema errors of the prediction file come before the fit
+    test = read_test(args, df, data, NO_NEW_CLIENTS.get(args.model)) if args.predict else None
+    scaler, fit_data = None, data
+    if args.model == "fgpr":  # federated moments: every client uses the same input scale
+        fit_data, scaler = data.standardize()
+    model, options = estimator(args)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            res = model.fit(fit_data, seed=args.seed, progress=progress(args), **options)
+        except DataError as exc:  # the data, not the program: one line naming the column and client
+            raise CLIError(f"{args.data}: {exc}") from None
+        except np.linalg.LinAlgError:
+            if args.model != "gmm":
+                raise
+            raise CLIError("the information matrix is singular (a weight at 0 or components that cannot be "
+                           "told apart): no Wald intervals; try fewer --components or --bayesian") from None
+    runtime = time.perf_counter() - t0
+    for wmsg in caught:
+        print(f"warning: {wmsg.message}", file=sys.stderr)
+    g = res.summary(level=args.level)
+    cs = res.client_summary(level=args.level)
+    selection = res.selected(args.level) if hasattr(res, "selected") else None
+    tables = {}
+    for c in data.clients:
+        t = cs[cs["client"] == c].drop(columns="client").set_index("parameter")
+        if selection is not None:
+            chosen = selection.loc[selection["client"] == c].set_index("parameter")["selected"]
+            t = t.assign(selected=[bool(chosen[n]) if n in chosen.index else None for n in t.index])
+        tables[c] = t
+    out = {
+        "model": args.model,
+        "level": args.level,
+        "clients": [id_key(c) for c in data.clients],
+        "n_obs": {id_key(c): int(data.n_obs[c]) for c in data.clients},
+        "global": records(g),
+        "client": {id_key(c): records(t) for c, t in tables.items()},
+        "rounds": res.rounds,
+        "converged": bool(res.converged),
+        "communication": communication(res),
+        "runtime_s": round(runtime, 3),
+        **extras(args, res, data, scaler),
+    }
+    if args.model == "glm":  # the frequentist names beside the contract's: se is sd, the standard error
+        out["global"] = [{**r, "se": r["sd"]} for r in out["global"]]
+    if test is not None:
+        tdf, X = test
+        out["predictions"] = predict(res, data, tdf, X if scaler is None else scaler.transform_X(X), args)
+    print_tables(g, tables, res, args, runtime, header(args, res, runtime))
+    return out
+
+
+def predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
+    """One record per row of ``test``, in its order. Regressions: ``mean``, ``lower``/``upper``
+    (predictive band of a new observation), ``mean_lower``/``mean_upper`` (credible band of the
+    mean), then the model's own columns. Mixtures (scikit-learn's meaning of predict): the most
+    probable ``component``, ``proba`` and ``logdensity``. Every record says ``new_client``."""
+    ids = test[args.by]
+    # Ids are matched as text, so 3, 3.0 and "3" name the same client whatever the column types.
+    known = {id_key(c): c for c in data.clients}
+    keys = np.array([id_key(v) for v in ids])
+    rows: list[dict] = [{} for _ in range(len(test))]
+    mixture = hasattr(res, "predict_proba")
+    seed = {"seed": args.seed} if "seed" in inspect.signature(res.predict).parameters else {}
+    for key in pd.unique(keys):
+        idx = np.flatnonzero(keys == key)
+        client = known.get(key)
+        if mixture:  # an unseen client: its weights from its own rows, the components frozen
+            kw = {"client": client} if client is not None else {"weights": res.new_client_weights(X[idx])}
+            for i, p_, l_ in zip(idx, res.predict_proba(X[idx], **kw), res.score_samples(X[idx], **kw)):
+                rows[i] = {"client": key, "component": int(np.argmax(p_)), "proba": [float(v) for v in p_],
+                           "logdensity": float(l_), "new_client": client is None}
+            continue
+        if args.model in GLMS:  # the offset and exposure columns are not predictors
+            names = list(data.feature_names)
+            kw = {r: X[idx, names.index(res.roles[r])] for r in ("offset", "exposure") if res.roles.get(r)}
+            p = res.predict(X[idx][:, [names.index(c) for c in res.predictors]], client=client, level=args.level,
+                            **kw, **seed)
+        else:
+            p = res.predict(X[idx], client=client, level=args.level, **seed)
+        extra = [c for c in p.columns if c not in ("mean", "lower", "upper", "pred_lower", "pred_upper")]
+        for i, (_, r) in zip(idx, p.iterrows()):
+            rows[i] = {"client": key, "mean": r["mean"], "lower": r["pred_lower"], "upper": r["pred_upper"],
+                       "mean_lower": r["lower"], "mean_upper": r["upper"], **{c: r[c] for c in extra},
+                       "new_client": client is None}
+            rows[i] = {k: ((None if np.isnan(v) else float(v)) if isinstance(v, (float, np.floating)) else v)
+                       for k, v in rows[i].items()}  # NaN: no band (HM1 without uncertainty)
+    new = sorted({k for k in keys if k not in known})
+    if new:
+        how = "their weights fitted on their own rows, the components frozen" if mixture else "from the population"
+        print(f"note: {len(new)} client(s) of {args.predict} took no part in the fit ({', '.join(new[:5])}): predicted "
+              f"as new clients, {how} (new_client: true)", file=sys.stderr)
+    return rows

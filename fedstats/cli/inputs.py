@@ -1,0 +1,148 @@
+"""Reading and checking the command's CSV files: the training data as a
+:class:`~fedstats.data.FederatedData`, and the rows to predict encoded with its schema."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import CLIError
+
+#: the fewest rows a client may have
+MIN_ROWS = 3
+
+
+def read_csv(path: str, decimal: str = ".") -> pd.DataFrame:
+    p = Path(path)
+    if not p.is_file():
+        raise CLIError(f"file not found: {path}")
+    try:
+        # decimal commas go with semicolon-separated files (the convention where "1,5" is 1.5)
+        df = pd.read_csv(p, sep=None if decimal == "." else ";", engine="python", decimal=decimal)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
+        raise CLIError(f"cannot read {path} as CSV: {exc}") from None
+    if df.empty:
+        raise CLIError(f"{path} has no rows")
+    return df
+
+
+DECIMAL_COMMA = r"^\s*[-+]?\d+,\d+(?:[eE][-+]?\d+)?\s*$"
+
+
+def check_columns(df: pd.DataFrame, features: list[str], target: str | None, by: str, path: str) -> None:
+    """Refuse what would be fitted as silent nonsense, and warn about what may be: numbers
+    written with decimal commas, text with so many levels that one-hot encoding would fit one
+    coefficient per few rows, values too large to square in float64; duplicated columns and
+    columns that are linearly dependent at every client. (Missing columns and values are
+    reported by :func:`data_from`.)"""
+    cols = [*features, *([target] if target else [])]
+    if by not in df.columns or any(c not in df.columns for c in cols):
+        return
+    n = len(df)
+    for c in cols:
+        v = df[c]
+        if v.dtype == object or isinstance(v.dtype, pd.StringDtype):
+            text = v.dropna().astype(str)
+            if len(text) and text.str.match(DECIMAL_COMMA).mean() >= 0.5:
+                raise CLIError(f"{path}: column {c!r} holds numbers written with a decimal comma (e.g. "
+                               f"{text[text.str.match(DECIMAL_COMMA)].iloc[0]!r}): pass --decimal ,")
+            if len(text) and pd.to_numeric(text, errors="coerce").notna().mean() >= 0.5:
+                bad = text[pd.to_numeric(text, errors="coerce").isna()].iloc[0]
+                raise CLIError(f"{path}: column {c!r} is mostly numbers but holds text such as {bad!r}: fix or "
+                               "remove those values (missing values must be empty)")
+            levels = text.nunique()
+            if levels > 20 and levels > n / 5:
+                raise CLIError(f"{path}: column {c!r} is text with {levels} distinct values in {n} rows; one-hot "
+                               f"encoding it would fit {levels - 1} coefficients: drop it (--features) or encode it")
+        elif pd.api.types.is_numeric_dtype(v) and not pd.api.types.is_bool_dtype(v):
+            big = np.abs(v.to_numpy(dtype=float))
+            if np.any(np.isfinite(big) & (big > 1e150)):
+                raise CLIError(f"{path}: column {c!r} has a value ({v.iloc[int(np.nanargmax(big))]:g}) too large to "
+                               "square in float64: rescale it or check for a sentinel value")
+    numeric = [c for c in features if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
+    for i, a in enumerate(numeric):
+        for b in numeric[i + 1:]:
+            if df[a].equals(df[b]):
+                print(f"warning: columns {a!r} and {b!r} are identical (a duplicated column?): their coefficients "
+                      "cannot be told apart", file=sys.stderr)
+    if len(numeric) > 1:
+        dependent = True
+        for _, g in df.groupby(by, sort=False):
+            X = g[numeric].to_numpy(dtype=float)
+            if not np.all(np.isfinite(X)):
+                dependent = False
+                break
+            X = X - X.mean(axis=0)
+            if len(g) <= len(numeric) or np.linalg.matrix_rank(X) == len(numeric):
+                dependent = False
+                break
+        if dependent:
+            print(f"warning: the predictors {numeric} are linearly dependent at every client: their coefficients "
+                  "are not identified by the data (the prior decides how an effect is split between them)",
+                  file=sys.stderr)
+
+
+def data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: str):
+    from ..data import DataError, FederatedData
+
+    missing = [c for c in [by, *([target] if target else []), *(features or [])] if c not in df.columns]
+    if missing:
+        raise CLIError(f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})")
+    try:
+        return FederatedData.from_dataframe(df, by=by, target=target, features=features or None,
+                                            categorical="onehot", min_rows=MIN_ROWS)
+    except DataError as exc:
+        raise CLIError(f"{path}: {exc}") from None
+
+
+def data_columns(df, args) -> list[str]:
+    return list(args.features) if args.features else [c for c in df.columns if c not in (args.by, args.target)]
+
+
+def design(test: pd.DataFrame, names: list[str], path: str) -> np.ndarray:
+    """Rows of ``test`` encoded with the training schema (numeric columns and ``col[level]`` dummies)."""
+    cols = []
+    for name in names:
+        if name in test.columns:
+            v = pd.to_numeric(test[name], errors="coerce")
+            if v.isna().any():
+                raise CLIError(f"{path}: column {name!r} has missing or non-numeric values")
+            cols.append(v.to_numpy(dtype=float))
+        elif name.endswith("]") and "[" in name:
+            col, level = name[:-1].split("[", 1)
+            if col not in test.columns:
+                raise CLIError(f"{path}: column not found: {col}")
+            cols.append((test[col].astype(str) == level).to_numpy(dtype=float))
+        else:
+            raise CLIError(f"{path}: column not found: {name}")
+    return np.column_stack(cols) if cols else np.empty((len(test), 0))
+
+
+def id_key(value) -> str:
+    """A client id as text; a float that is a whole number reads like the int (1.0 -> "1")."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        value = int(value)
+    return str(value)
+
+
+def read_test(args, df, data, refuse_new: str | None = None):
+    """The prediction file: its rows and their design (checked before the fit). ``refuse_new``:
+    why the model cannot predict a client that took no part in the fit (``None``: it can)."""
+    tdf = read_csv(args.predict, args.decimal)
+    cols = [args.by, *data_columns(df, args)]
+    missing = [c for c in cols if c not in tdf.columns]
+    if missing:
+        raise CLIError(f"{args.predict}: column(s) not found: {', '.join(missing)}")
+    if tdf[args.by].isna().any():
+        lines = ", ".join(str(i + 2) for i in np.flatnonzero(tdf[args.by].isna().to_numpy())[:5])
+        raise CLIError(f"{args.predict}: column {args.by!r} has missing client ids (line(s) {lines})")
+    known = {id_key(c) for c in data.clients}
+    unknown = sorted({id_key(v) for v in tdf[args.by]} - known)
+    if unknown and refuse_new:
+        raise CLIError(f"{args.predict}: {refuse_new}; client(s) not in the fit: "
+                       f"{', '.join(unknown[:5])}")
+    return tdf, design(tdf, list(data.feature_names), args.predict)
+

@@ -1,0 +1,110 @@
+"""What the command prints and writes: the tables of the result contract, p-values as
+printed, and the JSON records (non-finite values as ``null``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .models import GLMS
+
+
+def fmt_p(p) -> str:
+    """A p-value as printed: blank where the model states no null hypothesis, ``< 1e-4``
+    rather than a misleading ``0.0000``."""
+    if p is None or pd.isna(p):
+        return ""
+    return "< 1e-4" if p < 1e-4 else f"{p:.4f}"
+
+
+def table(df: pd.DataFrame) -> str:
+    if "p_value" in df.columns:
+        df = df.assign(p_value=[fmt_p(v) for v in df["p_value"]])
+    return df.to_string()
+
+
+def communication(res) -> dict:
+    """The JSON of a fit's communication: totals and the per-kind breakdown (every exchange of
+    the fit, one-off rounds included)."""
+    c = res.communication
+    return {"bytes_up": int(c.bytes_up), "bytes_down": int(c.bytes_down),
+            "by_kind": {k: {"bytes_up": int(v["bytes_up"]), "bytes_down": int(v["bytes_down"]),
+                            "rounds": int(v["rounds"])} for k, v in c.by_kind.items()}}
+
+
+def json_ready(out):
+    """``out`` with every non-finite float replaced by ``None`` (JSON has no NaN or Infinity;
+    strict parsers reject them), and where that happened: ``"section name field"`` strings
+    such as ``"global mean[3][x1] sd"``."""
+    found: list[str] = []
+
+    def walk(x, path):
+        if isinstance(x, dict):
+            here = path + ([x["name"]] if isinstance(x.get("name"), str) else [])
+            return {k: walk(v, here + [str(k)]) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v, path if isinstance(v, dict) else path + [str(i)]) for i, v in enumerate(x)]
+        if isinstance(x, (float, np.floating)) and not np.isfinite(x):
+            found.append(" ".join(path))
+            return None
+        return x.item() if isinstance(x, np.generic) else x
+
+    return walk(out, []), found
+
+
+def nonfinite_warning(model: str, where: list[str]) -> str:
+    import re
+
+    comps = sorted({int(m.group(1)) for w in where if (m := re.search(r"\b(?:mean|var|weight)\[(\d+)\]", w))})
+    if model == "gmm" and comps:
+        why = (f"component(s) {', '.join(map(str, comps))} are (almost) empty: no client gives them weight, so "
+               "their posterior is the prior and some sds are infinite")
+    else:
+        why = ", ".join(where[:6]) + (" ..." if len(where) > 6 else "")
+    return f"warning: {len(where)} non-finite value(s) written as null (JSON has no NaN or Infinity): {why}"
+
+
+def records(df: pd.DataFrame) -> list[dict]:
+    """One JSON record per row: ``name``, the contract's columns (``null`` where the model has
+    no value), then the table's own columns (HM1's ``estimate``, the lasso's ``selected``)."""
+    from ..results import SUMMARY_COLUMNS
+
+    cols = [*SUMMARY_COLUMNS, *(c for c in df.columns if c not in SUMMARY_COLUMNS)]
+    out = []
+    for name, row in df.iterrows():
+        rec = {"name": str(name)}
+        for c in cols:
+            v = row.get(c, np.nan)
+            rec[c] = v if isinstance(v, (bool, np.bool_)) or v is None else (None if pd.isna(v) else float(v))
+        out.append(rec)
+    return out
+
+
+
+def print_tables(g, tables, res, args, runtime, header: str) -> None:
+    def shown(t):  # the columns with a value somewhere
+        return t[[c for c in t.columns if t[c].notna().any()]]
+
+    pct = f"{100 * args.level:g}%"
+    with pd.option_context("display.width", 120, "display.max_columns", 10, "display.max_rows", 60,
+                           "display.float_format", "{:.4f}".format):
+        print(header)
+        if getattr(res, "scaling", None) is not None and args.model in GLMS:
+            print("(fitted on predictors standardised with federated moments, the priors on that scale; reported on "
+                  "the data's scale; 0/1 predictors keep their coding)")
+        elif getattr(res, "scaling", None) is not None:
+            print("(fitted on predictors and target standardised with federated moments, reported on the data's "
+                  "scale" + ("; lambda penalises the standardised coefficients" if args.model != "hm2" else "")
+                  + "; --no-standardize fits the data as given)")
+        if args.model == "hm1" and res.has_uncertainty:
+            print(f"estimate: Algorithm 1's point; mean, sd, {pct} interval: the posterior given Omega re-estimated "
+                  "from the shared information (the interval is centred at mean)")
+        if len(g):
+            print(table(shown(g)))
+        for c, s in tables.items():
+            if len(s):
+                print(f"\nClient {c}")
+                print(table(shown(s).assign(**({"selected": s["selected"].map({True: "yes", False: "no"}).fillna("")}
+                                                 if "selected" in s.columns else {}))))
+        if any("selected" in s.columns for s in tables.values()):
+            print(f"\nselected: the {pct} credible interval excludes 0 (the intercept is never penalised or selected)")

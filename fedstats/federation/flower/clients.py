@@ -1,0 +1,191 @@
+"""The server-side proxies of the nodes: the client side of one run on Flower
+(:class:`FlowerClients`, what a :class:`~fedstats.federation.flower.FlowerSession` gives
+:func:`~fedstats.federation.run`), which sends each node its start, steps and state requests
+and turns the nodes' answers into the runtime's outcomes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from ..client_side import Outcome
+from ..protocol import ClientDisconnected, ClientId, FederatedAlgorithm, ProtocolError, describe_exc, validate_message
+from .wire import LOST_CODES, RUN, dumps, loads, to_arrays, to_record
+
+if TYPE_CHECKING:
+    from .session import FlowerSession
+
+
+class _States(dict):
+    """Final client states; a lost client's raises :class:`ClientDisconnected` with the reason."""
+
+    def __init__(self, states, lost):
+        super().__init__(states)
+        self.lost = dict(lost)
+
+    def __missing__(self, client):
+        if client in self.lost:
+            raise ClientDisconnected(f"client {client!r} was lost during the run ({self.lost[client]}); its private "
+                                     "state stayed on its node")
+        raise KeyError(client)
+
+
+class FlowerClients:
+    """The client side of one :func:`~fedstats.federation.run`, on Flower nodes."""
+
+    def __init__(self, session: FlowerSession, algorithm: FederatedAlgorithm, ids: list, data, seed: int):
+        self.session, self.algorithm, self.ids, self.seed = session, algorithm, ids, seed
+        self.key = uuid.uuid4().hex
+        self.nodes = session.assign(ids)
+        self.index = {c: i for i, c in enumerate(ids)}
+        self.data = data
+        self.lost: dict[ClientId, str] = {}
+        # each node gets the algorithm as it is for its client (no other client's entries);
+        # one pickle serves every client the algorithm has nothing particular for
+        whole = None
+        self._algorithm = {}
+        for c in ids:
+            mine = algorithm.for_client(c)
+            if mine is algorithm:
+                whole = whole or dumps(algorithm)
+            self._algorithm[c] = whole if mine is algorithm else dumps(mine)
+        # a simulation sends each node its client's data; a deployment's server sends the view
+        # of the data it was given (no rows), which the node applies to its own rows
+        self._local = session.mode == "deployment"
+        self._shared = dumps(data, remote=True) if self._local else None
+        self._pending: dict[ClientId, bytes | None] = {}  # not started on its node yet (-> resume state)
+        self._started: set = set()
+        self._dropped = False
+
+    # ---- messages
+    def _start_config(self, c) -> dict:
+        cfg = dict(algorithm=self._algorithm[c], client=dumps(c), local=self._local,
+                   data=self._shared if self._local else dumps(self.data[c]), index=self.index[c], seed=self.seed)
+        if self._pending[c] is not None:
+            cfg["state"] = self._pending[c]
+        return cfg
+
+    def _exchange(self, contents: Mapping[ClientId, tuple[dict, Mapping | None]], rnd: int | None = None) -> dict:
+        """One message per client (config, broadcast arrays); ``{client: reply config | error str}``.
+
+        A client not yet started on its node gets its start with this message; lost ones are
+        marked (and, with ``on_disconnect="raise"``, stop the run).
+        """
+        out: dict[ClientId, Any] = {}
+        messages, by_node = [], {}
+        for c, (config, arrays) in contents.items():
+            node = self.nodes[c]
+            if node in self.session.lost:
+                self._lose(c, self.session.lost[node], rnd)
+                out[c] = f"ClientDisconnected: {self.lost[c]}"
+                continue
+            cfg = {"run": self.key, **config, **(self._start_config(c) if c in self._pending else {})}
+            content = RecordDict({"fedstats": ConfigRecord(cfg)})
+            if arrays is not None:
+                content["broadcast"] = to_record(arrays)
+            messages.append(Message(content, dst_node_id=node, message_type=RUN,
+                                    group_id="" if rnd is None else str(rnd)))
+            by_node[node] = c
+        if messages:
+            for reply in self.session.send_and_receive(messages):
+                c = by_node.pop(reply.metadata.src_node_id, None)
+                if c is None:
+                    continue
+                if reply.has_error():
+                    why = f"Flower error {reply.error.code}: {reply.error.reason}"
+                    if reply.error.code in LOST_CODES:
+                        self._lose(c, why, rnd)
+                        out[c] = f"ClientDisconnected: {why}"
+                    else:
+                        out[c] = why
+                    continue
+                try:  # a node's answer is not trusted to be well formed
+                    cfg = dict(reply.content["fedstats"])
+                    status = cfg["status"]
+                    if status == "ok" and "round" in config:
+                        cfg["reply"] = to_arrays(reply.content["reply"])
+                    if status == "ok" and config.get("send", False):
+                        cfg["state"] = bytes(cfg["state"])
+                except Exception as exc:  # noqa: BLE001
+                    out[c] = f"ProtocolError: malformed answer from the node ({describe_exc(exc)})"
+                    continue
+                if status == "init-failed":
+                    raise RuntimeError(f"client {c!r} could not start the run on its node: {cfg.get('error')}")
+                self._pending.pop(c, None)
+                self._started.add(c)
+                out[c] = cfg
+            for node, c in by_node.items():  # no reply in time
+                why = f"no reply within {self.session.timeout} s"
+                self._lose(c, why, rnd)
+                out[c] = f"ClientDisconnected: {why}"
+        return out
+
+    def _lose(self, client, why: str, rnd) -> None:
+        node = self.nodes[client]
+        where = "" if rnd is None else f" at round {rnd}"
+        self.session.lost.setdefault(node, why)
+        self.lost.setdefault(client, why + where)
+        if self.session.on_disconnect == "raise":
+            raise ClientDisconnected(f"client {client!r} (node {node}) stopped answering{where}: {why}. The run "
+                                     "stopped before this round's server step (on_disconnect='raise').")
+
+    # ---- the client side of run()
+    def init_states(self) -> None:
+        self._pending = {c: None for c in self.ids}
+
+    def load_states(self, states: Mapping) -> None:
+        self._pending = {c: dumps(states[c]) for c in self.ids}
+
+    def _states(self, drop: bool) -> dict:
+        clients = [c for c in self.ids if c not in self.lost]
+        got = self._exchange({c: ({"send": True, "drop": drop}, None) for c in clients})
+        states = {}
+        for c in clients:
+            reply = got[c]
+            if isinstance(reply, str) or reply["status"] != "ok":
+                self.lost.setdefault(c, reply if isinstance(reply, str) else str(reply.get("error")))
+                continue
+            states[c] = loads(reply["state"], self.session.trust)
+        return _States({c: states[c] for c in self.ids if c in states}, self.lost)
+
+    def states(self) -> dict:
+        return self._states(drop=False)
+
+    def final_states(self) -> dict:
+        """The states at the end of the run; the nodes then forget the run."""
+        out = self._states(drop=True)
+        self._dropped = True
+        return out
+
+    def run_round(self, rnd: int, idx: list[int], messages: Mapping[int, dict], batched: bool):
+        got = self._exchange({self.ids[i]: ({"round": rnd}, messages[i]) for i in idx}, rnd)
+        outcomes = []
+        for i in idx:
+            c = self.ids[i]
+            reply = got[c]
+            if isinstance(reply, str):
+                outcomes.append(Outcome(failed=reply))
+            elif reply["status"] == "skipped":
+                outcomes.append(Outcome(skipped=True))
+            elif reply["status"] != "ok":
+                outcomes.append(Outcome(failed=str(reply.get("error", "failed"))))
+            else:
+                try:  # the server checks again: it does not trust the node's check
+                    outcomes.append(Outcome(reply=validate_message(reply["reply"], self.algorithm.reply_keys,
+                                                                    who=f"client {c!r}")))
+                except ProtocolError as exc:
+                    outcomes.append(Outcome(failed=describe_exc(exc)))
+        return outcomes, None
+
+    def close(self) -> None:
+        if self._dropped or not self.session.connected:
+            return
+        started = [c for c in self.ids if c in self._started and c not in self.lost]
+        try:  # drop this run's records on the nodes (the run failed, or stopped early)
+            self._exchange({c: ({"drop": True}, None) for c in started})
+        except Exception:  # noqa: BLE001 - best effort; a raise here would hide the run's own error
+            pass
+

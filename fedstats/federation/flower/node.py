@@ -1,0 +1,137 @@
+"""The node side: the ``ClientApp`` that serves one client on a SuperNode (:func:`make_client_app`).
+The node keeps everything that is the client's (its data, the algorithm it was sent, its
+private state) and runs the very ``init_client`` / ``client_step`` that the in-process runtime
+runs, with the same random streams; only the reply arrays leave it during a run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from ...data import DataError, FederatedData
+from ..client_side import checked_step, client_rng
+from ..protocol import SkipRound, describe_exc
+from .wire import dumps, loads, to_arrays, to_record
+
+
+class _Node:
+    """The ClientApp's handlers (a module-level class, so Ray ships them by reference).
+
+    One message type, ``train.fedstats``, whose config may carry, in this order: a start
+    (the algorithm, the client's id, position and seed, its data or the server's view of it,
+    optionally a state to resume from), a step (``round`` and the broadcast arrays), a request
+    for the state (``send``) and ``drop`` (forget the run). Each Flower message costs a round
+    trip and, on a deployed SuperNode, a fresh ClientApp process, so a run's start rides on
+    its first step and its final state request on the drop.
+    """
+
+    def __init__(self, local_data: Callable[[Context], FederatedData] | None, trust: Sequence[str]):
+        self.local_data = local_data
+        self.trust = tuple(trust)
+
+    def _local(self, context: Context) -> FederatedData:
+        if self.local_data is None:
+            raise DataError("this ClientApp holds no data of its own (simulation nodes receive theirs)")
+        return self.local_data(context)
+
+    @staticmethod
+    def _answer(message: Message, config: dict, arrays: Mapping[str, np.ndarray] | None = None) -> Message:
+        content = RecordDict({"fedstats": ConfigRecord(config)})
+        if arrays is not None:
+            content["reply"] = to_record(arrays)
+        return Message(content, reply_to=message)
+
+    def hello(self, message: Message, context: Context) -> Message:
+        info: dict[str, Any] = {"partition": int(context.node_config.get("partition-id", -1))}
+        if self.local_data is not None:
+            fd = self._local(context)
+            c = fd.clients[0]
+            info.update(client=str(c), n=int(fd.n_obs[c]), features=list(fd.feature_names),
+                        target=fd.target_name or "")
+        return self._answer(message, info)
+
+    def _load(self, rec, context: Context):
+        algorithm = loads(rec["algorithm"], self.trust)
+        client = loads(rec["client"], self.trust)
+        if rec["local"]:
+            # the server sent its view of everybody's data (no rows): the node's own rows
+            # take the place of the server's RemoteFederatedData, and the view picks this client
+            own = self._local(context)
+            if own.clients != [client]:
+                raise DataError(f"this node holds client {own.clients[0]!r}, the server asked for {client!r}")
+            data = loads(rec["data"], self.trust, local=own)[client]
+        else:
+            data = loads(rec["data"], self.trust)
+        return algorithm, client, data
+
+    def handle(self, message: Message, context: Context) -> Message:
+        cfg = message.content["fedstats"]
+        key = "fedstats." + str(cfg["run"])
+        loaded = None
+        if "algorithm" in cfg:  # start (or resume) the run on this node
+            rec = {k: cfg[k] for k in ("algorithm", "client", "local", "index", "seed", "data")}
+            try:
+                algorithm, client, data = loaded = self._load(rec, context)
+                if "state" in cfg:
+                    state = loads(cfg["state"], self.trust)
+                else:
+                    state = algorithm.init_client(client, data, client_rng(int(rec["seed"]), 0, int(rec["index"]),
+                                                                           init=True))
+                rec["state"] = dumps(state)
+            except Exception as exc:  # noqa: BLE001 - reported to the server, which stops the run
+                return self._answer(message, {"status": "init-failed", "error": describe_exc(exc)})
+            context.state[key] = ConfigRecord(rec)
+        if key not in context.state:
+            return self._answer(message, {"status": "failed", "error": "ProtocolError: this node holds no state "
+                                          "for the run (it restarted, or was never started)"})
+        rec = context.state.config_records[key]
+        out: dict[str, Any] = {"status": "ok"}
+        reply = None
+        if "round" in cfg:
+            out["status"], out["error"], reply = self._step(cfg, message.content["broadcast"], rec, loaded, context)
+            if out["status"] == "ok":
+                context.state[key] = rec
+        if cfg.get("send", False):
+            out["state"] = rec["state"]
+        if cfg.get("drop", False):
+            del context.state[key]
+        return self._answer(message, out, reply)
+
+    def _step(self, cfg, broadcast_record, rec, loaded, context):
+        """``(status, error, reply arrays)``; commits the new state into ``rec`` only if valid."""
+        try:
+            algorithm, client, data = loaded or self._load(rec, context)
+            state = loads(rec["state"], self.trust)
+            broadcast = to_arrays(broadcast_record)
+            for v in broadcast.values():
+                v.setflags(write=False)
+            out = algorithm.client_step(broadcast, state, data, client_rng(int(rec["seed"]), int(cfg["round"]),
+                                                                           int(rec["index"])))
+            reply, new_state = checked_step(algorithm, client, out)
+            new_state = dumps(new_state)
+        except SkipRound:
+            return "skipped", "", None
+        except Exception as exc:  # noqa: BLE001 - a failing client is recorded, its state unchanged
+            return "failed", describe_exc(exc), None
+        rec["state"] = new_state
+        return "ok", "", reply
+
+
+def make_client_app(local_data: Callable[[Context], FederatedData] | None = None, *,
+                    trust: Sequence[str] = ("fedstats",)) -> ClientApp:
+    """The fedstats ``ClientApp``.
+
+    ``local_data``: in a deployment, a function ``context -> FederatedData`` (one client)
+    that loads the node's own data, e.g. :func:`read_node_csv`; ``None`` in a simulation,
+    where each node receives its client's data when a run starts. ``trust``: the packages
+    whose classes the node will load from the server's pickles (see :func:`loads`).
+    """
+    node = _Node(local_data, trust)
+    app = ClientApp()
+    app.query("fedstats_hello")(node.hello)
+    app.train("fedstats")(node.handle)
+    return app

@@ -1,0 +1,128 @@
+"""What a run shows while it runs: a tqdm bar over rounds, or, inside a :func:`round_lines`
+block, one plain line per round."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import numpy as np
+
+from .records import RoundRecord
+
+
+def scalar(v: Any) -> float | None:
+    """``v`` as a float if it is one real number (a metric worth showing), else ``None``."""
+    if isinstance(v, (numbers.Real, np.generic)) and not isinstance(v, (bool, np.bool_)):
+        return float(v)
+    if isinstance(v, np.ndarray) and v.size == 1 and v.dtype.kind in "iuf":
+        return float(v.reshape(()))
+    return None
+
+
+_ROUND_LINES: ContextVar[Any] = ContextVar("fedstats_round_lines", default=None)
+
+
+@contextmanager
+def round_lines(stream=None, *, label: str = "", min_interval: float = 1.0):
+    """Within the block, every run left to decide its own progress display (``progress=None``)
+    prints one plain line per round to ``stream`` (default ``sys.stderr``) instead of a tqdm
+    bar: round, seconds, clients that answered, the server's change metrics, and a last line
+    saying whether the run converged. Runs with ``progress=False`` (one-off exchanges) stay
+    quiet. Rounds that end less than ``min_interval`` seconds after the last printed line are
+    not printed (the first and the last always are), so fast fits do not flood the terminal.
+    The command line uses it; a script can too::
+
+        with round_lines(label="hm2"):
+            res = HierarchicalLinearModel().fit(data)
+    """
+    token = _ROUND_LINES.set({"stream": stream, "label": label, "min_interval": float(min_interval)})
+    try:
+        yield
+    finally:
+        _ROUND_LINES.reset(token)
+
+
+class _LinePrinter:
+    """The plain lines of a run inside a :func:`round_lines` block."""
+
+    def __init__(self, cfg, name: str, rounds: int):
+        self.stream = cfg["stream"] if cfg["stream"] is not None else sys.stderr
+        self.prefix = f"{cfg['label'] or name}: "
+        self.min_interval, self.rounds, self.last = cfg["min_interval"], rounds, -math.inf
+
+    def _print(self, text: str) -> None:
+        print(self.prefix + text, file=self.stream, flush=True)
+        self.last = time.perf_counter()
+
+    def round(self, rec: RoundRecord, final: bool) -> None:
+        if not (final or rec.round == 0 or time.perf_counter() - self.last >= self.min_interval):
+            return
+        parts = [f"round {rec.round + 1}/{self.rounds}", f"{rec.seconds:.2f} s",
+                 f"{len(rec.answered)}/{len(rec.participants)} answered"]
+        if rec.failed:
+            parts.append(f"{len(rec.failed)} failed")
+        shown = 0
+        for k, v in rec.metrics.items():
+            x = scalar(v)
+            if x is not None and shown < 2:
+                parts.append(f"{k} {x:.4g}")
+                shown += 1
+        self._print(", ".join(parts))
+
+    def end(self, done: int, converged: bool, seconds: float) -> None:
+        if converged:
+            self._print(f"converged after {done} round(s), {seconds:.1f} s")
+        else:
+            self._print(f"stopped after {done} round(s) (the limit) without meeting its convergence rule, "
+                        f"{seconds:.1f} s")
+
+
+class RoundDisplay:
+    """A run's progress display: plain lines inside a :func:`round_lines` block (when the run
+    left ``progress`` to ``None``), else a tqdm bar (``progress=True``, or ``None`` with stderr
+    a terminal), else nothing."""
+
+    def __init__(self, progress: bool | None, *, name: str, rounds: int, start: int, active: bool,
+                 failed_so_far: int):
+        cfg = _ROUND_LINES.get() if progress is None else None
+        self.lines = _LinePrinter(cfg, name, rounds) if cfg is not None else None
+        show = progress if progress is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())
+        self.bar = None
+        self.n_failed = failed_so_far
+        if self.lines is None and show and active:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=rounds, initial=start, desc=name, unit="round", file=sys.stderr, dynamic_ncols=True)
+
+    def round(self, rec: RoundRecord, final: bool) -> None:
+        """Show a completed round (``final``: the run stops after it)."""
+        if self.lines is not None:
+            self.lines.round(rec, final=final)
+        if self.bar is not None:
+            self.n_failed += len(rec.failed)
+            post: dict[str, Any] = {}
+            for k, v in rec.metrics.items():
+                s = scalar(v)
+                if s is not None:
+                    post[str(k)] = f"{s:.4g}"
+                    if len(post) == 2:
+                        break
+            post["failed"] = self.n_failed
+            self.bar.set_postfix(post, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        """Close the bar (also when the run raised)."""
+        if self.bar is not None:
+            self.bar.close()
+
+    def end(self, done: int, converged: bool, seconds: float) -> None:
+        """The last line: how the run ended."""
+        if self.lines is not None:
+            self.lines.end(done, converged, seconds)
