@@ -28,7 +28,7 @@ import numpy as np
 
 from fedstats.datasets.synthetic import hm2_federation
 from fedstats.linear import HierarchicalLinearModel
-from fedstats.linear.hierarchical import pooled_nuts
+from fedstats.reference.hierarchical import pooled_nuts
 
 RESULTS = Path(__file__).parent / "results"
 

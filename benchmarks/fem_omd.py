@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedstats.mixture import FEMOMD, eg_update, omd_gradient
-from fedstats.mixture._gmm import e_step, estep_statistics, log_gaussian
-from fedstats.mixture.regret import MixtureStream
+from fedstats.experiments.regret import MixtureStream
+from fedstats.mixture import FEMOMD
+from fedstats.mixture.gmm import e_step, estep_statistics, log_gaussian
+from fedstats.mixture.omd import eg_update, omd_gradient
 
 RESULTS = Path(__file__).parent / "results"
 D, M, K = 10, 5, 5

@@ -7,7 +7,7 @@ t = 500 (log-log slope 2.05). This sweep runs every option below on the four wei
 (fixed, iid, switching every 50 steps, adversarial), from shifted starts
 ``means_init = stream.means + shift`` (shift 0.3 and 1.0 in every coordinate) and several
 seeds, T = 500 steps, C = 50 clients, n = 30 rows per client and step, d = 10, m = 5, and
-classifies each regret curve with :func:`fedstats.mixture.regret.growth` (log-log slope over
+classifies each regret curve with :func:`fedstats.experiments.regret.growth` (log-log slope over
 the second half of the grid, ``R_t / t`` decreasing; a run whose regret ends at or below 0,
 i.e. better than the best fixed weights in hindsight, which happens under switching weights,
 is counted as sub-linear too and flagged).
@@ -51,8 +51,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from fedstats.experiments.regret import PROCESSES, MixtureStream, growth, simulate  # noqa: E402
 from fedstats.mixture import FEMOMD  # noqa: E402
-from fedstats.mixture.regret import PROCESSES, MixtureStream, growth, simulate  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 C, N, D, M = 50, 30, 10, 5

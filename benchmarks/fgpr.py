@@ -68,7 +68,7 @@ def main():
         cases.append(("K=10 x 1000 points, d=3", gp_clients(10, 1000, 3, seed=2), dict(batch_size=128, rounds=100)))
         if (DATA / "sarcos" / "sarcos_inv_test.mat").is_file():
             from fedstats.datasets import load_sarcos_federation
-            from fedstats.gp.studies import SARCOS_FGPR
+            from fedstats.experiments.fgpr_case_studies import SARCOS_FGPR
 
             train, _ = load_sarcos_federation(DATA, output=1)
             cases.append(("SARCOS joint 1, K=25 x 125 points, d=21, Matern-3/2", train, dict(SARCOS_FGPR)))

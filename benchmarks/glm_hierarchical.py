@@ -39,7 +39,7 @@ def one(K, seed):
     from fedstats.datasets.synthetic import hierarchical_logistic
     from fedstats.glm import HierarchicalGLM
     from fedstats.glm._design import GLMDesign
-    from fedstats.glm.reference import pooled_nuts
+    from fedstats.reference.glm import pooled_nuts
 
     data = hierarchical_logistic(K, seed)
     nuts, refs = [], []

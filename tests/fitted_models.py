@@ -48,6 +48,7 @@ def fit_with_spy():
 
 def fit_all(out, data, gm, df):
     from fedstats import HierarchicalLinearModel
+    from fedstats.experiments.regret import MixtureStream
     from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
     from fedstats.gp import FGPR
     from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
@@ -59,7 +60,6 @@ def fit_all(out, data, gm, df):
         VariationalGaussianMixture,
         ring_graph,
     )
-    from fedstats.mixture.regret import MixtureStream
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

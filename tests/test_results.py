@@ -148,7 +148,7 @@ def test_codec_keeps_key_types_and_non_finite_values(fitted, tmp_path):
 
 
 def test_unwritable_state_names_where(tmp_path):
-    from fedstats.linear._local import PointResult
+    from fedstats.linear.local import PointResult
 
     res = PointResult(feature_names=["a"], clients=[0], theta=np.zeros((1, 1)), options={"hook": print})
     with pytest.raises(TypeError, match=r"^PointResult.options\['hook'\]: cannot write a builtins.builtin_function_or_method"):
@@ -156,7 +156,7 @@ def test_unwritable_state_names_where(tmp_path):
 
 
 def test_object_arrays_and_malformed_files(tmp_path):
-    from fedstats.linear._local import PointResult
+    from fedstats.linear.local import PointResult
 
     names = np.empty((2, 2), dtype=object)
     names[:] = [["a", (1, 2)], [None, "d"]]

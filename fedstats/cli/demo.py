@@ -12,7 +12,7 @@ def command(args) -> None:
     """Run the demo (``--seed``)."""
     from ..datasets.synthetic import hm2_federation
     from ..linear import HierarchicalLinearModel
-    from ..linear.hierarchical import pooled_nuts
+    from ..reference.hierarchical import pooled_nuts
 
     K, n = 20, 40
     data, truth = hm2_federation(n_clients=K, n_obs=n, mu=[1.0, -0.5, 2.0], tau=[0.5, 1.0, 0.3],

@@ -13,10 +13,10 @@
 """
 
 from ._design import SPECIAL as ROLES
-from ._sites import BAYES_LINKS
 from .bayes import BayesianGLM, BayesianGLMResult, HierarchicalGLM, HierarchicalGLMResult
 from .families import FAMILIES, LINKS, family_of
 from .frequentist import FederatedGLM, GLMConvergenceWarning, GLMResult, SeparationError
+from .sites import BAYES_LINKS
 
 __all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning", "BayesianGLM", "BayesianGLMResult",
            "HierarchicalGLM", "HierarchicalGLMResult", "FAMILIES", "LINKS", "family_of", "ROLES", "BAYES_LINKS"]

@@ -33,14 +33,14 @@ from ..inference.ep import PosteriorRound, RowsEP, check_invariants, posterior_r
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
-from ..linear._ep_model import check_participation, log_scale_rows, no_p_value
-from ..linear._scaling import LinearScaling, federated_scaling
+from ..linear.ep_model import check_participation, log_scale_rows, no_p_value
+from ..linear.scaling import LinearScaling, federated_scaling
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
 from ._design import SPECIAL, GLMDesign, prediction_rows
 from ._irls import design_check
-from ._sites import BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite
 from .families import family_of
 from .frequentist import _COLUMN
+from .sites import BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite
 
 __all__ = ["BayesianGLM", "HierarchicalGLM", "BayesianGLMResult", "HierarchicalGLMResult"]
 

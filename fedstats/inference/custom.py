@@ -26,7 +26,7 @@ of rows, and it is integrated out inside the client's tilted distribution; after
 more counted round gives each client's posterior of its own latents (``client_posterior``).
 
 The fit runs in process only (a Flower node loads code from trusted packages only, and the
-model is your function). :func:`pooled_nuts` samples the same model with every row pooled
+model is your function). :func:`fedstats.reference.custom.pooled_nuts` samples the same model with every row pooled
 (and every client's local latents), the reference to check a federated fit against.
 """
 
@@ -42,7 +42,7 @@ from .ep import PosteriorRound
 from .gaussian import NaturalGaussian
 from .posterior import GaussianPosterior
 
-__all__ = ["federated_ep", "pooled_nuts", "CustomEPResult"]
+__all__ = ["federated_ep", "CustomEPResult"]
 
 
 def _latent_sites(model, X, y) -> dict[str, tuple]:
@@ -68,7 +68,7 @@ def _latent_sites(model, X, y) -> dict[str, tuple]:
     return {n: tuple(jax.numpy.shape(s["value"])) for n, s in latent.items()}
 
 
-def _split_sites(model, X, y, n_pad, global_sites):
+def split_sites(model, X, y, n_pad, global_sites):
     """(global shapes, local shapes) of the model's latent sites; local shapes must not
     change with the number of rows (traced at the client's rows and at ``n_pad`` rows)."""
     shapes = _latent_sites(model, X, y)
@@ -105,11 +105,11 @@ def _unflatten(phi, shapes):
     return out
 
 
-def _size(shapes) -> int:
+def site_size(shapes) -> int:
     return int(sum(int(np.prod(sh)) if sh else 1 for sh in shapes.values()))
 
 
-def _client_logp(model, shapes, local, phi, z, X, y, mask):
+def client_logp(model, shapes, local, phi, z, X, y, mask):
     """One client's ``log p(y | phi, z) + log p(z | phi)``: the observed site's per-row
     log-likelihood (rows with ``mask`` 0 left out) and its local latents' prior log density,
     at the global values ``phi`` and local values ``z`` (flat)."""
@@ -139,11 +139,11 @@ class CustomSite:
 
     @property
     def phi_dim(self) -> int:
-        return _size(self.shapes)
+        return site_size(self.shapes)
 
     @property
     def local_dim(self) -> int:
-        return _size(self.local)
+        return site_size(self.local)
 
     def cache_key(self) -> tuple:
         return ("custom", id(self.model), tuple(self.shapes.items()), tuple(self.local.items()), self.n_pad, self.d)
@@ -162,7 +162,7 @@ class CustomSite:
         return np.zeros(0), np.zeros(self.local_dim)
 
     def log_collapsed(self, phi, z, stats):
-        return _client_logp(self.model, self.shapes, self.local, phi, z, stats["X"], stats["y"], stats["mask"])
+        return client_logp(self.model, self.shapes, self.local, phi, z, stats["X"], stats["y"], stats["mask"])
 
 
 class _Rows:
@@ -293,8 +293,8 @@ def federated_ep(model: Callable, data, *, prior: dict, global_sites=None, tilte
     t0 = time.perf_counter()
     first = data[data.clients[0]]
     n_pad = -(-max(data.n_obs.values()) // 32) * 32
-    shapes, local = _split_sites(model, np.asarray(first.X), np.asarray(first.y), n_pad, global_sites)
-    mean, sd = _prior_moments(prior, shapes)
+    shapes, local = split_sites(model, np.asarray(first.X), np.asarray(first.y), n_pad, global_sites)
+    mean, sd = prior_moments(prior, shapes)
     site = CustomSite(model, shapes, local, n_pad, data.n_features)
     alg = RowsEP(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), estimator, damping=damping, tol=tol)
     rows = _Rows(data)
@@ -315,7 +315,7 @@ def federated_ep(model: Callable, data, *, prior: dict, global_sites=None, tilte
     return res
 
 
-def _prior_moments(prior, shapes):
+def prior_moments(prior, shapes):
     """The flat prior mean and sd of the global parameters from ``{name: (mean, sd)}``."""
     missing = [n for n in shapes if n not in prior]
     if missing:
@@ -330,49 +330,3 @@ def _prior_moments(prior, shapes):
     if not np.all(np.isfinite(mean) & np.isfinite(sd) & (sd > 0)):
         raise ValueError("prior= must give finite means and positive sds")
     return mean, sd
-
-
-def pooled_nuts(model: Callable, data, *, prior: dict, global_sites=None, num_warmup: int = 500,
-                num_samples: int = 1000, num_chains: int = 2, seed: int = 0, return_local: bool = False):
-    """Draws (S, dim) of the global parameters of the same model with every client's rows
-    pooled in this process, under the same Gaussian prior, by NumPyro's NUTS (the reference
-    for :func:`federated_ep`). With local latents (``global_sites=``), each client's are
-    sampled with them; ``return_local=True`` also returns their draws, (S, K, local dim)."""
-    import jax
-    import jax.numpy as jnp
-    import numpyro
-    import numpyro.distributions as dist
-    from numpyro.infer import MCMC, NUTS
-
-    from ..data import as_federated
-
-    data = as_federated(data)
-    rows = [(np.asarray(data[c].X, dtype=float), np.asarray(data[c].y, dtype=float)) for c in data.clients]
-    n_pad = -(-max(len(y) for _, y in rows) // 32) * 32
-    shapes, local = _split_sites(model, *rows[0], n_pad, global_sites)
-    mean, sd = _prior_moments(prior, shapes)
-    dz, K = _size(local), len(rows)
-    if local:  # every client's padded rows, its log density vectorised over clients
-        X = np.stack([np.resize(X, (n_pad, *X.shape[1:])) for X, _ in rows])
-        y = np.stack([np.resize(y, n_pad) for _, y in rows])
-        mask = np.stack([np.arange(n_pad) < len(r[1]) for r in rows]).astype(float)
-    else:  # one likelihood over every row
-        X, y = np.vstack([X for X, _ in rows]), np.concatenate([y for _, y in rows])
-
-    def pooled():
-        phi = numpyro.sample("phi", dist.Normal(jnp.asarray(mean), jnp.asarray(sd)).to_event(1))
-        if not local:
-            numpyro.factor("ll", _client_logp(model, shapes, local, phi, jnp.zeros(0), X, y, np.ones(len(y))))
-            return
-        z = numpyro.sample("z", dist.ImproperUniform(dist.constraints.real_vector, (), (K, dz)))
-        one = lambda zk, Xk, yk, mk: _client_logp(model, shapes, local, phi, zk, Xk, yk, mk)  # noqa: E731
-        numpyro.factor("ll", jnp.sum(jax.vmap(one)(z, X, y, mask)))
-
-    with jax.enable_x64(True):
-        mc = MCMC(NUTS(pooled), num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
-                  chain_method="sequential", progress_bar=False)
-        mc.run(jax.random.PRNGKey(seed))
-        s = {k: np.asarray(v) for k, v in mc.get_samples().items()}
-    if not return_local:
-        return s["phi"]
-    return s["phi"], (s["z"] if local else None)

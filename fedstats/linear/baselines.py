@@ -1,5 +1,5 @@
 """Baselines for HM1 (spec ``linear.md`` §4.1, §5.2, §9 items 21-22), with the same result
-API (:class:`~fedstats.linear._local.PointResult`: ``coef``, ``coefficients``, ``predict``,
+API (:class:`~fedstats.linear.local.PointResult`: ``coef``, ``coefficients``, ``predict``,
 ``rmse``, ``history``, ``communication``).
 
 * :class:`Separate` -- every device alone: the same local gradient steps and budget as HM1
@@ -27,7 +27,7 @@ from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ..results import counted
-from ._local import (
+from .local import (
     INITS,
     LR,
     REDUCTIONS,

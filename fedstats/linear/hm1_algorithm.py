@@ -11,7 +11,7 @@ import numpy as np
 from scipy import linalg as sla
 
 from ..federation import FederatedAlgorithm
-from ._local import (
+from .local import (
     full_batch,
     full_batch_steps,
     initial_theta,

@@ -35,9 +35,8 @@ from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
 from ..results import FederatedResult, NoPosteriorError, check_level, counted, register
-from ._ep_model import EPLinearResult, design_matrix, draws_prediction, fit_ep, log_scale_rows, no_p_value, normal_pair
-from ._scaling import federated_scaling
 from ._shrinkage_site import ShrinkageSite
+from .ep_model import EPLinearResult, design_matrix, draws_prediction, fit_ep, log_scale_rows, no_p_value, normal_pair
 
 
 @register
@@ -73,7 +72,7 @@ class BayesianShrinkage(Estimator):
     standardize : bool, default True
         Fit on predictors and target standardised with federated moments (one counted round
         of per-client sums; 0/1 predictors keep their coding) and report every output on the
-        data's own scale (:mod:`fedstats.linear._scaling`). The priors then act on the
+        data's own scale (:mod:`fedstats.linear.scaling`). The priors then act on the
         standardised scale: ``lambda`` penalises standardised coefficients (and is reported
         as such), ``intercept_sd`` and the prior of ``log sigma^2`` are in standardised
         units; ``sigma2`` is reported on the data's scale. ``False``: fit the data as given,
@@ -171,7 +170,9 @@ class BayesianShrinkage(Estimator):
         names = self._check(data)
         if self.noise != "shared":
             raise ValueError("the centralised reference pools all rows: use noise='shared'")
-        return _pooled_nuts(self, data, names, seed=seed, num_warmup=num_warmup, num_samples=num_samples,
+        from ..reference.shrinkage import pooled_nuts
+
+        return pooled_nuts(self, data, names, seed=seed, num_warmup=num_warmup, num_samples=num_samples,
                             num_chains=num_chains, per_client=bool(per_client))
 
 
@@ -332,7 +333,7 @@ class ShrinkageResult(_Selection, EPLinearResult):
     def _global_original(self):
         """q(log lambda, log sigma^2) with sigma^2 on the data's scale (log sigma^2 + 2 log s_y,
         an affine map: still Gaussian); lambda penalises the standardised coefficients."""
-        return _sigma2_back(self._q(), self.scaling.y_sd)
+        return sigma2_back(self._q(), self.scaling.y_sd)
 
     def predict_selected(self, X, client, level: float = 0.9) -> np.ndarray:
         """Point predictions with the posterior means of the selected predictors and the
@@ -340,7 +341,7 @@ class ShrinkageResult(_Selection, EPLinearResult):
         return _predict_selected(self, X, client, level)
 
 
-def _sigma2_back(g, y_sd: float):
+def sigma2_back(g, y_sd: float):
     """``g`` over (log lambda[, log sigma^2]) with log sigma^2 shifted by ``2 log y_sd``."""
     b = np.array([2 * np.log(y_sd) if n == "log_sigma2" else 0.0 for n in g.names])
     return g.affine(np.eye(g.dim), b, names=list(g.names))
@@ -436,66 +437,3 @@ class CentralisedShrinkageResult(_Selection, FederatedResult):
 
     def predict_selected(self, X, client="pooled", level: float = 0.9) -> np.ndarray:
         return _predict_selected(self, X, client, level)
-
-
-def _pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num_samples, num_chains, per_client):
-    import time
-
-    import jax
-    import jax.numpy as jnp
-    import numpyro
-    import numpyro.distributions as dist
-    from numpyro.diagnostics import summary as mcmc_summary
-    from numpyro.infer import MCMC, NUTS
-
-    t0 = time.perf_counter()
-    clients = list(data.clients)
-    X = np.concatenate([np.asarray(data[c].X) for c in clients])
-    y = np.concatenate([np.asarray(data[c].y) for c in clients])
-    # the federated fit's standardisation (the same moments, here from the pooled rows)
-    scaling = federated_scaling(data, model.fit_intercept, seed=seed) if model.standardize else None
-    if scaling is not None:
-        X, y = scaling.transform_X(X), scaling.transform_y(y)
-    group = np.repeat(np.arange(len(clients)), [data[c].n for c in clients]) if per_client else np.zeros(len(y), int)
-    G = len(clients) if per_client else 1
-    (l0, t0_), (s0, u0) = (normal_pair(model.prior_log_lambda, "prior_log_lambda"),
-                          normal_pair(model.prior_log_sigma2, "prior_log_sigma2"))
-    d = X.shape[1]
-
-    def numpyro_model(X, y, group):
-        log_lam = numpyro.sample("log_lambda", dist.Normal(l0, t0_))
-        log_s2 = numpyro.sample("log_sigma2", dist.Normal(s0, u0))
-        if model.penalty == "lasso":
-            log_b = (0.5 if model.scale == "sd" else 1.0) * log_s2 - log_lam
-            prior = dist.Laplace(0.0, jnp.exp(log_b))
-        else:
-            prior = dist.Normal(0.0, jnp.exp(0.5 * (log_s2 - log_lam)))
-        beta = numpyro.sample("beta", prior.expand([G, d]).to_event(2))
-        mean = jnp.sum(X * beta[group], axis=1)
-        if model.fit_intercept:
-            mean = mean + numpyro.sample("intercept", dist.Normal(0.0, model.intercept_sd).expand([G]).to_event(1))[group]
-        numpyro.sample("y", dist.Normal(mean, jnp.exp(0.5 * log_s2)), obs=y)
-
-    with jax.enable_x64(True):
-        mcmc = MCMC(NUTS(numpyro_model, target_accept_prob=0.9), num_warmup=num_warmup, num_samples=num_samples,
-                    num_chains=num_chains, chain_method="sequential", progress_bar=False)
-        mcmc.run(jax.random.PRNGKey(seed), X, y, group)
-        s = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
-        grouped = mcmc.get_samples(group_by_chain=True)
-        summ = mcmc_summary({k: np.asarray(v) for k, v in grouped.items()}, prob=0.9)
-    rhat = max(float(np.max(v["r_hat"])) for v in summ.values())
-    ess = min(float(np.min(v["n_eff"])) for v in summ.values())
-
-    def coefficients(g):
-        b = s["beta"][:, g]
-        theta = np.column_stack([s["intercept"][:, g], b]) if model.fit_intercept else b
-        return SamplePosterior(theta if scaling is None else scaling.coef_back(theta), names=names)
-
-    beta = {c: coefficients(g) for g, c in enumerate(clients)} if per_client else {"pooled": coefficients(0)}
-    phi = SamplePosterior(np.column_stack([s["log_lambda"], s["log_sigma2"]]), names=["log_lambda", "log_sigma2"])
-    y_sd = 1.0 if scaling is None else scaling.y_sd
-    return CentralisedShrinkageResult(
-        model=model, feature_names=names, fitted_clients=clients, beta=beta,
-        phi=phi if scaling is None else _sigma2_back(phi, y_sd),
-        sigma=y_sd * np.exp(0.5 * s["log_sigma2"]), diagnostics={"rhat_max": rhat, "ess_min": ess},
-        seconds=time.perf_counter() - t0, scaling=scaling)

@@ -85,18 +85,6 @@ from ..federation.backend import accepts_backend
 from ..federation.records import record
 from ..inference.posterior import GaussianPosterior
 from ..results import NoPosteriorError, check_level, counted, prediction_frame, register
-from ._local import (
-    INITS,
-    LR,
-    REDUCTIONS,
-    DeviceDesign,
-    PointResult,
-    coefficient_names,
-    federated_lr,
-    full_batch_steps,
-    initial_theta,
-    resolve_lr,
-)
 from .hm1_algorithm import (
     CannotShareError,
     HM1Algorithm,
@@ -109,6 +97,18 @@ from .hm1_algorithm import (
     shrink_for,
 )
 from .hm1_posterior import conditional_posterior, em_omega, exchangeable_target, noise_vars
+from .local import (
+    INITS,
+    LR,
+    REDUCTIONS,
+    DeviceDesign,
+    PointResult,
+    coefficient_names,
+    federated_lr,
+    full_batch_steps,
+    initial_theta,
+    resolve_lr,
+)
 
 # --------------------------------------------------------------------------- model
 

@@ -10,24 +10,24 @@
   (variational), siblings under :class:`MixtureResult`: ``predict``, ``predict_proba``,
   ``score`` per client, unseen clients, tables, save/load;
 * :class:`FEMOMD` -- online: federated EM per time step, mirror descent on each client's
-  drifting weights; :mod:`fedstats.mixture.regret` measures its regret.
+  drifting weights; :mod:`fedstats.experiments.regret` measures its regret.
 """
 
-from .bayes import BayesianMixtureResult, VariationalGaussianMixture, VBFedEMAlgorithm
+from .bayes import BayesianMixtureResult, VariationalGaussianMixture
 from .decentralized import (
     DecentralizedGaussianMixture,
     DecentralizedMixtureResult,
-    DFedEMAlgorithm,
     erdos_renyi_graph,
     fast_mixing_weights,
     metropolis_weights,
     ring_graph,
     slem,
 )
-from .fedem import FedEMAlgorithm, FederatedGaussianMixture, GaussianMixtureResult, MixtureResult
-from .online import FEMOMD, FEMOMDStep, eg_update, omd_gradient
+from .fedem import FederatedGaussianMixture, GaussianMixtureResult, MixtureResult
+from .online import FEMOMD
 
-__all__ = ["FederatedGaussianMixture", "VariationalGaussianMixture", "GaussianMixtureResult", "MixtureResult", "FedEMAlgorithm", "DecentralizedGaussianMixture",
-           "DecentralizedMixtureResult", "DFedEMAlgorithm", "metropolis_weights", "fast_mixing_weights",
-           "ring_graph", "erdos_renyi_graph", "slem", "BayesianMixtureResult", "VBFedEMAlgorithm", "FEMOMD",
-           "FEMOMDStep", "eg_update", "omd_gradient"]
+# the models and their results, and the graphs D-FedEM gossips over; the federated algorithms
+# (FedEMAlgorithm, DFedEMAlgorithm, VBFedEMAlgorithm, FEMOMDStep) live in their models' modules
+__all__ = ["FederatedGaussianMixture", "VariationalGaussianMixture", "GaussianMixtureResult", "MixtureResult",
+           "DecentralizedGaussianMixture", "DecentralizedMixtureResult", "metropolis_weights", "fast_mixing_weights",
+           "ring_graph", "erdos_renyi_graph", "slem", "BayesianMixtureResult", "FEMOMD"]

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..data import DataError, FederatedData, as_federated
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
-from ._gmm import cov_shape, precision_cholesky
+from .gmm import cov_shape, precision_cholesky
 
 __all__ = ["MixtureEstimator", "as_federated", "initial_weights", "check_failures", "without_lost", "norm",
            "log_weights"]

@@ -26,7 +26,7 @@ from .. import streams
 from ..data import DataError
 from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
-from ._gmm import (
+from .gmm import (
     COV_TYPES,
     centre,
     e_step,

@@ -44,8 +44,8 @@ from ..federation.protocol import client_function
 from ..inference import SamplePosterior
 from ..results import counted, register
 from ._common import SERVER_CONSTRAINTS, MixtureEstimator, as_federated, check_failures, without_lost
-from ._gmm import cov_shape, full_covariances, m_step, precision_cholesky
 from .fedem import FedEMAlgorithm, MixtureResult
+from .gmm import cov_shape, full_covariances, m_step, precision_cholesky
 
 _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
 

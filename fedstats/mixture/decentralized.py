@@ -35,8 +35,8 @@ from ..results import counted, register
 from ._common import WEIGHTS, MixtureEstimator, as_federated, initial_weights
 from ._common import log_weights as _log_weights
 from ._common import norm as _norm
-from ._gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
 from .fedem import GaussianMixtureResult
+from .gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
 
 
 # ---------------------------------------------------------------------------- graphs
@@ -239,6 +239,13 @@ class DFedEMAlgorithm(FederatedAlgorithm):
 class DecentralizedGaussianMixture(MixtureEstimator):
     """D-FedEM: a Gaussian mixture fitted without a server, by gossip over a client graph.
 
+    The initial components come from the federated k-means start (a one-off aggregation that
+    a deployment would also do by gossip, or give as ``means_init``); every node starts from
+    them, which keeps component labels aligned across nodes.
+
+    The fit's ``means_``/``covariances_`` are the clients' average; each client's own copy
+    is in ``client_means_``/``client_covariances_`` and is what ``predict(X, client)`` uses.
+
     Parameters
     ----------
     n_components, covariance_type, reg_covar, rounds, n_init, means_init, covariances_init, weights_init
@@ -250,13 +257,6 @@ class DecentralizedGaussianMixture(MixtureEstimator):
         Gossip steps ``G`` per round.
     mixing : {"metropolis", "fast"}, default "metropolis"
         Metropolis-Hastings weights, or the fastest-mixing chain (:func:`fast_mixing_weights`).
-
-    The initial components come from the federated k-means start (a one-off aggregation that
-    a deployment would also do by gossip, or give as ``means_init``); every node starts from
-    them, which keeps component labels aligned across nodes.
-
-    The fit's ``means_``/``covariances_`` are the clients' average; each client's own copy
-    is in ``client_means_``/``client_covariances_`` and is what ``predict(X, client)`` uses.
 
     Example
     -------

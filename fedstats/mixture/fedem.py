@@ -55,7 +55,8 @@ from ._common import (
     norm,
     without_lost,
 )
-from ._gmm import (
+from ._init import federated_loglik
+from .gmm import (
     check_cov_type,
     e_step,
     estep_statistics,
@@ -68,7 +69,6 @@ from ._gmm import (
     reshift,
     s2_shape,
 )
-from ._init import federated_loglik
 
 # helpers shared by the three mixtures (their names here are kept for the modules that import them)
 _log_weights, _norm = log_weights, norm

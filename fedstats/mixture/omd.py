@@ -13,7 +13,7 @@ from ._common import log_weights as _log_weights
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
 
 
-def _lse(a: np.ndarray) -> np.ndarray:
+def lse(a: np.ndarray) -> np.ndarray:
     """log-sum-exp over the last axis (plain numpy: scipy's costs ~100 us a call here)."""
     amax = a.max(axis=-1, keepdims=True)
     return (amax + np.log(np.exp(a - amax).sum(axis=-1, keepdims=True)))[..., 0]
@@ -29,7 +29,7 @@ def eg_update(pi, grad, eta, floor=0.0) -> np.ndarray:
     """
     pi = np.asarray(pi, float)
     a = _log_weights(pi) - eta * np.asarray(grad, float)
-    q = np.exp(a - _lse(a)[..., None])
+    q = np.exp(a - lse(a)[..., None])
     if np.any(floor):
         q = (1.0 - floor) * q + floor / q.shape[-1]
     return q
@@ -43,13 +43,13 @@ def omd_gradient(log_dens, log_pi, starts=None) -> np.ndarray:
     Stacked clients: ``starts`` (C,) row offsets and ``log_pi`` (C, m) give (C, m).
     """
     if starts is None:
-        lse = _lse(log_dens + log_pi)
-        return -np.mean(np.exp(log_dens - lse[:, None]), axis=0)
+        norm = lse(log_dens + log_pi)
+        return -np.mean(np.exp(log_dens - norm[:, None]), axis=0)
     starts = np.asarray(starts)
     sizes = np.diff(np.r_[starts, log_dens.shape[0]])
     lp = np.repeat(log_pi, sizes, axis=0)
-    lse = _lse(log_dens + lp)
-    return -np.add.reduceat(np.exp(log_dens - lse[:, None]), starts, axis=0) / sizes[:, None]
+    norm = lse(log_dens + lp)
+    return -np.add.reduceat(np.exp(log_dens - norm[:, None]), starts, axis=0) / sizes[:, None]
 
 
 def step_size(t: int, n_components: int, eta=None, horizon=None) -> float:

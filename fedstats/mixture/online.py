@@ -54,17 +54,17 @@ from ..federation.backend import accepts_backend
 from ..federation.oneshot import raise_failures
 from ..results import load_result, register, save_result
 from ._common import as_federated
-from ._gmm import (
+from .fedem import GaussianMixtureResult
+from .gmm import (
     cov_shape,
     precision_cholesky,
 )
-from .fedem import GaussianMixtureResult
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
-from .omd import adaptive_eta, eg_update, floor_at, omd_gradient, step_size
+from .omd import adaptive_eta, floor_at, step_size
 from .online_step import FEMOMDStep, new_client_state, prior_concentration
 
-__all__ = ["FEMOMD", "FEMOMDStep", "eg_update", "omd_gradient", "adaptive_eta", "floor_at", "step_size"]
+__all__ = ["FEMOMD"]
 
 
 # ------------------------------------------------------------------ the model
@@ -165,7 +165,7 @@ class FEMOMD(Estimator):
     -------
     >>> import numpy as np
     >>> from fedstats.mixture import FEMOMD
-    >>> from fedstats.mixture.regret import MixtureStream
+    >>> from fedstats.experiments.regret import MixtureStream
     >>> stream = MixtureStream(n_clients=5, n=20, d=2, n_components=2, process="fixed", seed=0)
     >>> model = FEMOMD(2, means_init=stream.means + 0.3, horizon=50)
     >>> for t in range(1, 51):

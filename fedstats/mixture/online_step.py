@@ -13,7 +13,7 @@ import numpy as np
 from ..federation import FederatedAlgorithm
 from ._common import RowStack
 from ._common import log_weights as _log_weights
-from ._gmm import (
+from .gmm import (
     e_step,
     estep_statistics,
     full_covariances,
@@ -24,7 +24,7 @@ from ._gmm import (
 )
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
-from .omd import _lse, adaptive_eta, eg_update, floor_at, omd_gradient
+from .omd import adaptive_eta, eg_update, floor_at, lse, omd_gradient
 
 if TYPE_CHECKING:
     from .online import FEMOMD
@@ -254,7 +254,7 @@ class FEMOMDStep(FederatedAlgorithm):
         for i, (s, rng) in enumerate(zip(states, rngs)):
             S = self.m.n_mc or s["n"]
             lw = inner_logw if inner_logw.ndim == 1 else inner_logw[i]
-            p = np.exp(lw - _lse(lw))
+            p = np.exp(lw - lse(lw))
             z = rng.choice(M, size=S, p=p / p.sum())
             eps = rng.standard_normal((S, d))
             if chol is None:

@@ -30,7 +30,7 @@ from scipy.special import expit
 
 from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
-from ._gmm import COV_TYPES, centre, e_step, full_covariances, log_gaussian, precision_cholesky
+from .gmm import COV_TYPES, centre, e_step, full_covariances, log_gaussian, precision_cholesky
 
 
 def free_weights(weights, tiny=1e-8):

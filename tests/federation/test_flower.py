@@ -249,7 +249,7 @@ def test_no_node_receives_another_clients_entries(session):
     # FedEM's scoring round carries every client's weights; each node must get only its own
     from fedstats.federation.oneshot import OneShot
     from fedstats.mixture._init import _score
-    from fedstats.mixture.online import FEMOMDStep
+    from fedstats.mixture.online_step import FEMOMDStep
 
     weights = {c: np.full(2, 0.5) + 0.1 * i for i, c in enumerate("abc")}
     side = session.client_side(OneShot(("loglik",), {}, _score, private=weights), list("abc"),

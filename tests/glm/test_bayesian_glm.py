@@ -9,7 +9,7 @@ import pytest
 from fedstats.data import FederatedData
 from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
 from fedstats.glm._design import GLMDesign
-from fedstats.glm.reference import pooled_nuts
+from fedstats.reference.glm import pooled_nuts
 from fedstats.results import NoPosteriorError
 
 

@@ -12,7 +12,7 @@ import pytest
 from fedstats.data import FederatedData
 from fedstats.glm import HierarchicalGLM
 from fedstats.glm._design import Rows
-from fedstats.glm._sites import HierarchicalSite, eta_derivatives, loglik_rows
+from fedstats.glm.sites import HierarchicalSite, eta_derivatives, loglik_rows
 
 CASES = [("binomial", "logit", 1.0), ("binomial", "probit", 1.0), ("poisson", "log", 1.0),
          ("negative_binomial", "log", 0.7)]
@@ -72,7 +72,7 @@ def test_both_forms_of_the_curvature_agree(monkeypatch):
     """X' diag(c) X from the rows' outer products (few rows x coefficients^2) and as
     X' (X * c) (the form for clients too large to keep the outer products): equal modes,
     curvatures and collapsed log-likelihoods."""
-    import fedstats.glm._sites as sites
+    import fedstats.glm.sites as sites
 
     rng = np.random.default_rng(4)
     p = 4

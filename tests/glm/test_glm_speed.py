@@ -52,7 +52,7 @@ def test_federated_irls_within_twice_statsmodels_at_the_issue_scale():
 @pytest.mark.slow
 def test_hierarchical_ep_five_times_faster_than_pooled_nuts_at_k50():
     from fedstats.glm._design import GLMDesign
-    from fedstats.glm.reference import pooled_nuts
+    from fedstats.reference.glm import pooled_nuts
 
     data = hierarchical_logistic(50, 0)
     design = GLMDesign(data, True, {})

@@ -99,7 +99,7 @@ def _need(folder):
 
 def test_cmapss_sensor_7_fgpr_matches_the_centralised_fit():
     _need("cmapss")
-    from fedstats.gp.studies import cmapss_study
+    from fedstats.experiments.fgpr_case_studies import cmapss_study
 
     tab, _ = cmapss_study(DATA, sensor=7, seed=0, restarts=1)
     fgpr, cen = tab.loc["FGPR", "avg_rmse"], tab.loc["Centralised (same objective)", "avg_rmse"]
@@ -110,7 +110,7 @@ def test_cmapss_sensor_7_fgpr_matches_the_centralised_fit():
 @pytest.mark.slow
 def test_sarcos_output_1_fgpr_close_to_the_centralised_fit():
     _need("sarcos")
-    from fedstats.gp.studies import sarcos_study
+    from fedstats.experiments.fgpr_case_studies import sarcos_study
 
     tab, _ = sarcos_study(DATA, output=1, seed=0, restarts=1)
     fgpr, cen = tab.loc["FGPR", "avg_rmse"], tab.loc["Centralised (same objective)", "avg_rmse"]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedstats.experiments.multifidelity_paper import mf_run
 from fedstats.gp import testfunctions as tf
-from fedstats.gp.multifidelity import AR1CoKriging, SeparateGP, fidelity_data, mf_run
+from fedstats.gp.multifidelity import AR1CoKriging, SeparateGP, fidelity_data
 
 # --------------------------------------------------------------------------- test functions
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from fedstats.data import FederatedData
-from fedstats.inference.custom import federated_ep, pooled_nuts
+from fedstats.inference.custom import federated_ep
 from fedstats.inference.tilted import NUTSTilted
+from fedstats.reference.custom import pooled_nuts
 
 
 def student_t(X, y=None):

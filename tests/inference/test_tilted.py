@@ -197,7 +197,7 @@ def test_every_site_of_the_package_meets_the_site_protocol():
     """The sites fedstats's models hand to the estimators provide every member of
     ``SiteModel`` that the estimators and the EP engine call, and the optional capabilities
     their estimators use (runtime protocol checks: member presence)."""
-    from fedstats.glm._sites import HierarchicalSite, SharedSite
+    from fedstats.glm.sites import HierarchicalSite, SharedSite
     from fedstats.inference.tilted import AugmentedSite, ExactSite, GibbsSite, PreparedSite, SiteModel
     from fedstats.linear._hm2_site import HM2Site
     from fedstats.linear._shrinkage_site import ShrinkageSite

@@ -7,7 +7,7 @@ from fedstats import FederatedData
 from fedstats.federation import run
 from fedstats.inference.ep import FederatedEP, check_invariants
 from fedstats.linear import HierarchicalLinearModel
-from fedstats.linear._ep_model import Devices
+from fedstats.linear.ep_model import Devices
 from fedstats.linear.hierarchical import HierarchicalResult
 
 TAU = np.array([0.5, 2.0, 1.0])

@@ -61,7 +61,7 @@ def test_coverage_of_phi_100_replicates():
 @pytest.mark.slow  # 3.5 min; the default run keeps test_nuts_mode_matches_exact_posterior_small_federation
 def test_nuts_mode_on_the_uncertainty_example_matches_pooled_nuts():
     """Issue acceptance: K = 100, d = 4, phi = (mu, log tau_1..4), NUTS over the augmented target."""
-    from fedstats.linear.hierarchical import pooled_nuts
+    from fedstats.reference.hierarchical import pooled_nuts
 
     data, truth = hm2_federation(seed=1, sigma=0.05)
     res = HierarchicalLinearModel(standardize=False, fit_intercept=False, sigma=0.05, estimator="nuts", rounds=10,
@@ -103,7 +103,7 @@ def test_default_fit_converges_across_federations(K, seed):
 @pytest.fixture(scope="module")
 def iso_federation():
     """K = 8 devices, d = 2 plus intercept, unknown noise, one shared tau; pooled NUTS reference."""
-    from fedstats.linear.hierarchical import pooled_nuts
+    from fedstats.reference.hierarchical import pooled_nuts
 
     data, truth = hm2_federation(n_clients=8, n_obs=[15, 30, 60, 20, 40, 25, 50, 35], mu=[0.5, -1.0],
                                  tau=[0.4, 0.4], sigma=0.7, seed=21)

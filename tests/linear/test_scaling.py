@@ -1,4 +1,4 @@
-"""Scale-aware defaults (fedstats.linear._scaling): HM2 and the lasso fit standardised data and
+"""Scale-aware defaults (fedstats.linear.scaling): HM2 and the lasso fit standardised data and
 report on the data's own scale, so that units do not change the answer and data in natural
 units are not pulled towards the priors' unit scale."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from fedstats import FederatedData, HierarchicalLinearModel
 from fedstats.linear import BayesianLasso
-from fedstats.linear._scaling import federated_scaling
-from fedstats.linear.hierarchical import pooled_nuts
+from fedstats.linear.scaling import federated_scaling
+from fedstats.reference.hierarchical import pooled_nuts
 
 
 def panel(seed=0, K=10, n=20):

@@ -6,8 +6,8 @@ import pytest
 
 from fedstats import FederatedData
 from fedstats.datasets.synthetic import selection_case
+from fedstats.experiments.linear_paper import table2_run
 from fedstats.linear import BayesianLasso, BayesianRidge, BayesianShrinkage
-from fedstats.linear.studies import table2_run
 
 FAST_NUTS = dict(num_warmup=300, num_samples=500, num_chains=4)
 

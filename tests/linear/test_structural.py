@@ -142,7 +142,7 @@ class Spy(HM1Algorithm):
 
 def test_partial_participation_and_what_a_device_receives():
     from fedstats.federation import run
-    from fedstats.linear._local import DeviceDesign
+    from fedstats.linear.local import DeviceDesign
 
     data, _, _ = simulate(K=5, d=3, seed=7)
     alg = Spy(3, local_steps=4, lr=2e-3, alpha=0.2, batch_size=None, grad_reduction="sum", shrink_scale=1.0,

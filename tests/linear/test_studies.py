@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedstats.datasets.student import load_student
-from fedstats.linear.studies import student_study, table2_run
+from fedstats.experiments.linear_paper import student_study, table2_run
 
 DATA = Path(os.environ.get("FEDSTATS_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
 HAVE = (DATA / "student" / "student-por.csv").is_file()
@@ -61,14 +61,14 @@ def test_student_gate_over_five_splits():
     # The maintainer's gate (issue 18), about 12 minutes on 2 cores. Measured: lasso federated
     # 1.008 vs centralised 0.981 (+0.027), ridge 1.001 vs 0.980 (+0.021); best reference
     # LassoCV per school 0.972, so +3.7% (lasso) and +3.0% (ridge).
-    from fedstats.linear.studies import student_gate
+    from fedstats.experiments.linear_paper import student_gate
 
     gate = student_gate(student_study(DATA, seeds=range(5), references=True))
     assert gate["within 0.03"].all() and gate["within 5%"].all(), gate
 
 
 def test_table1_run_references_and_recovery_trace():
-    from fedstats.linear.studies import table1_run
+    from fedstats.experiments.linear_paper import table1_run
 
     r = table1_run("I", seed=0, trace=True, rounds=40)
     assert len(r["recovery"]) == 40 and r["recovery"][-1] < r["recovery"][0]
@@ -85,7 +85,7 @@ def test_table1_gate_hm1_within_three_percent_of_separate():
     # run keeps one run of Case I (above) and the data-poor gate (test_structural.py).
     import pandas as pd
 
-    from fedstats.linear.studies import table1_run
+    from fedstats.experiments.linear_paper import table1_run
 
     t = pd.DataFrame([table1_run(case, seed) for case in ("I", "II", "III", "IV") for seed in range(30)])
     ratio = (t.hm1 / t.separate).groupby(t.case).mean()
@@ -97,7 +97,7 @@ def test_table1_gate_hm1_within_three_percent_of_separate():
 def test_cmapss_gate_every_sensor():
     # FD001 gate (issue 18): HM1 <= Separate on sensors 2, 3, 7, 8 and within +-30% of the
     # paper's HM1 (0.270, 0.218, 0.369, 0.267); seed 0, full grids (about 6 minutes).
-    from fedstats.linear.studies import cmapss_run
+    from fedstats.experiments.linear_paper import cmapss_run
 
     for sensor, paper in ((2, 0.270), (3, 0.218), (7, 0.369), (8, 0.267)):
         r = cmapss_run(DATA, sensor=sensor, seed=0, scaling="own")
@@ -106,8 +106,8 @@ def test_cmapss_gate_every_sensor():
 
 def test_grid_search_picks_the_validation_minimum_and_refits():
     from fedstats.data import FederatedData
+    from fedstats.experiments.linear_paper import grid_search, validation_split
     from fedstats.linear.baselines import DistributedRidge
-    from fedstats.linear.studies import grid_search, validation_split
 
     rng = np.random.default_rng(0)
     Xs = [rng.standard_normal((40, 3)) for _ in range(4)]
@@ -126,7 +126,7 @@ HAVE_CMAPSS = (DATA / "cmapss" / "train_FD001.txt").is_file()
 @pytest.mark.skipif(not HAVE_CMAPSS, reason="C-MAPSS data absent (set FEDSTATS_DATA)")
 def test_cmapss_sensor_2_one_seed():
     # Table 4, sensor 2, paper's scaling, options chosen on validation from small grids.
-    from fedstats.linear.studies import cmapss_run
+    from fedstats.experiments.linear_paper import cmapss_run
 
     grids = {"lr_factor": (0.3, 0.1), "eig_floor": (0.0, 1e-2), "ditto_lam": (1.0, 10.0), "ridge_lam": (1e-3, 1e-2)}
     r = cmapss_run(DATA, sensor=2, seed=0, scaling="own", grids=grids)
@@ -138,7 +138,7 @@ def test_cmapss_sensor_2_one_seed():
 def test_long_runs_need_the_eigenvalue_floor():
     # Figure 3's finding: with K = 100 > d = 8 Omega becomes nearly singular and, from round
     # ~83, the prior step destabilises the iteration; the eigenvalue floor keeps the plateau.
-    from fedstats.linear.studies import table1_run
+    from fedstats.experiments.linear_paper import table1_run
 
     plain = table1_run("II", 0, trace=True, rounds=100, n_test=10)["recovery"]
     floored = table1_run("II", 0, trace=True, rounds=100, n_test=10, eig_floor=1e-3)["recovery"]

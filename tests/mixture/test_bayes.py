@@ -215,7 +215,7 @@ def test_wald_information_equals_autodiff_and_pooled_inverse():
 @pytest.mark.parametrize("ct", ["full", "diag"])
 def test_wald_shared_weights_equals_autodiff(ct):
     """Shared weights: the clients' three blocks add up to the pooled information."""
-    from fedstats.mixture._gmm import full_covariances
+    from fedstats.mixture.gmm import full_covariances
 
     data, _ = gmm_federation(n_clients=3, n_components=3, d=2, n_obs=80, min_separation=4.0, seed=1)
     res = FederatedGaussianMixture(3, covariance_type=ct, shared_weights=True, n_init=3).fit(data, seed=0)

@@ -14,7 +14,8 @@ from sklearn.mixture import GaussianMixture
 from fedstats import FederatedData
 from fedstats.datasets.synthetic import gmm_federation
 from fedstats.federation import run
-from fedstats.mixture import FedEMAlgorithm, FederatedGaussianMixture, GaussianMixtureResult, VariationalGaussianMixture
+from fedstats.mixture import FederatedGaussianMixture, GaussianMixtureResult, VariationalGaussianMixture
+from fedstats.mixture.fedem import FedEMAlgorithm
 
 COV_TYPES = ["full", "tied", "diag", "spherical"]
 

@@ -7,9 +7,9 @@ from scipy import integrate, optimize
 from scipy.stats import norm
 
 from fedstats import FederatedData
-from fedstats.mixture import FEMOMD, FederatedGaussianMixture, eg_update, omd_gradient
-from fedstats.mixture.online import adaptive_eta, floor_at
-from fedstats.mixture.regret import MixtureStream, RegretTracker, growth, simulate, weights_em
+from fedstats.experiments.regret import MixtureStream, RegretTracker, growth, simulate, weights_em
+from fedstats.mixture import FEMOMD, FederatedGaussianMixture
+from fedstats.mixture.omd import adaptive_eta, eg_update, floor_at, omd_gradient
 
 
 def _start(stream, seed=5):

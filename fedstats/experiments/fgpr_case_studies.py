@@ -21,8 +21,9 @@ import pandas as pd
 
 from ..data import FederatedData
 from ..datasets import load_cmapss_gp, load_sarcos_federation
-from .fgpr import FGPR
-from .multifidelity import SeparateGP, _rmse
+from ..gp.fgpr import FGPR
+from ..gp.multifidelity import SeparateGP
+from .multifidelity_paper import rmse
 
 __all__ = ["sarcos_study", "cmapss_study", "separate_rmse", "SARCOS_FGPR", "CMAPSS_FGPR"]
 
@@ -47,7 +48,7 @@ def separate_rmse(cond: FederatedData, test: FederatedData, *, kernel: str = "rb
     out = {}
     for c in test.clients:
         res = sep.fit(np.asarray(cond[c].X), np.asarray(cond[c].y), seed=seed)
-        out[c] = _rmse(res.predict(np.asarray(test[c].X), client="HF")["mean"], np.asarray(test[c].y))
+        out[c] = rmse(res.predict(np.asarray(test[c].X), client="HF")["mean"], np.asarray(test[c].y))
     return pd.Series(out, name="rmse")
 
 
@@ -84,7 +85,7 @@ def sarcos_study(path=None, *, output: int = 1, seed: int = 0, n_clients: int = 
         y = np.concatenate([np.asarray(train[c].y) for c in train.clients])
         res = SeparateGP(protocol="converged", kernel=opts["kernel"], nu=opts.get("nu", 1.5), restarts=1).fit(
             X, y, seed=seed)
-        rm = {c: _rmse(res.predict(np.asarray(test[c].X), client="HF")["mean"], np.asarray(test[c].y))
+        rm = {c: rmse(res.predict(np.asarray(test[c].X), client="HF")["mean"], np.asarray(test[c].y))
               for c in test.clients}
         return _row("Pooled exact GP (all rows)", pd.Series(rm), time.perf_counter() - t0)
 

@@ -2,14 +2,14 @@
 
 The rows of every client are pooled in this process (no federation) and NumPyro's NUTS
 samples the very model the federated fit approximates, with the same likelihood code
-(:func:`fedstats.glm._sites.loglik_rows`) and priors. For tests, notebooks and benchmarks.
+(:func:`fedstats.glm.sites.loglik_rows`) and priors. For tests, notebooks and benchmarks.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._sites import DISPERSION, loglik_rows
+from ..glm.sites import DISPERSION, loglik_rows
 
 
 def _pooled(design):

@@ -26,7 +26,7 @@ import pandas as pd
 from scipy.special import logsumexp
 
 from ..data import FederatedData
-from ._gmm import LOG_2PI
+from ..mixture.gmm import LOG_2PI
 
 PROCESSES = ("iid", "fixed", "switching", "adversarial")
 
@@ -221,7 +221,7 @@ def played_log_density(played, E):
         means, w = played
         ld = _log_dens_identity(E, np.asarray(means))
     else:
-        from ._gmm import log_gaussian, precision_cholesky
+        from ..mixture.gmm import log_gaussian, precision_cholesky
 
         means, cov, w, ct = played
         g = means.mean(0)

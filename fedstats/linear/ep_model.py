@@ -25,7 +25,7 @@ from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
 from ..results import FederatedResult, check_level, prediction_frame
-from ._scaling import LinearScaling, federated_scaling
+from .scaling import LinearScaling, federated_scaling
 
 
 def normal_pair(value, name) -> tuple[float, float]:
@@ -77,7 +77,7 @@ def fit_ep(result_cls, model, data, site, prior: NaturalGaussian, est: TiltedEst
            damping: float, tol: float, rounds: int, participation, seed: int, progress, checkpoint, resume,
            batched: bool):
     """Run federated EP for ``site`` on ``data`` and wrap the outcome in ``result_cls``; with
-    ``model.standardize`` on the standardised scale (:mod:`fedstats.linear._scaling`), after
+    ``model.standardize`` on the standardised scale (:mod:`fedstats.linear.scaling`), after
     one counted round of federated moments."""
     est.check_model(site)
     scaling = federated_scaling(data, model.fit_intercept, seed=seed) if model.standardize else None

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from .shrinkage import BayesianShrinkage
+from ..linear.shrinkage import BayesianShrinkage
 
 
 def _rmse(pred, y) -> float:
@@ -213,8 +213,8 @@ def table1_run(case: str, seed: int, *, n_test: int = 1000, trace: bool = False,
     targets over the case's devices (spec §4.1). With ``trace``, also the recovery error
     ``||Theta_c - Theta*||_F / sqrt(K)`` after every round (Figure 3)."""
     from ..datasets.synthetic import hm1_case
-    from .baselines import PooledOracle, Separate
-    from .structural import StructuralCovarianceModel
+    from ..linear.baselines import PooledOracle, Separate
+    from ..linear.structural import StructuralCovarianceModel
 
     opts = {**TABLE1_SETTINGS, **settings}
     train, test, truth = hm1_case(case, n_test=n_test, seed=seed)
@@ -304,9 +304,9 @@ def cmapss_run(path=None, *, sensor: int = 2, seed: int = 0, scaling: str = "own
     split of the training segments, refitted on all of them, and scored by the A-RMSE over
     the 100 engines' test segments. Returns the A-RMSE per method and the chosen options."""
     from ..datasets.cmapss import load_cmapss
-    from ._local import auto_lr
-    from .baselines import DistributedRidge, Ditto, FedAvg, Separate
-    from .structural import StructuralCovarianceModel
+    from ..linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
+    from ..linear.local import auto_lr
+    from ..linear.structural import StructuralCovarianceModel
 
     g = {**CMAPSS_GRIDS, **(grids or {})}
     s = {**CMAPSS_SETTINGS, **(settings or {})}
