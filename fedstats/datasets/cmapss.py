@@ -1,4 +1,5 @@
-"""NASA C-MAPSS turbofan degradation data as a federation of engines (spec ``linear.md`` §5.2).
+"""NASA C-MAPSS turbofan degradation data as a federation of engines (the linear-models paper's
+Section 6.2 and the FGPR paper's Application II).
 
 The files are not shipped with fedstats: pass the folder (or file) that holds
 ``train_FD001.txt``, or set ``FEDSTATS_DATA`` to a folder holding a ``cmapss/`` sub-folder
@@ -127,7 +128,8 @@ def load_cmapss(path=None, subset: str = "FD001", *, sensor: int = 2, order: int
 
 def load_cmapss_gp(path=None, subset: str = "FD001", *, sensor: int = 2, n_train_engines: int = 60,
                    seed: int = 0) -> tuple[FederatedData, FederatedData, FederatedData]:
-    """The FGPR paper's engine study (spec ``fgpr.md`` §5.4, §8 D5).
+    """The FGPR paper's engine study (its Application II; the published code fixes the FD001
+    file and sensors 2 and 7, which the paper does not name).
 
     The engines are split at random into ``n_train_engines`` training engines (all their
     cycles) and the rest, which take no part in training: each of those splits its own cycles

@@ -1,4 +1,4 @@
-"""SARCOS robot-arm inverse dynamics as a federation of 25 clients (spec ``fgpr.md`` §5.3).
+"""SARCOS robot-arm inverse dynamics as a federation of 25 clients (the FGPR paper's Application III).
 
 Only the public **test** split (``sarcos_inv_test.mat``, 4,449 rows) is available to
 fedstats; the FGPR paper trained on the 44,484-row training split. :func:`load_sarcos_federation`

@@ -156,7 +156,8 @@ def hm1_clusters(*, n_clients: int = 20, d: int = 4, n_poor: int = 8, n_rich: in
 def gmm_federation(*, n_clients: int = 20, n_components: int = 3, d: int = 4, alpha: float = 0.4,
                    n_obs: tuple[int, int] | int | list[int] = (20, 200), min_separation: float | None = 8.0,
                    spread: float = 5.0, covariance: str = "identity", seed: int = 0) -> tuple[FederatedData, dict]:
-    """A federated Gaussian mixture (spec fedem.md §3.5): shared components, Dirichlet weights.
+    """A federated Gaussian mixture (a simulation of ours, not the FedEM thesis's): shared
+    components, Dirichlet weights.
 
     Centres ``mu_j ~ N(0, spread I_d)``, redrawn until every pair is at least
     ``min_separation`` apart (``None``: no constraint); covariances ``I_d``

@@ -1,4 +1,4 @@
-"""The FGPR case studies (spec ``fgpr.md`` §5.3-5.4): SARCOS and C-MAPSS, each against
+"""The FGPR paper's case studies (Applications II and III): SARCOS and C-MAPSS, each against
 Separate (every client's own GP, fitted by maximum likelihood on its own data) and the
 centralised exact GP.
 

@@ -1,4 +1,5 @@
-"""The variable-selection studies of the linear-models paper (spec §4.2, §5.1), as functions
+"""The studies of the linear-models paper (Yue, Kontar and Estrada Gómez, "Federated data
+analytics: a study on linear models": Tables 1-3 and the turbofan study of Section 6.2), as functions
 that return tidy tables: used by the notebook and the tests.
 
 * :func:`table2_run`: one seeded run of a Table 2 simulation case.
@@ -47,13 +48,14 @@ def _ols_rmse(train, test, c) -> float:
 
 def table2_run(case: str, seed: int, *, penalty: str = "lasso", level: float = 0.9, sigma: float = 0.05,
                model_options=None) -> dict:
-    """One run of Table 2 (spec §4.2): fit on ``selection_case(case, seed=seed)``, then the
+    """One run of Table 2 (the paper's Section 5.2): fit on ``selection_case(case, seed=seed)``, then the
     correct inclusion rate (share of (device, nonzero coefficient) pairs selected), the
     false inclusion rate (share of (device, zero coefficient) pairs selected) and A-RMSE
-    (mean over devices of the test RMSE of the posterior-mean prediction, spec §2.5).
+    (mean over devices of the test RMSE of the posterior-mean prediction, the paper's Section 4.2.1).
 
     Two references in the same run: ``a_rmse_selected`` predicts with the excluded
-    coefficients set to 0 (the student-data rule, spec §9 item 17) and ``a_rmse_ols`` is
+    coefficients set to 0 (our reading of the student-data study, whose prediction rule the paper
+    does not state) and ``a_rmse_ols`` is
     least squares on each device alone. ``model_options`` default to ``{"damping": 1.0,
     "standardize": False}``: the paper's undamped EP, which converges in 3-7 rounds on these
     cases, on the data as simulated (unit scale, as in the paper)."""
@@ -84,7 +86,7 @@ def table2_run(case: str, seed: int, *, penalty: str = "lasso", level: float = 0
 
 def student_study(path=None, *, seeds=(0,), level: float = 0.9, subject: str = "por", scaling: str = "school",
                   penalties=("lasso", "ridge"), centralised_options=None, references: bool = False) -> pd.DataFrame:
-    """Table 3 (spec §5.1) over one or more random 60/40 splits.
+    """Table 3 (the paper's Section 6.1) over one or more random 60/40 splits.
 
     For each split and penalty: the federated fit (one coefficient vector per school) and the
     centralised fit (the same Bayesian model on the pooled rows, one coefficient vector),
@@ -192,9 +194,10 @@ def student_gate(table: pd.DataFrame) -> pd.DataFrame:
 __all__ = ["table2_run", "student_study", "student_gate", "selected_sets"]
 
 
-# --------------------------------------------------------------------------- HM1 (spec §4.1, §5.2)
+# --------------------------------------------------------------------------- HM1 (Table 1, Section 6.2)
 
-#: Settings of the Table 1 runs that the paper leaves open (spec §4.1, §9 items 3-6), as used
+#: Settings of the Table 1 runs that the paper leaves open (batch size, gradient reduction,
+#: learning rate, initialisation), as used
 #: by :func:`table1_run` unless overridden.
 TABLE1_SETTINGS = {"rounds": 30, "local_steps": 20, "lr": 1e-3, "alpha": 0.1, "grad_reduction": "sum",
                    "batch_size": None, "shrink_scale": 1.0, "init": "normal", "eig_floor": 0.0}
@@ -210,7 +213,7 @@ def table1_run(case: str, seed: int, *, n_test: int = 1000, trace: bool = False,
     """One seeded run of a Table 1 case: HM1 (Algorithm 1) against Separate (the same
     gradient budget from the same start, no shrinkage), per-device least squares, and the
     pooled oracle (posterior mean with the true Omega and noise). A-RMSE on noise-free test
-    targets over the case's devices (spec §4.1). With ``trace``, also the recovery error
+    targets over the case's devices (the paper's Section 5.1). With ``trace``, also the recovery error
     ``||Theta_c - Theta*||_F / sqrt(K)`` after every round (Figure 3)."""
     from ..datasets.synthetic import hm1_case
     from ..linear.baselines import PooledOracle, Separate
@@ -262,7 +265,7 @@ def validation_split(data, fraction: float = 0.2, seed: int = 0):
 def grid_search(factory, grid: dict, train, *, fraction: float = 0.2, seed: int = 0, **fit_options):
     """Pick the options in ``grid`` (name -> candidate values) that minimise the A-RMSE of
     ``factory(**options).fit(..., **fit_options)`` on a random validation split of ``train``
-    (spec §9 item 20), then refit on all of ``train``. Options that diverge are skipped.
+    and refit on all of ``train`` (the paper does not say whether it refits after the search). Options that diverge are skipped.
 
     Returns ``(result, best_options, table)`` with ``table`` one row per candidate."""
     import itertools
@@ -286,7 +289,7 @@ def grid_search(factory, grid: dict, train, *, fraction: float = 0.2, seed: int 
     return factory(**best).fit(train, seed=seed, **fit_options), best, table
 
 
-#: The turbofan study's fixed settings (spec §5.2) and the grids searched on the
+#: The turbofan study's fixed settings (the paper's Section 6.2) and the grids searched on the
 #: validation split; learning rates are multiples of the stable step ``lr="auto"``.
 CMAPSS_SETTINGS = {"rounds": 100, "local_steps": 20, "alpha": 0.9, "init": "zeros"}
 CMAPSS_GRIDS = {

@@ -1,4 +1,5 @@
-"""Streams of federated mixtures and the regret of online learners (spec fedem.md §2.8, §3.1).
+"""Streams of federated mixtures and the regret of online learners (the synthetic experiment of
+Section 4.4.5.1 of Marfoq's thesis, with the regret measured as described below).
 
 * :class:`MixtureStream`: the thesis's synthetic environment. Components ``N(mu*_j, I_d)``
   with ``mu*_j ~ N(0, s I_d)``, fixed; client weights ``pi*_{t,c}`` from Dirichlet(alpha),

@@ -1,4 +1,5 @@
-"""FGPR: federated Gaussian process regression (Yue & Kontar; spec ``fgpr.md``).
+"""FGPR: federated Gaussian process regression (Yue and Kontar, "Federated Gaussian Process:
+Convergence, Automatic Personalization and Multi-fidelity Modeling", Algorithm 1).
 
 One GP prior (kernel lengthscale, outputscale, noise variance, optionally a constant mean)
 is shared by all clients and learned by federated averaging of hyperparameters:

@@ -1,4 +1,4 @@
-"""Multi-fidelity surrogates with FGPR: fidelity levels as clients (spec ``fgpr.md`` §4).
+"""Multi-fidelity surrogates with FGPR: fidelity levels as clients (the FGPR paper's Application I).
 
 * :func:`fidelity_data` builds the federation of a test problem: one client per fidelity
   level (the paper's layout: ``"HF"``, ``"MF"``, ``"LF"``) or two per level (the published

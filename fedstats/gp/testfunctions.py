@@ -1,4 +1,5 @@
-"""Multi-fidelity test functions of the FGPR paper (spec ``fgpr.md`` §4.2-4.3).
+"""Multi-fidelity test functions of the FGPR paper (its Application I, Section 5, and the test
+functions of its appendix; the 1-D pairs come from Cutajar et al., 2019).
 
 Each problem is a :class:`Problem`: its fidelity levels from highest to lowest (``"HF"``,
 then ``"MF"`` where there is one, then ``"LF"``), its input box, and the paper's training

@@ -1,4 +1,5 @@
-"""Baselines for HM1 (spec ``linear.md`` §4.1, §5.2, §9 items 21-22), with the same result
+"""Baselines for HM1 (those of the linear-models paper's Sections 5.1 and 6.2: Dis-Ridge as one
+closed-form ridge per device averaged once, Ditto with local gradient steps), with the same result
 API (:class:`~fedstats.linear.local.PointResult`: ``coef``, ``coefficients``, ``predict``,
 ``rmse``, ``history``, ``communication``).
 
@@ -240,8 +241,8 @@ class Ditto(_GDOptions):
     """Ditto (Li et al. 2021): FedAvg for the global coefficients and, alongside it on each
     participant, ``local_steps`` steps on its personal ``v_k`` for
     ``F_k(v) + lam/2 ||v - theta_bar||^2`` (``theta_bar``: the global coefficients it
-    received that round). Devices predict with ``v_k``. ``lam`` grid in the spec:
-    {0.01, 0.1, 1, 10}."""
+    received that round). Devices predict with ``v_k``. ``lam`` is searched over
+    {0.01, 0.1, 1, 10} in the studies (the paper gives no grid)."""
 
     _constraints = {**_GDOptions._constraints, "lam": Real(0)}
 

@@ -1,5 +1,5 @@
 """HM1: federated multi-task regression that learns the covariance between devices
-(Algorithm 1 of the linear-models paper; spec ``linear.md`` §1).
+(Algorithm 1 of Yue, Kontar and Estrada Gómez, "Federated data analytics: a study on linear models").
 
 The coefficients of the K devices form a d x K matrix Theta with the matrix-normal prior
 ``MN(0, I_d, Omega)``: each coefficient, seen across devices, is ``N(0, Omega)``. A round:

@@ -1,4 +1,5 @@
-"""Federated initialisation of a Gaussian mixture (spec fedem.md §1.8.3, option 1 + 3).
+"""Federated initialisation of a Gaussian mixture (not in the FedEM thesis): clients' k-means
+centres merged on the server, then federated Lloyd steps.
 
 1. Each client runs k-means++ and Lloyd on its own rows and sends at most ``M`` centres
    with their cluster sizes (if fewer than ``M`` arrive in all, the round is repeated with

@@ -1,6 +1,6 @@
 """FedEM for Gaussian mixtures: shared components, private per-client weights.
 
-Model (spec fedem.md §1.8): client ``c`` draws ``x ~ sum_j pi_cj N(mu_j, Sigma_j)``; the
+Model (Algorithm 7 of Marfoq's thesis with a Gaussian mixture's closed-form M-step): client ``c`` draws ``x ~ sum_j pi_cj N(mu_j, Sigma_j)``; the
 components ``(mu_j, Sigma_j)`` are shared, the weights ``pi_c`` belong to the client.
 
 One round (client-server, :class:`FedEMAlgorithm`):

@@ -15,8 +15,7 @@ spherical   (M,)                  sum_i r_ij ||x_i - a_j||^2            (M,)
 ==========  ====================  ===============================================
 
 Statistics are *shifted*: they are reported about a reference point ``a_j`` per component
-(the component means the client was sent), which keeps them well conditioned (spec
-fedem.md §1.8.1); they are computed about the centre of the means (see :func:`centre`).
+(the component means the client was sent), which keeps them well conditioned; they are computed about the centre of the means (see :func:`centre`).
 :func:`reshift` moves statistics to another reference exactly.
 """
 

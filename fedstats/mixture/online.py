@@ -1,4 +1,5 @@
-"""FEM-OMD: online federated Gaussian mixtures with drifting client weights (spec fedem.md §2).
+"""FEM-OMD: online federated Gaussian mixtures with drifting client weights (Section 4.4 of
+Marfoq's thesis, "Tackling heterogeneity in federated learning systems").
 
 At every time step ``t`` each client *plays* the shared components ``mu_t`` (and covariances)
 with its own weights ``pi_{t,c}``, then receives a batch ``X_{t,c}`` of ``n`` rows. One step

@@ -1,6 +1,6 @@
 """Observed-information (Wald) intervals for a FedEM fit, federated by a Schur complement.
 
-Spec fedem.md §4.2. Parameters: the shared means ``theta = (mu_1, ..., mu_M)`` (the
+Not in the FedEM thesis. Parameters: the shared means ``theta = (mu_1, ..., mu_M)`` (the
 covariances are held at their estimate) and each client's weights in log-ratio
 coordinates ``eta_cl = log(pi_cl / pi_cM)``. The log-likelihood is a sum over clients, so
 its information matrix is an *arrowhead*: ``J_tt = sum_c J^c_tt``, a block ``J^c_te`` per
