@@ -72,23 +72,17 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
-from scipy import stats as sst
 
 from ..data import require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..federation import Communication, run
+from ..federation import run
 from ..federation.backend import accepts_backend
-from ..federation.records import record
-from ..inference.posterior import GaussianPosterior
-from ..results import NoPosteriorError, check_level, counted, prediction_frame, register
+from ..results import counted
 from .hm1_algorithm import (
     CannotShareError,
     HM1Algorithm,
-    InformationShare,
     aggregates,
     floor_eigenvalues,
     omega_update,
@@ -96,13 +90,12 @@ from .hm1_algorithm import (
     round_converged,
     shrink_for,
 )
-from .hm1_posterior import conditional_posterior, em_omega, exchangeable_target, noise_vars
+from .hm1_result import StructuralResult
 from .local import (
     INITS,
     LR,
     REDUCTIONS,
     DeviceDesign,
-    PointResult,
     coefficient_names,
     federated_lr,
     full_batch_steps,
@@ -372,172 +365,3 @@ class StructuralCovarianceModel(Estimator):
                                               "shrink_scale", "init", "fit_intercept", "participation", "jitter",
                                               "eig_floor", "tol", "stop_early", "posterior_omega",
                                               "omega_prior_rows")}
-
-
-
-
-# --------------------------------------------------------------------------- result
-
-
-@register
-@dataclass(repr=False)
-class StructuralResult(PointResult):
-    """An HM1 fit: per-device coefficients (``coef``, ``coefficients``), the learned
-    device covariance (``omega``, ``correlation``), predictions, and, after
-    ``fit(..., uncertainty=True)``, Gaussian posteriors of each device's coefficients given
-    an estimate of Omega (``client_posterior``, ``posterior_omega``) with credible and
-    predictive intervals.
-
-    Two points per coefficient, never mixed up:
-
-    * Algorithm 1's estimate: ``theta``, ``coef(client)``, ``coefficients``, ``predict(X,
-      client)`` without ``level``, and the column ``estimate`` of ``summary`` and of
-      ``predict(..., level=...)``;
-    * the posterior mean ``posterior_mean`` (with ``uncertainty=True``): the column ``mean`` of
-      ``summary`` and of ``predict(..., level=...)``, the centre of their intervals.
-
-    They differ because Algorithm 1 assumes noise variance ``1 / local_steps`` (with
-    ``shrink_scale=1``), runs a finite number of gradient steps and uses its own Omega, while
-    the posterior uses each device's noise variance and the EM estimate of Omega.
-
-    ``converged``: whether the last round's relative changes of Theta and Omega were both
-    below the model's ``tol`` (see :class:`StructuralCovarianceModel`); the changes of every
-    round are in ``history`` (metrics ``theta_rel_change``, ``omega_rel_change``).
-    """
-
-    omega_: np.ndarray | None = None
-    lr: float = 0.0
-    posterior_mean: np.ndarray | None = None
-    posterior_cov: np.ndarray | None = None
-    noise_var: np.ndarray | None = None
-    posterior_omega_: np.ndarray | None = None
-    posterior_info: dict = field(default_factory=dict)
-
-    @property
-    def omega(self) -> pd.DataFrame:
-        """Algorithm 1's learned K x K covariance between devices, labelled by client."""
-        return pd.DataFrame(self.omega_, index=self.clients, columns=self.clients)
-
-    @property
-    def correlation(self) -> pd.DataFrame:
-        """Omega scaled to a correlation matrix."""
-        s = np.sqrt(np.clip(np.diag(self.omega_), 1e-300, None))
-        return pd.DataFrame(self.omega_ / np.outer(s, s), index=self.clients, columns=self.clients)
-
-    @property
-    def posterior_omega(self) -> pd.DataFrame:
-        """The Omega the posteriors condition on (needs ``uncertainty=True``): the EM
-        estimate (default) or Algorithm 1's ``omega`` (``posterior_omega="learned"``)."""
-        self._need_posterior()
-        return pd.DataFrame(self.posterior_omega_, index=self.clients, columns=self.clients)
-
-    # ------------------------------------------------------------ uncertainty
-    def _add_posteriors(self, devices, noise_sd, *, seed: int, jitter: float, how: str = "em",
-                        prior_rows=None) -> None:
-        alg = InformationShare(noise_vars(noise_sd, self.clients))
-        out = run(alg, devices, kind="information share", rounds=1, seed=seed, progress=False)
-        replies = out.server_state
-        missing = [c for c in self.clients if c not in replies]
-        if missing:
-            why = out.history[0].failed
-            c = missing[0]
-            raise CannotShareError(f"client {c!r} could not share its information matrix: {why.get(c, 'no reply')}")
-        info = np.stack([replies[c]["information"] for c in self.clients])
-        score = np.stack([replies[c]["score"] for c in self.clients])
-        self.noise_var = np.array([float(replies[c]["noise_var"]) for c in self.clients])
-        K, d = len(self.clients), len(self.feature_names)
-        if how == "learned":
-            omega, details = self.omega_, {"omega": "learned"}
-        else:
-            nu = float(K if prior_rows is None else prior_rows)
-            # start from Algorithm 1's Theta, shrunk as in the M-step (positive definite)
-            S0 = self.theta.T @ self.theta
-            w = max(nu, 1.0)
-            start = (S0 + w * exchangeable_target(S0 / d)[2]) / (d + w)
-            if np.linalg.eigvalsh(start)[0] <= 0:
-                start = exchangeable_target(S0 / d)[0] * np.eye(K)
-            omega, details = em_omega(info, score, prior_rows=nu, start=start, jitter=jitter)
-            details = {"omega": "em", **details}
-            if not details["converged"]:
-                warnings.warn(f"the EM estimate of Omega for the intervals did not converge in "
-                              f"{details['iterations']} iterations (last relative change "
-                              f"{details['last_change']:.2g}); omega_prior_rows={nu:g}", RuntimeWarning, stacklevel=4)
-        self.posterior_omega_, self.posterior_info = omega, details
-        self.posterior_mean, self.posterior_cov = conditional_posterior(omega, info, score, jitter)
-        # the server returns each device the mean and covariance of its own block
-        back = {c: {"bytes_up": 0, "bytes_down": 8 * (d + d * d)} for c in self.clients}
-        record(Communication(bytes_down=8 * (d + d * d) * K, per_client=back, by_kind={
-            "posterior blocks": {"bytes_up": 0, "bytes_down": 8 * (d + d * d) * K, "rounds": 0, "runs": 1}}))
-
-    @property
-    def has_uncertainty(self) -> bool:
-        return self.posterior_mean is not None
-
-    def _no_posterior(self, what: str) -> str:
-        if what == "global":
-            return ("HM1 has no global parameters with a posterior (summary() lists the estimated Omega); client "
-                    "posteriors need fit(..., uncertainty=True)")
-        return ("no client posterior: fit with uncertainty=True (each device then shares its information matrix "
-                "once)")
-
-    def _need_posterior(self) -> None:
-        if not self.has_uncertainty:
-            raise NoPosteriorError(self._no_posterior("client"))
-
-    def client_posterior(self, client) -> GaussianPosterior:
-        """Gaussian posterior of device ``client``'s coefficients given ``posterior_omega`` and
-        the devices' noise variances (needs ``fit(..., uncertainty=True)``). Its mean
-        (``posterior_mean``) is the centre of every interval this result reports; Algorithm
-        1's estimate (``coef``) is a different point (see the class docs)."""
-        k = self._k(client)
-        self._need_posterior()
-        return GaussianPosterior(self.posterior_mean[k], self.posterior_cov[k], names=self.feature_names)
-
-    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
-        """The devices' covariance, one row per distinct entry ``omega[a, b]`` (a <= b): the
-        Omega the posteriors condition on (``posterior_omega``) with uncertainty, else
-        Algorithm 1's (``omega``). Estimates only: no distribution."""
-        om = self.posterior_omega_ if self.has_uncertainty else self.omega_
-        a, b = np.triu_indices(len(self.clients))
-        names = [f"omega[{self.clients[i]}, {self.clients[j]}]" for i, j in zip(a, b)]
-        return pd.DataFrame({"mean": om[a, b]}, index=pd.Index(names, name="parameter"))
-
-    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
-        """Device ``client``'s coefficients: with uncertainty the posterior ``mean``, ``sd``,
-        credible interval and ``p_value`` (one distribution, centred at ``mean``), else
-        Algorithm 1's estimate in ``mean``; always ``estimate`` = Algorithm 1's estimate
-        (``coef``), which is not the posterior's centre and may lie outside the interval."""
-        est = self.coef(client)
-        if self.has_uncertainty:
-            t = self.client_posterior(client).summary(level=level, kind=kind)
-        else:
-            t = pd.DataFrame({"mean": est}, index=pd.Index(self.feature_names, name="parameter"))
-        t["estimate"] = est
-        return t
-
-    # ------------------------------------------------------------ prediction
-    def predict(self, X, client=None, *, level: float = 0.95) -> pd.DataFrame:
-        """Predictions of device ``client`` for the rows of ``X`` (HM1 has no model of a new
-        client: ``client`` must be a fitted one).
-
-        With ``uncertainty=True`` the table describes the posterior of the mean response
-        ``x' theta_k``, as :meth:`client_summary` does for the coefficients: ``mean`` (the
-        posterior mean, centre of both intervals), ``lower``, ``upper`` (credible interval
-        of the mean response), ``pred_lower``, ``pred_upper`` (predictive interval of a new
-        observation: the device's noise variance added), then ``sd`` and ``estimate``,
-        Algorithm 1's point prediction (what ``rmse`` scores; it need not lie inside the
-        intervals). Without uncertainty, ``mean`` and ``estimate`` are Algorithm 1's point
-        prediction and the intervals are NaN."""
-        level = check_level(level)
-        if client is None:
-            raise ValueError("HM1 has no model for a client that took no part in the fit: give a fitted client")
-        Xd = self._design(X)
-        k = self._k(client)
-        point = Xd @ self.theta[:, k]
-        if not self.has_uncertainty:
-            return prediction_frame(point, estimate=point)
-        m = Xd @ self.posterior_mean[k]
-        v = np.einsum("ij,jk,ik->i", Xd, self.posterior_cov[k], Xd)
-        z = sst.norm.ppf(0.5 + level / 2)
-        sd, psd = np.sqrt(v), np.sqrt(v + self.noise_var[k])
-        return prediction_frame(m, m - z * sd, m + z * sd, m - z * psd, m + z * psd, sd=sd, estimate=point)

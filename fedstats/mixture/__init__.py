@@ -13,7 +13,8 @@
   drifting weights; :mod:`fedstats.experiments.regret` measures its regret.
 """
 
-from .bayes import BayesianMixtureResult, VariationalGaussianMixture
+from .bayes import VariationalGaussianMixture
+from .bayes_result import BayesianMixtureResult
 from .decentralized import (
     DecentralizedGaussianMixture,
     DecentralizedMixtureResult,
@@ -23,8 +24,9 @@ from .decentralized import (
     ring_graph,
     slem,
 )
-from .fedem import FederatedGaussianMixture, GaussianMixtureResult, MixtureResult
+from .fedem import FederatedGaussianMixture
 from .online import FEMOMD
+from .result import GaussianMixtureResult, MixtureResult
 
 # the models and their results, and the graphs D-FedEM gossips over; the federated algorithms
 # (FedEMAlgorithm, DFedEMAlgorithm, VBFedEMAlgorithm, FEMOMDStep) live in their models' modules

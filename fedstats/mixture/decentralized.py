@@ -1,8 +1,8 @@
 """D-FedEM for Gaussian mixtures: no server, gossip averaging of statistics over a graph.
 
 Every client keeps its own copy of the components (all start from the same initial
-parameters, so component labels agree) and its private weights. One round (spec
-fedem.md §1.8.7, thesis Algorithm 8):
+parameters, so component labels agree) and its private weights. One round (Algorithm 8 of
+Marfoq's thesis, with a Gaussian mixture's closed-form M-step):
 
 1. each client runs a local M-step from the statistics it holds after the previous
    round's gossip (round 0: the common start), then an exact E-step with its own copy
@@ -35,8 +35,8 @@ from ..results import counted, register
 from ._common import WEIGHTS, MixtureEstimator, as_federated, initial_weights
 from ._common import log_weights as _log_weights
 from ._common import norm as _norm
-from .fedem import GaussianMixtureResult
 from .gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
+from .result import GaussianMixtureResult
 
 
 # ---------------------------------------------------------------------------- graphs

@@ -55,11 +55,11 @@ from ..federation.backend import accepts_backend
 from ..federation.oneshot import raise_failures
 from ..results import load_result, register, save_result
 from ._common import as_federated
-from .fedem import GaussianMixtureResult
 from .gmm import (
     cov_shape,
     precision_cholesky,
 )
+from .result import GaussianMixtureResult
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
 from .omd import adaptive_eta, floor_at, step_size

@@ -23,8 +23,10 @@ pytest.importorskip("flwr")
 
 from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
 from fedstats.linear.hierarchical import HierarchicalResult  # noqa: E402
-from fedstats.mixture import FederatedGaussianMixture  # noqa: E402
-from fedstats.mixture.fedem import GaussianMixtureResult  # noqa: E402
+from fedstats.mixture import (
+    FederatedGaussianMixture,  # noqa: E402
+    GaussianMixtureResult,  # noqa: E402
+)
 
 pytestmark = pytest.mark.slow
 

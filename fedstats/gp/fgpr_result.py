@@ -1,0 +1,185 @@
+"""The result of an FGPR fit (:class:`FGPRResult`): the shared hyperparameters, each client's
+personal predictions from its own rows, and the federated objective."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..data import DataError, FederatedData
+from ..results import FederatedResult, UnknownClientError, check_level, register
+from ._core import (
+    HyperSpec,
+    band_frame,
+    posterior,
+    resolve_device,
+    resolve_dtype,
+    single_model,
+)
+from .fgpr_algorithm import standardise
+
+# --------------------------------------------------------------------------- the result
+
+
+@register
+class FGPRResult(FederatedResult):
+    """A fitted FGPR: the shared hyperparameters, and personal predictions.
+
+    ``hyperparameters`` maps names to constrained values (``noise`` and ``outputscale`` are
+    variances, on the standardised scale when ``standardize=True``). ``predict`` conditions
+    the shared prior on one client's own data; in this in-process simulation the result
+    keeps a reference to the training data for that (a real deployment predicts on the
+    client). :meth:`save` writes the hyperparameters and history only, never data.
+    """
+
+    _transient = {"_data": None}  # the training data of an in-process fit: never written
+
+    def __init__(self, *, spec: HyperSpec, hyperparameters: dict, feature_names, clients, n_obs, options, history=None,
+                 communication=None, converged: bool = False, seconds: float = 0.0, seed: int = 0, data=None):
+        self.spec, self.hyperparameters = spec, {k: np.asarray(v, dtype=float) for k, v in hyperparameters.items()}
+        self.feature_names, self.clients, self.n_obs = list(feature_names), list(clients), dict(n_obs)
+        self.options, self.history, self.communication = options, history, communication
+        self.seconds, self.seed, self.converged = seconds, seed, bool(converged)
+        self._data = data
+
+    model = "FGPR"
+
+    @property
+    def rounds(self) -> int:
+        return 0 if self.history is None else len(self.history)
+
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        """One row per hyperparameter scalar (``lengthscale[x0]``... under ARD): its
+        maximum-likelihood value in ``mean``, no distribution (NaN sd and interval)."""
+        vals = np.concatenate([self.hyperparameters[n] for n in self.spec.names])
+        return pd.DataFrame({"mean": vals}, index=pd.Index(self.spec.labels(self.feature_names), name="parameter"))
+
+    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+        # FGPR's parameters are all shared: a client has none of its own
+        return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
+
+    def _no_posterior(self, what: str) -> str:
+        return ("FGPR estimates its shared hyperparameters by maximum marginal likelihood and has no posterior over "
+                "them (nor client parameters); its predictions carry credible and predictive bands: "
+                "predict(X, client)")
+
+    def _device(self):
+        # a result fitted on a GPU still predicts on a machine without one
+        try:
+            return resolve_device(self.options.get("device", "auto"))
+        except ValueError:
+            return torch.device("cpu")
+
+    def _client_data(self, client, data):
+        if data is not None:
+            if isinstance(data, tuple) and len(data) == 2:
+                X, y = data
+                X = np.asarray(X, dtype=float)
+                X = X[:, None] if X.ndim == 1 else X
+                y = np.asarray(y, dtype=float).reshape(-1)
+                if X.ndim != 2 or X.shape[1] != self.spec.d or len(y) != len(X) or len(y) < 1:
+                    raise DataError(f"data must be (X, y) with X of shape (n, {self.spec.d}) and n >= 1 targets, "
+                                    f"got X {X.shape} and y {y.shape}")
+                if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
+                    raise DataError("data (X, y) contains NaN or inf")
+                return X, y
+            raise TypeError("data must be a tuple (X, y) of the client's own points")
+        if client is None:
+            raise ValueError("FGPR predicts for a client from that client's data: give a fitted client, or the new "
+                             "client's own points as data=(X, y)")
+        if client not in self.clients:
+            raise UnknownClientError(f"unknown client {client!r}: the fit has not seen it; pass its own data as "
+                                     "data=(X, y) to predict for a new client")
+        if self._data is None:
+            raise ValueError("this result holds no client data (loaded from disk?): pass data=(X, y)")
+        cd = self._data[client]
+        return np.asarray(cd.X), np.asarray(cd.y)
+
+    def predict(self, X, client=None, *, data=None, level: float = 0.95, scale: str = "original",
+                seed: int = 0) -> pd.DataFrame:
+        """Personal prediction of ``client`` at the rows of ``X``.
+
+        The shared prior is conditioned on the client's own training data, or on ``data``
+        = (X_k, y_k) for a client that took no part in training (no training happens). Returns
+        ``mean``, ``lower``/``upper`` (credible interval of f), ``pred_lower``/``pred_upper``
+        (predictive interval of a new noisy y), then ``sd`` (of f) and ``pred_sd``
+        (``attrs["predicted_for"]`` is ``"new client"`` when ``data`` is given). With
+        ``standardize=True`` the targets are standardised by the client's own mean and sd
+        and the results mapped back (``scale="original"``) or left standardised
+        (``scale="standardized"``, the multi-fidelity metric's scale).
+        """
+        level = check_level(level)
+        if scale not in ("original", "standardized"):
+            raise ValueError(f"scale must be 'original' or 'standardized', got {scale!r}")
+        Xk, yk = self._client_data(client, data)
+        Xs = np.asarray(X, dtype=float)
+        Xs = Xs[:, None] if Xs.ndim == 1 else Xs
+        if Xs.ndim != 2 or Xs.shape[1] != self.spec.d or len(Xs) == 0:
+            raise DataError(f"X must have at least one row and {self.spec.d} column(s), got shape {Xs.shape}")
+        if not np.all(np.isfinite(Xs)):
+            raise DataError("X contains NaN or inf")
+        if len(yk) < 5:
+            warnings.warn(f"conditioning on only {len(yk)} point(s): the prediction is close to the prior",
+                          UserWarning, stacklevel=2)
+        mu_y, sd_y = 0.0, 1.0
+        if self.options.get("standardize", True):
+            yk, mu_y, sd_y = standardise(yk)
+        limit = self.options.get("condition_limit")
+        if limit is not None and len(yk) > limit:
+            warnings.warn(f"client has {len(yk)} points; conditioning on a random subset of {limit} "
+                          f"(condition_limit) instead of the exact formula", UserWarning, stacklevel=2)
+            keep = np.sort(np.random.default_rng(seed).choice(len(yk), size=limit, replace=False))
+            Xk, yk = Xk[keep], yk[keep]
+        dtype = resolve_dtype(self.options.get("dtype", "float64"))
+        mean, var_f = posterior(self.spec, self.hyperparameters, Xk, yk, Xs, device=self._device(), dtype=dtype)
+        var_y = var_f + float(self.hyperparameters["noise"][0])
+        if scale == "original":
+            mean, var_f, var_y = mu_y + sd_y * mean, var_f * sd_y**2, var_y * sd_y**2
+        out = band_frame(mean, var_f, level, var_y)
+        out.attrs["predicted_for"] = "client" if data is None else "new client"
+        return out
+
+    def rmse(self, test: FederatedData, train: FederatedData | None = None, *, scale: str = "original") -> pd.Series:
+        """RMSE of each client of ``test``, predicting by conditioning on that client's data in
+        ``train`` (default: the training data of the fit); with ``scale="standardized"`` the
+        test targets are standardised by the conditioning data's mean and sd."""
+        out = {}
+        for c in test.clients:
+            data = None if train is None else (np.asarray(train[c].X), np.asarray(train[c].y))
+            pred = self.predict(np.asarray(test[c].X), client=c, data=data, scale=scale)
+            y = np.asarray(test[c].y, dtype=float)
+            if scale == "standardized" and self.options.get("standardize", True):
+                _, mu, sd = standardise(self._client_data(c, data)[1])  # the conditioning data's scale
+                y = (y - mu) / sd
+            out[c] = float(np.sqrt(np.mean((pred["mean"].to_numpy() - y) ** 2)))
+        return pd.Series(out, name="rmse")
+
+    def objective(self, data: FederatedData | None = None) -> float:
+        """The global objective ``sum_k p_k L_k / N_k`` (mean negative log marginal likelihood of
+        each client's full data, standardised as in training) at the fitted hyperparameters
+        (the objective of ``loss_normalization="mean"``, whatever the fit used).
+        Each client would send one number; computed here in-process."""
+        data = self._data if data is None else data
+        if data is None:
+            raise ValueError("pass data: this result holds none")
+        return weighted_objective(self.spec, self.hyperparameters, data, standardize=self.options.get("standardize", True),
+                                  device=self._device(), dtype=resolve_dtype(self.options.get("dtype", "float64")))
+
+
+def weighted_objective(spec: HyperSpec, hyper: dict, data: FederatedData, *, standardize: bool = True,
+                       device="cpu", dtype=torch.float64) -> float:
+    """``sum_k (N_k/N) L_k(theta) / N_k`` over the clients of ``data`` (exact, full data)."""
+    N = sum(data.n_obs.values())
+    total = 0.0
+    model = single_model(spec, hyper, device, dtype)
+    with torch.no_grad():
+        for c in data.clients:
+            y = np.array(data[c].y, dtype=float)
+            y = standardise(y)[0] if standardize else y
+            X = torch.as_tensor(np.array(data[c].X, dtype=float), device=device, dtype=dtype)[None]
+            nll = model.nll(X, torch.as_tensor(y, device=device, dtype=dtype)[None])[0].item()
+            total += (len(y) / N) * nll / len(y)
+    return total
