@@ -5,12 +5,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-deployment bench install clean lint
+.PHONY: demo test test-slow test-deployment bench install clean lint docs
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,flower]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,flower,docs]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -21,6 +21,12 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check fedstats tests benchmarks examples
+
+# the documentation site (mkdocs.yml, docs/) into site/; --strict: any warning (a docstring
+# griffe cannot parse, a broken link or anchor) fails the build. NO_MKDOCS_2_WARNING silences
+# mkdocs-material's notice that it reaches end of life on May 5, 2027 (successor: Zensical).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
@@ -44,4 +50,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/flower_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

@@ -146,15 +146,15 @@ def weights_em(log_f: np.ndarray, tol: float = 1e-9, max_iter: int = 500) -> tup
 class RegretTracker:
     """Per-client regret of one or more learners against the best fixed weights in hindsight.
 
+    Call :meth:`record` once per step with the evaluation samples and what each learner
+    played; then :meth:`curve` gives ``R_t`` on a grid of prefixes.
+
     Parameters
     ----------
     true_means : (m, d)
         The true components (unit covariances): the comparator's components.
     n_eval : int, default 100
         Evaluation points per client and step.
-
-    Call :meth:`record` once per step with the evaluation samples and what each learner
-    played; then :meth:`curve` gives ``R_t`` on a grid of prefixes.
     """
 
     def __init__(self, true_means, *, n_eval: int = 100, tol: float = 1e-9, max_iter: int = 500):

@@ -73,6 +73,10 @@ __all__ = ["FEMOMD"]
 class FEMOMD(Estimator):
     """Online federated Gaussian mixture: FEM-OMD (Algorithm 15 of Marfoq's thesis, section 4.4).
 
+    The parameters are stored as given and checked at the first ``partial_fit`` (or
+    ``played``); the seed is an argument of :meth:`partial_fit`: all randomness of step ``t``
+    derives from ``(seed, t)``.
+
     Parameters
     ----------
     n_components : int
@@ -128,10 +132,6 @@ class FEMOMD(Estimator):
         clients' gradients (weighted by batch size) and makes the mirror-descent step.
     reg_covar : float, default 1e-6
         For learned covariances.
-
-    The parameters are stored as given and checked at the first ``partial_fit`` (or
-    ``played``); the seed is an argument of :meth:`partial_fit`: all randomness of step ``t``
-    derives from ``(seed, t)``.
 
     Notes
     -----
