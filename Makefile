@@ -20,7 +20,8 @@ demo: $(STAMP)
 	$(BIN)/fedstats demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check fedstats tests benchmarks examples
+	$(BIN)/ruff check fedstats tests benchmarks examples docs
+	$(BIN)/ruff format --check fedstats tests benchmarks examples docs
 
 # the documentation site (mkdocs.yml, docs/) into site/; --strict: any warning (a docstring
 # griffe cannot parse, a broken link or anchor) fails the build. NO_MKDOCS_2_WARNING silences

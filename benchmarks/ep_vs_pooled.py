@@ -61,23 +61,39 @@ def main(argv=None) -> dict:
     nuts = None
     if not a.no_nuts:
         t0 = time.perf_counter()
-        rn = HierarchicalLinearModel(fit_intercept=False, sigma=sigma, standardize=False, estimator="nuts", rounds=10,
-                                     estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2,
-                                                            target="augmented")).fit(data, seed=a.seed)
+        rn = HierarchicalLinearModel(
+            fit_intercept=False,
+            sigma=sigma,
+            standardize=False,
+            estimator="nuts",
+            rounds=10,
+            estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2, target="augmented"),
+        ).fit(data, seed=a.seed)
         t_n = time.perf_counter() - t0
         gn = rn.global_posterior()
         nlo, nhi = gn.credible_interval(0.9)
-        nuts = {"estimator": repr(rn.algorithm.estimator), "damping": rn.algorithm.damping, "rounds": rn.rounds,
-                "seconds": round(t_n, 2), "speedup_pooled_over_ep_nuts": round(t_nuts / t_n, 2),
-                "max_abs_mean_diff_over_sd": round(float(np.max(np.abs(gn.mean - rm) / rs)), 3),
-                "sd_ratio_min": round(float(np.min(gn.sd / rs)), 3), "sd_ratio_max": round(float(np.max(gn.sd / rs)), 3),
-                "truth_in_90": [bool(v) for v in (nlo <= tv) & (tv <= nhi)]}
+        nuts = {
+            "estimator": repr(rn.algorithm.estimator),
+            "damping": rn.algorithm.damping,
+            "rounds": rn.rounds,
+            "seconds": round(t_n, 2),
+            "speedup_pooled_over_ep_nuts": round(t_nuts / t_n, 2),
+            "max_abs_mean_diff_over_sd": round(float(np.max(np.abs(gn.mean - rm) / rs)), 3),
+            "sd_ratio_min": round(float(np.min(gn.sd / rs)), 3),
+            "sd_ratio_max": round(float(np.max(gn.sd / rs)), 3),
+            "truth_in_90": [bool(v) for v in (nlo <= tv) & (tv <= nhi)],
+        }
     out = {
         "example": f"HM2 uncertainty example, K={K}, d=4, n=100 per device, sigma={sigma} known",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax backend {jax.default_backend()}",
-        "ep": {"estimator": repr(res.algorithm.estimator), "damping": res.algorithm.damping,
-               "rounds": res.rounds, "seconds": round(t_ep, 2),
-               "bytes_up": res.communication.bytes_up, "bytes_down": res.communication.bytes_down},
+        "ep": {
+            "estimator": repr(res.algorithm.estimator),
+            "damping": res.algorithm.damping,
+            "rounds": res.rounds,
+            "seconds": round(t_ep, 2),
+            "bytes_up": res.communication.bytes_up,
+            "bytes_down": res.communication.bytes_down,
+        },
         "pooled_nuts": {"chains": 4, "warmup": nw, "samples": ns, "seconds": round(t_nuts, 2)},
         "speedup_pooled_over_ep": round(t_nuts / t_ep, 2),
         "max_abs_mean_diff_over_sd": round(float(np.max(np.abs(g.mean - rm) / rs)), 3),
@@ -86,28 +102,44 @@ def main(argv=None) -> dict:
         "truth_in_ep_90": [bool(v) for v in (lo <= tv) & (tv <= hi)],
         "truth_in_pooled_nuts_90": [bool(v) for v in (rlo <= tv) & (tv <= rhi)],
         "ep_nuts": nuts,
-        "per_component": {n: {"truth": float(t), "ep_mean": float(m), "ep_sd": float(s), "nuts_mean": float(r),
-                              "nuts_sd": float(q)}
-                          for n, t, m, s, r, q in zip(g.names, tv, g.mean, g.sd, rm, rs)},
+        "per_component": {
+            n: {"truth": float(t), "ep_mean": float(m), "ep_sd": float(s), "nuts_mean": float(r), "nuts_sd": float(q)}
+            for n, t, m, s, r, q in zip(g.names, tv, g.mean, g.sd, rm, rs)
+        },
     }
     path = Path(a.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(out, indent=2))
-    md = [f"# EP vs pooled NUTS: {out['example']}", "",
-          f"Machine: {out['machine']}.", "",
-          "| method | seconds | time / federated EP |", "|---|---|---|",
-          f"| federated EP ({res.rounds} rounds) | {t_ep:.1f} | 1 |",
-          f"| pooled NUTS (4 x {nw}+{ns}) | {t_nuts:.1f} | {t_nuts / t_ep:.1f} |"]
+    md = [
+        f"# EP vs pooled NUTS: {out['example']}",
+        "",
+        f"Machine: {out['machine']}.",
+        "",
+        "| method | seconds | time / federated EP |",
+        "|---|---|---|",
+        f"| federated EP ({res.rounds} rounds) | {t_ep:.1f} | 1 |",
+        f"| pooled NUTS (4 x {nw}+{ns}) | {t_nuts:.1f} | {t_nuts / t_ep:.1f} |",
+    ]
     if nuts:
-        md.append(f"| federated EP, NUTS tilted moments ({nuts['rounds']} rounds) | {nuts['seconds']:.1f} | "
-                  f"{nuts['seconds'] / t_ep:.1f} |")
-    md += ["", "Accuracy against pooled NUTS (max |mean diff| / sd; sd ratio range):",
-           f"- EP, importance: {out['max_abs_mean_diff_over_sd']}; [{out['sd_ratio_min']}, {out['sd_ratio_max']}]"]
+        md.append(
+            f"| federated EP, NUTS tilted moments ({nuts['rounds']} rounds) | {nuts['seconds']:.1f} | "
+            f"{nuts['seconds'] / t_ep:.1f} |"
+        )
+    md += [
+        "",
+        "Accuracy against pooled NUTS (max |mean diff| / sd; sd ratio range):",
+        f"- EP, importance: {out['max_abs_mean_diff_over_sd']}; [{out['sd_ratio_min']}, {out['sd_ratio_max']}]",
+    ]
     if nuts:
         md.append(f"- EP, NUTS: {nuts['max_abs_mean_diff_over_sd']}; [{nuts['sd_ratio_min']}, {nuts['sd_ratio_max']}]")
-    md += ["", f"True phi inside the 90% intervals: EP {sum(out['truth_in_ep_90'])}/8, "
-           f"pooled NUTS {sum(out['truth_in_pooled_nuts_90'])}/8"
-           + (f", EP-NUTS {sum(nuts['truth_in_90'])}/8" if nuts else "") + ".", ""]
+    md += [
+        "",
+        f"True phi inside the 90% intervals: EP {sum(out['truth_in_ep_90'])}/8, "
+        f"pooled NUTS {sum(out['truth_in_pooled_nuts_90'])}/8"
+        + (f", EP-NUTS {sum(nuts['truth_in_90'])}/8" if nuts else "")
+        + ".",
+        "",
+    ]
     path.with_suffix(".md").write_text("\n".join(md))
     print("\n".join(md))
     return out

@@ -44,8 +44,17 @@ def quiet(f):
 
 def sk_seconds(X, M, ct, K, start):
     m0, w0, prec0 = start
-    gm = GaussianMixture(M, covariance_type=ct, tol=0, max_iter=K, means_init=m0, weights_init=w0,
-                         precisions_init=prec0, init_params="random_from_data", random_state=0)
+    gm = GaussianMixture(
+        M,
+        covariance_type=ct,
+        tol=0,
+        max_iter=K,
+        means_init=m0,
+        weights_init=w0,
+        precisions_init=prec0,
+        init_params="random_from_data",
+        random_state=0,
+    )
     t0 = time.perf_counter()
     quiet(lambda: gm.fit(X))
     return time.perf_counter() - t0, gm
@@ -62,38 +71,65 @@ def case(name, C, n, d, M, ct, K1=5, K2=25, seed=0):
     w0 = np.full(M, 1.0 / M)
     start = (m0, w0, cov0)  # identity covariances are their own precisions
     # scikit-learn: per-iteration time by difference, best of 3
-    per_sk = min((sk_seconds(X, M, ct, K2, start)[0] - sk_seconds(X, M, ct, K1, start)[0]) / (K2 - K1)
-                 for _ in range(3))
+    per_sk = min(
+        (sk_seconds(X, M, ct, K2, start)[0] - sk_seconds(X, M, ct, K1, start)[0]) / (K2 - K1) for _ in range(3)
+    )
     _, gm = sk_seconds(X, M, ct, K2, start)
     fits = {}
     for shared in (True, False):
-        model = FederatedGaussianMixture(M, covariance_type=ct, rounds=K2, tol=0, shared_weights=shared,
-                                         means_init=m0, covariances_init=cov0, weights_init=w0)
+        model = FederatedGaussianMixture(
+            M,
+            covariance_type=ct,
+            rounds=K2,
+            tol=0,
+            shared_weights=shared,
+            means_init=m0,
+            covariances_init=cov0,
+            weights_init=w0,
+        )
         model.fit(data, seed=0)  # warm-up (imports, caches)
         runs = [model.fit(data, seed=0) for _ in range(3)]
         fits[shared] = min(runs, key=lambda r: np.median([h.seconds for h in r.history]))
     fed = fits[True]
     per_fed = float(np.median([r.seconds for r in fed.history]))
     per_private = float(np.median([r.seconds for r in fits[False].history]))
-    diff = max(np.abs(fed.means_ - gm.means_).max(), np.abs(fed.covariances_ - gm.covariances_).max(),
-               np.abs(fed.weights_[data.clients[0]] - gm.weights_).max())
+    diff = max(
+        np.abs(fed.means_ - gm.means_).max(),
+        np.abs(fed.covariances_ - gm.covariances_).max(),
+        np.abs(fed.weights_[data.clients[0]] - gm.weights_).max(),
+    )
     # converged fits from each method's own initialisation
     sk_conv = quiet(lambda: GaussianMixture(M, covariance_type=ct, tol=1e-6, max_iter=500, random_state=0).fit(X))
     fed_conv = quiet(lambda: FederatedGaussianMixture(M, covariance_type=ct, rounds=500, tol=1e-6).fit(data, seed=0))
-    fed_sh = quiet(lambda: FederatedGaussianMixture(M, covariance_type=ct, rounds=500, tol=1e-6,
-                                                    shared_weights=True).fit(data, seed=0))
+    fed_sh = quiet(
+        lambda: FederatedGaussianMixture(M, covariance_type=ct, rounds=500, tol=1e-6, shared_weights=True).fit(
+            data, seed=0
+        )
+    )
 
     def ll(res):
         return sum(res.score(data[c].X, c) * data.n_obs[c] for c in data.clients) / N
 
     return {
-        "case": name, "clients": C, "points": N, "d": d, "M": M, "covariance_type": ct, "iterations": K2,
-        "s_per_iter_sklearn": per_sk, "s_per_round_fedem_shared": per_fed, "s_per_round_fedem_private": per_private,
-        "ratio_shared": per_fed / per_sk, "ratio_private": per_private / per_sk,
+        "case": name,
+        "clients": C,
+        "points": N,
+        "d": d,
+        "M": M,
+        "covariance_type": ct,
+        "iterations": K2,
+        "s_per_iter_sklearn": per_sk,
+        "s_per_round_fedem_shared": per_fed,
+        "s_per_round_fedem_private": per_private,
+        "ratio_shared": per_fed / per_sk,
+        "ratio_private": per_private / per_sk,
         "max_abs_diff_shared_vs_sklearn": float(diff),
-        "loglik_per_point_sklearn": float(sk_conv.score(X)), "sklearn_iters": int(sk_conv.n_iter_),
-        "loglik_per_point_fedem_shared": ll(fed_sh), "fedem_shared_rounds": fed_sh.rounds,
-        "loglik_per_point_fedem_private": ll(fed_conv), "fedem_private_rounds": fed_conv.rounds,
+        "loglik_per_point_sklearn": float(sk_conv.score(X)),
+        "sklearn_iters": int(sk_conv.n_iter_),
+        "loglik_per_point_fedem_shared": ll(fed_sh),
+        "fedem_shared_rounds": fed_sh.rounds,
+        "loglik_per_point_fedem_private": ll(fed_conv),
+        "fedem_private_rounds": fed_conv.rounds,
         "bytes_per_round_up": int(fed.communication.bytes_up / fed.rounds),
     }
 
@@ -117,22 +153,29 @@ def main():
     RESULTS.mkdir(exist_ok=True)
     suffix = "_quick" if args.quick else ""
     (RESULTS / f"fedem{suffix}.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
-    lines = [f"# FedEM against scikit-learn GaussianMixture on the pooled data ({machine})", "",
-             "| federation | s/iter sklearn | s/round FedEM (shared weights) | ratio | s/round FedEM (private weights) "
-             "| ratio | max abs diff shared vs sklearn | loglik/point sklearn (iters) | FedEM shared (rounds) "
-             "| FedEM private (rounds) | bytes up/round |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# FedEM against scikit-learn GaussianMixture on the pooled data ({machine})",
+        "",
+        "| federation | s/iter sklearn | s/round FedEM (shared weights) | ratio | s/round FedEM (private weights) "
+        "| ratio | max abs diff shared vs sklearn | loglik/point sklearn (iters) | FedEM shared (rounds) "
+        "| FedEM private (rounds) | bytes up/round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['s_per_iter_sklearn']:.4f} | {r['s_per_round_fedem_shared']:.4f} | "
             f"{r['ratio_shared']:.2f} | {r['s_per_round_fedem_private']:.4f} | {r['ratio_private']:.2f} | "
             f"{r['max_abs_diff_shared_vs_sklearn']:.1e} | {r['loglik_per_point_sklearn']:.4f} ({r['sklearn_iters']}) | "
             f"{r['loglik_per_point_fedem_shared']:.4f} ({r['fedem_shared_rounds']}) | "
-            f"{r['loglik_per_point_fedem_private']:.4f} ({r['fedem_private_rounds']}) | {r['bytes_per_round_up']} |")
-    lines += ["", "Per-iteration times from the same start (tol=0); scikit-learn's by difference of a 25- and a "
-              "5-iteration fit, FedEM's the median round of a 25-round fit through the federated runtime; best of 3 for both, run one after the other on an otherwise idle machine. Log-likelihoods "
-              "per point on all rows after each method ran to convergence (tol 1e-6) from its own start; the "
-              "private-weights model has more parameters, so its likelihood is higher."]
+            f"{r['loglik_per_point_fedem_private']:.4f} ({r['fedem_private_rounds']}) | {r['bytes_per_round_up']} |"
+        )
+    lines += [
+        "",
+        "Per-iteration times from the same start (tol=0); scikit-learn's by difference of a 25- and a "
+        "5-iteration fit, FedEM's the median round of a 25-round fit through the federated runtime; best of 3 for both, run one after the other on an otherwise idle machine. Log-likelihoods "
+        "per point on all rows after each method ran to convergence (tol 1e-6) from its own start; the "
+        "private-weights model has more parameters, so its likelihood is higher.",
+    ]
     (RESULTS / f"fedem{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

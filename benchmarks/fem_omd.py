@@ -84,8 +84,15 @@ def case(C, n, steps, reps=3):
             ts.append(time.perf_counter() - t0)
         ref_times.append(float(np.median(ts)))
     fed, ref = min(fed_times), min(ref_times)
-    return {"C": C, "n": n, "Cn": C * n, "s_per_step_federated": fed, "s_per_step_centralised": ref,
-            "ratio": fed / ref, "bytes_up_per_step": model.history[-1]["bytes_up"]}
+    return {
+        "C": C,
+        "n": n,
+        "Cn": C * n,
+        "s_per_step_federated": fed,
+        "s_per_step_centralised": ref,
+        "ratio": fed / ref,
+        "bytes_up_per_step": model.history[-1]["bytes_up"],
+    }
 
 
 def main():
@@ -102,26 +109,38 @@ def main():
     pred = A @ coef
     for r, p in zip(rows, pred):
         r["fit"] = float(p)
-    fit = {"a_s": float(coef[0]), "b_s_per_client": float(coef[1]), "c_s_per_row": float(coef[2]),
-           "max_rel_residual": float(np.max(np.abs(pred - y) / y))}
+    fit = {
+        "a_s": float(coef[0]),
+        "b_s_per_client": float(coef[1]),
+        "c_s_per_row": float(coef[2]),
+        "max_rel_residual": float(np.max(np.abs(pred - y) / y)),
+    }
     machine = f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU only"
     RESULTS.mkdir(exist_ok=True)
     suffix = "_quick" if args.quick else ""
-    (RESULTS / f"fem_omd{suffix}.json").write_text(json.dumps({"machine": machine, "fit": fit, "rows": rows},
-                                                               indent=2))
-    lines = [f"# FEM-OMD: seconds per time step against C x n ({machine})", "",
-             f"d = {D}, m = {M}, K = {K} inner rounds, unit covariances; median of {steps} steps, best of 3.", "",
-             "| C | n | C x n | s/step federated | s/step centralised | ratio | fit a + bC + cCn | bytes up/step |",
-             "|---|---|---|---|---|---|---|---|"]
+    (RESULTS / f"fem_omd{suffix}.json").write_text(json.dumps({"machine": machine, "fit": fit, "rows": rows}, indent=2))
+    lines = [
+        f"# FEM-OMD: seconds per time step against C x n ({machine})",
+        "",
+        f"d = {D}, m = {M}, K = {K} inner rounds, unit covariances; median of {steps} steps, best of 3.",
+        "",
+        "| C | n | C x n | s/step federated | s/step centralised | ratio | fit a + bC + cCn | bytes up/step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['C']} | {r['n']} | {r['Cn']} | {r['s_per_step_federated']:.4f} | "
-                     f"{r['s_per_step_centralised']:.4f} | {r['ratio']:.1f} | {r['fit']:.4f} | "
-                     f"{r['bytes_up_per_step']} |")
-    lines += ["", f"Least squares: a = {fit['a_s'] * 1e3:.2f} ms, b = {fit['b_s_per_client'] * 1e6:.1f} us per client "
-              f"(runtime messages, K + 1 rounds), c = {fit['c_s_per_row'] * 1e6:.2f} us per row; max relative "
-              f"residual {fit['max_rel_residual']:.2f}.",
-              "The centralised reference is the same step as array operations on the stacked batch (no "
-              "messages); the ratio is the price of the federated runtime, mostly per client and round."]
+        lines.append(
+            f"| {r['C']} | {r['n']} | {r['Cn']} | {r['s_per_step_federated']:.4f} | "
+            f"{r['s_per_step_centralised']:.4f} | {r['ratio']:.1f} | {r['fit']:.4f} | "
+            f"{r['bytes_up_per_step']} |"
+        )
+    lines += [
+        "",
+        f"Least squares: a = {fit['a_s'] * 1e3:.2f} ms, b = {fit['b_s_per_client'] * 1e6:.1f} us per client "
+        f"(runtime messages, K + 1 rounds), c = {fit['c_s_per_row'] * 1e6:.2f} us per row; max relative "
+        f"residual {fit['max_rel_residual']:.2f}.",
+        "The centralised reference is the same step as array operations on the stacked batch (no "
+        "messages); the ratio is the price of the federated runtime, mostly per client and round.",
+    ]
     (RESULTS / f"fem_omd{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

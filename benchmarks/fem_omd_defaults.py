@@ -91,8 +91,7 @@ def start_near_truth(stream, seed=5):
 def run_job(job):
     """One stream (process, start, seed) and the options that face it side by side."""
     t0 = time.perf_counter()
-    stream = MixtureStream(n_clients=C, n=job["n"], d=D, n_components=M, process=job["process"],
-                           seed=job["seed"])
+    stream = MixtureStream(n_clients=C, n=job["n"], d=D, n_components=M, process=job["process"], seed=job["seed"])
     start = stream.means + job["shift"] if job["shift"] != "sep/16" else start_near_truth(stream)
     learners = {name: _model(name, start, job["T"]) for name in job["options"]}
     curves, _ = simulate(stream, learners, job["T"], progress=False, seed=job["seed"])
@@ -101,13 +100,21 @@ def run_job(job):
         c = curves[curves.learner == name]
         g = growth(c)
         W = np.array([model.weights_[k] for k in stream.clients])
-        rows.append({**{k: job[k] for k in ("part", "process", "n", "shift", "seed", "T")}, "option": name,
-                     "slope": g["slope"], "regret_T": g["regret_T"], "ratio_mid": g["ratio_mid"],
-                     "ratio_T": g["ratio_T"], "sublinear_growth": g["sublinear"],
-                     "sublinear": bool(g["sublinear"] or g["regret_T"] <= 0),
-                     "min_played_weight": float(W.min()),
-                     "mean_error": float(np.abs(model.means_ - stream.means).max()),
-                     "curve": {"t": c.t.tolist(), "regret": [round(r, 4) for r in c.regret]}})
+        rows.append(
+            {
+                **{k: job[k] for k in ("part", "process", "n", "shift", "seed", "T")},
+                "option": name,
+                "slope": g["slope"],
+                "regret_T": g["regret_T"],
+                "ratio_mid": g["ratio_mid"],
+                "ratio_T": g["ratio_T"],
+                "sublinear_growth": g["sublinear"],
+                "sublinear": bool(g["sublinear"] or g["regret_T"] <= 0),
+                "min_played_weight": float(W.min()),
+                "mean_error": float(np.abs(model.means_ - stream.means).max()),
+                "curve": {"t": c.t.tolist(), "regret": [round(r, 4) for r in c.regret]},
+            }
+        )
     return rows, time.perf_counter() - t0
 
 
@@ -126,10 +133,11 @@ def jobs_for(quick):
                 else:
                     jobs.append(dict(base, options=names))
     ref_seeds = [1] if quick else [1, 2, 3]
-    for n in ([30] if quick else [30, 10, 1]):
+    for n in [30] if quick else [30, 10, 1]:
         for seed in ref_seeds:
-            jobs.append(dict(part="notebook06", process="fixed", n=n, shift="sep/16", seed=seed, T=T,
-                             options=[OLD, DEFAULT]))
+            jobs.append(
+                dict(part="notebook06", process="fixed", n=n, shift="sep/16", seed=seed, T=T, options=[OLD, DEFAULT])
+            )
     return sorted(jobs, key=lambda j: -len(j["options"]))  # the long ones first
 
 
@@ -146,12 +154,16 @@ def summarise(rows, part, keys):
     for key, rs in out.items():
         slope = np.array([r["slope"] for r in rs], float)
         R = np.array([r["regret_T"] for r in rs], float)
-        summ[key] = {"runs": len(rs), "sublinear": int(sum(r["sublinear"] for r in rs)),
-                     "below_comparator": int(sum(r["regret_T"] <= 0 for r in rs)),
-                     "slope_median": float(np.nanmedian(slope)) if np.isfinite(slope).any() else float("nan"),
-                     "slope_max": float(np.nanmax(slope)) if np.isfinite(slope).any() else float("nan"),
-                     "regret_T_median": float(np.median(R)), "regret_T_max": float(R.max()),
-                     "regret_T_mean": float(R.mean())}
+        summ[key] = {
+            "runs": len(rs),
+            "sublinear": int(sum(r["sublinear"] for r in rs)),
+            "below_comparator": int(sum(r["regret_T"] <= 0 for r in rs)),
+            "slope_median": float(np.nanmedian(slope)) if np.isfinite(slope).any() else float("nan"),
+            "slope_max": float(np.nanmax(slope)) if np.isfinite(slope).any() else float("nan"),
+            "regret_T_median": float(np.median(R)),
+            "regret_T_max": float(R.max()),
+            "regret_T_mean": float(R.mean()),
+        }
     return summ
 
 
@@ -167,8 +179,11 @@ def main():
         for k, (r, sec) in enumerate(pool.imap_unordered(run_job, jobs), 1):
             rows += r
             seconds.append(sec)
-            print(f"[{k}/{len(jobs)}] {r[0]['part']} {r[0]['process']} n={r[0]['n']} shift={r[0]['shift']} "
-                  f"seed={r[0]['seed']}: {len(r)} learner(s) in {sec:.0f} s", flush=True)
+            print(
+                f"[{k}/{len(jobs)}] {r[0]['part']} {r[0]['process']} n={r[0]['n']} shift={r[0]['shift']} "
+                f"seed={r[0]['seed']}: {len(r)} learner(s) in {sec:.0f} s",
+                flush=True,
+            )
     wall = time.perf_counter() - t0
     T = jobs[0]["T"]
     sweep = summarise(rows, "sweep", ("option", "process"))
@@ -176,28 +191,43 @@ def main():
     machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU only"
     suffix = "_quick" if args.quick else ""
     RESULTS.mkdir(exist_ok=True)
-    blob = {"machine": machine, "wall_seconds": wall, "workers": args.workers, "T": T, "C": C, "n": N, "d": D,
-            "m": M, "options": {k: {kk: (str(vv) if vv is not None else None) for kk, vv in v.items()}
-                                for k, v in OPTIONS.items()},
-            "default": DEFAULT,
-            "summary": [{"option": k[0], "process": k[1], **v} for k, v in sweep.items()],
-            "notebook06": [{"option": k[0], "n": k[1], **v} for k, v in ref.items()], "runs": rows}
+    blob = {
+        "machine": machine,
+        "wall_seconds": wall,
+        "workers": args.workers,
+        "T": T,
+        "C": C,
+        "n": N,
+        "d": D,
+        "m": M,
+        "options": {k: {kk: (str(vv) if vv is not None else None) for kk, vv in v.items()} for k, v in OPTIONS.items()},
+        "default": DEFAULT,
+        "summary": [{"option": k[0], "process": k[1], **v} for k, v in sweep.items()],
+        "notebook06": [{"option": k[0], "n": k[1], **v} for k, v in ref.items()],
+        "runs": rows,
+    }
     (RESULTS / f"fem_omd_defaults{suffix}.json").write_text(json.dumps(blob, indent=1))
 
     seeds = sorted({r["seed"] for r in rows if r["part"] == "sweep"})
-    lines = [f"# FEM-OMD: default step size and weight floor ({machine})", "",
-             f"C = {C} clients, n = {N} rows per client and step, d = {D}, m = {M}, K = 5, T = {T}; starts "
-             f"`means_init = stream.means + shift`, shift 0.3 and 1.0, seeds {seeds} "
-             f"({2 * len(seeds)} runs per cell); 100 evaluation points per client and step. "
-             f"{len(jobs)} streams, {len(rows)} learner runs in {wall / 60:.0f} min with {args.workers} worker "
-             "processes (`python benchmarks/fem_omd_defaults.py`; `--quick`: T = 150, one seed).", "",
-             "Cell: median log-log slope (max) / median `R_T` (max) / sub-linear runs. Slope and `R_t / t` as "
-             "`growth` computes them; a run whose `R_T <= 0` (better than the best fixed weights in hindsight: "
-             "it happens when the weights switch) counts as sub-linear, marked `*k` with k such runs (its slope "
-             "comes from the positive prefixes only). theory-T: `eta = sqrt(log m / T)`; theory-t: "
-             "`sqrt(log m / t)` (no horizon); adaptive: `eta_t = sqrt(log m / sum_s r_s^2)`, `r_s` the range of "
-             "the client's gradient at step s.", "",
-             "| option | " + " | ".join(PROCESSES) + " |", "|---|" + "---|" * len(PROCESSES)]
+    lines = [
+        f"# FEM-OMD: default step size and weight floor ({machine})",
+        "",
+        f"C = {C} clients, n = {N} rows per client and step, d = {D}, m = {M}, K = 5, T = {T}; starts "
+        f"`means_init = stream.means + shift`, shift 0.3 and 1.0, seeds {seeds} "
+        f"({2 * len(seeds)} runs per cell); 100 evaluation points per client and step. "
+        f"{len(jobs)} streams, {len(rows)} learner runs in {wall / 60:.0f} min with {args.workers} worker "
+        "processes (`python benchmarks/fem_omd_defaults.py`; `--quick`: T = 150, one seed).",
+        "",
+        "Cell: median log-log slope (max) / median `R_T` (max) / sub-linear runs. Slope and `R_t / t` as "
+        "`growth` computes them; a run whose `R_T <= 0` (better than the best fixed weights in hindsight: "
+        "it happens when the weights switch) counts as sub-linear, marked `*k` with k such runs (its slope "
+        "comes from the positive prefixes only). theory-T: `eta = sqrt(log m / T)`; theory-t: "
+        "`sqrt(log m / t)` (no horizon); adaptive: `eta_t = sqrt(log m / sum_s r_s^2)`, `r_s` the range of "
+        "the client's gradient at step s.",
+        "",
+        "| option | " + " | ".join(PROCESSES) + " |",
+        "|---|" + "---|" * len(PROCESSES),
+    ]
     for name in OPTIONS:
         cells = []
         for p in PROCESSES:
@@ -206,22 +236,39 @@ def main():
                 cells.append("")
                 continue
             star = f" *{s['below_comparator']}" if s["below_comparator"] else ""
-            cells.append(f"{_fmt(s['slope_median'])} ({_fmt(s['slope_max'])}) / {_fmt(s['regret_T_median'], 1)} "
-                         f"({_fmt(s['regret_T_max'], 1)}) / {s['sublinear']}/{s['runs']}{star}")
-        tag = " **(new default)**" if name == DEFAULT else (" (old default)" if name in (
-            "theory-T, floor 0", "theory-t, floor 0") else "")
+            cells.append(
+                f"{_fmt(s['slope_median'])} ({_fmt(s['slope_max'])}) / {_fmt(s['regret_T_median'], 1)} "
+                f"({_fmt(s['regret_T_max'], 1)}) / {s['sublinear']}/{s['runs']}{star}"
+            )
+        tag = (
+            " **(new default)**"
+            if name == DEFAULT
+            else (" (old default)" if name in ("theory-T, floor 0", "theory-t, floor 0") else "")
+        )
         lines.append(f"| {name}{tag} | " + " | ".join(cells) + " |")
-    readme = [r for r in rows if r["part"] == "sweep" and r["process"] == "fixed" and r["shift"] == 0.3
-              and r["seed"] == 0]
+    readme = [
+        r for r in rows if r["part"] == "sweep" and r["process"] == "fixed" and r["shift"] == 0.3 and r["seed"] == 0
+    ]
     if readme:
-        lines += ["", "The issue's stream (fixed, shift 0.3, seed 0): " + "; ".join(
-            f"{r['option']}: `R_T` {r['regret_T']:.1f}, slope {r['slope']:.2f}" for r in readme) + "."]
-    lines += ["", f"## Notebook 06's settings (fixed weights, start within sep/16 of the truth, seeds "
-                  f"{sorted({r['seed'] for r in rows if r['part'] == 'notebook06'})}, T = {T})", "",
-              "| option | n | median slope (max) | mean `R_T` (max) | sub-linear runs |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "The issue's stream (fixed, shift 0.3, seed 0): "
+            + "; ".join(f"{r['option']}: `R_T` {r['regret_T']:.1f}, slope {r['slope']:.2f}" for r in readme)
+            + ".",
+        ]
+    lines += [
+        "",
+        f"## Notebook 06's settings (fixed weights, start within sep/16 of the truth, seeds "
+        f"{sorted({r['seed'] for r in rows if r['part'] == 'notebook06'})}, T = {T})",
+        "",
+        "| option | n | median slope (max) | mean `R_T` (max) | sub-linear runs |",
+        "|---|---|---|---|---|",
+    ]
     for (name, n), s in sorted(ref.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
-        lines.append(f"| {name} | {n} | {_fmt(s['slope_median'])} ({_fmt(s['slope_max'])}) | "
-                     f"{_fmt(s['regret_T_mean'], 1)} ({_fmt(s['regret_T_max'], 1)}) | {s['sublinear']}/{s['runs']} |")
+        lines.append(
+            f"| {name} | {n} | {_fmt(s['slope_median'])} ({_fmt(s['slope_max'])}) | "
+            f"{_fmt(s['regret_T_mean'], 1)} ({_fmt(s['regret_T_max'], 1)}) | {s['sublinear']}/{s['runs']} |"
+        )
     (RESULTS / f"fem_omd_defaults{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

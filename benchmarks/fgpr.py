@@ -81,37 +81,68 @@ def main():
         cen, t_cen = timed(lambda: model.fit_centralised(data, seed=0))
         r = opts["rounds"]
         f_fed, f_cen = fed.objective(), cen.objective()
-        rows.append({
-            "federation": name, "K": data.n_clients, "N": int(sum(data.n_obs.values())), "d": data.n_features,
-            "rounds": r, "batch_size": opts["batch_size"],
-            "seconds": {"federated_batched": round(t_fed, 3), "federated_looped": round(t_loop, 3),
-                        "centralised_lbfgs": round(t_cen, 3)},
-            "seconds_per_round": {"federated_batched": round(t_fed / r, 5), "federated_looped": round(t_loop / r, 5)},
-            "federated_over_centralised": round(t_fed / t_cen, 2), "looped_over_batched": round(t_loop / t_fed, 2),
-            "objective": {"federated": round(f_fed, 5), "centralised": round(f_cen, 5),
-                          "gap": round(f_fed - f_cen, 5)},
-            "hyperparameters": {"federated": {k: v.round(4).tolist() for k, v in fed.hyperparameters.items()},
-                                "centralised": {k: v.round(4).tolist() for k, v in cen.hyperparameters.items()}},
-        })
+        rows.append(
+            {
+                "federation": name,
+                "K": data.n_clients,
+                "N": int(sum(data.n_obs.values())),
+                "d": data.n_features,
+                "rounds": r,
+                "batch_size": opts["batch_size"],
+                "seconds": {
+                    "federated_batched": round(t_fed, 3),
+                    "federated_looped": round(t_loop, 3),
+                    "centralised_lbfgs": round(t_cen, 3),
+                },
+                "seconds_per_round": {
+                    "federated_batched": round(t_fed / r, 5),
+                    "federated_looped": round(t_loop / r, 5),
+                },
+                "federated_over_centralised": round(t_fed / t_cen, 2),
+                "looped_over_batched": round(t_loop / t_fed, 2),
+                "objective": {
+                    "federated": round(f_fed, 5),
+                    "centralised": round(f_cen, 5),
+                    "gap": round(f_fed - f_cen, 5),
+                },
+                "hyperparameters": {
+                    "federated": {k: v.round(4).tolist() for k, v in fed.hyperparameters.items()},
+                    "centralised": {k: v.round(4).tolist() for k, v in cen.hyperparameters.items()},
+                },
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
-    dev = (torch.cuda.get_device_name(0) if a.device == "cuda"
-           else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only")
-    out = {"machine": dev, "device": a.device, "dtype": "float64",
-           "note": "single wall times after a warm-up fit; objective = sum_k p_k L_k / N_k (mean NLL per point) on "
-                   "each client's full standardised data", "results": rows}
+    dev = (
+        torch.cuda.get_device_name(0)
+        if a.device == "cuda"
+        else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only"
+    )
+    out = {
+        "machine": dev,
+        "device": a.device,
+        "dtype": "float64",
+        "note": "single wall times after a warm-up fit; objective = sum_k p_k L_k / N_k (mean NLL per point) on "
+        "each client's full standardised data",
+        "results": rows,
+    }
     RESULTS.mkdir(exist_ok=True)
     stem = "fgpr" + ("_quick" if a.quick else "") + ("_cuda" if a.device == "cuda" else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2))
-    md = [f"# FGPR: federated against the centralised exact fit of the same objective ({dev})", "",
-          "| federation | rounds | s/round federated (batched) | looped | total federated | centralised L-BFGS "
-          "| federated / centralised | looped / batched | objective federated | centralised | gap |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    md = [
+        f"# FGPR: federated against the centralised exact fit of the same objective ({dev})",
+        "",
+        "| federation | rounds | s/round federated (batched) | looped | total federated | centralised L-BFGS "
+        "| federated / centralised | looped / batched | objective federated | centralised | gap |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         s, o = r["seconds_per_round"], r["objective"]
-        md.append(f"| {r['federation']} | {r['rounds']} | {s['federated_batched']:.4f} | {s['federated_looped']:.4f} "
-                  f"| {r['seconds']['federated_batched']:.2f} | {r['seconds']['centralised_lbfgs']:.2f} "
-                  f"| {r['federated_over_centralised']} | {r['looped_over_batched']} | {o['federated']:.4f} "
-                  f"| {o['centralised']:.4f} | {o['gap']:+.4f} |")
+        md.append(
+            f"| {r['federation']} | {r['rounds']} | {s['federated_batched']:.4f} | {s['federated_looped']:.4f} "
+            f"| {r['seconds']['federated_batched']:.2f} | {r['seconds']['centralised_lbfgs']:.2f} "
+            f"| {r['federated_over_centralised']} | {r['looped_over_batched']} | {o['federated']:.4f} "
+            f"| {o['centralised']:.4f} | {o['gap']:+.4f} |"
+        )
     md += ["", out["note"] + "."]
     (RESULTS / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

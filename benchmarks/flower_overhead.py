@@ -34,10 +34,13 @@ def models(K):
     gmm, _ = gmm_federation(n_clients=K, n_components=3, d=5, n_obs=200, seed=0)
     reg, _ = hm2_federation(n_clients=K, n_obs=200, seed=0)
     fedem = FederatedGaussianMixture(3, rounds=15, tol=0)
-    hm2 = HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact", rounds=3,
-                                  standardize=False)
-    return [("FedEM (15 rounds)", fedem, gmm, lambda r: r.means_), ("HM2 exact EP", hm2, reg,
-                                                                      lambda r: r.global_posterior().mean)]
+    hm2 = HierarchicalLinearModel(
+        tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact", rounds=3, standardize=False
+    )
+    return [
+        ("FedEM (15 rounds)", fedem, gmm, lambda r: r.means_),
+        ("HM2 exact EP", hm2, reg, lambda r: r.global_posterior().mean),
+    ]
 
 
 def timed(fn):
@@ -59,32 +62,49 @@ def main():
                 flower, t_flower = timed(lambda: model.fit(data, seed=0, backend=session))
                 per_local = float(np.median([r.seconds for r in local.history]))
                 per_flower = float(np.median([r.seconds for r in flower.history]))
-                rows.append(dict(model=name, clients=K, rounds=len(local.history), fit_inprocess_s=t_local,
-                                 fit_flower_s=t_flower, fit_ratio=t_flower / t_local,
-                                 round_inprocess_s=per_local, round_flower_s=per_flower,
-                                 round_ratio=per_flower / per_local,
-                                 max_abs_diff=float(np.abs(param(local) - param(flower)).max()),
-                                 session_start_s=startup))
+                rows.append(
+                    dict(
+                        model=name,
+                        clients=K,
+                        rounds=len(local.history),
+                        fit_inprocess_s=t_local,
+                        fit_flower_s=t_flower,
+                        fit_ratio=t_flower / t_local,
+                        round_inprocess_s=per_local,
+                        round_flower_s=per_flower,
+                        round_ratio=per_flower / per_local,
+                        max_abs_diff=float(np.abs(param(local) - param(flower)).max()),
+                        session_start_s=startup,
+                    )
+                )
                 print(rows[-1])
         finally:
             session.close()
     RESULTS.mkdir(exist_ok=True)
     meta = {"machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU only", "rows": rows}
     (RESULTS / "flower_overhead.json").write_text(json.dumps(meta, indent=1))
-    lines = [f"# fedstats on Flower's simulation engine against in-process ({meta['machine']})", "",
-             "| model | clients | rounds | fit in-process (s) | fit Flower (s) | ratio | s/round in-process | "
-             "s/round Flower | ratio | max abs diff | session start (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# fedstats on Flower's simulation engine against in-process ({meta['machine']})",
+        "",
+        "| model | clients | rounds | fit in-process (s) | fit Flower (s) | ratio | s/round in-process | "
+        "s/round Flower | ratio | max abs diff | session start (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['clients']} | {r['rounds']} | {r['fit_inprocess_s']:.3f} | "
-                     f"{r['fit_flower_s']:.2f} | {r['fit_ratio']:.0f} | {r['round_inprocess_s']:.4f} | "
-                     f"{r['round_flower_s']:.3f} | {r['round_ratio']:.0f} | {r['max_abs_diff']:.1e} | "
-                     f"{r['session_start_s']:.1f} |")
-    lines += ["", "A fit includes its one-off rounds (FedEM: k-means start, scoring; both: fetching the final "
-              "client states). Flower's time per round is dominated by its message handling (a ~0.1 s "
-              "polling interval of the in-memory SuperLink, one Ray task per client message, the node's "
-              "algorithm, data and state unpickled per message), not by the model's arithmetic. The session "
-              "start (Ray, K SuperNodes, the first fit) is paid once per session."]
+        lines.append(
+            f"| {r['model']} | {r['clients']} | {r['rounds']} | {r['fit_inprocess_s']:.3f} | "
+            f"{r['fit_flower_s']:.2f} | {r['fit_ratio']:.0f} | {r['round_inprocess_s']:.4f} | "
+            f"{r['round_flower_s']:.3f} | {r['round_ratio']:.0f} | {r['max_abs_diff']:.1e} | "
+            f"{r['session_start_s']:.1f} |"
+        )
+    lines += [
+        "",
+        "A fit includes its one-off rounds (FedEM: k-means start, scoring; both: fetching the final "
+        "client states). Flower's time per round is dominated by its message handling (a ~0.1 s "
+        "polling interval of the in-memory SuperLink, one Ray task per client message, the node's "
+        "algorithm, data and state unpickled per message), not by the model's arithmetic. The session "
+        "start (Ray, K SuperNodes, the first fit) is paid once per session.",
+    ]
     (RESULTS / "flower_overhead.md").write_text("\n".join(lines) + "\n")
 
 

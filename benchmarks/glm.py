@@ -69,32 +69,53 @@ def main(argv=None):
             warnings.simplefilter("ignore")
             ref, t_pool = best(lambda: sm.GLM(y, X, family=fam).fit(), a.repeats)
         res, t_fed = best(lambda: FederatedGLM(family).fit(data, progress=False), a.repeats)
-        rows.append({
-            "family": family, "clients": K, "rows_per_client": n, "predictors": d,
-            "pooled_s": round(t_pool, 3), "federated_s": round(t_fed, 3), "ratio": round(t_fed / t_pool, 3),
-            "max_abs_coef_diff": float(np.max(np.abs(res.params.to_numpy() - ref.params))),
-            "max_abs_se_diff": float(np.max(np.abs(res.bse.to_numpy() - ref.bse))),
-            "abs_deviance_diff": float(abs(res.deviance - ref.deviance)),
-            "rounds": res.rounds, "statsmodels_iterations": int(ref.fit_history["iteration"]),
-            "bytes_up": int(res.communication.bytes_up),
-        })
+        rows.append(
+            {
+                "family": family,
+                "clients": K,
+                "rows_per_client": n,
+                "predictors": d,
+                "pooled_s": round(t_pool, 3),
+                "federated_s": round(t_fed, 3),
+                "ratio": round(t_fed / t_pool, 3),
+                "max_abs_coef_diff": float(np.max(np.abs(res.params.to_numpy() - ref.params))),
+                "max_abs_se_diff": float(np.max(np.abs(res.bse.to_numpy() - ref.bse))),
+                "abs_deviance_diff": float(abs(res.deviance - ref.deviance)),
+                "rounds": res.rounds,
+                "statsmodels_iterations": int(ref.fit_history["iteration"]),
+                "bytes_up": int(res.communication.bytes_up),
+            }
+        )
         print(rows[-1], flush=True)
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
-            "numpy": np.__version__, "statsmodels": sm.__version__ if hasattr(sm, "__version__") else
-            __import__("statsmodels").__version__, "quick": a.quick, "repeats": a.repeats, "seed": a.seed}
+    meta = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "statsmodels": sm.__version__ if hasattr(sm, "__version__") else __import__("statsmodels").__version__,
+        "quick": a.quick,
+        "repeats": a.repeats,
+        "seed": a.seed,
+    }
     RESULTS.mkdir(exist_ok=True)
     stem = "glm_quick" if a.quick else "glm"
     (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = [f"# Federated IRLS against statsmodels on the pooled rows ({meta['machine']})", "",
-             "Best of %d runs each; the federated fit runs every client in this process and counts every "
-             "exchange. Ratio: federated / pooled wall time." % a.repeats, "",
-             "| family | clients x rows x predictors | pooled s | federated s | ratio | max coef diff | max se diff "
-             "| rounds / sm iterations | MB up |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Federated IRLS against statsmodels on the pooled rows ({meta['machine']})",
+        "",
+        "Best of %d runs each; the federated fit runs every client in this process and counts every "
+        "exchange. Ratio: federated / pooled wall time." % a.repeats,
+        "",
+        "| family | clients x rows x predictors | pooled s | federated s | ratio | max coef diff | max se diff "
+        "| rounds / sm iterations | MB up |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['family']} | {r['clients']} x {r['rows_per_client']} x {r['predictors']} | "
-                     f"{r['pooled_s']:.2f} | {r['federated_s']:.2f} | {r['ratio']:.2f} | {r['max_abs_coef_diff']:.1e} | "
-                     f"{r['max_abs_se_diff']:.1e} | {r['rounds']} / {r['statsmodels_iterations']} | "
-                     f"{r['bytes_up'] / 1e6:.2f} |")
+        lines.append(
+            f"| {r['family']} | {r['clients']} x {r['rows_per_client']} x {r['predictors']} | "
+            f"{r['pooled_s']:.2f} | {r['federated_s']:.2f} | {r['ratio']:.2f} | {r['max_abs_coef_diff']:.1e} | "
+            f"{r['max_abs_se_diff']:.1e} | {r['rounds']} / {r['statsmodels_iterations']} | "
+            f"{r['bytes_up'] / 1e6:.2f} |"
+        )
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -49,8 +49,12 @@ def one(K, seed):
         nuts.append(time.perf_counter() - t0)
     nuts_ref = refs[0]
     phi = nuts_ref["phi"]
-    row = {"clients": K, "rows": int(sum(data.n_obs.values())), "nuts_first_s": round(nuts[0], 2),
-           "nuts_again_s": round(float(np.median(nuts[1:])), 2)}
+    row = {
+        "clients": K,
+        "rows": int(sum(data.n_obs.values())),
+        "nuts_first_s": round(nuts[0], 2),
+        "nuts_again_s": round(float(np.median(nuts[1:])), 2),
+    }
     for tilted in TILTED:
         times = []
         for _ in range(4 if tilted == TILTED[0] else 1):
@@ -58,16 +62,25 @@ def one(K, seed):
             res = HierarchicalGLM("binomial", standardize=False, tilted=tilted).fit(data, seed=seed, progress=False)
             times.append(time.perf_counter() - t0)
         q = res._fitted_q()
-        client = max(np.max(np.abs(res.client_posterior(c).mean - nuts_ref["theta"][:, k].mean(0))
-                            / nuts_ref["theta"][:, k].std(0)) for k, c in enumerate(data.clients))
+        client = max(
+            np.max(
+                np.abs(res.client_posterior(c).mean - nuts_ref["theta"][:, k].mean(0)) / nuts_ref["theta"][:, k].std(0)
+            )
+            for k, c in enumerate(data.clients)
+        )
         key = {"laplace+importance": "ep", "importance": "is", "laplace": "laplace"}[tilted]
         if len(times) > 1:
             row[f"{key}_first_s"] = round(times[0], 2)
-        row.update({f"{key}_warm_s": round(float(np.median(times[1:] or times)), 2), f"{key}_rounds": res.rounds,
-                    f"{key}_max_phi_diff_sd": round(float(np.max(np.abs(q.mean - phi.mean(0)) / phi.std(0))), 3),
-                    f"{key}_sd_ratio_min": round(float(np.min(q.sd / phi.std(0))), 3),
-                    f"{key}_sd_ratio_max": round(float(np.max(q.sd / phi.std(0))), 3),
-                    f"{key}_max_client_diff_sd": round(float(client), 3)})
+        row.update(
+            {
+                f"{key}_warm_s": round(float(np.median(times[1:] or times)), 2),
+                f"{key}_rounds": res.rounds,
+                f"{key}_max_phi_diff_sd": round(float(np.max(np.abs(q.mean - phi.mean(0)) / phi.std(0))), 3),
+                f"{key}_sd_ratio_min": round(float(np.min(q.sd / phi.std(0))), 3),
+                f"{key}_sd_ratio_max": round(float(np.max(q.sd / phi.std(0))), 3),
+                f"{key}_max_client_diff_sd": round(float(client), 3),
+            }
+        )
     return row
 
 
@@ -82,31 +95,45 @@ def main(argv=None):
         return
     rows = []
     for K in a.clients:
-        out = subprocess.run([sys.executable, __file__, "--one", str(K), "--seed", str(a.seed)], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", str(K), "--seed", str(a.seed)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
-            "seed": a.seed}
+    meta = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "seed": a.seed,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "glm_hierarchical.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = [f"# Hierarchical logistic regression: federated EP against pooled NUTS ({meta['machine']})", "",
-             "Each K in a fresh process. NUTS: 2 chains x (500 warm-up + 1,000 draws) on the pooled rows, one after "
-             "the other, first run and again (median of two more runs in the same process). EP: `HierarchicalGLM` "
-             "defaults (Laplace rounds, then importance rounds), first fit (every compilation included) and warm "
-             "(median of three more fits, compiled kernels reused); the other `tilted=` options warm, one fit each. Ratios: NUTS time / EP time, like for like (first / first, second / warm). Accuracy "
-             "against NUTS: phi = (mu, log tau) mean differences in NUTS sds, sd ratios, client coefficient means.",
-             "", "| clients | rows | tilted | EP s first / warm (rounds) | NUTS s first / again | NUTS / EP first, warm "
-             "| max phi diff / sd | sd ratios | max client diff / sd |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Hierarchical logistic regression: federated EP against pooled NUTS ({meta['machine']})",
+        "",
+        "Each K in a fresh process. NUTS: 2 chains x (500 warm-up + 1,000 draws) on the pooled rows, one after "
+        "the other, first run and again (median of two more runs in the same process). EP: `HierarchicalGLM` "
+        "defaults (Laplace rounds, then importance rounds), first fit (every compilation included) and warm "
+        "(median of three more fits, compiled kernels reused); the other `tilted=` options warm, one fit each. Ratios: NUTS time / EP time, like for like (first / first, second / warm). Accuracy "
+        "against NUTS: phi = (mu, log tau) mean differences in NUTS sds, sd ratios, client coefficient means.",
+        "",
+        "| clients | rows | tilted | EP s first / warm (rounds) | NUTS s first / again | NUTS / EP first, warm "
+        "| max phi diff / sd | sd ratios | max client diff / sd |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         for key, name in (("ep", "laplace+importance"), ("is", "importance"), ("laplace", "laplace")):
             first = f"{r[key + '_first_s']:.1f} / " if key + "_first_s" in r else "- / "
             ratio_first = f"{r['nuts_first_s'] / r[key + '_first_s']:.1f}x, " if key + "_first_s" in r else "-, "
-            lines.append(f"| {r['clients']} | {r['rows']} | {name} | {first}{r[key + '_warm_s']:.1f} ({r[key + '_rounds']}) "
-                         f"| {r['nuts_first_s']:.1f} / {r['nuts_again_s']:.1f} | {ratio_first}"
-                         f"{r['nuts_again_s'] / r[key + '_warm_s']:.1f}x | {r[key + '_max_phi_diff_sd']:.3f} | "
-                         f"{r[key + '_sd_ratio_min']:.3f}-{r[key + '_sd_ratio_max']:.3f} | "
-                         f"{r[key + '_max_client_diff_sd']:.3f} |")
+            lines.append(
+                f"| {r['clients']} | {r['rows']} | {name} | {first}{r[key + '_warm_s']:.1f} ({r[key + '_rounds']}) "
+                f"| {r['nuts_first_s']:.1f} / {r['nuts_again_s']:.1f} | {ratio_first}"
+                f"{r['nuts_again_s'] / r[key + '_warm_s']:.1f}x | {r[key + '_max_phi_diff_sd']:.3f} | "
+                f"{r[key + '_sd_ratio_min']:.3f}-{r[key + '_sd_ratio_max']:.3f} | "
+                f"{r[key + '_max_client_diff_sd']:.3f} |"
+            )
     (RESULTS / "glm_hierarchical.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -54,16 +54,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small federations only (CI smoke run)")
     a = ap.parse_args()
-    cases = [("Table 1 Case II (K=100, d=8)", hm1_case("II", seed=0, n_test=1)[0],
-              dict(rounds=30, lr=1e-3, alpha=0.1))]
+    cases = [("Table 1 Case II (K=100, d=8)", hm1_case("II", seed=0, n_test=1)[0], dict(rounds=30, lr=1e-3, alpha=0.1))]
     if not a.quick:
         cases.append(("K=1000, d=8, 50 rows each", big(1000), dict(rounds=10, lr=1e-3, alpha=0.1)))
         if (DATA / "cmapss" / "train_FD001.txt").is_file():
             from fedstats.datasets import load_cmapss
 
             train, _ = load_cmapss(DATA, sensor=2)
-            cases.append(("FD001 sensor 2 (K=100 engines, d=7)", train,
-                          dict(rounds=100, lr=2e-4, alpha=0.9, eig_floor=1e-2, init="zeros")))
+            cases.append(
+                (
+                    "FD001 sensor 2 (K=100 engines, d=7)",
+                    train,
+                    dict(rounds=100, lr=2e-4, alpha=0.9, eig_floor=1e-2, init="zeros"),
+                )
+            )
     rows = []
     for name, data, opts in cases:
         model = StructuralCovarianceModel(**opts)
@@ -72,32 +76,50 @@ def main():
         loop, t_loop = timed(lambda: model.fit(data, seed=0, progress=False, batched=False, uncertainty=False), reps)
         cen, t_cen = timed(lambda: model.fit_centralised(data, seed=0), reps)
         r = opts["rounds"]
-        rows.append({
-            "federation": name, "K": data.n_clients, "d": data.n_features, "rounds": r,
-            "seconds_per_round": {"federated_batched": round(t_fed / r, 5), "federated_looped": round(t_loop / r, 5),
-                                  "centralised": round(t_cen / r, 5)},
-            "federated_over_centralised": round(t_fed / t_cen, 2),
-            "looped_over_batched": round(t_loop / t_fed, 2),
-            "max_abs_theta_diff": float(np.abs(fed.theta - cen.theta).max()),
-            "bytes_per_device_per_round": {"down": int(fed.communication.bytes_down / r / data.n_clients),
-                                           "up": int(fed.communication.bytes_up / r / data.n_clients)},
-        })
+        rows.append(
+            {
+                "federation": name,
+                "K": data.n_clients,
+                "d": data.n_features,
+                "rounds": r,
+                "seconds_per_round": {
+                    "federated_batched": round(t_fed / r, 5),
+                    "federated_looped": round(t_loop / r, 5),
+                    "centralised": round(t_cen / r, 5),
+                },
+                "federated_over_centralised": round(t_fed / t_cen, 2),
+                "looped_over_batched": round(t_loop / t_fed, 2),
+                "max_abs_theta_diff": float(np.abs(fed.theta - cen.theta).max()),
+                "bytes_per_device_per_round": {
+                    "down": int(fed.communication.bytes_down / r / data.n_clients),
+                    "up": int(fed.communication.bytes_up / r / data.n_clients),
+                },
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
-    out = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only",
-           "note": "best of 3 (1 for K=1000) wall times, initialisation included", "results": rows}
+    out = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only",
+        "note": "best of 3 (1 for K=1000) wall times, initialisation included",
+        "results": rows,
+    }
     RESULTS.mkdir(exist_ok=True)
     stem = "hm1_quick" if a.quick else "hm1"
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2))
-    md = [f"# HM1: federated runtime against the same iteration on pooled arrays ({out['machine']})", "",
-          "| federation | rounds | s/round federated (batched) | looped | centralised | federated / centralised "
-          "| looped / batched | max \\|theta diff\\| | bytes down / up per device and round |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    md = [
+        f"# HM1: federated runtime against the same iteration on pooled arrays ({out['machine']})",
+        "",
+        "| federation | rounds | s/round federated (batched) | looped | centralised | federated / centralised "
+        "| looped / batched | max \\|theta diff\\| | bytes down / up per device and round |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         s = r["seconds_per_round"]
-        md.append(f"| {r['federation']} | {r['rounds']} | {s['federated_batched']:.4f} | {s['federated_looped']:.4f} "
-                  f"| {s['centralised']:.4f} | {r['federated_over_centralised']} | {r['looped_over_batched']} "
-                  f"| {r['max_abs_theta_diff']:.1e} | {r['bytes_per_device_per_round']['down']} / "
-                  f"{r['bytes_per_device_per_round']['up']} |")
+        md.append(
+            f"| {r['federation']} | {r['rounds']} | {s['federated_batched']:.4f} | {s['federated_looped']:.4f} "
+            f"| {s['centralised']:.4f} | {r['federated_over_centralised']} | {r['looped_over_batched']} "
+            f"| {r['max_abs_theta_diff']:.1e} | {r['bytes_per_device_per_round']['down']} / "
+            f"{r['bytes_per_device_per_round']['up']} |"
+        )
     md += ["", out["note"] + "."]
     (RESULTS / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

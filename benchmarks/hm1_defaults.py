@@ -48,8 +48,9 @@ def main():
     for K, rho, sigma, mean in itertools.product((4, 20), (0.0, 0.95), (0.5, 2.0), (0.0, 2.0)):
         ratios = []
         for seed in range(SEEDS):
-            data, theta, poor, omega = hm1_clusters(n_clients=K, d=4, n_poor=8, n_rich=100, rho=rho, sigma=sigma,
-                                                    mean=mean, seed=seed)
+            data, theta, poor, omega = hm1_clusters(
+                n_clients=K, d=4, n_poor=8, n_rich=100, rho=rho, sigma=sigma, mean=mean, seed=seed
+            )
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 res = StructuralCovarianceModel().fit(data, seed=seed)  # the defaults
@@ -58,24 +59,52 @@ def main():
             base = rmse(ols, theta, poor)
             cs = res.client_summary()
             default = np.stack([cs.loc[cs["client"] == c, "mean"].to_numpy() for c in data.clients])
-            ratios.append([rmse(default, theta, poor) / base, rmse(res.theta.T, theta, poor) / base,
-                           rmse(oracle, theta, poor) / base])
+            ratios.append(
+                [
+                    rmse(default, theta, poor) / base,
+                    rmse(res.theta.T, theta, poor) / base,
+                    rmse(oracle, theta, poor) / base,
+                ]
+            )
         r = np.array(ratios)
         a, se = r.mean(axis=0), r.std(axis=0, ddof=1) / np.sqrt(len(r))
-        rows.append({"K": K, "rho": rho, "sigma": sigma, "mean": mean, "default": a[0], "default_se": se[0],
-                     "algorithm1": a[1], "oracle": a[2], "oracle_se": se[2]})
+        rows.append(
+            {
+                "K": K,
+                "rho": rho,
+                "sigma": sigma,
+                "mean": mean,
+                "default": a[0],
+                "default_se": se[0],
+                "algorithm1": a[1],
+                "oracle": a[2],
+                "oracle_se": se[2],
+            }
+        )
     df = pd.DataFrame(rows)
     OUT.mkdir(exist_ok=True)
     (OUT / "hm1_defaults.json").write_text(json.dumps(rows, indent=1))
-    lines = [f"# HM1 defaults on data-poor clients (coefficient RMSE / own least squares; {SEEDS} seeds)", "",
-             "d = 4, data-poor clients 8 rows, data-rich 100, two clusters; `StructuralCovarianceModel()` defaults.",
-             "", "| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns),
-             *("| " + " | ".join(f"{v:.3g}" for v in r) + " |" for r in df.itertuples(index=False)), "",
-             f"Worst: default (posterior mean) {df.default.max():.3f}, Algorithm 1 {df.algorithm1.max():.3f}, "
-             f"oracle {df.oracle.max():.3f}. Federations where the default exceeds 1.0: "
-             + (", ".join(f"K={r.K}, rho={r.rho:g}, sigma={r.sigma:g}, mean={r.mean:g} ({r.default:.3f} +- "
-                          f"{r.default_se:.3f}; oracle {r.oracle:.3f})" for r in df[df.default > 1].itertuples()) or "none")
-             + "."]
+    lines = [
+        f"# HM1 defaults on data-poor clients (coefficient RMSE / own least squares; {SEEDS} seeds)",
+        "",
+        "d = 4, data-poor clients 8 rows, data-rich 100, two clusters; `StructuralCovarianceModel()` defaults.",
+        "",
+        "| " + " | ".join(df.columns) + " |",
+        "|" + "---|" * len(df.columns),
+        *("| " + " | ".join(f"{v:.3g}" for v in r) + " |" for r in df.itertuples(index=False)),
+        "",
+        f"Worst: default (posterior mean) {df.default.max():.3f}, Algorithm 1 {df.algorithm1.max():.3f}, "
+        f"oracle {df.oracle.max():.3f}. Federations where the default exceeds 1.0: "
+        + (
+            ", ".join(
+                f"K={r.K}, rho={r.rho:g}, sigma={r.sigma:g}, mean={r.mean:g} ({r.default:.3f} +- "
+                f"{r.default_se:.3f}; oracle {r.oracle:.3f})"
+                for r in df[df.default > 1].itertuples()
+            )
+            or "none"
+        )
+        + ".",
+    ]
     (OUT / "hm1_defaults.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

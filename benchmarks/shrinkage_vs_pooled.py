@@ -47,10 +47,13 @@ def agreement(fed, ref, clients) -> dict:
         ratios.append(a.sd / b.sd)
     diffs, ratios = np.concatenate(diffs), np.concatenate(ratios)
     same = (fed.selected(0.9)["selected"].to_numpy() == ref.selected(0.9)["selected"].to_numpy()).mean()
-    return {"max_abs_mean_diff_over_sd": round(float(diffs.max()), 3),
-            "median_abs_mean_diff_over_sd": round(float(np.median(diffs)), 3),
-            "sd_ratio_min": round(float(ratios.min()), 3), "sd_ratio_max": round(float(ratios.max()), 3),
-            "selection_agreement": round(float(same), 4)}
+    return {
+        "max_abs_mean_diff_over_sd": round(float(diffs.max()), 3),
+        "median_abs_mean_diff_over_sd": round(float(np.median(diffs)), 3),
+        "sd_ratio_min": round(float(ratios.min()), 3),
+        "sd_ratio_max": round(float(ratios.max()), 3),
+        "selection_agreement": round(float(same), 4),
+    }
 
 
 def timed(f):
@@ -80,56 +83,96 @@ def main(argv=None) -> dict:
         train, _, _ = selection_case(case, seed=a.seed)
         model = BayesianShrinkage(penalty, damping=1.0, standardize=False)
         fed, t_fed = timed(lambda: model.fit(train, seed=a.seed, progress=False))
-        ref, t_ref = timed(lambda: model.fit_centralised(train, seed=a.seed, per_client=True, num_warmup=nw,
-                                                         num_samples=ns, num_chains=4))
-        row = {"case": case, "penalty": penalty, "K": train.n_clients, "d": train.n_features,
-               "federated": {"estimator": repr(fed.algorithm.estimator), "rounds": fed.rounds,
-                             "seconds": round(t_fed, 2), "bytes_up": fed.communication.bytes_up,
-                             "bytes_down": fed.communication.bytes_down},
-               "pooled_nuts": {"chains": 4, "warmup": nw, "samples": ns, "seconds": round(t_ref, 2),
-                               **{k: round(v, 3) for k, v in ref.diagnostics.items()}},
-               "pooled_over_federated": round(t_ref / t_fed, 2),
-               "agreement": agreement(fed, ref, train.clients)}
+        ref, t_ref = timed(
+            lambda: model.fit_centralised(
+                train, seed=a.seed, per_client=True, num_warmup=nw, num_samples=ns, num_chains=4
+            )
+        )
+        row = {
+            "case": case,
+            "penalty": penalty,
+            "K": train.n_clients,
+            "d": train.n_features,
+            "federated": {
+                "estimator": repr(fed.algorithm.estimator),
+                "rounds": fed.rounds,
+                "seconds": round(t_fed, 2),
+                "bytes_up": fed.communication.bytes_up,
+                "bytes_down": fed.communication.bytes_down,
+            },
+            "pooled_nuts": {
+                "chains": 4,
+                "warmup": nw,
+                "samples": ns,
+                "seconds": round(t_ref, 2),
+                **{k: round(v, 3) for k, v in ref.diagnostics.items()},
+            },
+            "pooled_over_federated": round(t_ref / t_fed, 2),
+            "agreement": agreement(fed, ref, train.clients),
+        }
         if penalty == "lasso" and case == "I":
             nuts_model = BayesianShrinkage(penalty, damping=1.0, estimator="nuts", standardize=False)
             fn, t_n = timed(lambda: nuts_model.fit(train, seed=a.seed, progress=False))
-            row["federated_nuts_tilted"] = {"estimator": repr(fn.algorithm.estimator), "rounds": fn.rounds,
-                                            "seconds": round(t_n, 2),
-                                            "over_gibbs": round(t_n / t_fed, 2),
-                                            "agreement": agreement(fn, ref, train.clients)}
+            row["federated_nuts_tilted"] = {
+                "estimator": repr(fn.algorithm.estimator),
+                "rounds": fn.rounds,
+                "seconds": round(t_n, 2),
+                "over_gibbs": round(t_n / t_fed, 2),
+                "agreement": agreement(fn, ref, train.clients),
+            }
         rows.append(row)
         print(json.dumps(row), flush=True)
     cases = sorted({r["case"] for r in rows})
-    out = {"example": f"Table 2 simulation cases {cases}, noise sd 0.05, seed {a.seed}",
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax backend {jax.default_backend()}",
-           "runs": rows}
+    out = {
+        "example": f"Table 2 simulation cases {cases}, noise sd 0.05, seed {a.seed}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax backend {jax.default_backend()}",
+        "runs": rows,
+    }
     path = Path(a.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(out, indent=2))
-    md = [f"# Federated lasso and ridge vs pooled NUTS of the same model: {out['example']}", "",
-          f"Machine: {out['machine']}. Times include compilation.", "",
-          "| case | penalty | federated EP | seconds | pooled NUTS seconds | NUTS / EP | max \\|mean diff\\| / sd "
-          "| sd ratio range | same selection at 90% |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    md = [
+        f"# Federated lasso and ridge vs pooled NUTS of the same model: {out['example']}",
+        "",
+        f"Machine: {out['machine']}. Times include compilation.",
+        "",
+        "| case | penalty | federated EP | seconds | pooled NUTS seconds | NUTS / EP | max \\|mean diff\\| / sd "
+        "| sd ratio range | same selection at 90% |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         f, p, g = r["federated"], r["pooled_nuts"], r["agreement"]
-        md.append(f"| {r['case']} (K={r['K']}, d={r['d']}) | {r['penalty']} | {f['estimator'].split('(')[0]}, "
-                  f"{f['rounds']} rounds | {f['seconds']:.1f} | {p['seconds']:.1f} | {r['pooled_over_federated']:.1f} "
-                  f"| {g['max_abs_mean_diff_over_sd']} | [{g['sd_ratio_min']}, {g['sd_ratio_max']}] "
-                  f"| {g['selection_agreement']:.3f} |")
+        md.append(
+            f"| {r['case']} (K={r['K']}, d={r['d']}) | {r['penalty']} | {f['estimator'].split('(')[0]}, "
+            f"{f['rounds']} rounds | {f['seconds']:.1f} | {p['seconds']:.1f} | {r['pooled_over_federated']:.1f} "
+            f"| {g['max_abs_mean_diff_over_sd']} | [{g['sd_ratio_min']}, {g['sd_ratio_max']}] "
+            f"| {g['selection_agreement']:.3f} |"
+        )
     for r in rows:
         if "federated_nuts_tilted" in r:
             n = r["federated_nuts_tilted"]
-            md += ["", f"Case {r['case']} lasso with NUTS tilted moments: {n['seconds']:.1f} s "
-                       f"({n['rounds']} rounds), {n['over_gibbs']:.1f}x the Gibbs estimator's time; against pooled "
-                       f"NUTS max |mean diff| / sd {n['agreement']['max_abs_mean_diff_over_sd']}, sd ratios "
-                       f"[{n['agreement']['sd_ratio_min']}, {n['agreement']['sd_ratio_max']}]."]
-    md += ["", "Pooled NUTS R-hat / ESS (worst over all parameters): "
-           + "; ".join(f"{r['case']} {r['penalty']} {r['pooled_nuts']['rhat_max']} / {r['pooled_nuts']['ess_min']:.0f}"
-                       for r in rows), ""]
+            md += [
+                "",
+                f"Case {r['case']} lasso with NUTS tilted moments: {n['seconds']:.1f} s "
+                f"({n['rounds']} rounds), {n['over_gibbs']:.1f}x the Gibbs estimator's time; against pooled "
+                f"NUTS max |mean diff| / sd {n['agreement']['max_abs_mean_diff_over_sd']}, sd ratios "
+                f"[{n['agreement']['sd_ratio_min']}, {n['agreement']['sd_ratio_max']}].",
+            ]
+    md += [
+        "",
+        "Pooled NUTS R-hat / ESS (worst over all parameters): "
+        + "; ".join(
+            f"{r['case']} {r['penalty']} {r['pooled_nuts']['rhat_max']} / {r['pooled_nuts']['ess_min']:.0f}"
+            for r in rows
+        ),
+        "",
+    ]
     if "III" in cases and not any(r["case"] == "III" and r["penalty"] == "ridge" for r in rows):
-        md += ["Case III ridge is not in the table: pooled NUTS of the ridge (a centred prior on 620 "
-               "coefficients) had not finished after 20 minutes on this machine.", ""]
+        md += [
+            "Case III ridge is not in the table: pooled NUTS of the ridge (a centred prior on 620 "
+            "coefficients) had not finished after 20 minutes on this machine.",
+            "",
+        ]
     path.with_suffix(".md").write_text("\n".join(md))
     print("\n".join(md))
     return out

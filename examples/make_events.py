@@ -28,11 +28,18 @@ def main() -> None:
         smoker = rng.uniform(size=n) < 0.3
         years = np.round(rng.uniform(0.5, 5, n), 2)
         p = 1 / (1 + np.exp(-(-6 + shift + 0.1 * age + 0.8 * smoker)))
-        rows.append(pd.DataFrame({
-            "clinic": clinic, "age": age, "smoker": np.where(smoker, "yes", "no"), "years": years,
-            "sick": (rng.uniform(size=n) < p).astype(int),
-            "visits": rng.poisson(years * np.exp(-2 + 0.02 * age + 0.5 * smoker)),
-        }))
+        rows.append(
+            pd.DataFrame(
+                {
+                    "clinic": clinic,
+                    "age": age,
+                    "smoker": np.where(smoker, "yes", "no"),
+                    "years": years,
+                    "sick": (rng.uniform(size=n) < p).astype(int),
+                    "visits": rng.poisson(years * np.exp(-2 + 0.02 * age + 0.5 * smoker)),
+                }
+            )
+        )
     out = Path(__file__).parent / "events.csv"
     pd.concat(rows, ignore_index=True).to_csv(out, index=False)
     print(f"wrote {out}")

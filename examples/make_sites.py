@@ -50,5 +50,7 @@ if __name__ == "__main__":
     train, new = make()
     train.to_csv(here / "sites.csv", index=False)
     new.to_csv(here / "sites_new.csv", index=False)
-    print(f"wrote {here / 'sites.csv'} ({len(train)} rows, {train.site.nunique()} sites) and "
-          f"{here / 'sites_new.csv'} ({len(new)} rows without y)")
+    print(
+        f"wrote {here / 'sites.csv'} ({len(train)} rows, {train.site.nunique()} sites) and "
+        f"{here / 'sites_new.csv'} ({len(new)} rows without y)"
+    )

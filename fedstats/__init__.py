@@ -10,5 +10,13 @@ from .linear import HierarchicalLinearModel
 
 __version__ = "0.1.0"
 
-__all__ = ["ClientData", "DataError", "FederatedData", "FederatedScaler", "GaussianPosterior",
-           "SamplePosterior", "HierarchicalLinearModel", "__version__"]
+__all__ = [
+    "ClientData",
+    "DataError",
+    "FederatedData",
+    "FederatedScaler",
+    "GaussianPosterior",
+    "SamplePosterior",
+    "HierarchicalLinearModel",
+    "__version__",
+]

@@ -58,6 +58,7 @@ def Int(low=None, high=None) -> Constraint:
 
 def Real(low=None, high=None, closed=(True, True)) -> Constraint:
     """A finite real number between ``low`` and ``high`` (bounds closed or open as given)."""
+
     def ok(v):
         if not _is_real(v) or not np.isfinite(v):
             return False
@@ -70,8 +71,10 @@ def Real(low=None, high=None, closed=(True, True)) -> Constraint:
 
 
 def OneOf(*values) -> Constraint:
-    return Constraint(lambda v: isinstance(v, str) and v in values or (not isinstance(v, str) and any(
-        v is x for x in values)), "one of " + ", ".join(repr(v) for v in values))
+    return Constraint(
+        lambda v: isinstance(v, str) and v in values or (not isinstance(v, str) and any(v is x for x in values)),
+        "one of " + ", ".join(repr(v) for v in values),
+    )
 
 
 BOOL = Constraint(lambda v: isinstance(v, (bool, np.bool_)), "True or False")
@@ -81,6 +84,7 @@ MAPPING = Constraint(lambda v: isinstance(v, Mapping), "a dict")
 
 def Pair(low_sd=0.0) -> Constraint:
     """A (mean, sd) pair of a Normal prior: finite numbers, sd > ``low_sd``."""
+
     def ok(v):
         try:
             m, s = v

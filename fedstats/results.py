@@ -117,8 +117,9 @@ def contract_frame(df: pd.DataFrame, leading) -> pd.DataFrame:
     return out[list(leading) + rest]
 
 
-def prediction_frame(mean, lower=None, upper=None, pred_lower=None, pred_upper=None, *, predicted_for="client",
-                     **extra) -> pd.DataFrame:
+def prediction_frame(
+    mean, lower=None, upper=None, pred_lower=None, pred_upper=None, *, predicted_for="client", **extra
+) -> pd.DataFrame:
     """The ``predict`` table of the contract: the five leading columns (NaN where None), then
     ``extra`` columns; ``attrs["predicted_for"]`` says whether a fitted client's posterior or
     a new client's was used."""
@@ -162,8 +163,10 @@ def _registered(name: str) -> type:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ResultFileError(f"the file names {name!r}, which is not a fedstats data class: refused "
-                              "(result files can only rebuild fedstats's registered classes)") from None
+        raise ResultFileError(
+            f"the file names {name!r}, which is not a fedstats data class: refused "
+            "(result files can only rebuild fedstats's registered classes)"
+        ) from None
 
 
 # --------------------------------------------------------------------------- encoding
@@ -198,9 +201,14 @@ class _Encoder:
         if isinstance(x, (set, frozenset)):
             return {"__set__": [self(v, where) for v in sorted(x, key=repr)], "frozen": isinstance(x, frozenset)}
         if isinstance(x, pd.DataFrame):
-            return {"__frame__": {"columns": self(list(x.columns)), "index": self(list(x.index)),
-                                  "index_name": self(x.index.name),
-                                  "data": [self(x[c].to_numpy(), f"{where}[{c!r}]") for c in x.columns]}}
+            return {
+                "__frame__": {
+                    "columns": self(list(x.columns)),
+                    "index": self(list(x.index)),
+                    "index_name": self(x.index.name),
+                    "data": [self(x[c].to_numpy(), f"{where}[{c!r}]") for c in x.columns],
+                }
+            }
         if isinstance(x, pd.Series):
             return {"__series__": {"index": self(list(x.index)), "name": self(x.name), "data": self(x.to_numpy())}}
         cls = type(x)
@@ -210,9 +218,11 @@ class _Encoder:
                 raise TypeError(f"{where}: {cls.__qualname__} uses __slots__, which result files do not support")
             items = [[self(k, where), self(v, f"{where}.{k}")] for k, v in dict(state or {}).items()]
             return {"__object__": cls.__qualname__, "state": {"__dict__": items}}
-        raise TypeError(f"{where}: cannot write a {cls.__module__}.{cls.__qualname__} to a result file "
-                        "(only numbers, strings, arrays, lists, dicts, data frames and fedstats's registered "
-                        "data classes)")
+        raise TypeError(
+            f"{where}: cannot write a {cls.__module__}.{cls.__qualname__} to a result file "
+            "(only numbers, strings, arrays, lists, dicts, data frames and fedstats's registered "
+            "data classes)"
+        )
 
 
 def _decode(x: Any, arrays: Mapping[str, np.ndarray]):
@@ -239,8 +249,10 @@ def _decode(x: Any, arrays: Mapping[str, np.ndarray]):
     if "__frame__" in x:
         f = x["__frame__"]
         cols = _decode(f["columns"], arrays)
-        df = pd.DataFrame({i: _decode(d, arrays) for i, d in enumerate(f["data"])},
-                          index=pd.Index(_decode(f["index"], arrays), name=_decode(f["index_name"], arrays)))
+        df = pd.DataFrame(
+            {i: _decode(d, arrays) for i, d in enumerate(f["data"])},
+            index=pd.Index(_decode(f["index"], arrays), name=_decode(f["index_name"], arrays)),
+        )
         df.columns = cols
         return df
     if "__series__" in x:
@@ -282,8 +294,10 @@ def load_result(path, expected: type | None = None):
     version, a file naming an unregistered class) without executing anything from the file."""
     path = Path(path)
     if not zipfile.is_zipfile(path):
-        raise ResultFileError(f"{path} is not a fedstats result file (expected a zip archive written by save(); "
-                              "pickles of older versions are not read)")
+        raise ResultFileError(
+            f"{path} is not a fedstats result file (expected a zip archive written by save(); "
+            "pickles of older versions are not read)"
+        )
     with zipfile.ZipFile(path) as z:
         names = set(z.namelist())
         if not {"fedstats.json", "arrays.npz"} <= names:
@@ -295,8 +309,9 @@ def load_result(path, expected: type | None = None):
         if not isinstance(body, dict) or body.get("format") != FORMAT:
             raise ResultFileError(f"{path} is not a fedstats result file")
         if not isinstance(body.get("version"), int) or body["version"] > VERSION:
-            raise ResultFileError(f"{path} has format version {body.get('version')!r}; this fedstats reads "
-                                  f"versions up to {VERSION}")
+            raise ResultFileError(
+                f"{path} has format version {body.get('version')!r}; this fedstats reads versions up to {VERSION}"
+            )
         try:
             with np.load(io.BytesIO(z.read("arrays.npz")), allow_pickle=False) as npz:
                 arrays = {k: npz[k] for k in npz.files}
@@ -368,8 +383,10 @@ class FederatedResult:
     def _check_client(self, client) -> None:
         known = list(getattr(self, "clients", []) or [])
         if client not in known:
-            raise UnknownClientError(f"unknown client {client!r}: the fit has not seen it (known clients include "
-                                     f"{known[:5]}); pass client=None for a new client where the model has one")
+            raise UnknownClientError(
+                f"unknown client {client!r}: the fit has not seen it (known clients include "
+                f"{known[:5]}); pass client=None for a new client where the model has one"
+            )
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         return self.global_posterior().summary(level=level, kind=kind)
@@ -425,8 +442,9 @@ class FederatedResult:
         if posts:
             names = list(posts[0].names)
             if any(list(p.names) != names for p in posts):
-                raise ValueError("the clients' posteriors have different parameters; export each with "
-                                 "client_posterior(c).to_arviz()")
+                raise ValueError(
+                    "the clients' posteriors have different parameters; export each with client_posterior(c).to_arviz()"
+                )
             variables["local"] = np.stack([p.sample(n, seed=rng) for p in posts], axis=1)[None]
             coords["client"], coords["parameter"] = [str(c) for c in self.clients], names
             dims["local"] = ["client", "parameter"]

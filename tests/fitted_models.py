@@ -64,8 +64,9 @@ def fit_all(out, data, gm, df):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out["hm2"] = HierarchicalLinearModel(rounds=3).fit(data, seed=0, progress=False)
-        out["hm2-nuts"] = HierarchicalLinearModel(rounds=1, estimator="nuts", estimator_options={
-            "num_warmup": 50, "num_samples": 50, "num_chains": 1}).fit(data, seed=0, progress=False)
+        out["hm2-nuts"] = HierarchicalLinearModel(
+            rounds=1, estimator="nuts", estimator_options={"num_warmup": 50, "num_samples": 50, "num_chains": 1}
+        ).fit(data, seed=0, progress=False)
         out["lasso"] = BayesianLasso(rounds=2).fit(data, seed=0, progress=False)
         out["ridge"] = BayesianRidge(rounds=2).fit(data, seed=0, progress=False)
         out["lasso-centralised"] = BayesianLasso().fit_centralised(data, seed=0, num_warmup=100, num_samples=100)
@@ -77,8 +78,9 @@ def fit_all(out, data, gm, df):
         out["distributed-ridge"] = DistributedRidge().fit(data)
         out["fgpr"] = FGPR(rounds=3).fit(data, seed=0, progress=False)
         out["glm"] = FederatedGLM("gaussian").fit(data, seed=0, progress=False)
-        binary = FederatedData.from_dataframe(df.assign(y=(df["y"] > df["y"].median()).astype(float)), by="site",
-                                              target="y")
+        binary = FederatedData.from_dataframe(
+            df.assign(y=(df["y"] > df["y"].median()).astype(float)), by="site", target="y"
+        )
         out["bglm"] = BayesianGLM("binomial", rounds=3, num_draws=400).fit(binary, seed=0, progress=False)
         out["hglm"] = HierarchicalGLM("binomial", rounds=2, num_draws=400).fit(binary, seed=0, progress=False)
         out["fedem"] = FederatedGaussianMixture(3).fit(gm, seed=0)
@@ -92,5 +94,25 @@ def fit_all(out, data, gm, df):
         out["fem-omd"] = m
 
 
-MODELS = ["hm2", "hm2-nuts", "lasso", "ridge", "lasso-centralised", "hm1", "hm1-point", "separate", "fedavg", "ditto",
-          "distributed-ridge", "fgpr", "glm", "bglm", "hglm", "fedem", "vb-fedem", "d-fedem", "fem-omd-result", "fem-omd"]
+MODELS = [
+    "hm2",
+    "hm2-nuts",
+    "lasso",
+    "ridge",
+    "lasso-centralised",
+    "hm1",
+    "hm1-point",
+    "separate",
+    "fedavg",
+    "ditto",
+    "distributed-ridge",
+    "fgpr",
+    "glm",
+    "bglm",
+    "hglm",
+    "fedem",
+    "vb-fedem",
+    "d-fedem",
+    "fem-omd-result",
+    "fem-omd",
+]

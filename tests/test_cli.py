@@ -17,8 +17,15 @@ def csv(tmp_path):
         for _ in range(30):
             x1, x2 = rng.normal(size=2)
             grp = rng.choice(["u", "v"])
-            rows.append({"site": site, "x1": x1, "x2": x2, "grp": grp,
-                         "y": 1 + shift + 2 * x1 - x2 + 0.3 * (grp == "v") + 0.2 * rng.normal()})
+            rows.append(
+                {
+                    "site": site,
+                    "x1": x1,
+                    "x2": x2,
+                    "grp": grp,
+                    "y": 1 + shift + 2 * x1 - x2 + 0.3 * (grp == "v") + 0.2 * rng.normal(),
+                }
+            )
     df = pd.DataFrame(rows)
     p = tmp_path / "d.csv"
     df.to_csv(p, index=False)
@@ -30,14 +37,45 @@ def csv(tmp_path):
 def test_fit_writes_json_with_documented_shape(csv, tmp_path, capsys):
     p, t, df = csv
     out = tmp_path / "o.json"
-    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm2", "--level", "0.9",
-               "--rounds", "4", "--seed", "1", "--output", str(out), "--predict", str(t)])
+    rc = main(
+        [
+            "fit",
+            str(p),
+            "--by",
+            "site",
+            "--target",
+            "y",
+            "--model",
+            "hm2",
+            "--level",
+            "0.9",
+            "--rounds",
+            "4",
+            "--seed",
+            "1",
+            "--output",
+            str(out),
+            "--predict",
+            str(t),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "Global posterior" in printed and "Client B" in printed
     j = json.loads(out.read_text())
-    assert set(j) == {"model", "level", "clients", "n_obs", "global", "client", "rounds", "converged",
-                      "communication", "runtime_s", "predictions"}
+    assert set(j) == {
+        "model",
+        "level",
+        "clients",
+        "n_obs",
+        "global",
+        "client",
+        "rounds",
+        "converged",
+        "communication",
+        "runtime_s",
+        "predictions",
+    }
     assert j["n_obs"] == {"A": 30, "B": 30, "C": 30}
     assert j["converged"] is False and "4 EP rounds (NOT converged" in printed  # 4 rounds are too few
     assert j["model"] == "hm2" and j["level"] == 0.9 and j["clients"] == ["A", "B", "C"]
@@ -59,8 +97,26 @@ def test_fit_writes_json_with_documented_shape(csv, tmp_path, capsys):
 def test_shrinkage_models_report_selection(csv, tmp_path, capsys, model):
     p, t, df = csv
     out = tmp_path / "o.json"
-    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", model, "--level", "0.9",
-               "--rounds", "3", "--output", str(out), "--predict", str(t)])
+    rc = main(
+        [
+            "fit",
+            str(p),
+            "--by",
+            "site",
+            "--target",
+            "y",
+            "--model",
+            model,
+            "--level",
+            "0.9",
+            "--rounds",
+            "3",
+            "--output",
+            str(out),
+            "--predict",
+            str(t),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "selected" in printed and "interval excludes 0" in printed
@@ -76,15 +132,18 @@ def test_shrinkage_models_report_selection(csv, tmp_path, capsys, model):
     assert len(j["predictions"]) == 4
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["fit", "missing.csv", "--by", "site", "--target", "y"], "file not found"),
-    (["fit", "{p}", "--by", "nope", "--target", "y"], "column(s) not found: nope"),
-    (["fit", "{p}", "--by", "site", "--target", "y", "--model", "gp"], "unknown model"),
-    (["fit", "{nan}", "--by", "site", "--target", "y"], "NaN"),
-    (["fit", "{few}", "--by", "site", "--target", "y"], "'C'"),
-    (["fit", "{p}", "--by", "site", "--target", "y", "--level", "2"], "--level"),
-    (["nonsense"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["fit", "missing.csv", "--by", "site", "--target", "y"], "file not found"),
+        (["fit", "{p}", "--by", "nope", "--target", "y"], "column(s) not found: nope"),
+        (["fit", "{p}", "--by", "site", "--target", "y", "--model", "gp"], "unknown model"),
+        (["fit", "{nan}", "--by", "site", "--target", "y"], "NaN"),
+        (["fit", "{few}", "--by", "site", "--target", "y"], "'C'"),
+        (["fit", "{p}", "--by", "site", "--target", "y", "--level", "2"], "--level"),
+        (["nonsense"], "invalid choice"),
+    ],
+)
 def test_bad_input_is_one_line_and_nonzero(csv, tmp_path, capsys, args, msg):
     p, _, df = csv
     bad = df.copy()
@@ -125,16 +184,38 @@ def test_predict_matches_numeric_ids_as_text_and_rejects_missing_ids(csv, tmp_pa
 def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
     p, t, df = csv
     out = tmp_path / "o.json"
-    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm1", "--level", "0.9",
-               "--output", str(out), "--predict", str(t)])
+    rc = main(
+        [
+            "fit",
+            str(p),
+            "--by",
+            "site",
+            "--target",
+            "y",
+            "--model",
+            "hm1",
+            "--level",
+            "0.9",
+            "--output",
+            str(out),
+            "--predict",
+            str(t),
+        ]
+    )
     assert rc == 0
     printed, err = capsys.readouterr()
     assert "HM1 (Algorithm 1): 30 rounds" in printed and "omega[A, B]" in printed
     j = json.loads(out.read_text())
     assert j["model"] == "hm1" and j["rounds"] == 30
     # the global parameters are Omega's distinct entries (estimates, no distribution)
-    assert [g["name"] for g in j["global"]] == ["omega[A, A]", "omega[A, B]", "omega[A, C]", "omega[B, B]",
-                                                "omega[B, C]", "omega[C, C]"]
+    assert [g["name"] for g in j["global"]] == [
+        "omega[A, A]",
+        "omega[A, B]",
+        "omega[A, C]",
+        "omega[B, B]",
+        "omega[B, C]",
+        "omega[C, C]",
+    ]
     assert all(g["sd"] is None and g["mean"] is not None for g in j["global"])
     recs = {r["name"]: r for r in j["client"]["B"]}
     assert list(recs) == ["intercept", "x1", "x2", "grp[v]"]
@@ -156,23 +237,41 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
     # Algorithm 1's point only, with a warning; --uncertainty makes that an error
     small = pd.concat([df, df[df.site == "A"].iloc[:4].assign(site="D")])
     small.to_csv(tmp_path / "small.csv", index=False)
-    rc = main(["fit", str(tmp_path / "small.csv"), "--by", "site", "--target", "y", "--model", "hm1",
-               "--output", str(out), "--predict", str(t)])
+    rc = main(
+        [
+            "fit",
+            str(tmp_path / "small.csv"),
+            "--by",
+            "site",
+            "--target",
+            "y",
+            "--model",
+            "hm1",
+            "--output",
+            str(out),
+            "--predict",
+            str(t),
+        ]
+    )
     assert rc == 0
     err = capsys.readouterr().err
     assert "Algorithm 1's point estimates only" in err and "client 'D' has 4 rows" in err
     j = json.loads(out.read_text())
     assert all(r["sd"] is None and r["mean"] == r["estimate"] for r in j["client"]["A"])
     assert all(r["lower"] is None for r in j["predictions"])
-    assert main(["fit", str(tmp_path / "small.csv"), "--by", "site", "--target", "y", "--model", "hm1",
-                 "--uncertainty"]) == 1
+    assert (
+        main(["fit", str(tmp_path / "small.csv"), "--by", "site", "--target", "y", "--model", "hm1", "--uncertainty"])
+        == 1
+    )
     assert "client 'D' has 4 rows for 4 independent coefficients" in capsys.readouterr().err
     # a client not in the fit, --uncertainty with another model: one-line errors
     other = df.drop(columns="y").iloc[[0]].assign(site="Z")
     other.to_csv(tmp_path / "z.csv", index=False)
     capsys.readouterr()
-    assert main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm1", "--predict",
-                 str(tmp_path / "z.csv")]) == 2
+    assert (
+        main(["fit", str(p), "--by", "site", "--target", "y", "--model", "hm1", "--predict", str(tmp_path / "z.csv")])
+        == 2
+    )
     assert "not in the fit: Z" in capsys.readouterr().err
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--uncertainty"]) == 2
     assert "--uncertainty applies to --model hm1 and gmm" in capsys.readouterr().err
@@ -189,8 +288,26 @@ def test_fgpr_writes_hyperparameters_and_personal_predictions(tmp_path, capsys):
     df.to_csv(p, index=False)
     test = pd.DataFrame({"site": ["A", "B", "A"], "x": [1.0, 1.0, 4.0]})
     test.to_csv(t, index=False)
-    rc = main(["fit", str(p), "--by", "site", "--target", "y", "--model", "fgpr", "--rounds", "40", "--level", "0.9",
-               "--output", str(out), "--predict", str(t)])
+    rc = main(
+        [
+            "fit",
+            str(p),
+            "--by",
+            "site",
+            "--target",
+            "y",
+            "--model",
+            "fgpr",
+            "--rounds",
+            "40",
+            "--level",
+            "0.9",
+            "--output",
+            str(out),
+            "--predict",
+            str(t),
+        ]
+    )
     assert rc == 0
     assert "FGPR (rbf): 40 rounds, 2 clients" in capsys.readouterr().out
     j = json.loads(out.read_text())
@@ -205,8 +322,10 @@ def test_fgpr_writes_hyperparameters_and_personal_predictions(tmp_path, capsys):
     # no rows to condition on for a new client; options that belong to fgpr only
     pd.DataFrame({"site": ["Z"], "x": [1.0]}).to_csv(tmp_path / "z.csv", index=False)
     capsys.readouterr()
-    assert main(["fit", str(p), "--by", "site", "--target", "y", "--model", "fgpr", "--predict",
-                 str(tmp_path / "z.csv")]) == 2
+    assert (
+        main(["fit", str(p), "--by", "site", "--target", "y", "--model", "fgpr", "--predict", str(tmp_path / "z.csv")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "from its own training rows; client(s) not in the fit: Z" in err
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--ard"]) == 2
@@ -222,8 +341,25 @@ def test_gmm_writes_components_client_weights_and_predictions(tmp_path, capsys):
     df.to_csv(p, index=False)
     new = pd.DataFrame({"site": "new", "x1": truth["means"][0, 0] + np.zeros(3), "x2": truth["means"][0, 1]})
     pd.concat([df.iloc[[0, 70]], new]).to_csv(t, index=False)
-    rc = main(["fit", str(p), "--by", "site", "--model", "gmm", "--components", "2", "--bayesian", "--level", "0.9",
-               "--output", str(out), "--predict", str(t)])
+    rc = main(
+        [
+            "fit",
+            str(p),
+            "--by",
+            "site",
+            "--model",
+            "gmm",
+            "--components",
+            "2",
+            "--bayesian",
+            "--level",
+            "0.9",
+            "--output",
+            str(out),
+            "--predict",
+            str(t),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "variational FedEM" in printed and "credible intervals" in printed and "Client 3" in printed
@@ -236,7 +372,7 @@ def test_gmm_writes_components_client_weights_and_predictions(tmp_path, capsys):
         assert [r["name"] for r in recs] == ["weight[0]", "weight[1]"]
         assert sum(r["mean"] for r in recs) == pytest.approx(1.0)
         assert all(0 <= r["lower"] < r["mean"] < r["upper"] <= 1 for r in recs)
-    means = np.array([[g["mean"] for g in j["global"][2 * k:2 * k + 2]] for k in range(2)])
+    means = np.array([[g["mean"] for g in j["global"][2 * k : 2 * k + 2]] for k in range(2)])
     D = ((means[:, None] - truth["means"][None]) ** 2).sum(-1)
     assert np.sqrt(D.min(1)).max() < 0.5  # both centres recovered
     pred = j["predictions"]
@@ -245,19 +381,54 @@ def test_gmm_writes_components_client_weights_and_predictions(tmp_path, capsys):
     comp = {r["component"] for r in pred[2:]}
     assert len(comp) == 1 and all(max(r["proba"]) > 0.99 for r in pred[2:])
     # point estimates without --bayesian: intervals are null
-    assert main(["fit", str(p), "--by", "site", "--model", "gmm", "--components", "2", "--covariance-type", "diag",
-                 "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                str(p),
+                "--by",
+                "site",
+                "--model",
+                "gmm",
+                "--components",
+                "2",
+                "--covariance-type",
+                "diag",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     j = json.loads(out.read_text())
     assert j["intervals"] is None and j["global"][0]["lower"] is None and j["covariance_type"] == "diag"
     # Wald intervals with --uncertainty
-    assert main(["fit", str(p), "--by", "site", "--model", "gmm", "--components", "2", "--uncertainty",
-                 "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                str(p),
+                "--by",
+                "site",
+                "--model",
+                "gmm",
+                "--components",
+                "2",
+                "--uncertainty",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     j = json.loads(out.read_text())
     assert j["intervals"] == "wald" and j["global"][0]["lower"] < j["global"][0]["mean"] < j["global"][0]["upper"]
     capsys.readouterr()
-    for args, msg in [(["--components", "2", "--target", "x1"], "takes no --target"),
-                      ([], "needs --components"),
-                      (["--components", "2", "--bayesian", "--uncertainty"], "exclude each other")]:
+    for args, msg in [
+        (["--components", "2", "--target", "x1"], "takes no --target"),
+        ([], "needs --components"),
+        (["--components", "2", "--bayesian", "--uncertainty"], "exclude each other"),
+    ]:
         assert main(["fit", str(p), "--by", "site", "--model", "gmm", *args]) == 2
         assert msg in capsys.readouterr().err
     assert main(["fit", str(p), "--by", "site", "--target", "x1", "--components", "2"]) == 2
@@ -268,8 +439,10 @@ def test_gmm_writes_components_client_weights_and_predictions(tmp_path, capsys):
 
 def strict_json(text: str):
     """json.loads that refuses NaN and Infinity, as strict parsers (and other languages) do."""
+
     def refuse(name):
         raise ValueError(f"non-standard JSON constant {name}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -279,15 +452,18 @@ def test_strict_json_refuses_non_finite_numbers():
     assert strict_json('{"sd": null}') == {"sd": None}
 
 
-@pytest.mark.parametrize("model, extra", [
-    ("hm2", ["--target", "y", "--rounds", "3"]),
-    ("lasso", ["--target", "y", "--rounds", "2"]),
-    ("ridge", ["--target", "y", "--rounds", "2"]),
-    ("hm1", ["--target", "y", "--uncertainty"]),
-    ("fgpr", ["--target", "y", "--rounds", "5"]),
-    ("gmm", ["--components", "2", "--bayesian"]),
-    ("gmm", ["--components", "2", "--uncertainty"]),
-])
+@pytest.mark.parametrize(
+    "model, extra",
+    [
+        ("hm2", ["--target", "y", "--rounds", "3"]),
+        ("lasso", ["--target", "y", "--rounds", "2"]),
+        ("ridge", ["--target", "y", "--rounds", "2"]),
+        ("hm1", ["--target", "y", "--uncertainty"]),
+        ("fgpr", ["--target", "y", "--rounds", "5"]),
+        ("gmm", ["--components", "2", "--bayesian"]),
+        ("gmm", ["--components", "2", "--uncertainty"]),
+    ],
+)
 def test_every_models_json_is_strict(csv, tmp_path, capsys, model, extra):
     p, t, df = csv
     if model == "gmm":  # numeric columns only
@@ -308,8 +484,10 @@ def test_empty_mixture_components_are_null_with_a_warning_naming_them(tmp_path, 
         rows.append(pd.DataFrame(X, columns=["x1", "x2"]).assign(site=f"s{k}"))
     p, out = tmp_path / "mix.csv", tmp_path / "o.json"
     pd.concat(rows).to_csv(p, index=False)
-    assert main(["fit", str(p), "--by", "site", "--model", "gmm", "--components", "5", "--bayesian",
-                 "--output", str(out)]) == 0
+    assert (
+        main(["fit", str(p), "--by", "site", "--model", "gmm", "--components", "5", "--bayesian", "--output", str(out)])
+        == 0
+    )
     err = capsys.readouterr().err
     j = strict_json(out.read_text())
     empty = sorted({int(r["name"][5]) for r in j["global"] if r["name"].startswith("mean[") and r["sd"] is None})
@@ -343,8 +521,11 @@ def test_version_and_progress_lines(csv, capsys):
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--rounds", "3", "--progress"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("fedstats hm2: reading")
-    assert [ln.split(",")[0] for ln in err[1:4]] == ["fedstats hm2: round 1/3", "fedstats hm2: round 2/3",
-                                                    "fedstats hm2: round 3/3"] or "round 3/3" in err[-2]
+    assert [ln.split(",")[0] for ln in err[1:4]] == [
+        "fedstats hm2: round 1/3",
+        "fedstats hm2: round 2/3",
+        "fedstats hm2: round 3/3",
+    ] or "round 3/3" in err[-2]
     assert "answered" in err[1] and "max_mean_change_sd" in err[1]
     assert err[-1].startswith("fedstats hm2: stopped after 3 round(s)")
     assert main(["fit", str(p), "--by", "site", "--target", "y", "--quiet", "--progress"]) == 2
@@ -398,12 +579,29 @@ def test_natural_units_standardise_by_default_and_the_options_opt_out(tmp_path, 
         assert abs(intercepts[False][k] - own) < 40, (k, intercepts[False][k], own)
     assert max(abs(v) for v in intercepts[True]) < 10
     out = tmp_path / "n.json"
-    assert main(["fit", str(p), "--by", "firm", "--target", "inv", "--quiet", "--no-intercept", "--output",
-                 str(out)]) == 0
+    assert (
+        main(["fit", str(p), "--by", "firm", "--target", "inv", "--quiet", "--no-intercept", "--output", str(out)]) == 0
+    )
     assert [r["name"] for r in json.loads(out.read_text())["client"]["f0"]] == ["value"]
     capsys.readouterr()
-    assert main(["fit", str(p), "--by", "firm", "--features", "value", "--model", "gmm", "--components", "2",
-                 "--no-standardize"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                str(p),
+                "--by",
+                "firm",
+                "--features",
+                "value",
+                "--model",
+                "gmm",
+                "--components",
+                "2",
+                "--no-standardize",
+            ]
+        )
+        == 2
+    )
     assert "--no-standardize applies to --model hm2, lasso and ridge only" in capsys.readouterr().err
 
 
@@ -452,9 +650,16 @@ def counts(tmp_path):
     for site in ("A", "B", "C"):
         for _ in range(80):
             age, years, smoker = rng.normal(50, 10), rng.uniform(0.5, 4), rng.choice(["no", "yes"])
-            rows.append({"site": site, "age": age, "smoker": smoker, "years": years,
-                         "visits": rng.poisson(years * np.exp(-2 + 0.02 * age + 0.5 * (smoker == "yes"))),
-                         "sick": int(rng.uniform() < 1 / (1 + np.exp(-(-5 + 0.1 * age))))})
+            rows.append(
+                {
+                    "site": site,
+                    "age": age,
+                    "smoker": smoker,
+                    "years": years,
+                    "visits": rng.poisson(years * np.exp(-2 + 0.02 * age + 0.5 * (smoker == "yes"))),
+                    "sick": int(rng.uniform() < 1 / (1 + np.exp(-(-5 + 0.1 * age)))),
+                }
+            )
     df = pd.DataFrame(rows)
     p = tmp_path / "c.csv"
     df.to_csv(p, index=False)
@@ -467,8 +672,31 @@ def test_glm_poisson_with_exposure_equals_statsmodels(counts, tmp_path, capsys):
     p, df = counts
     out, t = tmp_path / "g.json", tmp_path / "t.csv"
     df.drop(columns=["visits", "sick"]).iloc[[0, 100]].to_csv(t, index=False)
-    rc = main(["fit", str(p), "--by", "site", "--target", "visits", "--features", "age", "smoker", "--model", "glm",
-               "--family", "poisson", "--exposure", "years", "--robust", "--output", str(out), "--predict", str(t), "-q"])
+    rc = main(
+        [
+            "fit",
+            str(p),
+            "--by",
+            "site",
+            "--target",
+            "visits",
+            "--features",
+            "age",
+            "smoker",
+            "--model",
+            "glm",
+            "--family",
+            "poisson",
+            "--exposure",
+            "years",
+            "--robust",
+            "--output",
+            str(out),
+            "--predict",
+            str(t),
+            "-q",
+        ]
+    )
     assert rc == 0
     assert "poisson family, log link" in capsys.readouterr().out
     j = json.loads(out.read_text())
@@ -500,16 +728,56 @@ def test_glm_bad_input_is_one_line(counts, tmp_path, capsys):
     assert "--exposure: for --model glm, bglm and hglm only" in capsys.readouterr().err
     sep = df.assign(sick=(df["age"] > 50).astype(int))
     sep.to_csv(tmp_path / "sep.csv", index=False)
-    assert main(["fit", str(tmp_path / "sep.csv"), "--by", "site", "--target", "sick", "--features", "age", "smoker",
-                 "--model", "glm", "--family", "binomial", "-q"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                str(tmp_path / "sep.csv"),
+                "--by",
+                "site",
+                "--target",
+                "sick",
+                "--features",
+                "age",
+                "smoker",
+                "--model",
+                "glm",
+                "--family",
+                "binomial",
+                "-q",
+            ]
+        )
+        == 2
+    )
     assert "separation" in capsys.readouterr().err
 
 
 def test_bayesian_and_hierarchical_glms_from_the_command_line(counts, tmp_path, capsys):
     p, df = counts
     out = tmp_path / "h.json"
-    rc = main(["fit", str(p), "--by", "site", "--target", "sick", "--features", "age", "--model", "hglm",
-               "--family", "binomial", "--output", str(out), "--predict", str(p), "-q", "--rounds", "6"])
+    rc = main(
+        [
+            "fit",
+            str(p),
+            "--by",
+            "site",
+            "--target",
+            "sick",
+            "--features",
+            "age",
+            "--model",
+            "hglm",
+            "--family",
+            "binomial",
+            "--output",
+            str(out),
+            "--predict",
+            str(p),
+            "-q",
+            "--rounds",
+            "6",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "each client's coefficients around the population" in printed and "Client B" in printed
@@ -518,9 +786,46 @@ def test_bayesian_and_hierarchical_glms_from_the_command_line(counts, tmp_path, 
     assert names[:2] == ["mu[intercept]", "mu[age]"] and "tau[age]" in names
     assert [r["name"] for r in j["client"]["A"]] == ["intercept", "age"]
     assert all(0 <= r["mean"] <= 1 and r["lower"] in (0, 1) for r in j["predictions"])  # probabilities, 0/1 bands
-    assert main(["fit", str(p), "--by", "site", "--target", "visits", "--features", "age", "--model", "hglm",
-                 "--family", "gamma", "-q"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                str(p),
+                "--by",
+                "site",
+                "--target",
+                "visits",
+                "--features",
+                "age",
+                "--model",
+                "hglm",
+                "--family",
+                "gamma",
+                "-q",
+            ]
+        )
+        == 2
+    )
     assert "--model hglm needs --family, one of: binomial, poisson, negative_binomial" in capsys.readouterr().err
-    assert main(["fit", str(p), "--by", "site", "--target", "visits", "--features", "age", "--model", "bglm",
-                 "--family", "poisson", "--robust", "-q"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                str(p),
+                "--by",
+                "site",
+                "--target",
+                "visits",
+                "--features",
+                "age",
+                "--model",
+                "bglm",
+                "--family",
+                "poisson",
+                "--robust",
+                "-q",
+            ]
+        )
+        == 2
+    )
     assert "--robust (sandwich standard errors) is for --model glm only" in capsys.readouterr().err

@@ -26,19 +26,41 @@ RESULTS = [m for m in MODELS if m != "fem-omd"]
 
 # which posteriors each model has: (global, client)
 POSTERIORS = {
-    "hm2": (True, True), "hm2-nuts": (True, True), "lasso": (True, True), "ridge": (True, True),
-    "lasso-centralised": (True, True), "vb-fedem": (True, True),
+    "hm2": (True, True),
+    "hm2-nuts": (True, True),
+    "lasso": (True, True),
+    "ridge": (True, True),
+    "lasso-centralised": (True, True),
+    "vb-fedem": (True, True),
     "hm1": (False, True),  # HM1 has no global parameters with a posterior (Omega is estimated)
-    "hm1-point": (False, False), "separate": (False, False), "fedavg": (False, False), "ditto": (False, False),
-    "distributed-ridge": (False, False), "fgpr": (False, False), "glm": (False, False), "bglm": (True, False), "hglm": (True, True),
+    "hm1-point": (False, False),
+    "separate": (False, False),
+    "fedavg": (False, False),
+    "ditto": (False, False),
+    "distributed-ridge": (False, False),
+    "fgpr": (False, False),
+    "glm": (False, False),
+    "bglm": (True, False),
+    "hglm": (True, True),
     "fedem": (False, False),
-    "d-fedem": (False, False), "fem-omd-result": (False, False),
+    "d-fedem": (False, False),
+    "fem-omd-result": (False, False),
 }
 # the option or model each NoPosteriorError must name
-REMEDY = {"hm1": "uncertainty=True", "hm1-point": "uncertainty=True", "separate": "HierarchicalLinearModel",
-          "fedavg": "HierarchicalLinearModel", "ditto": "HierarchicalLinearModel",
-          "distributed-ridge": "HierarchicalLinearModel", "fgpr": "predict", "glm": "BayesianGLM", "bglm": "HierarchicalGLM", "fedem": "VariationalGaussianMixture",
-          "d-fedem": "VariationalGaussianMixture", "fem-omd-result": "VariationalGaussianMixture"}
+REMEDY = {
+    "hm1": "uncertainty=True",
+    "hm1-point": "uncertainty=True",
+    "separate": "HierarchicalLinearModel",
+    "fedavg": "HierarchicalLinearModel",
+    "ditto": "HierarchicalLinearModel",
+    "distributed-ridge": "HierarchicalLinearModel",
+    "fgpr": "predict",
+    "glm": "BayesianGLM",
+    "bglm": "HierarchicalGLM",
+    "fedem": "VariationalGaussianMixture",
+    "d-fedem": "VariationalGaussianMixture",
+    "fem-omd-result": "VariationalGaussianMixture",
+}
 # models without global parameters: summary() has no rows (their parameters are per client)
 NO_GLOBAL_ROWS = {"separate", "ditto"}
 # FGPR's parameters are all shared: client_summary() has no rows
@@ -50,10 +72,23 @@ WALD_BANDS = {"glm"}
 MIXTURES = {"fedem", "vb-fedem", "d-fedem", "fem-omd-result"}
 # a client that took no part in the fit (client=None): predicted from the population, from the
 # new client's own data (FGPR), from the shared model, or refused
-NEW_CLIENT = {"hm2": "population", "hm2-nuts": "population", "lasso": "population", "ridge": "population",
-              "lasso-centralised": "population", "fedavg": "shared", "distributed-ridge": "shared", "glm": "shared", "bglm": "shared",
-              "hglm": "population",
-              "fgpr": "data", "hm1": "refused", "hm1-point": "refused", "separate": "refused", "ditto": "refused"}
+NEW_CLIENT = {
+    "hm2": "population",
+    "hm2-nuts": "population",
+    "lasso": "population",
+    "ridge": "population",
+    "lasso-centralised": "population",
+    "fedavg": "shared",
+    "distributed-ridge": "shared",
+    "glm": "shared",
+    "bglm": "shared",
+    "hglm": "population",
+    "fgpr": "data",
+    "hm1": "refused",
+    "hm1-point": "refused",
+    "separate": "refused",
+    "ditto": "refused",
+}
 assert set(POSTERIORS) == set(RESULTS) and set(NEW_CLIENT) | MIXTURES == set(RESULTS)
 
 
@@ -75,8 +110,9 @@ def test_summary_has_the_fixed_columns(fit, request):
     assert tuple(hdi.columns[:5]) == SUMMARY_COLUMNS and list(hdi.index) == list(s.index)
     assert (len(s) == 0) == (name in NO_GLOBAL_ROWS)
     has = s["sd"].notna()
-    assert has.any() == (POSTERIORS[name][0] or name in WALD_BANDS), \
+    assert has.any() == (POSTERIORS[name][0] or name in WALD_BANDS), (
         "sd given exactly where the model has a global posterior (or the sampling distribution of an estimate)"
+    )
     ok = has & np.isfinite(s["sd"])
     assert np.all(s.loc[ok, "lower"] <= s.loc[ok, "upper"])
     # a narrower level gives a nested interval
@@ -160,8 +196,11 @@ def test_predict_leading_columns_and_unseen_clients(fit, request):
             assert np.all((p["lower"] <= p["upper"]) & (p["pred_lower"] <= p["pred_upper"]))
             assert set(p["pred_lower"]) | set(p["pred_upper"]) <= {0.0, 1.0}
         elif bands.notna().all().all():
-            assert np.all((p["lower"] <= p["upper"]) & (p["pred_lower"] <= p["lower"] + 1e-9)
-                          & (p["upper"] <= p["pred_upper"] + 1e-9))
+            assert np.all(
+                (p["lower"] <= p["upper"])
+                & (p["pred_lower"] <= p["lower"] + 1e-9)
+                & (p["upper"] <= p["pred_upper"] + 1e-9)
+            )
         with pytest.raises(UnknownClientError, match="unknown client 'nowhere'"):
             res.predict(X, client="nowhere")
         how = NEW_CLIENT[name]

@@ -75,9 +75,7 @@ def test_from_arrays_dict_and_constructor_equivalent():
 
 
 def test_from_arrays_1d_X_int_dtype_column_y_and_numpy_ids():
-    fd = FederatedData.from_arrays(
-        [np.arange(4), [1, 2]], [np.ones((4, 1)), [0, 1]], clients=np.array([10, 20])
-    )
+    fd = FederatedData.from_arrays([np.arange(4), [1, 2]], [np.ones((4, 1)), [0, 1]], clients=np.array([10, 20]))
     assert fd.n_features == 1
     assert fd[10].X.shape == (4, 1) and fd[10].X.dtype == np.float64
     assert fd[10].y.shape == (4,)
@@ -111,27 +109,37 @@ def test_single_client_is_valid():
         (dict(Xs={"a": np.ones((2, 1))}, ys={"a": np.ones(2)}, clients=["a"]), "not both"),
         (dict(Xs={"a": np.ones((2, 1))}, ys=[np.ones(2)]), "ys must be a dict"),
         (dict(Xs=[np.ones((2, 1))], ys={"a": np.ones(2)}), "Xs must be a dict"),
-        (dict(Xs={"a": np.ones((2, 1)), "b": np.ones((2, 1))}, ys={"a": np.ones(2), "z": np.ones(2)}),
-         r"no y for 'b'; no X for 'z'"),
+        (
+            dict(Xs={"a": np.ones((2, 1)), "b": np.ones((2, 1))}, ys={"a": np.ones(2), "z": np.ones(2)}),
+            r"no y for 'b'; no X for 'z'",
+        ),
         (dict(Xs=[np.ones((2, 1))] * 2, ys=[np.ones(2)]), "2 X arrays but 1 y"),
         (dict(Xs=[np.ones((2, 1))] * 2, ys=[np.ones(2)] * 2, clients=["a"]), "1 client ids for 2"),
         (dict(Xs=[np.ones((2, 1))], ys=[np.ones(2)], clients="a"), "not a single string"),
         (dict(Xs=[], ys=[]), "no clients"),
         (dict(Xs=[np.ones((2, 1))] * 3, ys=[np.ones(2)] * 3, clients=["a", "b", "a"]), "duplicate client ids: 'a'"),
-        (dict(Xs=[np.ones((2, 1)), np.ones((3, 1))], ys=[np.ones(2), np.ones(2)], clients=["a", "b"]),
-         "client 'b': X has 3 rows but y has 2"),
-        (dict(Xs=[np.ones((2, 2)), np.ones((2, 3))], ys=[np.ones(2)] * 2, clients=["a", "b"]),
-         "client 'b': X has 3 columns but client 'a' has 2"),
+        (
+            dict(Xs=[np.ones((2, 1)), np.ones((3, 1))], ys=[np.ones(2), np.ones(2)], clients=["a", "b"]),
+            "client 'b': X has 3 rows but y has 2",
+        ),
+        (
+            dict(Xs=[np.ones((2, 2)), np.ones((2, 3))], ys=[np.ones(2)] * 2, clients=["a", "b"]),
+            "client 'b': X has 3 columns but client 'a' has 2",
+        ),
         (dict(Xs=[np.ones((2, 2))], ys=[np.ones(2)], feature_names=["u"]), "1 names but X has 2 columns"),
         (dict(Xs=[np.ones((2, 2))], ys=[np.ones(2)], feature_names=["u", "u"]), "duplicate feature names: 'u'"),
         (dict(Xs=[np.ones((2, 2))], ys=[np.ones(2)], feature_names=["u", 3]), "must be str"),
         (dict(Xs=[np.ones((2, 2))], ys=[np.ones(2)], feature_names="uv"), "not a single str"),
         (dict(Xs=[np.ones((2, 2))], ys=[np.ones(2)], feature_names=["u", "y"]), "target_name 'y' is also a feature"),
         (dict(Xs=[np.ones((2, 1))], ys=[np.ones(2)], target_name=3), "target_name must be a str"),
-        (dict(Xs=[np.ones((2, 1)), np.ones((0, 1))], ys=[np.ones(2), np.ones(0)], clients=["a", "b"]),
-         "client 'b' has no rows"),
-        (dict(Xs=[np.ones((2, 1)), np.ones((1, 1))], ys=[np.ones(2), np.ones(1)], clients=["a", "b"], min_rows=2),
-         "client 'b' has 1 row.*min_rows=2"),
+        (
+            dict(Xs=[np.ones((2, 1)), np.ones((0, 1))], ys=[np.ones(2), np.ones(0)], clients=["a", "b"]),
+            "client 'b' has no rows",
+        ),
+        (
+            dict(Xs=[np.ones((2, 1)), np.ones((1, 1))], ys=[np.ones(2), np.ones(1)], clients=["a", "b"], min_rows=2),
+            "client 'b' has 1 row.*min_rows=2",
+        ),
         (dict(Xs=[np.ones((2, 1))], ys=[np.ones(2)], min_rows=0), "min_rows must be an integer >= 1"),
         (dict(Xs=[np.array([["a"], ["b"]])], ys=[np.ones(2)], clients=["s"]), "client 's': X is not numeric"),
         (dict(Xs=[np.ones((2, 1))], ys=[np.array(["a", "b"])], clients=["s"]), "client 's': target 'y' is not numeric"),
@@ -152,8 +160,9 @@ def test_nan_in_X_names_client_feature_and_rows():
     X[4, 2] = np.inf
     X[2, 2] = -np.inf
     with pytest.raises(DataError) as ei:
-        FederatedData.from_arrays([np.ones((2, 3)), X], [np.ones(2), np.ones(5)],
-                                  clients=["ok", "bad"], feature_names=["u", "v", "w"])
+        FederatedData.from_arrays(
+            [np.ones((2, 3)), X], [np.ones(2), np.ones(5)], clients=["ok", "bad"], feature_names=["u", "v", "w"]
+        )
     msg = str(ei.value)
     assert "client 'bad'" in msg
     assert "feature 'v' in 2 row(s)" in msg and "feature 'w' in 2 row(s)" in msg
@@ -205,9 +214,7 @@ def test_from_dataframe_onehot_consistent_columns(frame):
     np.testing.assert_array_equal(fd["a"].X[:, 2:], [[1, 0], [1, 0]])
     np.testing.assert_array_equal(fd["c"].X[:, 2:], [[0, 0], [0, 0]])
     np.testing.assert_array_equal(fd["b"].X[:, 2:], [[0, 0], [0, 0], [0, 1]])
-    full = FederatedData.from_dataframe(
-        frame, by="site", target="y", categorical="onehot", drop_first=False
-    )
+    full = FederatedData.from_dataframe(frame, by="site", target="y", categorical="onehot", drop_first=False)
     assert full.feature_names[2:] == ["sex[f]", "sex[m]", "sex[x]"]
     for c in full:
         np.testing.assert_array_equal(full[c].X[:, 2:].sum(axis=1), 1.0)
@@ -231,16 +238,14 @@ def test_from_dataframe_pandas_categorical_order_and_numeric_levels():
 
 
 def test_from_dataframe_string_dtype_and_single_level_warning():
-    df = pd.DataFrame({"g": ["a", "b"], "s": pd.Series(["u", "u"], dtype="string"),
-                       "x": [1.0, 2.0], "y": [0.0, 1.0]})
+    df = pd.DataFrame({"g": ["a", "b"], "s": pd.Series(["u", "u"], dtype="string"), "x": [1.0, 2.0], "y": [0.0, 1.0]})
     with pytest.warns(UserWarning, match="'s' has a single level"):
         fd = FederatedData.from_dataframe(df, by="g", target="y", categorical="onehot")
     assert fd.feature_names == ["x"]
 
 
 def test_from_dataframe_bool_target_and_nullable_ints():
-    df = pd.DataFrame({"g": ["a", "a", "b"], "x": pd.array([1, 2, 3], dtype="Int64"),
-                       "y": [True, False, True]})
+    df = pd.DataFrame({"g": ["a", "a", "b"], "x": pd.array([1, 2, 3], dtype="Int64"), "y": [True, False, True]})
     fd = FederatedData.from_dataframe(df, by="g", target="y")
     np.testing.assert_array_equal(fd["a"].y, [1.0, 0.0])
     df.loc[2, "x"] = pd.NA
@@ -260,22 +265,42 @@ def test_from_dataframe_bool_target_and_nullable_ints():
         (None, dict(by="site", target="y", features=[]), "no feature columns"),
         (None, dict(by="site", target="y", categorical="dummies"), "'error' or 'onehot'"),
         (None, dict(by="site", target="y", features=["age"], min_rows=3), "client 'a' has 2 row"),
-        (lambda df: df.assign(y=list("abcdefg")), dict(by="site", target="y", features=["age"]),
-         "target column 'y' is not numeric"),
-        (lambda df: df.assign(site=[None, "a", "b", "c", "a", "c", "b"]),
-         dict(by="site", target="y", features=["age"]), "by='site' has 1 missing client id"),
-        (lambda df: df.assign(age=[1.0, np.nan, 3, 4, np.nan, 6, 7]),
-         dict(by="site", target="y", features=["age"]), r"client 'a': .*feature 'age' in 2 row"),
-        (lambda df: df.assign(y=[1.0, 2, 3, np.inf, 5, 6, 7]),
-         dict(by="site", target="y", features=["age"]), r"client 'c': .*target 'y' in 1 row"),
-        (lambda df: df.assign(sex=["f", None, "f", "f", "m", "f", "x"]),
-         dict(by="site", target="y", features=["sex"], categorical="onehot"),
-         r"'sex' has 1 missing value.*client 'a'"),
-        (lambda df: df.assign(t=pd.date_range("2020-01-01", periods=7)),
-         dict(by="site", target="y", features=["t"], categorical="onehot"), "'t' has dtype datetime"),
+        (
+            lambda df: df.assign(y=list("abcdefg")),
+            dict(by="site", target="y", features=["age"]),
+            "target column 'y' is not numeric",
+        ),
+        (
+            lambda df: df.assign(site=[None, "a", "b", "c", "a", "c", "b"]),
+            dict(by="site", target="y", features=["age"]),
+            "by='site' has 1 missing client id",
+        ),
+        (
+            lambda df: df.assign(age=[1.0, np.nan, 3, 4, np.nan, 6, 7]),
+            dict(by="site", target="y", features=["age"]),
+            r"client 'a': .*feature 'age' in 2 row",
+        ),
+        (
+            lambda df: df.assign(y=[1.0, 2, 3, np.inf, 5, 6, 7]),
+            dict(by="site", target="y", features=["age"]),
+            r"client 'c': .*target 'y' in 1 row",
+        ),
+        (
+            lambda df: df.assign(sex=["f", None, "f", "f", "m", "f", "x"]),
+            dict(by="site", target="y", features=["sex"], categorical="onehot"),
+            r"'sex' has 1 missing value.*client 'a'",
+        ),
+        (
+            lambda df: df.assign(t=pd.date_range("2020-01-01", periods=7)),
+            dict(by="site", target="y", features=["t"], categorical="onehot"),
+            "'t' has dtype datetime",
+        ),
         (lambda df: df.iloc[:0], dict(by="site", target="y", features=["age"]), "no rows"),
-        (lambda df: pd.concat([df, df[["age"]]], axis=1), dict(by="site", target="y", features=["age"]),
-         "duplicate column label"),
+        (
+            lambda df: pd.concat([df, df[["age"]]], axis=1),
+            dict(by="site", target="y", features=["age"]),
+            "duplicate column label",
+        ),
     ],
 )
 def test_from_dataframe_errors(frame, mutate, kwargs, match):
@@ -392,8 +417,9 @@ def test_train_test_split_bad_test_size(fd, test_size):
 
 
 def test_train_test_split_errors():
-    fd = FederatedData.from_arrays([np.ones((3, 1)), np.ones((1, 1))], [np.ones(3), np.ones(1)],
-                                   clients=["big", "tiny"])
+    fd = FederatedData.from_arrays(
+        [np.ones((3, 1)), np.ones((1, 1))], [np.ones(3), np.ones(1)], clients=["big", "tiny"]
+    )
     with pytest.raises(DataError, match="client 'tiny': fewer than 2 rows"):
         fd.train_test_split(seed=0)
     with pytest.raises(DataError, match="needs a seed"):
@@ -508,8 +534,9 @@ def test_scaler_center_scale_flags(fd):
 
 def test_constant_feature_warns_and_gets_sd_one():
     Xs = [np.column_stack([np.full(3, 0.1), [1.0, 2, 3]]), np.column_stack([np.full(2, 0.1), [4.0, 5]])]
-    fd = FederatedData.from_arrays(Xs, [np.full(3, 7.0), np.full(2, 7.0)], clients=["a", "b"],
-                                   feature_names=["const", "t"])
+    fd = FederatedData.from_arrays(
+        Xs, [np.full(3, 7.0), np.full(2, 7.0)], clients=["a", "b"], feature_names=["const", "t"]
+    )
     with pytest.warns(ConstantFeatureWarning) as rec:
         scaled, sc = fd.standardize(target=True)
     msgs = [str(w.message) for w in rec]

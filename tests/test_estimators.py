@@ -38,11 +38,23 @@ MODELS = {
     "fem-omd": lambda: FEMOMD(3, horizon=10, eta=None),  # online: partial_fit(batch, seed=...)
 }
 # (parameter, bad value) declared in each model's constraints
-BAD = {"hm2": ("rounds", 0), "shrinkage": ("penalty", "elastic"), "lasso": ("damping", 1.5), "ridge": ("tol", -1),
-       "hm1": ("posterior_omega", "mle"), "separate": ("method", "qr"), "fedavg": ("local_steps", 0),
-       "ditto": ("grad_reduction", "max"), "fgpr": ("kernel", "cubic"), "glm": ("family", "weibull"), "bglm": ("prior_scale", 0.0),
-       "hglm": ("family", "gaussian"), "fedem": ("n_components", 0),
-       "vb-fedem": ("mean_precision_prior", -1.0), "d-fedem": ("mixing", "slow")}
+BAD = {
+    "hm2": ("rounds", 0),
+    "shrinkage": ("penalty", "elastic"),
+    "lasso": ("damping", 1.5),
+    "ridge": ("tol", -1),
+    "hm1": ("posterior_omega", "mle"),
+    "separate": ("method", "qr"),
+    "fedavg": ("local_steps", 0),
+    "ditto": ("grad_reduction", "max"),
+    "fgpr": ("kernel", "cubic"),
+    "glm": ("family", "weibull"),
+    "bglm": ("prior_scale", 0.0),
+    "hglm": ("family", "gaussian"),
+    "fedem": ("n_components", 0),
+    "vb-fedem": ("mean_precision_prior", -1.0),
+    "d-fedem": ("mixing", "slow"),
+}
 
 
 @pytest.mark.parametrize("name", MODELS)

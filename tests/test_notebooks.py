@@ -29,7 +29,8 @@ def test_notebook_runs(path, monkeypatch):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
     assert EXPECT[path.name] in "".join(
-        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    )
 
 
 def test_there_is_a_notebook():

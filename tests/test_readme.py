@@ -78,8 +78,9 @@ def test_no_references_to_files_outside_the_repository():
 @by_lang("python")
 def test_python_block_runs(block, tmp_path):
     _, line, code = block
-    out = subprocess.run([sys.executable, "-c", code], cwd=workdir(tmp_path), env=env(), capture_output=True,
-                         text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=workdir(tmp_path), env=env(), capture_output=True, text=True, timeout=900
+    )
     assert out.returncode == 0, f"README.md line {line}:\n{out.stderr[-4000:]}"
 
 
@@ -102,8 +103,9 @@ def check_flower(argv: list[str]) -> None:
     exe = BIN / argv[0]
     assert exe.is_file(), f"{argv[0]} is not installed in the environment"
     sub = argv[:2] if argv[0] == "flwr" else argv[:1]
-    helptext = subprocess.run([str(BIN / sub[0]), *sub[1:], "--help"], capture_output=True, text=True, env=env(),
-                              timeout=120).stdout
+    helptext = subprocess.run(
+        [str(BIN / sub[0]), *sub[1:], "--help"], capture_output=True, text=True, env=env(), timeout=120
+    ).stdout
     for opt in (a.split("=")[0] for a in argv if a.startswith("--")):
         assert opt in helptext, f"{' '.join(sub)} has no option {opt}"
 

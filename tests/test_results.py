@@ -105,15 +105,21 @@ def crafted(path, result, arrays=None, **header):
     return path
 
 
-@pytest.mark.parametrize("name", ["system", "os.system", "posix.system", "subprocess.Popen", "builtins.eval",
-                                  "FederatedData", "__import__"])
+@pytest.mark.parametrize(
+    "name", ["system", "os.system", "posix.system", "subprocess.Popen", "builtins.eval", "FederatedData", "__import__"]
+)
 def test_a_file_naming_a_callable_is_refused(tmp_path, name):
     path = crafted(tmp_path / "evil.fedstats", {"__object__": name, "state": {"__dict__": [["cmd", "touch x"]]}})
     with pytest.raises(ResultFileError, match="not a fedstats data class"):
         load_result(path)
     # nested inside a registered class too
-    path = crafted(tmp_path / "evil2.fedstats", {"__object__": "PointResult", "state": {"__dict__": [
-        ["theta", {"__object__": name, "state": {"__dict__": []}}]]}})
+    path = crafted(
+        tmp_path / "evil2.fedstats",
+        {
+            "__object__": "PointResult",
+            "state": {"__dict__": [["theta", {"__object__": name, "state": {"__dict__": []}}]]},
+        },
+    )
     with pytest.raises(ResultFileError, match="not a fedstats data class"):
         load_result(path)
     assert not (tmp_path / "x").exists()
@@ -122,18 +128,23 @@ def test_a_file_naming_a_callable_is_refused(tmp_path, name):
 def test_pickled_arrays_and_other_versions_are_refused(tmp_path):
     obj = np.empty(1, dtype=object)
     obj[0] = {"a": 1}
-    path = crafted(tmp_path / "a.fedstats", {"__object__": "PointResult", "state": {"__dict__": [
-        ["theta", {"__array__": "a0"}]]}}, arrays={"a0": obj})
+    path = crafted(
+        tmp_path / "a.fedstats",
+        {"__object__": "PointResult", "state": {"__dict__": [["theta", {"__array__": "a0"}]]}},
+        arrays={"a0": obj},
+    )
     with pytest.raises(ResultFileError, match="arrays refused"):
         load_result(path)
     with pytest.raises(ResultFileError, match="version"):
-        load_result(crafted(tmp_path / "b.fedstats", {"__object__": "PointResult", "state": {"__dict__": []}},
-                            version=2))
+        load_result(
+            crafted(tmp_path / "b.fedstats", {"__object__": "PointResult", "state": {"__dict__": []}}, version=2)
+        )
     from fedstats.linear import HierarchicalResult
 
     with pytest.raises(ResultFileError, match="holds a PointResult, not a HierarchicalResult"):
-        HierarchicalResult.load(crafted(tmp_path / "c.fedstats", {"__object__": "PointResult",
-                                                                   "state": {"__dict__": []}}))
+        HierarchicalResult.load(
+            crafted(tmp_path / "c.fedstats", {"__object__": "PointResult", "state": {"__dict__": []}})
+        )
 
 
 def test_codec_keeps_key_types_and_non_finite_values(fitted, tmp_path):
@@ -151,7 +162,9 @@ def test_unwritable_state_names_where(tmp_path):
     from fedstats.linear.local import PointResult
 
     res = PointResult(feature_names=["a"], clients=[0], theta=np.zeros((1, 1)), options={"hook": print})
-    with pytest.raises(TypeError, match=r"^PointResult.options\['hook'\]: cannot write a builtins.builtin_function_or_method"):
+    with pytest.raises(
+        TypeError, match=r"^PointResult.options\['hook'\]: cannot write a builtins.builtin_function_or_method"
+    ):
         save_result(res, tmp_path / "x.fedstats")
 
 
@@ -164,8 +177,12 @@ def test_object_arrays_and_malformed_files(tmp_path):
     back = PointResult.load(res.save(tmp_path / "o.fedstats"))
     same(res.__getstate__(), back.__getstate__())
     with pytest.raises(ResultFileError, match="malformed"):
-        load_result(crafted(tmp_path / "m.fedstats", {"__object__": "PointResult", "state": {"__dict__": [
-            ["theta", {"__array__": "missing"}]]}}))
+        load_result(
+            crafted(
+                tmp_path / "m.fedstats",
+                {"__object__": "PointResult", "state": {"__dict__": [["theta", {"__array__": "missing"}]]}},
+            )
+        )
 
 
 # the results whose fit communicates (FEM-OMD's result() counts every step so far; the
@@ -184,8 +201,12 @@ def test_communication_counts_every_exchange_of_the_fit(fitted, name):
     assert c.bytes_up == sum(v["bytes_up"] for v in kinds.values())
     assert c.bytes_down == sum(v["bytes_down"] for v in kinds.values())
     assert sum(p["bytes_up"] for p in c.per_client.values()) == c.bytes_up
-    assert c.breakdown().index.name == "kind" and list(c.breakdown().columns) == ["bytes_up", "bytes_down", "rounds",
-                                                                                "runs"]
+    assert c.breakdown().index.name == "kind" and list(c.breakdown().columns) == [
+        "bytes_up",
+        "bytes_down",
+        "rounds",
+        "runs",
+    ]
     if name in ("fedem", "vb-fedem", "d-fedem"):  # the federated k-means start is counted too
         assert "k-means initialisation" in kinds and kinds["k-means initialisation"]["bytes_up"] > 0
     if name in ("lasso", "ridge"):

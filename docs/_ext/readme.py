@@ -75,8 +75,14 @@ def _separate_lists(lines: list[str]) -> list[str]:
     """A blank line before a list that starts right after a paragraph line."""
     out: list[str] = []
     for _, line, fenced in _lines_outside_fences(lines):
-        if (not fenced and _LIST_ITEM.match(line) and out and out[-1].strip()
-                and not _LIST_ITEM.match(out[-1]) and not out[-1].startswith((" ", "\t", "|", "#"))):
+        if (
+            not fenced
+            and _LIST_ITEM.match(line)
+            and out
+            and out[-1].strip()
+            and not _LIST_ITEM.match(out[-1])
+            and not out[-1].startswith((" ", "\t", "|", "#"))
+        ):
             out.append("")
         out.append(line)
     return out
@@ -95,7 +101,7 @@ def _part(readme: list[str], args: dict[str, str]) -> list[str]:
     if len(found) != 1:
         raise PluginError(f"README.md has {len(found)} headings {title!r} (a page includes it)")
     k, start, level = found[0]
-    end = next((i for i, lv, _ in heads[k + 1:] if lv <= level), len(readme))
+    end = next((i for i, lv, _ in heads[k + 1 :] if lv <= level), len(readme))
     part = readme[start:end]
     if "level" in args:
         part = _shift(part, level - int(args["level"]))

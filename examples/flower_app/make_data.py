@@ -26,9 +26,7 @@ import pandas as pd
 
 #: the shared components: means and covariances (2 features)
 MEANS = np.array([[0.0, 0.0], [5.0, 0.5], [1.5, 5.0]])
-COVARIANCES = np.array([[[1.0, 0.3], [0.3, 0.8]],
-                        [[0.7, -0.2], [-0.2, 1.2]],
-                        [[1.2, 0.0], [0.0, 0.6]]])
+COVARIANCES = np.array([[[1.0, 0.3], [0.3, 0.8]], [[0.7, -0.2], [-0.2, 1.2]], [[1.2, 0.0], [0.0, 0.6]]])
 #: site i holds the components in proportions WEIGHTS[i % 3]
 WEIGHTS = np.array([[0.6, 0.3, 0.1], [0.15, 0.3, 0.55], [0.3, 0.5, 0.2]])
 #: the regression (--target): y = COEF @ (1, x1, x2) + noise, COEF varying by site

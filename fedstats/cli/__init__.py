@@ -48,57 +48,98 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--by", required=True, help="column naming each row's client")
     f.add_argument("--target", help="response column (every model but gmm)")
     f.add_argument("--features", nargs="+", help="feature columns (default: all but --by and --target)")
-    f.add_argument("--model", default="hm2", help=f"model: {', '.join(MODELS)} (default hm2: hierarchical "
-                   "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection; hm1: per-client "
-                   "regressions sharing a learned covariance between clients; fgpr: federated Gaussian process regression; "
-                   "gmm: Gaussian mixture with per-client weights, by FedEM; glm: generalised linear model (logistic, "
-                   "Poisson, ...) by exact maximum likelihood, needs --family; bglm: the same with a prior and "
-                   "posteriors; hglm: each client's own coefficients around a population, with posteriors)")
+    f.add_argument(
+        "--model",
+        default="hm2",
+        help=f"model: {', '.join(MODELS)} (default hm2: hierarchical "
+        "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection; hm1: per-client "
+        "regressions sharing a learned covariance between clients; fgpr: federated Gaussian process regression; "
+        "gmm: Gaussian mixture with per-client weights, by FedEM; glm: generalised linear model (logistic, "
+        "Poisson, ...) by exact maximum likelihood, needs --family; bglm: the same with a prior and "
+        "posteriors; hglm: each client's own coefficients around a population, with posteriors)",
+    )
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
-    f.add_argument("--rounds", type=int, default=None,
-                   help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30), "
-                   "fgpr (default 100), gmm (at most; default 200), glm (IRLS iterations, at most; default 100), "
-                   "bglm (EP, default 15) and hglm (EP, default 30)")
-    f.add_argument("--uncertainty", action="store_true",
-                   help="hm1: require the conditional posteriors (each client shares X^T X / sigma^2 once; by default "
-                   "they are given whenever every client can share, else Algorithm 1's point with a warning); gmm: Wald "
-                   "intervals from the observed information (each client shares a Schur complement once)")
-    f.add_argument("--family", choices=("gaussian", "binomial", "poisson", "gamma", "negative_binomial"),
-                   help="glm, bglm, hglm: the outcome's distribution (binomial: 0/1 rows, or successes with --trials)")
-    f.add_argument("--link", choices=("identity", "log", "inverse", "logit", "probit", "cloglog"),
-                   help="glm, bglm, hglm: the link (default: the family's canonical link)")
-    f.add_argument("--alpha", type=float, help="glm, bglm, hglm with negative_binomial: the fixed dispersion (default 1)")
+    f.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30), "
+        "fgpr (default 100), gmm (at most; default 200), glm (IRLS iterations, at most; default 100), "
+        "bglm (EP, default 15) and hglm (EP, default 30)",
+    )
+    f.add_argument(
+        "--uncertainty",
+        action="store_true",
+        help="hm1: require the conditional posteriors (each client shares X^T X / sigma^2 once; by default "
+        "they are given whenever every client can share, else Algorithm 1's point with a warning); gmm: Wald "
+        "intervals from the observed information (each client shares a Schur complement once)",
+    )
+    f.add_argument(
+        "--family",
+        choices=("gaussian", "binomial", "poisson", "gamma", "negative_binomial"),
+        help="glm, bglm, hglm: the outcome's distribution (binomial: 0/1 rows, or successes with --trials)",
+    )
+    f.add_argument(
+        "--link",
+        choices=("identity", "log", "inverse", "logit", "probit", "cloglog"),
+        help="glm, bglm, hglm: the link (default: the family's canonical link)",
+    )
+    f.add_argument(
+        "--alpha", type=float, help="glm, bglm, hglm with negative_binomial: the fixed dispersion (default 1)"
+    )
     f.add_argument("--offset", help="glm, bglm, hglm: a column added to the linear predictor (not a predictor)")
     f.add_argument("--exposure", help="glm, bglm, hglm: a column whose log is added to the linear predictor (rates)")
     f.add_argument("--weights", help="glm, bglm, hglm: a column of frequency weights")
-    f.add_argument("--trials", help="glm, bglm, hglm with binomial: a column of trials (the target then counts successes)")
+    f.add_argument(
+        "--trials", help="glm, bglm, hglm with binomial: a column of trials (the target then counts successes)"
+    )
     f.add_argument("--robust", action="store_true", help="glm only: HC0 sandwich standard errors (one more round)")
     f.add_argument("--kernel", default="rbf", choices=("rbf", "matern"), help="fgpr only: GP kernel (default rbf)")
     f.add_argument("--ard", action="store_true", help="fgpr only: one lengthscale per feature")
     f.add_argument("--components", type=int, help="gmm only: number of mixture components")
-    f.add_argument("--covariance-type", default="full", choices=("full", "tied", "diag", "spherical"),
-                   help="gmm only: covariance structure (default full)")
-    f.add_argument("--bayesian", action="store_true",
-                   help="gmm only: variational FedEM with credible intervals for components and weights")
-    f.add_argument("--no-standardize", dest="standardize", action="store_false",
-                   help="hm2, lasso, ridge: fit the data in its own units (default: standardise predictors and target "
-                        "with federated moments, report on the data's scale; the priors then act on the "
-                        "standardised scale)")
-    f.add_argument("--no-intercept", dest="intercept", action="store_false",
-                   help="hm2, lasso, ridge, hm1, glm: no intercept (default: one per client; glm: one shared)")
-    f.add_argument("--decimal", default=".", choices=(".", ","),
-                   help="decimal separator of the CSVs (',' reads semicolon-separated files with decimal commas)")
+    f.add_argument(
+        "--covariance-type",
+        default="full",
+        choices=("full", "tied", "diag", "spherical"),
+        help="gmm only: covariance structure (default full)",
+    )
+    f.add_argument(
+        "--bayesian",
+        action="store_true",
+        help="gmm only: variational FedEM with credible intervals for components and weights",
+    )
+    f.add_argument(
+        "--no-standardize",
+        dest="standardize",
+        action="store_false",
+        help="hm2, lasso, ridge: fit the data in its own units (default: standardise predictors and target "
+        "with federated moments, report on the data's scale; the priors then act on the "
+        "standardised scale)",
+    )
+    f.add_argument(
+        "--no-intercept",
+        dest="intercept",
+        action="store_false",
+        help="hm2, lasso, ridge, hm1, glm: no intercept (default: one per client; glm: one shared)",
+    )
+    f.add_argument(
+        "--decimal",
+        default=".",
+        choices=(".", ","),
+        help="decimal separator of the CSVs (',' reads semicolon-separated files with decimal commas)",
+    )
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
-    f.add_argument("--progress", action="store_true",
-                   help="a progress line per round on stderr even when it is not a terminal (default: only on a terminal)")
+    f.add_argument(
+        "--progress",
+        action="store_true",
+        help="a progress line per round on stderr even when it is not a terminal (default: only on a terminal)",
+    )
     f.add_argument("--output", help="write the results as JSON here")
     f.add_argument("--predict", help="CSV of rows to predict (same client and feature columns)")
     d = sub.add_parser("demo", help="simulate a federation, fit it, compare with the pooled gold standard")
     d.add_argument("--seed", type=int, default=0)
     return p
-
-
 
 
 def main(argv=None) -> int:
@@ -121,4 +162,3 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 - no tracebacks for users; the message says what failed
         print(f"fedstats: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-

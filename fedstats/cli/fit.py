@@ -28,8 +28,11 @@ def command(args) -> None:
 
     with round_lines(label=f"fedstats {args.model}") if show else contextlib.nullcontext():
         if show:
-            print(f"fedstats {args.model}: reading {args.data} and fitting (the first round includes "
-                  "compilation)", file=sys.stderr, flush=True)
+            print(
+                f"fedstats {args.model}: reading {args.data} and fitting (the first round includes compilation)",
+                file=sys.stderr,
+                flush=True,
+            )
         out = fit(args)
     out, nonfinite = json_ready(out)
     if nonfinite and args.output:
@@ -46,7 +49,6 @@ def progress(args):
     """The ``progress`` argument of a fit: ``False`` under ``--quiet`` (no tqdm bar even on a
     terminal), else ``None``: per-round lines where :func:`main` opened ``round_lines``."""
     return False if args.quiet else None
-
 
 
 def fit(args) -> dict:
@@ -74,8 +76,10 @@ def fit(args) -> dict:
         except np.linalg.LinAlgError:
             if args.model != "gmm":
                 raise
-            raise CLIError("the information matrix is singular (a weight at 0 or components that cannot be "
-                           "told apart): no Wald intervals; try fewer --components or --bayesian") from None
+            raise CLIError(
+                "the information matrix is singular (a weight at 0 or components that cannot be "
+                "told apart): no Wald intervals; try fewer --components or --bayesian"
+            ) from None
     runtime = time.perf_counter() - t0
     for wmsg in caught:
         print(f"warning: {wmsg.message}", file=sys.stderr)
@@ -129,26 +133,44 @@ def predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
         if mixture:  # an unseen client: its weights from its own rows, the components frozen
             kw = {"client": client} if client is not None else {"weights": res.new_client_weights(X[idx])}
             for i, p_, l_ in zip(idx, res.predict_proba(X[idx], **kw), res.score_samples(X[idx], **kw)):
-                rows[i] = {"client": key, "component": int(np.argmax(p_)), "proba": [float(v) for v in p_],
-                           "logdensity": float(l_), "new_client": client is None}
+                rows[i] = {
+                    "client": key,
+                    "component": int(np.argmax(p_)),
+                    "proba": [float(v) for v in p_],
+                    "logdensity": float(l_),
+                    "new_client": client is None,
+                }
             continue
         if args.model in GLMS:  # the offset and exposure columns are not predictors
             names = list(data.feature_names)
             kw = {r: X[idx, names.index(res.roles[r])] for r in ("offset", "exposure") if res.roles.get(r)}
-            p = res.predict(X[idx][:, [names.index(c) for c in res.predictors]], client=client, level=args.level,
-                            **kw, **seed)
+            p = res.predict(
+                X[idx][:, [names.index(c) for c in res.predictors]], client=client, level=args.level, **kw, **seed
+            )
         else:
             p = res.predict(X[idx], client=client, level=args.level, **seed)
         extra = [c for c in p.columns if c not in ("mean", "lower", "upper", "pred_lower", "pred_upper")]
         for i, (_, r) in zip(idx, p.iterrows()):
-            rows[i] = {"client": key, "mean": r["mean"], "lower": r["pred_lower"], "upper": r["pred_upper"],
-                       "mean_lower": r["lower"], "mean_upper": r["upper"], **{c: r[c] for c in extra},
-                       "new_client": client is None}
-            rows[i] = {k: ((None if np.isnan(v) else float(v)) if isinstance(v, (float, np.floating)) else v)
-                       for k, v in rows[i].items()}  # NaN: no band (HM1 without uncertainty)
+            rows[i] = {
+                "client": key,
+                "mean": r["mean"],
+                "lower": r["pred_lower"],
+                "upper": r["pred_upper"],
+                "mean_lower": r["lower"],
+                "mean_upper": r["upper"],
+                **{c: r[c] for c in extra},
+                "new_client": client is None,
+            }
+            rows[i] = {
+                k: ((None if np.isnan(v) else float(v)) if isinstance(v, (float, np.floating)) else v)
+                for k, v in rows[i].items()
+            }  # NaN: no band (HM1 without uncertainty)
     new = sorted({k for k in keys if k not in known})
     if new:
         how = "their weights fitted on their own rows, the components frozen" if mixture else "from the population"
-        print(f"note: {len(new)} client(s) of {args.predict} took no part in the fit ({', '.join(new[:5])}): predicted "
-              f"as new clients, {how} (new_client: true)", file=sys.stderr)
+        print(
+            f"note: {len(new)} client(s) of {args.predict} took no part in the fit ({', '.join(new[:5])}): predicted "
+            f"as new clients, {how} (new_client: true)",
+            file=sys.stderr,
+        )
     return rows

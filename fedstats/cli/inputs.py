@@ -47,27 +47,38 @@ def check_columns(df: pd.DataFrame, features: list[str], target: str | None, by:
         if v.dtype == object or isinstance(v.dtype, pd.StringDtype):
             text = v.dropna().astype(str)
             if len(text) and text.str.match(DECIMAL_COMMA).mean() >= 0.5:
-                raise CLIError(f"{path}: column {c!r} holds numbers written with a decimal comma (e.g. "
-                               f"{text[text.str.match(DECIMAL_COMMA)].iloc[0]!r}): pass --decimal ,")
+                raise CLIError(
+                    f"{path}: column {c!r} holds numbers written with a decimal comma (e.g. "
+                    f"{text[text.str.match(DECIMAL_COMMA)].iloc[0]!r}): pass --decimal ,"
+                )
             if len(text) and pd.to_numeric(text, errors="coerce").notna().mean() >= 0.5:
                 bad = text[pd.to_numeric(text, errors="coerce").isna()].iloc[0]
-                raise CLIError(f"{path}: column {c!r} is mostly numbers but holds text such as {bad!r}: fix or "
-                               "remove those values (missing values must be empty)")
+                raise CLIError(
+                    f"{path}: column {c!r} is mostly numbers but holds text such as {bad!r}: fix or "
+                    "remove those values (missing values must be empty)"
+                )
             levels = text.nunique()
             if levels > 20 and levels > n / 5:
-                raise CLIError(f"{path}: column {c!r} is text with {levels} distinct values in {n} rows; one-hot "
-                               f"encoding it would fit {levels - 1} coefficients: drop it (--features) or encode it")
+                raise CLIError(
+                    f"{path}: column {c!r} is text with {levels} distinct values in {n} rows; one-hot "
+                    f"encoding it would fit {levels - 1} coefficients: drop it (--features) or encode it"
+                )
         elif pd.api.types.is_numeric_dtype(v) and not pd.api.types.is_bool_dtype(v):
             big = np.abs(v.to_numpy(dtype=float))
             if np.any(np.isfinite(big) & (big > 1e150)):
-                raise CLIError(f"{path}: column {c!r} has a value ({v.iloc[int(np.nanargmax(big))]:g}) too large to "
-                               "square in float64: rescale it or check for a sentinel value")
+                raise CLIError(
+                    f"{path}: column {c!r} has a value ({v.iloc[int(np.nanargmax(big))]:g}) too large to "
+                    "square in float64: rescale it or check for a sentinel value"
+                )
     numeric = [c for c in features if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
     for i, a in enumerate(numeric):
-        for b in numeric[i + 1:]:
+        for b in numeric[i + 1 :]:
             if df[a].equals(df[b]):
-                print(f"warning: columns {a!r} and {b!r} are identical (a duplicated column?): their coefficients "
-                      "cannot be told apart", file=sys.stderr)
+                print(
+                    f"warning: columns {a!r} and {b!r} are identical (a duplicated column?): their coefficients "
+                    "cannot be told apart",
+                    file=sys.stderr,
+                )
     if len(numeric) > 1:
         dependent = True
         for _, g in df.groupby(by, sort=False):
@@ -80,9 +91,11 @@ def check_columns(df: pd.DataFrame, features: list[str], target: str | None, by:
                 dependent = False
                 break
         if dependent:
-            print(f"warning: the predictors {numeric} are linearly dependent at every client: their coefficients "
-                  "are not identified by the data (the prior decides how an effect is split between them)",
-                  file=sys.stderr)
+            print(
+                f"warning: the predictors {numeric} are linearly dependent at every client: their coefficients "
+                "are not identified by the data (the prior decides how an effect is split between them)",
+                file=sys.stderr,
+            )
 
 
 def data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: str):
@@ -90,10 +103,13 @@ def data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: 
 
     missing = [c for c in [by, *([target] if target else []), *(features or [])] if c not in df.columns]
     if missing:
-        raise CLIError(f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})")
+        raise CLIError(
+            f"{path}: column(s) not found: {', '.join(missing)} (columns: {', '.join(map(str, df.columns))})"
+        )
     try:
-        return FederatedData.from_dataframe(df, by=by, target=target, features=features or None,
-                                            categorical="onehot", min_rows=MIN_ROWS)
+        return FederatedData.from_dataframe(
+            df, by=by, target=target, features=features or None, categorical="onehot", min_rows=MIN_ROWS
+        )
     except DataError as exc:
         raise CLIError(f"{path}: {exc}") from None
 
@@ -142,7 +158,5 @@ def read_test(args, df, data, refuse_new: str | None = None):
     known = {id_key(c) for c in data.clients}
     unknown = sorted({id_key(v) for v in tdf[args.by]} - known)
     if unknown and refuse_new:
-        raise CLIError(f"{args.predict}: {refuse_new}; client(s) not in the fit: "
-                       f"{', '.join(unknown[:5])}")
+        raise CLIError(f"{args.predict}: {refuse_new}; client(s) not in the fit: {', '.join(unknown[:5])}")
     return tdf, design(tdf, list(data.feature_names), args.predict)
-

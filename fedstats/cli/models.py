@@ -25,8 +25,10 @@ def estimator(args):
     if args.model == "hm1":
         from ..linear import StructuralCovarianceModel
 
-        return (StructuralCovarianceModel(rounds=args.rounds, fit_intercept=args.intercept),
-                {"uncertainty": True if args.uncertainty else "auto"})
+        return (
+            StructuralCovarianceModel(rounds=args.rounds, fit_intercept=args.intercept),
+            {"uncertainty": True if args.uncertainty else "auto"},
+        )
     if args.model == "fgpr":
         from ..gp import FGPR
 
@@ -36,21 +38,32 @@ def estimator(args):
 
         cls = {"glm": FederatedGLM, "bglm": BayesianGLM, "hglm": HierarchicalGLM}[args.model]
         extra = {"cov_type": "HC0" if args.robust else "nonrobust"} if args.model == "glm" else {}
-        return cls(args.family, args.link, alpha=args.alpha, fit_intercept=args.intercept, rounds=args.rounds,
-                   **extra, **{r: getattr(args, r) for r in GLM_ROLES}), {}
+        return cls(
+            args.family,
+            args.link,
+            alpha=args.alpha,
+            fit_intercept=args.intercept,
+            rounds=args.rounds,
+            **extra,
+            **{r: getattr(args, r) for r in GLM_ROLES},
+        ), {}
     from ..mixture import FederatedGaussianMixture, VariationalGaussianMixture
 
     if args.bayesian:
         return VariationalGaussianMixture(args.components, covariance_type=args.covariance_type, rounds=args.rounds), {}
-    return (FederatedGaussianMixture(args.components, covariance_type=args.covariance_type, rounds=args.rounds),
-            {"uncertainty": args.uncertainty})
+    return (
+        FederatedGaussianMixture(args.components, covariance_type=args.covariance_type, rounds=args.rounds),
+        {"uncertainty": args.uncertainty},
+    )
 
 
 # Models without a prediction for a client that took no part in the fit (checked before the
 # fit, so that nobody waits for a fit that then cannot predict); the others predict such a
 # client from the population (hm2, lasso, ridge) or from its own rows' weights (gmm).
-NO_NEW_CLIENTS = {"hm1": "HM1 has no model of a client that took no part in the fit",
-                  "fgpr": "FGPR predicts a client from its own training rows"}
+NO_NEW_CLIENTS = {
+    "hm1": "HM1 has no model of a client that took no part in the fit",
+    "fgpr": "FGPR predicts a client from its own training rows",
+}
 
 
 def converged_text(res) -> str:
@@ -60,29 +73,42 @@ def converged_text(res) -> str:
 def header(args, res, runtime: float) -> str:
     conv = converged_text(res)
     if args.model in REGRESSIONS:
-        return (f"Global posterior ({100 * args.level:g}% credible intervals), {res.rounds} EP rounds ({conv}), "
-                f"{runtime:.1f} s")
+        return (
+            f"Global posterior ({100 * args.level:g}% credible intervals), {res.rounds} EP rounds ({conv}), "
+            f"{runtime:.1f} s"
+        )
     if args.model == "hm1":
         return f"HM1 (Algorithm 1): {res.rounds} rounds ({conv}), learning rate {res.lr:.3g}, {runtime:.1f} s"
     if args.model == "fgpr":
-        return (f"FGPR ({args.kernel}{', ARD' if args.ard else ''}): {res.rounds} rounds, {len(res.clients)} clients, "
-                f"{runtime:.1f} s. Shared hyperparameters (outputscale and noise are variances on each client's "
-                "standardised scale):")
+        return (
+            f"FGPR ({args.kernel}{', ARD' if args.ard else ''}): {res.rounds} rounds, {len(res.clients)} clients, "
+            f"{runtime:.1f} s. Shared hyperparameters (outputscale and noise are variances on each client's "
+            "standardised scale):"
+        )
     if args.model == "glm":
         errors = "HC0 sandwich" if args.robust else "model-based"
-        return (f"GLM, {res.family} family, {res.link} link, maximum likelihood by federated IRLS: {res.rounds} rounds "
-                f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; Wald {100 * args.level:g}% intervals, "
-                f"{errors} standard errors (sd); deviance {res.deviance:.4f} on {res.df_resid:g} df, "
-                f"AIC {res.aic:.2f}, dispersion {res.scale:.4g}")
+        return (
+            f"GLM, {res.family} family, {res.link} link, maximum likelihood by federated IRLS: {res.rounds} rounds "
+            f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; Wald {100 * args.level:g}% intervals, "
+            f"{errors} standard errors (sd); deviance {res.deviance:.4f} on {res.df_resid:g} df, "
+            f"AIC {res.aic:.2f}, dispersion {res.scale:.4g}"
+        )
     if args.model in ("bglm", "hglm"):
-        what = ("coefficients shared by every client" if args.model == "bglm" else
-                "each client's coefficients around the population mean mu (tau: their variances)")
-        return (f"Bayesian GLM, {res.family} family, {res.link} link, {what}, by federated EP: {res.rounds} rounds "
-                f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; {100 * args.level:g}% credible intervals")
+        what = (
+            "coefficients shared by every client"
+            if args.model == "bglm"
+            else "each client's coefficients around the population mean mu (tau: their variances)"
+        )
+        return (
+            f"Bayesian GLM, {res.family} family, {res.link} link, {what}, by federated EP: {res.rounds} rounds "
+            f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; {100 * args.level:g}% credible intervals"
+        )
     kind = "variational FedEM" if args.bayesian else "FedEM"
-    what = ("credible intervals" if args.bayesian else "Wald intervals" if args.uncertainty else "point estimates")
-    return (f"Gaussian mixture, {args.components} components ({args.covariance_type}), {kind}: {res.rounds} rounds "
-            f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; {what}")
+    what = "credible intervals" if args.bayesian else "Wald intervals" if args.uncertainty else "point estimates"
+    return (
+        f"Gaussian mixture, {args.components} components ({args.covariance_type}), {kind}: {res.rounds} rounds "
+        f"({conv}), {len(res.clients)} clients, {runtime:.1f} s; {what}"
+    )
 
 
 def extras(args, res, data, scaler) -> dict:
@@ -100,23 +126,44 @@ def extras(args, res, data, scaler) -> dict:
             out["omega_file"] = omega_path.name
         return out
     if args.model == "fgpr":
-        return {"kernel": args.kernel, "ard": bool(args.ard),
-                "input_scaling": {"mean": scaler.mean.tolist(), "sd": scaler.sd.tolist()}}
+        return {
+            "kernel": args.kernel,
+            "ard": bool(args.ard),
+            "input_scaling": {"mean": scaler.mean.tolist(), "sd": scaler.sd.tolist()},
+        }
     if args.model == "gmm":
-        return {"components": args.components, "covariance_type": args.covariance_type, "bayesian": bool(args.bayesian),
-                "intervals": "credible" if args.bayesian else ("wald" if args.uncertainty else None),
-                "loglik": None if args.bayesian else res.loglik_,
-                "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None}
+        return {
+            "components": args.components,
+            "covariance_type": args.covariance_type,
+            "bayesian": bool(args.bayesian),
+            "intervals": "credible" if args.bayesian else ("wald" if args.uncertainty else None),
+            "loglik": None if args.bayesian else res.loglik_,
+            "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None,
+        }
     if args.model in ("bglm", "hglm"):
-        return {"family": res.family, "link": res.link,
-                "alpha": res.alpha if res.family == "negative_binomial" else None,
-                "roles": {r: getattr(args, r) for r in GLM_ROLES if getattr(args, r) is not None}}
+        return {
+            "family": res.family,
+            "link": res.link,
+            "alpha": res.alpha if res.family == "negative_binomial" else None,
+            "roles": {r: getattr(args, r) for r in GLM_ROLES if getattr(args, r) is not None},
+        }
     if args.model == "glm":
-        return {"family": res.family, "link": res.link, "alpha": res.alpha if res.family == "negative_binomial" else None,
-                "cov_type": res.cov_type, "deviance": res.deviance, "pearson_chi2": res.pearson_chi2, "llf": res.llf,
-                "aic": res.aic, "bic": res.bic, "dispersion": res.scale, "df_model": res.df_model,
-                "df_resid": res.df_resid, "n_iter": res.n_iter,
-                "roles": {r: getattr(args, r) for r in GLM_ROLES if getattr(args, r) is not None}}
+        return {
+            "family": res.family,
+            "link": res.link,
+            "alpha": res.alpha if res.family == "negative_binomial" else None,
+            "cov_type": res.cov_type,
+            "deviance": res.deviance,
+            "pearson_chi2": res.pearson_chi2,
+            "llf": res.llf,
+            "aic": res.aic,
+            "bic": res.bic,
+            "dispersion": res.scale,
+            "df_model": res.df_model,
+            "df_resid": res.df_resid,
+            "n_iter": res.n_iter,
+            "roles": {r: getattr(args, r) for r in GLM_ROLES if getattr(args, r) is not None},
+        }
     return {}
 
 
@@ -139,8 +186,9 @@ def check_args(args) -> None:
         raise CLIError("--no-standardize applies to --model hm2, lasso and ridge only")
     if not args.intercept and args.model not in (*REGRESSIONS, "hm1", *GLMS):
         raise CLIError("--no-intercept applies to the regressions (hm2, lasso, ridge, hm1, glm, bglm, hglm) only")
-    glm_only = [f"--{o}" for o in ("family", "link", "alpha", *GLM_ROLES, "robust")
-                if getattr(args, o) not in (None, False)]
+    glm_only = [
+        f"--{o}" for o in ("family", "link", "alpha", *GLM_ROLES, "robust") if getattr(args, o) not in (None, False)
+    ]
     if args.model not in GLMS and glm_only:
         raise CLIError(f"{', '.join(glm_only)}: for --model glm, bglm and hglm only")
     if args.robust and args.model != "glm":
@@ -154,8 +202,10 @@ def check_args(args) -> None:
         if args.family is None or args.family not in links:
             raise CLIError(f"--model {args.model} needs --family, one of: {', '.join(links)}")
         if args.link is not None and args.link not in links[args.family]:
-            raise CLIError(f"the {args.family} family takes --link {', '.join(links[args.family])} with --model "
-                           f"{args.model}, got {args.link}")
+            raise CLIError(
+                f"the {args.family} family takes --link {', '.join(links[args.family])} with --model "
+                f"{args.model}, got {args.link}"
+            )
         if args.trials is not None and args.family != "binomial":
             raise CLIError("--trials is for --family binomial")
         if args.alpha is not None and args.family != "negative_binomial":
@@ -176,5 +226,3 @@ def check_args(args) -> None:
         raise CLIError("--uncertainty (Wald intervals) and --bayesian (credible intervals) exclude each other")
     if (args.kernel != "rbf" or args.ard) and args.model != "fgpr":
         raise CLIError("--kernel and --ard apply to --model fgpr only")
-
-

@@ -27,9 +27,14 @@ def communication(res) -> dict:
     """The JSON of a fit's communication: totals and the per-kind breakdown (every exchange of
     the fit, one-off rounds included)."""
     c = res.communication
-    return {"bytes_up": int(c.bytes_up), "bytes_down": int(c.bytes_down),
-            "by_kind": {k: {"bytes_up": int(v["bytes_up"]), "bytes_down": int(v["bytes_down"]),
-                            "rounds": int(v["rounds"])} for k, v in c.by_kind.items()}}
+    return {
+        "bytes_up": int(c.bytes_up),
+        "bytes_down": int(c.bytes_down),
+        "by_kind": {
+            k: {"bytes_up": int(v["bytes_up"]), "bytes_down": int(v["bytes_down"]), "rounds": int(v["rounds"])}
+            for k, v in c.by_kind.items()
+        },
+    }
 
 
 def json_ready(out):
@@ -57,8 +62,10 @@ def nonfinite_warning(model: str, where: list[str]) -> str:
 
     comps = sorted({int(m.group(1)) for w in where if (m := re.search(r"\b(?:mean|var|weight)\[(\d+)\]", w))})
     if model == "gmm" and comps:
-        why = (f"component(s) {', '.join(map(str, comps))} are (almost) empty: no client gives them weight, so "
-               "their posterior is the prior and some sds are infinite")
+        why = (
+            f"component(s) {', '.join(map(str, comps))} are (almost) empty: no client gives them weight, so "
+            "their posterior is the prior and some sds are infinite"
+        )
     else:
         why = ", ".join(where[:6]) + (" ..." if len(where) > 6 else "")
     return f"warning: {len(where)} non-finite value(s) written as null (JSON has no NaN or Infinity): {why}"
@@ -80,31 +87,47 @@ def records(df: pd.DataFrame) -> list[dict]:
     return out
 
 
-
 def print_tables(g, tables, res, args, runtime, header: str) -> None:
     def shown(t):  # the columns with a value somewhere
         return t[[c for c in t.columns if t[c].notna().any()]]
 
     pct = f"{100 * args.level:g}%"
-    with pd.option_context("display.width", 120, "display.max_columns", 10, "display.max_rows", 60,
-                           "display.float_format", "{:.4f}".format):
+    with pd.option_context(
+        "display.width", 120, "display.max_columns", 10, "display.max_rows", 60, "display.float_format", "{:.4f}".format
+    ):
         print(header)
         if getattr(res, "scaling", None) is not None and args.model in GLMS:
-            print("(fitted on predictors standardised with federated moments, the priors on that scale; reported on "
-                  "the data's scale; 0/1 predictors keep their coding)")
+            print(
+                "(fitted on predictors standardised with federated moments, the priors on that scale; reported on "
+                "the data's scale; 0/1 predictors keep their coding)"
+            )
         elif getattr(res, "scaling", None) is not None:
-            print("(fitted on predictors and target standardised with federated moments, reported on the data's "
-                  "scale" + ("; lambda penalises the standardised coefficients" if args.model != "hm2" else "")
-                  + "; --no-standardize fits the data as given)")
+            print(
+                "(fitted on predictors and target standardised with federated moments, reported on the data's "
+                "scale"
+                + ("; lambda penalises the standardised coefficients" if args.model != "hm2" else "")
+                + "; --no-standardize fits the data as given)"
+            )
         if args.model == "hm1" and res.has_uncertainty:
-            print(f"estimate: Algorithm 1's point; mean, sd, {pct} interval: the posterior given Omega re-estimated "
-                  "from the shared information (the interval is centred at mean)")
+            print(
+                f"estimate: Algorithm 1's point; mean, sd, {pct} interval: the posterior given Omega re-estimated "
+                "from the shared information (the interval is centred at mean)"
+            )
         if len(g):
             print(table(shown(g)))
         for c, s in tables.items():
             if len(s):
                 print(f"\nClient {c}")
-                print(table(shown(s).assign(**({"selected": s["selected"].map({True: "yes", False: "no"}).fillna("")}
-                                                 if "selected" in s.columns else {}))))
+                print(
+                    table(
+                        shown(s).assign(
+                            **(
+                                {"selected": s["selected"].map({True: "yes", False: "no"}).fillna("")}
+                                if "selected" in s.columns
+                                else {}
+                            )
+                        )
+                    )
+                )
         if any("selected" in s.columns for s in tables.values()):
             print(f"\nselected: the {pct} credible interval excludes 0 (the intercept is never penalised or selected)")

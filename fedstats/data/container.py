@@ -121,15 +121,11 @@ class FederatedData:
                 if y.ndim != 1:
                     raise DataError(f"{cname(cid)}: y must be 1-D (n,), got shape {y.shape}")
             if y is not None and X.shape[0] != y.shape[0]:
-                raise DataError(
-                    f"{cname(cid)}: X has {X.shape[0]} rows but y has {y.shape[0]} entries"
-                )
+                raise DataError(f"{cname(cid)}: X has {X.shape[0]} rows but y has {y.shape[0]} entries")
             if X.shape[0] == 0:
                 raise DataError(f"{cname(cid)} has no rows (empty client)")
             if X.shape[0] < min_rows:
-                raise DataError(
-                    f"{cname(cid)} has {X.shape[0]} row(s), fewer than min_rows={min_rows}"
-                )
+                raise DataError(f"{cname(cid)} has {X.shape[0]} row(s), fewer than min_rows={min_rows}")
             if d is None:
                 d, first = X.shape[1], cid
                 if d == 0:
@@ -205,10 +201,7 @@ class FederatedData:
         >>> len(fd), fd.n_features, fd.n_obs
         (2, 2, {'a': 3, 'b': 4})
         """
-        return cls(
-            Xs, ys, clients=clients, feature_names=feature_names,
-            target_name=target_name, min_rows=min_rows,
-        )
+        return cls(Xs, ys, clients=clients, feature_names=feature_names, target_name=target_name, min_rows=min_rows)
 
     @classmethod
     def from_dataframe(
@@ -267,8 +260,12 @@ class FederatedData:
         >>> fd.feature_names, fd.n_obs
         (['age', 'sex[m]'], {'a': 2, 'b': 2})
         """
-        return cls(**frame_to_arrays(df, by=by, target=target, features=features, categorical=categorical,
-                                     drop_first=drop_first), min_rows=min_rows)
+        return cls(
+            **frame_to_arrays(
+                df, by=by, target=target, features=features, categorical=categorical, drop_first=drop_first
+            ),
+            min_rows=min_rows,
+        )
 
     # ------------------------------------------------------------------ accessors
     @property
@@ -329,8 +326,7 @@ class FederatedData:
 
     def _unknown(self, client: Any) -> UnknownClientError:
         return UnknownClientError(
-            f"unknown {cname(client)}; known clients ({self.n_clients}): "
-            f"{preview(self._clients)}"
+            f"unknown {cname(client)}; known clients ({self.n_clients}): {preview(self._clients)}"
         )
 
     def __getitem__(self, client: ClientId) -> ClientData:
@@ -374,8 +370,7 @@ class FederatedData:
         unknown = [c for c in ids if c not in self]
         if unknown:
             raise UnknownClientError(
-                f"unknown client id(s) {preview(unknown)}; known clients "
-                f"({self.n_clients}): {preview(self._clients)}"
+                f"unknown client id(s) {preview(unknown)}; known clients ({self.n_clients}): {preview(self._clients)}"
             )
         seen: set = set()
         dups = [c for c in ids if c in seen or seen.add(c)]
@@ -384,8 +379,7 @@ class FederatedData:
         if not ids:
             raise DataError("subset needs at least one client")
         return checked_data(
-            {c: self._X[c] for c in ids}, {c: self._y[c] for c in ids},
-            self._feature_names, self._target_name,
+            {c: self._X[c] for c in ids}, {c: self._y[c] for c in ids}, self._feature_names, self._target_name
         )
 
     def train_test_split(
@@ -434,9 +428,7 @@ class FederatedData:
             raise DataError("train_test_split(shuffle=True) needs a seed, for reproducibility")
         small = [c for c in self._clients if self._X[c].shape[0] < 2]
         if small:
-            raise DataError(
-                f"cannot split {', '.join(cname(c) for c in small[:SHOW])}: fewer than 2 rows"
-            )
+            raise DataError(f"cannot split {', '.join(cname(c) for c in small[:SHOW])}: fewer than 2 rows")
         if shuffle:
             gen = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
             rngs = gen.spawn(self.n_clients)
@@ -483,9 +475,7 @@ class FederatedData:
             out[c] = {"A": X.T @ X, "b": X.T @ y, "c": float(y @ y), "n": int(y.shape[0])}
         return out
 
-    def fit_scaler(
-        self, *, center: bool = True, scale: bool = True, target: bool = False
-    ) -> FederatedScaler:
+    def fit_scaler(self, *, center: bool = True, scale: bool = True, target: bool = False) -> FederatedScaler:
         """Fit a :class:`FederatedScaler` from per-client sums only.
 
         Each client reports ``n_k``, its column sums and its sum of squared deviations
@@ -584,6 +574,7 @@ def as_federated(data) -> FederatedData:
         if data and all(isinstance(v, tuple) and len(v) == 2 for v in data):
             return FederatedData.from_arrays([v[0] for v in data], [v[1] for v in data])
         return FederatedData.from_arrays(list(data))
-    raise DataError(f"data must be a FederatedData, a dict client -> X or (X, y), or a list of X or of (X, y) "
-                    f"pairs; got {type(data).__name__}")
-
+    raise DataError(
+        f"data must be a FederatedData, a dict client -> X or (X, y), or a list of X or of (X, y) "
+        f"pairs; got {type(data).__name__}"
+    )

@@ -35,9 +35,7 @@ def frame_to_arrays(
     cols = list(df.columns)
     absent = [c for c in (by, target) if c not in cols and not (c is target and target is None)]
     if absent:
-        which = ", ".join(
-            f"{'by' if c == by else 'target'}={c!r}" for c in absent
-        )
+        which = ", ".join(f"{'by' if c == by else 'target'}={c!r}" for c in absent)
         raise DataError(f"column(s) not in the data frame: {which}; columns are {preview(cols, 10)}")
     if target is not None and by == target:
         raise DataError(f"by and target are the same column {by!r}")
@@ -106,7 +104,8 @@ def frame_to_arrays(
                 warnings.warn(
                     f"categorical feature column {col!r} has a single level "
                     f"{levels[0]!r}; with drop_first=True it contributes no column",
-                    UserWarning, stacklevel=2,
+                    UserWarning,
+                    stacklevel=2,
                 )
             values = s.to_numpy(dtype=object)
             for lev in used:
@@ -117,9 +116,7 @@ def frame_to_arrays(
     if target is not None:
         t = df[target]
         if _column_kind(t) != "numeric":
-            raise DataError(
-                f"target column {target!r} is not numeric (dtype {t.dtype}); encode it as numbers"
-            )
+            raise DataError(f"target column {target!r} is not numeric (dtype {t.dtype}); encode it as numbers")
         y_all = _numeric_column(t)
     if not blocks:
         raise DataError("no feature columns left after encoding")
@@ -138,8 +135,7 @@ def frame_of(fd: FederatedData, client_col: str) -> pd.DataFrame:
     """``fd`` in long format (:meth:`FederatedData.to_dataframe`)."""
     if client_col in fd.feature_names or client_col == fd.target_name:
         raise DataError(
-            f"client column name {client_col!r} clashes with a feature/target name; "
-            "pass another client_col"
+            f"client column name {client_col!r} clashes with a feature/target name; pass another client_col"
         )
     frames = []
     for c, cd in fd.items():
@@ -165,7 +161,11 @@ def _column_kind(s: pd.Series) -> str:
         return "unsupported"
     if pd.api.types.is_numeric_dtype(dt):
         return "numeric"
-    if pd.api.types.is_datetime64_any_dtype(dt) or pd.api.types.is_timedelta64_dtype(dt) or isinstance(dt, pd.PeriodDtype):
+    if (
+        pd.api.types.is_datetime64_any_dtype(dt)
+        or pd.api.types.is_timedelta64_dtype(dt)
+        or isinstance(dt, pd.PeriodDtype)
+    ):
         return "unsupported"
     return "categorical"
 

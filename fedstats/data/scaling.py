@@ -115,7 +115,8 @@ def _safe_sd(sd: np.ndarray, mean: np.ndarray, names: Sequence[str], what: str =
         warnings.warn(
             f"{what} {names[j]!r} is constant across all clients (sd == 0); "
             "its sd is taken as 1, so it is only centred",
-            ConstantFeatureWarning, stacklevel=4,
+            ConstantFeatureWarning,
+            stacklevel=4,
         )
     sd[const] = 1.0
     return sd
@@ -127,9 +128,7 @@ def fit_scaler(fd: FederatedData, *, center: bool, scale: bool, target: bool) ->
         raise missing_target("fit_scaler(target=True)")
     # Federated on purpose: a client's rows only ever enter client_moments (run by that
     # client); the server step sees the list of per-client sums and nothing else.
-    moments = [
-        client_moments(cd.X, cd.y if target else None) for _, cd in fd.items()
-    ]
+    moments = [client_moments(cd.X, cd.y if target else None) for _, cd in fd.items()]
     agg = aggregate_moments(moments)
     n = agg["n"]
     if n < 2:
@@ -141,14 +140,13 @@ def fit_scaler(fd: FederatedData, *, center: bool, scale: bool, target: bool) ->
     if target:
         y_mean = float(agg["mean_y"]) if center else 0.0
         y_sd = (
-            float(_safe_sd(np.atleast_1d(agg["sd_y"]), np.atleast_1d(agg["mean_y"]),
-                           [fd.target_name], what="target")[0])
-            if scale else 1.0
+            float(
+                _safe_sd(np.atleast_1d(agg["sd_y"]), np.atleast_1d(agg["mean_y"]), [fd.target_name], what="target")[0]
+            )
+            if scale
+            else 1.0
         )
-    return FederatedScaler(
-        mean=mean, sd=sd, feature_names=tuple(fd.feature_names),
-        y_mean=y_mean, y_sd=y_sd, n=n,
-    )
+    return FederatedScaler(mean=mean, sd=sd, feature_names=tuple(fd.feature_names), y_mean=y_mean, y_sd=y_sd, n=n)
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,8 +183,7 @@ class FederatedScaler:
         names = tuple(self.feature_names)
         if not (mean.shape == sd.shape == (len(names),)):
             raise DataError(
-                f"scaler: mean ({mean.size}), sd ({sd.size}) and feature_names ({len(names)}) "
-                "must have the same length"
+                f"scaler: mean ({mean.size}), sd ({sd.size}) and feature_names ({len(names)}) must have the same length"
             )
         if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(sd)) and np.all(sd > 0)):
             raise DataError("scaler: mean must be finite and sd finite and > 0")
@@ -213,8 +210,7 @@ class FederatedScaler:
         """
         if list(self.feature_names) != fd.feature_names:
             raise DataError(
-                f"scaler was fitted on features {list(self.feature_names)} but the data has "
-                f"{fd.feature_names}"
+                f"scaler was fitted on features {list(self.feature_names)} but the data has {fd.feature_names}"
             )
         Xd, yd = {}, {}
         for c, cd in fd.items():

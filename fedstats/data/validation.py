@@ -14,6 +14,7 @@ ClientId = Hashable
 # how many offending items (clients, columns, rows) an error message lists before "..."
 SHOW = 5
 
+
 class DataError(ValueError):
     """Invalid federated data (shape, non-finite value, non-numeric column, ...)."""
 
@@ -62,10 +63,7 @@ def as_float_array(a: Any, what: str, client: ClientId) -> np.ndarray:
             return np.array(arr, dtype=np.float64, copy=True)
         except (TypeError, ValueError):
             pass
-    raise DataError(
-        f"{cname(client)}: {what} is not numeric (dtype {arr.dtype}); "
-        "encode it as numbers first"
-    )
+    raise DataError(f"{cname(client)}: {what} is not numeric (dtype {arr.dtype}); encode it as numbers first")
 
 
 def check_finite_X(X: np.ndarray, client: ClientId, feature_names: Sequence[str]) -> None:
@@ -102,14 +100,11 @@ def readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
-
 def pair_up(Xs: Any, ys: Any, clients: Any) -> tuple[list, list, list]:
     """Client ids and the matching lists of X and y, with the id checks."""
     if isinstance(Xs, (np.ndarray, pd.DataFrame)):
         # a single array would silently be read as one "client" per row
-        raise DataError(
-            "Xs must be a sequence (or dict) of per-client arrays, not a single array"
-        )
+        raise DataError("Xs must be a sequence (or dict) of per-client arrays, not a single array")
     if ys is None:  # no target: a placeholder per client keeps the pairing below simple
         if not isinstance(Xs, Mapping):
             Xs = list(Xs)
@@ -154,6 +149,7 @@ def pair_up(Xs: Any, ys: Any, clients: Any) -> tuple[list, list, list]:
         raise DataError(f"duplicate client ids: {preview(dups)}")
     return ids, X_list, y_list
 
+
 def check_feature_names(feature_names: Any, d: int, target_name: str) -> list[str]:
     if feature_names is None:
         return [f"x{j}" for j in range(d)]
@@ -172,4 +168,3 @@ def check_feature_names(feature_names: Any, d: int, target_name: str) -> list[st
     if target_name is not None and target_name in names:
         raise DataError(f"target_name {target_name!r} is also a feature name")
     return names
-

@@ -12,8 +12,10 @@ def find_data_file(path, filename: str, folder: str) -> Path:
     if path is None:
         root = os.environ.get("FEDSTATS_DATA")
         if not root:
-            raise FileNotFoundError(f"{filename} not found: pass path= (the folder holding it) or set "
-                                    f"FEDSTATS_DATA to a folder with a {folder}/ sub-folder")
+            raise FileNotFoundError(
+                f"{filename} not found: pass path= (the folder holding it) or set "
+                f"FEDSTATS_DATA to a folder with a {folder}/ sub-folder"
+            )
         candidates = [Path(root) / folder / filename, Path(root) / filename]
     else:
         p = Path(path)

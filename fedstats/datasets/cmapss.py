@@ -48,8 +48,9 @@ def read_cmapss(path=None, subset: str = "FD001", split: str = "train") -> pd.Da
     file = _find(path, f"{split}_{subset}.txt")
     df = pd.read_csv(file, sep=r"\s+", header=None, engine="python")
     if df.shape[1] != len(COLUMNS):
-        raise ValueError(f"{file.name}: expected {len(COLUMNS)} columns (unit, cycle, 3 settings, 21 sensors), "
-                         f"found {df.shape[1]}")
+        raise ValueError(
+            f"{file.name}: expected {len(COLUMNS)} columns (unit, cycle, 3 settings, 21 sensors), found {df.shape[1]}"
+        )
     df.columns = COLUMNS
     df[["unit", "cycle"]] = df[["unit", "cycle"]].astype(int)
     return df.sort_values(["unit", "cycle"], kind="stable").reset_index(drop=True)
@@ -61,8 +62,16 @@ def polynomial_design(t, order: int) -> np.ndarray:
     return t[:, None] ** np.arange(order + 1)
 
 
-def load_cmapss(path=None, subset: str = "FD001", *, sensor: int = 2, order: int = 6, train_fraction: float = 0.6,
-                scaling: str = "train", engines=None) -> tuple[FederatedData, FederatedData]:
+def load_cmapss(
+    path=None,
+    subset: str = "FD001",
+    *,
+    sensor: int = 2,
+    order: int = 6,
+    train_fraction: float = 0.6,
+    scaling: str = "train",
+    engines=None,
+) -> tuple[FederatedData, FederatedData]:
     """Per-engine polynomial-trend regression of one sensor, split chronologically.
 
     Parameters
@@ -113,8 +122,10 @@ def load_cmapss(path=None, subset: str = "FD001", *, sensor: int = 2, order: int
         tr, te = slice(0, n_tr), slice(n_tr, n)
         lo, hi = y[tr].min(), y[tr].max()
         if hi == lo:
-            raise ValueError(f"sensor {sensor} is constant on engine {u}'s training cycles: it cannot be min-max "
-                             "scaled (FD001 sensors 1, 5, 6, 10, 16, 18, 19 are constant)")
+            raise ValueError(
+                f"sensor {sensor} is constant on engine {u}'s training cycles: it cannot be min-max "
+                "scaled (FD001 sensors 1, 5, 6, 10, 16, 18, 19 are constant)"
+            )
         lo_te, hi_te = (lo, hi) if scaling == "train" else (y[te].min(), y[te].max())
         if hi_te == lo_te:
             raise ValueError(f"sensor {sensor} is constant on engine {u}'s test cycles: use scaling='train'")
@@ -122,12 +133,12 @@ def load_cmapss(path=None, subset: str = "FD001", *, sensor: int = 2, order: int
         cid = f"engine{u}"
         parts["train"][0][cid], parts["train"][1][cid] = X[tr], (y[tr] - lo) / (hi - lo)
         parts["test"][0][cid], parts["test"][1][cid] = X[te], (y[te] - lo_te) / (hi_te - lo_te)
-    return tuple(FederatedData.from_arrays(Xs, ys, feature_names=names, target_name=col)
-                 for Xs, ys in parts.values())
+    return tuple(FederatedData.from_arrays(Xs, ys, feature_names=names, target_name=col) for Xs, ys in parts.values())
 
 
-def load_cmapss_gp(path=None, subset: str = "FD001", *, sensor: int = 2, n_train_engines: int = 60,
-                   seed: int = 0) -> tuple[FederatedData, FederatedData, FederatedData]:
+def load_cmapss_gp(
+    path=None, subset: str = "FD001", *, sensor: int = 2, n_train_engines: int = 60, seed: int = 0
+) -> tuple[FederatedData, FederatedData, FederatedData]:
     """The FGPR paper's engine study (its Application II; the published code fixes the FD001
     file and sensors 2 and 7, which the paper does not name).
 
@@ -162,16 +173,25 @@ def load_cmapss_gp(path=None, subset: str = "FD001", *, sensor: int = 2, n_train
     name = lambda u: f"engine{u}"  # noqa: E731
     feats, target = ["cycle"], f"sensor{sensor}"
     tr = [engine(u) for u in train_units]
-    train = FederatedData.from_arrays([x for x, _ in tr], [y for _, y in tr], clients=[name(u) for u in train_units],
-                                      feature_names=feats, target_name=target)
+    train = FederatedData.from_arrays(
+        [x for x, _ in tr],
+        [y for _, y in tr],
+        clients=[name(u) for u in train_units],
+        feature_names=feats,
+        target_name=target,
+    )
     cond, test = ([], []), ([], [])
     for u in test_units:
         x, y = engine(u)
         perm = rng.permutation(len(y))
-        a, b = np.sort(perm[: len(y) // 2]), np.sort(perm[len(y) // 2:])
-        cond[0].append(x[a]); cond[1].append(y[a])
-        test[0].append(x[b]); test[1].append(y[b])
+        a, b = np.sort(perm[: len(y) // 2]), np.sort(perm[len(y) // 2 :])
+        cond[0].append(x[a])
+        cond[1].append(y[a])
+        test[0].append(x[b])
+        test[1].append(y[b])
     names = [name(u) for u in test_units]
-    return (train,
-            FederatedData.from_arrays(*cond, clients=names, feature_names=feats, target_name=target),
-            FederatedData.from_arrays(*test, clients=names, feature_names=feats, target_name=target))
+    return (
+        train,
+        FederatedData.from_arrays(*cond, clients=names, feature_names=feats, target_name=target),
+        FederatedData.from_arrays(*test, clients=names, feature_names=feats, target_name=target),
+    )

@@ -33,8 +33,9 @@ def read_sarcos(path=None) -> tuple[np.ndarray, np.ndarray]:
     return A[:, :21], A[:, 21:]
 
 
-def load_sarcos_federation(path=None, *, output: int = 1, n_clients: int = 25, test_fraction: float = 0.3,
-                           seed: int = 0) -> tuple[FederatedData, FederatedData]:
+def load_sarcos_federation(
+    path=None, *, output: int = 1, n_clients: int = 25, test_fraction: float = 0.3, seed: int = 0
+) -> tuple[FederatedData, FederatedData]:
     """Random partition of the rows into ``n_clients`` clients, each split into train and test.
 
     Inputs and the torque of joint ``output`` (1-7) are standardised with the mean and sd of
@@ -62,8 +63,10 @@ def load_sarcos_federation(path=None, *, output: int = 1, n_clients: int = 25, t
     my, sy = y[allt].mean(), y[allt].std()
     Xs, ys = (X - mx) / sx, (y - my) / sy
     names = [f"client{i + 1}" for i in range(n_clients)]
-    train = FederatedData.from_arrays([Xs[i] for i in tr], [ys[i] for i in tr], clients=names,
-                                      feature_names=INPUTS, target_name=f"torque{output}")
-    test = FederatedData.from_arrays([Xs[i] for i in te], [ys[i] for i in te], clients=names,
-                                     feature_names=INPUTS, target_name=f"torque{output}")
+    train = FederatedData.from_arrays(
+        [Xs[i] for i in tr], [ys[i] for i in tr], clients=names, feature_names=INPUTS, target_name=f"torque{output}"
+    )
+    test = FederatedData.from_arrays(
+        [Xs[i] for i in te], [ys[i] for i in te], clients=names, feature_names=INPUTS, target_name=f"torque{output}"
+    )
     return train, test

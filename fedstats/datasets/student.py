@@ -20,21 +20,78 @@ import pandas as pd
 from ..data import FederatedData, FederatedScaler
 from ._files import find_data_file
 
-COLUMNS = ["school", "sex", "age", "address", "famsize", "Pstatus", "Medu", "Fedu", "Mjob", "Fjob", "reason",
-           "guardian", "traveltime", "studytime", "failures", "schoolsup", "famsup", "paid", "activities",
-           "nursery", "higher", "internet", "romantic", "famrel", "freetime", "goout", "Dalc", "Walc", "health",
-           "absences", "G1", "G2", "G3"]
-NUMERIC = ["age", "Medu", "Fedu", "traveltime", "studytime", "failures", "famrel", "freetime", "goout", "Dalc",
-           "Walc", "health", "absences"]
+COLUMNS = [
+    "school",
+    "sex",
+    "age",
+    "address",
+    "famsize",
+    "Pstatus",
+    "Medu",
+    "Fedu",
+    "Mjob",
+    "Fjob",
+    "reason",
+    "guardian",
+    "traveltime",
+    "studytime",
+    "failures",
+    "schoolsup",
+    "famsup",
+    "paid",
+    "activities",
+    "nursery",
+    "higher",
+    "internet",
+    "romantic",
+    "famrel",
+    "freetime",
+    "goout",
+    "Dalc",
+    "Walc",
+    "health",
+    "absences",
+    "G1",
+    "G2",
+    "G3",
+]
+NUMERIC = [
+    "age",
+    "Medu",
+    "Fedu",
+    "traveltime",
+    "studytime",
+    "failures",
+    "famrel",
+    "freetime",
+    "goout",
+    "Dalc",
+    "Walc",
+    "health",
+    "absences",
+]
 # Binary attributes and the level coded 1.
-BINARY = {"sex": "M", "address": "U", "famsize": "GT3", "Pstatus": "T", "schoolsup": "yes", "famsup": "yes",
-          "paid": "yes", "activities": "yes", "nursery": "yes", "higher": "yes", "internet": "yes",
-          "romantic": "yes"}
+BINARY = {
+    "sex": "M",
+    "address": "U",
+    "famsize": "GT3",
+    "Pstatus": "T",
+    "schoolsup": "yes",
+    "famsup": "yes",
+    "paid": "yes",
+    "activities": "yes",
+    "nursery": "yes",
+    "higher": "yes",
+    "internet": "yes",
+    "romantic": "yes",
+}
 # Nominal attributes: k - 1 dummies, the first level listed is the reference.
-NOMINAL = {"Mjob": ["other", "at_home", "health", "services", "teacher"],
-           "Fjob": ["other", "at_home", "health", "services", "teacher"],
-           "reason": ["other", "course", "home", "reputation"],
-           "guardian": ["other", "father", "mother"]}
+NOMINAL = {
+    "Mjob": ["other", "at_home", "health", "services", "teacher"],
+    "Fjob": ["other", "at_home", "health", "services", "teacher"],
+    "reason": ["other", "course", "home", "reputation"],
+    "guardian": ["other", "father", "mother"],
+}
 SUBJECTS = {"por": "student-por.csv", "mat": "student-mat.csv"}
 
 
@@ -60,8 +117,9 @@ def read_student(path=None, subject: str = "por") -> pd.DataFrame:
             raise ValueError(f"unexpected columns in {SUBJECTS[subject]}: {header}")
     bad = [i for i, r in enumerate(rows) if len(r) != len(COLUMNS)]
     if bad:
-        raise ValueError(f"{SUBJECTS[subject]}: row {bad[0] + 1} has {len(rows[bad[0]])} fields, expected "
-                         f"{len(COLUMNS)}")
+        raise ValueError(
+            f"{SUBJECTS[subject]}: row {bad[0] + 1} has {len(rows[bad[0]])} fields, expected {len(COLUMNS)}"
+        )
     df = pd.DataFrame(rows, columns=COLUMNS)
     for col in NUMERIC + ["G1", "G2", "G3"]:
         df[col] = pd.to_numeric(df[col], errors="raise").astype(float)
@@ -97,8 +155,7 @@ def _other_level(col: str) -> str:
     return {"sex": "F", "address": "R", "famsize": "LE3", "Pstatus": "A"}.get(col, "no")
 
 
-def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, seed: int = 0,
-                 scaling: str = "school"):
+def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, seed: int = 0, scaling: str = "school"):
     """The student-performance federation: one client per school (``GP``, ``MS``), the 38
     predictors of :func:`student_design`, target G3.
 
@@ -129,8 +186,14 @@ def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, see
 
     def numeric_only(sc):
         numeric = np.isin(np.asarray(sc.feature_names), NUMERIC)
-        return FederatedScaler(mean=np.where(numeric, sc.mean, 0.0), sd=np.where(numeric, sc.sd, 1.0),
-                               feature_names=sc.feature_names, y_mean=sc.y_mean, y_sd=sc.y_sd, n=sc.n)
+        return FederatedScaler(
+            mean=np.where(numeric, sc.mean, 0.0),
+            sd=np.where(numeric, sc.sd, 1.0),
+            feature_names=sc.feature_names,
+            y_mean=sc.y_mean,
+            y_sd=sc.y_sd,
+            n=sc.n,
+        )
 
     if scaling == "pooled":
         sc = numeric_only(train.fit_scaler(target=True))
@@ -140,9 +203,15 @@ def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, see
     parts = []
     for fd in (train, test):
         scaled = [scalers[c].transform(fd.subset([c])) for c in fd.clients]
-        parts.append(FederatedData.from_arrays([s[c].X for s, c in zip(scaled, fd.clients)],
-                                               [s[c].y for s, c in zip(scaled, fd.clients)], clients=fd.clients,
-                                               feature_names=fd.feature_names, target_name=fd.target_name))
+        parts.append(
+            FederatedData.from_arrays(
+                [s[c].X for s, c in zip(scaled, fd.clients)],
+                [s[c].y for s, c in zip(scaled, fd.clients)],
+                clients=fd.clients,
+                feature_names=fd.feature_names,
+                target_name=fd.target_name,
+            )
+        )
     return parts[0], parts[1], scalers
 
 

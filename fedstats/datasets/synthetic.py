@@ -11,8 +11,9 @@ UQ_MU = np.array([1.0, 3.0, 0.5, 2.0])
 UQ_TAU = np.array([1.17, 2.35, 2.52, 0.67])
 
 
-def hm2_federation(*, n_clients: int = 100, n_obs: int | list[int] = 100, mu=UQ_MU, tau=UQ_TAU,
-                   sigma: float = 0.05, seed: int = 0) -> tuple[FederatedData, dict]:
+def hm2_federation(
+    *, n_clients: int = 100, n_obs: int | list[int] = 100, mu=UQ_MU, tau=UQ_TAU, sigma: float = 0.05, seed: int = 0
+) -> tuple[FederatedData, dict]:
     """Simulate ``theta_k ~ N(mu, diag tau)``, ``X ~ N(0, I)``, ``y = X theta_k + N(0, sigma^2)``.
 
     Returns the federation and the truth ``{"mu", "tau", "log_tau", "theta", "sigma"}``.
@@ -119,13 +120,26 @@ def hm1_case(case: str = "I", *, n_test: int = 1000, noisy_test: bool = False, s
         Xs = [rng.standard_normal((n, d)) for n in ns]
         ys = [X @ theta[:, k] + (sd * rng.standard_normal(n) if noisy else 0.0) for k, (X, n) in enumerate(zip(Xs, ns))]
         parts.append(FederatedData.from_arrays(Xs, ys, clients=clients, feature_names=names))
-    truth = {"theta": theta, "omega": omega, "noise_var": spec["noise_var"],
-             "evaluate": [clients[k] for k in spec["evaluate"]]}
+    truth = {
+        "theta": theta,
+        "omega": omega,
+        "noise_var": spec["noise_var"],
+        "evaluate": [clients[k] for k in spec["evaluate"]],
+    }
     return parts[0], parts[1], truth
 
 
-def hm1_clusters(*, n_clients: int = 20, d: int = 4, n_poor: int = 8, n_rich: int = 100, rho: float = 0.95,
-                 sigma: float = 0.5, mean: float = 0.0, seed: int = 0):
+def hm1_clusters(
+    *,
+    n_clients: int = 20,
+    d: int = 4,
+    n_poor: int = 8,
+    n_rich: int = 100,
+    rho: float = 0.95,
+    sigma: float = 0.5,
+    mean: float = 0.0,
+    seed: int = 0,
+):
     """A federation where HM1 can borrow strength (issue 18's sweep of HM1's defaults):
     clients in two clusters (even and odd index), coefficients ``mean + N(0, Omega)`` per
     predictor with correlation ``rho`` within a cluster and 0 across, ``X ~ N(1, I)``
@@ -153,9 +167,18 @@ def hm1_clusters(*, n_clients: int = 20, d: int = 4, n_poor: int = 8, n_rich: in
     return FederatedData.from_arrays(Xs, ys), theta, poor, omega
 
 
-def gmm_federation(*, n_clients: int = 20, n_components: int = 3, d: int = 4, alpha: float = 0.4,
-                   n_obs: tuple[int, int] | int | list[int] = (20, 200), min_separation: float | None = 8.0,
-                   spread: float = 5.0, covariance: str = "identity", seed: int = 0) -> tuple[FederatedData, dict]:
+def gmm_federation(
+    *,
+    n_clients: int = 20,
+    n_components: int = 3,
+    d: int = 4,
+    alpha: float = 0.4,
+    n_obs: tuple[int, int] | int | list[int] = (20, 200),
+    min_separation: float | None = 8.0,
+    spread: float = 5.0,
+    covariance: str = "identity",
+    seed: int = 0,
+) -> tuple[FederatedData, dict]:
     """A federated Gaussian mixture (a simulation of ours, not the FedEM thesis's): shared
     components, Dirichlet weights.
 

@@ -36,12 +36,17 @@ CMAPSS_FGPR = dict(kernel="rbf", local_steps=5, batch_size=64, rounds=100, lr=0.
 
 
 def _row(method: str, rmse: pd.Series, seconds: float) -> dict:
-    return {"method": method, "avg_rmse": float(rmse.mean()), "sd_rmse": float(rmse.std(ddof=1)),
-            "seconds": round(seconds, 2)}
+    return {
+        "method": method,
+        "avg_rmse": float(rmse.mean()),
+        "sd_rmse": float(rmse.std(ddof=1)),
+        "seconds": round(seconds, 2),
+    }
 
 
-def separate_rmse(cond: FederatedData, test: FederatedData, *, kernel: str = "rbf", nu: float = 1.5,
-                  restarts: int = 3, seed: int = 0) -> pd.Series:
+def separate_rmse(
+    cond: FederatedData, test: FederatedData, *, kernel: str = "rbf", nu: float = 1.5, restarts: int = 3, seed: int = 0
+) -> pd.Series:
     """RMSE of every client's own GP (maximum likelihood on its own standardised data, best of
     ``restarts`` starts) on its test points."""
     sep = SeparateGP(protocol="converged", kernel=kernel, nu=nu, restarts=restarts)
@@ -62,8 +67,14 @@ def _compare(train, cond, test, fgpr_opts, *, seed, restarts, extra=None):
     cen = model.fit_centralised(train, restarts=restarts, seed=seed)
     rows.append(_row("Centralised (same objective)", cen.rmse(test, cond), time.perf_counter() - t0))
     t0 = time.perf_counter()
-    sep = separate_rmse(cond if cond is not None else train, test, kernel=fgpr_opts.get("kernel", "rbf"),
-                        nu=fgpr_opts.get("nu", 1.5), restarts=restarts, seed=seed)
+    sep = separate_rmse(
+        cond if cond is not None else train,
+        test,
+        kernel=fgpr_opts.get("kernel", "rbf"),
+        nu=fgpr_opts.get("nu", 1.5),
+        restarts=restarts,
+        seed=seed,
+    )
     rows.append(_row("Separate", sep, time.perf_counter() - t0))
     models.update(FGPR=fed, Centralised=cen)
     if extra is not None:
@@ -71,12 +82,22 @@ def _compare(train, cond, test, fgpr_opts, *, seed, restarts, extra=None):
     return pd.DataFrame(rows).set_index("method"), models
 
 
-def sarcos_study(path=None, *, output: int = 1, seed: int = 0, n_clients: int = 25, test_fraction: float = 0.3,
-                 restarts: int = 2, pooled: bool = False, **fgpr) -> tuple[pd.DataFrame, dict]:
+def sarcos_study(
+    path=None,
+    *,
+    output: int = 1,
+    seed: int = 0,
+    n_clients: int = 25,
+    test_fraction: float = 0.3,
+    restarts: int = 2,
+    pooled: bool = False,
+    **fgpr,
+) -> tuple[pd.DataFrame, dict]:
     """One repetition on SARCOS joint ``output``: FGPR, centralised, Separate (and the pooled
     GP). Returns ``(table, models)``; ``table`` has avg_rmse, sd_rmse and seconds per method."""
-    train, test = load_sarcos_federation(path, output=output, n_clients=n_clients, test_fraction=test_fraction,
-                                         seed=seed)
+    train, test = load_sarcos_federation(
+        path, output=output, n_clients=n_clients, test_fraction=test_fraction, seed=seed
+    )
     opts = {**SARCOS_FGPR, **fgpr}
 
     def pooled_gp():
@@ -84,16 +105,18 @@ def sarcos_study(path=None, *, output: int = 1, seed: int = 0, n_clients: int = 
         X = np.vstack([np.asarray(train[c].X) for c in train.clients])
         y = np.concatenate([np.asarray(train[c].y) for c in train.clients])
         res = SeparateGP(protocol="converged", kernel=opts["kernel"], nu=opts.get("nu", 1.5), restarts=1).fit(
-            X, y, seed=seed)
-        rm = {c: rmse(res.predict(np.asarray(test[c].X), client="HF")["mean"], np.asarray(test[c].y))
-              for c in test.clients}
+            X, y, seed=seed
+        )
+        rm = {
+            c: rmse(res.predict(np.asarray(test[c].X), client="HF")["mean"], np.asarray(test[c].y))
+            for c in test.clients
+        }
         return _row("Pooled exact GP (all rows)", pd.Series(rm), time.perf_counter() - t0)
 
     return _compare(train, None, test, opts, seed=seed, restarts=restarts, extra=pooled_gp if pooled else None)
 
 
-def cmapss_study(path=None, *, sensor: int = 2, seed: int = 0, restarts: int = 2,
-                 **fgpr) -> tuple[pd.DataFrame, dict]:
+def cmapss_study(path=None, *, sensor: int = 2, seed: int = 0, restarts: int = 2, **fgpr) -> tuple[pd.DataFrame, dict]:
     """One repetition on C-MAPSS FD001: FGPR trained on 60 engines; the 40 unseen engines
     condition on half their cycles and are scored on the other half."""
     train, cond, test = load_cmapss_gp(path, sensor=sensor, seed=seed)

@@ -46,8 +46,9 @@ def _ols_rmse(train, test, c) -> float:
     return _rmse(np.column_stack([np.ones(test[c].n), test[c].X]) @ beta, test[c].y)
 
 
-def table2_run(case: str, seed: int, *, penalty: str = "lasso", level: float = 0.9, sigma: float = 0.05,
-               model_options=None) -> dict:
+def table2_run(
+    case: str, seed: int, *, penalty: str = "lasso", level: float = 0.9, sigma: float = 0.05, model_options=None
+) -> dict:
     """One run of Table 2 (the paper's Section 5.2): fit on ``selection_case(case, seed=seed)``, then the
     correct inclusion rate (share of (device, nonzero coefficient) pairs selected), the
     false inclusion rate (share of (device, zero coefficient) pairs selected) and A-RMSE
@@ -74,18 +75,36 @@ def table2_run(case: str, seed: int, *, penalty: str = "lasso", level: float = 0
         return float(np.mean([_rmse(predict(c), test[c].y) for c in clients]))
 
     diag = res.sampler_diagnostics()
-    return {"case": case, "seed": seed, "penalty": penalty, "correct": float(sel["selected"][nonzero].mean()),
-            "false": float(sel["selected"][~nonzero].mean()),
-            "n_nonzero_pairs": int(nonzero.sum()), "n_zero_pairs": int((~nonzero).sum()),
-            "a_rmse": armse(lambda c: res.predict(test[c].X, client=c, n=100)["mean"]),
-            "a_rmse_selected": armse(lambda c: res.predict_selected(test[c].X, c, level)),
-            "a_rmse_ols": float(np.mean([_ols_rmse(train, test, c) for c in clients])),
-            "rounds": res.rounds, "converged": res.converged, "seconds": seconds,
-            "rhat_max": float(diag["rhat_max"].max()), "ess_min": float(diag["ess_min"].min())}
+    return {
+        "case": case,
+        "seed": seed,
+        "penalty": penalty,
+        "correct": float(sel["selected"][nonzero].mean()),
+        "false": float(sel["selected"][~nonzero].mean()),
+        "n_nonzero_pairs": int(nonzero.sum()),
+        "n_zero_pairs": int((~nonzero).sum()),
+        "a_rmse": armse(lambda c: res.predict(test[c].X, client=c, n=100)["mean"]),
+        "a_rmse_selected": armse(lambda c: res.predict_selected(test[c].X, c, level)),
+        "a_rmse_ols": float(np.mean([_ols_rmse(train, test, c) for c in clients])),
+        "rounds": res.rounds,
+        "converged": res.converged,
+        "seconds": seconds,
+        "rhat_max": float(diag["rhat_max"].max()),
+        "ess_min": float(diag["ess_min"].min()),
+    }
 
 
-def student_study(path=None, *, seeds=(0,), level: float = 0.9, subject: str = "por", scaling: str = "school",
-                  penalties=("lasso", "ridge"), centralised_options=None, references: bool = False) -> pd.DataFrame:
+def student_study(
+    path=None,
+    *,
+    seeds=(0,),
+    level: float = 0.9,
+    subject: str = "por",
+    scaling: str = "school",
+    penalties=("lasso", "ridge"),
+    centralised_options=None,
+    references: bool = False,
+) -> pd.DataFrame:
     """Table 3 (the paper's Section 6.1) over one or more random 60/40 splits.
 
     For each split and penalty: the federated fit (one coefficient vector per school) and the
@@ -152,8 +171,10 @@ def _sklearn_rows(train, test, seed) -> list[dict]:
         from sklearn.linear_model import LassoCV, RidgeCV
     except ImportError as exc:  # a test dependency, not one of the library
         raise ImportError("student_study(references=True) needs scikit-learn (pip install scikit-learn)") from exc
-    makers = {"lassocv": lambda: LassoCV(random_state=0, max_iter=100_000),
-              "ridgecv": lambda: RidgeCV(alphas=np.logspace(-3, 3, 50))}
+    makers = {
+        "lassocv": lambda: LassoCV(random_state=0, max_iter=100_000),
+        "ridgecv": lambda: RidgeCV(alphas=np.logspace(-3, 3, 50)),
+    }
     clients = train.clients
     yall = np.concatenate([test[c].y for c in clients])
     rows = []
@@ -185,9 +206,15 @@ def student_gate(table: pd.DataFrame) -> pd.DataFrame:
     rows = {}
     for p in ("lasso", "ridge"):
         fed, cen = m[p]["federated"], m[p]["centralised"]
-        rows[p] = {"federated": fed, "centralised": cen, "difference": fed - cen, "best scikit-learn": best_ref,
-                   "federated / best": fed / best_ref, "within 0.03": fed - cen <= 0.03,
-                   "within 5%": fed <= 1.05 * best_ref}
+        rows[p] = {
+            "federated": fed,
+            "centralised": cen,
+            "difference": fed - cen,
+            "best scikit-learn": best_ref,
+            "federated / best": fed / best_ref,
+            "within 0.03": fed - cen <= 0.03,
+            "within 5%": fed <= 1.05 * best_ref,
+        }
     return pd.DataFrame(rows).T.rename_axis("penalty")
 
 
@@ -199,8 +226,17 @@ __all__ = ["table2_run", "student_study", "student_gate", "selected_sets"]
 #: Settings of the Table 1 runs that the paper leaves open (batch size, gradient reduction,
 #: learning rate, initialisation), as used
 #: by :func:`table1_run` unless overridden.
-TABLE1_SETTINGS = {"rounds": 30, "local_steps": 20, "lr": 1e-3, "alpha": 0.1, "grad_reduction": "sum",
-                   "batch_size": None, "shrink_scale": 1.0, "init": "normal", "eig_floor": 0.0}
+TABLE1_SETTINGS = {
+    "rounds": 30,
+    "local_steps": 20,
+    "lr": 1e-3,
+    "alpha": 0.1,
+    "grad_reduction": "sum",
+    "batch_size": None,
+    "shrink_scale": 1.0,
+    "init": "normal",
+    "eig_floor": 0.0,
+}
 
 
 def a_rmse(res, test, clients=None) -> float:
@@ -223,15 +259,19 @@ def table1_run(case: str, seed: int, *, n_test: int = 1000, trace: bool = False,
     train, test, truth = hm1_case(case, n_test=n_test, seed=seed)
     ev, K = truth["evaluate"], train.n_clients
     recovery = []
-    callback = (lambda c, theta, omega: recovery.append(np.linalg.norm(theta - truth["theta"]) / np.sqrt(K))) \
-        if trace else None
+    callback = (
+        (lambda c, theta, omega: recovery.append(np.linalg.norm(theta - truth["theta"]) / np.sqrt(K)))
+        if trace
+        else None
+    )
     t0 = time.perf_counter()
     # the paper's HM1 is Algorithm 1's point (what a_rmse scores): no posterior round
     hm1 = StructuralCovarianceModel(**opts).fit(train, seed=seed, callback=callback, uncertainty=False)
     seconds = time.perf_counter() - t0
     gd = {k: opts[k] for k in ("rounds", "local_steps", "lr", "grad_reduction", "batch_size", "init")}
     out = {
-        "case": case, "seed": seed,
+        "case": case,
+        "seed": seed,
         "hm1": a_rmse(hm1, test, ev),
         "separate": a_rmse(Separate(**gd).fit(train, seed=seed), test, ev),
         "ols": a_rmse(Separate(method="ols").fit(train), test, ev),
@@ -300,8 +340,16 @@ CMAPSS_GRIDS = {
 }
 
 
-def cmapss_run(path=None, *, sensor: int = 2, seed: int = 0, scaling: str = "own", order: int = 6,
-               grids: dict | None = None, settings: dict | None = None) -> dict:
+def cmapss_run(
+    path=None,
+    *,
+    sensor: int = 2,
+    seed: int = 0,
+    scaling: str = "own",
+    order: int = 6,
+    grids: dict | None = None,
+    settings: dict | None = None,
+) -> dict:
     """One seeded run of Table 4 for one sensor: HM1, Separate, FedAvg, Ditto and distributed
     ridge, each with its options chosen by :func:`grid_search` on a random 20% validation
     split of the training segments, refitted on all of them, and scored by the A-RMSE over

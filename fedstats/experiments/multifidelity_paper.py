@@ -16,24 +16,52 @@ from ..gp.multifidelity import AR1CoKriging, FederatedAR1, SeparateGP, fidelity_
 __all__ = ["paper_protocol", "mf_run", "rmse"]
 
 
-def paper_protocol(data: FederatedData, *, lr: float = 0.01, rounds: int = 201, kernel: str = "rbf",
-                   ard: bool = False, batch_size=None, **kw) -> FGPR:
+def paper_protocol(
+    data: FederatedData,
+    *,
+    lr: float = 0.01,
+    rounds: int = 201,
+    kernel: str = "rbf",
+    ard: bool = False,
+    batch_size=None,
+    **kw,
+) -> FGPR:
     """FGPR with the published code's multi-fidelity settings:
     nearest-neighbour batches of ``M = min_k N_k`` (``batch_size`` overrides, e.g. 0.2 for the
     1-D examples' ``N_k / 5``), one local epoch ``E_k = floor(N_k / M_k)``, Adam with a fresh
     state each round, 200 rounds plus the initial one, log 2 start."""
     M = int(min(data.n_obs.values())) if batch_size is None else batch_size
-    return FGPR(kernel=kernel, ard=ard, rounds=rounds, local_steps="epoch", batch_size=M, sampler="nearest",
-                optimizer="adam", lr=lr, optimizer_state="fresh", **kw)
+    return FGPR(
+        kernel=kernel,
+        ard=ard,
+        rounds=rounds,
+        local_steps="epoch",
+        batch_size=M,
+        sampler="nearest",
+        optimizer="adam",
+        lr=lr,
+        optimizer_state="fresh",
+        **kw,
+    )
 
 
 def rmse(a, b) -> float:
     return float(np.sqrt(np.mean((np.asarray(a) - np.asarray(b)) ** 2)))
 
 
-def mf_run(name: str, *, seed: int = 0, protocol: str = "paper", layout: str = "paper",
-           methods=("FGPR", "Separate", "AR1", "FedAR1"), code_compat: bool = False, scale_x: bool = True,
-           lr: float | None = None, rounds: int = 201, restarts: int = 2) -> dict:
+def mf_run(
+    name: str,
+    *,
+    seed: int = 0,
+    protocol: str = "paper",
+    layout: str = "paper",
+    methods=("FGPR", "Separate", "AR1", "FedAR1"),
+    code_compat: bool = False,
+    scale_x: bool = True,
+    lr: float | None = None,
+    rounds: int = 201,
+    restarts: int = 2,
+) -> dict:
     """One repetition of the multi-fidelity table (``FedAR1``, the federated AR1, with the paper
     layout only: the code layout has two clients per level).
 
@@ -57,12 +85,16 @@ def mf_run(name: str, *, seed: int = 0, protocol: str = "paper", layout: str = "
     batch = {"batch_size": 0.2} if prob.grid else {}
     if "FGPR" in methods:
         model = paper_protocol(mf.train, lr=lr, rounds=rounds, device="cpu", **batch)
-        res = (model.fit(mf.train, seed=seed, progress=False) if protocol == "paper"
-               else model.fit_centralised(mf.train, restarts=restarts, seed=seed))
+        res = (
+            model.fit(mf.train, seed=seed, progress=False)
+            if protocol == "paper"
+            else model.fit_centralised(mf.train, restarts=restarts, seed=seed)
+        )
         out["FGPR"] = rmse(res.predict(mf.X_test, client=mf.hf_client, scale="standardized")["mean"], truth)
     if "Separate" in methods:
-        sep = SeparateGP(protocol=protocol, lr=lr, rounds=rounds - 1, batch_size=0.2 if prob.grid else M,
-                         restarts=restarts)
+        sep = SeparateGP(
+            protocol=protocol, lr=lr, rounds=rounds - 1, batch_size=0.2 if prob.grid else M, restarts=restarts
+        )
         res = sep.fit(Xh, yh, seed=seed)
         out["Separate"] = rmse(res.predict(mf.X_test, client="HF", scale="standardized")["mean"], truth)
     if "AR1" in methods:
@@ -71,8 +103,9 @@ def mf_run(name: str, *, seed: int = 0, protocol: str = "paper", layout: str = "
         _, mu, sd = standardise(yh)
         out["AR1"] = rmse((ar.predict(mf.X_test, scale="original")["mean"] - mu) / sd, truth)
     if "FedAR1" in methods and layout == "paper":
-        fa = FederatedAR1(restarts=max(restarts, 2)).fit(mf.train, order=[lv for lv in ("LF", "MF", "HF")
-                                                                          if lv in prob.levels], seed=seed)
+        fa = FederatedAR1(restarts=max(restarts, 2)).fit(
+            mf.train, order=[lv for lv in ("LF", "MF", "HF") if lv in prob.levels], seed=seed
+        )
         out["FedAR1"] = rmse(fa.predict(mf.X_test)["mean"], truth)
         out["FedAR1_kB"] = (fa.communication["bytes_down"] + fa.communication["bytes_up"]) / 1e3
     return out

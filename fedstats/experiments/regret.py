@@ -52,12 +52,29 @@ class MixtureStream:
     seed : int
     """
 
-    def __init__(self, *, n_clients=50, n=30, d=10, n_components=5, spread=5.0, alpha=0.1, process="iid",
-                 period=50, adversary_mass=0.9, seed=0):
+    def __init__(
+        self,
+        *,
+        n_clients=50,
+        n=30,
+        d=10,
+        n_components=5,
+        spread=5.0,
+        alpha=0.1,
+        process="iid",
+        period=50,
+        adversary_mass=0.9,
+        seed=0,
+    ):
         if process not in PROCESSES:
             raise ValueError(f"process must be one of {PROCESSES}, got {process!r}")
-        for name, v in (("n_clients", n_clients), ("n", n), ("d", d), ("n_components", n_components),
-                        ("period", period)):
+        for name, v in (
+            ("n_clients", n_clients),
+            ("n", n),
+            ("d", d),
+            ("n_components", n_components),
+            ("period", period),
+        ):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if not spread > 0 or not alpha > 0 or not 0 < adversary_mass <= 1:
@@ -206,8 +223,15 @@ class RegretTracker:
         rows = []
         for t in grid:
             R = (ce[t - 1] - self.comparator(int(t)))[sel]
-            rows.append({"t": int(t), "regret": float(R.mean()), "regret_per_step": float(R.mean() / t),
-                         "regret_sd": float(R.std(ddof=1)) if len(R) > 1 else 0.0, "min_client": float(R.min())})
+            rows.append(
+                {
+                    "t": int(t),
+                    "regret": float(R.mean()),
+                    "regret_per_step": float(R.mean() / t),
+                    "regret_sd": float(R.std(ddof=1)) if len(R) > 1 else 0.0,
+                    "min_client": float(R.min()),
+                }
+            )
         return pd.DataFrame(rows)
 
     def played_loss(self, name: str) -> np.ndarray:
@@ -244,12 +268,26 @@ def growth(curve: pd.DataFrame) -> dict:
     slope = float(np.polyfit(np.log(t[half]), np.log(R[half]), 1)[0]) if half.sum() >= 2 else float("nan")
     mid = int(np.argmin(np.abs(t - t[-1] / 2)))
     ratio_end, ratio_mid = R[-1] / t[-1], R[mid] / t[mid]
-    return {"slope": slope, "regret_T": float(R[-1]), "ratio_T": float(ratio_end), "ratio_mid": float(ratio_mid),
-            "ratio_decreasing": bool(ratio_end < ratio_mid), "sublinear": bool(slope < 0.9 and ratio_end < ratio_mid)}
+    return {
+        "slope": slope,
+        "regret_T": float(R[-1]),
+        "ratio_T": float(ratio_end),
+        "ratio_mid": float(ratio_mid),
+        "ratio_decreasing": bool(ratio_end < ratio_mid),
+        "sublinear": bool(slope < 0.9 and ratio_end < ratio_mid),
+    }
 
 
-def simulate(stream: MixtureStream, learners: Mapping, T: int, *, n_eval: int = 100, grid_points: int = 16,
-             progress: bool | None = None, seed: int = 0):
+def simulate(
+    stream: MixtureStream,
+    learners: Mapping,
+    T: int,
+    *,
+    n_eval: int = 100,
+    grid_points: int = 16,
+    progress: bool | None = None,
+    seed: int = 0,
+):
     """Run ``learners`` (name -> an object with ``played(client)`` and ``partial_fit(batch)``,
     e.g. :class:`~fedstats.mixture.FEMOMD`) on the same stream for ``T`` steps; learners whose
     ``partial_fit`` takes a ``seed`` get ``seed`` at every step.

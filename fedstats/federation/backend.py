@@ -86,7 +86,7 @@ def accepts_backend(method):
 
     wrapper.__doc__ = (method.__doc__ or "") + (
         "\n\n        ``backend``: where the clients' steps run: ``None`` (the backend in effect, else this"
-        "\n        process), ``\"inprocess\"``, ``\"flower\"`` (a Flower simulation, one SuperNode per client) or"
+        '\n        process), ``"inprocess"``, ``"flower"`` (a Flower simulation, one SuperNode per client) or'
         "\n        a :class:`fedstats.federation.flower.FlowerSession`. Results are the same (a Flower node"
         "\n        steps its client alone, so sampled estimators equal the in-process run with batched=False).\n"
     )

@@ -83,7 +83,5 @@ def read_checkpoint(path: str) -> dict:
     if not isinstance(payload, dict) or "format" not in payload:
         raise ValueError(f"{path!r} is not a fedstats checkpoint")
     if payload["format"] != CHECKPOINT_FORMAT:
-        raise ValueError(
-            f"checkpoint {path!r} has format {payload['format']}, this version reads {CHECKPOINT_FORMAT}"
-        )
+        raise ValueError(f"checkpoint {path!r} has format {payload['format']}, this version reads {CHECKPOINT_FORMAT}")
     return payload

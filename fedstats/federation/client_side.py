@@ -73,7 +73,6 @@ def checked_step(algorithm: FederatedAlgorithm, client: ClientId, result: Any) -
     return validate_message(result[0], algorithm.reply_keys, who=f"client {client!r}"), result[1]
 
 
-
 class InProcessClients:
     """The client side of the simulation: data and private states live here only.
 
@@ -124,9 +123,11 @@ class InProcessClients:
         for i in idx:
             c = self.ids[i]
             try:
-                out.append(self.algorithm.client_step(
-                    messages[i], self._states[c], self._data[c], client_rng(self.seed, rnd, i)
-                ))
+                out.append(
+                    self.algorithm.client_step(
+                        messages[i], self._states[c], self._data[c], client_rng(self.seed, rnd, i)
+                    )
+                )
             except Exception as exc:  # noqa: BLE001 - a failing client is recorded
                 out.append(exc)
         return out

@@ -58,8 +58,15 @@ def one_shot(data, keys, payload, client_fn, *, seed, what, private=None):
     exchange); raises ``RuntimeError`` naming the first
     client that failed (a one-off aggregate over part of the federation would be wrong).
     """
-    r = run(OneShot(tuple(keys), payload, client_fn, private), data, rounds=1, seed=seed, progress=False,
-            batched=False, kind=what.removeprefix("the "))
+    r = run(
+        OneShot(tuple(keys), payload, client_fn, private),
+        data,
+        rounds=1,
+        seed=seed,
+        progress=False,
+        batched=False,
+        kind=what.removeprefix("the "),
+    )
     raise_failures(r.history, what)
     return r.server_state, r.client_states
 

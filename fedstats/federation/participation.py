@@ -58,9 +58,7 @@ class Participation:
         elif isinstance(spec, (list, tuple, np.ndarray)):
             entries = list(spec)
             if len(entries) < rounds:
-                raise ValueError(
-                    f"participation schedule has {len(entries)} rounds, fewer than rounds={rounds}"
-                )
+                raise ValueError(f"participation schedule has {len(entries)} rounds, fewer than rounds={rounds}")
             self.schedule = [self._canonical(e, f"participation schedule round {r}") for r, e in enumerate(entries)]
             self.kind = "schedule"
             self.desc = ("schedule", tuple(tuple(e) for e in self.schedule))

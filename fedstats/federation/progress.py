@@ -63,8 +63,11 @@ class _LinePrinter:
     def round(self, rec: RoundRecord, final: bool) -> None:
         if not (final or rec.round == 0 or time.perf_counter() - self.last >= self.min_interval):
             return
-        parts = [f"round {rec.round + 1}/{self.rounds}", f"{rec.seconds:.2f} s",
-                 f"{len(rec.answered)}/{len(rec.participants)} answered"]
+        parts = [
+            f"round {rec.round + 1}/{self.rounds}",
+            f"{rec.seconds:.2f} s",
+            f"{len(rec.answered)}/{len(rec.participants)} answered",
+        ]
         if rec.failed:
             parts.append(f"{len(rec.failed)} failed")
         shown = 0
@@ -79,8 +82,9 @@ class _LinePrinter:
         if converged:
             self._print(f"converged after {done} round(s), {seconds:.1f} s")
         else:
-            self._print(f"stopped after {done} round(s) (the limit) without meeting its convergence rule, "
-                        f"{seconds:.1f} s")
+            self._print(
+                f"stopped after {done} round(s) (the limit) without meeting its convergence rule, {seconds:.1f} s"
+            )
 
 
 class RoundDisplay:
@@ -88,8 +92,7 @@ class RoundDisplay:
     left ``progress`` to ``None``), else a tqdm bar (``progress=True``, or ``None`` with stderr
     a terminal), else nothing."""
 
-    def __init__(self, progress: bool | None, *, name: str, rounds: int, start: int, active: bool,
-                 failed_so_far: int):
+    def __init__(self, progress: bool | None, *, name: str, rounds: int, start: int, active: bool, failed_so_far: int):
         cfg = _ROUND_LINES.get() if progress is None else None
         self.lines = _LinePrinter(cfg, name, rounds) if cfg is not None else None
         show = progress if progress is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())

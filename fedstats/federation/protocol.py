@@ -95,9 +95,7 @@ class FederatedAlgorithm(ABC):
         """The message the server sends to ``client`` at the start of ``round``."""
 
     @abstractmethod
-    def client_step(
-        self, message: Message, state: Any, data: Any, rng: np.random.Generator
-    ) -> tuple[Message, Any]:
+    def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
         """One round on one client: returns ``(reply, new_private_state)``."""
 
     def client_steps(

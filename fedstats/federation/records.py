@@ -94,9 +94,20 @@ class History(Sequence):
         import pandas as pd
 
         fixed = [
-            "round", "participants", "answered", "failed", "skipped", "n_participants",
-            "n_answered", "n_failed", "n_skipped", "bytes_up", "bytes_down", "converged",
-            "batch_fallback", "seconds",
+            "round",
+            "participants",
+            "answered",
+            "failed",
+            "skipped",
+            "n_participants",
+            "n_answered",
+            "n_failed",
+            "n_skipped",
+            "bytes_up",
+            "bytes_down",
+            "converged",
+            "batch_fallback",
+            "seconds",
         ]
         metric_names: list[str] = []
         for r in self._records:
@@ -160,8 +171,9 @@ class Communication:
                 acc = total.per_client.setdefault(client, {"bytes_up": 0, "bytes_down": 0})
                 acc["bytes_up"] += int(b["bytes_up"])
                 acc["bytes_down"] += int(b["bytes_down"])
-            kinds = c.by_kind or {"unlabelled": {"bytes_up": c.bytes_up, "bytes_down": c.bytes_down,
-                                                 "rounds": c.rounds, "runs": 1}}
+            kinds = c.by_kind or {
+                "unlabelled": {"bytes_up": c.bytes_up, "bytes_down": c.bytes_down, "rounds": c.rounds, "runs": 1}
+            }
             for kind, b in kinds.items():
                 acc = total.by_kind.setdefault(kind, {"bytes_up": 0, "bytes_down": 0, "rounds": 0, "runs": 0})
                 for k in acc:
@@ -172,8 +184,9 @@ class Communication:
         """``by_kind`` as a table: one row per kind of exchange (bytes up and down, rounds, runs)."""
         import pandas as pd
 
-        return pd.DataFrame.from_dict(self.by_kind, orient="index",
-                                      columns=["bytes_up", "bytes_down", "rounds", "runs"]).rename_axis("kind")
+        return pd.DataFrame.from_dict(
+            self.by_kind, orient="index", columns=["bytes_up", "bytes_down", "rounds", "runs"]
+        ).rename_axis("kind")
 
     @property
     def bytes_total(self) -> int:
@@ -251,4 +264,3 @@ def counting():
         yield ledger
     finally:
         _LEDGERS.reset(token)
-

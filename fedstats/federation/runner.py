@@ -75,7 +75,10 @@ def run(
     data: Any,
     *,
     rounds: int,
-    participation: float | int | Callable[[int, np.random.Generator], Sequence[ClientId]] | Sequence[Sequence[ClientId]] = 1.0,
+    participation: float
+    | int
+    | Callable[[int, np.random.Generator], Sequence[ClientId]]
+    | Sequence[Sequence[ClientId]] = 1.0,
     seed: int = 0,
     progress: bool | None = None,
     checkpoint: str | os.PathLike | None = None,
@@ -158,17 +161,40 @@ def run(
     ids, get = client_list(data)
     plan = Participation(participation, ids, rounds)
     backend = BACKEND.get()
-    devices: ClientSide = (InProcessClients(algorithm, ids, get, seed) if backend is None
-                            else backend.client_side(algorithm, ids, data, seed))
+    devices: ClientSide = (
+        InProcessClients(algorithm, ids, get, seed)
+        if backend is None
+        else backend.client_side(algorithm, ids, data, seed)
+    )
     try:
-        out = _run(_Run(algorithm=algorithm, devices=devices, ids=ids, plan=plan, seed=seed, rounds=rounds,
-                        min_rounds=min_rounds, batched=batched, progress=progress, checkpoint=checkpoint,
-                        checkpoint_every=checkpoint_every, resume=resume, t_start=t_start))
+        out = _run(
+            _Run(
+                algorithm=algorithm,
+                devices=devices,
+                ids=ids,
+                plan=plan,
+                seed=seed,
+                rounds=rounds,
+                min_rounds=min_rounds,
+                batched=batched,
+                progress=progress,
+                checkpoint=checkpoint,
+                checkpoint_every=checkpoint_every,
+                resume=resume,
+                t_start=t_start,
+            )
+        )
     finally:
         devices.close()
     c = out.communication
-    c.by_kind = {kind or type(algorithm).__name__: {"bytes_up": int(c.bytes_up), "bytes_down": int(c.bytes_down),
-                                                     "rounds": int(c.rounds), "runs": 1}}
+    c.by_kind = {
+        kind or type(algorithm).__name__: {
+            "bytes_up": int(c.bytes_up),
+            "bytes_down": int(c.bytes_down),
+            "rounds": int(c.rounds),
+            "runs": 1,
+        }
+    }
     record(c)
     return out
 
@@ -215,7 +241,9 @@ def _start(r: _Run) -> _State:
     if r.resume and os.path.exists(r.checkpoint):
         saved = read_checkpoint(r.checkpoint)
         completed = int(saved["completed"])
-        diffs = fingerprint_diff(saved.get("fingerprint", {}), fingerprint(r.algorithm, r.ids, r.seed, r.plan), completed)
+        diffs = fingerprint_diff(
+            saved.get("fingerprint", {}), fingerprint(r.algorithm, r.ids, r.seed, r.plan), completed
+        )
         if diffs:
             raise ValueError(
                 f"checkpoint {r.checkpoint!r} was written by a different run configuration: "
@@ -238,16 +266,19 @@ def _start(r: _Run) -> _State:
 
 
 def _write_checkpoint(r: _Run, s: _State) -> None:
-    write_atomic(r.checkpoint, {
-        "format": CHECKPOINT_FORMAT,
-        "completed": s.done,
-        "seed": r.seed,
-        "fingerprint": fingerprint(r.algorithm, r.ids, r.seed, r.plan),
-        "server_state": s.server,
-        "client_states": r.devices.states(),
-        "history": s.history,
-        "communication": s.comm,
-    })
+    write_atomic(
+        r.checkpoint,
+        {
+            "format": CHECKPOINT_FORMAT,
+            "completed": s.done,
+            "seed": r.seed,
+            "fingerprint": fingerprint(r.algorithm, r.ids, r.seed, r.plan),
+            "server_state": s.server,
+            "client_states": r.devices.states(),
+            "history": s.history,
+            "communication": s.comm,
+        },
+    )
 
 
 def _broadcast(r: _Run, s: _State, rnd: int, idx: list[int]) -> tuple[dict[int, Message], int]:
@@ -310,26 +341,44 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
     s.comm.bytes_up += bytes_up
     s.comm.bytes_down += bytes_down
     s.comm.rounds += 1
-    rec = RoundRecord(round=rnd, participants=[r.ids[i] for i in idx], answered=list(replies), failed=failed,
-                      skipped=skipped, bytes_up=bytes_up, bytes_down=bytes_down, metrics=metrics,
-                      converged=is_converged, batch_fallback=fallback, seconds=time.perf_counter() - t0)
+    rec = RoundRecord(
+        round=rnd,
+        participants=[r.ids[i] for i in idx],
+        answered=list(replies),
+        failed=failed,
+        skipped=skipped,
+        bytes_up=bytes_up,
+        bytes_down=bytes_down,
+        metrics=metrics,
+        converged=is_converged,
+        batch_fallback=fallback,
+        seconds=time.perf_counter() - t0,
+    )
     return rec, fallback
 
 
 def _run(r: _Run) -> RunResult:
     s = _start(r)
     last_written = s.done if s.from_checkpoint else None
-    display = RoundDisplay(r.progress, name=r.name, rounds=r.rounds, start=s.done,
-                           active=not s.stopped and s.done < r.rounds,
-                           failed_so_far=sum(len(rec.failed) for rec in s.history))
+    display = RoundDisplay(
+        r.progress,
+        name=r.name,
+        rounds=r.rounds,
+        start=s.done,
+        active=not s.stopped and s.done < r.rounds,
+        failed_so_far=sum(len(rec.failed) for rec in s.history),
+    )
     warned = False
     try:
         rnd = s.done
         while not s.stopped and rnd < r.rounds:
             rec, fallback = _round(r, s, rnd)
             if fallback is not None and not warned:
-                warnings.warn(f"{r.name}.client_steps failed at round {rnd} ({fallback}); "
-                              "falling back to client_step per client", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"{r.name}.client_steps failed at round {rnd} ({fallback}); falling back to client_step per client",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
                 warned = True
             s.history.append(rec)
             s.done = rnd + 1
@@ -344,6 +393,14 @@ def _run(r: _Run) -> RunResult:
     if r.checkpoint is not None and last_written != s.done:
         _write_checkpoint(r, s)
     display.end(s.done, s.stopped, time.perf_counter() - r.t_start)
-    return RunResult(server_state=s.server, client_states=r.devices.final_states(), history=s.history,
-                     communication=s.comm, rounds=s.done, converged=s.stopped,
-                     seconds=time.perf_counter() - r.t_start, resumed_from=s.resumed_from, lost=dict(r.devices.lost))
+    return RunResult(
+        server_state=s.server,
+        client_states=r.devices.final_states(),
+        history=s.history,
+        communication=s.comm,
+        rounds=s.done,
+        converged=s.stopped,
+        seconds=time.perf_counter() - r.t_start,
+        resumed_from=s.resumed_from,
+        lost=dict(r.devices.lost),
+    )

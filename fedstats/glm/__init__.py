@@ -18,5 +18,18 @@ from .families import FAMILIES, LINKS, family_of
 from .frequentist import FederatedGLM, GLMConvergenceWarning, GLMResult, SeparationError
 from .sites import BAYES_LINKS
 
-__all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning", "BayesianGLM", "BayesianGLMResult",
-           "HierarchicalGLM", "HierarchicalGLMResult", "FAMILIES", "LINKS", "family_of", "ROLES", "BAYES_LINKS"]
+__all__ = [
+    "FederatedGLM",
+    "GLMResult",
+    "SeparationError",
+    "GLMConvergenceWarning",
+    "BayesianGLM",
+    "BayesianGLMResult",
+    "HierarchicalGLM",
+    "HierarchicalGLMResult",
+    "FAMILIES",
+    "LINKS",
+    "family_of",
+    "ROLES",
+    "BAYES_LINKS",
+]

@@ -83,21 +83,34 @@ class GLMDesign:
         y = np.asarray(cd.y, dtype=float)
         where = f"client {client!r}"
         if exposure is not None and np.any(exposure <= 0):
-            raise DataError(f"{where}: exposure column {self.roles['exposure']!r} has values <= 0 (such as "
-                            f"{exposure[exposure <= 0][0]:g}); exposure must be positive")
+            raise DataError(
+                f"{where}: exposure column {self.roles['exposure']!r} has values <= 0 (such as "
+                f"{exposure[exposure <= 0][0]:g}); exposure must be positive"
+            )
         if weights is not None and np.any(weights < 0):
-            raise DataError(f"{where}: weights column {self.roles['weights']!r} has negative values (such as "
-                            f"{weights[weights < 0][0]:g})")
+            raise DataError(
+                f"{where}: weights column {self.roles['weights']!r} has negative values (such as "
+                f"{weights[weights < 0][0]:g})"
+            )
         if trials is not None and (np.any(trials <= 0) or np.any(trials != np.round(trials))):
             bad = trials[(trials <= 0) | (trials != np.round(trials))][0]
-            raise DataError(f"{where}: trials column {self.roles['trials']!r} must hold positive whole numbers "
-                            f"(found {bad:g})")
+            raise DataError(
+                f"{where}: trials column {self.roles['trials']!r} must hold positive whole numbers (found {bad:g})"
+            )
         off = np.zeros(m) if offset is None else offset.copy()
         if exposure is not None:
             off = off + np.log(exposure)
         n = np.ones(m) if trials is None else trials
-        rows = Rows(design, y, n, np.ones(m) if weights is None else weights, off, client,
-                    str(self.data.target_name), tuple((k, v) for k, v in self.roles.items() if v is not None))
+        rows = Rows(
+            design,
+            y,
+            n,
+            np.ones(m) if weights is None else weights,
+            off,
+            client,
+            str(self.data.target_name),
+            tuple((k, v) for k, v in self.roles.items() if v is not None),
+        )
         return rows if self.family is None else check_rows(rows, self.family, trials is not None)
 
 

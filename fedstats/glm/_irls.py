@@ -46,8 +46,14 @@ class DesignCheck(FederatedAlgorithm):
     def client_step(self, message, state, data, rng):
         r = check_rows(data, self.family, self.trials_given)
         X = r.X
-        return {"n_rows": np.array([float(len(r.y))]), "sum_y": np.array([r.y.sum()]), "wnobs": np.array([r.f.sum()]),
-                "col_min": X.min(axis=0), "col_max": X.max(axis=0), "xtx": X.T @ X}, None
+        return {
+            "n_rows": np.array([float(len(r.y))]),
+            "sum_y": np.array([r.y.sum()]),
+            "wnobs": np.array([r.f.sum()]),
+            "col_min": X.min(axis=0),
+            "col_max": X.max(axis=0),
+            "xtx": X.T @ X,
+        }, None
 
     def server_step(self, server_state, replies, round):
         return dict(replies), {}
@@ -60,20 +66,37 @@ def design_check(family, design, trials_given: bool, seed: int) -> dict:
     weights), ``ybar`` (the mean outcome over rows, statsmodels' start) and ``xtx``. Raises
     :class:`~fedstats.data.DataError` with the first client's message for a bad outcome, and
     naming the predictor that is constant at every client or collinear with others."""
-    check = run(DesignCheck(family, trials_given), design, rounds=1, seed=seed, progress=False, batched=False,
-                kind="design check")
+    check = run(
+        DesignCheck(family, trials_given),
+        design,
+        rounds=1,
+        seed=seed,
+        progress=False,
+        batched=False,
+        kind="design check",
+    )
     failed = [why for rec in check.history for why in rec.failed.values()]
     if failed:
         why = failed[0]
         raise DataError(why.split(": ", 1)[1] if why.split(":", 1)[0] in ("DataError", "ValueError") else why)
     reps = check.server_state
     xtx = sum(np.asarray(r["xtx"], dtype=float) for r in reps.values())
-    check_identified(design.names, xtx, np.min([r["col_min"] for r in reps.values()], axis=0),
-                     np.max([r["col_max"] for r in reps.values()], axis=0), design.intercept)
+    check_identified(
+        design.names,
+        xtx,
+        np.min([r["col_min"] for r in reps.values()], axis=0),
+        np.max([r["col_max"] for r in reps.values()], axis=0),
+        design.intercept,
+    )
     n_obs = {c: int(r["n_rows"][0]) for c, r in reps.items()}
     n_rows = sum(n_obs.values())
-    return {"n_obs": n_obs, "n_rows": n_rows, "wnobs": sum(float(r["wnobs"][0]) for r in reps.values()),
-            "ybar": sum(float(r["sum_y"][0]) for r in reps.values()) / n_rows, "xtx": xtx}
+    return {
+        "n_obs": n_obs,
+        "n_rows": n_rows,
+        "wnobs": sum(float(r["wnobs"][0]) for r in reps.values()),
+        "ybar": sum(float(r["sum_y"][0]) for r in reps.values()) / n_rows,
+        "xtx": xtx,
+    }
 
 
 def check_identified(names, xtx, lo, hi, intercept) -> None:
@@ -82,8 +105,10 @@ def check_identified(names, xtx, lo, hi, intercept) -> None:
     start = 1 if intercept else 0
     for j in range(start, len(names)):
         if intercept and lo[j] == hi[j]:
-            raise DataError(f"predictor {names[j]!r} is constant ({lo[j]:g}) at every client: the intercept already "
-                            "covers it; drop it")
+            raise DataError(
+                f"predictor {names[j]!r} is constant ({lo[j]:g}) at every client: the intercept already "
+                "covers it; drop it"
+            )
     d = np.sqrt(np.diag(xtx))
     if np.any(d == 0):
         j = int(np.flatnonzero(d == 0)[0])
@@ -92,8 +117,10 @@ def check_identified(names, xtx, lo, hi, intercept) -> None:
     for j in range(1, len(names)):
         ev = np.linalg.eigvalsh(C[: j + 1, : j + 1])
         if ev[0] < 1e-10 * ev[-1]:
-            raise DataError(f"predictor {names[j]!r} is a linear combination of {names[:j]} on the pooled rows: its "
-                            "coefficient is not identified; drop it")
+            raise DataError(
+                f"predictor {names[j]!r} is a linear combination of {names[:j]} on the pooled rows: its "
+                "coefficient is not identified; drop it"
+            )
 
 
 def evaluate(family, r, beta, start: bool, ybar: float):
@@ -108,8 +135,10 @@ def evaluate(family, r, beta, start: bool, ybar: float):
     lower = -np.inf if family.name == "gaussian" else 0.0
     out = (mu < lower) | (mu > upper) | ~np.isfinite(mu)
     if not start and out.any():  # e.g. a negative rate under the identity link
-        raise ValueError(f"the fitted mean left the {family.name} family's range under the {family.link.name} link "
-                         f"(e.g. {mu[out][0]:.3g}); use the family's default link")
+        raise ValueError(
+            f"the fitted mean left the {family.name} family's range under the {family.link.name} link "
+            f"(e.g. {mu[out][0]:.3g}); use the family's default link"
+        )
     g1 = family.link.deriv(mu)
     var = family.variance(mu)
     w = r.f * r.n / (g1**2 * var)
@@ -118,8 +147,14 @@ def evaluate(family, r, beta, start: bool, ybar: float):
     dev = np.sum(r.f * family.resid_dev(r.y, mu, r.n))
     pearson = np.sum(r.f * r.n * (r.y - mu) ** 2 / var)
     edge = ((mu < EDGE) & (r.y == 0)) | ((mu > upper - EDGE) & (r.y == upper))
-    return {"xtwx": r.X.T @ Xw, "xtwz": Xw.T @ z, "dev": np.array([dev]), "pearson": np.array([pearson]),
-            "ll": family.loglike_sums(r.y, mu, r.f, r.n), "edge": np.array([float(np.sum(edge & (r.f > 0)))])}
+    return {
+        "xtwx": r.X.T @ Xw,
+        "xtwz": Xw.T @ z,
+        "dev": np.array([dev]),
+        "pearson": np.array([pearson]),
+        "ll": family.loglike_sums(r.y, mu, r.f, r.n),
+        "edge": np.array([float(np.sum(edge & (r.f > 0)))]),
+    }
 
 
 class IRLS(FederatedAlgorithm):
@@ -130,15 +165,27 @@ class IRLS(FederatedAlgorithm):
         self.df_resid = df_resid
 
     def init_server(self, clients, rng):
-        return {"beta": np.zeros(self.p), "start": True, "dev": [], "crit": [], "scale": [], "betas": [], "stats": [],
-                "converged": False, "singular": None}
+        return {
+            "beta": np.zeros(self.p),
+            "start": True,
+            "dev": [],
+            "crit": [],
+            "scale": [],
+            "betas": [],
+            "stats": [],
+            "converged": False,
+            "singular": None,
+        }
 
     def init_client(self, client, data, rng):
         return None  # nothing kept: a client's final state goes to the server on Flower
 
     def broadcast(self, server_state, client, round):
-        return {"beta": server_state["beta"], "start": np.array([float(server_state["start"])]),
-                "ybar": np.array([self.ybar])}
+        return {
+            "beta": server_state["beta"],
+            "start": np.array([float(server_state["start"])]),
+            "ybar": np.array([self.ybar]),
+        }
 
     def client_step(self, message, state, data, rng):
         rows = check_rows(data, self.family, self.trials_given)

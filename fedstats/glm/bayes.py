@@ -78,8 +78,14 @@ class _BayesBase(Estimator):
         if self.standardize:
             full = federated_scaling(data, self.fit_intercept, seed=seed)
             k = raw.keep
-            scaling = LinearScaling(x_mean=full.x_mean[k], x_sd=full.x_sd[k], y_mean=0.0, y_sd=1.0,
-                                    binary=full.binary[k], fit_intercept=bool(self.fit_intercept))
+            scaling = LinearScaling(
+                x_mean=full.x_mean[k],
+                x_sd=full.x_sd[k],
+                y_mean=0.0,
+                y_sd=1.0,
+                binary=full.binary[k],
+                fit_intercept=bool(self.fit_intercept),
+            )
             y_sd = full.y_sd
         else:
             y_sd = 1.0
@@ -90,8 +96,16 @@ class _BayesBase(Estimator):
         draws = ImportanceTilted(num_draws=int(self.num_draws), qmc=True)
         stages = {"importance": (draws,), "laplace": (LaplaceTilted(),), "laplace+importance": (LaplaceTilted(), draws)}
         alg = RowsEP(site, prior, stages[self.tilted], damping=float(self.damping), tol=float(self.tol))
-        out = run(alg, design, kind="EP rounds", rounds=int(self.rounds), seed=seed, progress=progress,
-                  min_rounds=min(2, int(self.rounds)), batched=batched)
+        out = run(
+            alg,
+            design,
+            kind="EP rounds",
+            rounds=int(self.rounds),
+            seed=seed,
+            progress=progress,
+            min_rounds=min(2, int(self.rounds)),
+            batched=batched,
+        )
         check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
         check_participation(out.history, list(design.clients))
         return alg, out, list(out.history)
@@ -103,11 +117,21 @@ def _intercept_mean(fam, ybar: float) -> float:
     return float(fam.link(np.array(v)))
 
 
-_COMMON = {"link": NONE | OneOf("identity", "log", "logit", "probit", "cloglog"), "fit_intercept": BOOL,
-           "alpha": Real(0, closed=(False, True)), "offset": _COLUMN, "exposure": _COLUMN, "weights": _COLUMN,
-           "trials": _COLUMN, "standardize": BOOL, "rounds": Int(1), "tol": Real(0, closed=(False, True)),
-           "damping": Real(0, 1, closed=(False, True)), "num_draws": Int(100),
-           "tilted": OneOf("importance", "laplace", "laplace+importance")}
+_COMMON = {
+    "link": NONE | OneOf("identity", "log", "logit", "probit", "cloglog"),
+    "fit_intercept": BOOL,
+    "alpha": Real(0, closed=(False, True)),
+    "offset": _COLUMN,
+    "exposure": _COLUMN,
+    "weights": _COLUMN,
+    "trials": _COLUMN,
+    "standardize": BOOL,
+    "rounds": Int(1),
+    "tol": Real(0, closed=(False, True)),
+    "damping": Real(0, 1, closed=(False, True)),
+    "num_draws": Int(100),
+    "tilted": OneOf("importance", "laplace", "laplace+importance"),
+}
 
 
 class BayesianGLM(_BayesBase):
@@ -137,12 +161,33 @@ class BayesianGLM(_BayesBase):
         then importance rounds from there (the importance answer at a fraction of its cost).
     """
 
-    _constraints = {"family": OneOf(*BAYES_LINKS), **_COMMON, "prior_scale": Real(0, closed=(False, True)),
-                    "intercept_scale": Real(0, closed=(False, True))}
+    _constraints = {
+        "family": OneOf(*BAYES_LINKS),
+        **_COMMON,
+        "prior_scale": Real(0, closed=(False, True)),
+        "intercept_scale": Real(0, closed=(False, True)),
+    }
 
-    def __init__(self, family="binomial", link=None, *, fit_intercept=True, alpha=1.0, offset=None, exposure=None,
-                 weights=None, trials=None, prior_scale=2.5, intercept_scale=10.0, standardize=True, rounds=15,
-                 tol=0.05, damping=1.0, num_draws=4000, tilted="importance"):
+    def __init__(
+        self,
+        family="binomial",
+        link=None,
+        *,
+        fit_intercept=True,
+        alpha=1.0,
+        offset=None,
+        exposure=None,
+        weights=None,
+        trials=None,
+        prior_scale=2.5,
+        intercept_scale=10.0,
+        standardize=True,
+        rounds=15,
+        tol=0.05,
+        damping=1.0,
+        num_draws=4000,
+        tilted="importance",
+    ):
         self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
         self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
         self.prior_scale, self.intercept_scale, self.standardize = prior_scale, intercept_scale, standardize
@@ -164,14 +209,28 @@ class BayesianGLM(_BayesBase):
         if fam.name in DISPERSION:
             mean = np.r_[mean, np.log(y_sd) if fam.name == "gaussian" else 0.0]
             sd = np.r_[sd, 1.0 if fam.name == "gaussian" else 2.0]
-        alg, out, history = self._run_ep(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, seed,
-                                         progress, batched)
-        return BayesianGLMResult(model="BayesianGLM", family=fam.name, link=fam.link.name, alpha=float(self.alpha),
-                                 names=design.names, predictors=design.predictors, roles=roles,
-                                 fit_intercept=bool(self.fit_intercept), clients=list(design.clients), n_obs=n_rows,
-                                 q=(out.server_state.q.r, out.server_state.q.Q), scaling=scaling,
-                                 history=History(history), rounds=len(history), converged=bool(out.converged),
-                                 communication=out.communication, seed=seed)
+        alg, out, history = self._run_ep(
+            site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, seed, progress, batched
+        )
+        return BayesianGLMResult(
+            model="BayesianGLM",
+            family=fam.name,
+            link=fam.link.name,
+            alpha=float(self.alpha),
+            names=design.names,
+            predictors=design.predictors,
+            roles=roles,
+            fit_intercept=bool(self.fit_intercept),
+            clients=list(design.clients),
+            n_obs=n_rows,
+            q=(out.server_state.q.r, out.server_state.q.Q),
+            scaling=scaling,
+            history=History(history),
+            rounds=len(history),
+            converged=bool(out.converged),
+            communication=out.communication,
+            seed=seed,
+        )
 
 
 class _GLMPosteriorMixin:
@@ -238,8 +297,9 @@ class BayesianGLMResult(_GLMPosteriorMixin, FederatedResult):
     def _no_posterior(self, what: str) -> str:
         return f"BayesianGLM has no {what} posterior: its coefficients are shared (HierarchicalGLM has per-client ones)"
 
-    def predict(self, X, client=None, *, level: float = 0.95, offset=None, exposure=None, n: int = 4000,
-                seed: int = 0) -> pd.DataFrame:
+    def predict(
+        self, X, client=None, *, level: float = 0.95, offset=None, exposure=None, n: int = 4000, seed: int = 0
+    ) -> pd.DataFrame:
         """Mean response (probabilities, rates, ...) with its credible band and the predictive
         band of a new observation, from ``n`` seeded posterior draws. ``client`` does not
         change the prediction (shared coefficients)."""
@@ -267,12 +327,33 @@ class HierarchicalGLM(_BayesBase):
     """
 
     _families = ("binomial", "poisson", "negative_binomial")
-    _constraints = {"family": OneOf("binomial", "poisson", "negative_binomial"), **_COMMON,
-                    "prior_mu_sd": Real(0, closed=(False, True)), "prior_log_tau_sd": Real(0, closed=(False, True))}
+    _constraints = {
+        "family": OneOf("binomial", "poisson", "negative_binomial"),
+        **_COMMON,
+        "prior_mu_sd": Real(0, closed=(False, True)),
+        "prior_log_tau_sd": Real(0, closed=(False, True)),
+    }
 
-    def __init__(self, family="binomial", link=None, *, fit_intercept=True, alpha=1.0, offset=None, exposure=None,
-                 weights=None, trials=None, prior_mu_sd=1.0, prior_log_tau_sd=1.0, standardize=True, rounds=30,
-                 tol=0.05, damping=0.5, num_draws=512, tilted="laplace+importance"):
+    def __init__(
+        self,
+        family="binomial",
+        link=None,
+        *,
+        fit_intercept=True,
+        alpha=1.0,
+        offset=None,
+        exposure=None,
+        weights=None,
+        trials=None,
+        prior_mu_sd=1.0,
+        prior_log_tau_sd=1.0,
+        standardize=True,
+        rounds=30,
+        tol=0.05,
+        damping=0.5,
+        num_draws=512,
+        tilted="laplace+importance",
+    ):
         self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
         self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
         self.prior_mu_sd, self.prior_log_tau_sd, self.standardize = prior_mu_sd, prior_log_tau_sd, standardize
@@ -291,14 +372,33 @@ class HierarchicalGLM(_BayesBase):
         prior = NaturalGaussian.from_moments(np.zeros(2 * p), np.diag(sd**2))
         alg, out, history = self._run_ep(site, prior, design, seed, progress, batched)
         sites = alg.committed_sites(out.server_state, out.client_states)
-        theta = posterior_round(_ClientPosteriors(site, out.server_state.q, sites, int(self.num_draws)), design,
-                                seed=seed, batched=batched, who="HierarchicalGLM")
-        return HierarchicalGLMResult(model="HierarchicalGLM", family=fam.name, link=fam.link.name,
-                                     alpha=float(self.alpha), names=design.names, predictors=design.predictors,
-                                     roles=roles, fit_intercept=bool(self.fit_intercept), clients=list(design.clients),
-                                     n_obs=n_rows, q=(out.server_state.q.r, out.server_state.q.Q), theta=theta,
-                                     scaling=scaling, history=History(history), rounds=len(history),
-                                     converged=bool(out.converged), communication=out.communication, seed=seed)
+        theta = posterior_round(
+            _ClientPosteriors(site, out.server_state.q, sites, int(self.num_draws)),
+            design,
+            seed=seed,
+            batched=batched,
+            who="HierarchicalGLM",
+        )
+        return HierarchicalGLMResult(
+            model="HierarchicalGLM",
+            family=fam.name,
+            link=fam.link.name,
+            alpha=float(self.alpha),
+            names=design.names,
+            predictors=design.predictors,
+            roles=roles,
+            fit_intercept=bool(self.fit_intercept),
+            clients=list(design.clients),
+            n_obs=n_rows,
+            q=(out.server_state.q.r, out.server_state.q.Q),
+            theta=theta,
+            scaling=scaling,
+            history=History(history),
+            rounds=len(history),
+            converged=bool(out.converged),
+            communication=out.communication,
+            seed=seed,
+        )
 
 
 class _ClientPosteriors(PosteriorRound):
@@ -319,7 +419,7 @@ class _ClientPosteriors(PosteriorRound):
         except (np.linalg.LinAlgError, FloatingPointError):
             out = []
             for k in range(len(stats)):
-                args = (self.site, means[k:k + 1], covs[k:k + 1], stats[k:k + 1], seeds[k:k + 1])
+                args = (self.site, means[k : k + 1], covs[k : k + 1], stats[k : k + 1], seeds[k : k + 1])
                 try:
                     out.append(est.estimate(*args, keep_draws=True)[0])
                 except (np.linalg.LinAlgError, FloatingPointError):
@@ -354,7 +454,6 @@ class _ClientPosteriors(PosteriorRound):
             cov = np.linalg.inv(np.asarray(negH[k])).mean(axis=0) + np.cov(mk.T, bias=True).reshape(p, p)
             out.append(({"mean": mk.mean(axis=0), "cov": 0.5 * (cov + cov.T)}, states[k]))
         return out
-
 
 
 def _theta_modes(site):
@@ -404,8 +503,9 @@ class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
 
     def _global_table(self, level, kind):
         g = self.global_posterior()
-        return pd.concat([no_p_value(g.summary(level=level, kind=kind), "log_"),
-                          log_scale_rows(g, "log_tau", level, "tau")])
+        return pd.concat(
+            [no_p_value(g.summary(level=level, kind=kind), "log_"), log_scale_rows(g, "log_tau", level, "tau")]
+        )
 
     def client_posterior(self, client) -> GaussianPosterior:
         """Client ``client``'s coefficients: the Gaussian with the mean and covariance its own
@@ -418,8 +518,9 @@ class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
         A, c = self.scaling.coef_map()
         return post.affine(A, c, names=list(self.names))
 
-    def predict(self, X, client=None, *, level: float = 0.95, offset=None, exposure=None, n: int = 4000,
-                seed: int = 0) -> pd.DataFrame:
+    def predict(
+        self, X, client=None, *, level: float = 0.95, offset=None, exposure=None, n: int = 4000, seed: int = 0
+    ) -> pd.DataFrame:
         """Mean response with its credible band and the predictive band of a new observation,
         from ``n`` seeded draws: of the client's coefficients, or for ``client=None`` (a new
         client) of ``theta ~ N(mu, diag tau)`` with ``(mu, log tau)`` from the posterior."""

@@ -259,8 +259,13 @@ class Binomial(Family):
 
     def loglike_sums(self, y, mu, f, n):
         k = y * n  # successes (y is the proportion)
-        ll = (special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1)
-              + k * np.log((mu + 1e-20) / (1 - mu + 1e-20)) + n * np.log(1 - mu + 1e-20))
+        ll = (
+            special.gammaln(n + 1)
+            - special.gammaln(k + 1)
+            - special.gammaln(n - k + 1)
+            + k * np.log((mu + 1e-20) / (1 - mu + 1e-20))
+            + n * np.log(1 - mu + 1e-20)
+        )
         return np.array([np.sum(f * ll)])
 
     def check_outcome(self, y, trials):
@@ -346,8 +351,13 @@ class NegativeBinomial(Family):
 
     def loglike_sums(self, y, mu, f, n):
         a = self.alpha
-        ll = (y * np.log(a * mu) - (y + 1 / a) * np.log(1 + a * mu) + special.gammaln(y + 1 / a)
-              - special.gammaln(1 / a) - special.gammaln(y + 1))
+        ll = (
+            y * np.log(a * mu)
+            - (y + 1 / a) * np.log(1 + a * mu)
+            + special.gammaln(y + 1 / a)
+            - special.gammaln(1 / a)
+            - special.gammaln(y + 1)
+        )
         return np.array([np.sum(f * ll)])
 
     check_outcome = Poisson.check_outcome

@@ -82,13 +82,35 @@ class FederatedGLM(Estimator):
         Stop when the deviance changes by at most this (statsmodels' criterion).
     """
 
-    _constraints = {"family": OneOf(*FAMILIES), "link": NONE | OneOf(*LINKS), "fit_intercept": BOOL,
-                    "alpha": Real(0, closed=(False, True)), "offset": _COLUMN, "exposure": _COLUMN, "weights": _COLUMN,
-                    "trials": _COLUMN, "cov_type": OneOf("nonrobust", "HC0"), "rounds": Int(1),
-                    "tol": Real(0, closed=(False, True))}
+    _constraints = {
+        "family": OneOf(*FAMILIES),
+        "link": NONE | OneOf(*LINKS),
+        "fit_intercept": BOOL,
+        "alpha": Real(0, closed=(False, True)),
+        "offset": _COLUMN,
+        "exposure": _COLUMN,
+        "weights": _COLUMN,
+        "trials": _COLUMN,
+        "cov_type": OneOf("nonrobust", "HC0"),
+        "rounds": Int(1),
+        "tol": Real(0, closed=(False, True)),
+    }
 
-    def __init__(self, family="gaussian", link=None, *, fit_intercept=True, alpha=1.0, offset=None, exposure=None,
-                 weights=None, trials=None, cov_type="nonrobust", rounds=100, tol=1e-8):
+    def __init__(
+        self,
+        family="gaussian",
+        link=None,
+        *,
+        fit_intercept=True,
+        alpha=1.0,
+        offset=None,
+        exposure=None,
+        weights=None,
+        trials=None,
+        cov_type="nonrobust",
+        rounds=100,
+        tol=1e-8,
+    ):
         self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
         self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
         self.cov_type, self.rounds, self.tol = cov_type, rounds, tol
@@ -130,26 +152,39 @@ class FederatedGLM(Estimator):
             raise RuntimeError(f"FederatedGLM: client {c!r} failed: {why}")
         s = out.server_state
         if s["singular"] is not None:
-            raise DataError("the weighted information X'WX became singular in round "
-                            f"{s['singular']}: a predictor is (almost) collinear with others under the fitted weights")
+            raise DataError(
+                "the weighted information X'WX became singular in round "
+                f"{s['singular']}: a predictor is (almost) collinear with others under the fitted weights"
+            )
         beta, prev, last = s["betas"][-1], s["stats"][-2], s["stats"][-1]
         rms_x = np.sqrt(np.diag(chk["xtx"]) / n_rows)  # a predictor's scale, to name the one that moves
         if last["edge"][0] > 0:
-            raise SeparationError(_separation_message(names, s["betas"], rms_x, self.fit_intercept, fam,
-                                                      int(last["edge"][0])))
+            raise SeparationError(
+                _separation_message(names, s["betas"], rms_x, self.fit_intercept, fam, int(last["edge"][0]))
+            )
         df_model = p - 1
         df_resid = wnobs - p
         scale = 1.0 if fam.fixed_scale else float(last["pearson"][0]) / df_resid
         cov = np.linalg.inv(prev["xtwx"]) * scale
         cov = (cov + cov.T) / 2
         if not s["converged"]:
-            warnings.warn(GLMConvergenceWarning(
-                f"IRLS did not converge in {self.rounds} iterations (deviance change "
-                f"{abs(s['crit'][-1] - s['crit'][-2]):.3g} > tol={self.tol:g}); the coefficient still moving most is "
-                f"{_moving(names, s['betas'], rms_x, self.fit_intercept)!r}: raise rounds=, or check that predictor"))
+            warnings.warn(
+                GLMConvergenceWarning(
+                    f"IRLS did not converge in {self.rounds} iterations (deviance change "
+                    f"{abs(s['crit'][-1] - s['crit'][-2]):.3g} > tol={self.tol:g}); the coefficient still moving most is "
+                    f"{_moving(names, s['betas'], rms_x, self.fit_intercept)!r}: raise rounds=, or check that predictor"
+                )
+            )
         if self.cov_type == "HC0":
-            sw = run(Sandwich(fam, trials, beta), design, rounds=1, seed=seed, progress=False, batched=False,
-                     kind="sandwich round").server_state
+            sw = run(
+                Sandwich(fam, trials, beta),
+                design,
+                rounds=1,
+                seed=seed,
+                progress=False,
+                batched=False,
+                kind="sandwich round",
+            ).server_state
             h_inv = np.linalg.inv(sw["hessian"])
             cov = h_inv @ sw["meat"] @ h_inv
             cov = (cov + cov.T) / 2
@@ -157,14 +192,36 @@ class FederatedGLM(Estimator):
         llf = fam.loglike(last["ll"], scale, wnobs, rss_mle=gaussian_identity)
         k = df_model + 1
         return GLMResult(
-            model="FederatedGLM", family=fam.name, link=fam.link.name, alpha=float(self.alpha), names=names,
-            predictors=design.predictors, fit_intercept=bool(self.fit_intercept), roles=roles, clients=list(design.clients),
-            coef=np.asarray(beta, dtype=float), cov=cov, cov_type=self.cov_type, scale=scale,
-            deviance=float(s["dev"][-1]), pearson_chi2=float(last["pearson"][0]), llf=llf, aic=float(-2 * llf + 2 * k),
-            bic=float(-2 * llf + k * np.log(wnobs)), df_model=df_model, df_resid=float(df_resid), nobs=int(n_rows), wnobs=wnobs,
+            model="FederatedGLM",
+            family=fam.name,
+            link=fam.link.name,
+            alpha=float(self.alpha),
+            names=names,
+            predictors=design.predictors,
+            fit_intercept=bool(self.fit_intercept),
+            roles=roles,
+            clients=list(design.clients),
+            coef=np.asarray(beta, dtype=float),
+            cov=cov,
+            cov_type=self.cov_type,
+            scale=scale,
+            deviance=float(s["dev"][-1]),
+            pearson_chi2=float(last["pearson"][0]),
+            llf=llf,
+            aic=float(-2 * llf + 2 * k),
+            bic=float(-2 * llf + k * np.log(wnobs)),
+            df_model=df_model,
+            df_resid=float(df_resid),
+            nobs=int(n_rows),
+            wnobs=wnobs,
             n_obs=chk["n_obs"],
-            converged=bool(s["converged"]), n_iter=len(s["dev"]) - 1, rounds=len(out.history),
-            deviance_history=list(map(float, s["dev"])), history=out.history, communication=out.communication)
+            converged=bool(s["converged"]),
+            n_iter=len(s["dev"]) - 1,
+            rounds=len(out.history),
+            deviance_history=list(map(float, s["dev"])),
+            history=out.history,
+            communication=out.communication,
+        )
 
 
 def _moving(names, betas, rms_x, intercept) -> str:
@@ -179,9 +236,11 @@ def _moving(names, betas, rms_x, intercept) -> str:
 def _separation_message(names, betas, rms_x, intercept, fam, edge) -> str:
     who = _moving(names, betas, rms_x, intercept)
     what = "probabilities of exactly 0 or 1" if fam.name == "binomial" else "means of exactly 0"
-    return (f"separation: {edge} row(s) are perfectly predicted ({what}), so the maximum likelihood estimate does "
-            f"not exist and the coefficient of {who!r} runs off to infinity; drop or merge {who!r} (or the sparse "
-            "categories behind it), or fit BayesianGLM, whose prior keeps it finite")
+    return (
+        f"separation: {edge} row(s) are perfectly predicted ({what}), so the maximum likelihood estimate does "
+        f"not exist and the coefficient of {who!r} runs off to infinity; drop or merge {who!r} (or the sparse "
+        "categories behind it), or fit BayesianGLM, whose prior keeps it finite"
+    )
 
 
 @register
@@ -232,13 +291,23 @@ class GLMResult(FederatedResult):
 
     # -- the contract
     def _no_posterior(self, what: str) -> str:
-        return (f"FederatedGLM is a maximum likelihood fit: no {what} posterior (its summary gives Wald intervals); "
-                "BayesianGLM and HierarchicalGLM give posteriors")
+        return (
+            f"FederatedGLM is a maximum likelihood fit: no {what} posterior (its summary gives Wald intervals); "
+            "BayesianGLM and HierarchicalGLM give posteriors"
+        )
 
     def _global_table(self, level, kind):
         ci = self.conf_int(level)
-        return pd.DataFrame({"mean": self.params, "sd": self.bse, "lower": ci["lower"], "upper": ci["upper"],
-                             "p_value": self.pvalues, "z": self.tvalues})
+        return pd.DataFrame(
+            {
+                "mean": self.params,
+                "sd": self.bse,
+                "lower": ci["lower"],
+                "upper": ci["upper"],
+                "p_value": self.pvalues,
+                "z": self.tvalues,
+            }
+        )
 
     def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
         # the coefficients are shared by every client: a client has none of its own
@@ -264,8 +333,13 @@ class GLMResult(FederatedResult):
         if fam.name == "gaussian" and fam.link.name == "identity":
             s = np.sqrt(se**2 + self.scale)
             pred = {"pred_lower": mean - q * s, "pred_upper": mean + q * s}
-        return prediction_frame(mean, np.minimum(a, b), np.maximum(a, b), **pred,
-                                predicted_for="client" if client is not None else "new client")
+        return prediction_frame(
+            mean,
+            np.minimum(a, b),
+            np.maximum(a, b),
+            **pred,
+            predicted_for="client" if client is not None else "new client",
+        )
 
     # -- tests
     def lr_test(self, other: "GLMResult") -> pd.Series:
@@ -277,8 +351,9 @@ class GLMResult(FederatedResult):
             raise TypeError(f"lr_test compares two GLMResult fits, got {type(other).__name__}")
         big, small = (self, other) if len(self.names) >= len(other.names) else (other, self)
         if (big.family, big.link, big.alpha) != (small.family, small.link, small.alpha):
-            raise ValueError(f"lr_test needs the same family and link: {big.family}/{big.link} vs "
-                             f"{small.family}/{small.link}")
+            raise ValueError(
+                f"lr_test needs the same family and link: {big.family}/{big.link} vs {small.family}/{small.link}"
+            )
         if not set(small.names) < set(big.names):
             raise ValueError(f"the models are not nested: {small.names} is not a subset of {big.names}")
         if big.wnobs != small.wnobs or big.n_obs != small.n_obs:

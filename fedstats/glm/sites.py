@@ -24,8 +24,13 @@ import numpy as np
 from ..results import register
 
 #: families and links with a jax likelihood (the Bayesian models)
-BAYES_LINKS = {"binomial": ("logit", "probit", "cloglog"), "poisson": ("log",), "negative_binomial": ("log",),
-               "gaussian": ("identity",), "gamma": ("log",)}
+BAYES_LINKS = {
+    "binomial": ("logit", "probit", "cloglog"),
+    "poisson": ("log",),
+    "negative_binomial": ("log",),
+    "gaussian": ("identity",),
+    "gamma": ("log",),
+}
 #: families whose dispersion is a parameter (its log is the last entry of phi)
 DISPERSION = {"gaussian": "log_sigma", "gamma": "log_shape"}
 #: the largest rows x coefficients^2 for which HierarchicalSite keeps the rows' outer products
@@ -56,8 +61,13 @@ def loglik_rows(family: str, link: str, alpha: float, eta, y, n, disp):
     if family == "negative_binomial":
         a = alpha
         lmu = eta
-        return (y * (jnp.log(a) + lmu) - (y + 1 / a) * jnp.logaddexp(0.0, jnp.log(a) + lmu)
-                + gammaln(y + 1 / a) - gammaln(1 / a) - gammaln(y + 1))
+        return (
+            y * (jnp.log(a) + lmu)
+            - (y + 1 / a) * jnp.logaddexp(0.0, jnp.log(a) + lmu)
+            + gammaln(y + 1 / a)
+            - gammaln(1 / a)
+            - gammaln(y + 1)
+        )
     if family == "gaussian":
         return -0.5 * ((y - eta) * jnp.exp(-disp)) ** 2 - disp - 0.5 * jnp.log(2 * jnp.pi)
     if family == "gamma":  # log link, shape k = exp(disp)
@@ -195,6 +205,7 @@ class HierarchicalSite:
             def gram(c):
                 return (c @ outer).reshape(p, p)
         else:
+
             def gram(c):
                 return X.T @ (X * c[:, None])
 
@@ -275,7 +286,7 @@ class HierarchicalSite:
     def log_collapsed(self, phi, z, stats):
         import jax.numpy as jnp
 
-        mu, log_tau = phi[: self.p], phi[self.p:]
+        mu, log_tau = phi[: self.p], phi[self.p :]
         t, negH = self.theta_mode(mu, log_tau, stats)
         sign, logdet = jnp.linalg.slogdet(negH)
         return self._joint(t, mu, log_tau, stats) + 0.5 * self.p * jnp.log(2 * jnp.pi) - 0.5 * logdet

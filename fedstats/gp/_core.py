@@ -68,8 +68,12 @@ def small_work(device, size: int):
 
 
 def resolve_dtype(dtype) -> torch.dtype:
-    table = {"float64": torch.float64, "float32": torch.float32, torch.float64: torch.float64,
-             torch.float32: torch.float32}
+    table = {
+        "float64": torch.float64,
+        "float32": torch.float32,
+        torch.float64: torch.float64,
+        torch.float32: torch.float32,
+    }
     if dtype not in table:
         raise ValueError(f"dtype must be 'float64' or 'float32', got {dtype!r}")
     return table[dtype]
@@ -111,8 +115,11 @@ class HyperSpec:
         return self.d if (name == "lengthscale" and self.ard) else 1
 
     def floor(self, name: str) -> float | None:
-        return {"lengthscale": self.lengthscale_floor, "outputscale": self.outputscale_floor,
-                "noise": self.noise_floor}.get(name)
+        return {
+            "lengthscale": self.lengthscale_floor,
+            "outputscale": self.outputscale_floor,
+            "noise": self.noise_floor,
+        }.get(name)
 
     def labels(self, feature_names=None) -> list[str]:
         """One label per scalar: ``lengthscale`` or ``lengthscale[x0]``..., then the rest."""
@@ -183,17 +190,23 @@ class BatchGP(torch.nn.Module):
         if spec.kernel == "rbf":
             base = gpytorch.kernels.RBFKernel(ard_num_dims=ard, batch_shape=bs, lengthscale_constraint=lc)
         else:
-            base = gpytorch.kernels.MaternKernel(nu=spec.nu, ard_num_dims=ard, batch_shape=bs, lengthscale_constraint=lc)
-        self.kernel = gpytorch.kernels.ScaleKernel(base, batch_shape=bs,
-                                                   outputscale_constraint=spec.constraint("outputscale"))
+            base = gpytorch.kernels.MaternKernel(
+                nu=spec.nu, ard_num_dims=ard, batch_shape=bs, lengthscale_constraint=lc
+            )
+        self.kernel = gpytorch.kernels.ScaleKernel(
+            base, batch_shape=bs, outputscale_constraint=spec.constraint("outputscale")
+        )
         self.raw_noise = torch.nn.Parameter(torch.zeros(G))
         self.raw_mean = torch.nn.Parameter(torch.zeros(G)) if spec.mean == "constant" else None
         self.to(device=device, dtype=dtype)
 
     def leaves(self) -> dict[str, torch.Tensor]:
         """The raw parameters by hyperparameter name (views of the module's parameters)."""
-        out = {"lengthscale": self.kernel.base_kernel.raw_lengthscale,
-               "outputscale": self.kernel.raw_outputscale, "noise": self.raw_noise}
+        out = {
+            "lengthscale": self.kernel.base_kernel.raw_lengthscale,
+            "outputscale": self.kernel.raw_outputscale,
+            "noise": self.raw_noise,
+        }
         if self.raw_mean is not None:
             out["mean"] = self.raw_mean
         return out
@@ -262,8 +275,8 @@ def adam_update(p, g, m, v, t, lr: float, betas=(0.9, 0.999), eps: float = 1e-8)
     v = v * b2 + (1 - b2) * g * g
     shape = (-1,) + (1,) * (p.dim() - 1)
     tt = t.to(p.dtype).reshape(shape)
-    step_size = lr / (1 - b1 ** tt)
-    denom = v.sqrt() / torch.sqrt(1 - b2 ** tt) + eps
+    step_size = lr / (1 - b1**tt)
+    denom = v.sqrt() / torch.sqrt(1 - b2**tt) + eps
     return p - step_size * m / denom, m, v
 
 
@@ -278,8 +291,9 @@ def sgd_lr(lr: float, decay, t: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- prediction
 
 
-def posterior(spec: HyperSpec, hyper: dict, X: np.ndarray, y: np.ndarray, Xs: np.ndarray, *, device,
-              dtype, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+def posterior(
+    spec: HyperSpec, hyper: dict, X: np.ndarray, y: np.ndarray, Xs: np.ndarray, *, device, dtype, chunk: int = 4096
+) -> tuple[np.ndarray, np.ndarray]:
     """Mean and latent variance of f at ``Xs`` given ``(X, y)`` under ``hyper`` (the GP predictive):
     ``mu = m + K*^T (K + s I)^{-1} (y - m)``, ``var_f = k** - K*^T (K + s I)^{-1} K*``.
     Exact (Cholesky); ``Xs`` is processed in chunks."""
@@ -295,7 +309,7 @@ def posterior(spec: HyperSpec, hyper: dict, X: np.ndarray, y: np.ndarray, Xs: np
         alpha = torch.cholesky_solve((yt[0] - m0).unsqueeze(-1), L).squeeze(-1)
         means, vars_ = [], []
         for s in range(0, len(Xs), chunk):
-            xs = torch.as_tensor(np.array(Xs[s:s + chunk], dtype=float), device=device, dtype=dtype).unsqueeze(0)
+            xs = torch.as_tensor(np.array(Xs[s : s + chunk], dtype=float), device=device, dtype=dtype).unsqueeze(0)
             Ks = model.covariance(Xt, xs)[0]  # (N, n*)
             means.append((m0 + Ks.T @ alpha).cpu().numpy())
             v = torch.linalg.solve_triangular(L, Ks, upper=False)
@@ -316,8 +330,7 @@ def band_frame(mean, var_f, level: float, var_y=None):
 
 
 def hyper_to_numpy(spec: HyperSpec, values: dict[str, torch.Tensor], i: int) -> dict[str, np.ndarray]:
-    return {n: values[n][i].detach().to(torch.float64).cpu().numpy().reshape(spec.size(n)).copy()
-            for n in spec.names}
+    return {n: values[n][i].detach().to(torch.float64).cpu().numpy().reshape(spec.size(n)).copy() for n in spec.names}
 
 
 # --------------------------------------------------------------------------- exact MLE
@@ -336,9 +349,19 @@ def random_start(spec: HyperSpec, X: np.ndarray, rng: np.random.Generator) -> di
     return {k: np.maximum(v, 2 * (spec.floor(k) or 0)) if k != "mean" else v for k, v in start.items()}
 
 
-def fit_mle(spec: HyperSpec, X: np.ndarray, y: np.ndarray, *, init: dict | None = None, feature=None,
-            restarts: int = 1, seed: int = 0, max_iter: int = 500, device="cpu",
-            dtype=torch.float64) -> tuple[dict, float, float]:
+def fit_mle(
+    spec: HyperSpec,
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    init: dict | None = None,
+    feature=None,
+    restarts: int = 1,
+    seed: int = 0,
+    max_iter: int = 500,
+    device="cpu",
+    dtype=torch.float64,
+) -> tuple[dict, float, float]:
     """Maximum marginal-likelihood hyperparameters of one exact GP by L-BFGS (centralised).
 
     ``feature`` (n,) adds a mean ``rho * feature`` with a free coefficient rho (the
@@ -346,12 +369,33 @@ def fit_mle(spec: HyperSpec, X: np.ndarray, y: np.ndarray, *, init: dict | None 
     ``restarts > 1``, from :func:`random_start` draws seeded by ``seed``; keeps the best.
     Returns ``(hyper, rho, mean nll)`` (rho is 0 without a feature).
     """
-    return fit_mle_sum(spec, [X], [y], init=init, features=None if feature is None else [feature],
-                       restarts=restarts, seed=seed, max_iter=max_iter, device=device, dtype=dtype)
+    return fit_mle_sum(
+        spec,
+        [X],
+        [y],
+        init=init,
+        features=None if feature is None else [feature],
+        restarts=restarts,
+        seed=seed,
+        max_iter=max_iter,
+        device=device,
+        dtype=dtype,
+    )
 
 
-def fit_mle_sum(spec: HyperSpec, Xs, ys, *, init: dict | None = None, features=None, restarts: int = 1,
-                seed: int = 0, max_iter: int = 500, device="cpu", dtype=torch.float64) -> tuple[dict, float, float]:
+def fit_mle_sum(
+    spec: HyperSpec,
+    Xs,
+    ys,
+    *,
+    init: dict | None = None,
+    features=None,
+    restarts: int = 1,
+    seed: int = 0,
+    max_iter: int = 500,
+    device="cpu",
+    dtype=torch.float64,
+) -> tuple[dict, float, float]:
     """Shared hyperparameters maximising ``sum_k p_k L_k / N_k`` over data sets ``(X_k, y_k)``
     with ``p_k = N_k / N``: the FGPR objective optimised centrally by L-BFGS, each
     data set an independent GP. See :func:`fit_mle` for ``features``, ``init`` and ``restarts``."""
@@ -363,13 +407,21 @@ def fit_mle_sum(spec: HyperSpec, Xs, ys, *, init: dict | None = None, features=N
     N = sum(ns)
     best = None
     for r in range(max(1, restarts)):
-        start = init if (r == 0 and init is not None) else spec.default() if r == 0 else random_start(
-            spec, np.vstack([np.asarray(X, dtype=float).reshape(len(y), -1) for X, y in zip(Xs, ys)]), rng)
+        start = (
+            init
+            if (r == 0 and init is not None)
+            else spec.default()
+            if r == 0
+            else random_start(
+                spec, np.vstack([np.asarray(X, dtype=float).reshape(len(y), -1) for X, y in zip(Xs, ys)]), rng
+            )
+        )
         model = single_model(spec, start, device, dtype)
         rho = torch.zeros((), device=device, dtype=dtype, requires_grad=True)
         params = list(model.parameters()) + ([rho] if ft is not None else [])
-        opt = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, tolerance_grad=1e-9, tolerance_change=1e-12,
-                                line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            params, lr=1, max_iter=max_iter, tolerance_grad=1e-9, tolerance_change=1e-12, line_search_fn="strong_wolfe"
+        )
 
         def objective():
             total = 0

@@ -35,13 +35,7 @@ from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import run
 from ..federation.backend import accepts_backend
 from ..results import counted
-from ._core import (
-    HyperSpec,
-    fit_mle_sum,
-    resolve_device,
-    resolve_dtype,
-    small_work,
-)
+from ._core import HyperSpec, fit_mle_sum, resolve_device, resolve_dtype, small_work
 from .fgpr_algorithm import CountShare, FGPRAlgorithm, average_hypers, batch_for, draw_participants, standardise
 from .fgpr_result import FGPRResult
 
@@ -133,46 +127,114 @@ class FGPR(Estimator):
     True
     """
 
-    def __init__(self, *, kernel: str = "rbf", nu: float = 1.5, ard: bool = False, mean: str = "zero",
-                 rounds: int = 100, local_steps=5, batch_size=64, sampler: str = "uniform",
-                 optimizer: str = "adam", lr: float = 0.01, lr_decay=None, betas=(0.9, 0.999),
-                 optimizer_state: str = "fresh", loss_normalization: str = "mean",
-                 average_space: str = "constrained", participation=1.0, init=None, noise_floor: float = 1e-4,
-                 lengthscale_floor: float = 1e-6, outputscale_floor: float = 1e-6, standardize: bool = True,
-                 device="auto", dtype="float64", condition_limit: int | None = 2000):
+    def __init__(
+        self,
+        *,
+        kernel: str = "rbf",
+        nu: float = 1.5,
+        ard: bool = False,
+        mean: str = "zero",
+        rounds: int = 100,
+        local_steps=5,
+        batch_size=64,
+        sampler: str = "uniform",
+        optimizer: str = "adam",
+        lr: float = 0.01,
+        lr_decay=None,
+        betas=(0.9, 0.999),
+        optimizer_state: str = "fresh",
+        loss_normalization: str = "mean",
+        average_space: str = "constrained",
+        participation=1.0,
+        init=None,
+        noise_floor: float = 1e-4,
+        lengthscale_floor: float = 1e-6,
+        outputscale_floor: float = 1e-6,
+        standardize: bool = True,
+        device="auto",
+        dtype="float64",
+        condition_limit: int | None = 2000,
+    ):
         self.kernel, self.nu, self.ard, self.mean = kernel, nu, ard, mean
         self.rounds, self.local_steps, self.batch_size, self.sampler = rounds, local_steps, batch_size, sampler
         self.optimizer, self.lr, self.lr_decay, self.betas = optimizer, lr, lr_decay, betas
         self.optimizer_state, self.loss_normalization = optimizer_state, loss_normalization
         self.average_space, self.participation, self.init = average_space, participation, init
-        self.noise_floor, self.lengthscale_floor, self.outputscale_floor = noise_floor, lengthscale_floor, outputscale_floor
+        self.noise_floor, self.lengthscale_floor, self.outputscale_floor = (
+            noise_floor,
+            lengthscale_floor,
+            outputscale_floor,
+        )
         self.standardize, self.device, self.dtype, self.condition_limit = standardize, device, dtype, condition_limit
 
-
-    _OPTIONS = ("kernel", "nu", "ard", "mean", "rounds", "local_steps", "batch_size", "sampler", "optimizer", "lr",
-                "lr_decay", "betas", "optimizer_state", "loss_normalization", "average_space", "participation",
-                "init", "noise_floor", "lengthscale_floor", "outputscale_floor", "standardize", "device", "dtype",
-                "condition_limit")
+    _OPTIONS = (
+        "kernel",
+        "nu",
+        "ard",
+        "mean",
+        "rounds",
+        "local_steps",
+        "batch_size",
+        "sampler",
+        "optimizer",
+        "lr",
+        "lr_decay",
+        "betas",
+        "optimizer_state",
+        "loss_normalization",
+        "average_space",
+        "participation",
+        "init",
+        "noise_floor",
+        "lengthscale_floor",
+        "outputscale_floor",
+        "standardize",
+        "device",
+        "dtype",
+        "condition_limit",
+    )
 
     def _options(self) -> dict:
         return {k: getattr(self, k) for k in self._OPTIONS}
 
     def spec(self, d: int) -> HyperSpec:
-        return HyperSpec(d=d, kernel=self.kernel, nu=self.nu, ard=self.ard, mean=self.mean,
-                         lengthscale_floor=self.lengthscale_floor, outputscale_floor=self.outputscale_floor,
-                         noise_floor=self.noise_floor)
+        return HyperSpec(
+            d=d,
+            kernel=self.kernel,
+            nu=self.nu,
+            ard=self.ard,
+            mean=self.mean,
+            lengthscale_floor=self.lengthscale_floor,
+            outputscale_floor=self.outputscale_floor,
+            noise_floor=self.noise_floor,
+        )
 
     _constraints = {
-        "kernel": OneOf("rbf", "matern"), "ard": BOOL, "rounds": Int(1), "standardize": BOOL,
+        "kernel": OneOf("rbf", "matern"),
+        "ard": BOOL,
+        "rounds": Int(1),
+        "standardize": BOOL,
         "local_steps": OneOf("epoch") | Int(1),
         # one point cannot separate signal from noise
         "batch_size": Int(2) | Real(0, 1, closed=(False, False)),
-        "sampler": OneOf(*SAMPLERS), "optimizer": OneOf(*OPTIMIZERS), "average_space": OneOf(*SPACES),
-        "optimizer_state": OneOf("fresh", "persistent"), "loss_normalization": OneOf("mean", "sum"),
-        "lr": Real(0, closed=(False, True)), "lr_decay": NONE | Real(0, closed=(False, True)),
-        "betas": Constraint(lambda v: isinstance(v, (tuple, list, np.ndarray)) and len(v) == 2 and all(
-            isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and 0 <= x < 1
-            for x in v), "two numbers in [0, 1)"),
+        "sampler": OneOf(*SAMPLERS),
+        "optimizer": OneOf(*OPTIMIZERS),
+        "average_space": OneOf(*SPACES),
+        "optimizer_state": OneOf("fresh", "persistent"),
+        "loss_normalization": OneOf("mean", "sum"),
+        "lr": Real(0, closed=(False, True)),
+        "lr_decay": NONE | Real(0, closed=(False, True)),
+        "betas": Constraint(
+            lambda v: (
+                isinstance(v, (tuple, list, np.ndarray))
+                and len(v) == 2
+                and all(
+                    isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and 0 <= x < 1
+                    for x in v
+                )
+            ),
+            "two numbers in [0, 1)",
+        ),
         "condition_limit": NONE | Int(1),
         "participation": Int(1) | Real(0, 1, closed=(False, True)),
     }
@@ -188,8 +250,10 @@ class FGPR(Estimator):
         small = {c: n for c, n in data.n_obs.items() if n < 2}
         if small:
             c = next(iter(small))
-            raise DataError(f"client {c!r} has {small[c]} point(s); FGPR needs at least 2 per client "
-                            f"(a marginal likelihood of one point cannot separate signal from noise)")
+            raise DataError(
+                f"client {c!r} has {small[c]} point(s); FGPR needs at least 2 per client "
+                f"(a marginal likelihood of one point cannot separate signal from noise)"
+            )
         K = len(data.clients)
         p = self.participation  # a count of clients, or a fraction of them (1.0: all)
         if isinstance(p, (float, np.floating)) and p == 1.0:
@@ -201,13 +265,26 @@ class FGPR(Estimator):
         if k is not None and k >= K:  # K_s = K is full participation (Algorithm 1 of the paper), not K draws
             k = None
         init = spec.check(self.init, "init") if self.init is not None else spec.default()
-        return spec, {"participants": k, "init": init, "device": resolve_device(self.device),
-                      "dtype": resolve_dtype(self.dtype), "betas": b}
+        return spec, {
+            "participants": k,
+            "init": init,
+            "device": resolve_device(self.device),
+            "dtype": resolve_dtype(self.dtype),
+            "betas": b,
+        }
 
     @counted
     @accepts_backend
-    def fit(self, data: FederatedData, *, seed: int = 0, progress: bool | None = None, batched: bool = True,
-            checkpoint=None, resume: bool = False) -> FGPRResult:
+    def fit(
+        self,
+        data: FederatedData,
+        *,
+        seed: int = 0,
+        progress: bool | None = None,
+        batched: bool = True,
+        checkpoint=None,
+        resume: bool = False,
+    ) -> FGPRResult:
         """Learn the shared hyperparameters from ``data`` (a :class:`~fedstats.data.FederatedData`;
         every client needs at least 2 points). All clients are checked before any training."""
         require_target(data, "FGPR")
@@ -218,52 +295,106 @@ class FGPR(Estimator):
         missing = [c for c in data.clients if c not in counts]
         if missing:
             raise RuntimeError(f"client {missing[0]!r} did not report its number of points")
-        alg = FGPRAlgorithm(spec, init=o["init"], counts=counts, local_steps=self.local_steps,
-                            batch_size=self.batch_size, sampler=self.sampler, optimizer=self.optimizer,
-                            lr=float(self.lr), lr_decay=self.lr_decay, betas=o["betas"],
-                            optimizer_state=self.optimizer_state, loss_normalization=self.loss_normalization,
-                            average_space=self.average_space, participants=o["participants"], seed=seed,
-                            standardize=bool(self.standardize), device=o["device"], dtype=o["dtype"])
+        alg = FGPRAlgorithm(
+            spec,
+            init=o["init"],
+            counts=counts,
+            local_steps=self.local_steps,
+            batch_size=self.batch_size,
+            sampler=self.sampler,
+            optimizer=self.optimizer,
+            lr=float(self.lr),
+            lr_decay=self.lr_decay,
+            betas=o["betas"],
+            optimizer_state=self.optimizer_state,
+            loss_normalization=self.loss_normalization,
+            average_space=self.average_space,
+            participants=o["participants"],
+            seed=seed,
+            standardize=bool(self.standardize),
+            device=o["device"],
+            dtype=o["dtype"],
+        )
         participation = 1.0 if o["participants"] is None else alg.participation
         biggest = max(batch_for(self.batch_size, n) for n in counts.values())
         with small_work(o["device"], biggest):
-            out = run(alg, data, kind="FGPR rounds", rounds=int(self.rounds), participation=participation, seed=seed,
-                      progress=progress,
-                      batched=batched, checkpoint=checkpoint, resume=resume)
+            out = run(
+                alg,
+                data,
+                kind="FGPR rounds",
+                rounds=int(self.rounds),
+                participation=participation,
+                seed=seed,
+                progress=progress,
+                batched=batched,
+                checkpoint=checkpoint,
+                resume=resume,
+            )
         failed = {c: why for rec in out.history for c, why in rec.failed.items()}
         if failed and all(len(rec.answered) == 0 for rec in out.history):
             c, why = next(iter(failed.items()))
             raise RuntimeError(f"no client completed a round; e.g. {c!r}: {why}")
         if failed:
             c, why = next(iter(failed.items()))
-            warnings.warn(f"{len(failed)} client(s) failed in some round and were left out of its average; "
-                          f"e.g. {c!r}: {why}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{len(failed)} client(s) failed in some round and were left out of its average; e.g. {c!r}: {why}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         comm = out.communication
-        return FGPRResult(spec=spec, hyperparameters=out.server_state.hyper, feature_names=list(data.feature_names),
-                          clients=list(data.clients), n_obs=dict(counts), options=self._options(),
-                          history=out.history, communication=comm, converged=out.converged,
-                          seconds=time.perf_counter() - t0, seed=seed, data=data)
+        return FGPRResult(
+            spec=spec,
+            hyperparameters=out.server_state.hyper,
+            feature_names=list(data.feature_names),
+            clients=list(data.clients),
+            n_obs=dict(counts),
+            options=self._options(),
+            history=out.history,
+            communication=comm,
+            converged=out.converged,
+            seconds=time.perf_counter() - t0,
+            seed=seed,
+            data=data,
+        )
 
-
-    def fit_centralised(self, data: FederatedData, *, restarts: int = 1, seed: int = 0,
-                        max_iter: int = 500) -> FGPRResult:
+    def fit_centralised(
+        self, data: FederatedData, *, restarts: int = 1, seed: int = 0, max_iter: int = 500
+    ) -> FGPRResult:
         """The centralised reference: the same objective ``sum_k p_k L_k / N_k`` (every client's
         full data, standardised as in :meth:`fit`) maximised by L-BFGS on pooled data, from
         ``init`` and ``restarts - 1`` random starts. Same result API; predictions still
         condition each client on its own data."""
         spec, o = self._validate(data)
         if self.loss_normalization != "mean":
-            raise ValueError("fit_centralised optimises sum_k p_k L_k / N_k, the objective of "
-                             "loss_normalization='mean'; it has no counterpart for 'sum'")
+            raise ValueError(
+                "fit_centralised optimises sum_k p_k L_k / N_k, the objective of "
+                "loss_normalization='mean'; it has no counterpart for 'sum'"
+            )
         t0 = time.perf_counter()
         ys = [np.asarray(data[c].y, dtype=float) for c in data.clients]
         ys = [standardise(y)[0] for y in ys] if self.standardize else ys
-        hyper, _, _ = fit_mle_sum(spec, [np.asarray(data[c].X) for c in data.clients], ys, init=o["init"],
-                                  restarts=restarts, seed=seed, max_iter=max_iter, device=o["device"],
-                                  dtype=o["dtype"])
-        return FGPRResult(spec=spec, hyperparameters=hyper, feature_names=list(data.feature_names),
-                          clients=list(data.clients), n_obs=dict(data.n_obs), options=self._options(),
-                          seconds=time.perf_counter() - t0, seed=seed, data=data)
+        hyper, _, _ = fit_mle_sum(
+            spec,
+            [np.asarray(data[c].X) for c in data.clients],
+            ys,
+            init=o["init"],
+            restarts=restarts,
+            seed=seed,
+            max_iter=max_iter,
+            device=o["device"],
+            dtype=o["dtype"],
+        )
+        return FGPRResult(
+            spec=spec,
+            hyperparameters=hyper,
+            feature_names=list(data.feature_names),
+            clients=list(data.clients),
+            n_obs=dict(data.n_obs),
+            options=self._options(),
+            seconds=time.perf_counter() - t0,
+            seed=seed,
+            data=data,
+        )
 
 
 def _is_int(v) -> bool:

@@ -13,14 +13,7 @@ from scipy.spatial import cKDTree
 
 from .. import streams
 from ..federation import FederatedAlgorithm
-from ._core import (
-    BatchGP,
-    HyperSpec,
-    adam_update,
-    hyper_to_numpy,
-    raw_tensors,
-    sgd_lr,
-)
+from ._core import BatchGP, HyperSpec, adam_update, hyper_to_numpy, raw_tensors, sgd_lr
 
 __all__ = ["FGPRAlgorithm", "draw_participants", "average_hypers"]
 
@@ -65,20 +58,20 @@ class _Client:
     its sizes, its step count and, if persistent, its optimiser moments (numpy, on the CPU)."""
 
     n: int
-    m: int                   # batch size M_k
-    e: int                   # local steps E_k
-    opt: dict | None         # persistent optimiser state: {"m": {...}, "v": {...}}
-    steps: int               # local steps taken so far (Adam's t, SGD's schedule)
+    m: int  # batch size M_k
+    e: int  # local steps E_k
+    opt: dict | None  # persistent optimiser state: {"m": {...}, "v": {...}}
+    steps: int  # local steps taken so far (Adam's t, SGD's schedule)
 
 
 @dataclass(frozen=True)
 class _View:
     """A client's data for one round, built on the client from its own data."""
 
-    X: np.ndarray            # (N, d) inputs (numpy, for the samplers)
-    Xt: torch.Tensor         # the same on the compute device
-    yt: torch.Tensor         # (standardised) targets on the compute device
-    tree: cKDTree | None     # for nearest-neighbour batches
+    X: np.ndarray  # (N, d) inputs (numpy, for the samplers)
+    Xt: torch.Tensor  # the same on the compute device
+    yt: torch.Tensor  # (standardised) targets on the compute device
+    tree: cKDTree | None  # for nearest-neighbour batches
 
 
 class _Server:
@@ -116,13 +109,36 @@ class FGPRAlgorithm(FederatedAlgorithm):
     client. See :class:`FGPR` for the options.
     """
 
-    def __init__(self, spec: HyperSpec, *, init: dict, counts: dict, local_steps, batch_size, sampler: str,
-                 optimizer: str, lr: float, lr_decay, betas, optimizer_state: str, loss_normalization: str,
-                 average_space: str, participants: int | None, seed: int, standardize: bool, device, dtype):
+    def __init__(
+        self,
+        spec: HyperSpec,
+        *,
+        init: dict,
+        counts: dict,
+        local_steps,
+        batch_size,
+        sampler: str,
+        optimizer: str,
+        lr: float,
+        lr_decay,
+        betas,
+        optimizer_state: str,
+        loss_normalization: str,
+        average_space: str,
+        participants: int | None,
+        seed: int,
+        standardize: bool,
+        device,
+        dtype,
+    ):
         self.spec, self.init, self.counts = spec, init, counts
         self.local_steps, self.batch_size, self.sampler = local_steps, batch_size, sampler
         self.optimizer, self.lr, self.lr_decay, self.betas = optimizer, lr, lr_decay, betas
-        self.optimizer_state, self.loss_normalization, self.average_space = optimizer_state, loss_normalization, average_space
+        self.optimizer_state, self.loss_normalization, self.average_space = (
+            optimizer_state,
+            loss_normalization,
+            average_space,
+        )
         self.participants, self.seed, self.standardize = participants, seed, standardize
         self.device, self.dtype = device, dtype
         self.reply_keys = spec.names
@@ -152,8 +168,12 @@ class FGPRAlgorithm(FederatedAlgorithm):
         X, y = np.array(data.X, dtype=float), np.array(data.y, dtype=float)
         y = standardise(y)[0] if self.standardize else y
         tree = cKDTree(X) if (self.sampler == "nearest" and state.m < state.n) else None
-        return _View(X, torch.as_tensor(X, device=self.device, dtype=self.dtype),
-                     torch.as_tensor(y, device=self.device, dtype=self.dtype), tree)
+        return _View(
+            X,
+            torch.as_tensor(X, device=self.device, dtype=self.dtype),
+            torch.as_tensor(y, device=self.device, dtype=self.dtype),
+            tree,
+        )
 
     def broadcast(self, server_state, client, round):
         return {n: v.copy() for n, v in server_state.hyper.items()}
@@ -169,8 +189,12 @@ class FGPRAlgorithm(FederatedAlgorithm):
         for idx in groups.values():
             saved = [rngs[i].bit_generator.state for i in idx]
             try:
-                res = self._update([messages[i] for i in idx], [states[i] for i in idx], [datas[i] for i in idx],
-                                   [rngs[i] for i in idx])
+                res = self._update(
+                    [messages[i] for i in idx],
+                    [states[i] for i in idx],
+                    [datas[i] for i in idx],
+                    [rngs[i] for i in idx],
+                )
             except Exception:  # noqa: BLE001 - isolate the failing client: redo this group one by one
                 for i, st in zip(idx, saved):  # with the batch draws it would have made on its own
                     rngs[i].bit_generator.state = st
@@ -224,12 +248,13 @@ class FGPRAlgorithm(FederatedAlgorithm):
             Xpad = torch.zeros((G, nmax, spec.d), device=dev, dtype=dt)
             ypad = torch.zeros((G, nmax), device=dev, dtype=dt)
             for g, (s, v) in enumerate(zip(states, views)):
-                Xpad[g, :s.n], ypad[g, :s.n] = v.Xt, v.yt
+                Xpad[g, : s.n], ypad[g, : s.n] = v.Xt, v.yt
         leaves = model.leaves()
         for step in range(E):
             if not full:
-                idx = torch.as_tensor(np.stack([self._batch_indices(s, v, r) for s, v, r in zip(states, views, rngs)]),
-                                      device=dev)
+                idx = torch.as_tensor(
+                    np.stack([self._batch_indices(s, v, r) for s, v, r in zip(states, views, rngs)]), device=dev
+                )
                 Xb = torch.take_along_dim(Xpad, idx[:, :, None], dim=1)
                 yb = torch.take_along_dim(ypad, idx, dim=1)
             model.set_raw(raw)
@@ -241,8 +266,9 @@ class FGPRAlgorithm(FederatedAlgorithm):
             for g_ in grads:
                 bad |= ~torch.isfinite(g_.reshape(G, -1)).all(-1)
             if bool(bad.any()):
-                raise FloatingPointError(f"non-finite marginal likelihood or gradient in local step {step} "
-                                         f"(lr={self.lr:g})")
+                raise FloatingPointError(
+                    f"non-finite marginal likelihood or gradient in local step {step} (lr={self.lr:g})"
+                )
             t = t0 + step
             for n, g_ in zip(leaves, grads):
                 g_ = g_.reshape(G, -1)
@@ -258,8 +284,11 @@ class FGPRAlgorithm(FederatedAlgorithm):
             if not all(np.all(np.isfinite(v)) for v in reply.values()):
                 raise FloatingPointError(f"hyperparameters overflowed (lr={self.lr:g})")
             cpu = lambda t: t.detach().to(torch.float64).cpu().numpy().copy()  # noqa: E731
-            opt = ({"m": {n: cpu(mom[n][g]) for n in spec.names}, "v": {n: cpu(vel[n][g]) for n in spec.names}}
-                   if self.optimizer_state == "persistent" else None)
+            opt = (
+                {"m": {n: cpu(mom[n][g]) for n in spec.names}, "v": {n: cpu(vel[n][g]) for n in spec.names}}
+                if self.optimizer_state == "persistent"
+                else None
+            )
             out.append((reply, replace(s, opt=opt, steps=s.steps + E)))
         return out
 

@@ -11,14 +11,7 @@ import torch
 
 from ..data import DataError, FederatedData
 from ..results import FederatedResult, UnknownClientError, check_level, register
-from ._core import (
-    HyperSpec,
-    band_frame,
-    posterior,
-    resolve_device,
-    resolve_dtype,
-    single_model,
-)
+from ._core import HyperSpec, band_frame, posterior, resolve_device, resolve_dtype, single_model
 from .fgpr_algorithm import standardise
 
 # --------------------------------------------------------------------------- the result
@@ -37,8 +30,22 @@ class FGPRResult(FederatedResult):
 
     _transient = {"_data": None}  # the training data of an in-process fit: never written
 
-    def __init__(self, *, spec: HyperSpec, hyperparameters: dict, feature_names, clients, n_obs, options, history=None,
-                 communication=None, converged: bool = False, seconds: float = 0.0, seed: int = 0, data=None):
+    def __init__(
+        self,
+        *,
+        spec: HyperSpec,
+        hyperparameters: dict,
+        feature_names,
+        clients,
+        n_obs,
+        options,
+        history=None,
+        communication=None,
+        converged: bool = False,
+        seconds: float = 0.0,
+        seed: int = 0,
+        data=None,
+    ):
         self.spec, self.hyperparameters = spec, {k: np.asarray(v, dtype=float) for k, v in hyperparameters.items()}
         self.feature_names, self.clients, self.n_obs = list(feature_names), list(clients), dict(n_obs)
         self.options, self.history, self.communication = options, history, communication
@@ -62,9 +69,11 @@ class FGPRResult(FederatedResult):
         return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
     def _no_posterior(self, what: str) -> str:
-        return ("FGPR estimates its shared hyperparameters by maximum marginal likelihood and has no posterior over "
-                "them (nor client parameters); its predictions carry credible and predictive bands: "
-                "predict(X, client)")
+        return (
+            "FGPR estimates its shared hyperparameters by maximum marginal likelihood and has no posterior over "
+            "them (nor client parameters); its predictions carry credible and predictive bands: "
+            "predict(X, client)"
+        )
 
     def _device(self):
         # a result fitted on a GPU still predicts on a machine without one
@@ -81,25 +90,32 @@ class FGPRResult(FederatedResult):
                 X = X[:, None] if X.ndim == 1 else X
                 y = np.asarray(y, dtype=float).reshape(-1)
                 if X.ndim != 2 or X.shape[1] != self.spec.d or len(y) != len(X) or len(y) < 1:
-                    raise DataError(f"data must be (X, y) with X of shape (n, {self.spec.d}) and n >= 1 targets, "
-                                    f"got X {X.shape} and y {y.shape}")
+                    raise DataError(
+                        f"data must be (X, y) with X of shape (n, {self.spec.d}) and n >= 1 targets, "
+                        f"got X {X.shape} and y {y.shape}"
+                    )
                 if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
                     raise DataError("data (X, y) contains NaN or inf")
                 return X, y
             raise TypeError("data must be a tuple (X, y) of the client's own points")
         if client is None:
-            raise ValueError("FGPR predicts for a client from that client's data: give a fitted client, or the new "
-                             "client's own points as data=(X, y)")
+            raise ValueError(
+                "FGPR predicts for a client from that client's data: give a fitted client, or the new "
+                "client's own points as data=(X, y)"
+            )
         if client not in self.clients:
-            raise UnknownClientError(f"unknown client {client!r}: the fit has not seen it; pass its own data as "
-                                     "data=(X, y) to predict for a new client")
+            raise UnknownClientError(
+                f"unknown client {client!r}: the fit has not seen it; pass its own data as "
+                "data=(X, y) to predict for a new client"
+            )
         if self._data is None:
             raise ValueError("this result holds no client data (loaded from disk?): pass data=(X, y)")
         cd = self._data[client]
         return np.asarray(cd.X), np.asarray(cd.y)
 
-    def predict(self, X, client=None, *, data=None, level: float = 0.95, scale: str = "original",
-                seed: int = 0) -> pd.DataFrame:
+    def predict(
+        self, X, client=None, *, data=None, level: float = 0.95, scale: str = "original", seed: int = 0
+    ) -> pd.DataFrame:
         """Personal prediction of ``client`` at the rows of ``X``.
 
         The shared prior is conditioned on the client's own training data, or on ``data``
@@ -122,15 +138,22 @@ class FGPRResult(FederatedResult):
         if not np.all(np.isfinite(Xs)):
             raise DataError("X contains NaN or inf")
         if len(yk) < 5:
-            warnings.warn(f"conditioning on only {len(yk)} point(s): the prediction is close to the prior",
-                          UserWarning, stacklevel=2)
+            warnings.warn(
+                f"conditioning on only {len(yk)} point(s): the prediction is close to the prior",
+                UserWarning,
+                stacklevel=2,
+            )
         mu_y, sd_y = 0.0, 1.0
         if self.options.get("standardize", True):
             yk, mu_y, sd_y = standardise(yk)
         limit = self.options.get("condition_limit")
         if limit is not None and len(yk) > limit:
-            warnings.warn(f"client has {len(yk)} points; conditioning on a random subset of {limit} "
-                          f"(condition_limit) instead of the exact formula", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"client has {len(yk)} points; conditioning on a random subset of {limit} "
+                f"(condition_limit) instead of the exact formula",
+                UserWarning,
+                stacklevel=2,
+            )
             keep = np.sort(np.random.default_rng(seed).choice(len(yk), size=limit, replace=False))
             Xk, yk = Xk[keep], yk[keep]
         dtype = resolve_dtype(self.options.get("dtype", "float64"))
@@ -165,12 +188,19 @@ class FGPRResult(FederatedResult):
         data = self._data if data is None else data
         if data is None:
             raise ValueError("pass data: this result holds none")
-        return weighted_objective(self.spec, self.hyperparameters, data, standardize=self.options.get("standardize", True),
-                                  device=self._device(), dtype=resolve_dtype(self.options.get("dtype", "float64")))
+        return weighted_objective(
+            self.spec,
+            self.hyperparameters,
+            data,
+            standardize=self.options.get("standardize", True),
+            device=self._device(),
+            dtype=resolve_dtype(self.options.get("dtype", "float64")),
+        )
 
 
-def weighted_objective(spec: HyperSpec, hyper: dict, data: FederatedData, *, standardize: bool = True,
-                       device="cpu", dtype=torch.float64) -> float:
+def weighted_objective(
+    spec: HyperSpec, hyper: dict, data: FederatedData, *, standardize: bool = True, device="cpu", dtype=torch.float64
+) -> float:
     """``sum_k (N_k/N) L_k(theta) / N_k`` over the clients of ``data`` (exact, full data)."""
     N = sum(data.n_obs.values())
     total = 0.0

@@ -51,12 +51,22 @@ class MFData:
     def level_data(self, level: str) -> tuple[np.ndarray, np.ndarray]:
         """All training points of one fidelity level, pooled over its clients."""
         cs = [c for c, lv in self.levels.items() if lv == level]
-        return (np.vstack([np.asarray(self.train[c].X) for c in cs]),
-                np.concatenate([np.asarray(self.train[c].y) for c in cs]))
+        return (
+            np.vstack([np.asarray(self.train[c].X) for c in cs]),
+            np.concatenate([np.asarray(self.train[c].y) for c in cs]),
+        )
 
 
-def fidelity_data(name: str | Problem, *, seed: int = 0, layout: str = "paper", sizes: dict | None = None,
-                  n_test: int = 1000, scale_x: bool = True, code_compat: bool = False) -> MFData:
+def fidelity_data(
+    name: str | Problem,
+    *,
+    seed: int = 0,
+    layout: str = "paper",
+    sizes: dict | None = None,
+    n_test: int = 1000,
+    scale_x: bool = True,
+    code_compat: bool = False,
+) -> MFData:
     """The federation of one repetition of problem ``name`` (see :mod:`fedstats.gp.testfunctions`).
 
     ``layout="paper"``: one client per level; ``"code"``: two clients per level, each with
@@ -101,8 +111,18 @@ class SeparateGP:
     L-BFGS (``restarts`` starts); predictions then condition on all of its points exactly.
     """
 
-    def __init__(self, *, protocol: str = "paper", kernel: str = "rbf", nu: float = 1.5, ard: bool = False,
-                 lr: float = 0.01, rounds: int = 200, batch_size=None, restarts: int = 5):
+    def __init__(
+        self,
+        *,
+        protocol: str = "paper",
+        kernel: str = "rbf",
+        nu: float = 1.5,
+        ard: bool = False,
+        lr: float = 0.01,
+        rounds: int = 200,
+        batch_size=None,
+        restarts: int = 5,
+    ):
         if protocol not in ("paper", "converged"):
             raise ValueError(f"protocol must be 'paper' or 'converged', got {protocol!r}")
         self.protocol, self.kernel, self.nu, self.ard, self.lr, self.rounds = protocol, kernel, nu, ard, lr, rounds
@@ -114,13 +134,31 @@ class SeparateGP:
         data = FederatedData.from_arrays([X], [np.asarray(y, dtype=float)], clients=["HF"])
         if self.protocol == "paper":
             M = len(y) if self.batch_size is None else self.batch_size
-            return FGPR(kernel=self.kernel, nu=self.nu, ard=self.ard, rounds=self.rounds, local_steps="epoch",
-                        batch_size=M, sampler="nearest", optimizer="adam", lr=self.lr, optimizer_state="persistent",
-                        device="cpu").fit(data, seed=seed, progress=False)
+            return FGPR(
+                kernel=self.kernel,
+                nu=self.nu,
+                ard=self.ard,
+                rounds=self.rounds,
+                local_steps="epoch",
+                batch_size=M,
+                sampler="nearest",
+                optimizer="adam",
+                lr=self.lr,
+                optimizer_state="persistent",
+                device="cpu",
+            ).fit(data, seed=seed, progress=False)
         spec = HyperSpec(d=X.shape[1], kernel=self.kernel, nu=self.nu, ard=self.ard)
         hyper, _, _ = fit_mle(spec, X, standardise(np.asarray(y, dtype=float))[0], restarts=self.restarts, seed=seed)
-        return FGPRResult(spec=spec, hyperparameters=hyper, feature_names=data.feature_names, clients=["HF"],
-                          n_obs=data.n_obs, options={"standardize": True, "device": "cpu"}, seed=seed, data=data)
+        return FGPRResult(
+            spec=spec,
+            hyperparameters=hyper,
+            feature_names=data.feature_names,
+            clients=["HF"],
+            n_obs=data.n_obs,
+            options={"standardize": True, "device": "cpu"},
+            seed=seed,
+            data=data,
+        )
 
 
 class AR1CoKriging:
@@ -190,13 +228,13 @@ class _LevelClient:
         self.y, self.mu, self.sd = standardise(np.asarray(y, dtype=float))
 
     def fit(self, lower_mean=None) -> None:
-        self.hyper, self.rho, _ = fit_mle(self.spec, self.X, self.y, feature=lower_mean, restarts=self.restarts,
-                                          seed=self.seed)
+        self.hyper, self.rho, _ = fit_mle(
+            self.spec, self.X, self.y, feature=lower_mean, restarts=self.restarts, seed=self.seed
+        )
         self.resid = self.y if lower_mean is None else self.y - self.rho * lower_mean
 
     def answer(self, Xq, lower=None):
-        m, v = posterior(self.spec, self.hyper, self.X, self.resid, Xq, device=torch.device("cpu"),
-                         dtype=torch.float64)
+        m, v = posterior(self.spec, self.hyper, self.X, self.resid, Xq, device=torch.device("cpu"), dtype=torch.float64)
         return (m, v) if lower is None else (self.rho * lower[0] + m, self.rho**2 * lower[1] + v)
 
 
@@ -228,8 +266,9 @@ class FederatedAR1:
         self.clients_ = []
         for t, c in enumerate(order):
             X = np.asarray(data[c].X, dtype=float)
-            client = _LevelClient(X, data[c].y, HyperSpec(d=X.shape[1], kernel=self.kernel, ard=self.ard),
-                                  self.restarts, seed + t)
+            client = _LevelClient(
+                X, data[c].y, HyperSpec(d=X.shape[1], kernel=self.kernel, ard=self.ard), self.restarts, seed + t
+            )
             client.fit(None if t == 0 else self._chain(X, t)[0])
             self.clients_.append(client)
         return self

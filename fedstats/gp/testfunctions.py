@@ -19,8 +19,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Problem", "PROBLEMS", "problem", "currin", "park", "branin", "hartmann3", "borehole",
-           "linear_1d", "nonlinear_1d"]
+__all__ = [
+    "Problem",
+    "PROBLEMS",
+    "problem",
+    "currin",
+    "park",
+    "branin",
+    "hartmann3",
+    "borehole",
+    "linear_1d",
+    "nonlinear_1d",
+]
 
 
 def _cols(X, d):
@@ -66,8 +76,7 @@ def park_lf(X):
 
 def branin_hf(X):
     x1, x2 = _cols(X, 2)
-    return ((-1.275 * x1**2 / np.pi**2 + 5 * x1 / np.pi + x2 - 6) ** 2
-            + (10 - 5 / (4 * np.pi)) * np.cos(x1) + 10)
+    return (-1.275 * x1**2 / np.pi**2 + 5 * x1 / np.pi + x2 - 6) ** 2 + (10 - 5 / (4 * np.pi)) * np.cos(x1) + 10
 
 
 def branin_mf(X, code_compat: bool = False):
@@ -87,8 +96,9 @@ def branin_lf(X, code_compat: bool = False):
 _H_ALPHA = np.array([1.0, 1.2, 3.0, 3.2])
 _H_DELTA = np.array([0.01, -0.01, -0.1, 0.1])
 _H_A = np.array([[3, 10, 30], [0.1, 10, 35], [3, 10, 30], [0.1, 10, 35]], dtype=float)
-_H_P = np.array([[0.3689, 0.1170, 0.2673], [0.4699, 0.4387, 0.7470], [0.1091, 0.8732, 0.5547],
-                 [0.0381, 0.5743, 0.8828]])
+_H_P = np.array(
+    [[0.3689, 0.1170, 0.2673], [0.4699, 0.4387, 0.7470], [0.1091, 0.8732, 0.5547], [0.0381, 0.5743, 0.8828]]
+)
 
 
 def hartmann3(X, t: int = 3, code_compat: bool = False):
@@ -151,10 +161,10 @@ class Problem:
     """A multi-fidelity problem: ``levels`` maps "HF" ("MF") "LF" to functions, highest first."""
 
     name: str
-    bounds: np.ndarray            # (d, 2) input box in original units
-    levels: dict[str, Callable]   # highest fidelity first
-    sizes: dict[str, int]         # the paper's training sizes per level
-    grid: bool = False            # 1-D examples: equally spaced inputs (the published code)
+    bounds: np.ndarray  # (d, 2) input box in original units
+    levels: dict[str, Callable]  # highest fidelity first
+    sizes: dict[str, int]  # the paper's training sizes per level
+    grid: bool = False  # 1-D examples: equally spaced inputs (the published code)
     low_open: tuple = field(default=())  # inputs sampled from (lo, hi] instead of [lo, hi)
 
     @property
@@ -185,26 +195,59 @@ def problem(name: str, code_compat: bool = False) -> Problem:
     if key == "currin":
         return Problem("CURRIN", _box((0, 1), (0, 1)), {"HF": currin_hf, "LF": currin_lf}, {"HF": 40, "LF": 200})
     if key == "park":
-        return Problem("PARK", _box((0, 1), (0, 1), (0, 1), (0, 1)), {"HF": park_hf, "LF": park_lf},
-                       {"HF": 50, "LF": 300}, low_open=(0,))
+        return Problem(
+            "PARK",
+            _box((0, 1), (0, 1), (0, 1), (0, 1)),
+            {"HF": park_hf, "LF": park_lf},
+            {"HF": 50, "LF": 300},
+            low_open=(0,),
+        )
     if key == "branin":
-        return Problem("BRANIN", _box((-5, 10), (0, 15)),
-                       {"HF": branin_hf, "MF": lambda X: branin_mf(X, code_compat),
-                        "LF": lambda X: branin_lf(X, code_compat)}, {"HF": 20, "MF": 40, "LF": 200})
+        return Problem(
+            "BRANIN",
+            _box((-5, 10), (0, 15)),
+            {"HF": branin_hf, "MF": lambda X: branin_mf(X, code_compat), "LF": lambda X: branin_lf(X, code_compat)},
+            {"HF": 20, "MF": 40, "LF": 200},
+        )
     if key in ("hartmann", "hartmann3", "hartmann-3d"):
-        return Problem("Hartmann-3D", _box((0, 1), (0, 1), (0, 1)),
-                       {"HF": lambda X: hartmann3(X, 3, code_compat), "MF": lambda X: hartmann3(X, 2, code_compat),
-                        "LF": lambda X: hartmann3(X, 1, code_compat)}, {"HF": 50, "MF": 100, "LF": 200})
+        return Problem(
+            "Hartmann-3D",
+            _box((0, 1), (0, 1), (0, 1)),
+            {
+                "HF": lambda X: hartmann3(X, 3, code_compat),
+                "MF": lambda X: hartmann3(X, 2, code_compat),
+                "LF": lambda X: hartmann3(X, 1, code_compat),
+            },
+            {"HF": 50, "MF": 100, "LF": 200},
+        )
     if key == "borehole":
-        return Problem("Borehole", _box((0.05, 0.15), (100, 50000), (63070, 115600), (990, 1110), (63.1, 115),
-                                        (700, 820), (1120, 1680), (9855, 12045)),
-                       {"HF": borehole_hf, "LF": borehole_lf}, {"HF": 50, "LF": 200})
+        return Problem(
+            "Borehole",
+            _box(
+                (0.05, 0.15),
+                (100, 50000),
+                (63070, 115600),
+                (990, 1110),
+                (63.1, 115),
+                (700, 820),
+                (1120, 1680),
+                (9855, 12045),
+            ),
+            {"HF": borehole_hf, "LF": borehole_lf},
+            {"HF": 50, "LF": 200},
+        )
     if key == "linear_1d":
-        return Problem("linear 1-D", _box((0, 1)), {"HF": linear_1d_hf, "LF": linear_1d_lf}, {"HF": 20, "LF": 100},
-                       grid=True)
+        return Problem(
+            "linear 1-D", _box((0, 1)), {"HF": linear_1d_hf, "LF": linear_1d_lf}, {"HF": 20, "LF": 100}, grid=True
+        )
     if key == "nonlinear_1d":
-        return Problem("nonlinear 1-D", _box((0, 2)), {"HF": nonlinear_1d_hf, "LF": nonlinear_1d_lf},
-                       {"HF": 20, "LF": 100}, grid=True)
+        return Problem(
+            "nonlinear 1-D",
+            _box((0, 2)),
+            {"HF": nonlinear_1d_hf, "LF": nonlinear_1d_lf},
+            {"HF": 20, "LF": 100},
+            grid=True,
+        )
     raise ValueError(f"unknown problem {name!r}; choose one of {PROBLEMS}")
 
 

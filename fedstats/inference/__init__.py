@@ -13,7 +13,10 @@ if _JAXLIB.startswith(DEADLOCKING_JAXLIB):
     _warnings.warn(
         f"jaxlib {_JAXLIB} splits batched LAPACK calls over XLA's thread pool and can deadlock fedstats's "
         "vectorised fits (from about 9 predictors; fixed upstream by jax-ml/jax 859992407d): install "
-        "jaxlib 0.9.2 (constraints.txt) or a release after 0.11.0", RuntimeWarning, stacklevel=2)
+        "jaxlib 0.9.2 (constraints.txt) or a release after 0.11.0",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 from .custom import federated_ep
 from .ep import EPClientState, EPServerState, FederatedEP, RowsEP, check_invariants
@@ -31,8 +34,24 @@ from .tilted import (
 )
 
 __all__ = [
-    "EPClientState", "EPServerState", "FederatedEP", "RowsEP", "check_invariants", "federated_ep", "NaturalGaussian",
-    "NotPositiveDefinite", "is_pd", "GaussianPosterior", "Posterior", "SamplePosterior", "ExactTilted",
-    "ImportanceTilted", "LaplaceTilted", "NUTSTilted", "SiteModel", "TiltedEstimator", "TiltedResult",
+    "EPClientState",
+    "EPServerState",
+    "FederatedEP",
+    "RowsEP",
+    "check_invariants",
+    "federated_ep",
+    "NaturalGaussian",
+    "NotPositiveDefinite",
+    "is_pd",
+    "GaussianPosterior",
+    "Posterior",
+    "SamplePosterior",
+    "ExactTilted",
+    "ImportanceTilted",
+    "LaplaceTilted",
+    "NUTSTilted",
+    "SiteModel",
+    "TiltedEstimator",
+    "TiltedResult",
     "make_estimator",
 ]

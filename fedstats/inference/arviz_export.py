@@ -23,8 +23,7 @@ def from_draws(draws: np.ndarray, names: list[str], var_name: str):
     return to_inference_data({var_name: draws}, coords={dim: list(names)}, dims={var_name: [dim]})
 
 
-def to_inference_data(draws_dict: Mapping[str, np.ndarray], coords: Mapping[str, list],
-                      dims: Mapping[str, list[str]]):
+def to_inference_data(draws_dict: Mapping[str, np.ndarray], coords: Mapping[str, list], dims: Mapping[str, list[str]]):
     """Posterior draws (``(chain, draw, *shape)`` arrays by variable name) as ArviZ's container."""
     import arviz as az
 

@@ -63,8 +63,10 @@ def _latent_sites(model, X, y) -> dict[str, tuple]:
         while isinstance(support, constraints.independent):
             support = support.base_constraint
         if support is not constraints.real:
-            raise ValueError(f"latent site {n!r} must be real-valued (EP's approximation is Gaussian): put a "
-                             f"positive one on the log scale")
+            raise ValueError(
+                f"latent site {n!r} must be real-valued (EP's approximation is Gaussian): put a "
+                f"positive one on the log scale"
+            )
     return {n: tuple(jax.numpy.shape(s["value"])) for n, s in latent.items()}
 
 
@@ -83,8 +85,10 @@ def split_sites(model, X, y, n_pad, global_sites):
     padded = _latent_sites(model, np.resize(X, (n_pad, *np.shape(X)[1:])), np.resize(y, n_pad))
     per_row = [n for n in shapes if padded[n] != shapes[n]]
     if per_row:
-        raise ValueError(f"latent site(s) {per_row} have one value per row: only global parameters and per-client "
-                         f"latents (a shape that does not depend on the rows) are supported")
+        raise ValueError(
+            f"latent site(s) {per_row} have one value per row: only global parameters and per-client "
+            f"latents (a shape that does not depend on the rows) are supported"
+        )
     return ({n: shapes[n] for n in names}, {n: sh for n, sh in shapes.items() if n not in names})
 
 
@@ -100,7 +104,7 @@ def _unflatten(phi, shapes):
     out, i = {}, 0
     for n, sh in shapes.items():
         size = int(np.prod(sh)) if sh else 1
-        out[n] = phi[i:i + size].reshape(sh)
+        out[n] = phi[i : i + size].reshape(sh)
         i += size
     return out
 
@@ -211,8 +215,10 @@ class CustomEPResult(FederatedResult):
         return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
     def _no_posterior(self, what: str) -> str:
-        return (f"a custom model by federated_ep has no {what} posterior (its parameters are global; name the global "
-                f"ones with global_sites= to give clients latents of their own)")
+        return (
+            f"a custom model by federated_ep has no {what} posterior (its parameters are global; name the global "
+            f"ones with global_sites= to give clients latents of their own)"
+        )
 
 
 class _LocalPosteriors(PosteriorRound):
@@ -228,8 +234,9 @@ class _LocalPosteriors(PosteriorRound):
         seeds = np.array([r.integers(2**63 - 1) for r in rngs])
         stats = [self.site.client_stats(d) for d in datas]
         out = []
-        for t, state in zip(self.estimator.estimate(self.site, *self.cavities(messages, states), stats, seeds,
-                                                    keep_draws=True), states):
+        for t, state in zip(
+            self.estimator.estimate(self.site, *self.cavities(messages, states), stats, seeds, keep_draws=True), states
+        ):
             z = np.asarray(t.draws["z"])
             w = t.weights if t.weights is not None else np.full(len(z), 1.0 / len(z))
             mean = w @ z
@@ -243,17 +250,31 @@ def _estimator(tilted, num_draws):
 
     if isinstance(tilted, TiltedEstimator):
         return tilted
-    options = {"importance": lambda: ImportanceTilted(num_draws=num_draws, qmc=True),
-               "laplace": lambda: LaplaceTilted(num_draws=num_draws),
-               "nuts": lambda: NUTSTilted(num_warmup=300, num_samples=500, num_chains=2, target="collapsed")}
+    options = {
+        "importance": lambda: ImportanceTilted(num_draws=num_draws, qmc=True),
+        "laplace": lambda: LaplaceTilted(num_draws=num_draws),
+        "nuts": lambda: NUTSTilted(num_warmup=300, num_samples=500, num_chains=2, target="collapsed"),
+    }
     if tilted not in options:
         raise ValueError(f"tilted must be one of {list(options)} or a TiltedEstimator, got {tilted!r}")
     return options[tilted]()
 
 
-def federated_ep(model: Callable, data, *, prior: dict, global_sites=None, tilted="importance", rounds: int = 15,
-                 damping: float = 1.0, tol: float = 0.05, num_draws: int = 4000, seed: int = 0, progress=None,
-                 batched: bool = True) -> CustomEPResult:
+def federated_ep(
+    model: Callable,
+    data,
+    *,
+    prior: dict,
+    global_sites=None,
+    tilted="importance",
+    rounds: int = 15,
+    damping: float = 1.0,
+    tol: float = 0.05,
+    num_draws: int = 4000,
+    seed: int = 0,
+    progress=None,
+    batched: bool = True,
+) -> CustomEPResult:
     """Fit the NumPyro ``model(X, y)`` of one client's rows across the clients of ``data``.
 
     Parameters
@@ -299,18 +320,39 @@ def federated_ep(model: Callable, data, *, prior: dict, global_sites=None, tilte
     alg = RowsEP(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), estimator, damping=damping, tol=tol)
     rows = _Rows(data)
     with counting() as ledger:
-        out = run(alg, rows, kind="EP rounds", rounds=int(rounds), seed=seed, progress=progress,
-                  min_rounds=min(2, int(rounds)), batched=batched)
+        out = run(
+            alg,
+            rows,
+            kind="EP rounds",
+            rounds=int(rounds),
+            seed=seed,
+            progress=progress,
+            min_rounds=min(2, int(rounds)),
+            batched=batched,
+        )
         sites = alg.committed_sites(out.server_state, out.client_states)
         check_invariants(out.server_state, list(sites.values()))
         posts = {}
         if local:
-            posts = posterior_round(_LocalPosteriors(site, estimator, out.server_state.q, sites), rows, seed=seed,
-                                    batched=batched, who="federated_ep")
-    res = CustomEPResult(model=getattr(model, "__name__", "custom"), names=_names(shapes), clients=list(data.clients),
-                         q=(out.server_state.q.r, out.server_state.q.Q), history=out.history,
-                         rounds=len(out.history), converged=bool(out.converged),
-                         communication=ledger.communication(), local_names=_names(local), local=posts)
+            posts = posterior_round(
+                _LocalPosteriors(site, estimator, out.server_state.q, sites),
+                rows,
+                seed=seed,
+                batched=batched,
+                who="federated_ep",
+            )
+    res = CustomEPResult(
+        model=getattr(model, "__name__", "custom"),
+        names=_names(shapes),
+        clients=list(data.clients),
+        q=(out.server_state.q.r, out.server_state.q.Q),
+        history=out.history,
+        rounds=len(out.history),
+        converged=bool(out.converged),
+        communication=ledger.communication(),
+        local_names=_names(local),
+        local=posts,
+    )
     res.seconds = time.perf_counter() - t0
     return res
 

@@ -94,8 +94,16 @@ class FederatedEP(FederatedAlgorithm):
 
     reply_keys = ("dr", "dQ")
 
-    def __init__(self, model: SiteModel, prior: NaturalGaussian, estimator: TiltedEstimator | Sequence[TiltedEstimator],
-                 *, damping: float = 1.0, tol: float = 1e-3, max_backoff: int = 20):
+    def __init__(
+        self,
+        model: SiteModel,
+        prior: NaturalGaussian,
+        estimator: TiltedEstimator | Sequence[TiltedEstimator],
+        *,
+        damping: float = 1.0,
+        tol: float = 1e-3,
+        max_backoff: int = 20,
+    ):
         if not (0.0 < damping <= 1.0):
             raise ValueError(f"damping must lie in (0, 1], got {damping}")
         if prior.dim != model.phi_dim:
@@ -142,8 +150,11 @@ class FederatedEP(FederatedAlgorithm):
             "max_log_sd_change": float(np.max(np.abs(np.log(sd1 / sd0)))),
             "gamma": gamma,
         }
-        small = state.round >= 1 and gamma == 1.0 and max(metrics["max_mean_change_sd"],
-                                                           metrics["max_log_sd_change"]) < self.tol
+        small = (
+            state.round >= 1
+            and gamma == 1.0
+            and max(metrics["max_mean_change_sd"], metrics["max_log_sd_change"]) < self.tol
+        )
         # With partial participation a quiet round says little about the devices that sat
         # it out: converged only once every device has answered in quiet rounds.
         quiet = state.quiet | frozenset(replies) if small else frozenset()
@@ -153,8 +164,9 @@ class FederatedEP(FederatedAlgorithm):
             metrics["stage"] = stage
         if done and stage + 1 < len(self.stages):  # this stage has converged: the next starts from here
             stage, done, quiet = stage + 1, False, frozenset()
-        return replace(state, q=q, round=state.round + 1, converged=bool(done), accept=accept, quiet=quiet,
-                       stage=stage), metrics
+        return replace(
+            state, q=q, round=state.round + 1, converged=bool(done), accept=accept, quiet=quiet, stage=stage
+        ), metrics
 
     def converged(self, state: EPServerState, metrics) -> bool:
         return state.converged
@@ -194,9 +206,13 @@ class FederatedEP(FederatedAlgorithm):
             fill = len(states) - len(todo)
             stats = [states[i].stats for i in todo]
             try:
-                tilted = est.estimate(self.model, np.stack(cav_means + cav_means[:1] * fill),
-                                      np.stack(cav_covs + cav_covs[:1] * fill), stats + stats[:1] * fill,
-                                      np.r_[seeds, seeds[:1].repeat(fill)])[: len(todo)]
+                tilted = est.estimate(
+                    self.model,
+                    np.stack(cav_means + cav_means[:1] * fill),
+                    np.stack(cav_covs + cav_covs[:1] * fill),
+                    stats + stats[:1] * fill,
+                    np.r_[seeds, seeds[:1].repeat(fill)],
+                )[: len(todo)]
             except Exception as exc:  # noqa: BLE001 - reported per device by the runtime
                 tilted = [exc] * len(todo)
             for i, t in zip(todo, tilted):
@@ -214,8 +230,7 @@ class FederatedEP(FederatedAlgorithm):
         new_site = state.site.interpolate(proposed, self.damping)
         change = new_site / state.site
         reply = {"dr": change.r, "dQ": change.Q}
-        new_state = replace(state, pending=change, n_updates=state.n_updates + 1,
-                            diagnostics=dict(tilted.diagnostics))
+        new_state = replace(state, pending=change, n_updates=state.n_updates + 1, diagnostics=dict(tilted.diagnostics))
         return reply, new_state
 
     @staticmethod
@@ -231,9 +246,15 @@ class FederatedEP(FederatedAlgorithm):
         return {k: self._commit(msg(k), st).site for k, st in states.items()}
 
     # ---------------------------------------------------------------- after the fit
-    def local_tilted(self, q: NaturalGaussian, sites: Sequence[NaturalGaussian],
-                     stats: Sequence[dict[str, np.ndarray]], seeds: Sequence[int],
-                     *, use_cavity: bool = True) -> list[TiltedResult]:
+    def local_tilted(
+        self,
+        q: NaturalGaussian,
+        sites: Sequence[NaturalGaussian],
+        stats: Sequence[dict[str, np.ndarray]],
+        seeds: Sequence[int],
+        *,
+        use_cavity: bool = True,
+    ) -> list[TiltedResult]:
         """Each device's tilted distribution at the final ``q``, from the devices' final
         states (with the in-process runtime, or a Flower run that returned them: on Flower a
         device's final state, including its sufficient statistics, goes to the server once).
@@ -246,14 +267,22 @@ class FederatedEP(FederatedAlgorithm):
         cavs = [fractional_cavity(q, s) if use_cavity else (q, 0.0) for s in sites]
         partial = sum(1 for _, a in cavs if a < 1.0) if use_cavity else 0
         if partial:
-            warnings.warn(f"{partial} device(s) had a cavity that is not positive definite; their posteriors "
-                          "use q / site**alpha with the largest alpha < 1 that is (see fractional_cavity)",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{partial} device(s) had a cavity that is not positive definite; their posteriors "
+                "use q / site**alpha with the largest alpha < 1 that is (see fractional_cavity)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         cavs = [c for c, _ in cavs]
         moments = [c.moments() for c in cavs]
-        return self.estimator.estimate(self.model, np.stack([m for m, _ in moments]),
-                                       np.stack([c for _, c in moments]), list(stats),
-                                       np.asarray(seeds), keep_draws=True)
+        return self.estimator.estimate(
+            self.model,
+            np.stack([m for m, _ in moments]),
+            np.stack([c for _, c in moments]),
+            list(stats),
+            np.asarray(seeds),
+            keep_draws=True,
+        )
 
 
 class RowsEP(FederatedEP):
@@ -271,8 +300,9 @@ class RowsEP(FederatedEP):
         return [o if isinstance(o, BaseException) else (o[0], replace(o[1], stats={})) for o in out]
 
 
-def fractional_cavity(q: NaturalGaussian, site: NaturalGaussian,
-                      alphas=(1.0, 0.9, 0.75, 0.5, 0.25, 0.0)) -> tuple[NaturalGaussian, float]:
+def fractional_cavity(
+    q: NaturalGaussian, site: NaturalGaussian, alphas=(1.0, 0.9, 0.75, 0.5, 0.25, 0.0)
+) -> tuple[NaturalGaussian, float]:
     """``q / site**alpha`` with the largest ``alpha`` in ``alphas`` that is positive definite.
 
     ``alpha = 1`` is the cavity. A site more precise than ``q`` in some direction (possible
@@ -280,7 +310,7 @@ def fractional_cavity(q: NaturalGaussian, site: NaturalGaussian,
     site keeps most of the correction for the device's own data (``alpha = 0`` is ``q``).
     """
     for a in alphas:
-        c = q / (site ** a)
+        c = q / (site**a)
         if c.is_proper():
             return c, a
     raise FloatingPointError("the global approximation q is not positive definite")
@@ -291,7 +321,9 @@ def check_invariants(server: EPServerState, sites: Sequence[NaturalGaussian], *,
     r = server.prior.r + sum(s.r for s in sites)
     Q = server.prior.Q + sum(s.Q for s in sites)
     scale = max(1.0, float(np.max(np.abs(server.q.Q))))
-    if not (np.allclose(r, server.q.r, atol=atol * scale, rtol=0) and np.allclose(Q, server.q.Q, atol=atol * scale, rtol=0)):
+    if not (
+        np.allclose(r, server.q.r, atol=atol * scale, rtol=0) and np.allclose(Q, server.q.Q, atol=atol * scale, rtol=0)
+    ):
         raise AssertionError("global approximation differs from prior times sites")
     if not server.q.is_proper():
         raise AssertionError("global precision is not positive definite")
@@ -327,8 +359,10 @@ class PosteriorRound(FederatedAlgorithm):
     @staticmethod
     def cavities(messages, states) -> tuple[np.ndarray, np.ndarray]:
         """Stacked cavity means and covariances of the clients of one call."""
-        moments = [fractional_cavity(NaturalGaussian(np.asarray(m["r"]), np.asarray(m["Q"])), s)[0].moments()
-                   for m, s in zip(messages, states)]
+        moments = [
+            fractional_cavity(NaturalGaussian(np.asarray(m["r"]), np.asarray(m["Q"])), s)[0].moments()
+            for m, s in zip(messages, states)
+        ]
         return np.stack([m for m, _ in moments]), np.stack([C for _, C in moments])
 
     def server_step(self, server_state, replies, round):

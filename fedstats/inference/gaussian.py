@@ -61,9 +61,7 @@ def cholesky(M: np.ndarray, *, jitter: float = 0.0, max_tries: int = 6) -> np.nd
             return np.linalg.cholesky(M + eps * scale * np.eye(M.shape[0]))
         except np.linalg.LinAlgError:
             eps = jitter * 10**i
-    raise NotPositiveDefinite(
-        f"matrix is not positive definite (min eigenvalue {np.linalg.eigvalsh(M).min():.3g})"
-    )
+    raise NotPositiveDefinite(f"matrix is not positive definite (min eigenvalue {np.linalg.eigvalsh(M).min():.3g})")
 
 
 def chol_solve(L: np.ndarray, B: np.ndarray) -> np.ndarray:

@@ -10,6 +10,14 @@ from .hierarchical import HierarchicalLinearModel, HierarchicalResult
 from .shrinkage import BayesianLasso, BayesianRidge, BayesianShrinkage, CentralisedShrinkageResult, ShrinkageResult
 from .structural import StructuralCovarianceModel, StructuralResult
 
-__all__ = ["HierarchicalLinearModel", "HierarchicalResult", "BayesianShrinkage", "BayesianLasso", "BayesianRidge",
-           "ShrinkageResult", "CentralisedShrinkageResult",
-           "StructuralCovarianceModel", "StructuralResult"]
+__all__ = [
+    "HierarchicalLinearModel",
+    "HierarchicalResult",
+    "BayesianShrinkage",
+    "BayesianLasso",
+    "BayesianRidge",
+    "ShrinkageResult",
+    "CentralisedShrinkageResult",
+    "StructuralCovarianceModel",
+    "StructuralResult",
+]

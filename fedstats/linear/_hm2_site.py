@@ -95,7 +95,7 @@ class HM2Site:
         """(mu, tau) from phi (jax or numpy)."""
         import jax.numpy as jnp
 
-        mu, rest = phi[: self.d], phi[self.d:]
+        mu, rest = phi[: self.d], phi[self.d :]
         if self.tau_kind == "diag":
             tau = jnp.exp(rest)
         elif self.tau_kind == "iso":
@@ -127,8 +127,14 @@ class HM2Site:
         h = b / s2 + dinv * mu
         L = jnp.linalg.cholesky(P)
         v = solve_triangular(L, h, lower=True)
-        logf = (-0.5 * n * jnp.log(2 * jnp.pi * s2) - 0.5 * c / s2 - 0.5 * jnp.sum(mu**2 * dinv)
-                - 0.5 * jnp.sum(jnp.log(tau)) - jnp.sum(jnp.log(jnp.diag(L))) + 0.5 * v @ v)
+        logf = (
+            -0.5 * n * jnp.log(2 * jnp.pi * s2)
+            - 0.5 * c / s2
+            - 0.5 * jnp.sum(mu**2 * dinv)
+            - 0.5 * jnp.sum(jnp.log(tau))
+            - jnp.sum(jnp.log(jnp.diag(L)))
+            + 0.5 * v @ v
+        )
         return logf + lp_z
 
     def log_augmented(self, phi, theta, z, stats):

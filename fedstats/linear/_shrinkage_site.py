@@ -86,8 +86,16 @@ class ShrinkageSite:
         return int(self.noise == "device") + (self.d if self.penalty == "lasso" else 0)
 
     def cache_key(self) -> tuple:
-        return ("ShrinkageSite", self.d, self.penalty, self.scale, self.noise, self.intercept,
-                self.intercept_sd, self.log_sigma2_prior)
+        return (
+            "ShrinkageSite",
+            self.d,
+            self.penalty,
+            self.scale,
+            self.noise,
+            self.intercept,
+            self.intercept_sd,
+            self.log_sigma2_prior,
+        )
 
     # ------------------------------------------------------------------ device side
     def client_stats(self, data) -> dict[str, np.ndarray]:
@@ -151,8 +159,7 @@ class ShrinkageSite:
         P = jnp.eye(D.size, dtype=phi.dtype) + (r[:, None] * A * r[None, :]) / s2
         L = jnp.linalg.cholesky(P)
         v = solve_triangular(L, r * b, lower=True) / s2
-        return (-0.5 * n * jnp.log(2 * jnp.pi * s2) - 0.5 * c / s2 - jnp.sum(jnp.log(jnp.diag(L)))
-                + 0.5 * v @ v + lp)
+        return -0.5 * n * jnp.log(2 * jnp.pi * s2) - 0.5 * c / s2 - jnp.sum(jnp.log(jnp.diag(L))) + 0.5 * v @ v + lp
 
     def log_augmented(self, phi, theta, z, stats):
         raise NotImplementedError("the shrinkage site is sampled collapsed (target='collapsed')")
@@ -191,7 +198,7 @@ class ShrinkageSite:
         m = self.mh_locals
         log_s2 = phi[1] if self.noise == "shared" else z[0]
         log_b = (0.5 if self.scale == "sd" else 1.0) * log_s2 - phi[0]
-        beta = theta[int(self.intercept):]
+        beta = theta[int(self.intercept) :]
         mu = jnp.exp(log_b) / jnp.maximum(jnp.abs(beta), 1e-150)
         k1, k2 = jax.random.split(key)
         w = 0.5 * mu * jax.random.normal(k1, beta.shape, dtype=phi.dtype) ** 2
@@ -208,7 +215,7 @@ class ShrinkageSite:
             return None
         v = np.zeros(self.phi_dim + self.local_dim)
         v[0] = 1.0
-        v[self.phi_dim + self.mh_locals:] = 2.0
+        v[self.phi_dim + self.mh_locals :] = 2.0
         return v
 
     # ------------------------------------------------------------------ numpy, batches of draws
@@ -216,8 +223,9 @@ class ShrinkageSite:
         import jax
 
         with jax.enable_x64(True):
-            s2, D, _ = jax.vmap(self._variances)(jax.numpy.asarray(phi, dtype=float),
-                                                 jax.numpy.asarray(z, dtype=float).reshape(len(phi), -1))
+            s2, D, _ = jax.vmap(self._variances)(
+                jax.numpy.asarray(phi, dtype=float), jax.numpy.asarray(z, dtype=float).reshape(len(phi), -1)
+            )
             return np.asarray(s2), np.asarray(D)
 
     def theta_conditional(self, phi: np.ndarray, z: np.ndarray, stats) -> tuple[np.ndarray, np.ndarray]:

@@ -56,11 +56,28 @@ def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
 class _GDOptions(Estimator):
     """The parameters of the gradient-descent baselines (HM1's: the same step budget)."""
 
-    _constraints = {"rounds": Int(1), "local_steps": Int(1), "lr": LR, "batch_size": NONE | Int(1),
-                    "grad_reduction": OneOf(*REDUCTIONS), "init": OneOf(*INITS), "fit_intercept": BOOL}
+    _constraints = {
+        "rounds": Int(1),
+        "local_steps": Int(1),
+        "lr": LR,
+        "batch_size": NONE | Int(1),
+        "grad_reduction": OneOf(*REDUCTIONS),
+        "init": OneOf(*INITS),
+        "fit_intercept": BOOL,
+    }
 
-    def __init__(self, *, rounds=30, local_steps=20, lr="auto", batch_size=None, grad_reduction="sum",
-                 init="normal", fit_intercept=False, participation=1.0):
+    def __init__(
+        self,
+        *,
+        rounds=30,
+        local_steps=20,
+        lr="auto",
+        batch_size=None,
+        grad_reduction="sum",
+        init="normal",
+        fit_intercept=False,
+        participation=1.0,
+    ):
         self.rounds, self.local_steps, self.lr, self.batch_size = rounds, local_steps, lr, batch_size
         self.grad_reduction, self.init, self.fit_intercept = grad_reduction, init, fit_intercept
         self.participation = participation
@@ -76,11 +93,29 @@ class Separate(_GDOptions):
     budget, no shrinkage); ``method="ols"``: closed-form least squares (minimum-norm when a
     device has fewer rows than coefficients)."""
 
-    def __init__(self, *, method: str = "gd", rounds=30, local_steps=20, lr="auto", batch_size=None,
-                 grad_reduction="sum", init="normal", fit_intercept=False, participation=1.0):
-        super().__init__(rounds=rounds, local_steps=local_steps, lr=lr, batch_size=batch_size,
-                         grad_reduction=grad_reduction, init=init, fit_intercept=fit_intercept,
-                         participation=participation)
+    def __init__(
+        self,
+        *,
+        method: str = "gd",
+        rounds=30,
+        local_steps=20,
+        lr="auto",
+        batch_size=None,
+        grad_reduction="sum",
+        init="normal",
+        fit_intercept=False,
+        participation=1.0,
+    ):
+        super().__init__(
+            rounds=rounds,
+            local_steps=local_steps,
+            lr=lr,
+            batch_size=batch_size,
+            grad_reduction=grad_reduction,
+            init=init,
+            fit_intercept=fit_intercept,
+            participation=participation,
+        )
         self.method = method
 
     _constraints = {**_GDOptions._constraints, "method": OneOf("gd", "ols")}
@@ -95,8 +130,15 @@ class Separate(_GDOptions):
         d, K = len(names), len(clients)
         # the same initial Theta as HM1 under the same seed (runner's init stream)
         theta0 = initial_theta(self.init, d, K, streams.stream(seed, streams.INIT))
-        alg = _SeparateFit(self.method, theta0, seed=seed, steps=self.rounds * self.local_steps, lr=lr,
-                           batch_size=self.batch_size, reduction=self.grad_reduction)
+        alg = _SeparateFit(
+            self.method,
+            theta0,
+            seed=seed,
+            steps=self.rounds * self.local_steps,
+            lr=lr,
+            batch_size=self.batch_size,
+            reduction=self.grad_reduction,
+        )
         out = run(alg, devices, kind="local fits", rounds=1, seed=seed, progress=False)
         failed = out.history[0].failed
         if failed:
@@ -105,8 +147,15 @@ class Separate(_GDOptions):
                 raise FloatingPointError(f"local gradient descent diverged with lr={lr:.3g}: lower lr")
             raise RuntimeError(f"Separate: {len(failed)} device(s) failed; {c!r}: {why}")
         theta = np.column_stack([out.server_state["theta"][c] for c in clients])
-        return PointResult(names, clients, theta, self._options(method=self.method, lr_used=lr),
-                           seconds=time.perf_counter() - t0, seed=seed, model="Separate")
+        return PointResult(
+            names,
+            clients,
+            theta,
+            self._options(method=self.method, lr_used=lr),
+            seconds=time.perf_counter() - t0,
+            seed=seed,
+            model="Separate",
+        )
 
 
 class _SeparateFit(FederatedAlgorithm):
@@ -140,17 +189,31 @@ class _SeparateFit(FederatedAlgorithm):
         if self.method == "ols":
             return {"theta": np.linalg.lstsq(X, y, rcond=None)[0]}, None
         k = int(message["k"][0])
-        return self._check(local_steps(message["theta"], X, y, steps=self.steps, lr=self.lr,
-                                       batch_size=self.batch_size, reduction=self.reduction,
-                                       rng=np.random.default_rng([self.seed, 5, k])))
+        return self._check(
+            local_steps(
+                message["theta"],
+                X,
+                y,
+                steps=self.steps,
+                lr=self.lr,
+                batch_size=self.batch_size,
+                reduction=self.reduction,
+                rng=np.random.default_rng([self.seed, 5, k]),
+            )
+        )
 
     def client_steps(self, messages, states, datas, rngs):
         if self.method == "ols" or not all(full_batch(self.batch_size, len(y)) for _, y in datas):
             return super().client_steps(messages, states, datas, rngs)
         # every device's full-batch steps in one product
-        thetas = full_batch_steps(np.stack([m["theta"] for m in messages]), np.stack([X.T @ X for X, _ in datas]),
-                                  np.stack([X.T @ y for X, y in datas]), steps=self.steps, lr=self.lr,
-                                  scale=[1.0 if self.reduction == "sum" else float(len(y)) for _, y in datas])
+        thetas = full_batch_steps(
+            np.stack([m["theta"] for m in messages]),
+            np.stack([X.T @ X for X, _ in datas]),
+            np.stack([X.T @ y for X, y in datas]),
+            steps=self.steps,
+            lr=self.lr,
+            scale=[1.0 if self.reduction == "sum" else float(len(y)) for _, y in datas],
+        )
         out = []
         for theta in thetas:
             try:
@@ -160,8 +223,10 @@ class _SeparateFit(FederatedAlgorithm):
         return out
 
     def server_step(self, server_state, replies, round):
-        return {"index": server_state["index"], "theta": {**server_state["theta"],
-                                                          **{c: r["theta"] for c, r in replies.items()}}}, {}
+        return {
+            "index": server_state["index"],
+            "theta": {**server_state["theta"], **{c: r["theta"] for c, r in replies.items()}},
+        }, {}
 
 
 class _Averaging(FederatedAlgorithm):
@@ -184,8 +249,17 @@ class _Averaging(FederatedAlgorithm):
         return {"theta": server_state.copy()}
 
     def _steps(self, theta, data, rng, anchor=None):
-        out = local_steps(theta, *data, steps=self.steps, lr=self.lr, batch_size=self.batch_size,
-                          reduction=self.reduction, rng=rng, anchor=anchor, anchor_weight=self.lam or 0.0)
+        out = local_steps(
+            theta,
+            *data,
+            steps=self.steps,
+            lr=self.lr,
+            batch_size=self.batch_size,
+            reduction=self.reduction,
+            rng=rng,
+            anchor=anchor,
+            anchor_weight=self.lam or 0.0,
+        )
         if not np.all(np.isfinite(out)):
             raise FloatingPointError(f"local gradient descent diverged (lr={self.lr:.3g})")
         return out
@@ -207,10 +281,24 @@ class _Averaging(FederatedAlgorithm):
 def _run_averaging(model, data, seed, progress, lam=None):
     t0 = time.perf_counter()
     devices, clients, names, lr = _common(model, data)
-    alg = _Averaging(len(names), lr=lr, local_steps=int(model.local_steps), batch_size=model.batch_size,
-                     reduction=model.grad_reduction, init=model.init, lam=lam)
-    out = run(alg, devices, kind="rounds", rounds=int(model.rounds), participation=model.participation, seed=seed,
-              progress=progress)
+    alg = _Averaging(
+        len(names),
+        lr=lr,
+        local_steps=int(model.local_steps),
+        batch_size=model.batch_size,
+        reduction=model.grad_reduction,
+        init=model.init,
+        lam=lam,
+    )
+    out = run(
+        alg,
+        devices,
+        kind="rounds",
+        rounds=int(model.rounds),
+        participation=model.participation,
+        seed=seed,
+        progress=progress,
+    )
     diverged = [why for rec in out.history for why in rec.failed.values() if why.startswith("FloatingPointError")]
     if diverged:
         raise FloatingPointError(f"{type(model).__name__} diverged with lr={lr:.3g}: lower lr")
@@ -218,11 +306,22 @@ def _run_averaging(model, data, seed, progress, lam=None):
         theta = np.repeat(out.server_state[:, None], len(clients), axis=1)
     else:
         # a device that never took part has no personal model: it uses the global one
-        theta = np.column_stack([out.client_states[c] if out.client_states[c] is not None else out.server_state
-                                 for c in clients])
-    return PointResult(names, clients, theta, model._options(lr_used=lr, **({} if lam is None else {"lam": lam})),
-                       history=out.history, communication=out.communication, converged=out.converged,
-                       seconds=time.perf_counter() - t0, seed=seed, model=type(model).__name__, shared=lam is None)
+        theta = np.column_stack(
+            [out.client_states[c] if out.client_states[c] is not None else out.server_state for c in clients]
+        )
+    return PointResult(
+        names,
+        clients,
+        theta,
+        model._options(lr_used=lr, **({} if lam is None else {"lam": lam})),
+        history=out.history,
+        communication=out.communication,
+        converged=out.converged,
+        seconds=time.perf_counter() - t0,
+        seed=seed,
+        model=type(model).__name__,
+        shared=lam is None,
+    )
 
 
 class FedAvg(_GDOptions):
@@ -246,11 +345,29 @@ class Ditto(_GDOptions):
 
     _constraints = {**_GDOptions._constraints, "lam": Real(0)}
 
-    def __init__(self, *, lam: float = 1.0, rounds=30, local_steps=20, lr="auto", batch_size=None,
-                 grad_reduction="sum", init="normal", fit_intercept=False, participation=1.0):
-        super().__init__(rounds=rounds, local_steps=local_steps, lr=lr, batch_size=batch_size,
-                         grad_reduction=grad_reduction, init=init, fit_intercept=fit_intercept,
-                         participation=participation)
+    def __init__(
+        self,
+        *,
+        lam: float = 1.0,
+        rounds=30,
+        local_steps=20,
+        lr="auto",
+        batch_size=None,
+        grad_reduction="sum",
+        init="normal",
+        fit_intercept=False,
+        participation=1.0,
+    ):
+        super().__init__(
+            rounds=rounds,
+            local_steps=local_steps,
+            lr=lr,
+            batch_size=batch_size,
+            grad_reduction=grad_reduction,
+            init=init,
+            fit_intercept=fit_intercept,
+            participation=participation,
+        )
         self.lam = lam
 
     @counted
@@ -306,10 +423,18 @@ class DistributedRidge(Estimator):
         if out.server_state is None or out.history[0].failed:
             raise RuntimeError(f"distributed ridge failed on some client: {out.history[0].failed}")
         theta = np.repeat(out.server_state[:, None], len(clients), axis=1)
-        return PointResult(coefficient_names(data, self.fit_intercept), clients, theta,
-                           {"lam": lam, "fit_intercept": self.fit_intercept}, history=out.history,
-                           communication=out.communication, seconds=time.perf_counter() - t0, seed=seed,
-                           model="DistributedRidge", shared=True)
+        return PointResult(
+            coefficient_names(data, self.fit_intercept),
+            clients,
+            theta,
+            {"lam": lam, "fit_intercept": self.fit_intercept},
+            history=out.history,
+            communication=out.communication,
+            seconds=time.perf_counter() - t0,
+            seed=seed,
+            model="DistributedRidge",
+            shared=True,
+        )
 
 
 class PooledOracle(Estimator):
@@ -338,6 +463,12 @@ class PooledOracle(Estimator):
         info = np.stack([devices[c][0].T @ devices[c][0] / v for c, v in zip(clients, nv)])
         score = np.stack([devices[c][0].T @ devices[c][1] / v for c, v in zip(clients, nv)])
         mean, _ = conditional_posterior(omega, info, score)
-        return PointResult(coefficient_names(data, self.fit_intercept), clients, mean.T,
-                           {"fit_intercept": self.fit_intercept}, seconds=time.perf_counter() - t0, seed=seed,
-                           model="PooledOracle")
+        return PointResult(
+            coefficient_names(data, self.fit_intercept),
+            clients,
+            mean.T,
+            {"fit_intercept": self.fit_intercept},
+            seconds=time.perf_counter() - t0,
+            seed=seed,
+            model="PooledOracle",
+        )

@@ -69,13 +69,31 @@ def check_participation(history, clients) -> None:
         raise RuntimeError(f"no device answered in {len(history)} round(s), the fit is the prior{detail}")
     silent = [c for c in clients if c not in answered]
     if silent:
-        warnings.warn(f"{len(silent)} device(s) never answered and are not in the fit: {silent[:5]}",
-                      RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"{len(silent)} device(s) never answered and are not in the fit: {silent[:5]}", RuntimeWarning, stacklevel=4
+        )
 
 
-def fit_ep(result_cls, model, data, site, prior: NaturalGaussian, est: TiltedEstimator, *, names, sigma=None,
-           damping: float, tol: float, rounds: int, participation, seed: int, progress, checkpoint, resume,
-           batched: bool):
+def fit_ep(
+    result_cls,
+    model,
+    data,
+    site,
+    prior: NaturalGaussian,
+    est: TiltedEstimator,
+    *,
+    names,
+    sigma=None,
+    damping: float,
+    tol: float,
+    rounds: int,
+    participation,
+    seed: int,
+    progress,
+    checkpoint,
+    resume,
+    batched: bool,
+):
     """Run federated EP for ``site`` on ``data`` and wrap the outcome in ``result_cls``; with
     ``model.standardize`` on the standardised scale (:mod:`fedstats.linear.scaling`), after
     one counted round of federated moments."""
@@ -84,19 +102,40 @@ def fit_ep(result_cls, model, data, site, prior: NaturalGaussian, est: TiltedEst
     devices = Devices(data, model.fit_intercept, sigma, scaling)
     alg = FederatedEP(site, prior, est, damping=damping, tol=float(tol))
     t0 = time.perf_counter()
-    out = run(alg, devices, kind="EP rounds", rounds=int(rounds), participation=participation, seed=seed,
-              progress=progress,
-              checkpoint=checkpoint, resume=resume, batched=batched, min_rounds=min(2, int(rounds)))
+    out = run(
+        alg,
+        devices,
+        kind="EP rounds",
+        rounds=int(rounds),
+        participation=participation,
+        seed=seed,
+        progress=progress,
+        checkpoint=checkpoint,
+        resume=resume,
+        batched=batched,
+        min_rounds=min(2, int(rounds)),
+    )
     if out.lost:
         c, why = next(iter(out.lost.items()))
-        raise ClientDisconnected(f"client(s) {list(out.lost)[:5]} were lost during the fit (client {c!r}: {why}); "
-                                 "EP's result needs every client's site, which stayed on its node")
+        raise ClientDisconnected(
+            f"client(s) {list(out.lost)[:5]} were lost during the fit (client {c!r}: {why}); "
+            "EP's result needs every client's site, which stayed on its node"
+        )
     check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
     check_participation(out.history, list(data.clients))
     return result_cls(
-        model=model, site=site, algorithm=alg, feature_names=list(names), clients=list(data.clients),
-        server=out.server_state, client_states=out.client_states, history=out.history,
-        communication=out.communication, converged=out.converged, seconds=time.perf_counter() - t0, seed=seed,
+        model=model,
+        site=site,
+        algorithm=alg,
+        feature_names=list(names),
+        clients=list(data.clients),
+        server=out.server_state,
+        client_states=out.client_states,
+        history=out.history,
+        communication=out.communication,
+        converged=out.converged,
+        seconds=time.perf_counter() - t0,
+        seed=seed,
         scaling=scaling,
     )
 
@@ -106,16 +145,23 @@ def log_scale_rows(g, prefix: str, level: float, new_prefix: str) -> pd.DataFram
     log-normal mean and sd, and the equal-tailed interval mapped through exp (for draws: the
     summary of the exponentiated draws)."""
     idx = [i for i, n in enumerate(g.names) if n.startswith(prefix)]
-    new_names = [new_prefix + g.names[i][len(prefix):] for i in idx]
+    new_names = [new_prefix + g.names[i][len(prefix) :] for i in idx]
     if isinstance(g, SamplePosterior):
         t = SamplePosterior(np.exp(g.draws[:, idx]), names=new_names, weights=g.weights).summary(level=level)
         return t[["mean", "sd", "lower", "upper"]].assign(p_value=np.nan).rename_axis(None)
     lo, hi = g.credible_interval(level, kind="eti")
     m, s = g.mean[idx], g.sd[idx]
     lm = np.exp(m + s**2 / 2)
-    return pd.DataFrame({"mean": lm, "sd": lm * np.sqrt(np.expm1(s**2)), "lower": np.exp(lo[idx]),
-                         "upper": np.exp(hi[idx]), "p_value": np.nan},
-                        index=[new_prefix + g.names[i][len(prefix):] for i in idx])
+    return pd.DataFrame(
+        {
+            "mean": lm,
+            "sd": lm * np.sqrt(np.expm1(s**2)),
+            "lower": np.exp(lo[idx]),
+            "upper": np.exp(hi[idx]),
+            "p_value": np.nan,
+        },
+        index=[new_prefix + g.names[i][len(prefix) :] for i in idx],
+    )
 
 
 def no_p_value(table: pd.DataFrame, prefix: str) -> pd.DataFrame:
@@ -217,15 +263,26 @@ class EPLinearResult(FederatedResult):
             alg = self.algorithm
             sites = alg.committed_sites(self.server, self.client_states)
             seeds = [int(np.random.default_rng([self.seed, 7, i]).integers(2**62)) for i in range(len(self.clients))]
-            res = alg.local_tilted(self.server.q, [sites[c] for c in self.clients],
-                                   [self.client_states[c].stats for c in self.clients], seeds)
+            res = alg.local_tilted(
+                self.server.q,
+                [sites[c] for c in self.clients],
+                [self.client_states[c].stats for c in self.clients],
+                seeds,
+            )
             self._device_cache.update(zip(self.clients, res))
-            bad = [c for c, r in self._device_cache.items()
-                   if r.diagnostics.get("rhat_max", 1.0) > 1.05 or r.diagnostics.get("ess_min", np.inf) < 100]
+            bad = [
+                c
+                for c, r in self._device_cache.items()
+                if r.diagnostics.get("rhat_max", 1.0) > 1.05 or r.diagnostics.get("ess_min", np.inf) < 100
+            ]
             if bad:
-                warnings.warn(f"the sampler behind the device posteriors of {len(bad)} device(s) (e.g. {bad[:3]}) "
-                              "mixed poorly (R-hat > 1.05 or ESS < 100): see sampler_diagnostics() and raise "
-                              "num_samples (or thin) in estimator_options", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"the sampler behind the device posteriors of {len(bad)} device(s) (e.g. {bad[:3]}) "
+                    "mixed poorly (R-hat > 1.05 or ESS < 100): see sampler_diagnostics() and raise "
+                    "num_samples (or thin) in estimator_options",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         return self._device_cache
 
     def sampler_diagnostics(self) -> pd.DataFrame:
@@ -234,8 +291,7 @@ class EPLinearResult(FederatedResult):
         EP round (``stage="last round"``) and one for the run behind its device posterior
         (``stage="device posterior"``). Empty columns for exact estimators."""
         rows = [{"client": c, "stage": "last round", **self.client_states[c].diagnostics} for c in self.clients]
-        rows += [{"client": c, "stage": "device posterior", **r.diagnostics}
-                 for c, r in self._device_results().items()]
+        rows += [{"client": c, "stage": "device posterior", **r.diagnostics} for c, r in self._device_results().items()]
         return pd.DataFrame(rows)
 
     def client_posterior(self, client) -> GaussianPosterior | SamplePosterior:
@@ -247,8 +303,9 @@ class EPLinearResult(FederatedResult):
         self._check_client(client)
         # Each device draws its own normals (the seed folds in the device's index).
         rng = np.random.default_rng([self.seed, 11, self.clients.index(client)])
-        post = coefficient_posterior(self.site, self._device_results()[client], self.client_states[client].stats,
-                                     self.feature_names, rng)
+        post = coefficient_posterior(
+            self.site, self._device_results()[client], self.client_states[client].stats, self.feature_names, rng
+        )
         return self._coef_back(post)
 
     def _coef_back(self, post):

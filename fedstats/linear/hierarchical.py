@@ -102,16 +102,37 @@ class HierarchicalLinearModel(Estimator):
     _constraints = {
         "tau": OneOf("diag", "iso") | _POSITIVE,
         "sigma": NONE | MAPPING | _POSITIVE,
-        "fit_intercept": BOOL, "prior_mu": Pair(), "prior_log_tau": Pair(), "prior_log_sigma": Pair(),
+        "fit_intercept": BOOL,
+        "prior_mu": Pair(),
+        "prior_log_tau": Pair(),
+        "prior_log_sigma": Pair(),
         # a name is checked by make_estimator, which says which estimators exist and why one does not apply
         "estimator": Constraint(lambda v: isinstance(v, str) or hasattr(v, "estimate"), "a name or a TiltedEstimator"),
-        "estimator_options": NONE | MAPPING, "damping": NONE | Real(0, 1, closed=(False, True)),
-        "rounds": Int(1), "tol": Real(0), "participation": Real(0, 1, closed=(False, True)) | Int(1) | Constraint(callable, "a callable"), "standardize": BOOL,
+        "estimator_options": NONE | MAPPING,
+        "damping": NONE | Real(0, 1, closed=(False, True)),
+        "rounds": Int(1),
+        "tol": Real(0),
+        "participation": Real(0, 1, closed=(False, True)) | Int(1) | Constraint(callable, "a callable"),
+        "standardize": BOOL,
     }
 
-    def __init__(self, *, tau="diag", sigma=None, fit_intercept=True, prior_mu=(0.0, 1.0),
-                 prior_log_tau=(0.0, 1.0), prior_log_sigma=(0.0, 1.0), estimator="auto",
-                 estimator_options=None, damping=None, rounds=15, tol=0.1, participation=1.0, standardize=True):
+    def __init__(
+        self,
+        *,
+        tau="diag",
+        sigma=None,
+        fit_intercept=True,
+        prior_mu=(0.0, 1.0),
+        prior_log_tau=(0.0, 1.0),
+        prior_log_sigma=(0.0, 1.0),
+        estimator="auto",
+        estimator_options=None,
+        damping=None,
+        rounds=15,
+        tol=0.1,
+        participation=1.0,
+        standardize=True,
+    ):
         self.tau, self.sigma, self.fit_intercept = tau, sigma, fit_intercept
         self.prior_mu, self.prior_log_tau, self.prior_log_sigma = prior_mu, prior_log_tau, prior_log_sigma
         self.estimator, self.estimator_options = estimator, estimator_options
@@ -129,8 +150,13 @@ class HierarchicalLinearModel(Estimator):
             if not np.all(np.isfinite(known) & (known > 0)):
                 raise ValueError(f"known tau must be positive, got {self.tau!r}")
             kind, known = "known", tuple(float(v) for v in known)
-        return HM2Site(d=d, tau_kind=kind, tau_known=known, sigma_known=self.sigma is not None,
-                       log_sigma_prior=_normal_pair(self.prior_log_sigma, "prior_log_sigma"))
+        return HM2Site(
+            d=d,
+            tau_kind=kind,
+            tau_known=known,
+            sigma_known=self.sigma is not None,
+            log_sigma_prior=_normal_pair(self.prior_log_sigma, "prior_log_sigma"),
+        )
 
     def _prior(self, site: HM2Site) -> NaturalGaussian:
         m0, s0 = _normal_pair(self.prior_mu, "prior_mu")
@@ -144,15 +170,26 @@ class HierarchicalLinearModel(Estimator):
         if spec == "auto":
             spec = "exact" if (site.tau_kind == "known" and site.sigma_known) else "importance"
         if spec == "exact" and not (site.tau_kind == "known" and site.sigma_known):
-            raise ValueError("estimator='exact' needs known tau and sigma (the site is Gaussian in mu only "
-                             "then); use 'importance', 'nuts' or 'laplace'")
+            raise ValueError(
+                "estimator='exact' needs known tau and sigma (the site is Gaussian in mu only "
+                "then); use 'importance', 'nuts' or 'laplace'"
+            )
         return make_estimator(spec, **(self.estimator_options or {}))
 
     # ------------------------------------------------------------------ fit
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, rounds: int | None = None, progress: bool | None = None,
-            checkpoint=None, resume: bool = False, batched: bool = True) -> "HierarchicalResult":
+    def fit(
+        self,
+        data,
+        *,
+        seed: int = 0,
+        rounds: int | None = None,
+        progress: bool | None = None,
+        checkpoint=None,
+        resume: bool = False,
+        batched: bool = True,
+    ) -> "HierarchicalResult":
         """Fit by federated EP; returns a :class:`HierarchicalResult`.
 
         ``data`` is a :class:`fedstats.FederatedData`; raw rows stay with their device
@@ -169,10 +206,25 @@ class HierarchicalLinearModel(Estimator):
         # Parallel EP from flat sites overshoots when the first tilteds are far from Gaussian;
         # only exact (Gaussian) sites are safe undamped.
         damping = (1.0 if est.name == "exact" else 0.5) if self.damping is None else float(self.damping)
-        return fit_ep(HierarchicalResult, self, data, site, self._prior(site), est, names=names,
-                      sigma=_client_sigmas(self.sigma, data.clients), damping=damping, tol=self.tol,
-                      rounds=rounds or self.rounds, participation=self.participation, seed=seed,
-                      progress=progress, checkpoint=checkpoint, resume=resume, batched=batched)
+        return fit_ep(
+            HierarchicalResult,
+            self,
+            data,
+            site,
+            self._prior(site),
+            est,
+            names=names,
+            sigma=_client_sigmas(self.sigma, data.clients),
+            damping=damping,
+            tol=self.tol,
+            rounds=rounds or self.rounds,
+            participation=self.participation,
+            seed=seed,
+            progress=progress,
+            checkpoint=checkpoint,
+            resume=resume,
+            batched=batched,
+        )
 
 
 def _client_sigmas(sigma, clients) -> dict | None:
@@ -227,8 +279,9 @@ class HierarchicalResult(EPLinearResult):
         mu = phi[:, :d] @ A.T + c
         tau = np.exp(phi[:, d:])
         tau = np.broadcast_to(tau, (len(phi), d)) @ (A**2).T
-        return SamplePosterior(np.column_stack([mu, np.log(tau)]),
-                               names=names + [f"log_tau[{n}]" for n in self.feature_names])
+        return SamplePosterior(
+            np.column_stack([mu, np.log(tau)]), names=names + [f"log_tau[{n}]" for n in self.feature_names]
+        )
 
     def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
         post = self.new_client_posterior(level=2, n=n, seed=int(rng.integers(2**31)))
@@ -247,8 +300,9 @@ class HierarchicalResult(EPLinearResult):
             out[at] = self.client_noise(self.clients[j]).sample(len(at), seed=rng)[:, 0]
         return out
 
-    def new_client_posterior(self, X=None, y=None, *, level: int | None = None, sigma: float | None = None,
-                             n: int = 4000, seed: int = 0):
+    def new_client_posterior(
+        self, X=None, y=None, *, level: int | None = None, sigma: float | None = None, n: int = 4000, seed: int = 0
+    ):
         """Fast adaptation to a device that took no part in the fit (the paper seeds a new device
         with the posterior mean of mu; levels 2 and 3 go further).
 
@@ -290,9 +344,11 @@ class HierarchicalResult(EPLinearResult):
             sigma = None if sigma is None else sigma / sc.y_sd
         stats = self.site.stats_from(Xd, y, sigma)
         m, c = self.server.q.moments()
-        tilted = self.algorithm.estimator.estimate(self.algorithm.model, m[None], c[None], [stats],
-                                                   np.array([seed]), keep_draws=True)[0]
+        tilted = self.algorithm.estimator.estimate(
+            self.algorithm.model, m[None], c[None], [stats], np.array([seed]), keep_draws=True
+        )[0]
         if not tilted.ok:
             raise FloatingPointError(f"adaptation failed: {tilted.message}")
-        return self._coef_back(coefficient_posterior(self.site, tilted, stats, self.feature_names,
-                                                     np.random.default_rng(seed)))
+        return self._coef_back(
+            coefficient_posterior(self.site, tilted, stats, self.feature_names, np.random.default_rng(seed))
+        )

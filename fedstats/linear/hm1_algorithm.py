@@ -11,12 +11,7 @@ import numpy as np
 from scipy import linalg as sla
 
 from ..federation import FederatedAlgorithm
-from .local import (
-    full_batch,
-    full_batch_steps,
-    initial_theta,
-    local_steps,
-)
+from .local import full_batch, full_batch_steps, initial_theta, local_steps
 
 # --------------------------------------------------------------------------- numerics
 
@@ -99,9 +94,24 @@ class HM1Algorithm(FederatedAlgorithm):
     reply_keys = ("theta",)
     server_only_fields = ("theta_init", "omega_init", "callback")
 
-    def __init__(self, d: int, *, local_steps: int, lr: float, alpha: float, batch_size, grad_reduction: str,
-                 shrink_scale, init: str, omega_init=None, theta_init=None, jitter: float = 1e-8,
-                 eig_floor: float = 0.0, tol: float = 1e-4, callback=None):
+    def __init__(
+        self,
+        d: int,
+        *,
+        local_steps: int,
+        lr: float,
+        alpha: float,
+        batch_size,
+        grad_reduction: str,
+        shrink_scale,
+        init: str,
+        omega_init=None,
+        theta_init=None,
+        jitter: float = 1e-8,
+        eig_floor: float = 0.0,
+        tol: float = 1e-4,
+        callback=None,
+    ):
         self.callback = callback
         self.d, self.local_steps, self.lr, self.alpha = d, local_steps, lr, alpha
         self.batch_size, self.grad_reduction, self.shrink_scale = batch_size, grad_reduction, shrink_scale
@@ -110,8 +120,11 @@ class HM1Algorithm(FederatedAlgorithm):
 
     def init_server(self, clients, rng):
         K = len(clients)
-        theta = (np.array(self.theta_init, dtype=float) if self.theta_init is not None
-                 else initial_theta(self.init, self.d, K, rng))
+        theta = (
+            np.array(self.theta_init, dtype=float)
+            if self.theta_init is not None
+            else initial_theta(self.init, self.d, K, rng)
+        )
         omega = np.eye(K) if self.omega_init is None else np.array(self.omega_init, dtype=float)
         return _Server(theta, omega, aggregates(theta, omega, self.jitter), {c: i for i, c in enumerate(clients)})
 
@@ -130,8 +143,16 @@ class HM1Algorithm(FederatedAlgorithm):
 
     def client_step(self, message, state, data, rng):
         X, y = data
-        theta = local_steps(message["theta"], X, y, steps=self.local_steps, lr=self.lr, batch_size=self.batch_size,
-                            reduction=self.grad_reduction, rng=rng)
+        theta = local_steps(
+            message["theta"],
+            X,
+            y,
+            steps=self.local_steps,
+            lr=self.lr,
+            batch_size=self.batch_size,
+            reduction=self.grad_reduction,
+            rng=rng,
+        )
         theta = theta - 2 * self.lr * state.shrink * message["aggregate"]
         if not np.all(np.isfinite(theta)):
             raise FloatingPointError(f"local gradient descent diverged (lr={self.lr:.3g})")
@@ -142,14 +163,22 @@ class HM1Algorithm(FederatedAlgorithm):
         # product for all devices. Mini-batches draw rows and go one device at a time.
         if not all(full_batch(self.batch_size, s.n) for s in states):
             return super().client_steps(messages, states, datas, rngs)
-        thetas = full_batch_steps(np.stack([m["theta"] for m in messages]), np.stack([s.XtX for s in states]),
-                                  np.stack([s.Xty for s in states]), steps=self.local_steps, lr=self.lr,
-                                  scale=[self._scale(s.n) for s in states])
+        thetas = full_batch_steps(
+            np.stack([m["theta"] for m in messages]),
+            np.stack([s.XtX for s in states]),
+            np.stack([s.Xty for s in states]),
+            steps=self.local_steps,
+            lr=self.lr,
+            scale=[self._scale(s.n) for s in states],
+        )
         shrink = np.array([s.shrink for s in states])[:, None]
         thetas = thetas - 2 * self.lr * shrink * np.stack([m["aggregate"] for m in messages])
-        return [({"theta": t}, s) if np.all(np.isfinite(t))
-                else FloatingPointError(f"local gradient descent diverged (lr={self.lr:.3g})")
-                for t, s in zip(thetas, states)]
+        return [
+            ({"theta": t}, s)
+            if np.all(np.isfinite(t))
+            else FloatingPointError(f"local gradient descent diverged (lr={self.lr:.3g})")
+            for t, s in zip(thetas, states)
+        ]
 
     def server_step(self, server_state, replies, round):
         theta = server_state.theta.copy()
@@ -166,8 +195,13 @@ class HM1Algorithm(FederatedAlgorithm):
         new = _Server(theta, omega, aggregates(theta, omega, self.jitter), server_state.index)
         if self.callback is not None:
             self.callback(round, theta.copy(), omega.copy())
-        return new, {"theta_rel_change": theta_rel, "omega_rel_change": omega_rel, "theta_change": change,
-                     "omega_min_eig": float(w[0]), "omega_cond": float(w[-1] / w[0]) if w[0] > 0 else float("inf")}
+        return new, {
+            "theta_rel_change": theta_rel,
+            "omega_rel_change": omega_rel,
+            "theta_change": change,
+            "omega_min_eig": float(w[0]),
+            "omega_cond": float(w[-1] / w[0]) if w[0] > 0 else float("inf"),
+        }
 
     def converged(self, server_state, metrics):
         """:func:`round_converged` (the fit runs all rounds unless ``stop_early``, by passing
@@ -185,8 +219,9 @@ def relative_change(new: np.ndarray, old: np.ndarray) -> float:
 
 def round_converged(metrics: Mapping, tol: float) -> bool:
     """Whether a round's relative changes of Theta and Omega are both below ``tol`` (> 0)."""
-    return bool(tol > 0 and metrics.get("theta_rel_change", np.inf) < tol
-                and metrics.get("omega_rel_change", np.inf) < tol)
+    return bool(
+        tol > 0 and metrics.get("theta_rel_change", np.inf) < tol and metrics.get("omega_rel_change", np.inf) < tol
+    )
 
 
 def shrink_for(shrink_scale, X, y, client, steps: int, batch_size, reduction: str) -> float:
@@ -210,13 +245,16 @@ def residual_variance(X, y, client=None, hint: str = "give noise_sd") -> float:
     n = X.shape[0]
     rank = np.linalg.matrix_rank(X)
     if n <= rank:
-        raise CannotShareError(f"client {client!r} has {n} rows for {rank} independent coefficients: its noise variance "
-                         f"cannot be estimated; {hint}")
+        raise CannotShareError(
+            f"client {client!r} has {n} rows for {rank} independent coefficients: its noise variance "
+            f"cannot be estimated; {hint}"
+        )
     beta, *_ = np.linalg.lstsq(X, y, rcond=None)
     rss = float(np.sum((y - X @ beta) ** 2))
     if not rss > 1e-24 * float(np.sum(y**2)):  # an exact fit up to rounding
-        raise CannotShareError(f"client {client!r}: least squares fits its data exactly, so its noise variance cannot be "
-                         f"estimated; {hint}")
+        raise CannotShareError(
+            f"client {client!r}: least squares fits its data exactly, so its noise variance cannot be estimated; {hint}"
+        )
     return rss / (n - rank)
 
 
@@ -247,5 +285,3 @@ class InformationShare(FederatedAlgorithm):
 
     def server_step(self, server_state, replies, round):
         return dict(replies), {}
-
-

@@ -37,7 +37,7 @@ def joint_posterior(omega, information, score, jitter: float = 1e-8):
     omega_inv = solve_omega(omega, np.eye(K), jitter)
     P = np.kron((omega_inv + omega_inv.T) / 2, np.eye(d))
     for k in range(K):
-        P[k * d:(k + 1) * d, k * d:(k + 1) * d] += information[k]
+        P[k * d : (k + 1) * d, k * d : (k + 1) * d] += information[k]
     L, _ = jittered_cholesky(P, 1e-12)
     cov = sla.cho_solve((L, True), np.eye(K * d))
     return (cov @ score.reshape(-1)).reshape(K, d), cov
@@ -48,12 +48,13 @@ def conditional_posterior(omega, information, score, jitter: float = 1e-8):
     precision ``blockdiag(information_k) + Omega^{-1} kron I_d``, linear term ``score_k``."""
     K, d = score.shape
     mean, cov = joint_posterior(omega, information, score, jitter)
-    blocks = np.stack([cov[k * d:(k + 1) * d, k * d:(k + 1) * d] for k in range(K)])
+    blocks = np.stack([cov[k * d : (k + 1) * d, k * d : (k + 1) * d] for k in range(K)])
     return mean, (blocks + np.swapaxes(blocks, 1, 2)) / 2
 
 
-def em_omega(information, score, *, prior_rows: float, start=None, tol: float = 1e-6, max_iter: int = 500,
-             jitter: float = 1e-8) -> tuple[np.ndarray, dict]:
+def em_omega(
+    information, score, *, prior_rows: float, start=None, tol: float = 1e-6, max_iter: int = 500, jitter: float = 1e-8
+) -> tuple[np.ndarray, dict]:
     """Omega estimated from the devices' information by EM with ``prior_rows`` (nu)
     pseudo-rows of coefficients from ``N(0, T)`` (see the module docs):
 
@@ -84,8 +85,14 @@ def em_omega(information, score, *, prior_rows: float, start=None, tol: float = 
         omega = new
         if change < tol:
             break
-    return omega, {"iterations": it, "converged": bool(change < tol), "last_change": float(change), "tau2": tau2,
-                   "rho": rho, "prior_rows": nu}
+    return omega, {
+        "iterations": it,
+        "converged": bool(change < tol),
+        "last_change": float(change),
+        "tau2": tau2,
+        "rho": rho,
+        "prior_rows": nu,
+    }
 
 
 def exchangeable_target(A: np.ndarray) -> tuple[float, float, np.ndarray]:
@@ -100,4 +107,3 @@ def exchangeable_target(A: np.ndarray) -> tuple[float, float, np.ndarray]:
     rho = float((A.sum() - np.trace(A)) / (K * (K - 1)) / tau2)
     rho = min(max(rho, -1.0 / (K - 1)), 1.0)
     return tau2, rho, tau2 * ((1 - rho) * np.eye(K) + rho * np.ones((K, K)))
-

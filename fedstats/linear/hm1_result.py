@@ -14,14 +14,9 @@ from ..federation import Communication, run
 from ..federation.records import record
 from ..inference.posterior import GaussianPosterior
 from ..results import NoPosteriorError, check_level, prediction_frame, register
-from .hm1_algorithm import (
-    CannotShareError,
-    InformationShare,
-)
+from .hm1_algorithm import CannotShareError, InformationShare
 from .hm1_posterior import conditional_posterior, em_omega, exchangeable_target, noise_vars
-from .local import (
-    PointResult,
-)
+from .local import PointResult
 
 # --------------------------------------------------------------------------- result
 
@@ -79,8 +74,7 @@ class StructuralResult(PointResult):
         return pd.DataFrame(self.posterior_omega_, index=self.clients, columns=self.clients)
 
     # ------------------------------------------------------------ uncertainty
-    def _add_posteriors(self, devices, noise_sd, *, seed: int, jitter: float, how: str = "em",
-                        prior_rows=None) -> None:
+    def _add_posteriors(self, devices, noise_sd, *, seed: int, jitter: float, how: str = "em", prior_rows=None) -> None:
         alg = InformationShare(noise_vars(noise_sd, self.clients))
         out = run(alg, devices, kind="information share", rounds=1, seed=seed, progress=False)
         replies = out.server_state
@@ -106,15 +100,26 @@ class StructuralResult(PointResult):
             omega, details = em_omega(info, score, prior_rows=nu, start=start, jitter=jitter)
             details = {"omega": "em", **details}
             if not details["converged"]:
-                warnings.warn(f"the EM estimate of Omega for the intervals did not converge in "
-                              f"{details['iterations']} iterations (last relative change "
-                              f"{details['last_change']:.2g}); omega_prior_rows={nu:g}", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"the EM estimate of Omega for the intervals did not converge in "
+                    f"{details['iterations']} iterations (last relative change "
+                    f"{details['last_change']:.2g}); omega_prior_rows={nu:g}",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         self.posterior_omega_, self.posterior_info = omega, details
         self.posterior_mean, self.posterior_cov = conditional_posterior(omega, info, score, jitter)
         # the server returns each device the mean and covariance of its own block
         back = {c: {"bytes_up": 0, "bytes_down": 8 * (d + d * d)} for c in self.clients}
-        record(Communication(bytes_down=8 * (d + d * d) * K, per_client=back, by_kind={
-            "posterior blocks": {"bytes_up": 0, "bytes_down": 8 * (d + d * d) * K, "rounds": 0, "runs": 1}}))
+        record(
+            Communication(
+                bytes_down=8 * (d + d * d) * K,
+                per_client=back,
+                by_kind={
+                    "posterior blocks": {"bytes_up": 0, "bytes_down": 8 * (d + d * d) * K, "rounds": 0, "runs": 1}
+                },
+            )
+        )
 
     @property
     def has_uncertainty(self) -> bool:
@@ -122,10 +127,11 @@ class StructuralResult(PointResult):
 
     def _no_posterior(self, what: str) -> str:
         if what == "global":
-            return ("HM1 has no global parameters with a posterior (summary() lists the estimated Omega); client "
-                    "posteriors need fit(..., uncertainty=True)")
-        return ("no client posterior: fit with uncertainty=True (each device then shares its information matrix "
-                "once)")
+            return (
+                "HM1 has no global parameters with a posterior (summary() lists the estimated Omega); client "
+                "posteriors need fit(..., uncertainty=True)"
+            )
+        return "no client posterior: fit with uncertainty=True (each device then shares its information matrix once)"
 
     def _need_posterior(self) -> None:
         if not self.has_uncertainty:

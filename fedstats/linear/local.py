@@ -29,8 +29,9 @@ def full_batch(batch_size, n: int) -> bool:
     return batch_size is None or batch_size >= n
 
 
-def local_steps(theta, X, y, *, steps: int, lr: float, batch_size, reduction: str, rng,
-                anchor=None, anchor_weight: float = 0.0) -> np.ndarray:
+def local_steps(
+    theta, X, y, *, steps: int, lr: float, batch_size, reduction: str, rng, anchor=None, anchor_weight: float = 0.0
+) -> np.ndarray:
     """``steps`` (mini-batch) gradient steps from ``theta`` on one device's data.
 
     With ``anchor`` the loss gains ``anchor_weight/2 * ||theta - anchor||^2`` (Ditto's
@@ -39,8 +40,9 @@ def local_steps(theta, X, y, *, steps: int, lr: float, batch_size, reduction: st
     of rows is full-batch gradient descent and uses no randomness.
     """
     with np.errstate(over="ignore", invalid="ignore"):  # divergence is reported by the callers
-        return _local_steps(np.array(theta, dtype=float), X, y, steps, lr, batch_size, reduction, rng, anchor,
-                            anchor_weight)
+        return _local_steps(
+            np.array(theta, dtype=float), X, y, steps, lr, batch_size, reduction, rng, anchor, anchor_weight
+        )
 
 
 def _local_steps(theta, X, y, steps, lr, batch_size, reduction, rng, anchor, anchor_weight):
@@ -127,8 +129,9 @@ def federated_lr(lr, devices, batch_size, reduction: str, *, seed: int = 0) -> f
     come from one federated round (the server never reads a design matrix)."""
     if not (isinstance(lr, str) and lr == "auto"):
         return resolve_lr(lr, [], batch_size, reduction)
-    out = run(_CurvatureShare(batch_size, reduction), devices, kind="step-size curvature", rounds=1, seed=seed,
-              progress=False)
+    out = run(
+        _CurvatureShare(batch_size, reduction), devices, kind="step-size curvature", rounds=1, seed=seed, progress=False
+    )
     failed = out.history[0].failed
     if failed:
         c, why = next(iter(failed.items()))
@@ -211,8 +214,10 @@ class PointResult(FederatedResult):
         return self.clients.index(client)
 
     def _no_posterior(self, what: str) -> str:
-        return (f"{self.model or type(self).__name__} estimates points, with no {what} posterior; for posteriors fit "
-                "HierarchicalLinearModel, or StructuralCovarianceModel with fit(..., uncertainty=True)")
+        return (
+            f"{self.model or type(self).__name__} estimates points, with no {what} posterior; for posteriors fit "
+            "HierarchicalLinearModel, or StructuralCovarianceModel with fit(..., uncertainty=True)"
+        )
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         if not self.shared:
@@ -249,8 +254,10 @@ class PointResult(FederatedResult):
         if client is not None:
             return self._k(client)
         if not self.shared:
-            raise ValueError(f"{self.model or 'this model'} has no model for a client that took no part in the fit: "
-                             "give a fitted client")
+            raise ValueError(
+                f"{self.model or 'this model'} has no model for a client that took no part in the fit: "
+                "give a fitted client"
+            )
         return 0
 
     def predict(self, X, client=None, *, level: float = 0.95) -> pd.DataFrame:
@@ -259,13 +266,12 @@ class PointResult(FederatedResult):
         shared model where there is one, and is refused otherwise."""
         check_level(level)
         k = self._new_client_k(client)
-        return prediction_frame(self._design(X) @ self.theta[:, k],
-                                predicted_for="client" if client is not None else "new client")
+        return prediction_frame(
+            self._design(X) @ self.theta[:, k], predicted_for="client" if client is not None else "new client"
+        )
 
     def rmse(self, test) -> pd.Series:
         """Root mean squared error of each client's predictions on ``test`` (a
         :class:`~fedstats.data.FederatedData` with the same clients); ``.mean()`` is the A-RMSE."""
-        out = {c: float(np.sqrt(np.mean((self.point_predict(test[c].X, c) - test[c].y) ** 2)))
-               for c in test.clients}
+        out = {c: float(np.sqrt(np.mean((self.point_predict(test[c].X, c) - test[c].y) ** 2))) for c in test.clients}
         return pd.Series(out, name="rmse")
-

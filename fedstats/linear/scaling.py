@@ -105,10 +105,15 @@ class _Moments(OneShot):
         with np.errstate(over="ignore", invalid="ignore"):
             m = client_moments(X, np.asarray(data.y, dtype=float))
         parts = {k: np.atleast_1d(np.asarray(m[k], dtype=float)) for k in ("sum_x", "m2_x", "sum_y", "m2_y")}
-        overflow = ~(np.isfinite(np.r_[parts["sum_x"], parts["sum_y"]]) & np.isfinite(np.r_[parts["m2_x"], parts["m2_y"]]))
+        overflow = ~(
+            np.isfinite(np.r_[parts["sum_x"], parts["sum_y"]]) & np.isfinite(np.r_[parts["m2_x"], parts["m2_y"]])
+        )
         reply = {k: np.where(np.isfinite(v), v, 0.0) for k, v in parts.items()}
-        reply.update(n=np.array([m["n"]], float), binary=np.all((X == 0) | (X == 1), axis=0).astype(np.int8),
-                     overflow=overflow.astype(np.int8))
+        reply.update(
+            n=np.array([m["n"]], float),
+            binary=np.all((X == 0) | (X == 1), axis=0).astype(np.int8),
+            overflow=overflow.astype(np.int8),
+        )
         return reply, state
 
 
@@ -118,8 +123,18 @@ def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScal
     raise_failures(out.history, "the federated scaling round")
     reps = [out.server_state[c] for c in data.clients]
     with np.errstate(over="ignore", invalid="ignore"):
-        agg = aggregate_moments([{"n": int(r["n"][0]), "sum_x": r["sum_x"], "m2_x": r["m2_x"],
-                                  "sum_y": float(r["sum_y"][0]), "m2_y": float(r["m2_y"][0])} for r in reps])
+        agg = aggregate_moments(
+            [
+                {
+                    "n": int(r["n"][0]),
+                    "sum_x": r["sum_x"],
+                    "m2_x": r["m2_x"],
+                    "sum_y": float(r["sum_y"][0]),
+                    "m2_y": float(r["m2_y"][0]),
+                }
+                for r in reps
+            ]
+        )
     x_mean, x_sd = agg["mean_x"], agg["sd_x"]
     y_mean, y_sd = np.atleast_1d(agg["mean_y"]), np.atleast_1d(agg["sd_y"])
     flagged = np.any(np.stack([r["overflow"] for r in reps]), axis=0)
@@ -127,9 +142,11 @@ def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScal
     names = [*map(repr, data.feature_names), f"{data.target_name or 'y'!r} (the target)"]
     bad = [n for n, f in zip(names, flagged) if f]
     if bad:
-        raise ValueError(f"cannot standardise column(s) {', '.join(bad[:5])}: their values are too large "
-                         "for a sum of squares in float64 (overflow); rescale them (e.g. to thousands) or check "
-                         "for a sentinel value such as 1e308")
+        raise ValueError(
+            f"cannot standardise column(s) {', '.join(bad[:5])}: their values are too large "
+            "for a sum of squares in float64 (overflow); rescale them (e.g. to thousands) or check "
+            "for a sentinel value such as 1e308"
+        )
     binary = np.all(np.stack([r["binary"] for r in reps]), axis=0).astype(bool)
     keep = binary | ~(x_sd > 0) | ~np.isfinite(x_sd)  # 0/1 dummies and constant columns keep their coding
     x_mean = np.where(keep, 0.0, x_mean)
@@ -138,5 +155,6 @@ def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScal
     y_mean = float(y_mean[0])
     if not fit_intercept:  # nothing to absorb a shift: scale only
         x_mean, y_mean = np.zeros_like(x_mean), 0.0
-    return LinearScaling(x_mean=x_mean, x_sd=x_sd, y_mean=y_mean, y_sd=y_sd, binary=binary,
-                         fit_intercept=bool(fit_intercept))
+    return LinearScaling(
+        x_mean=x_mean, x_sd=x_sd, y_mean=y_mean, y_sd=y_sd, binary=binary, fit_intercept=bool(fit_intercept)
+    )

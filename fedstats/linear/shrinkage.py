@@ -79,10 +79,24 @@ class BayesianShrinkage(Estimator):
         so that the priors act on its own units.
     """
 
-    def __init__(self, penalty: str = "lasso", *, scale: str = "sd", noise: str = "shared", fit_intercept=True,
-                 intercept_sd: float = 10.0, prior_log_lambda=(0.0, 1.0), prior_log_sigma2=(0.0, 1.0),
-                 estimator="auto", estimator_options=None, damping: float = 0.5, rounds: int = 15,
-                 tol: float = 0.05, participation=1.0, standardize: bool = True):
+    def __init__(
+        self,
+        penalty: str = "lasso",
+        *,
+        scale: str = "sd",
+        noise: str = "shared",
+        fit_intercept=True,
+        intercept_sd: float = 10.0,
+        prior_log_lambda=(0.0, 1.0),
+        prior_log_sigma2=(0.0, 1.0),
+        estimator="auto",
+        estimator_options=None,
+        damping: float = 0.5,
+        rounds: int = 15,
+        tol: float = 0.05,
+        participation=1.0,
+        standardize: bool = True,
+    ):
         self.penalty, self.scale, self.noise = penalty, scale, noise
         self.fit_intercept, self.intercept_sd = fit_intercept, intercept_sd
         self.prior_log_lambda, self.prior_log_sigma2 = prior_log_lambda, prior_log_sigma2
@@ -97,9 +111,15 @@ class BayesianShrinkage(Estimator):
     def _site(self, d: int) -> ShrinkageSite:
         if not (np.isfinite(self.intercept_sd) and self.intercept_sd > 0):
             raise ValueError(f"intercept_sd must be positive, got {self.intercept_sd}")
-        return ShrinkageSite(d=d, penalty=self.penalty, scale=self.scale, noise=self.noise,
-                             intercept=self.fit_intercept, intercept_sd=float(self.intercept_sd),
-                             log_sigma2_prior=normal_pair(self.prior_log_sigma2, "prior_log_sigma2"))
+        return ShrinkageSite(
+            d=d,
+            penalty=self.penalty,
+            scale=self.scale,
+            noise=self.noise,
+            intercept=self.fit_intercept,
+            intercept_sd=float(self.intercept_sd),
+            log_sigma2_prior=normal_pair(self.prior_log_sigma2, "prior_log_sigma2"),
+        )
 
     def _prior(self, site: ShrinkageSite) -> NaturalGaussian:
         pairs = [normal_pair(self.prior_log_lambda, "prior_log_lambda")]
@@ -124,12 +144,20 @@ class BayesianShrinkage(Estimator):
         return make_estimator(spec, **opts)
 
     _constraints = {
-        "penalty": OneOf("lasso", "ridge"), "scale": OneOf("sd", "variance"), "noise": OneOf("shared", "device"),
-        "fit_intercept": BOOL, "intercept_sd": Real(0, closed=(False, True)), "prior_log_lambda": Pair(),
+        "penalty": OneOf("lasso", "ridge"),
+        "scale": OneOf("sd", "variance"),
+        "noise": OneOf("shared", "device"),
+        "fit_intercept": BOOL,
+        "intercept_sd": Real(0, closed=(False, True)),
+        "prior_log_lambda": Pair(),
         "prior_log_sigma2": Pair(),
         "estimator": Constraint(lambda v: isinstance(v, str) or hasattr(v, "estimate"), "a name or a TiltedEstimator"),
-        "estimator_options": NONE | MAPPING, "damping": Real(0, 1, closed=(False, True)), "rounds": Int(1),
-        "tol": Real(0), "participation": Real(0, 1, closed=(False, True)) | Int(1) | Constraint(callable, "a callable"), "standardize": BOOL,
+        "estimator_options": NONE | MAPPING,
+        "damping": Real(0, 1, closed=(False, True)),
+        "rounds": Int(1),
+        "tol": Real(0),
+        "participation": Real(0, 1, closed=(False, True)) | Int(1) | Constraint(callable, "a callable"),
+        "standardize": BOOL,
     }
 
     def _check(self, data) -> list[str]:
@@ -143,20 +171,51 @@ class BayesianShrinkage(Estimator):
     # ------------------------------------------------------------------ fit
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, rounds: int | None = None, progress: bool | None = None,
-            checkpoint=None, resume: bool = False, batched: bool = True) -> "ShrinkageResult":
+    def fit(
+        self,
+        data,
+        *,
+        seed: int = 0,
+        rounds: int | None = None,
+        progress: bool | None = None,
+        checkpoint=None,
+        resume: bool = False,
+        batched: bool = True,
+    ) -> "ShrinkageResult":
         """Fit by federated EP; returns a :class:`ShrinkageResult`. Raw rows stay on their
         device, which shares only the changes of its EP site for (log lambda, log sigma^2)."""
         data = as_federated(data)
         names = self._check(data)
         site = self._site(len(names) - int(self.fit_intercept))
-        return fit_ep(ShrinkageResult, self, data, site, self._prior(site), self._estimator(site), names=names,
-                      damping=float(self.damping), tol=self.tol, rounds=rounds or self.rounds,
-                      participation=self.participation, seed=seed, progress=progress, checkpoint=checkpoint,
-                      resume=resume, batched=batched)
+        return fit_ep(
+            ShrinkageResult,
+            self,
+            data,
+            site,
+            self._prior(site),
+            self._estimator(site),
+            names=names,
+            damping=float(self.damping),
+            tol=self.tol,
+            rounds=rounds or self.rounds,
+            participation=self.participation,
+            seed=seed,
+            progress=progress,
+            checkpoint=checkpoint,
+            resume=resume,
+            batched=batched,
+        )
 
-    def fit_centralised(self, data, *, seed: int = 0, num_warmup: int = 1000, num_samples: int = 2000,
-                        num_chains: int = 4, per_client: bool = False) -> "CentralisedShrinkageResult":
+    def fit_centralised(
+        self,
+        data,
+        *,
+        seed: int = 0,
+        num_warmup: int = 1000,
+        num_samples: int = 2000,
+        num_chains: int = 4,
+        per_client: bool = False,
+    ) -> "CentralisedShrinkageResult":
         """The same Bayesian prior on the pooled rows, by NumPyro NUTS with the Laplace or
         normal prior written directly (not the scale mixture): a reference for tests,
         notebooks and benchmarks, not a federated method.
@@ -172,36 +231,94 @@ class BayesianShrinkage(Estimator):
             raise ValueError("the centralised reference pools all rows: use noise='shared'")
         from ..reference.shrinkage import pooled_nuts
 
-        return pooled_nuts(self, data, names, seed=seed, num_warmup=num_warmup, num_samples=num_samples,
-                            num_chains=num_chains, per_client=bool(per_client))
+        return pooled_nuts(
+            self,
+            data,
+            names,
+            seed=seed,
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            num_chains=num_chains,
+            per_client=bool(per_client),
+        )
 
 
 @register
 class BayesianLasso(BayesianShrinkage):
     """Federated Bayesian lasso: :class:`BayesianShrinkage` with ``penalty="lasso"``."""
 
-    def __init__(self, *, scale: str = "sd", noise: str = "shared", fit_intercept=True, intercept_sd: float = 10.0,
-                 prior_log_lambda=(0.0, 1.0), prior_log_sigma2=(0.0, 1.0), estimator="auto", estimator_options=None,
-                 damping: float = 0.5, rounds: int = 15, tol: float = 0.05, participation=1.0,
-                 standardize: bool = True):
-        super().__init__("lasso", scale=scale, noise=noise, fit_intercept=fit_intercept, intercept_sd=intercept_sd,
-                         prior_log_lambda=prior_log_lambda, prior_log_sigma2=prior_log_sigma2, estimator=estimator,
-                         estimator_options=estimator_options, damping=damping, rounds=rounds, tol=tol,
-                         participation=participation, standardize=standardize)
+    def __init__(
+        self,
+        *,
+        scale: str = "sd",
+        noise: str = "shared",
+        fit_intercept=True,
+        intercept_sd: float = 10.0,
+        prior_log_lambda=(0.0, 1.0),
+        prior_log_sigma2=(0.0, 1.0),
+        estimator="auto",
+        estimator_options=None,
+        damping: float = 0.5,
+        rounds: int = 15,
+        tol: float = 0.05,
+        participation=1.0,
+        standardize: bool = True,
+    ):
+        super().__init__(
+            "lasso",
+            scale=scale,
+            noise=noise,
+            fit_intercept=fit_intercept,
+            intercept_sd=intercept_sd,
+            prior_log_lambda=prior_log_lambda,
+            prior_log_sigma2=prior_log_sigma2,
+            estimator=estimator,
+            estimator_options=estimator_options,
+            damping=damping,
+            rounds=rounds,
+            tol=tol,
+            participation=participation,
+            standardize=standardize,
+        )
 
 
 @register
 class BayesianRidge(BayesianShrinkage):
     """Federated Bayesian ridge: :class:`BayesianShrinkage` with ``penalty="ridge"``."""
 
-    def __init__(self, *, scale: str = "sd", noise: str = "shared", fit_intercept=True, intercept_sd: float = 10.0,
-                 prior_log_lambda=(0.0, 1.0), prior_log_sigma2=(0.0, 1.0), estimator="auto", estimator_options=None,
-                 damping: float = 0.5, rounds: int = 15, tol: float = 0.05, participation=1.0,
-                 standardize: bool = True):
-        super().__init__("ridge", scale=scale, noise=noise, fit_intercept=fit_intercept, intercept_sd=intercept_sd,
-                         prior_log_lambda=prior_log_lambda, prior_log_sigma2=prior_log_sigma2, estimator=estimator,
-                         estimator_options=estimator_options, damping=damping, rounds=rounds, tol=tol,
-                         participation=participation, standardize=standardize)
+    def __init__(
+        self,
+        *,
+        scale: str = "sd",
+        noise: str = "shared",
+        fit_intercept=True,
+        intercept_sd: float = 10.0,
+        prior_log_lambda=(0.0, 1.0),
+        prior_log_sigma2=(0.0, 1.0),
+        estimator="auto",
+        estimator_options=None,
+        damping: float = 0.5,
+        rounds: int = 15,
+        tol: float = 0.05,
+        participation=1.0,
+        standardize: bool = True,
+    ):
+        super().__init__(
+            "ridge",
+            scale=scale,
+            noise=noise,
+            fit_intercept=fit_intercept,
+            intercept_sd=intercept_sd,
+            prior_log_lambda=prior_log_lambda,
+            prior_log_sigma2=prior_log_sigma2,
+            estimator=estimator,
+            estimator_options=estimator_options,
+            damping=damping,
+            rounds=rounds,
+            tol=tol,
+            participation=participation,
+            standardize=standardize,
+        )
 
 
 @client_function
@@ -211,8 +328,12 @@ def _design_report(msg, X, rng, _private=None):
     n, d = X.shape
     const = np.ptp(X, axis=0) == 0 if n > 1 else np.zeros(d, bool)
     rank = np.linalg.matrix_rank(X - X.mean(axis=0)) if n else 0
-    return {"n": np.array([n]), "const": const.astype(np.int8), "rank": np.array([rank]),
-            "varying": np.array([int(np.sum(np.ptp(X, axis=0) > 0)) if n else 0])}
+    return {
+        "n": np.array([n]),
+        "const": const.astype(np.int8),
+        "rank": np.array([rank]),
+        "varying": np.array([int(np.sum(np.ptp(X, axis=0) > 0)) if n else 0]),
+    }
 
 
 def _check_design(data) -> None:
@@ -221,30 +342,42 @@ def _check_design(data) -> None:
     import warnings
 
     d = data.n_features
-    reps, _ = one_shot(data, ("n", "const", "rank", "varying"), {}, _design_report, seed=0,
-                          what="the design check")
+    reps, _ = one_shot(data, ("n", "const", "rank", "varying"), {}, _design_report, seed=0, what="the design check")
     for c in data.clients:
         n = int(reps[c]["n"][0])
         const = [data.feature_names[j] for j in np.flatnonzero(reps[c]["const"])]
         if const:
-            warnings.warn(f"client {c!r}: predictor(s) {const[:5]} are constant; the prior alone decides "
-                          "their coefficients at this site (their intervals reflect shrinkage, not data)",
-                          RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"client {c!r}: predictor(s) {const[:5]} are constant; the prior alone decides "
+                "their coefficients at this site (their intervals reflect shrinkage, not data)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         if n < d + 1:
-            warnings.warn(f"client {c!r} has {n} rows for {d} predictors: its coefficients are identified "
-                          "only through the shrinkage prior", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"client {c!r} has {n} rows for {d} predictors: its coefficients are identified "
+                "only through the shrinkage prior",
+                RuntimeWarning,
+                stacklevel=4,
+            )
     # Collinearity is checked client by client (never on pooled rows): columns that are
     # linearly dependent at every client carry one effect under two names, and selecting
     # between them would be meaningless.
     ranks = {c: int(reps[c]["rank"][0]) for c in data.clients}
     if d and all(r < d for r in ranks.values()) and any(data.n_obs[c] > d for c in data.clients):
-        raise ValueError(f"the {d} predictors are linearly dependent at every client (ranks {sorted(set(ranks.values()))}); "
-                         "drop the redundant columns")
+        raise ValueError(
+            f"the {d} predictors are linearly dependent at every client (ranks {sorted(set(ranks.values()))}); "
+            "drop the redundant columns"
+        )
     # (a constant column is reported above; here only dependence among the varying ones)
     deficient = [c for c, r in ranks.items() if r < int(reps[c]["varying"][0]) and data.n_obs[c] > d]
     if deficient:
-        warnings.warn(f"client(s) {deficient[:5]}: predictors are linearly dependent there; their split of the "
-                      "effect between those columns is decided by the prior", RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"client(s) {deficient[:5]}: predictors are linearly dependent there; their split of the "
+            "effect between those columns is decided by the prior",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 # ---------------------------------------------------------------------------- selection and tests
@@ -277,15 +410,23 @@ class _Selection:
         """
         names = self._penalised() if names is None else list(names)
         rows = []
-        for c in (self.clients if clients is None else clients):
+        for c in self.clients if clients is None else clients:
             post = self.client_posterior(c)
             idx = [post.names.index(n) for n in names]
             pos = post.prob_positive()[idx]
             neg = 1.0 - pos  # draws exactly at 0 count half on each side
             pb = post.tail_probability()[idx]
             for n, a, b, p in zip(names, pos, neg, pb):
-                rows.append({"client": c, "parameter": n, "p_positive": float(a), "p_negative": float(b),
-                             "p_value": float(p), "reject": bool(p < 1 - level)})
+                rows.append(
+                    {
+                        "client": c,
+                        "parameter": n,
+                        "p_positive": float(a),
+                        "p_negative": float(b),
+                        "p_value": float(p),
+                        "reject": bool(p < 1 - level),
+                    }
+                )
         return pd.DataFrame(rows)
 
     def joint_test(self, names, client, level: float = 0.9) -> dict:
@@ -307,8 +448,14 @@ class _Selection:
         m, C = post.mean[idx], post.cov[np.ix_(idx, idx)]
         stat = float(m @ np.linalg.solve(C, m))
         p = float(st.chi2.sf(stat, df=len(idx)))
-        return {"client": client, "names": names, "statistic": stat, "df": len(idx), "p_value": p,
-                "reject": p < 1 - level}
+        return {
+            "client": client,
+            "names": names,
+            "statistic": stat,
+            "df": len(idx),
+            "p_value": p,
+            "reject": p < 1 - level,
+        }
 
 
 @register
@@ -426,8 +573,10 @@ class CentralisedShrinkageResult(_Selection, FederatedResult):
         Xd = self._design(X)
         if client is None:
             if "pooled" not in self.beta:
-                raise NoPosteriorError("a per-client centralised fit has no posterior for a new client: give a "
-                                       "fitted client, or fit with per_client=False")
+                raise NoPosteriorError(
+                    "a per-client centralised fit has no posterior for a new client: give a "
+                    "fitted client, or fit with per_client=False"
+                )
             post, what = self.beta["pooled"], "new client"
         else:
             post, what = self.client_posterior(client), "client"

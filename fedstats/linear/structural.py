@@ -188,22 +188,50 @@ class StructuralCovarianceModel(Estimator):
     ((4, 4), True, True)
     """
 
-    def __init__(self, *, rounds: int = 30, local_steps: int = 20, lr="auto", alpha: float = 0.1,
-                 batch_size=None, grad_reduction: str = "sum", shrink_scale=1.0, init: str = "normal",
-                 omega_init=None, fit_intercept: bool = False, participation=1.0, jitter: float = 1e-8,
-                 eig_floor: float = 0.0, tol: float = 1e-4, stop_early: bool = False, posterior_omega: str = "em",
-                 omega_prior_rows=None):
+    def __init__(
+        self,
+        *,
+        rounds: int = 30,
+        local_steps: int = 20,
+        lr="auto",
+        alpha: float = 0.1,
+        batch_size=None,
+        grad_reduction: str = "sum",
+        shrink_scale=1.0,
+        init: str = "normal",
+        omega_init=None,
+        fit_intercept: bool = False,
+        participation=1.0,
+        jitter: float = 1e-8,
+        eig_floor: float = 0.0,
+        tol: float = 1e-4,
+        stop_early: bool = False,
+        posterior_omega: str = "em",
+        omega_prior_rows=None,
+    ):
         self.rounds, self.local_steps, self.lr, self.alpha = rounds, local_steps, lr, alpha
         self.batch_size, self.grad_reduction, self.shrink_scale = batch_size, grad_reduction, shrink_scale
         self.init, self.omega_init, self.fit_intercept = init, omega_init, fit_intercept
         self.participation, self.jitter, self.eig_floor, self.tol = participation, jitter, eig_floor, tol
         self.stop_early, self.posterior_omega, self.omega_prior_rows = stop_early, posterior_omega, omega_prior_rows
 
-
-    _constraints = {"rounds": Int(1), "local_steps": Int(1), "lr": LR, "alpha": Real(0, 1),
-                    "batch_size": NONE | Int(1), "grad_reduction": OneOf(*REDUCTIONS), "shrink_scale": OneOf("noise") | Real(0),
-                    "init": OneOf(*INITS), "fit_intercept": BOOL, "jitter": Real(0), "eig_floor": Real(0), "tol": Real(0),
-                    "stop_early": BOOL, "posterior_omega": OneOf(*POSTERIOR_OMEGAS), "omega_prior_rows": NONE | Real(0)}
+    _constraints = {
+        "rounds": Int(1),
+        "local_steps": Int(1),
+        "lr": LR,
+        "alpha": Real(0, 1),
+        "batch_size": NONE | Int(1),
+        "grad_reduction": OneOf(*REDUCTIONS),
+        "shrink_scale": OneOf("noise") | Real(0),
+        "init": OneOf(*INITS),
+        "fit_intercept": BOOL,
+        "jitter": Real(0),
+        "eig_floor": Real(0),
+        "tol": Real(0),
+        "stop_early": BOOL,
+        "posterior_omega": OneOf(*POSTERIOR_OMEGAS),
+        "omega_prior_rows": NONE | Real(0),
+    }
 
     def _validated(self, K: int) -> dict:
         """The declarative checks, then those that need the number of clients K."""
@@ -212,8 +240,9 @@ class StructuralCovarianceModel(Estimator):
         if self.omega_init is not None:
             omega = np.asarray(self.omega_init, dtype=float)
             if omega.shape != (K, K) or not np.all(np.isfinite(omega)):
-                raise ValueError(f"omega_init must be a finite {K} x {K} matrix (one row per client), "
-                                 f"got shape {omega.shape}")
+                raise ValueError(
+                    f"omega_init must be a finite {K} x {K} matrix (one row per client), got shape {omega.shape}"
+                )
             if not np.allclose(omega, omega.T) or np.linalg.eigvalsh((omega + omega.T) / 2)[0] <= 0:
                 raise ValueError("omega_init must be symmetric positive definite")
         return {"alpha": float(self.alpha), "omega": omega}
@@ -228,9 +257,20 @@ class StructuralCovarianceModel(Estimator):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress: bool | None = None, uncertainty: bool | str = "auto",
-            noise_sd=None, checkpoint=None, resume: bool = False, batched: bool = True,
-            theta_init=None, callback=None) -> StructuralResult:
+    def fit(
+        self,
+        data,
+        *,
+        seed: int = 0,
+        progress: bool | None = None,
+        uncertainty: bool | str = "auto",
+        noise_sd=None,
+        checkpoint=None,
+        resume: bool = False,
+        batched: bool = True,
+        theta_init=None,
+        callback=None,
+    ) -> StructuralResult:
         """Fit Algorithm 1 on ``data`` (a :class:`~fedstats.data.FederatedData`, K >= 2).
 
         With uncertainty one more exchange follows, in which every device shares its
@@ -253,8 +293,9 @@ class StructuralCovarianceModel(Estimator):
         """
         require_target(data, "StructuralCovarianceModel")
         if not (uncertainty is True or uncertainty is False or uncertainty == "auto"):
-            raise ValueError(f"StructuralCovarianceModel.fit: uncertainty must be True, False or 'auto', got "
-                             f"{uncertainty!r}")
+            raise ValueError(
+                f"StructuralCovarianceModel.fit: uncertainty must be True, False or 'auto', got {uncertainty!r}"
+            )
         clients, opts, devices, names = self._prepare(data)
         K, d = len(clients), len(names)
         if theta_init is not None:
@@ -262,59 +303,109 @@ class StructuralCovarianceModel(Estimator):
             if theta_init.shape != (d, K) or not np.all(np.isfinite(theta_init)):
                 raise ValueError(f"theta_init must be a finite {d} x {K} matrix, got shape {theta_init.shape}")
         lr = federated_lr(self.lr, devices, self.batch_size, self.grad_reduction, seed=seed)
-        alg = HM1Algorithm(d, local_steps=int(self.local_steps), lr=lr, alpha=opts["alpha"], batch_size=self.batch_size,
-                           grad_reduction=self.grad_reduction, shrink_scale=self.shrink_scale, init=self.init,
-                           omega_init=opts["omega"], theta_init=theta_init, jitter=float(self.jitter),
-                           eig_floor=float(self.eig_floor), tol=float(self.tol), callback=callback)
+        alg = HM1Algorithm(
+            d,
+            local_steps=int(self.local_steps),
+            lr=lr,
+            alpha=opts["alpha"],
+            batch_size=self.batch_size,
+            grad_reduction=self.grad_reduction,
+            shrink_scale=self.shrink_scale,
+            init=self.init,
+            omega_init=opts["omega"],
+            theta_init=theta_init,
+            jitter=float(self.jitter),
+            eig_floor=float(self.eig_floor),
+            tol=float(self.tol),
+            callback=callback,
+        )
         t0 = time.perf_counter()
         try:
             # converged() judges every round; without stop_early the run may stop only at the last
-            out = run(alg, devices, kind="HM1 rounds", rounds=int(self.rounds), participation=self.participation, seed=seed,
-                      progress=progress, checkpoint=checkpoint, resume=resume, batched=batched,
-                      min_rounds=1 if self.stop_early else int(self.rounds))
+            out = run(
+                alg,
+                devices,
+                kind="HM1 rounds",
+                rounds=int(self.rounds),
+                participation=self.participation,
+                seed=seed,
+                progress=progress,
+                checkpoint=checkpoint,
+                resume=resume,
+                batched=batched,
+                min_rounds=1 if self.stop_early else int(self.rounds),
+            )
         except (FloatingPointError, np.linalg.LinAlgError) as exc:
             raise FloatingPointError(f"HM1 diverged ({exc}) with lr={lr:.3g}: lower lr") from exc
         failed = {c: why for rec in out.history for c, why in rec.failed.items()}
         diverged = [c for c, why in failed.items() if why.startswith("FloatingPointError")]
         if diverged:
-            raise FloatingPointError(f"HM1 diverged on {len(diverged)} client(s) (e.g. {diverged[0]!r}) with "
-                                     f"lr={lr:.3g}: lower lr")
+            raise FloatingPointError(
+                f"HM1 diverged on {len(diverged)} client(s) (e.g. {diverged[0]!r}) with lr={lr:.3g}: lower lr"
+            )
         if failed:
             c, why = next(iter(failed.items()))
-            warnings.warn(f"{len(failed)} client(s) failed in some round and kept their previous coefficients; "
-                          f"e.g. {c!r}: {why}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{len(failed)} client(s) failed in some round and kept their previous coefficients; e.g. {c!r}: {why}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         last = out.history[-1].metrics if len(out.history) else {}
         res = StructuralResult(
-            feature_names=names, clients=clients, theta=out.server_state.theta, omega_=out.server_state.omega,
-            lr=lr, options=self._options(), history=out.history, communication=out.communication,
-            converged=round_converged(last, float(self.tol)), seconds=time.perf_counter() - t0, seed=seed,
+            feature_names=names,
+            clients=clients,
+            theta=out.server_state.theta,
+            omega_=out.server_state.omega,
+            lr=lr,
+            options=self._options(),
+            history=out.history,
+            communication=out.communication,
+            converged=round_converged(last, float(self.tol)),
+            seconds=time.perf_counter() - t0,
+            seed=seed,
             model="StructuralCovarianceModel",
         )
         self._warn_unconverged(res.rounds, res.converged, last, K, d, stacklevel=4)
         if uncertainty:
             try:
-                res._add_posteriors(devices, noise_sd, seed=seed, jitter=float(self.jitter), how=self.posterior_omega,
-                                    prior_rows=self.omega_prior_rows)
+                res._add_posteriors(
+                    devices,
+                    noise_sd,
+                    seed=seed,
+                    jitter=float(self.jitter),
+                    how=self.posterior_omega,
+                    prior_rows=self.omega_prior_rows,
+                )
             except CannotShareError as exc:
                 if uncertainty is True:
                     raise
-                warnings.warn(f"HM1 reports Algorithm 1's point estimates only, without posteriors: {exc}",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"HM1 reports Algorithm 1's point estimates only, without posteriors: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         return res
 
-    def _warn_unconverged(self, rounds: int, converged: bool, metrics: Mapping, K: int, d: int, *,
-                          stacklevel: int) -> None:
+    def _warn_unconverged(
+        self, rounds: int, converged: bool, metrics: Mapping, K: int, d: int, *, stacklevel: int
+    ) -> None:
         if converged or not float(self.tol) > 0:
             return
         th, om = metrics.get("theta_rel_change", np.nan), metrics.get("omega_rel_change", np.nan)
-        hint = ("with more clients than coefficients (K = %d > d = %d) Omega drifts towards the singular "
-                "Theta'Theta/d and the iteration has no fixed point: set eig_floor (e.g. 0.1)" % (K, d)
-                if K > d and float(self.eig_floor) == 0 and float(self.alpha) > 0 else
-                "run more rounds, or lower lr or raise eig_floor if the changes do not shrink (history metrics "
-                "theta_rel_change, omega_rel_change)")
-        warnings.warn(f"HM1 did not converge in {rounds} rounds: in the last round Theta changed by {th:.2g} "
-                      f"and Omega by {om:.2g} (relative; tol={float(self.tol):g}), so Algorithm 1's estimates are "
-                      f"not at a fixed point; {hint}", RuntimeWarning, stacklevel=stacklevel)
+        hint = (
+            "with more clients than coefficients (K = %d > d = %d) Omega drifts towards the singular "
+            "Theta'Theta/d and the iteration has no fixed point: set eig_floor (e.g. 0.1)" % (K, d)
+            if K > d and float(self.eig_floor) == 0 and float(self.alpha) > 0
+            else "run more rounds, or lower lr or raise eig_floor if the changes do not shrink (history metrics "
+            "theta_rel_change, omega_rel_change)"
+        )
+        warnings.warn(
+            f"HM1 did not converge in {rounds} rounds: in the last round Theta changed by {th:.2g} "
+            f"and Omega by {om:.2g} (relative; tol={float(self.tol):g}), so Algorithm 1's estimates are "
+            f"not at a fixed point; {hint}",
+            RuntimeWarning,
+            stacklevel=stacklevel,
+        )
 
     def fit_centralised(self, data, *, seed: int = 0, theta_init=None) -> StructuralResult:
         """The same iteration on pooled data in one process, without the federated runtime:
@@ -335,33 +426,69 @@ class StructuralCovarianceModel(Estimator):
         Xty = np.stack([X.T @ y for X, y in Xs])
         n = np.array([len(y) for _, y in Xs], dtype=float)
         scale = np.ones(K) if self.grad_reduction == "sum" else n
-        shrink = np.array([shrink_for(self.shrink_scale, X, y, c, self.local_steps, None, self.grad_reduction)
-                           for (X, y), c in zip(Xs, clients)])
-        theta = (np.array(theta_init, dtype=float) if theta_init is not None
-                 else initial_theta(self.init, len(names), K, streams.stream(seed, streams.INIT)))
+        shrink = np.array(
+            [
+                shrink_for(self.shrink_scale, X, y, c, self.local_steps, None, self.grad_reduction)
+                for (X, y), c in zip(Xs, clients)
+            ]
+        )
+        theta = (
+            np.array(theta_init, dtype=float)
+            if theta_init is not None
+            else initial_theta(self.init, len(names), K, streams.stream(seed, streams.INIT))
+        )
         omega = np.eye(K) if opts["omega"] is None else opts["omega"]
         metrics, done = {}, 0
         for _ in range(int(self.rounds)):
             g = aggregates(theta, omega, self.jitter)
-            new = full_batch_steps(np.ascontiguousarray(theta.T), XtX, Xty, steps=int(self.local_steps), lr=lr,
-                                   scale=scale).T
+            new = full_batch_steps(
+                np.ascontiguousarray(theta.T), XtX, Xty, steps=int(self.local_steps), lr=lr, scale=scale
+            ).T
             new = new - 2 * lr * shrink[None, :] * g
             if not np.all(np.isfinite(new)):
                 raise FloatingPointError(f"HM1 diverged with lr={lr:.3g}: lower lr")
             new_omega = floor_eigenvalues(omega_update(omega, new, opts["alpha"]), self.eig_floor)
-            metrics = {"theta_rel_change": relative_change(new, theta), "omega_rel_change": relative_change(new_omega,
-                                                                                                            omega)}
+            metrics = {
+                "theta_rel_change": relative_change(new, theta),
+                "omega_rel_change": relative_change(new_omega, omega),
+            }
             theta, omega, done = new, new_omega, done + 1
             if self.stop_early and round_converged(metrics, float(self.tol)):
                 break
-        res = StructuralResult(feature_names=names, clients=clients, theta=theta, omega_=omega, lr=lr,
-                               options=self._options(), converged=round_converged(metrics, float(self.tol)),
-                               seconds=time.perf_counter() - t0, seed=seed, model="StructuralCovarianceModel")
+        res = StructuralResult(
+            feature_names=names,
+            clients=clients,
+            theta=theta,
+            omega_=omega,
+            lr=lr,
+            options=self._options(),
+            converged=round_converged(metrics, float(self.tol)),
+            seconds=time.perf_counter() - t0,
+            seed=seed,
+            model="StructuralCovarianceModel",
+        )
         self._warn_unconverged(done, res.converged, metrics, K, len(names), stacklevel=3)
         return res
 
     def _options(self) -> dict:
-        return {k: getattr(self, k) for k in ("rounds", "local_steps", "lr", "alpha", "batch_size", "grad_reduction",
-                                              "shrink_scale", "init", "fit_intercept", "participation", "jitter",
-                                              "eig_floor", "tol", "stop_early", "posterior_omega",
-                                              "omega_prior_rows")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "rounds",
+                "local_steps",
+                "lr",
+                "alpha",
+                "batch_size",
+                "grad_reduction",
+                "shrink_scale",
+                "init",
+                "fit_intercept",
+                "participation",
+                "jitter",
+                "eig_floor",
+                "tol",
+                "stop_early",
+                "posterior_omega",
+                "omega_prior_rows",
+            )
+        }

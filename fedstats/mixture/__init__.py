@@ -30,6 +30,18 @@ from .result import GaussianMixtureResult, MixtureResult
 
 # the models and their results, and the graphs D-FedEM gossips over; the federated algorithms
 # (FedEMAlgorithm, DFedEMAlgorithm, VBFedEMAlgorithm, FEMOMDStep) live in their models' modules
-__all__ = ["FederatedGaussianMixture", "VariationalGaussianMixture", "GaussianMixtureResult", "MixtureResult",
-           "DecentralizedGaussianMixture", "DecentralizedMixtureResult", "metropolis_weights", "fast_mixing_weights",
-           "ring_graph", "erdos_renyi_graph", "slem", "BayesianMixtureResult", "FEMOMD"]
+__all__ = [
+    "FederatedGaussianMixture",
+    "VariationalGaussianMixture",
+    "GaussianMixtureResult",
+    "MixtureResult",
+    "DecentralizedGaussianMixture",
+    "DecentralizedMixtureResult",
+    "metropolis_weights",
+    "fast_mixing_weights",
+    "ring_graph",
+    "erdos_renyi_graph",
+    "slem",
+    "BayesianMixtureResult",
+    "FEMOMD",
+]

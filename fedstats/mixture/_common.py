@@ -19,8 +19,15 @@ from ..data import DataError, FederatedData, as_federated
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from .gmm import cov_shape, precision_cholesky
 
-__all__ = ["MixtureEstimator", "as_federated", "initial_weights", "check_failures", "without_lost", "norm",
-           "log_weights"]
+__all__ = [
+    "MixtureEstimator",
+    "as_federated",
+    "initial_weights",
+    "check_failures",
+    "without_lost",
+    "norm",
+    "log_weights",
+]
 
 ARRAY = Constraint(lambda v: np.ndim(v) >= 1, "an array")
 WEIGHTS = Constraint(lambda v: isinstance(v, Mapping) or np.ndim(v) == 1, "an (M,) array or a dict client -> (M,)")
@@ -54,8 +61,12 @@ def check_failures(history, seen, clients, what):
     c, why = next(iter(failed.items()))
     if never:
         raise RuntimeError(f"{what}: client(s) {never[:5]} never answered; client {c!r} failed with {why}")
-    warnings.warn(f"{what}: {len(failed)} client(s) failed in some round and counted with their last statistics; "
-                  f"client {c!r}: {why}", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"{what}: {len(failed)} client(s) failed in some round and counted with their last statistics; "
+        f"client {c!r}: {why}",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def without_lost(data, lost, what):
@@ -65,9 +76,12 @@ def without_lost(data, lost, what):
     if not lost:
         return data
     c, why = next(iter(lost.items()))
-    warnings.warn(f"{what}: client(s) {list(lost)[:5]} were lost during the fit (client {c!r}: {why}); their last "
-                  "statistics stay in the components, their weights are not in the result", RuntimeWarning,
-                  stacklevel=4)
+    warnings.warn(
+        f"{what}: client(s) {list(lost)[:5]} were lost during the fit (client {c!r}: {why}); their last "
+        "statistics stay in the components, their weights are not in the result",
+        RuntimeWarning,
+        stacklevel=4,
+    )
     return data.subset([c for c in data.clients if c not in lost])
 
 
@@ -97,8 +111,10 @@ class MixtureEstimator(Estimator):
         if self.covariances_init is not None:
             want = cov_shape(self.covariance_type, M, d)
             if np.shape(self.covariances_init) != want:
-                raise ValueError(f"covariances_init must have shape {want} for covariance_type="
-                                 f"{self.covariance_type!r}, got {np.shape(self.covariances_init)}")
+                raise ValueError(
+                    f"covariances_init must have shape {want} for covariance_type="
+                    f"{self.covariance_type!r}, got {np.shape(self.covariances_init)}"
+                )
             precision_cholesky(np.asarray(self.covariances_init, float), self.covariance_type)
         weights_init = getattr(self, "weights_init", None)
         if isinstance(weights_init, Mapping):
@@ -135,11 +151,7 @@ class MixtureEstimator(Estimator):
 
 
 # the parameters of the two client-server models (FedEM and variational FedEM)
-SERVER_CONSTRAINTS = {
-    "tol": NONE | Real(0),
-    "shared_weights": BOOL,
-    "participation": Real(0, 1, closed=(False, True)),
-}
+SERVER_CONSTRAINTS = {"tol": NONE | Real(0), "shared_weights": BOOL, "participation": Real(0, 1, closed=(False, True))}
 
 
 class RowStack:

@@ -27,16 +27,7 @@ from .. import streams
 from ..data import DataError
 from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
-from .gmm import (
-    COV_TYPES,
-    centre,
-    e_step,
-    log_gaussian,
-    m_step,
-    precision_cholesky,
-    reshift,
-    segment_statistics,
-)
+from .gmm import COV_TYPES, centre, e_step, log_gaussian, m_step, precision_cholesky, reshift, segment_statistics
 
 
 def _sq_dist(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -55,7 +46,7 @@ def kmeans_pp(X: np.ndarray, k: int, rng: np.random.Generator, weights: np.ndarr
         tot = p.sum()
         i = int(rng.choice(n, p=p / tot)) if tot > 0 else int(rng.choice(n, p=w / w.sum()))
         idx.append(i)
-        d2 = np.minimum(d2, _sq_dist(X, X[i:i + 1])[:, 0])
+        d2 = np.minimum(d2, _sq_dist(X, X[i : i + 1])[:, 0])
     return X[idx].copy()
 
 
@@ -146,9 +137,14 @@ def federated_loglik(data, means, cov, cov_type, log_weights, seed=0):
 def hard_covariances(data, means, cov_type, reg_covar, seed=0):
     """Covariances at given means from one round of hard-assignment statistics (a
     component with fewer than ``d + 1`` points gets the pooled covariance)."""
-    reps, _ = one_shot(data, ("N", "S1", "S2"), {"candidates": means[None],
-                                                 "cov_type": np.array([COV_TYPES.index(cov_type)])},
-                       _hard_stats, seed=seed, what="the covariance initialisation")
+    reps, _ = one_shot(
+        data,
+        ("N", "S1", "S2"),
+        {"candidates": means[None], "cov_type": np.array([COV_TYPES.index(cov_type)])},
+        _hard_stats,
+        seed=seed,
+        what="the covariance initialisation",
+    )
     N, S1, S2 = (summed(reps, data.clients, k)[0] for k in ("N", "S1", "S2"))
     return _typed_m_step(N, S1, S2, means, cov_type, reg_covar)
 
@@ -156,8 +152,7 @@ def hard_covariances(data, means, cov_type, reg_covar, seed=0):
 def _typed_m_step(N, S1, S2, means, cov_type, reg_covar):
     d = means.shape[1]
     fallback = _pooled_cov(N, S1, S2, means, cov_type, reg_covar)
-    return m_step(N, S1, S2, means, cov_type, reg_covar, prev_means=means, prev_cov=fallback,
-                  min_count=float(d + 1))[1]
+    return m_step(N, S1, S2, means, cov_type, reg_covar, prev_means=means, prev_cov=fallback, min_count=float(d + 1))[1]
 
 
 def _pooled_cov(N, S1, S2, shift, cov_type, reg_covar):
@@ -183,25 +178,45 @@ def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed)
     ct = np.array([COV_TYPES.index(cov_type)])
     min_size = d + 1
     for k in (M, 2 * M, 4 * M):  # ask for more local clusters when small ones dissolved too many
-        reps, _ = one_shot(data, ("centres", "sizes"), {"k": np.array([k]), "min_size": np.array([min_size])},
-                           _local_centres, seed=seed, what="the k-means initialisation")
+        reps, _ = one_shot(
+            data,
+            ("centres", "sizes"),
+            {"k": np.array([k]), "min_size": np.array([min_size])},
+            _local_centres,
+            seed=seed,
+            what="the k-means initialisation",
+        )
         centres = np.concatenate([reps[c]["centres"] for c in data.clients])
         sizes = np.concatenate([reps[c]["sizes"] for c in data.clients])
         if centres.shape[0] >= M:
             break
     if centres.shape[0] < M:
-        raise DataError(f"the federated k-means start got {centres.shape[0]} local centres (each the mean of at "
-                        f"least d + 1 = {min_size} rows of one client), fewer than n_components={M}; "
-                        "give means_init or fewer components")
+        raise DataError(
+            f"the federated k-means start got {centres.shape[0]} local centres (each the mean of at "
+            f"least d + 1 = {min_size} rows of one client), fewer than n_components={M}; "
+            "give means_init or fewer components"
+        )
     srng = streams.stream(seed, streams.MIXTURE_START)
     g = np.average(centres, axis=0, weights=sizes)
     cands = np.stack([kmeans(centres - g, M, srng, sizes)[0] + g for _ in range(n_init)])
-    reps, _ = one_shot(data, ("N", "S1", "S2"), {"candidates": cands, "cov_type": ct}, _hard_stats, seed=seed,
-                       what="the k-means initialisation")
+    reps, _ = one_shot(
+        data,
+        ("N", "S1", "S2"),
+        {"candidates": cands, "cov_type": ct},
+        _hard_stats,
+        seed=seed,
+        what="the k-means initialisation",
+    )
     N, S1, S2 = (summed(reps, data.clients, k) for k in ("N", "S1", "S2"))
     cov_a = np.stack([_typed_m_step(N[r], S1[r], S2[r], cands[r], cov_type, reg_covar) for r in range(n_init)])
-    reps, _ = one_shot(data, ("loglik",), {"means": cands, "covariances": cov_a, "cov_type": ct}, _score,
-                       seed=seed, what="the k-means initialisation")
+    reps, _ = one_shot(
+        data,
+        ("loglik",),
+        {"means": cands, "covariances": cov_a, "cov_type": ct},
+        _score,
+        seed=seed,
+        what="the k-means initialisation",
+    )
     ll = summed(reps, data.clients, "loglik")
     best = int(np.argmax(ll))
     info = {"candidate_loglik": ll, "best": best}

@@ -84,10 +84,27 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
 
     per_client_fields = ("weights_init", "alpha_init")
 
-    def __init__(self, means, covariances, prior, *, hyper=None, alpha_init=None, covariance_type="full",
-                 reg_covar=1e-6, shared_weights=False, tol=1e-6):
-        super().__init__(means, covariances, covariance_type=covariance_type, reg_covar=reg_covar,
-                         shared_weights=shared_weights, tol=tol)
+    def __init__(
+        self,
+        means,
+        covariances,
+        prior,
+        *,
+        hyper=None,
+        alpha_init=None,
+        covariance_type="full",
+        reg_covar=1e-6,
+        shared_weights=False,
+        tol=1e-6,
+    ):
+        super().__init__(
+            means,
+            covariances,
+            covariance_type=covariance_type,
+            reg_covar=reg_covar,
+            shared_weights=shared_weights,
+            tol=tol,
+        )
         self.prior = prior
         self.hyper0 = hyper
         self.alpha_init = alpha_init
@@ -112,15 +129,22 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
     def broadcast(self, state, client, round):
         h = state["hyper"]
         if h is None:  # ML start: plain Gaussians, uniform weights
-            msg = {"means": state["means"], "covariances": state["cov"], "offset": np.zeros(self.M),
-                   "ml_start": np.array([1])}
+            msg = {
+                "means": state["means"],
+                "covariances": state["cov"],
+                "offset": np.zeros(self.M),
+                "ml_start": np.array([1]),
+            }
         else:
-            msg = {"means": h["means"], "covariances": h["covariances"], "offset": self.offsets(h),
-                   "ml_start": np.array([0])}
+            msg = {
+                "means": h["means"],
+                "covariances": h["covariances"],
+                "offset": self.offsets(h),
+                "ml_start": np.array([0]),
+            }
         if self.shared:
             a = state["alpha_shared"]
-            msg["log_weights"] = (np.full(self.M, -math.log(self.M)) if h is None
-                                  else digamma(a) - digamma(a.sum()))
+            msg["log_weights"] = np.full(self.M, -math.log(self.M)) if h is None else digamma(a) - digamma(a.sum())
         return msg
 
     def vb_update(self, Nj, xk, sk):
@@ -132,8 +156,11 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
         ct = self.cov_type
         if ct == "full":
             nu = p["nu0"] + Nj
-            cov = p["cov0"] + Nj[:, None, None] * sk + (Nj * p["beta0"] / beta)[:, None, None] * np.einsum(
-                "md,me->mde", diff, diff)
+            cov = (
+                p["cov0"]
+                + Nj[:, None, None] * sk
+                + (Nj * p["beta0"] / beta)[:, None, None] * np.einsum("md,me->mde", diff, diff)
+            )
             cov = cov / nu[:, None, None]
         elif ct == "tied":
             nu = p["nu0"] + Nj.sum() / M
@@ -176,11 +203,15 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
         nu = h["degrees_of_freedom"]
         pc = precision_cholesky(h["covariances"], self.cov_type)
         logdet = _log_det_chol(pc, self.cov_type, d) - 0.5 * d * np.log(nu)
-        lw = -(nu * logdet + nu * d * 0.5 * math.log(2.0)
-               + np.sum(gammaln(0.5 * (np.atleast_1d(nu) - np.arange(d)[:, None])), 0))
+        lw = -(
+            nu * logdet
+            + nu * d * 0.5 * math.log(2.0)
+            + np.sum(gammaln(0.5 * (np.atleast_1d(nu) - np.arange(d)[:, None])), 0)
+        )
         log_wishart = M * float(np.squeeze(lw)) if self.cov_type == "tied" else float(np.sum(lw))
-        return float(entropy - log_wishart - np.sum(log_dirichlet_norm(alphas))
-                     - 0.5 * d * np.sum(np.log(h["mean_precision"])))
+        return float(
+            entropy - log_wishart - np.sum(log_dirichlet_norm(alphas)) - 0.5 * d * np.sum(np.log(h["mean_precision"]))
+        )
 
     # ---------------------------------------------------------------- client side
     def init_client(self, client, data, rng):
@@ -251,16 +282,35 @@ class VariationalGaussianMixture(MixtureEstimator):
     [0, 6]
     """
 
-    _constraints = {**MixtureEstimator._constraints, **SERVER_CONSTRAINTS,
-                    "weight_concentration_prior": NONE | Real(0, closed=(False, True)),
-                    "mean_precision_prior": NONE | Real(0, closed=(False, True)),
-                    "degrees_of_freedom_prior": NONE | Real(),
-                    "vb_init": NONE | MAPPING}
+    _constraints = {
+        **MixtureEstimator._constraints,
+        **SERVER_CONSTRAINTS,
+        "weight_concentration_prior": NONE | Real(0, closed=(False, True)),
+        "mean_precision_prior": NONE | Real(0, closed=(False, True)),
+        "degrees_of_freedom_prior": NONE | Real(),
+        "vb_init": NONE | MAPPING,
+    }
 
-    def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, rounds=100, tol=1e-6,
-                 shared_weights=False, n_init=10, means_init=None, covariances_init=None, participation=1.0,
-                 weight_concentration_prior=None, mean_precision_prior=None, mean_prior=None,
-                 degrees_of_freedom_prior=None, covariance_prior=None, vb_init=None):
+    def __init__(
+        self,
+        n_components,
+        *,
+        covariance_type="full",
+        reg_covar=1e-6,
+        rounds=100,
+        tol=1e-6,
+        shared_weights=False,
+        n_init=10,
+        means_init=None,
+        covariances_init=None,
+        participation=1.0,
+        weight_concentration_prior=None,
+        mean_precision_prior=None,
+        mean_prior=None,
+        degrees_of_freedom_prior=None,
+        covariance_prior=None,
+        vb_init=None,
+    ):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
@@ -286,8 +336,13 @@ class VariationalGaussianMixture(MixtureEstimator):
     def _check_vb_init(self, data):
         M, d, ct = self.n_components, data.n_features, self.covariance_type
         v = self.vb_init
-        want = {"mean_precision": (M,), "means": (M, d), "degrees_of_freedom": () if ct == "tied" else (M,),
-                "covariances": cov_shape(ct, M, d), "weight_concentration": (M,)}
+        want = {
+            "mean_precision": (M,),
+            "means": (M, d),
+            "degrees_of_freedom": () if ct == "tied" else (M,),
+            "covariances": cov_shape(ct, M, d),
+            "weight_concentration": (M,),
+        }
         if set(v) != set(want):
             raise ValueError(f"vb_init must be a dict with exactly the keys {sorted(want)}")
         for k, shape in want.items():
@@ -317,40 +372,86 @@ class VariationalGaussianMixture(MixtureEstimator):
         self._check(data)
         M, d, ct = self.n_components, data.n_features, self.covariance_type
         m0, cov0 = federated_priors(data, ct, seed=seed)
-        prior = check_prior({
-            "alpha0": 1.0 / M if self.weight_concentration_prior is None else float(self.weight_concentration_prior),
-            "beta0": 1.0 if self.mean_precision_prior is None else float(self.mean_precision_prior),
-            "m0": m0 if self.mean_prior is None else self.mean_prior,
-            "nu0": float(d) if self.degrees_of_freedom_prior is None else float(self.degrees_of_freedom_prior),
-            "cov0": cov0 if self.covariance_prior is None else self.covariance_prior}, d, M, ct)
+        prior = check_prior(
+            {
+                "alpha0": 1.0 / M
+                if self.weight_concentration_prior is None
+                else float(self.weight_concentration_prior),
+                "beta0": 1.0 if self.mean_precision_prior is None else float(self.mean_precision_prior),
+                "m0": m0 if self.mean_prior is None else self.mean_prior,
+                "nu0": float(d) if self.degrees_of_freedom_prior is None else float(self.degrees_of_freedom_prior),
+                "cov0": cov0 if self.covariance_prior is None else self.covariance_prior,
+            },
+            d,
+            M,
+            ct,
+        )
         if self.vb_init is not None:
-            h = {k: np.array(self.vb_init[k], dtype=float) for k in
-                 ("mean_precision", "means", "degrees_of_freedom", "covariances")}
+            h = {
+                k: np.array(self.vb_init[k], dtype=float)
+                for k in ("mean_precision", "means", "degrees_of_freedom", "covariances")
+            }
             a = self.vb_init["weight_concentration"]
-            alpha = {c: np.asarray(a[c], float) for c in data.clients} if isinstance(a, Mapping) else np.asarray(a, float)
+            alpha = (
+                {c: np.asarray(a[c], float) for c in data.clients} if isinstance(a, Mapping) else np.asarray(a, float)
+            )
             means, cov, info = h["means"], h["covariances"], {}
         else:
             h, alpha = None, None
             means, cov, info = self._start(data, seed)
-        algo = VBFedEMAlgorithm(means, cov, prior, hyper=h, alpha_init=alpha, covariance_type=ct,
-                                reg_covar=self.reg_covar, shared_weights=self.shared_weights, tol=self.tol or None)
-        res = run(algo, data, kind="variational rounds", rounds=self.rounds,
-                  participation=self._participation(data.clients), seed=seed, progress=progress, checkpoint=checkpoint,
-                  resume=resume, min_rounds=min(2, self.rounds))
+        algo = VBFedEMAlgorithm(
+            means,
+            cov,
+            prior,
+            hyper=h,
+            alpha_init=alpha,
+            covariance_type=ct,
+            reg_covar=self.reg_covar,
+            shared_weights=self.shared_weights,
+            tol=self.tol or None,
+        )
+        res = run(
+            algo,
+            data,
+            kind="variational rounds",
+            rounds=self.rounds,
+            participation=self._participation(data.clients),
+            seed=seed,
+            progress=progress,
+            checkpoint=checkpoint,
+            resume=resume,
+            min_rounds=min(2, self.rounds),
+        )
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "variational FedEM")
         data = without_lost(data, res.lost, "variational FedEM")
         hy = st["hyper"]
-        conc = ({c: st["alpha_shared"] for c in data.clients} if self.shared_weights
-                else {c: s.alpha for c, s in res.client_states.items()})
+        conc = (
+            {c: st["alpha_shared"] for c in data.clients}
+            if self.shared_weights
+            else {c: s.alpha for c, s in res.client_states.items()}
+        )
         if not res.converged and self.tol:
-            warnings.warn(f"variational FedEM did not converge in {self.rounds} rounds (tol={self.tol})",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"variational FedEM did not converge in {self.rounds} rounds (tol={self.tol})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         out = BayesianMixtureResult(
-            means=hy["means"], covariances=hy["covariances"], weights={c: a / a.sum() for c, a in conc.items()},
-            covariance_type=ct, feature_names=data.feature_names, n_obs=data.n_obs, history=res.history,
-            communication=res.communication, rounds=res.rounds, converged=res.converged,
-            shared_weights=self.shared_weights, init_info=info, reg_covar=self.reg_covar)
+            means=hy["means"],
+            covariances=hy["covariances"],
+            weights={c: a / a.sum() for c, a in conc.items()},
+            covariance_type=ct,
+            feature_names=data.feature_names,
+            n_obs=data.n_obs,
+            history=res.history,
+            communication=res.communication,
+            rounds=res.rounds,
+            converged=res.converged,
+            shared_weights=self.shared_weights,
+            init_info=info,
+            reg_covar=self.reg_covar,
+        )
         out.weight_concentration_ = conc
         out.mean_precision_ = hy["mean_precision"]
         out.degrees_of_freedom_ = hy["degrees_of_freedom"]
@@ -372,14 +473,15 @@ def federated_priors(data, cov_type, *, seed=0):
     data covariance (``ddof=1``; diagonal / mean variance for diag / spherical). One round."""
     from ..federation.oneshot import one_shot
 
-    reps, _ = one_shot(data, ("n", "s", "ss"), {"go": np.array([1])}, _prior_moments, seed=seed,
-                       what="the prior round")
+    reps, _ = one_shot(data, ("n", "s", "ss"), {"go": np.array([1])}, _prior_moments, seed=seed, what="the prior round")
     n = sum(reps[c]["n"][0] for c in data.clients)
     mean = sum(reps[c]["s"] for c in data.clients) / n
     # Chan et al.'s parallel combination: within-client scatter + between-client term
-    scatter = sum(reps[c]["ss"] + reps[c]["n"][0] * np.outer(reps[c]["s"] / reps[c]["n"][0] - mean,
-                                                               reps[c]["s"] / reps[c]["n"][0] - mean)
-                  for c in data.clients)
+    scatter = sum(
+        reps[c]["ss"]
+        + reps[c]["n"][0] * np.outer(reps[c]["s"] / reps[c]["n"][0] - mean, reps[c]["s"] / reps[c]["n"][0] - mean)
+        for c in data.clients
+    )
     cov = scatter / (n - 1)
     cov0 = {"full": cov, "tied": cov, "diag": np.diag(cov).copy(), "spherical": float(np.diag(cov).mean())}[cov_type]
     return mean, cov0
@@ -402,4 +504,3 @@ def check_prior(prior: dict, d: int, M: int, cov_type: str) -> dict:
     if p["cov0"].shape != want:
         raise ValueError(f"covariance_prior must have shape {want} for {cov_type!r}, got {p['cov0'].shape}")
     return p
-

@@ -61,8 +61,12 @@ class BayesianMixtureResult(MixtureResult):
         dof, scale, _, _ = self._marginal_params()
         q = stats.t.ppf(0.5 + level / 2, dof)
         sd = np.where(dof > 2, scale * np.sqrt(dof / np.maximum(dof - 2, 1e-300)), np.inf)
-        rows = {"mean": self.means_.ravel(), "sd": sd.ravel(), "lower": (self.means_ - q * scale).ravel(),
-                "upper": (self.means_ + q * scale).ravel()}
+        rows = {
+            "mean": self.means_.ravel(),
+            "sd": sd.ravel(),
+            "lower": (self.means_ - q * scale).ravel(),
+            "upper": (self.means_ + q * scale).ravel(),
+        }
         names = [f"mean[{j}][{f}]" for j in range(M) for f in self.feature_names]
         return pd.DataFrame(rows, index=pd.Index(names, name="parameter"))
 
@@ -72,8 +76,12 @@ class BayesianMixtureResult(MixtureResult):
         _, _, a, b = self._marginal_params()
         dist = stats.invgamma(a, scale=b)
         mean = np.where(a > 1, b / np.maximum(a - 1, 1e-300), np.inf)
-        rows = {"mean": mean.ravel(), "sd": dist.std().ravel(), "lower": dist.ppf(0.5 - level / 2).ravel(),
-                "upper": dist.ppf(0.5 + level / 2).ravel()}
+        rows = {
+            "mean": mean.ravel(),
+            "sd": dist.std().ravel(),
+            "lower": dist.ppf(0.5 - level / 2).ravel(),
+            "upper": dist.ppf(0.5 + level / 2).ravel(),
+        }
         names = [f"var[{j}][{f}]" for j in range(M) for f in self.feature_names]
         return pd.DataFrame(rows, index=pd.Index(names, name="parameter"))
 
@@ -85,8 +93,10 @@ class BayesianMixtureResult(MixtureResult):
         else:
             dist = stats.beta(a, a.sum() - a)
             sd, lo, hi = dist.std(), dist.ppf(0.5 - level / 2), dist.ppf(0.5 + level / 2)
-        return pd.DataFrame({"mean": a / a.sum(), "sd": sd, "lower": lo, "upper": hi},
-                            index=pd.Index([f"weight[{j}]" for j in range(len(a))], name="parameter"))
+        return pd.DataFrame(
+            {"mean": a / a.sum(), "sd": sd, "lower": lo, "upper": hi},
+            index=pd.Index([f"weight[{j}]" for j in range(len(a))], name="parameter"),
+        )
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         """Shared parameters with closed-form credible intervals (Student-t means, inverse-gamma
@@ -130,8 +140,9 @@ class BayesianMixtureResult(MixtureResult):
             if ct == "diag":
                 var = stats.invgamma(a, scale=b).rvs(size=(n, M, d), random_state=rng)
             else:
-                var = np.repeat(stats.invgamma(a[:, 0], scale=b[:, 0]).rvs(size=(n, M), random_state=rng)[..., None],
-                                d, axis=2)
+                var = np.repeat(
+                    stats.invgamma(a[:, 0], scale=b[:, 0]).rvs(size=(n, M), random_state=rng)[..., None], d, axis=2
+                )
             covs = var[..., None] * np.eye(d)
         L = np.linalg.cholesky(covs / beta[None, :, None, None])
         mus = self.means_ + np.einsum("nmij,nmj->nmi", L, rng.standard_normal((n, M, d)))
@@ -142,8 +153,9 @@ class BayesianMixtureResult(MixtureResult):
         mus, covs = self.sample_components(n, seed)
         var = np.diagonal(covs, axis1=2, axis2=3)
         M, d = self.means_.shape
-        names = ([f"mean[{j}][{f}]" for j in range(M) for f in self.feature_names]
-                 + [f"var[{j}][{f}]" for j in range(M) for f in self.feature_names])
+        names = [f"mean[{j}][{f}]" for j in range(M) for f in self.feature_names] + [
+            f"var[{j}][{f}]" for j in range(M) for f in self.feature_names
+        ]
         return SamplePosterior(np.c_[mus.reshape(n, -1), var.reshape(n, -1)], names=names)
 
     def client_posterior(self, client, *, n: int = 4000, seed=0) -> SamplePosterior:
@@ -156,4 +168,3 @@ class BayesianMixtureResult(MixtureResult):
     def elbo_trace(self) -> np.ndarray:
         """The evidence lower bound after every round (scikit-learn's, constants dropped)."""
         return np.array([r.metrics["elbo"] for r in self.history])
-

@@ -44,7 +44,7 @@ def _check_adjacency(A) -> np.ndarray:
     A = np.asarray(A)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise ValueError(f"the adjacency matrix must be square, got shape {A.shape}")
-    A = (A != 0)
+    A = A != 0
     np.fill_diagonal(A, False)
     if not np.array_equal(A, A.T):
         raise ValueError("the adjacency matrix must be symmetric (an undirected graph)")
@@ -57,8 +57,10 @@ def _check_adjacency(A) -> np.ndarray:
         seen[nxt] = True
         frontier = list(nxt)
     if not seen.all():
-        raise ValueError(f"the graph is not connected ({int((~seen).sum())} node(s) unreachable from node 0): "
-                         "gossip cannot reach consensus")
+        raise ValueError(
+            f"the graph is not connected ({int((~seen).sum())} node(s) unreachable from node 0): "
+            "gossip cannot reach consensus"
+        )
     return A
 
 
@@ -128,7 +130,7 @@ def fast_mixing_weights(A, *, iters: int = 500) -> np.ndarray:
         lam, vec = np.linalg.eigh(W)
         # SLEM = max(lambda_2, -lambda_n); lambda_1 = 1 with the constant eigenvector
         if lam[-2] >= -lam[0]:
-            g = -(vec[u, -2] - vec[v, -2]) ** 2
+            g = -((vec[u, -2] - vec[v, -2]) ** 2)
         else:
             g = (vec[u, 0] - vec[v, 0]) ** 2
         w = np.maximum(w - (1.0 / math.sqrt(k)) * g / max(np.linalg.norm(g), 1e-300) * 0.1, 0.0)
@@ -151,8 +153,18 @@ class DFedEMAlgorithm(FederatedAlgorithm):
     reply_keys = ("N", "S1", "S2", "loglik", "entropy")
     per_client_fields = ("weights_init",)
 
-    def __init__(self, means, covariances, W, *, gossip_steps=1, covariance_type="full", reg_covar=1e-6,
-                 weights_init=None, bytes_per_value=8):
+    def __init__(
+        self,
+        means,
+        covariances,
+        W,
+        *,
+        gossip_steps=1,
+        covariance_type="full",
+        reg_covar=1e-6,
+        weights_init=None,
+        bytes_per_value=8,
+    ):
         self.cov_type = check_cov_type(covariance_type)
         self.ref = np.array(means, dtype=float)  # the reference of all statistics, agreed once
         self.cov0 = np.array(covariances, dtype=float)
@@ -168,8 +180,13 @@ class DFedEMAlgorithm(FederatedAlgorithm):
         if len(clients) != len(self.W):
             raise ValueError(f"the mixing matrix is {len(self.W)} x {len(self.W)} but there are {len(clients)} clients")
         C = len(clients)
-        return {"clients": list(clients), "mixed": None, "N": np.zeros((C, self.M)),
-                "S1": np.zeros((C, self.M, self.d)), "S2": np.zeros((C,) + s2_shape(self.cov_type, self.M, self.d))}
+        return {
+            "clients": list(clients),
+            "mixed": None,
+            "N": np.zeros((C, self.M)),
+            "S1": np.zeros((C, self.M, self.d)),
+            "S2": np.zeros((C,) + s2_shape(self.cov_type, self.M, self.d)),
+        }
 
     def broadcast(self, state, client, round):
         if state["mixed"] is None:
@@ -188,8 +205,9 @@ class DFedEMAlgorithm(FederatedAlgorithm):
         return out
 
     def local_params(self, N, S1, S2, prev_means, prev_cov):
-        means, cov, empty = m_step(N, S1, S2, self.ref, self.cov_type, self.reg_covar, prev_means=prev_means,
-                                   prev_cov=prev_cov)
+        means, cov, empty = m_step(
+            N, S1, S2, self.ref, self.cov_type, self.reg_covar, prev_means=prev_means, prev_cov=prev_cov
+        )
         return means, cov
 
     def server_step(self, state, replies, round):
@@ -214,19 +232,28 @@ class DFedEMAlgorithm(FederatedAlgorithm):
         dis = float(np.max(np.linalg.norm(means - means.mean(0), axis=-1)))
         size = N[0].size + S1[0].size + S2[0].size
         edges = int((self.W > 0).sum() - np.count_nonzero(np.diag(self.W) > 0))
-        return st, {"loglik": ll, "disagreement": dis, "contraction": contraction, "gossip_bytes": float(self.G * edges * size * self.bytes_per_value)}
+        return st, {
+            "loglik": ll,
+            "disagreement": dis,
+            "contraction": contraction,
+            "gossip_bytes": float(self.G * edges * size * self.bytes_per_value),
+        }
 
     # client side
     def init_client(self, client, data, rng):
-        return {"log_w": _log_weights(initial_weights(self.weights_init, client, self.M)), "n": int(data.n),
-                "means": self.ref.copy(),
-                "cov": self.cov0.copy()}
+        return {
+            "log_w": _log_weights(initial_weights(self.weights_init, client, self.M)),
+            "n": int(data.n),
+            "means": self.ref.copy(),
+            "cov": self.cov0.copy(),
+        }
 
     def client_step(self, message, state, data, rng):
         st = dict(state)
         if "N" in message:
-            st["means"], st["cov"] = self.local_params(message["N"], message["S1"], message["S2"], state["means"],
-                                                       state["cov"])
+            st["means"], st["cov"] = self.local_params(
+                message["N"], message["S1"], message["S2"], state["means"], state["cov"]
+            )
         pc = precision_cholesky(st["cov"], self.cov_type)
         X = np.asarray(data.X)
         N, S1, S2, L, H = estep_statistics(X, [0], st["means"], pc, state["log_w"][None], self.cov_type)
@@ -271,12 +298,28 @@ class DecentralizedGaussianMixture(MixtureEstimator):
     True
     """
 
-    _constraints = {**MixtureEstimator._constraints, "weights_init": NONE | WEIGHTS, "gossip_steps": Int(1),
-                    "mixing": OneOf("metropolis", "fast")}
+    _constraints = {
+        **MixtureEstimator._constraints,
+        "weights_init": NONE | WEIGHTS,
+        "gossip_steps": Int(1),
+        "mixing": OneOf("metropolis", "fast"),
+    }
 
-    def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, rounds=100, n_init=10,
-                 means_init=None, covariances_init=None, weights_init=None, graph="complete", gossip_steps=1,
-                 mixing="metropolis"):
+    def __init__(
+        self,
+        n_components,
+        *,
+        covariance_type="full",
+        reg_covar=1e-6,
+        rounds=100,
+        n_init=10,
+        means_init=None,
+        covariances_init=None,
+        weights_init=None,
+        graph="complete",
+        gossip_steps=1,
+        mixing="metropolis",
+    ):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
@@ -318,11 +361,25 @@ class DecentralizedGaussianMixture(MixtureEstimator):
         G = self.gossip_steps
         W = self.mixing_matrix(data.n_clients)
         means, cov, info = self._start(data, seed)
-        algo = DFedEMAlgorithm(means, cov, W, gossip_steps=G, covariance_type=self.covariance_type,
-                               reg_covar=self.reg_covar, weights_init=self.weights_init)
-        res = run(algo, data, kind="gossip rounds", rounds=self.rounds, seed=seed, progress=progress,
-                  checkpoint=checkpoint,
-                  resume=resume)
+        algo = DFedEMAlgorithm(
+            means,
+            cov,
+            W,
+            gossip_steps=G,
+            covariance_type=self.covariance_type,
+            reg_covar=self.reg_covar,
+            weights_init=self.weights_init,
+        )
+        res = run(
+            algo,
+            data,
+            kind="gossip rounds",
+            rounds=self.rounds,
+            seed=seed,
+            progress=progress,
+            checkpoint=checkpoint,
+            resume=resume,
+        )
         raise_failures(res.history, "D-FedEM")  # a silent node would leave its neighbours' averages stale
         # each node's last local M-step, from the statistics of the last gossip
         N, S1, S2 = res.server_state["mixed"]
@@ -332,10 +389,20 @@ class DecentralizedGaussianMixture(MixtureEstimator):
             cm[c], cc[c] = algo.local_params(N[i], S1[i], S2[i], s["means"], s["cov"])
             weights[c] = _norm(np.exp(s["log_w"]))
         out = DecentralizedMixtureResult(
-            means=np.mean([cm[c] for c in data.clients], 0), covariances=np.mean([cc[c] for c in data.clients], 0),
-            weights=weights, covariance_type=self.covariance_type, feature_names=data.feature_names,
-            n_obs=data.n_obs, history=res.history, communication=res.communication, rounds=res.rounds,
-            converged=False, shared_weights=False, init_info=info, reg_covar=self.reg_covar)
+            means=np.mean([cm[c] for c in data.clients], 0),
+            covariances=np.mean([cc[c] for c in data.clients], 0),
+            weights=weights,
+            covariance_type=self.covariance_type,
+            feature_names=data.feature_names,
+            n_obs=data.n_obs,
+            history=res.history,
+            communication=res.communication,
+            rounds=res.rounds,
+            converged=False,
+            shared_weights=False,
+            init_info=info,
+            reg_covar=self.reg_covar,
+        )
         out.client_means_, out.client_covariances_ = cm, cc
         out.mixing_matrix_ = W
         out.slem_ = slem(W)
@@ -350,12 +417,15 @@ class DecentralizedMixtureResult(GaussianMixtureResult):
         if client is None or client not in getattr(self, "client_means_", {}):
             return super()._log_dens(X, client)
         cov = self.client_covariances_[client]
-        return log_gaussian(self._X(X), self.client_means_[client], precision_cholesky(cov, self.covariance_type),
-                            self.covariance_type)
+        return log_gaussian(
+            self._X(X), self.client_means_[client], precision_cholesky(cov, self.covariance_type), self.covariance_type
+        )
 
     def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
-        raise AttributeError("Wald intervals need one set of components at the maximum likelihood; a D-FedEM fit "
-                             "has one copy per node (fit FederatedGaussianMixture for intervals)")
+        raise AttributeError(
+            "Wald intervals need one set of components at the maximum likelihood; a D-FedEM fit "
+            "has one copy per node (fit FederatedGaussianMixture for intervals)"
+        )
 
     def disagreement(self) -> np.ndarray:
         """Consensus diagnostic per round: ``max_c,j ||mu_jc - mean_c mu_jc||``."""

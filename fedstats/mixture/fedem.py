@@ -54,19 +54,12 @@ from ._common import (
     without_lost,
 )
 from ._init import federated_loglik
-from .gmm import (
-    check_cov_type,
-    estep_statistics,
-    expected_loglik_terms,
-    m_step,
-    precision_cholesky,
-    reshift,
-    s2_shape,
-)
+from .gmm import check_cov_type, estep_statistics, expected_loglik_terms, m_step, precision_cholesky, reshift, s2_shape
 from .result import GaussianMixtureResult
 
 # helpers shared by the three mixtures (their names here are kept for the modules that import them)
 _log_weights, _norm = log_weights, norm
+
 
 @dataclass
 class ClientMixtureState:
@@ -94,8 +87,17 @@ class FedEMAlgorithm(FederatedAlgorithm):
     reply_keys = ("N", "S1", "S2", "loglik", "entropy")
     per_client_fields = ("weights_init",)
 
-    def __init__(self, means, covariances, *, covariance_type="full", reg_covar=1e-6, shared_weights=False,
-                 weights_init=None, tol=1e-6):
+    def __init__(
+        self,
+        means,
+        covariances,
+        *,
+        covariance_type="full",
+        reg_covar=1e-6,
+        shared_weights=False,
+        weights_init=None,
+        tol=1e-6,
+    ):
         self.cov_type = check_cov_type(covariance_type)
         self.means0 = np.array(means, dtype=float)
         self.cov0 = np.array(covariances, dtype=float)
@@ -118,12 +120,18 @@ class FedEMAlgorithm(FederatedAlgorithm):
     def init_server(self, clients, rng):
         C = len(clients)
         return {
-            "clients": list(clients), "means": self.means0.copy(), "cov": self.cov0.copy(),
+            "clients": list(clients),
+            "means": self.means0.copy(),
+            "cov": self.cov0.copy(),
             "log_w": _log_weights(self._w0(None)) if self.shared else None,
             "seen": np.zeros(C, bool),
-            "N": np.zeros((C, self.M)), "S1": np.zeros((C, self.M, self.d)),
+            "N": np.zeros((C, self.M)),
+            "S1": np.zeros((C, self.M, self.d)),
             "S2": np.zeros((C,) + s2_shape(self.cov_type, self.M, self.d)),
-            "shift": np.zeros((C, self.M, self.d)), "H": np.zeros(C), "F": None, "F_prev": None,
+            "shift": np.zeros((C, self.M, self.d)),
+            "H": np.zeros(C),
+            "F": None,
+            "F_prev": None,
             "empty": [],
         }
 
@@ -150,8 +158,12 @@ class FedEMAlgorithm(FederatedAlgorithm):
             st["shift"][i], st["H"][i], st["seen"][i] = shift, r["entropy"][0], True
             ll += float(r["loglik"][0])
             n_ans += float(r["N"].sum())
-        metrics = {"loglik": ll, "n_points": n_ans, "answered": float(len(replies)),
-                   "mean_loglik": ll / n_ans if n_ans else float("nan")}
+        metrics = {
+            "loglik": ll,
+            "n_points": n_ans,
+            "answered": float(len(replies)),
+            "mean_loglik": ll / n_ans if n_ans else float("nan"),
+        }
         seen = st["seen"]
         if not seen.any():
             return st, metrics, None
@@ -166,8 +178,9 @@ class FedEMAlgorithm(FederatedAlgorithm):
             return st, metrics
         Nc, S1c, S2c = stats
         Nj = Nc.sum(0)
-        means, cov, empty = m_step(Nj, S1c.sum(0), S2c.sum(0), old, self.cov_type, self.reg_covar,
-                                   prev_means=old, prev_cov=state["cov"])
+        means, cov, empty = m_step(
+            Nj, S1c.sum(0), S2c.sum(0), old, self.cov_type, self.reg_covar, prev_means=old, prev_cov=state["cov"]
+        )
         st["means"], st["cov"], st["empty"] = means, cov, empty.tolist()
         # weights the clients now hold: pi_c = N_c / n_c (the server can form them from N_c,
         # which is why soft counts reveal the weights unless summed by secure aggregation)
@@ -212,7 +225,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
         out = []
         for i, s in enumerate(states):
             new = ClientMixtureState(log_weights=_log_weights(N[i] / s.n), n=s.n)
-            out.append(({"N": N[i], "S1": S1[i], "S2": S2[i], "loglik": L[i:i + 1], "entropy": H[i:i + 1]}, new))
+            out.append(({"N": N[i], "S1": S1[i], "S2": S2[i], "loglik": L[i : i + 1], "entropy": H[i : i + 1]}, new))
         return out
 
 
@@ -260,9 +273,21 @@ class FederatedGaussianMixture(MixtureEstimator):
 
     _constraints = {**MixtureEstimator._constraints, **SERVER_CONSTRAINTS, "weights_init": NONE | WEIGHTS}
 
-    def __init__(self, n_components, *, covariance_type="full", reg_covar=1e-6, rounds=100, tol=1e-6,
-                 shared_weights=False, n_init=10, means_init=None, covariances_init=None, weights_init=None,
-                 participation=1.0):
+    def __init__(
+        self,
+        n_components,
+        *,
+        covariance_type="full",
+        reg_covar=1e-6,
+        rounds=100,
+        tol=1e-6,
+        shared_weights=False,
+        n_init=10,
+        means_init=None,
+        covariances_init=None,
+        weights_init=None,
+        participation=1.0,
+    ):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
@@ -282,8 +307,16 @@ class FederatedGaussianMixture(MixtureEstimator):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False,
-            uncertainty: bool = False):
+    def fit(
+        self,
+        data,
+        *,
+        seed: int = 0,
+        progress: bool | None = None,
+        checkpoint=None,
+        resume: bool = False,
+        uncertainty: bool = False,
+    ):
         """Fit by FedEM. ``data``: FederatedData (``y`` ignored), or per-client arrays.
 
         Returns a :class:`GaussianMixtureResult`. ``uncertainty=True`` adds the Wald rounds
@@ -294,31 +327,67 @@ class FederatedGaussianMixture(MixtureEstimator):
         data = as_federated(data)
         self._check(data)
         means, cov, info = self._start(data, seed)
-        algo = FedEMAlgorithm(means, cov, covariance_type=self.covariance_type, reg_covar=self.reg_covar,
-                              shared_weights=self.shared_weights, weights_init=self.weights_init,
-                              tol=self.tol or None)
-        res = run(algo, data, kind="EM rounds", rounds=self.rounds, participation=self._participation(data.clients),
-                  seed=seed, progress=progress, checkpoint=checkpoint, resume=resume, min_rounds=min(2, self.rounds))
+        algo = FedEMAlgorithm(
+            means,
+            cov,
+            covariance_type=self.covariance_type,
+            reg_covar=self.reg_covar,
+            shared_weights=self.shared_weights,
+            weights_init=self.weights_init,
+            tol=self.tol or None,
+        )
+        res = run(
+            algo,
+            data,
+            kind="EM rounds",
+            rounds=self.rounds,
+            participation=self._participation(data.clients),
+            seed=seed,
+            progress=progress,
+            checkpoint=checkpoint,
+            resume=resume,
+            min_rounds=min(2, self.rounds),
+        )
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "FedEM")
         data = without_lost(data, res.lost, "FedEM")
-        weights = ({c: np.exp(st["log_w"]) / np.exp(st["log_w"]).sum() for c in data.clients} if self.shared_weights
-                   else {c: norm(np.exp(s.log_weights)) for c, s in res.client_states.items()})
+        weights = (
+            {c: np.exp(st["log_w"]) / np.exp(st["log_w"]).sum() for c in data.clients}
+            if self.shared_weights
+            else {c: norm(np.exp(s.log_weights)) for c, s in res.client_states.items()}
+        )
         # one more round: the log-likelihood at the final parameters (for bic, the CLI, ...)
-        ll = federated_loglik(data, st["means"], st["cov"], self.covariance_type,
-                                           {c: log_weights(w) for c, w in weights.items()}, seed)
+        ll = federated_loglik(
+            data, st["means"], st["cov"], self.covariance_type, {c: log_weights(w) for c, w in weights.items()}, seed
+        )
         if st["empty"]:
-            warnings.warn(f"component(s) {st['empty']} received (almost) no mass in the last round and kept their "
-                          "previous parameters; consider fewer components", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"component(s) {st['empty']} received (almost) no mass in the last round and kept their "
+                "previous parameters; consider fewer components",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if not res.converged and self.tol:
-            warnings.warn(f"FedEM did not converge in {self.rounds} rounds (tol={self.tol}); increase rounds",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"FedEM did not converge in {self.rounds} rounds (tol={self.tol}); increase rounds",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         out = GaussianMixtureResult(
-            means=st["means"], covariances=st["cov"], weights=weights, covariance_type=self.covariance_type,
-            feature_names=data.feature_names, n_obs=data.n_obs, history=res.history, communication=res.communication,
-            rounds=res.rounds, converged=res.converged, shared_weights=self.shared_weights,
+            means=st["means"],
+            covariances=st["cov"],
+            weights=weights,
+            covariance_type=self.covariance_type,
+            feature_names=data.feature_names,
+            n_obs=data.n_obs,
+            history=res.history,
+            communication=res.communication,
+            rounds=res.rounds,
+            converged=res.converged,
+            shared_weights=self.shared_weights,
             init_info=info,
-            reg_covar=self.reg_covar, loglik=ll,
+            reg_covar=self.reg_covar,
+            loglik=ll,
         )
         if uncertainty:
             out.wald_intervals(data, seed=seed)

@@ -211,8 +211,12 @@ def reshift(N, S1, S2, old, new, cov_type):
     S1n = S1 + N[..., None] * delta
     if cov_type in ("full", "tied"):
         outer = np.einsum("...md,...me->...mde", delta, delta)
-        S2n = (S2 + np.einsum("...md,...me->...mde", S1, delta) + np.einsum("...md,...me->...mde", delta, S1)
-               + N[..., None, None] * outer)
+        S2n = (
+            S2
+            + np.einsum("...md,...me->...mde", S1, delta)
+            + np.einsum("...md,...me->...mde", delta, S1)
+            + N[..., None, None] * outer
+        )
     elif cov_type == "diag":
         S2n = S2 + 2 * delta * S1 + N[..., None] * delta**2
     else:

@@ -55,10 +55,7 @@ from ..federation.backend import accepts_backend
 from ..federation.oneshot import raise_failures
 from ..results import load_result, register, save_result
 from ._common import as_federated
-from .gmm import (
-    cov_shape,
-    precision_cholesky,
-)
+from .gmm import cov_shape, precision_cholesky
 from .result import GaussianMixtureResult
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
@@ -175,10 +172,27 @@ class FEMOMD(Estimator):
     True
     """
 
-    def __init__(self, n_components, *, covariance_type="identity", inner_rounds=5, eta="adaptive", horizon=None,
-                 weight_floor="auto", sample_splitting=False, inner_init="uniform", grad_source="model", n_mc=None,
-                 discount=0.9, concentration_prior=None, means_init=None, covariances_init=None, pooling="federated",
-                 shared_weights=False, reg_covar=1e-6):
+    def __init__(
+        self,
+        n_components,
+        *,
+        covariance_type="identity",
+        inner_rounds=5,
+        eta="adaptive",
+        horizon=None,
+        weight_floor="auto",
+        sample_splitting=False,
+        inner_init="uniform",
+        grad_source="model",
+        n_mc=None,
+        discount=0.9,
+        concentration_prior=None,
+        means_init=None,
+        covariances_init=None,
+        pooling="federated",
+        shared_weights=False,
+        reg_covar=1e-6,
+    ):
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.inner_rounds = inner_rounds
@@ -204,12 +218,21 @@ class FEMOMD(Estimator):
         return prior_concentration(self.n_components, self.concentration_prior)
 
     _constraints = {
-        "n_components": Int(1), "covariance_type": OneOf(*COV_TYPES_ONLINE), "inner_rounds": Int(1),
-        "eta": OneOf("adaptive") | NONE | Real(0, closed=(False, True)), "horizon": NONE | Int(1),
-        "weight_floor": OneOf("auto") | Real(0, 1, closed=(True, False)), "sample_splitting": BOOL,
-        "inner_init": OneOf("uniform", "played"), "grad_source": OneOf("model", "empirical"), "n_mc": NONE | Int(1),
-        "discount": Real(0, 1, closed=(False, True)), "concentration_prior": NONE | Real(0, closed=(False, True)),
-        "pooling": OneOf("federated", "local"), "shared_weights": BOOL, "reg_covar": Real(0),
+        "n_components": Int(1),
+        "covariance_type": OneOf(*COV_TYPES_ONLINE),
+        "inner_rounds": Int(1),
+        "eta": OneOf("adaptive") | NONE | Real(0, closed=(False, True)),
+        "horizon": NONE | Int(1),
+        "weight_floor": OneOf("auto") | Real(0, 1, closed=(True, False)),
+        "sample_splitting": BOOL,
+        "inner_init": OneOf("uniform", "played"),
+        "grad_source": OneOf("model", "empirical"),
+        "n_mc": NONE | Int(1),
+        "discount": Real(0, 1, closed=(False, True)),
+        "concentration_prior": NONE | Real(0, closed=(False, True)),
+        "pooling": OneOf("federated", "local"),
+        "shared_weights": BOOL,
+        "reg_covar": Real(0),
     }
 
     def _validate(self) -> None:
@@ -225,7 +248,9 @@ class FEMOMD(Estimator):
         if self.n_mc is not None and self.grad_source == "empirical":
             raise ValueError("n_mc does not apply to grad_source='empirical' (the batch is the sample)")
         if self.pooling == "local" and self.shared_weights:
-            raise ValueError("pooling='local' with shared_weights=True is not a model (local components, global weights)")
+            raise ValueError(
+                "pooling='local' with shared_weights=True is not a model (local components, global weights)"
+            )
 
     def _reset(self) -> None:
         self._init = "given" if self.means_init is not None else "kmeans"
@@ -264,12 +289,21 @@ class FEMOMD(Estimator):
                 raise ValueError(f"covariances_init must have shape {cov_shape(self.covariance_type, M, d)}")
             precision_cholesky(cov, self.covariance_type)
         else:
-            cov = {"full": np.stack([np.eye(d)] * M), "tied": np.eye(d), "diag": np.ones((M, d)),
-                   "spherical": np.ones(M)}[self.covariance_type]
+            cov = {
+                "full": np.stack([np.eye(d)] * M),
+                "tied": np.eye(d),
+                "diag": np.ones((M, d)),
+                "spherical": np.ones(M),
+            }[self.covariance_type]
         # the running average counts the given start as one estimate; a k-means start on the
         # first batch is not averaged in: mu_2 is then the first step's estimate
-        self._server = {"means": means, "cov": cov, "log_w": np.full(M, -math.log(M)), "index": {},
-                        "n_avg": 1.0 if self._init == "given" else 0.0}
+        self._server = {
+            "means": means,
+            "cov": cov,
+            "log_w": np.full(M, -math.log(M)),
+            "index": {},
+            "n_avg": 1.0 if self._init == "given" else 0.0,
+        }
 
     def _local_layout(self, clients):
         """pooling='local': one copy of the components per client (new clients copy the start)."""
@@ -313,14 +347,20 @@ class FEMOMD(Estimator):
         if self.sample_splitting:
             small = [c for c in data.clients if data.n_obs[c] < self.inner_rounds]
             if small:
-                raise DataError(f"sample_splitting needs n >= inner_rounds={self.inner_rounds} rows per client; "
-                                f"client(s) {small[:5]} have fewer")
+                raise DataError(
+                    f"sample_splitting needs n >= inner_rounds={self.inner_rounds} rows per client; "
+                    f"client(s) {small[:5]} have fewer"
+                )
         if self.pooling == "local":
             self._local_layout(data.clients)
         t = self.t_ + 1
         if self.horizon is not None and t == self.horizon + 1 and self.eta is None:
-            warnings.warn(f"step {t} is past horizon={self.horizon}: eta stays sqrt(log m / {self.horizon}); "
-                          "give the real horizon, or none for the anytime step size", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"step {t} is past horizon={self.horizon}: eta stays sqrt(log m / {self.horizon}); "
+                "give the real horizon, or none for the anytime step size",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         adaptive = isinstance(self.eta, str)
         eta = None if adaptive else step_size(t, self.n_components, self.eta, self.horizon)
         algo = FEMOMDStep(self, self._server, self._clients, eta, t)
@@ -332,18 +372,25 @@ class FEMOMD(Estimator):
         self.inner_means_ = st["tilde_means"]  # this step's federated EM estimate
         self.inner_covariances_ = st["tilde_cov"]
         moved = float(np.max(np.abs(st["means"] - self._server["means"])))
-        self._server = {k: v for k, v in st.items() if k not in ("clients", "tilde_means", "tilde_cov",
-                                                                 "log_w_tilde")}
+        self._server = {k: v for k, v in st.items() if k not in ("clients", "tilde_means", "tilde_cov", "log_w_tilde")}
         self._clients.update(res.client_states)
         self.t_ = t
         if adaptive and self.shared_weights:
             eta = float(adaptive_eta(st["grad_sq"], self.n_components)) if "grad_sq" in st else float("nan")
         floor = float("nan") if eta is None else float(floor_at(t, eta, self.weight_floor))
-        self.history.append({"t": t, "eta": float("nan") if eta is None else eta, "floor": floor,
-                             "clients": len(data.clients), "points": data.n_total,
-                             "means_change": moved, "seconds": time.perf_counter() - t0,
-                             "bytes_up": int(res.communication.bytes_up),
-                             "bytes_down": int(res.communication.bytes_down)})
+        self.history.append(
+            {
+                "t": t,
+                "eta": float("nan") if eta is None else eta,
+                "floor": floor,
+                "clients": len(data.clients),
+                "points": data.n_total,
+                "means_change": moved,
+                "seconds": time.perf_counter() - t0,
+                "bytes_up": int(res.communication.bytes_up),
+                "bytes_down": int(res.communication.bytes_down),
+            }
+        )
 
     # ---------------------------------------------------------------- what is played next
     def _check_fitted(self):
@@ -386,14 +433,24 @@ class FEMOMD(Estimator):
         if self._server is None:
             self._validate()
             if self.means_init is None:
-                raise RuntimeError("without means_init nothing can be played before the first batch (the k-means "
-                                   "start needs data): give means_init, or partial_fit a warm-up batch first")
+                raise RuntimeError(
+                    "without means_init nothing can be played before the first batch (the k-means "
+                    "start needs data): give means_init, or partial_fit a warm-up batch first"
+                )
             means = np.asarray(self.means_init, float)
             d = means.shape[1]
-            cov = (np.ones(M) if self.covariance_type == "identity" else np.asarray(self.covariances_init, float)
-                   if self.covariances_init is not None else {"full": np.stack([np.eye(d)] * M), "tied": np.eye(d),
-                                                              "diag": np.ones((M, d)), "spherical": np.ones(M)}[
-                self.covariance_type])
+            cov = (
+                np.ones(M)
+                if self.covariance_type == "identity"
+                else np.asarray(self.covariances_init, float)
+                if self.covariances_init is not None
+                else {
+                    "full": np.stack([np.eye(d)] * M),
+                    "tied": np.eye(d),
+                    "diag": np.ones((M, d)),
+                    "spherical": np.ones(M),
+                }[self.covariance_type]
+            )
             return means, cov, np.full(M, 1.0 / M)
         st = self._server
         if self.pooling == "local":
@@ -419,10 +476,21 @@ class FEMOMD(Estimator):
         means, cov, _ = self.played(client) if self.pooling == "local" else (self.means_, self.covariances_, None)
         weights = self.weights_ if self.pooling != "local" else {client: self.played(client)[2]}
         return GaussianMixtureResult(
-            means=means, covariances=cov, weights=weights, covariance_type=self._ct,
-            feature_names=self.feature_names, n_obs={c: s["n"] for c, s in self._clients.items()}, history=[],
-            communication=self.communication, rounds=self.t_, converged=False, shared_weights=self.shared_weights,
-            init_info={}, reg_covar=self.reg_covar, seconds=sum(h["seconds"] for h in self.history))
+            means=means,
+            covariances=cov,
+            weights=weights,
+            covariance_type=self._ct,
+            feature_names=self.feature_names,
+            n_obs={c: s["n"] for c, s in self._clients.items()},
+            history=[],
+            communication=self.communication,
+            rounds=self.t_,
+            converged=False,
+            shared_weights=self.shared_weights,
+            init_info={},
+            reg_covar=self.reg_covar,
+            seconds=sum(h["seconds"] for h in self.history),
+        )
 
     # ---------------------------------------------------------------- uncertainty
     def weight_intervals(self, client, level: float = 0.95) -> pd.DataFrame:
@@ -441,9 +509,10 @@ class FEMOMD(Estimator):
         else:
             dist = stats.beta(a, a.sum() - a)
             sd, lo, hi = dist.std(), dist.ppf(0.5 - level / 2), dist.ppf(0.5 + level / 2)
-        return pd.DataFrame({"mean": a / a.sum(), "sd": sd, "lower": lo, "upper": hi,
-                             "played": self.played(client)[2]},
-                            index=pd.Index([f"weight[{j}]" for j in range(M)], name="parameter"))
+        return pd.DataFrame(
+            {"mean": a / a.sum(), "sd": sd, "lower": lo, "upper": hi, "played": self.played(client)[2]},
+            index=pd.Index([f"weight[{j}]" for j in range(M)], name="parameter"),
+        )
 
     def client_summary(self, level: float = 0.95) -> pd.DataFrame:
         """Every client's weight intervals (a ``client`` column)."""
@@ -467,5 +536,3 @@ class FEMOMD(Estimator):
         client's own, kept on the client), weight floor, participants, change of the played means,
         time, bytes."""
         return pd.DataFrame(self.history)
-
-

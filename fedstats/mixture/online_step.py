@@ -13,15 +13,7 @@ import numpy as np
 from ..federation import FederatedAlgorithm
 from ._common import RowStack
 from ._common import log_weights as _log_weights
-from .gmm import (
-    e_step,
-    estep_statistics,
-    full_covariances,
-    log_gaussian,
-    m_step,
-    precision_cholesky,
-    s2_shape,
-)
+from .gmm import e_step, estep_statistics, full_covariances, log_gaussian, m_step, precision_cholesky, s2_shape
 
 COV_TYPES_ONLINE = ("identity", "full", "tied", "diag", "spherical")
 from .omd import adaptive_eta, eg_update, floor_at, lse, omd_gradient
@@ -39,8 +31,14 @@ def new_client_state(n_components: int, alpha0: float) -> dict:
     """A client's state before its first time step: uniform played and inner weights, the
     prior's Dirichlet, no gradient yet."""
     M = n_components
-    return {"log_pi": np.full(M, -math.log(M)), "log_pi_tilde": np.full(M, -math.log(M)),
-            "alpha": np.full(M, alpha0), "last_gradient": np.zeros(M), "grad_sq": 0.0, "n": 0}
+    return {
+        "log_pi": np.full(M, -math.log(M)),
+        "log_pi_tilde": np.full(M, -math.log(M)),
+        "alpha": np.full(M, alpha0),
+        "last_gradient": np.zeros(M),
+        "grad_sq": 0.0,
+        "n": 0,
+    }
 
 
 # ------------------------------------------------------------------ one time step
@@ -85,8 +83,9 @@ class FEMOMDStep(FederatedAlgorithm):
         st["tilde_means"] = st["means"].copy()
         st["tilde_cov"] = st["cov"].copy()
         if self.m.shared_weights:
-            st["log_w_tilde"] = (st["log_w"].copy() if self.m.inner_init == "played"
-                                 else np.full(self.M, -math.log(self.M)))
+            st["log_w_tilde"] = (
+                st["log_w"].copy() if self.m.inner_init == "played" else np.full(self.M, -math.log(self.M))
+            )
         return st
 
     def _means_for(self, st, key, client):
@@ -95,9 +94,11 @@ class FEMOMDStep(FederatedAlgorithm):
 
     def broadcast(self, st, client, round):
         inner = round < self.K
-        msg = {"means": self._means_for(st, "tilde_means" if inner else "means", client),
-               "covariances": self._means_for(st, "tilde_cov" if inner else "cov", client),
-               "round": np.array([round])}
+        msg = {
+            "means": self._means_for(st, "tilde_means" if inner else "means", client),
+            "covariances": self._means_for(st, "tilde_cov" if inner else "cov", client),
+            "round": np.array([round]),
+        }
         if self.m.shared_weights:
             msg["log_w_tilde"] = st["log_w_tilde"]
             msg["log_w"] = st["log_w"]
@@ -140,8 +141,16 @@ class FEMOMDStep(FederatedAlgorithm):
             means, cov = st["tilde_means"].copy(), st["tilde_cov"].copy()
             for c, r in replies.items():
                 i = idx[c]
-                means[i], cv, _ = m_step(r["N"], r["S1"], r["S2"] if not cov_fixed else self._zeros_s2(),
-                                         means[i], self.ct, self.m.reg_covar, prev_means=means[i], prev_cov=cov[i])
+                means[i], cv, _ = m_step(
+                    r["N"],
+                    r["S1"],
+                    r["S2"] if not cov_fixed else self._zeros_s2(),
+                    means[i],
+                    self.ct,
+                    self.m.reg_covar,
+                    prev_means=means[i],
+                    prev_cov=cov[i],
+                )
                 if not cov_fixed:
                     cov[i] = cv
             st["tilde_means"], st["tilde_cov"] = means, cov
@@ -177,7 +186,7 @@ class FEMOMDStep(FederatedAlgorithm):
         if not self.m.sample_splitting:
             return X
         b = X.shape[0] // self.K
-        return X[k * b:(k + 1) * b]
+        return X[k * b : (k + 1) * b]
 
     def client_steps(self, messages, states, datas, rngs):
         first = messages[0]
@@ -191,11 +200,15 @@ class FEMOMDStep(FederatedAlgorithm):
         if k < self.K:
             if k == 0:
                 for s in states:
-                    s["log_pi_tilde"] = (s["log_pi"].copy() if self.m.inner_init == "played"
-                                         else np.full(self.M, -math.log(self.M)))
+                    s["log_pi_tilde"] = (
+                        s["log_pi"].copy() if self.m.inner_init == "played" else np.full(self.M, -math.log(self.M))
+                    )
             rows = [self._rows(X, k) for X in Xs]
-            X, starts = self._stack.get(rows) if not self.m.sample_splitting else (
-                np.concatenate(rows), np.cumsum([0] + [len(r) for r in rows[:-1]]))
+            X, starts = (
+                self._stack.get(rows)
+                if not self.m.sample_splitting
+                else (np.concatenate(rows), np.cumsum([0] + [len(r) for r in rows[:-1]]))
+            )
             logw = first["log_w_tilde"] if self.m.shared_weights else np.stack([s["log_pi_tilde"] for s in states])
             N, S1, S2, _, _ = estep_statistics(X, starts, means, pc, logw, self.ct)
             out = []
@@ -209,8 +222,7 @@ class FEMOMDStep(FederatedAlgorithm):
         # mirror-descent round: gradient at the played weights, new weights, Dirichlet update
         out = []
         X, starts = self._stack.get(Xs)
-        inner_logw = (first["log_w_tilde"] if self.m.shared_weights
-                      else np.stack([s["log_pi_tilde"] for s in states]))
+        inner_logw = first["log_w_tilde"] if self.m.shared_weights else np.stack([s["log_pi_tilde"] for s in states])
         g0 = means.mean(0)
         ld_x = log_gaussian(X - g0, means - g0, pc, self.ct)
         lw_rows = inner_logw if inner_logw.ndim == 1 else np.repeat(inner_logw, np.diff(np.r_[starts, len(X)]), 0)
@@ -218,15 +230,21 @@ class FEMOMDStep(FederatedAlgorithm):
         Z, zstarts = self._draws(means, cov, states, Xs, inner_logw, rngs)
         ld = log_gaussian(Z - means.mean(0), means - means.mean(0), pc, self.ct)
         C = len(states)
-        played = (np.broadcast_to(first["log_w"], (C, self.M)) if self.m.shared_weights
-                  else np.stack([s["log_pi"] for s in states]))
+        played = (
+            np.broadcast_to(first["log_w"], (C, self.M))
+            if self.m.shared_weights
+            else np.stack([s["log_pi"] for s in states])
+        )
         G = omd_gradient(ld, played, zstarts)
         eta = self.eta
         if eta is None and not self.m.shared_weights:  # adaptive, per client
             gsq = np.array([s.get("grad_sq", 0.0) for s in states]) + np.ptp(G, axis=1) ** 2
             eta = adaptive_eta(gsq, self.M)[:, None]
-        new_w = None if self.m.shared_weights else _log_weights(eg_update(
-            np.exp(played), G, eta, floor_at(self.t, eta, self.m.weight_floor)))
+        new_w = (
+            None
+            if self.m.shared_weights
+            else _log_weights(eg_update(np.exp(played), G, eta, floor_at(self.t, eta, self.m.weight_floor)))
+        )
         lam, a0 = self.m.discount, prior_concentration(self.M, self.m.concentration_prior)
         for i, s in enumerate(states):
             s = dict(s)
@@ -248,8 +266,9 @@ class FEMOMDStep(FederatedAlgorithm):
         M, d = means.shape
         ct = self.m.covariance_type
         chol = np.linalg.cholesky(full_covariances(cov, self.ct, M, d)) if ct in ("full", "tied") else None
-        sd = None if chol is not None else np.sqrt(np.broadcast_to(
-            cov[:, None] if cov.ndim == 1 else cov, (M, d)))  # identity / spherical / diag: scale normals
+        sd = (
+            None if chol is not None else np.sqrt(np.broadcast_to(cov[:, None] if cov.ndim == 1 else cov, (M, d)))
+        )  # identity / spherical / diag: scale normals
         Zs = []
         for i, (s, rng) in enumerate(zip(states, rngs)):
             S = self.m.n_mc or s["n"]

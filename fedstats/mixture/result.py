@@ -10,18 +10,8 @@ from scipy.special import logsumexp
 
 from ..federation.backend import accepts_backend
 from ..results import FederatedResult, check_level, register
-from ._common import (
-    as_federated,
-    log_weights,
-    norm,
-)
-from .gmm import (
-    e_step,
-    full_covariances,
-    log_gaussian,
-    n_parameters,
-    precision_cholesky,
-)
+from ._common import as_federated, log_weights, norm
+from .gmm import e_step, full_covariances, log_gaussian, n_parameters, precision_cholesky
 
 # helpers shared by the three mixtures (their names here are kept for the modules that import them)
 _log_weights, _norm = log_weights, norm
@@ -38,8 +28,25 @@ class MixtureResult(FederatedResult):
     ``history``, ``communication``, ``rounds``, ``converged``.
     """
 
-    def __init__(self, *, means, covariances, weights, covariance_type, feature_names, n_obs, history,
-                 communication, rounds, converged, shared_weights, init_info, reg_covar, loglik=None, seconds=0.0):
+    def __init__(
+        self,
+        *,
+        means,
+        covariances,
+        weights,
+        covariance_type,
+        feature_names,
+        n_obs,
+        history,
+        communication,
+        rounds,
+        converged,
+        shared_weights,
+        init_info,
+        reg_covar,
+        loglik=None,
+        seconds=0.0,
+    ):
         self.means_ = np.asarray(means)
         self.covariances_ = np.asarray(covariances)
         self.weights_ = dict(weights)
@@ -142,8 +149,9 @@ class MixtureResult(FederatedResult):
 
     def weights_table(self) -> pd.DataFrame:
         """Every client's weights, one row per client."""
-        return pd.DataFrame({c: w for c, w in self.weights_.items()}, index=[f"weight[{j}]" for j in
-                                                                              range(self.n_components)]).T
+        return pd.DataFrame(
+            {c: w for c, w in self.weights_.items()}, index=[f"weight[{j}]" for j in range(self.n_components)]
+        ).T
 
     # ---------------------------------------------------------------- the result contract
     # (fedstats.results) for a maximum-likelihood fit: estimates in ``mean``, NaN elsewhere;
@@ -180,17 +188,23 @@ class MixtureResult(FederatedResult):
             from .wald import weights_table
 
             return weights_table(self, client, wald["cov_eta"][client], level)
-        return pd.DataFrame({"mean": self.weights_[client]},
-                            index=pd.Index([f"weight[{j}]" for j in range(self.n_components)], name="parameter"))
+        return pd.DataFrame(
+            {"mean": self.weights_[client]},
+            index=pd.Index([f"weight[{j}]" for j in range(self.n_components)], name="parameter"),
+        )
 
     def _no_posterior(self, what: str) -> str:
-        return (f"{type(self).__name__} is a maximum-likelihood fit, with no {what} posterior: fit "
-                "VariationalGaussianMixture for one, or fit(..., uncertainty=True) for "
-                "observed-information (Wald) intervals in summary()")
+        return (
+            f"{type(self).__name__} is a maximum-likelihood fit, with no {what} posterior: fit "
+            "VariationalGaussianMixture for one, or fit(..., uncertainty=True) for "
+            "observed-information (Wald) intervals in summary()"
+        )
 
     def __repr__(self):
-        return (f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "
-                f"clients={len(self.n_obs)}, rounds={self.rounds}, converged={self.converged})")
+        return (
+            f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "
+            f"clients={len(self.n_obs)}, rounds={self.rounds}, converged={self.converged})"
+        )
 
 
 @register
@@ -235,14 +249,17 @@ class GaussianMixtureResult(MixtureResult):
         with counting() as ledger:
             self.wald_info_ = wald_covariances(self, as_federated(data), seed=seed)
         self.communication = Communication.combine([self.communication, ledger.communication()])
-        return (means_table(self, self.wald_info_["cov_means"], level),
-                self.client_summary(level).drop(columns="p_value"))
+        return (
+            means_table(self, self.wald_info_["cov_means"], level),
+            self.client_summary(level).drop(columns="p_value"),
+        )
 
     def bic(self) -> float:
         """Federated BIC ``-2 sum_c L_c + p log N`` at the final parameters (``loglik_``)."""
         ll = self.loglik_
-        p = n_parameters(self.n_components, self.means_.shape[1], self.covariance_type, len(self.n_obs),
-                         self.shared_weights)
+        p = n_parameters(
+            self.n_components, self.means_.shape[1], self.covariance_type, len(self.n_obs), self.shared_weights
+        )
         return float(-2 * ll + p * np.log(sum(self.n_obs.values())))
 
     # ---------------------------------------------------------------- tables

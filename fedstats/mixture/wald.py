@@ -52,7 +52,9 @@ def information_blocks(X, means, cov, cov_type, weights, free=None):
     M = means.shape[0]
     P = np.linalg.inv(full_covariances(cov, cov_type, M, d))  # (M, d, d) precisions
     Xg, mg, _ = centre(X, means)
-    r = e_step(log_gaussian(Xg, mg, precision_cholesky(cov, cov_type), cov_type), np.log(np.maximum(weights, 1e-300)))[0]
+    r = e_step(log_gaussian(Xg, mg, precision_cholesky(cov, cov_type), cov_type), np.log(np.maximum(weights, 1e-300)))[
+        0
+    ]
     u = np.einsum("mde,nme->nmd", P, X[:, None, :] - means[None])  # u_ij = P_j (x_i - mu_j)
     G = (r[:, :, None] * u).reshape(n, M * d)
     Jtt = G.T @ G
@@ -111,11 +113,22 @@ def wald_covariances(result, data, *, seed: int = 0) -> dict:
         raise ValueError("the Wald intervals need the fitted federation: data's clients differ from the fit's")
     M, d = result.means_.shape
     shared = bool(result.shared_weights)
-    payload = {"means": result.means_, "covariances": result.covariances_,
-               "cov_type": np.array([COV_TYPES.index(result.covariance_type)]), "shared": np.array([int(shared)])}
+    payload = {
+        "means": result.means_,
+        "covariances": result.covariances_,
+        "cov_type": np.array([COV_TYPES.index(result.covariance_type)]),
+        "shared": np.array([int(shared)]),
+    }
     what = "the Wald round"
-    reps, _ = one_shot(data, ("A", "Jte", "Jee") if shared else ("A",), payload, _schur_reply, seed=seed,
-                       what=what, private=result.weights_)
+    reps, _ = one_shot(
+        data,
+        ("A", "Jte", "Jee") if shared else ("A",),
+        payload,
+        _schur_reply,
+        seed=seed,
+        what=what,
+        private=result.weights_,
+    )
     Ptot = M * d
     if shared:
         L = len(free_weights(result.weights_[data.clients[0]]))
@@ -128,8 +141,9 @@ def wald_covariances(result, data, *, seed: int = 0) -> dict:
         cov_all = np.linalg.inv(J)
         return {"cov_means": cov_all[:Ptot, :Ptot], "cov_eta": {c: cov_all[Ptot:, Ptot:] for c in data.clients}}
     cov_t = np.linalg.inv(sum(rep["A"] for rep in reps.values()))
-    _, held = one_shot(data, (), dict(payload, cov_means=cov_t), _weights_cov, seed=seed, what=what,
-                       private=result.weights_)
+    _, held = one_shot(
+        data, (), dict(payload, cov_means=cov_t), _weights_cov, seed=seed, what=what, private=result.weights_
+    )
     return {"cov_means": cov_t, "cov_eta": {c: held[c][1] for c in data.clients}}
 
 
@@ -139,8 +153,15 @@ def means_table(result, cov_means, level: float) -> pd.DataFrame:
     M, d = result.means_.shape
     sd = np.sqrt(np.diag(cov_means)).reshape(M, d)
     names = [f"mean[{j}][{f}]" for j in range(M) for f in result.feature_names]
-    return pd.DataFrame({"mean": result.means_.ravel(), "sd": sd.ravel(), "lower": (result.means_ - z * sd).ravel(),
-                         "upper": (result.means_ + z * sd).ravel()}, index=pd.Index(names, name="parameter"))
+    return pd.DataFrame(
+        {
+            "mean": result.means_.ravel(),
+            "sd": sd.ravel(),
+            "lower": (result.means_ - z * sd).ravel(),
+            "upper": (result.means_ + z * sd).ravel(),
+        },
+        index=pd.Index(names, name="parameter"),
+    )
 
 
 def weights_table(result, client, cov_eta, level: float) -> pd.DataFrame:
@@ -159,5 +180,7 @@ def weights_table(result, client, cov_eta, level: float) -> pd.DataFrame:
     else:
         boundary = (pi < 1e-8) | (len(f) == 0)  # an MLE at 0 (or 1 because all others are): no interval
         sd_pi, lo, hi = (np.where(boundary, np.nan, v) for v in (sd_pi, lo, hi))
-    return pd.DataFrame({"mean": pi, "sd": sd_pi, "lower": lo, "upper": hi},
-                        index=pd.Index([f"weight[{j}]" for j in range(M)], name="parameter"))
+    return pd.DataFrame(
+        {"mean": pi, "sd": sd_pi, "lower": lo, "upper": hi},
+        index=pd.Index([f"weight[{j}]" for j in range(M)], name="parameter"),
+    )

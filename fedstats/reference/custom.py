@@ -10,8 +10,18 @@ import numpy as np
 from ..inference.custom import client_logp, prior_moments, site_size, split_sites
 
 
-def pooled_nuts(model: Callable, data, *, prior: dict, global_sites=None, num_warmup: int = 500,
-                num_samples: int = 1000, num_chains: int = 2, seed: int = 0, return_local: bool = False):
+def pooled_nuts(
+    model: Callable,
+    data,
+    *,
+    prior: dict,
+    global_sites=None,
+    num_warmup: int = 500,
+    num_samples: int = 1000,
+    num_chains: int = 2,
+    seed: int = 0,
+    return_local: bool = False,
+):
     """Draws (S, dim) of the global parameters of the same model with every client's rows
     pooled in this process, under the same Gaussian prior, by NumPyro's NUTS (the reference
     for :func:`federated_ep`). With local latents (``global_sites=``), each client's are
@@ -47,8 +57,14 @@ def pooled_nuts(model: Callable, data, *, prior: dict, global_sites=None, num_wa
         numpyro.factor("ll", jnp.sum(jax.vmap(one)(z, X, y, mask)))
 
     with jax.enable_x64(True):
-        mc = MCMC(NUTS(pooled), num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
-                  chain_method="sequential", progress_bar=False)
+        mc = MCMC(
+            NUTS(pooled),
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            num_chains=num_chains,
+            chain_method="sequential",
+            progress_bar=False,
+        )
         mc.run(jax.random.PRNGKey(seed))
         s = {k: np.asarray(v) for k, v in mc.get_samples().items()}
     if not return_local:

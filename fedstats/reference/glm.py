@@ -14,13 +14,30 @@ from ..glm.sites import DISPERSION, loglik_rows
 
 def _pooled(design):
     rows = [design[c] for c in design.clients]
-    return (np.vstack([r.X for r in rows]), np.concatenate([r.y for r in rows]), np.concatenate([r.n for r in rows]),
-            np.concatenate([r.f for r in rows]), np.concatenate([r.offset for r in rows]),
-            np.concatenate([np.full(len(r.y), k) for k, r in enumerate(rows)]))
+    return (
+        np.vstack([r.X for r in rows]),
+        np.concatenate([r.y for r in rows]),
+        np.concatenate([r.n for r in rows]),
+        np.concatenate([r.f for r in rows]),
+        np.concatenate([r.offset for r in rows]),
+        np.concatenate([np.full(len(r.y), k) for k, r in enumerate(rows)]),
+    )
 
 
-def pooled_nuts(design, family: str, link: str, *, alpha: float = 1.0, hierarchical: bool = False, prior_mean=None,
-                prior_sd=None, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 2, seed: int = 0):
+def pooled_nuts(
+    design,
+    family: str,
+    link: str,
+    *,
+    alpha: float = 1.0,
+    hierarchical: bool = False,
+    prior_mean=None,
+    prior_sd=None,
+    num_warmup: int = 500,
+    num_samples: int = 1000,
+    num_chains: int = 2,
+    seed: int = 0,
+):
     """Draws of the pooled posterior on the design's scale (a ``GLMDesign``; with binomial
     trials, built with ``family=`` so that its rows hold proportions, as the fits see them).
 
@@ -56,8 +73,14 @@ def pooled_nuts(design, family: str, link: str, *, alpha: float = 1.0, hierarchi
         numpyro.factor("ll", jnp.sum(f * ll))
 
     with jax.enable_x64(True):
-        mc = MCMC(NUTS(hier if hierarchical else shared), num_warmup=num_warmup, num_samples=num_samples,
-                  num_chains=num_chains, chain_method="sequential", progress_bar=False)
+        mc = MCMC(
+            NUTS(hier if hierarchical else shared),
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            num_chains=num_chains,
+            chain_method="sequential",
+            progress_bar=False,
+        )
         mc.run(jax.random.PRNGKey(seed))
         s = {k: np.asarray(v) for k, v in mc.get_samples().items()}
     if hierarchical:

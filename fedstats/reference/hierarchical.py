@@ -6,9 +6,20 @@ from __future__ import annotations
 import numpy as np
 
 
-def pooled_nuts(data, *, tau="diag", sigma=None, fit_intercept=True, prior_mu=(0.0, 1.0),
-                prior_log_tau=(0.0, 1.0), prior_log_sigma=(0.0, 1.0), num_warmup=1000, num_samples=1000,
-                num_chains=4, seed=0) -> dict[str, np.ndarray]:
+def pooled_nuts(
+    data,
+    *,
+    tau="diag",
+    sigma=None,
+    fit_intercept=True,
+    prior_mu=(0.0, 1.0),
+    prior_log_tau=(0.0, 1.0),
+    prior_log_sigma=(0.0, 1.0),
+    num_warmup=1000,
+    num_samples=1000,
+    num_chains=4,
+    seed=0,
+) -> dict[str, np.ndarray]:
     """The gold standard: NumPyro NUTS on the full hierarchical model with all rows pooled.
 
     Same model and priors as :class:`HierarchicalLinearModel` (unknown tau only), written
@@ -26,15 +37,22 @@ def pooled_nuts(data, *, tau="diag", sigma=None, fit_intercept=True, prior_mu=(0
 
     if tau not in ("diag", "iso"):
         raise ValueError("pooled_nuts supports tau='diag' or 'iso'")
-    Xs = [np.column_stack([np.ones(data[c].n), data[c].X]) if fit_intercept else np.asarray(data[c].X)
-          for c in data.clients]
+    Xs = [
+        np.column_stack([np.ones(data[c].n), data[c].X]) if fit_intercept else np.asarray(data[c].X)
+        for c in data.clients
+    ]
     X = np.concatenate(Xs)
     y = np.concatenate([np.asarray(data[c].y) for c in data.clients])
     idx = np.repeat(np.arange(data.n_clients), [len(x) for x in Xs])
     K, d = data.n_clients, X.shape[1]
     (m0, s0), (l0, t0), (a0, b0) = prior_mu, prior_log_tau, prior_log_sigma
-    sig = None if sigma is None else np.broadcast_to(
-        np.asarray([sigma[c] for c in data.clients] if isinstance(sigma, dict) else sigma, dtype=float), (K,))
+    sig = (
+        None
+        if sigma is None
+        else np.broadcast_to(
+            np.asarray([sigma[c] for c in data.clients] if isinstance(sigma, dict) else sigma, dtype=float), (K,)
+        )
+    )
 
     def model(X, y, idx):
         mu = numpyro.sample("mu", dist.Normal(m0, s0).expand([d]).to_event(1))
@@ -48,8 +66,14 @@ def pooled_nuts(data, *, tau="diag", sigma=None, fit_intercept=True, prior_mu=(0
         numpyro.sample("y", dist.Normal(jnp.sum(X * theta[idx], axis=1), s[idx]), obs=y)
 
     with jax.enable_x64(True):
-        mcmc = MCMC(NUTS(model), num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
-                    chain_method="sequential", progress_bar=False)
+        mcmc = MCMC(
+            NUTS(model),
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            num_chains=num_chains,
+            chain_method="sequential",
+            progress_bar=False,
+        )
         mcmc.run(jax.random.PRNGKey(seed), X, y, idx)
         s = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
     return {"phi": np.column_stack([s["mu"], s["log_tau"]]), "theta": s["theta"]}

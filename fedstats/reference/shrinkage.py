@@ -11,8 +11,9 @@ from ..linear.scaling import federated_scaling
 from ..linear.shrinkage import BayesianShrinkage, CentralisedShrinkageResult, sigma2_back
 
 
-def pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num_samples, num_chains,
-                per_client) -> CentralisedShrinkageResult:
+def pooled_nuts(
+    model: BayesianShrinkage, data, names, *, seed, num_warmup, num_samples, num_chains, per_client
+) -> CentralisedShrinkageResult:
     """NUTS on the pooled rows of ``data`` under ``model``'s prior (the Laplace or normal prior
     written directly, not the scale mixture), for
     :meth:`~fedstats.linear.BayesianShrinkage.fit_centralised` (see there)."""
@@ -35,8 +36,10 @@ def pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num_
         X, y = scaling.transform_X(X), scaling.transform_y(y)
     group = np.repeat(np.arange(len(clients)), [data[c].n for c in clients]) if per_client else np.zeros(len(y), int)
     G = len(clients) if per_client else 1
-    (l0, t0_), (s0, u0) = (normal_pair(model.prior_log_lambda, "prior_log_lambda"),
-                          normal_pair(model.prior_log_sigma2, "prior_log_sigma2"))
+    (l0, t0_), (s0, u0) = (
+        normal_pair(model.prior_log_lambda, "prior_log_lambda"),
+        normal_pair(model.prior_log_sigma2, "prior_log_sigma2"),
+    )
     d = X.shape[1]
 
     def numpyro_model(X, y, group):
@@ -50,12 +53,20 @@ def pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num_
         beta = numpyro.sample("beta", prior.expand([G, d]).to_event(2))
         mean = jnp.sum(X * beta[group], axis=1)
         if model.fit_intercept:
-            mean = mean + numpyro.sample("intercept", dist.Normal(0.0, model.intercept_sd).expand([G]).to_event(1))[group]
+            mean = (
+                mean + numpyro.sample("intercept", dist.Normal(0.0, model.intercept_sd).expand([G]).to_event(1))[group]
+            )
         numpyro.sample("y", dist.Normal(mean, jnp.exp(0.5 * log_s2)), obs=y)
 
     with jax.enable_x64(True):
-        mcmc = MCMC(NUTS(numpyro_model, target_accept_prob=0.9), num_warmup=num_warmup, num_samples=num_samples,
-                    num_chains=num_chains, chain_method="sequential", progress_bar=False)
+        mcmc = MCMC(
+            NUTS(numpyro_model, target_accept_prob=0.9),
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            num_chains=num_chains,
+            chain_method="sequential",
+            progress_bar=False,
+        )
         mcmc.run(jax.random.PRNGKey(seed), X, y, group)
         s = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
         grouped = mcmc.get_samples(group_by_chain=True)
@@ -72,7 +83,13 @@ def pooled_nuts(model: BayesianShrinkage, data, names, *, seed, num_warmup, num_
     phi = SamplePosterior(np.column_stack([s["log_lambda"], s["log_sigma2"]]), names=["log_lambda", "log_sigma2"])
     y_sd = 1.0 if scaling is None else scaling.y_sd
     return CentralisedShrinkageResult(
-        model=model, feature_names=names, fitted_clients=clients, beta=beta,
+        model=model,
+        feature_names=names,
+        fitted_clients=clients,
+        beta=beta,
         phi=phi if scaling is None else sigma2_back(phi, y_sd),
-        sigma=y_sd * np.exp(0.5 * s["log_sigma2"]), diagnostics={"rhat_max": rhat, "ess_min": ess},
-        seconds=time.perf_counter() - t0, scaling=scaling)
+        sigma=y_sd * np.exp(0.5 * s["log_sigma2"]),
+        diagnostics={"rhat_max": rhat, "ess_min": ess},
+        seconds=time.perf_counter() - t0,
+        scaling=scaling,
+    )

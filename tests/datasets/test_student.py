@@ -14,23 +14,91 @@ HAVE = (DATA / "student" / "student-por.csv").is_file()
 needs_data = pytest.mark.skipif(not HAVE, reason="student data absent (set FEDSTATS_DATA)")
 
 ROWS = [
-    ["GP", "F", "18", "U", "GT3", "A", "4", "4", "at_home", "teacher", "course", "mother", "2", "2", "0", "yes", "no",
-     "no", "no", "yes", "yes", "no", "no", "4", "3", "4", "1", "1", "3", "4", "0", "11", "11"],
-    ["MS", "M", "17", "R", "LE3", "T", "1", "1", "other", "other", "home", "father", "1", "2", "1", "no", "yes", "no",
-     "no", "no", "yes", "yes", "no", "5", "3", "3", "1", "1", "3", "2", "9", "11", "12"],
+    [
+        "GP",
+        "F",
+        "18",
+        "U",
+        "GT3",
+        "A",
+        "4",
+        "4",
+        "at_home",
+        "teacher",
+        "course",
+        "mother",
+        "2",
+        "2",
+        "0",
+        "yes",
+        "no",
+        "no",
+        "no",
+        "yes",
+        "yes",
+        "no",
+        "no",
+        "4",
+        "3",
+        "4",
+        "1",
+        "1",
+        "3",
+        "4",
+        "0",
+        "11",
+        "11",
+    ],
+    [
+        "MS",
+        "M",
+        "17",
+        "R",
+        "LE3",
+        "T",
+        "1",
+        "1",
+        "other",
+        "other",
+        "home",
+        "father",
+        "1",
+        "2",
+        "1",
+        "no",
+        "yes",
+        "no",
+        "no",
+        "no",
+        "yes",
+        "yes",
+        "no",
+        "5",
+        "3",
+        "3",
+        "1",
+        "1",
+        "3",
+        "2",
+        "9",
+        "11",
+        "12",
+    ],
 ]
 
 
 def _write(tmp_path, fmt):
     def q(v):
         return v if v.isdigit() else f'"{v}"'
+
     if fmt == "uci":  # ';' separated, quoted strings, header
         lines = [";".join(COLUMNS)] + [";".join(q(v) for v in r) for r in ROWS]
     elif fmt == "noheader":
         lines = [";".join(q(v) for v in r) for r in ROWS]
     else:  # each line one quoted comma-separated field, inner quotes doubled
-        lines = ['"' + ",".join(COLUMNS) + '"'] + ['"' + ",".join(q(v) for v in r).replace('"', '""') + '"'
-                                                    for r in ROWS]
+        lines = ['"' + ",".join(COLUMNS) + '"'] + [
+            '"' + ",".join(q(v) for v in r).replace('"', '""') + '"' for r in ROWS
+        ]
     (tmp_path / "student-por.csv").write_text("\n".join(lines) + "\n")
     return tmp_path
 
@@ -43,7 +111,9 @@ def test_formats_parse_identically(tmp_path, fmt):
     X = student_design(df)
     assert X.shape[1] == 38 + 2  # school and G3 kept
     assert X.loc[0, "sex_M"] == 0 and X.loc[1, "sex_M"] == 1
-    assert X.loc[0, "Mjob_at_home"] == 1 and X.loc[1, ["Mjob_at_home", "Mjob_health"]].sum() == 0  # 'other' is reference
+    assert (
+        X.loc[0, "Mjob_at_home"] == 1 and X.loc[1, ["Mjob_at_home", "Mjob_health"]].sum() == 0
+    )  # 'other' is reference
     assert X.loc[1, "guardian_father"] == 1 and X.loc[1, "guardian_mother"] == 0
 
 

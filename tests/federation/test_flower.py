@@ -20,13 +20,7 @@ from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
 from fedstats.data import ClientData  # noqa: E402
 from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: E402
 from fedstats.federation import ClientDisconnected, run, use_backend  # noqa: E402
-from fedstats.federation.flower import (  # noqa: E402
-    FlowerSession,
-    RemoteDataError,
-    RemoteFederatedData,
-    dumps,
-    loads,
-)
+from fedstats.federation.flower import FlowerSession, RemoteDataError, RemoteFederatedData, dumps, loads  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import StructuralCovarianceModel  # noqa: E402
 from fedstats.linear.baselines import FedAvg  # noqa: E402
@@ -48,8 +42,12 @@ def session():
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE)] + ([old] if old else []))
     try:
         # half a CPU per node: 4 Ray actors on 2 cores, so one busy node does not hold up the others
-        with FlowerSession(num_supernodes=6, timeout=300, trust=("fedstats", "flower_toys"),
-                           backend_config={"client_resources": {"num_cpus": 0.5, "num_gpus": 0.0}}) as s:
+        with FlowerSession(
+            num_supernodes=6,
+            timeout=300,
+            trust=("fedstats", "flower_toys"),
+            backend_config={"client_resources": {"num_cpus": 0.5, "num_gpus": 0.0}},
+        ) as s:
             s.assign(list(range(6)))  # start it now: tests may run in any order
             yield s
     finally:
@@ -62,13 +60,21 @@ def session():
 def same_history(a, b, tol=TIGHT):
     assert len(a) == len(b)
     for ra, rb in zip(a, b):
-        assert (ra.round, ra.participants, ra.answered, ra.failed, ra.skipped, ra.bytes_up, ra.bytes_down,
-                ra.converged) == (rb.round, rb.participants, rb.answered, rb.failed, rb.skipped, rb.bytes_up,
-                                  rb.bytes_down, rb.converged)
+        assert (
+            ra.round,
+            ra.participants,
+            ra.answered,
+            ra.failed,
+            ra.skipped,
+            ra.bytes_up,
+            ra.bytes_down,
+            ra.converged,
+        ) == (rb.round, rb.participants, rb.answered, rb.failed, rb.skipped, rb.bytes_up, rb.bytes_down, rb.converged)
         assert ra.metrics.keys() == rb.metrics.keys()
         for k in ra.metrics:
-            np.testing.assert_allclose(np.asarray(ra.metrics[k], float), np.asarray(rb.metrics[k], float),
-                                       rtol=tol, atol=tol, err_msg=k)
+            np.testing.assert_allclose(
+                np.asarray(ra.metrics[k], float), np.asarray(rb.metrics[k], float), rtol=tol, atol=tol, err_msg=k
+            )
 
 
 def close(a, b, tol=TIGHT):
@@ -89,8 +95,10 @@ def test_fedem_with_backend_flower_equals_inprocess():
         close(a.weights_[c], b.weights_[c])
     assert a.loglik_ == pytest.approx(b.loglik_, rel=1e-12)
     same_history(a.history, b.history)
-    assert (a.communication.bytes_up, a.communication.bytes_down) == (b.communication.bytes_up,
-                                                                      b.communication.bytes_down)
+    assert (a.communication.bytes_up, a.communication.bytes_down) == (
+        b.communication.bytes_up,
+        b.communication.bytes_down,
+    )
 
 
 def test_hm2_exact_ep_equals_inprocess(session):
@@ -174,8 +182,9 @@ def test_glm_equals_inprocess(session):
     from fedstats.glm import FederatedGLM
 
     data, _ = hm2_federation(n_clients=4, n_obs=30, seed=7)
-    data = FederatedData.from_arrays([np.asarray(data[c].X) for c in data.clients],
-                                     [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients])
+    data = FederatedData.from_arrays(
+        [np.asarray(data[c].X) for c in data.clients], [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients]
+    )
     a = FederatedGLM("binomial", cov_type="HC0").fit(data, seed=1)
     b = FederatedGLM("binomial", cov_type="HC0").fit(data, seed=1, backend=session)
     close(np.r_[a.params, a.bse, a.deviance, a.llf], np.r_[b.params, b.bse, b.deviance, b.llf])
@@ -188,10 +197,13 @@ def test_bayesian_and_hierarchical_glms_equal_inprocess(session):
     from fedstats.glm import BayesianGLM, HierarchicalGLM
 
     data, _ = hm2_federation(n_clients=3, n_obs=30, seed=8)
-    data = FederatedData.from_arrays([np.asarray(data[c].X) for c in data.clients],
-                                     [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients])
-    for make in (lambda: BayesianGLM("binomial", rounds=2, num_draws=200),
-                 lambda: HierarchicalGLM("binomial", rounds=2, num_draws=200)):
+    data = FederatedData.from_arrays(
+        [np.asarray(data[c].X) for c in data.clients], [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients]
+    )
+    for make in (
+        lambda: BayesianGLM("binomial", rounds=2, num_draws=200),
+        lambda: HierarchicalGLM("binomial", rounds=2, num_draws=200),
+    ):
         a = make().fit(data, seed=2, batched=False)
         b = make().fit(data, seed=2, backend=session)
         close(a.global_posterior().mean, b.global_posterior().mean)
@@ -252,8 +264,9 @@ def test_no_node_receives_another_clients_entries(session):
     from fedstats.mixture.online_step import FEMOMDStep
 
     weights = {c: np.full(2, 0.5) + 0.1 * i for i, c in enumerate("abc")}
-    side = session.client_side(OneShot(("loglik",), {}, _score, private=weights), list("abc"),
-                               {c: None for c in "abc"}, 0)
+    side = session.client_side(
+        OneShot(("loglik",), {}, _score, private=weights), list("abc"), {c: None for c in "abc"}, 0
+    )
     for c in "abc":
         sent = loads(side._algorithm[c])
         assert list(sent.private) == [c] and np.array_equal(sent.private[c], weights[c])
@@ -281,8 +294,10 @@ def test_a_node_that_stops_answering_is_lost(session):
         # later runs place their clients on live nodes only; with "raise" a loss stops the run
         # before that round's server step
         session.on_disconnect = "raise"
-        with use_backend(session), pytest.raises(ClientDisconnected, match="client 'slow' .* stopped answering at "
-                                                                           "round 1"):
+        with (
+            use_backend(session),
+            pytest.raises(ClientDisconnected, match="client 'slow' .* stopped answering at round 1"),
+        ):
             run(flower_toys.Flaky(), data, rounds=3, seed=2)
     finally:
         session.timeout, session.on_disconnect = saved
@@ -294,8 +309,10 @@ class Untrusted(flower_toys.Flaky):  # defined in this module, which the session
 
 
 def test_a_node_refuses_a_class_from_an_untrusted_module(session):
-    with use_backend(session), pytest.raises(RuntimeError, match="could not start the run on its node: "
-                                                                 "UnpicklingError: refusing to load"):
+    with (
+        use_backend(session),
+        pytest.raises(RuntimeError, match="could not start the run on its node: UnpicklingError: refusing to load"),
+    ):
         run(Untrusted(), toy_data(), rounds=1, seed=0)
 
 
@@ -326,8 +343,12 @@ def test_restricted_unpickler():
     with pytest.raises(pickle.UnpicklingError, match="save_result"):
         loads(pickle.dumps(save_result))
     # dotted names walk attributes from a trusted module to anything it imports
-    for module, name in (("fedstats.data", "np.f2py.subprocess.Popen"), ("fedstats.federation.protocol", "np.memmap"),
-                         ("fedstats.federation.flower", "logging.FileHandler"), ("fedstats.data", "np")):
+    for module, name in (
+        ("fedstats.data", "np.f2py.subprocess.Popen"),
+        ("fedstats.federation.protocol", "np.memmap"),
+        ("fedstats.federation.flower", "logging.FileHandler"),
+        ("fedstats.data", "np"),
+    ):
         with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
             loads(global_pickle(module, name))
     # a class imported into a trusted module (np.memmap as fedstats...protocol.memmap) is not one of its own
@@ -344,8 +365,17 @@ def test_restricted_unpickler():
 
 def global_pickle(module: str, name: str) -> bytes:
     """A pickle that only looks up ``module.name`` (what a hostile peer would send)."""
-    return (b"\x80\x04" + pickle.SHORT_BINUNICODE + bytes([len(module)]) + module.encode()
-            + pickle.SHORT_BINUNICODE + bytes([len(name)]) + name.encode() + pickle.STACK_GLOBAL + pickle.STOP)
+    return (
+        b"\x80\x04"
+        + pickle.SHORT_BINUNICODE
+        + bytes([len(module)])
+        + module.encode()
+        + pickle.SHORT_BINUNICODE
+        + bytes([len(name)])
+        + name.encode()
+        + pickle.STACK_GLOBAL
+        + pickle.STOP
+    )
 
 
 def test_remote_data_refuses_server_side_reads():

@@ -46,8 +46,10 @@ def wait_for(path: Path, text: str, seconds: float) -> None:
         if path.exists() and text in path.read_text(errors="replace"):
             return
         time.sleep(0.5)
-    raise TimeoutError(f"{text!r} did not appear in {path.name} within {seconds} s:\n"
-                       + (path.read_text(errors="replace")[-3000:] if path.exists() else "(no file)"))
+    raise TimeoutError(
+        f"{text!r} did not appear in {path.name} within {seconds} s:\n"
+        + (path.read_text(errors="replace")[-3000:] if path.exists() else "(no file)")
+    )
 
 
 class Federation:
@@ -66,24 +68,52 @@ class Federation:
         home.mkdir()
         self.port = free_port()
         (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
-        self.env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0",
-                        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self.env = dict(
+            os.environ,
+            FLWR_HOME=str(home),
+            FLWR_TELEMETRY_ENABLED="0",
+            PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        )
         self.procs: dict[str, subprocess.Popen] = {}
-        self._start("link", [BIN / "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-                             "--port", str(self.port)])
+        self._start(
+            "link",
+            [
+                BIN / "flower-superlink",
+                "--insecure",
+                "--disable-runtime-dependency-installation",
+                "--port",
+                str(self.port),
+            ],
+        )
         wait_for(root / "link.log", "Uvicorn running", 60)
         for i, csv in enumerate(self.csvs):
-            self._start(f"node{i}", [BIN / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-                                     "--port", str(free_port()),
-                                     "--node-config", f"data-path='{csv}' client='{csv.stem}'"
-                                     + (" target='y'" if target else "")])
+            self._start(
+                f"node{i}",
+                [
+                    BIN / "flower-supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f"data-path='{csv}' client='{csv.stem}'" + (" target='y'" if target else ""),
+                ],
+            )
             wait_for(root / f"node{i}.log", "SuperNode ID", 60)
 
     def _start(self, name, cmd):
         log = open(self.root / f"{name}.log", "w")
-        self.procs[name] = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
-                                            env=self.env, cwd=self.root, start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            [str(c) for c in cmd],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.root,
+            start_new_session=True,
+        )
 
     def kill(self, name):
         p = self.procs.pop(name)
@@ -129,11 +159,13 @@ def test_deployed_hm2_equals_inprocess(tmp_path):
     finally:
         fed.close()
     cols = ["mean", "sd", "lower", "upper"]
-    np.testing.assert_allclose(deployed.summary()[cols].to_numpy(), local.summary()[cols].to_numpy(), rtol=1e-10,
-                               atol=1e-10)
+    np.testing.assert_allclose(
+        deployed.summary()[cols].to_numpy(), local.summary()[cols].to_numpy(), rtol=1e-10, atol=1e-10
+    )
     for c in ("site_a", "site_b"):
-        np.testing.assert_allclose(deployed.client_posterior(c).mean, local.client_posterior(c).mean, rtol=1e-10,
-                                   atol=1e-10)
+        np.testing.assert_allclose(
+            deployed.client_posterior(c).mean, local.client_posterior(c).mean, rtol=1e-10, atol=1e-10
+        )
 
 
 def test_deployed_fedem_equals_inprocess(federation):
@@ -157,8 +189,9 @@ def test_deployed_fedem_equals_inprocess(federation):
 @pytest.mark.parametrize("mode", ["raise", "continue"])
 def test_a_node_that_disconnects_mid_run(federation, mode):
     out = federation.root / "result.fedstats"
-    run = federation.flwr_run(f"output='{out}' max-rounds=10 tol=0.0 seed=1 timeout=20.0 on-disconnect='{mode}'",
-                              background=True)
+    run = federation.flwr_run(
+        f"output='{out}' max-rounds=10 tol=0.0 seed=1 timeout=20.0 on-disconnect='{mode}'", background=True
+    )
     try:
         wait_for(federation.root / "node1.log", "ROUND 3]", 400)  # the EM rounds are under way
         federation.kill("node1")  # site_b's SuperNode dies mid-run

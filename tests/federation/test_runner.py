@@ -54,8 +54,9 @@ def make_data(n_clients=5, d=3, seed=0, ids=None):
 
 
 def strip_seconds(history):
-    return [(r.round, r.participants, r.answered, r.failed, r.skipped, r.bytes_up, r.bytes_down, r.metrics)
-            for r in history]
+    return [
+        (r.round, r.participants, r.answered, r.failed, r.skipped, r.bytes_up, r.bytes_down, r.metrics) for r in history
+    ]
 
 
 # --------------------------------------------------------------------------- toy algorithms
@@ -91,11 +92,7 @@ class FedMean(FederatedAlgorithm):
             return server_state, {"n": 0.0}
         s = sum(r["s"] for r in replies.values())
         n = int(sum(r["n"] for r in replies.values()))
-        new = {
-            "mean": s / n,
-            "seen_s": server_state["seen_s"] + s,
-            "seen_n": server_state["seen_n"] + n,
-        }
+        new = {"mean": s / n, "seen_s": server_state["seen_s"] + s, "seen_n": server_state["seen_n"] + n}
         return new, {"n": float(n), "mean0": float(new["mean"][0])}
 
 
@@ -238,8 +235,19 @@ class TaggedData:
 
 
 def test_public_api_reexported():
-    for name in ["run", "RunResult", "History", "RoundRecord", "Communication", "FederatedAlgorithm",
-                 "Message", "SkipRound", "ProtocolError", "validate_message", "message_nbytes"]:
+    for name in [
+        "run",
+        "RunResult",
+        "History",
+        "RoundRecord",
+        "Communication",
+        "FederatedAlgorithm",
+        "Message",
+        "SkipRound",
+        "ProtocolError",
+        "validate_message",
+        "message_nbytes",
+    ]:
         assert hasattr(fed, name), name
         assert name in fed.__all__
     assert fed.__doc__
@@ -282,8 +290,19 @@ def test_history_is_list_like_and_has_dataframe():
     assert h.metric("step") == [r.metrics["step"] for r in h]
     df = h.to_dataframe()
     assert list(df.index) == [0, 1, 2]
-    for col in ["n_participants", "n_answered", "n_failed", "n_skipped", "bytes_up", "bytes_down",
-                "seconds", "step", "theta0", "participants", "failed"]:
+    for col in [
+        "n_participants",
+        "n_answered",
+        "n_failed",
+        "n_skipped",
+        "bytes_up",
+        "bytes_down",
+        "seconds",
+        "step",
+        "theta0",
+        "participants",
+        "failed",
+    ]:
         assert col in df.columns, col
     assert (df["n_participants"] == 2).all()
     assert df["bytes_up"].sum() == res.communication.bytes_up
@@ -600,8 +619,20 @@ def test_broadcast_arrives_read_only_copy():
 # --------------------------------------------------------------------------- the key test
 
 
-BAD_MODES = ["extra_raw_X", "list", "object", "missing", "nan", "inf", "not_a_mapping",
-             "data_object", "state_object", "complex", "string", "bad_tuple"]
+BAD_MODES = [
+    "extra_raw_X",
+    "list",
+    "object",
+    "missing",
+    "nan",
+    "inf",
+    "not_a_mapping",
+    "data_object",
+    "state_object",
+    "complex",
+    "string",
+    "bad_tuple",
+]
 
 
 @pytest.mark.parametrize("batched", [True, False])
@@ -761,11 +792,21 @@ def test_resume_equals_straight_run(tmp_path, participation, batched):
     data = make_data(6)
     p = tmp_path / "run.ckpt"
     straight = run(Noisy(), data, rounds=6, participation=participation, seed=11, progress=False)
-    first = run(Noisy(), data, rounds=3, participation=participation, seed=11, progress=False,
-                checkpoint=p, batched=batched)
+    first = run(
+        Noisy(), data, rounds=3, participation=participation, seed=11, progress=False, checkpoint=p, batched=batched
+    )
     assert first.rounds == 3 and p.exists()
-    resumed = run(Noisy(), data, rounds=6, participation=participation, seed=11, progress=False,
-                  checkpoint=str(p), resume=True, batched=batched)
+    resumed = run(
+        Noisy(),
+        data,
+        rounds=6,
+        participation=participation,
+        seed=11,
+        progress=False,
+        checkpoint=str(p),
+        resume=True,
+        batched=batched,
+    )
     assert resumed.resumed_from == 3 and resumed.rounds == 6
     assert_same_run(straight, resumed)
     with open(p, "rb") as f:
@@ -963,16 +1004,28 @@ def test_counting_adds_up_every_run_by_kind_and_nests():
             b = run(FedMean(), data, rounds=2, seed=0, kind="one-off")
         c = run(FedMean(), data, rounds=1, seed=1, kind="one-off")
     run(FedMean(), data, rounds=1, seed=0)  # outside: counted nowhere
-    assert a.communication.by_kind == {"FedMean": {"bytes_up": a.communication.bytes_up,
-                                                   "bytes_down": a.communication.bytes_down, "rounds": 3, "runs": 1}}
+    assert a.communication.by_kind == {
+        "FedMean": {
+            "bytes_up": a.communication.bytes_up,
+            "bytes_down": a.communication.bytes_down,
+            "rounds": 3,
+            "runs": 1,
+        }
+    }
     total, only_b = outer.communication(), inner.communication()
     assert (only_b.bytes_up, only_b.bytes_down) == (b.communication.bytes_up, b.communication.bytes_down)
-    assert total.bytes_up == sum(r.communication.bytes_up for r in (a, b, c)) == sum(
-        h.bytes_up for r in (a, b, c) for h in r.history)
+    assert (
+        total.bytes_up
+        == sum(r.communication.bytes_up for r in (a, b, c))
+        == sum(h.bytes_up for r in (a, b, c) for h in r.history)
+    )
     assert total.rounds == 6 and set(total.by_kind) == {"FedMean", "one-off"}
-    assert total.by_kind["one-off"] == {"bytes_up": b.communication.bytes_up + c.communication.bytes_up,
-                                        "bytes_down": b.communication.bytes_down + c.communication.bytes_down,
-                                        "rounds": 3, "runs": 2}
+    assert total.by_kind["one-off"] == {
+        "bytes_up": b.communication.bytes_up + c.communication.bytes_up,
+        "bytes_down": b.communication.bytes_down + c.communication.bytes_down,
+        "rounds": 3,
+        "runs": 2,
+    }
     for client, per in total.per_client.items():
         assert per["bytes_up"] == sum(r.communication.per_client[client]["bytes_up"] for r in (a, b, c))
     assert list(total.breakdown().index) == ["FedMean", "one-off"]

@@ -49,17 +49,32 @@ def same(a, b, tol=1e-10):
 
 
 REG, _ = hm2_federation(n_clients=4, n_obs=25, seed=3)
-REG_W = FederatedData.from_arrays([np.column_stack([REG[c].X, np.arange(REG[c].n) % 3]) for c in REG.clients],
-                                  [REG[c].y for c in REG.clients], clients=REG.clients)
+REG_W = FederatedData.from_arrays(
+    [np.column_stack([REG[c].X, np.arange(REG[c].n) % 3]) for c in REG.clients],
+    [REG[c].y for c in REG.clients],
+    clients=REG.clients,
+)
 MIX, _ = gmm_federation(n_clients=4, n_components=2, d=2, n_obs=(30, 50), seed=3)
 
 CASES = [
-    ("HM2 exact", lambda: HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact"),
-     REG, lambda r: r.global_posterior().mean),
-    ("HM2 importance", lambda: HierarchicalLinearModel(rounds=2, estimator_options={"num_draws": 200}), REG,
-     lambda r: r.summary()["mean"]),
-    ("ridge", lambda: BayesianRidge(rounds=1, estimator_options={"num_draws": 200}), REG,
-     lambda r: r.summary()["mean"]),
+    (
+        "HM2 exact",
+        lambda: HierarchicalLinearModel(tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact"),
+        REG,
+        lambda r: r.global_posterior().mean,
+    ),
+    (
+        "HM2 importance",
+        lambda: HierarchicalLinearModel(rounds=2, estimator_options={"num_draws": 200}),
+        REG,
+        lambda r: r.summary()["mean"],
+    ),
+    (
+        "ridge",
+        lambda: BayesianRidge(rounds=1, estimator_options={"num_draws": 200}),
+        REG,
+        lambda r: r.summary()["mean"],
+    ),
     ("HM1", lambda: StructuralCovarianceModel(rounds=3), REG, lambda r: r.theta),
     ("Separate", lambda: Separate(rounds=3), REG, lambda r: r.theta),
     ("FedAvg", lambda: FedAvg(rounds=3), REG, lambda r: r.theta),
@@ -67,11 +82,14 @@ CASES = [
     ("distributed ridge", lambda: DistributedRidge(), REG, lambda r: r.theta),
     ("FGPR", lambda: FGPR(rounds=2, local_steps=2), REG, lambda r: r.summary()["mean"]),
     # the offset and weights are columns the nodes take out of their own rows
-    ("GLM", lambda: FederatedGLM("gaussian", offset="x3", weights="x4", cov_type="HC0"), REG_W,
-     lambda r: np.r_[r.params, r.bse, r.llf]),
+    (
+        "GLM",
+        lambda: FederatedGLM("gaussian", offset="x3", weights="x4", cov_type="HC0"),
+        REG_W,
+        lambda r: np.r_[r.params, r.bse, r.llf],
+    ),
     ("FedEM", lambda: FederatedGaussianMixture(2), MIX, lambda r: r.means_),
-    ("variational FedEM", lambda: VariationalGaussianMixture(2, rounds=10), MIX,
-     lambda r: r.summary(0.9)["mean"]),
+    ("variational FedEM", lambda: VariationalGaussianMixture(2, rounds=10), MIX, lambda r: r.summary(0.9)["mean"]),
     ("D-FedEM", lambda: DecentralizedGaussianMixture(2, rounds=3), MIX, lambda r: r.means_),
 ]
 

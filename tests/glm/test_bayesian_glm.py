@@ -29,8 +29,14 @@ def test_bayesian_glm_one_client_equals_pooled_nuts():
     data = logistic_clients([300], [-0.3, 0.8, -0.5], [0.0, 0.0, 0.0], seed=1)
     res = BayesianGLM("binomial", standardize=False, prior_scale=1.5, intercept_scale=1.5).fit(data)
     g = res.global_posterior()
-    ref = pooled_nuts(GLMDesign(data, True, {}), "binomial", "logit", prior_mean=np.zeros(3),
-                      prior_sd=np.full(3, 1.5), num_samples=2000)["phi"]
+    ref = pooled_nuts(
+        GLMDesign(data, True, {}),
+        "binomial",
+        "logit",
+        prior_mean=np.zeros(3),
+        prior_sd=np.full(3, 1.5),
+        num_samples=2000,
+    )["phi"]
     # Monte-Carlo error of 4,000 NUTS draws is about 0.02 sd; EP with one site is exact up to its importance draws
     assert np.max(np.abs(g.mean - ref.mean(0)) / ref.std(0)) < 0.1
     assert np.all(np.abs(g.sd / ref.std(0) - 1) < 0.06)
@@ -89,8 +95,14 @@ def test_hierarchical_glm_k20_equals_pooled_nuts(family):
         data = FederatedData.from_arrays(Xs, ys)
     res = HierarchicalGLM(family, standardize=False).fit(data)
     q = res._fitted_q()
-    ref = pooled_nuts(GLMDesign(data, True, {}), family, "log" if family == "poisson" else "logit",
-                      hierarchical=True, num_warmup=500, num_samples=1000)
+    ref = pooled_nuts(
+        GLMDesign(data, True, {}),
+        family,
+        "log" if family == "poisson" else "logit",
+        hierarchical=True,
+        num_warmup=500,
+        num_samples=1000,
+    )
     phi = ref["phi"]
     assert np.max(np.abs(q.mean - phi.mean(0)) / phi.std(0)) < 0.25
     assert np.all((q.sd / phi.std(0) > 0.8) & (q.sd / phi.std(0) < 1.25))
@@ -98,8 +110,10 @@ def test_hierarchical_glm_k20_equals_pooled_nuts(family):
         post, th = res.client_posterior(c), ref["theta"][:, k]
         assert np.max(np.abs(post.mean - th.mean(0)) / th.std(0)) < 0.3, c
     s = res.summary(0.9)
-    assert list(s.index[:3]) == ["mu[intercept]", "mu[x0]", "mu[x1]"] and s.loc["log_tau[x0]", "p_value"] != s.loc[
-        "log_tau[x0]", "p_value"]  # NaN: no test of log tau = 0
+    assert (
+        list(s.index[:3]) == ["mu[intercept]", "mu[x0]", "mu[x1]"]
+        and s.loc["log_tau[x0]", "p_value"] != s.loc["log_tau[x0]", "p_value"]
+    )  # NaN: no test of log tau = 0
     cs = res.client_summary()
     assert len(cs) == 20 * 3 and set(cs["client"]) == set(data.clients)
     pred = res.predict(np.zeros((2, 2)), client=data.clients[0])

@@ -24,14 +24,37 @@ from fedstats.results import NoPosteriorError
 
 TOL = 1e-8
 L = sm.families.links
-SM_FAMILY = {"gaussian": sm.families.Gaussian, "binomial": sm.families.Binomial, "poisson": sm.families.Poisson,
-             "gamma": sm.families.Gamma, "negative_binomial": sm.families.NegativeBinomial}
-SM_LINK = {"identity": L.Identity, "log": L.Log, "inverse": L.InversePower, "logit": L.Logit, "probit": L.Probit,
-           "cloglog": L.CLogLog}
-CASES = [("gaussian", "identity"), ("gaussian", "log"), ("gaussian", "inverse"), ("binomial", "logit"),
-         ("binomial", "probit"), ("binomial", "cloglog"), ("binomial", "log"), ("poisson", "log"),
-         ("poisson", "identity"), ("gamma", "inverse"), ("gamma", "log"), ("gamma", "identity"),
-         ("negative_binomial", "log"), ("negative_binomial", "identity")]
+SM_FAMILY = {
+    "gaussian": sm.families.Gaussian,
+    "binomial": sm.families.Binomial,
+    "poisson": sm.families.Poisson,
+    "gamma": sm.families.Gamma,
+    "negative_binomial": sm.families.NegativeBinomial,
+}
+SM_LINK = {
+    "identity": L.Identity,
+    "log": L.Log,
+    "inverse": L.InversePower,
+    "logit": L.Logit,
+    "probit": L.Probit,
+    "cloglog": L.CLogLog,
+}
+CASES = [
+    ("gaussian", "identity"),
+    ("gaussian", "log"),
+    ("gaussian", "inverse"),
+    ("binomial", "logit"),
+    ("binomial", "probit"),
+    ("binomial", "cloglog"),
+    ("binomial", "log"),
+    ("poisson", "log"),
+    ("poisson", "identity"),
+    ("gamma", "inverse"),
+    ("gamma", "log"),
+    ("gamma", "identity"),
+    ("negative_binomial", "log"),
+    ("negative_binomial", "identity"),
+]
 ALPHA = 0.5  # the negative binomial's fixed dispersion
 
 
@@ -48,8 +71,12 @@ def simulate(family, link, seed, K=4, d=3, offset=None):
             mu = {"identity": 1 + eta, "log": np.exp(1 + 0.3 * eta), "inverse": 1 / (2 + 0.3 * eta)}[link]
             y = mu + 0.1 * rng.normal(size=n) * (1 if link == "identity" else mu)
         elif family == "binomial":
-            p = {"logit": stats.logistic.cdf(eta), "probit": stats.norm.cdf(eta),
-                 "cloglog": -np.expm1(-np.exp(eta)), "log": np.exp(-1.5 + 0.3 * eta)}[link]
+            p = {
+                "logit": stats.logistic.cdf(eta),
+                "probit": stats.norm.cdf(eta),
+                "cloglog": -np.expm1(-np.exp(eta)),
+                "log": np.exp(-1.5 + 0.3 * eta),
+            }[link]
             y = rng.binomial(1, p).astype(float)
         elif family in ("poisson", "negative_binomial"):
             mu = {"log": np.exp(1 + eta), "identity": 3 + 0.5 * eta}[link]
@@ -93,8 +120,9 @@ def test_every_family_and_link_equals_statsmodels_on_the_pooled_rows(family, lin
     np.testing.assert_allclose(res.summary(0.9)[["lower", "upper"]].to_numpy(), ci, rtol=TOL, atol=TOL)
 
 
-@pytest.mark.parametrize("family,link", [("binomial", "logit"), ("poisson", "log"), ("gamma", "log"),
-                                         ("binomial", "probit")])
+@pytest.mark.parametrize(
+    "family,link", [("binomial", "logit"), ("poisson", "log"), ("gamma", "log"), ("binomial", "probit")]
+)
 def test_hc0_sandwich_equals_statsmodels(family, link):
     Xs, ys = simulate(family, link, seed=11)
     res = FederatedGLM(family, link, cov_type="HC0").fit(FederatedData.from_arrays(Xs, ys))
@@ -123,8 +151,14 @@ def test_poisson_with_exposure_offset_and_frequency_weights():
     data = FederatedData.from_dataframe(df, by="site", target="y")
     res = FederatedGLM("poisson", exposure="years", offset="off", weights="freq").fit(data)
     assert res.names == ["intercept", "x0", "x1", "x2"]
-    ref = sm.GLM(df["y"], sm.add_constant(df[["x0", "x1", "x2"]]), family=sm.families.Poisson(),
-                 exposure=df["years"], offset=df["off"], freq_weights=df["freq"]).fit()
+    ref = sm.GLM(
+        df["y"],
+        sm.add_constant(df[["x0", "x1", "x2"]]),
+        family=sm.families.Poisson(),
+        exposure=df["years"],
+        offset=df["off"],
+        freq_weights=df["freq"],
+    ).fit()
     same_fit(res, ref)
     # predictions carry the exposure: the expected count over 2 years is twice that over one
     p1 = res.predict(np.zeros((1, 3)), exposure=1.0, offset=0.0)["mean"].iloc[0]
@@ -143,9 +177,15 @@ def test_binomial_successes_out_of_trials_with_weights(link):
     ys = [rng.binomial(t.astype(int), stats.logistic.cdf(0.4 * X[:, 1])).astype(float) for X, t in zip(Xs, trials)]
     df = frame(Xs, ys, n=trials, w=freq)
     res = FederatedGLM("binomial", link, trials="n", weights="w").fit(
-        FederatedData.from_dataframe(df, by="site", target="y"))
-    ref = pooled("binomial", link, sm.add_constant(df[["x0", "x1", "x2"]]).to_numpy(),
-                 np.column_stack([df["y"], df["n"] - df["y"]]), freq_weights=df["w"].to_numpy())
+        FederatedData.from_dataframe(df, by="site", target="y")
+    )
+    ref = pooled(
+        "binomial",
+        link,
+        sm.add_constant(df[["x0", "x1", "x2"]]).to_numpy(),
+        np.column_stack([df["y"], df["n"] - df["y"]]),
+        freq_weights=df["w"].to_numpy(),
+    )
     same_fit(res, ref)
 
 
@@ -155,7 +195,8 @@ def test_gaussian_weights_and_no_intercept():
     freq = [rng.integers(0, 3, len(X)).astype(float) for X in Xs]  # rows with weight 0 drop out
     df = frame(Xs, ys, w=freq)
     res = FederatedGLM("gaussian", fit_intercept=False, weights="w").fit(
-        FederatedData.from_dataframe(df, by="site", target="y"))
+        FederatedData.from_dataframe(df, by="site", target="y")
+    )
     ref = sm.GLM(df["y"], df[["x0", "x1", "x2"]], freq_weights=df["w"]).fit()
     same_fit(res, ref)
 
@@ -164,7 +205,9 @@ def test_likelihood_ratio_and_wald_tests_equal_the_pooled_ones():
     Xs, ys = simulate("binomial", "logit", seed=6, d=4)
     data = FederatedData.from_arrays(Xs, ys, feature_names=["a", "b", "c", "d"])
     full = FederatedGLM("binomial").fit(data)
-    small = FederatedGLM("binomial").fit(FederatedData.from_arrays([X[:, :2] for X in Xs], ys, feature_names=["a", "b"]))
+    small = FederatedGLM("binomial").fit(
+        FederatedData.from_arrays([X[:, :2] for X in Xs], ys, feature_names=["a", "b"])
+    )
     X, y = sm.add_constant(np.vstack(Xs)), np.concatenate(ys)
     rf, rs = pooled("binomial", "logit", X, y), pooled("binomial", "logit", X[:, :3], y)
     lr = full.lr_test(small)
@@ -178,8 +221,11 @@ def test_likelihood_ratio_and_wald_tests_equal_the_pooled_ones():
     assert ours["statistic"] == pytest.approx(float(w.statistic), abs=TOL) and ours["df"] == 2
     assert ours["p_value"] == pytest.approx(float(w.pvalue), abs=TOL)
     with pytest.raises(ValueError, match="not nested"):
-        small.lr_test(FederatedGLM("binomial").fit(FederatedData.from_arrays([X[:, 2:] for X in Xs], ys,
-                                                                             feature_names=["c", "d"])))
+        small.lr_test(
+            FederatedGLM("binomial").fit(
+                FederatedData.from_arrays([X[:, 2:] for X in Xs], ys, feature_names=["c", "d"])
+            )
+        )
     with pytest.raises(ValueError, match="same family"):
         full.lr_test(FederatedGLM("binomial", "probit").fit(data))
     with pytest.raises(ValueError, match="unknown coefficient"):

@@ -14,8 +14,12 @@ from fedstats.glm import HierarchicalGLM
 from fedstats.glm._design import Rows
 from fedstats.glm.sites import HierarchicalSite, eta_derivatives, loglik_rows
 
-CASES = [("binomial", "logit", 1.0), ("binomial", "probit", 1.0), ("poisson", "log", 1.0),
-         ("negative_binomial", "log", 0.7)]
+CASES = [
+    ("binomial", "logit", 1.0),
+    ("binomial", "probit", 1.0),
+    ("poisson", "log", 1.0),
+    ("negative_binomial", "log", 0.7),
+]
 
 
 def outcome(family, rng, n):
@@ -52,7 +56,7 @@ def test_the_inner_mode_from_the_anchor_is_the_mode(family, link, alpha):
     a separated client; the gradient in theta vanishes there."""
     rng = np.random.default_rng(1)
     p = 3
-    for separated in ([False, True] if family == "binomial" else [False]):
+    for separated in [False, True] if family == "binomial" else [False]:
         site = HierarchicalSite(family, link, alpha, p, 96)
         long = HierarchicalSite(family, link, alpha, p, 96, max_steps=60)
         stats = site.client_stats(client_rows(family, rng, 80, p, separated))
@@ -119,8 +123,9 @@ def test_staged_tilted_moments_run_laplace_then_importance():
     alone = HierarchicalGLM("binomial", standardize=False, tilted="importance").fit(data, seed=0)
     assert all("stage" not in rec.metrics for rec in alone.history)
     laplace = HierarchicalGLM("binomial", standardize=False, tilted="laplace").fit(data, seed=0)
-    ref = HierarchicalGLM("binomial", standardize=False, tilted="importance", num_draws=2048, tol=0.01,
-                          rounds=60).fit(data, seed=1)
+    ref = HierarchicalGLM("binomial", standardize=False, tilted="importance", num_draws=2048, tol=0.01, rounds=60).fit(
+        data, seed=1
+    )
     assert ref.converged
     r = ref._fitted_q()
 

@@ -31,10 +31,15 @@ class OracleGP(gpytorch.models.ExactGP):
         super().__init__(X, y, lik)
         lc = gpytorch.constraints.GreaterThan(1e-6)
         d = X.shape[-1] if ard else None
-        base = (gpytorch.kernels.RBFKernel(ard_num_dims=d, lengthscale_constraint=lc) if kernel == "rbf" else
-                gpytorch.kernels.MaternKernel(nu=nu, ard_num_dims=d, lengthscale_constraint=lc))
+        base = (
+            gpytorch.kernels.RBFKernel(ard_num_dims=d, lengthscale_constraint=lc)
+            if kernel == "rbf"
+            else gpytorch.kernels.MaternKernel(nu=nu, ard_num_dims=d, lengthscale_constraint=lc)
+        )
         self.mean_module = gpytorch.means.ZeroMean()
-        self.covar_module = gpytorch.kernels.ScaleKernel(base, outputscale_constraint=gpytorch.constraints.GreaterThan(1e-6))
+        self.covar_module = gpytorch.kernels.ScaleKernel(
+            base, outputscale_constraint=gpytorch.constraints.GreaterThan(1e-6)
+        )
         self.double()
 
     def forward(self, x):
@@ -46,9 +51,11 @@ class OracleGP(gpytorch.models.ExactGP):
         self.likelihood.noise = torch.as_tensor(noise, dtype=torch.float64)
 
     def values(self):
-        return {"lengthscale": self.covar_module.base_kernel.lengthscale.detach().numpy().ravel(),
-                "outputscale": self.covar_module.outputscale.detach().numpy().ravel(),
-                "noise": self.likelihood.noise.detach().numpy().ravel()}
+        return {
+            "lengthscale": self.covar_module.base_kernel.lengthscale.detach().numpy().ravel(),
+            "outputscale": self.covar_module.outputscale.detach().numpy().ravel(),
+            "noise": self.likelihood.noise.detach().numpy().ravel(),
+        }
 
 
 def oracle_loss(model):
@@ -135,8 +142,14 @@ def test_single_client_converges_to_exact_gp_maximum_likelihood():
     res = FGPR(rounds=300, local_steps=10, batch_size=1000, optimizer="sgd", lr=0.5, standardize=False).fit(data)
     oracle = OracleGP(X, y)
     oracle.set_values(LOG2, LOG2, LOG2)
-    opt = torch.optim.LBFGS(oracle.parameters(), lr=1, max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-14,
-                            line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        oracle.parameters(),
+        lr=1,
+        max_iter=500,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-14,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -165,8 +178,9 @@ def test_single_client_converges_to_exact_gp_maximum_likelihood():
 def test_one_full_batch_round_is_a_gradient_step_on_the_weighted_objective():
     data = toy(K=3, n=(20, 35, 50), d=2)
     eta = 0.1
-    res = FGPR(rounds=1, local_steps=1, batch_size=1000, optimizer="sgd", lr=eta, average_space="raw",
-               standardize=False).fit(data)
+    res = FGPR(
+        rounds=1, local_steps=1, batch_size=1000, optimizer="sgd", lr=eta, average_space="raw", standardize=False
+    ).fit(data)
     N = sum(data.n_obs.values())
     total = {}
     for c in data.clients:
@@ -189,8 +203,15 @@ def test_one_full_batch_round_is_a_gradient_step_on_the_weighted_objective():
 def test_prediction_equals_closed_form_cholesky():
     data = toy(K=2, n=(25, 40), d=2, seed=5)
     hyper = {"lengthscale": np.array([0.4]), "outputscale": np.array([1.7]), "noise": np.array([0.03])}
-    res = FGPRResult(spec=HyperSpec(d=2), hyperparameters=hyper, feature_names=data.feature_names,
-                     clients=data.clients, n_obs=data.n_obs, options={"standardize": False}, data=data)
+    res = FGPRResult(
+        spec=HyperSpec(d=2),
+        hyperparameters=hyper,
+        feature_names=data.feature_names,
+        clients=data.clients,
+        n_obs=data.n_obs,
+        options={"standardize": False},
+        data=data,
+    )
     X, y = np.asarray(data[1].X), np.asarray(data[1].y)
     Xs = np.random.default_rng(0).uniform(0, 1, (50, 2))
     C = rbf(X, X, 0.4, 1.7) + 0.03 * np.eye(len(X))
@@ -207,13 +228,24 @@ def test_prediction_equals_closed_form_cholesky():
     np.testing.assert_allclose(pred["upper"] - pred["mean"], z * np.sqrt(var), atol=1e-8)
 
 
-@pytest.mark.parametrize("opts", [
-    dict(sampler="uniform", batch_size=16),
-    dict(sampler="nearest", batch_size=16, local_steps="epoch"),
-    dict(sampler="uniform", batch_size=16, optimizer_state="persistent", participation=3),
-    dict(sampler="uniform", batch_size=16, optimizer="sgd", lr=0.05, lr_decay=10.0, kernel="matern", ard=True,
-         mean="constant"),
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(sampler="uniform", batch_size=16),
+        dict(sampler="nearest", batch_size=16, local_steps="epoch"),
+        dict(sampler="uniform", batch_size=16, optimizer_state="persistent", participation=3),
+        dict(
+            sampler="uniform",
+            batch_size=16,
+            optimizer="sgd",
+            lr=0.05,
+            lr_decay=10.0,
+            kernel="matern",
+            ard=True,
+            mean="constant",
+        ),
+    ],
+)
 def test_batched_equals_looped(opts):
     data = toy(K=5, n=(16, 30, 30, 45, 12), d=2)
     model = FGPR(rounds=6, **{"local_steps": 3, "lr": 0.05, **opts})
@@ -226,8 +258,9 @@ def test_clients_with_equal_batches_run_as_one_batched_gp(monkeypatch):
     data = toy(K=4, n=(30, 30, 30, 12), d=1)
     sizes = []
     orig = FGPRAlgorithm._update
-    monkeypatch.setattr(FGPRAlgorithm, "_update",
-                        lambda self, m, s, d, r: sizes.append(len(s)) or orig(self, m, s, d, r))
+    monkeypatch.setattr(
+        FGPRAlgorithm, "_update", lambda self, m, s, d, r: sizes.append(len(s)) or orig(self, m, s, d, r)
+    )
     FGPR(rounds=2, batch_size=16).fit(data)
     assert sorted(sizes) == [1, 1, 3, 3]  # three clients with M_k = 16, one with M_k = N_k = 12
 
@@ -256,16 +289,19 @@ def test_permutation_invariance_with_full_batches():
 
 def test_partial_participation_draws_are_unbiased():
     p = np.array([0.1, 0.2, 0.3, 0.4])
-    theta = [{"lengthscale": np.array([v]), "outputscale": np.array([1.0]), "noise": np.array([0.1])}
-             for v in (0.5, 1.0, 2.0, 4.0)]
+    theta = [
+        {"lengthscale": np.array([v]), "outputscale": np.array([1.0]), "noise": np.array([0.1])}
+        for v in (0.5, 1.0, 2.0, 4.0)
+    ]
     spec = HyperSpec(d=1)
     est = []
     for r in range(10_000):
         mult = draw_participants(7, r, p, 3)
         assert mult.sum() == 3
         keep = mult > 0
-        est.append(average_hypers(spec, [t for t, k in zip(theta, keep) if k], mult[keep], "constrained")
-                   ["lengthscale"][0])
+        est.append(
+            average_hypers(spec, [t for t, k in zip(theta, keep) if k], mult[keep], "constrained")["lengthscale"][0]
+        )
     est = np.array(est)
     target = p @ np.array([0.5, 1.0, 2.0, 4.0])
     assert abs(est.mean() - target) < 3 * est.std() / math.sqrt(len(est))
@@ -275,11 +311,26 @@ def test_partial_participation_counts_duplicates():
     data = toy(K=4, n=(20, 20, 20, 20))
     res = FGPR(rounds=30, participation=2, batch_size=100).fit(data, seed=2)
     assert all(1 <= len(r.participants) <= 2 for r in res.history)
-    alg = FGPRAlgorithm(HyperSpec(d=1), init=HyperSpec(d=1).default(), counts=data.n_obs, local_steps=1,
-                        batch_size=10, sampler="uniform", optimizer="adam", lr=0.01, lr_decay=None,
-                        betas=(0.9, 0.999), optimizer_state="fresh", loss_normalization="mean",
-                        average_space="constrained", participants=2, seed=2, standardize=True, device="cpu",
-                        dtype=torch.float64)
+    alg = FGPRAlgorithm(
+        HyperSpec(d=1),
+        init=HyperSpec(d=1).default(),
+        counts=data.n_obs,
+        local_steps=1,
+        batch_size=10,
+        sampler="uniform",
+        optimizer="adam",
+        lr=0.01,
+        lr_decay=None,
+        betas=(0.9, 0.999),
+        optimizer_state="fresh",
+        loss_normalization="mean",
+        average_space="constrained",
+        participants=2,
+        seed=2,
+        standardize=True,
+        device="cpu",
+        dtype=torch.float64,
+    )
     dup = [r for r in range(30) if alg.multiplicity(r).max() == 2]
     assert dup and all(len(res.history[r].participants) == 1 for r in dup)
 
@@ -287,15 +338,33 @@ def test_partial_participation_counts_duplicates():
 def test_server_weights_duplicates_by_their_multiplicity():
     data = toy(K=4, n=(20, 20, 20, 20))
     spec = HyperSpec(d=1)
-    alg = FGPRAlgorithm(spec, init=spec.default(), counts=data.n_obs, local_steps=1, batch_size=10,
-                        sampler="uniform", optimizer="adam", lr=0.01, lr_decay=None, betas=(0.9, 0.999),
-                        optimizer_state="fresh", loss_normalization="mean", average_space="constrained",
-                        participants=3, seed=5, standardize=True, device="cpu", dtype=torch.float64)
+    alg = FGPRAlgorithm(
+        spec,
+        init=spec.default(),
+        counts=data.n_obs,
+        local_steps=1,
+        batch_size=10,
+        sampler="uniform",
+        optimizer="adam",
+        lr=0.01,
+        lr_decay=None,
+        betas=(0.9, 0.999),
+        optimizer_state="fresh",
+        loss_normalization="mean",
+        average_space="constrained",
+        participants=3,
+        seed=5,
+        standardize=True,
+        device="cpu",
+        dtype=torch.float64,
+    )
     r = next(r for r in range(200) if sorted(alg.multiplicity(r)) == [0, 0, 1, 2])
     mult = alg.multiplicity(r)
     twice, once = int(np.argmax(mult)), int(np.flatnonzero(mult == 1)[0])
-    replies = {c: {"lengthscale": np.array([1.0 + c]), "outputscale": np.array([1.0]), "noise": np.array([0.1])}
-               for c in (twice, once)}
+    replies = {
+        c: {"lengthscale": np.array([1.0 + c]), "outputscale": np.array([1.0]), "noise": np.array([0.1])}
+        for c in (twice, once)
+    }
     state, _ = alg.server_step(alg.init_server(data.clients, None), replies, r)
     assert state.hyper["lengthscale"][0] == pytest.approx((2 * (1.0 + twice) + (1.0 + once)) / 3, rel=1e-14)
 
@@ -351,7 +420,11 @@ def calibration_data(rng, K=10, n=100, ls=0.25, os_=1.0, noise=0.1):
     for _ in range(K):
         X = rng.uniform(0, 1, (2 * n, 1))
         f, y = gp_draw(X, ls, os_, noise, rng)
-        Xs.append(X[:n]); ys.append(y[:n]); Xt.append(X[n:]); ft.append(f[n:]); yt.append(y[n:])
+        Xs.append(X[:n])
+        ys.append(y[:n])
+        Xt.append(X[n:])
+        ft.append(f[n:])
+        yt.append(y[n:])
     return FederatedData.from_arrays(Xs, ys), Xt, ft, yt
 
 
@@ -371,15 +444,24 @@ def test_intervals_are_calibrated_with_known_and_fitted_hyperparameters():
     fitted = ([], [])
     for rep in range(10):  # 10 replicates x 10 clients x 100 held-out points = 10^4
         data, Xt, ft, yt = calibration_data(rng)
-        res = FGPRResult(spec=HyperSpec(d=1), hyperparameters=truth, feature_names=data.feature_names,
-                         clients=data.clients, n_obs=data.n_obs, options={"standardize": False}, data=data)
+        res = FGPRResult(
+            spec=HyperSpec(d=1),
+            hyperparameters=truth,
+            feature_names=data.feature_names,
+            clients=data.clients,
+            n_obs=data.n_obs,
+            options={"standardize": False},
+            data=data,
+        )
         for level, (cy, cf) in known.items():
             y_, f_ = coverage(res, Xt, ft, yt, level)
-            cy.append(y_); cf.append(f_)
+            cy.append(y_)
+            cf.append(f_)
         if rep < 4:
             fit = FGPR(rounds=40, lr=0.05, batch_size=64, standardize=False).fit(data, seed=rep)
             y_, f_ = coverage(fit, Xt, ft, yt, 0.95)
-            fitted[0].append(y_); fitted[1].append(f_)
+            fitted[0].append(y_)
+            fitted[1].append(f_)
     cy95, cf95 = (np.concatenate(a).mean() for a in known[0.95])
     cy50, cf50 = (np.concatenate(a).mean() for a in known[0.5])
     assert 0.93 <= cy95 <= 0.97 and 0.93 <= cf95 <= 0.97, (cy95, cf95)
@@ -393,8 +475,10 @@ def test_sin_and_minus_sin_are_both_fitted_by_one_shared_prior():
     data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), -np.sin(x[:, 0])])
     res = FGPR(rounds=60, lr=0.1, batch_size=20, local_steps=5).fit(data)
     grid = np.linspace(0.01, 10, 1000)[:, None]
-    rmse = [np.sqrt(np.mean((res.predict(grid, client=c)["mean"] - s * np.sin(grid[:, 0])) ** 2))
-            for c, s in ((0, 1), (1, -1))]
+    rmse = [
+        np.sqrt(np.mean((res.predict(grid, client=c)["mean"] - s * np.sin(grid[:, 0])) ** 2))
+        for c, s in ((0, 1), (1, -1))
+    ]
     assert max(rmse) < 0.05, rmse
     # one global regressor (the average of the two targets, what FedAvg's least squares reaches) fits neither
     assert np.sqrt(np.mean(np.sin(grid[:, 0]) ** 2)) > 0.65
@@ -434,13 +518,27 @@ def test_malformed_client_rejected_before_training(monkeypatch):
     assert not calls
 
 
-@pytest.mark.parametrize("opts, match", [
-    (dict(kernel="linear"), "kernel"), (dict(nu=1.0, kernel="matern"), "nu"), (dict(rounds=0), "rounds"),
-    (dict(local_steps=0), "local_steps"), (dict(sampler="grid"), "sampler"), (dict(lr=-1), "lr"),
-    (dict(lr_decay=5.0), "sgd"), (dict(participation=1.5), "participation"), (dict(participation=0), "participation must be an int >= 1 or a number > 0"),
-    (dict(init={"lengthscale": 1.0}), "init"), (dict(init={"lengthscale": 1, "outputscale": 1, "noise": 1e-5}), "floor"),
-    (dict(device="tpu"), "device"), (dict(batch_size=1), "batch_size"), (dict(betas=0.9), "betas"), (dict(dtype="float16"), "dtype"), (dict(average_space="median"), "average_space"),
-])
+@pytest.mark.parametrize(
+    "opts, match",
+    [
+        (dict(kernel="linear"), "kernel"),
+        (dict(nu=1.0, kernel="matern"), "nu"),
+        (dict(rounds=0), "rounds"),
+        (dict(local_steps=0), "local_steps"),
+        (dict(sampler="grid"), "sampler"),
+        (dict(lr=-1), "lr"),
+        (dict(lr_decay=5.0), "sgd"),
+        (dict(participation=1.5), "participation"),
+        (dict(participation=0), "participation must be an int >= 1 or a number > 0"),
+        (dict(init={"lengthscale": 1.0}), "init"),
+        (dict(init={"lengthscale": 1, "outputscale": 1, "noise": 1e-5}), "floor"),
+        (dict(device="tpu"), "device"),
+        (dict(batch_size=1), "batch_size"),
+        (dict(betas=0.9), "betas"),
+        (dict(dtype="float16"), "dtype"),
+        (dict(average_space="median"), "average_space"),
+    ],
+)
 def test_bad_options_are_refused(opts, match):
     with pytest.raises((ValueError, RuntimeError), match=match):
         FGPR(**opts).fit(toy(K=2, n=(10, 10)))
@@ -501,8 +599,11 @@ def test_a_failing_client_is_left_out_of_that_rounds_average(monkeypatch):
     with pytest.warns(RuntimeWarning, match="1 client"):
         res = FGPR(rounds=3, batch_size=100).fit(data)  # full batches: no draws, so comparable below
     assert all(r.answered == [0, 2] and list(r.failed) == [1] for r in res.history)
-    ref = FGPR(rounds=3, batch_size=100).fit(FederatedData.from_arrays(
-        [np.asarray(data[c].X) for c in (0, 2)], [np.asarray(data[c].y) for c in (0, 2)], clients=[0, 2]))
+    ref = FGPR(rounds=3, batch_size=100).fit(
+        FederatedData.from_arrays(
+            [np.asarray(data[c].X) for c in (0, 2)], [np.asarray(data[c].y) for c in (0, 2)], clients=[0, 2]
+        )
+    )
     hyper_close(res.hyperparameters, ref.hyperparameters, 1e-12)
 
 

@@ -39,7 +39,8 @@ def test_recovers_the_generating_hyperparameters_at_rate():
     errs = []
     for seed in range(2):
         res = FGPR(rounds=100, local_steps=5, batch_size=64, lr=0.01, standardize=False).fit(
-            gp_clients(20, 250, seed), seed=seed)
+            gp_clients(20, 250, seed), seed=seed
+        )
         h = res.hyperparameters
         assert abs(h["noise"][0] / 0.05 - 1) < 0.2 and abs(h["outputscale"][0] - 1) < 0.5, h
         path = np.array([[r.metrics["lengthscale"], r.metrics["outputscale"], r.metrics["noise"]] for r in res.history])
@@ -65,8 +66,15 @@ def test_close_to_the_centralised_exact_gp_on_an_iid_split():
     assert abs(h["noise"][0] / cen_h["noise"][0] - 1) <= 0.25, (h, cen_h)
     for k in ("outputscale", "lengthscale"):
         assert abs(h[k][0] / cen_h[k][0] - 1) <= 0.5, (k, h, cen_h)
-    cen = FGPRResult(spec=HyperSpec(d=2), hyperparameters=cen_h, feature_names=data.feature_names,
-                     clients=data.clients, n_obs=data.n_obs, options={"standardize": False}, data=data)
+    cen = FGPRResult(
+        spec=HyperSpec(d=2),
+        hyperparameters=cen_h,
+        feature_names=data.feature_names,
+        clients=data.clients,
+        n_obs=data.n_obs,
+        options={"standardize": False},
+        data=data,
+    )
     a, b = fed.rmse(test).mean(), cen.rmse(test).mean()
     assert abs(a / b - 1) <= 0.05, (a, b)
 
@@ -80,8 +88,15 @@ def test_recovers_from_a_bad_start():
     data = FederatedData.from_arrays(Xs, [np.sin(X[:, 0]) + np.sqrt(0.2) * rng.standard_normal(100) for X in Xs])
     test = FederatedData.from_arrays(Xt, [np.sin(X[:, 0]) for X in Xt])
     init = {"outputscale": 1.0, "noise": 10.0, "lengthscale": 1.0}
-    start = FGPRResult(spec=HyperSpec(d=1), hyperparameters=HyperSpec(d=1).check(init), feature_names=["x0"],
-                       clients=data.clients, n_obs=data.n_obs, options={"standardize": False}, data=data)
+    start = FGPRResult(
+        spec=HyperSpec(d=1),
+        hyperparameters=HyperSpec(d=1).check(init),
+        feature_names=["x0"],
+        clients=data.clients,
+        n_obs=data.n_obs,
+        options={"standardize": False},
+        data=data,
+    )
     first = start.rmse(test).mean()
     # E and the lr are not given by the paper; with Adam (steps of about lr in the raw parameter) the noise
     # needs about 115 steps of 0.1 to come down from 10: E = 10 gives 200 steps in 20 rounds (E = 5: 40 rounds)

@@ -18,8 +18,9 @@ def test_branin_and_hartmann_reach_their_published_minima():
     X = np.array([[-np.pi, 12.275], [np.pi, 2.275], [9.42478, 2.475]])
     np.testing.assert_allclose(tf.branin_hf(X), 0.397887, atol=1e-5)
     # Hartmann-3 (usual negative sign): -3.86278 at (0.114614, 0.555649, 0.852547)
-    np.testing.assert_allclose(tf.hartmann3(np.array([[0.114614, 0.555649, 0.852547]]), 3, code_compat=True),
-                               -3.86278, atol=1e-5)
+    np.testing.assert_allclose(
+        tf.hartmann3(np.array([[0.114614, 0.555649, 0.852547]]), 3, code_compat=True), -3.86278, atol=1e-5
+    )
 
 
 def test_known_values_of_the_other_simulators():
@@ -47,22 +48,28 @@ def test_code_compat_variants_differ_only_where_the_spec_says():
     np.testing.assert_allclose(tf.branin_mf(X, code_compat=True) - tf.branin_mf(X), 10 * (h - np.sqrt(h)), rtol=1e-10)
     Z = 1.2 * (X + 2)
     np.testing.assert_allclose(tf.branin_lf(X), tf.branin_mf(Z) - 3 * X[:, 1] + 1, rtol=1e-12)
-    np.testing.assert_allclose(tf.branin_lf(X, code_compat=True), tf.branin_mf(Z, code_compat=True) - 3 * Z[:, 1] + 1,
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        tf.branin_lf(X, code_compat=True), tf.branin_mf(Z, code_compat=True) - 3 * Z[:, 1] + 1, rtol=1e-12
+    )
     H = rng.uniform(size=(20, 3))
     np.testing.assert_allclose(tf.hartmann3(H, 2), -tf.hartmann3(H, 2, code_compat=True))
     # the fidelity shift alpha_t = alpha + (3 - t) delta, written out for t = 1 at one point
     x = np.array([[0.2, 0.5, 0.8]])
     alpha1 = np.array([1.0, 1.2, 3.0, 3.2]) + 2 * np.array([0.01, -0.01, -0.1, 0.1])
     A = np.array([[3, 10, 30], [0.1, 10, 35], [3, 10, 30], [0.1, 10, 35]])
-    P = np.array([[0.3689, 0.1170, 0.2673], [0.4699, 0.4387, 0.7470], [0.1091, 0.8732, 0.5547],
-                  [0.0381, 0.5743, 0.8828]])
-    np.testing.assert_allclose(tf.hartmann3(x, 1), sum(alpha1[i] * np.exp(-(A[i] * (x[0] - P[i]) ** 2).sum())
-                                                       for i in range(4)), rtol=1e-12)
+    P = np.array(
+        [[0.3689, 0.1170, 0.2673], [0.4699, 0.4387, 0.7470], [0.1091, 0.8732, 0.5547], [0.0381, 0.5743, 0.8828]]
+    )
+    np.testing.assert_allclose(
+        tf.hartmann3(x, 1), sum(alpha1[i] * np.exp(-(A[i] * (x[0] - P[i]) ** 2).sum()) for i in range(4)), rtol=1e-12
+    )
     # PARK and Borehole low fidelities from the high ones (spec §4.3)
     Xp = tf.problem("park").sample(10, rng)
-    np.testing.assert_allclose(tf.park_lf(Xp), (1 + np.sin(Xp[:, 0]) / 10) * tf.park_hf(Xp) - 2 * Xp[:, 0]
-                               + Xp[:, 1] ** 2 + Xp[:, 2] ** 2 + 0.5, rtol=1e-12)
+    np.testing.assert_allclose(
+        tf.park_lf(Xp),
+        (1 + np.sin(Xp[:, 0]) / 10) * tf.park_hf(Xp) - 2 * Xp[:, 0] + Xp[:, 1] ** 2 + Xp[:, 2] ** 2 + 0.5,
+        rtol=1e-12,
+    )
 
 
 def test_correlations_between_levels_match_the_spec():
@@ -84,8 +91,9 @@ def test_against_botorch_when_installed():
     X = tf.problem("branin").sample(20, rng)
     np.testing.assert_allclose(tf.branin_hf(X), bt.Branin()(torch.as_tensor(X)).numpy(), rtol=1e-10)
     H = rng.uniform(size=(20, 3))
-    np.testing.assert_allclose(tf.hartmann3(H, 3, code_compat=True), bt.Hartmann(dim=3)(torch.as_tensor(H)).numpy(),
-                               rtol=1e-10)
+    np.testing.assert_allclose(
+        tf.hartmann3(H, 3, code_compat=True), bt.Hartmann(dim=3)(torch.as_tensor(H)).numpy(), rtol=1e-10
+    )
 
 
 # --------------------------------------------------------------------------- federation

@@ -103,8 +103,9 @@ GLOBAL = ["mu", "log_sd", "slope"]
 def ri_reference():
     """The random-intercept data and pooled NUTS of the same model (shared by both tests)."""
     data = random_intercept_clients()
-    return data, *pooled_nuts(random_intercept, data, prior=RI_PRIOR, global_sites=GLOBAL, num_samples=1500,
-                              return_local=True)
+    return data, *pooled_nuts(
+        random_intercept, data, prior=RI_PRIOR, global_sites=GLOBAL, num_samples=1500, return_local=True
+    )
 
 
 @pytest.mark.parametrize("tilted", ["importance", "nuts"])
@@ -116,8 +117,17 @@ def test_local_latents_equal_pooled_nuts(tilted, ri_reference):
     data, ref, local = ri_reference
     if tilted == "nuts":  # the option's estimator, shorter chains (the test's time)
         tilted = NUTSTilted(num_warmup=200, num_samples=300, num_chains=2, target="collapsed")
-    res = federated_ep(random_intercept, data, prior=RI_PRIOR, global_sites=GLOBAL, tilted=tilted, damping=0.5,
-                       rounds=30, num_draws=1024, seed=3)
+    res = federated_ep(
+        random_intercept,
+        data,
+        prior=RI_PRIOR,
+        global_sites=GLOBAL,
+        tilted=tilted,
+        damping=0.5,
+        rounds=30,
+        num_draws=1024,
+        seed=3,
+    )
     g = res.global_posterior()
     assert g.names == GLOBAL and res.converged
     assert np.max(np.abs(g.mean - ref.mean(0)) / ref.std(0)) < 0.25

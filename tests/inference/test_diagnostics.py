@@ -20,8 +20,10 @@ def ar1_chains(C, N, rho, offset, seed):
     return x + offset * rng.normal(size=(C, 1))
 
 
-@pytest.mark.parametrize("C, N, rho, offset", [(2, 100, 0.8, 0.3), (4, 501, 0.8, 0.3), (3, 37, 0.5, 0.0),
-                                               (2, 8, 0.2, 0.0), (4, 2000, 0.95, 2.0)])
+@pytest.mark.parametrize(
+    "C, N, rho, offset",
+    [(2, 100, 0.8, 0.3), (4, 501, 0.8, 0.3), (3, 37, 0.5, 0.0), (2, 8, 0.2, 0.0), (4, 2000, 0.95, 2.0)],
+)
 def test_rhat_and_bulk_ess_equal_arviz(C, N, rho, offset):
     az = pytest.importorskip("arviz")
     x = ar1_chains(C, N, rho, offset, seed=C * N)

@@ -41,12 +41,12 @@ def test_interpolate_power_flat_and_guards():
     a, b = rand_gauss(rng), rand_gauss(rng)
     np.testing.assert_allclose(a.interpolate(b, 0.0).Q, a.Q)
     np.testing.assert_allclose(a.interpolate(b, 1.0).r, b.r)
-    np.testing.assert_allclose((a ** 0.5 * a ** 0.5).Q, a.Q)
+    np.testing.assert_allclose((a**0.5 * a**0.5).Q, a.Q)
     flat = NaturalGaussian.flat(3)
     assert not flat.is_proper()
     with pytest.raises(NotPositiveDefinite):
         flat.mean
-    improper = a / (a ** 2)
+    improper = a / (a**2)
     assert not improper.is_proper() and not is_pd(improper.Q)
     with pytest.raises(ValueError, match="NaN"):
         NaturalGaussian(np.array([np.nan]), np.eye(1))

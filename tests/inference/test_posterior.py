@@ -42,8 +42,7 @@ def gamma_hdi(shape, level):
         return stats.gamma.ppf(stats.gamma.cdf(lo, shape) + level, shape) - lo
 
     res = optimize.minimize_scalar(
-        width, bounds=(0.0, stats.gamma.ppf(1 - level, shape)), method="bounded",
-        options={"xatol": 1e-10},
+        width, bounds=(0.0, stats.gamma.ppf(1 - level, shape)), method="bounded", options={"xatol": 1e-10}
     )
     lo = res.x
     return lo, lo + width(lo)
@@ -60,12 +59,8 @@ def test_gaussian_eti_equals_normal_quantiles(level):
     mean, cov = rng.normal(size=4) * 3, random_spd(rng, 4, scale=2.0)
     lower, upper = GaussianPosterior(mean, cov).credible_interval(level)
     sd = np.sqrt(np.diag(cov))
-    np.testing.assert_allclose(
-        lower, stats.norm.ppf((1 - level) / 2, loc=mean, scale=sd), rtol=0, atol=1e-12
-    )
-    np.testing.assert_allclose(
-        upper, stats.norm.ppf((1 + level) / 2, loc=mean, scale=sd), rtol=0, atol=1e-12
-    )
+    np.testing.assert_allclose(lower, stats.norm.ppf((1 - level) / 2, loc=mean, scale=sd), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(upper, stats.norm.ppf((1 + level) / 2, loc=mean, scale=sd), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -97,9 +92,7 @@ def test_gaussian_prob_positive_and_tail_probability_exact():
     sd = np.array([1.0, 0.5, 2.0, 3.0])
     post = GaussianPosterior(mean, np.diag(sd**2))
     np.testing.assert_allclose(post.prob_positive(), stats.norm.cdf(mean / sd), atol=1e-15)
-    np.testing.assert_allclose(
-        post.tail_probability(), 2 * stats.norm.sf(np.abs(mean) / sd), atol=1e-15
-    )
+    np.testing.assert_allclose(post.tail_probability(), 2 * stats.norm.sf(np.abs(mean) / sd), atol=1e-15)
     assert post.tail_probability()[3] == 1.0
 
 
@@ -152,9 +145,7 @@ def test_gaussian_sample_moments_and_seeding():
     np.testing.assert_array_less(np.abs(draws.mean(axis=0) - mean), 5 * np.sqrt(cov.diagonal() / 2e5))
     np.testing.assert_allclose(np.cov(draws.T), cov, atol=0.03)
     np.testing.assert_array_equal(post.sample(5, seed=1), post.sample(5, seed=1))
-    np.testing.assert_array_equal(
-        post.sample(5, seed=np.random.default_rng(1)), post.sample(5, seed=1)
-    )
+    np.testing.assert_array_equal(post.sample(5, seed=np.random.default_rng(1)), post.sample(5, seed=1))
     assert not np.array_equal(post.sample(5, seed=1), post.sample(5, seed=2))
 
 
@@ -333,9 +324,7 @@ def test_unit_weights_equal_unweighted():
     np.testing.assert_allclose(a.cov, b.cov, rtol=1e-10)
     for kind in ("eti", "hdi"):
         for level in LEVELS:
-            np.testing.assert_array_equal(
-                a.credible_interval(level, kind), b.credible_interval(level, kind)
-            )
+            np.testing.assert_array_equal(a.credible_interval(level, kind), b.credible_interval(level, kind))
     np.testing.assert_allclose(a.prob_positive(), b.prob_positive(), rtol=1e-12)
 
 
@@ -349,9 +338,7 @@ def test_integer_weights_equal_replicated_draws():
     for kind in ("eti", "hdi"):
         for level in (0.5, 0.9):
             np.testing.assert_allclose(
-                weighted.credible_interval(level, kind),
-                replicated.credible_interval(level, kind),
-                rtol=1e-12,
+                weighted.credible_interval(level, kind), replicated.credible_interval(level, kind), rtol=1e-12
             )
     np.testing.assert_allclose(weighted.prob_positive(), replicated.prob_positive(), rtol=1e-12)
     pred = lambda t: t[:, 0] + t[:, 1] > 0.3  # noqa: E731
@@ -451,9 +438,7 @@ def test_sample_tail_probability_ties_count_half():
 
 
 def test_tail_probability_helper():
-    np.testing.assert_allclose(
-        tail_probability_from_prob_positive([0.0, 0.2, 0.5, 0.975, 1.0]), [0, 0.4, 1, 0.05, 0]
-    )
+    np.testing.assert_allclose(tail_probability_from_prob_positive([0.0, 0.2, 0.5, 0.975, 1.0]), [0, 0.4, 1, 0.05, 0])
 
 
 def test_sample_prob():
@@ -480,9 +465,7 @@ def test_gaussian_marginal():
     assert post.marginal(-1).names == ["c"]
     assert post.marginal(slice(0, 2)).names == ["a", "b"]
     assert post.marginal(np.array([2, 0])).names == ["c", "a"]
-    np.testing.assert_array_equal(
-        post.marginal("b").credible_interval(0.9)[0], post.credible_interval(0.9)[0][[1]]
-    )
+    np.testing.assert_array_equal(post.marginal("b").credible_interval(0.9)[0], post.credible_interval(0.9)[0][[1]])
 
 
 def test_sample_marginal_keeps_chains_and_weights():
@@ -508,8 +491,15 @@ def test_sample_marginal_keeps_chains_and_weights():
 
 @pytest.mark.parametrize(
     "selector, error",
-    [("z", KeyError), (3, IndexError), (-4, IndexError), ([0, 0], ValueError),
-     ([], ValueError), (True, TypeError), (1.5, TypeError)],
+    [
+        ("z", KeyError),
+        (3, IndexError),
+        (-4, IndexError),
+        ([0, 0], ValueError),
+        ([], ValueError),
+        (True, TypeError),
+        (1.5, TypeError),
+    ],
 )
 def test_marginal_errors(selector, error):
     post = GaussianPosterior(np.zeros(3), np.eye(3), names=["a", "b", "c"])
@@ -528,9 +518,7 @@ def test_gaussian_affine_exact():
     # var(t0+t1) = 2+1+2*0.5; var(2t0-t1) = 8+1-2*2*0.5; var(3t1) = 9;
     # cov(s, d) = 2*2 - 0.5 + 2*0.5 - 1 = 3.5; cov(s, t) = 3*0.5 + 3*1 = 4.5;
     # cov(d, t) = 2*3*0.5 - 3*1 = 0
-    np.testing.assert_allclose(
-        out.cov, [[4.0, 3.5, 4.5], [3.5, 7.0, 0.0], [4.5, 0.0, 9.0]], atol=1e-14
-    )
+    np.testing.assert_allclose(out.cov, [[4.0, 3.5, 4.5], [3.5, 7.0, 0.0], [4.5, 0.0, 9.0]], atol=1e-14)
     assert out.names == ["s", "d", "t"] and isinstance(out, GaussianPosterior)
     # a vector A is a single linear combination; a scalar b is broadcast
     one = post.affine([1.0, -1.0], b=3.0)
@@ -596,9 +584,7 @@ def test_sample_summary_diagnostics_match_arviz():
     post = SamplePosterior(x, names=["a", "b", "c"])
     table = post.summary()
     idata = post.to_arviz()
-    np.testing.assert_allclose(
-        table["ess"], az.ess(idata, method="bulk")["theta"].values, rtol=1e-8
-    )
+    np.testing.assert_allclose(table["ess"], az.ess(idata, method="bulk")["theta"].values, rtol=1e-8)
     np.testing.assert_allclose(table["r_hat"], az.rhat(idata)["theta"].values, rtol=1e-10)
     assert table["r_hat"]["a"] > 1.05 and table["r_hat"]["b"] > 1.05
     assert table["r_hat"]["c"] < 1.02 and table["ess"]["c"] < c * n / 2
@@ -752,8 +738,7 @@ def test_sample_validation():
     chains = np.random.default_rng(0).normal(size=(2, 5, 1))
     w = np.arange(1.0, 11.0)
     np.testing.assert_allclose(
-        SamplePosterior(chains, weights=w.reshape(2, 5)).mean,
-        SamplePosterior(chains, weights=w).mean,
+        SamplePosterior(chains, weights=w.reshape(2, 5)).mean, SamplePosterior(chains, weights=w).mean
     )
 
 

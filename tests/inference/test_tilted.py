@@ -27,10 +27,13 @@ def conjugate_case(B=3, seed=0):
     return site, np.stack(means), np.stack(covs), stats, exact
 
 
-@pytest.mark.parametrize("est, tol", [
-    (LaplaceTilted(), 1e-7),
-    (NUTSTilted(num_warmup=200, num_samples=300, num_chains=2), 1e-5),  # zero-variance CVs: exact
-])
+@pytest.mark.parametrize(
+    "est, tol",
+    [
+        (LaplaceTilted(), 1e-7),
+        (NUTSTilted(num_warmup=200, num_samples=300, num_chains=2), 1e-5),  # zero-variance CVs: exact
+    ],
+)
 def test_estimators_exact_on_gaussian_tilted(est, tol):
     site, m, c, stats, exact = conjugate_case()
     out = est.estimate(site, m, c, stats, np.arange(3))
@@ -90,7 +93,8 @@ def test_importance_exact_when_cavity_is_broad():
 def test_plain_nuts_is_noisy_but_unbiased_and_diagnosed():
     site, m, c, stats, exact = conjugate_case()
     out = NUTSTilted(num_warmup=300, num_samples=1000, num_chains=4, control_variates=False).estimate(
-        site, m, c, stats, np.arange(3), keep_draws=True)
+        site, m, c, stats, np.arange(3), keep_draws=True
+    )
     for r, (em, ec) in zip(out, exact):
         sd = np.sqrt(np.diag(ec))
         assert np.all(np.abs(r.mean - em) / sd < 0.15)
@@ -205,7 +209,7 @@ def test_every_site_of_the_package_meets_the_site_protocol():
     hm2, lasso = HM2Site(d=3), ShrinkageSite(d=3)
     glm, hier = SharedSite("binomial", "logit", 1.0, 3, 16), HierarchicalSite("binomial", "logit", 1.0, 3, 16)
     assert all(isinstance(s, SiteModel) for s in (hm2, lasso, glm, hier))
-    assert isinstance(hm2, ExactSite) and isinstance(hm2, AugmentedSite)   # exact, NUTS on (phi, theta)
+    assert isinstance(hm2, ExactSite) and isinstance(hm2, AugmentedSite)  # exact, NUTS on (phi, theta)
     assert isinstance(lasso, GibbsSite) and isinstance(lasso, AugmentedSite)
     assert isinstance(hier, PreparedSite) and not isinstance(glm, PreparedSite)
     assert not isinstance(glm, ExactSite) and not isinstance(object(), SiteModel)

@@ -51,8 +51,10 @@ def test_ditto_personal_models_follow_the_proximal_steps():
 def test_distributed_ridge_and_separate_ols_and_pooled_oracle():
     data = federation(seed=2)
     lam = 0.1
-    sols = [np.linalg.solve(data[c].X.T @ data[c].X / data[c].n + lam * np.eye(3), data[c].X.T @ data[c].y / data[c].n)
-            for c in data.clients]
+    sols = [
+        np.linalg.solve(data[c].X.T @ data[c].X / data[c].n + lam * np.eye(3), data[c].X.T @ data[c].y / data[c].n)
+        for c in data.clients
+    ]
     res = DistributedRidge(lam=lam).fit(data)
     np.testing.assert_allclose(res.coef(0), np.mean(sols, axis=0), atol=1e-12)
     ols = Separate(method="ols").fit(data)

@@ -61,18 +61,20 @@ def test_exact_one_round_equals_pooled_posterior():
     np.testing.assert_allclose(g.cov, cov[:3, :3], atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("schedule", [
-    [["c4", "c3", "c2", "c1", "c0"]],
-    [["c1", "c3"], ["c0", "c2", "c4"]],
-    [["c0"], ["c1"], ["c2"], ["c3"], ["c4"]],
-    [["c2", "c4"], [], ["c0", "c1", "c3"]],
-])
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        [["c4", "c3", "c2", "c1", "c0"]],
+        [["c1", "c3"], ["c0", "c2", "c4"]],
+        [["c0"], ["c1"], ["c2"], ["c3"], ["c4"]],
+        [["c2", "c4"], [], ["c0", "c1", "c3"]],
+    ],
+)
 def test_exact_any_order_and_covering_pattern_then_fixed(schedule):
     data = make_data()
     mean, cov = pooled_exact(data, TAU, SIGMA)
     extra = [["c0", "c1", "c2", "c3", "c4"]] * 2  # further rounds must leave it fixed
-    res = exact_model(participation=lambda r, rng: (schedule + extra)[r],
-                      rounds=len(schedule) + 2, tol=0).fit(data)
+    res = exact_model(participation=lambda r, rng: (schedule + extra)[r], rounds=len(schedule) + 2, tol=0).fit(data)
     np.testing.assert_allclose(res.global_posterior().mean, mean[:3], atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.global_posterior().cov, cov[:3, :3], atol=1e-10, rtol=0)
 
@@ -89,10 +91,16 @@ def test_exact_device_posteriors_equal_pooled_marginals_and_q_double_counts():
     # Using q instead of the cavity counts the device's data twice: detectably over-confident.
     alg = res.algorithm
     sites = alg.committed_sites(res.server, res.client_states)
-    wrong = alg.local_tilted(res.server.q, [sites[c] for c in data.clients],
-                             [res.client_states[c].stats for c in data.clients], [0] * 5, use_cavity=False)
-    right = alg.local_tilted(res.server.q, [sites[c] for c in data.clients],
-                             [res.client_states[c].stats for c in data.clients], [0] * 5)
+    wrong = alg.local_tilted(
+        res.server.q,
+        [sites[c] for c in data.clients],
+        [res.client_states[c].stats for c in data.clients],
+        [0] * 5,
+        use_cavity=False,
+    )
+    right = alg.local_tilted(
+        res.server.q, [sites[c] for c in data.clients], [res.client_states[c].stats for c in data.clients], [0] * 5
+    )
     for w, r in zip(wrong, right):
         assert np.all(np.diag(w.cov) < 0.95 * np.diag(r.cov))
 
@@ -106,8 +114,14 @@ def test_damping_to_zero_leaves_q_unchanged():
 
 
 def _ep_run(data, rounds, est="importance", participation=1.0, fail=None, checkpoint=None, resume=False):
-    model = HierarchicalLinearModel(standardize=False, tau="diag", sigma=None, fit_intercept=False, estimator=est,
-                                    estimator_options={"num_draws": 400} if est == "importance" else None)
+    model = HierarchicalLinearModel(
+        standardize=False,
+        tau="diag",
+        sigma=None,
+        fit_intercept=False,
+        estimator=est,
+        estimator_options={"num_draws": 400} if est == "importance" else None,
+    )
     site = model._site(data.n_features)
 
     class Flaky(FederatedEP):
@@ -123,8 +137,7 @@ def _ep_run(data, rounds, est="importance", participation=1.0, fail=None, checkp
 
     alg = Flaky(site, model._prior(site), model._estimator(site), damping=0.7)
     dev = Devices(data, False)
-    return alg, run(alg, dev, rounds=rounds, participation=participation, seed=3, checkpoint=checkpoint,
-                    resume=resume)
+    return alg, run(alg, dev, rounds=rounds, participation=participation, seed=3, checkpoint=checkpoint, resume=resume)
 
 
 def test_invariants_hold_after_every_round(tmp_path):
@@ -158,9 +171,20 @@ class _Overshooting:
         return out
 
 
-@pytest.mark.parametrize("participation", [1.0, [["c0", "c1", "c2", "c3", "c4"], ["c0", "c1", "c2", "c3", "c4"],
-                                                 ["c1", "c3"], ["c0", "c1", "c2", "c3", "c4"], ["c2", "c4"],
-                                                 ["c0", "c1", "c2", "c3", "c4"]]])
+@pytest.mark.parametrize(
+    "participation",
+    [
+        1.0,
+        [
+            ["c0", "c1", "c2", "c3", "c4"],
+            ["c0", "c1", "c2", "c3", "c4"],
+            ["c1", "c3"],
+            ["c0", "c1", "c2", "c3", "c4"],
+            ["c2", "c4"],
+            ["c0", "c1", "c2", "c3", "c4"],
+        ],
+    ],
+)
 def test_invariants_hold_through_server_backoff(participation):
     # Rounds with back-off (gamma < 1) leave pending changes that devices commit, by the
     # accepted fraction, at their next broadcast, also after sitting rounds out.
@@ -273,16 +297,19 @@ def test_predictive_draws_are_joint_and_weighted():
         assert abs(p["pred_lower"][r] - lo) < 0.03 * width and abs(p["pred_upper"][r] - hi) < 0.03 * width
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(tau="full"), "tau must be"),
-    (dict(tau=-1.0), "positive"),
-    (dict(prior_mu=(0, -1)), "prior_mu"),
-    (dict(estimator="bogus"), "unknown tilted estimator"),
-    (dict(estimator="gibbs"), "closed-form conditionals"),
-    (dict(damping=0.0), "damping"),
-    (dict(estimator="exact"), "needs known tau and sigma"),
-    (dict(estimator="exact", tau=1.0), "needs known tau and sigma"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(tau="full"), "tau must be"),
+        (dict(tau=-1.0), "positive"),
+        (dict(prior_mu=(0, -1)), "prior_mu"),
+        (dict(estimator="bogus"), "unknown tilted estimator"),
+        (dict(estimator="gibbs"), "closed-form conditionals"),
+        (dict(damping=0.0), "damping"),
+        (dict(estimator="exact"), "needs known tau and sigma"),
+        (dict(estimator="exact", tau=1.0), "needs known tau and sigma"),
+    ],
+)
 def test_bad_options_raise(bad, match):
     with pytest.raises(ValueError, match=match):
         HierarchicalLinearModel(**bad).fit(make_data())

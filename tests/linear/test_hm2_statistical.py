@@ -12,9 +12,17 @@ def test_nuts_mode_matches_exact_posterior_small_federation():
     """Spec A5 with sampled tilted moments: K <= 10, mean within 0.1 sd, sd within 10%."""
     data = make_data(n=[40, 40, 40, 40, 40])
     sig = {f"c{k}": s for k, s in enumerate(SIGMA)}
-    res = HierarchicalLinearModel(standardize=False, tau=TAU, sigma=sig, fit_intercept=False, estimator="nuts", rounds=3, tol=0,
-                                  damping=0.7, estimator_options=dict(num_warmup=300, num_samples=2000,
-                                                                      num_chains=4)).fit(data, seed=0)
+    res = HierarchicalLinearModel(
+        standardize=False,
+        tau=TAU,
+        sigma=sig,
+        fit_intercept=False,
+        estimator="nuts",
+        rounds=3,
+        tol=0,
+        damping=0.7,
+        estimator_options=dict(num_warmup=300, num_samples=2000, num_chains=4),
+    ).fit(data, seed=0)
     mean, cov = pooled_exact(data, TAU, SIGMA)
     sd = np.sqrt(np.diag(cov)[:3])
     g = res.global_posterior()
@@ -39,7 +47,9 @@ def _coverage(reps, K=10, n=30, level=0.9, seed0=0):
         mu = rng.normal(size=2)
         log_tau = rng.normal(size=2)
         data, _ = hm2_federation(n_clients=K, n_obs=n, mu=mu, tau=np.exp(log_tau), sigma=0.5, seed=1000 + r)
-        res = HierarchicalLinearModel(standardize=False, fit_intercept=False, estimator_options={"num_draws": 4000}).fit(data, seed=r)
+        res = HierarchicalLinearModel(
+            standardize=False, fit_intercept=False, estimator_options={"num_draws": 4000}
+        ).fit(data, seed=r)
         lo, hi = res.global_posterior().credible_interval(level)
         truth = np.r_[mu, log_tau]
         hits.append((lo <= truth) & (truth <= hi))
@@ -64,9 +74,14 @@ def test_nuts_mode_on_the_uncertainty_example_matches_pooled_nuts():
     from fedstats.reference.hierarchical import pooled_nuts
 
     data, truth = hm2_federation(seed=1, sigma=0.05)
-    res = HierarchicalLinearModel(standardize=False, fit_intercept=False, sigma=0.05, estimator="nuts", rounds=10,
-                                  estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2,
-                                                         target="augmented")).fit(data, seed=0)
+    res = HierarchicalLinearModel(
+        standardize=False,
+        fit_intercept=False,
+        sigma=0.05,
+        estimator="nuts",
+        rounds=10,
+        estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2, target="augmented"),
+    ).fit(data, seed=0)
     ref = pooled_nuts(data, sigma=0.05, fit_intercept=False, num_warmup=500, num_samples=1000, num_chains=2)
     g = res.global_posterior()
     rm, rs = ref["phi"].mean(0), ref["phi"].std(0)
@@ -105,23 +120,30 @@ def iso_federation():
     """K = 8 devices, d = 2 plus intercept, unknown noise, one shared tau; pooled NUTS reference."""
     from fedstats.reference.hierarchical import pooled_nuts
 
-    data, truth = hm2_federation(n_clients=8, n_obs=[15, 30, 60, 20, 40, 25, 50, 35], mu=[0.5, -1.0],
-                                 tau=[0.4, 0.4], sigma=0.7, seed=21)
-    ref = pooled_nuts(data, tau="iso", sigma=None, fit_intercept=True, num_warmup=1000, num_samples=2000,
-                      num_chains=2, seed=3)
+    data, truth = hm2_federation(
+        n_clients=8, n_obs=[15, 30, 60, 20, 40, 25, 50, 35], mu=[0.5, -1.0], tau=[0.4, 0.4], sigma=0.7, seed=21
+    )
+    ref = pooled_nuts(
+        data, tau="iso", sigma=None, fit_intercept=True, num_warmup=1000, num_samples=2000, num_chains=2, seed=3
+    )
     return data, ref
 
 
-@pytest.mark.parametrize("estimator, options", [
-    ("importance", {}),
-    ("laplace", {}),
-    ("nuts", dict(num_warmup=300, num_samples=1000, num_chains=2, target="augmented")),
-    ("nuts", dict(num_warmup=300, num_samples=1000, num_chains=2, target="collapsed")),
-])
+@pytest.mark.parametrize(
+    "estimator, options",
+    [
+        ("importance", {}),
+        ("laplace", {}),
+        ("nuts", dict(num_warmup=300, num_samples=1000, num_chains=2, target="augmented")),
+        ("nuts", dict(num_warmup=300, num_samples=1000, num_chains=2, target="collapsed")),
+    ],
+)
 def test_every_estimator_matches_pooled_nuts_unknown_noise_iso_tau(iso_federation, estimator, options):
     """The shared battery: each tilted estimator, unknown sigma_k, tau = tau I, intercept."""
     data, ref = iso_federation
-    res = HierarchicalLinearModel(standardize=False, tau="iso", estimator=estimator, estimator_options=options).fit(data, seed=2)
+    res = HierarchicalLinearModel(standardize=False, tau="iso", estimator=estimator, estimator_options=options).fit(
+        data, seed=2
+    )
     g = res.global_posterior()
     assert g.names == ["mu[intercept]", "mu[x1]", "mu[x2]", "log_tau"]
     rm, rs = ref["phi"].mean(0), ref["phi"].std(0)

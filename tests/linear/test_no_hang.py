@@ -29,8 +29,9 @@ from fedstats.inference import DEADLOCKING_JAXLIB as AFFECTED
 def run_script(code: str, timeout: float) -> str:
     """Run ``code`` in a fresh interpreter; fail (not hang) if it takes longer than ``timeout``."""
     try:
-        out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"did not finish within {timeout:.0f} s (a hang?); output so far: {exc.stdout!r} {exc.stderr!r}")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -43,14 +44,16 @@ def test_jaxlib_has_no_parallel_lapack_batches():
     v = jaxlib.__version__
     assert not v.startswith(AFFECTED), (
         f"jaxlib {v} splits batched LAPACK calls over XLA's thread pool and deadlocks vmapped fits "
-        "(fixed upstream by jax-ml/jax 859992407d); use 0.9.2 (constraints.txt) or >= 0.11.1")
+        "(fixed upstream by jax-ml/jax 859992407d); use 0.9.2 (constraints.txt) or >= 0.11.1"
+    )
 
 
 def test_laplace_kernel_repeated_does_not_deadlock():
     # The smallest reproducer of the report: the compiled, vmapped Newton solve of HM2 with 9
     # predictors and the intercept, called again and again. On jaxlib 0.10.2 it hangs (checked:
     # no call returned within 300 s); on 0.9.2 the 80 calls take about 10 s.
-    out = run_script("""
+    out = run_script(
+        """
         import numpy as np, jax
         from fedstats.inference.tilted.kernels import stack_stats
         from fedstats.inference.tilted.laplace import laplace_fns
@@ -69,7 +72,9 @@ def test_laplace_kernel_repeated_does_not_deadlock():
             for _ in range(80):
                 x = np.asarray(f(*args)[0])
         print("ok", np.isfinite(x).all())
-    """, timeout=240)
+    """,
+        timeout=240,
+    )
     assert "ok True" in out
 
 
@@ -90,18 +95,31 @@ FIT = """
         print("fit", d, K, n, seed, res.rounds, ok, round(time.perf_counter() - t, 1), flush=True)
 """
 
-SMALL = [(9, 10, 100, 0), (9, 10, 100, 1), (10, 10, 100, 1), (12, 10, 100, 0), (12, 10, 100, 1), (16, 10, 100, 0),
-         (16, 10, 100, 1)]
+SMALL = [
+    (9, 10, 100, 0),
+    (9, 10, 100, 1),
+    (10, 10, 100, 1),
+    (12, 10, 100, 0),
+    (12, 10, 100, 1),
+    (16, 10, 100, 0),
+    (16, 10, 100, 1),
+]
 
 
-@pytest.mark.parametrize("estimator, options", [
-    ("exact", {}),
-    ("laplace", {}),
-    ("importance", {}),
-    # NUTS is slow per round (52 s here); the default run keeps its 40-predictor case below
-    pytest.param("nuts", {"rounds": 2, "estimator_options": {"num_warmup": 60, "num_samples": 60, "num_chains": 2}},
-                 marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "estimator, options",
+    [
+        ("exact", {}),
+        ("laplace", {}),
+        ("importance", {}),
+        # NUTS is slow per round (52 s here); the default run keeps its 40-predictor case below
+        pytest.param(
+            "nuts",
+            {"rounds": 2, "estimator_options": {"num_warmup": 60, "num_samples": 60, "num_chains": 2}},
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_hm2_finishes_with_many_predictors(estimator, options):
     cases = SMALL if estimator != "nuts" else SMALL[::2]
     out = run_script(FIT.format(cases=cases, kw={"estimator": estimator, **options}), timeout=900)
@@ -109,12 +127,15 @@ def test_hm2_finishes_with_many_predictors(estimator, options):
     assert len(lines) == len(cases) and all(ln[6] == "True" for ln in lines), out
 
 
-@pytest.mark.parametrize("estimator, options", [
-    ("exact", {"rounds": 3}),
-    ("laplace", {"rounds": 3}),
-    ("importance", {"rounds": 3}),
-    ("nuts", {"rounds": 2, "estimator_options": {"num_warmup": 60, "num_samples": 60, "num_chains": 2}}),
-])
+@pytest.mark.parametrize(
+    "estimator, options",
+    [
+        ("exact", {"rounds": 3}),
+        ("laplace", {"rounds": 3}),
+        ("importance", {"rounds": 3}),
+        ("nuts", {"rounds": 2, "estimator_options": {"num_warmup": 60, "num_samples": 60, "num_chains": 2}}),
+    ],
+)
 def test_hm2_finishes_with_40_predictors_short(estimator, options):
     # 20 clients x 200 rows, phi of dimension 80 (measured: exact 2 rounds at once, Laplace 3
     # rounds 19 s, importance 3 rounds 33 s, NUTS 2 rounds 45 s). The default (importance)
@@ -133,7 +154,8 @@ def test_hm2_finishes_with_40_predictors():
 
 @pytest.mark.parametrize("model", ["BayesianLasso", "BayesianRidge"])
 def test_shrinkage_finishes_with_many_predictors(model):
-    out = run_script(f"""
+    out = run_script(
+        f"""
         import numpy as np, warnings
         warnings.simplefilter("ignore")
         from fedstats import FederatedData
@@ -145,7 +167,9 @@ def test_shrinkage_finishes_with_many_predictors(model):
             data = FederatedData.from_arrays(Xs, [X @ beta + 0.3 * rng.normal(size=100) for X in Xs])
             res = {model}(rounds=2).fit(data, seed=0)
             print("fit", d, np.isfinite(res.summary()["mean"].to_numpy()).all(), flush=True)
-    """, timeout=900)
+    """,
+        timeout=900,
+    )
     assert out.count("True") == 1, out
 
 
@@ -158,9 +182,26 @@ def test_cli_hm2_with_nine_predictors_finishes(tmp_path):
     df["site"] = np.repeat([f"s{k}" for k in range(10)], 100)
     df.to_csv(tmp_path / "big.csv", index=False)
     try:
-        out = subprocess.run([sys.executable, "-m", "fedstats.cli", "fit", str(tmp_path / "big.csv"), "--by", "site",
-                              "--target", "y", "--model", "hm2", "--output", str(tmp_path / "fit.json")],
-                             capture_output=True, text=True, timeout=900)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fedstats.cli",
+                "fit",
+                str(tmp_path / "big.csv"),
+                "--by",
+                "site",
+                "--target",
+                "y",
+                "--model",
+                "hm2",
+                "--output",
+                str(tmp_path / "fit.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("fedstats fit did not finish within 900 s")
     assert out.returncode == 0, out.stderr

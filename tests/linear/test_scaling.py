@@ -53,8 +53,10 @@ def test_scaling_is_one_counted_round_and_keeps_dummies():
     # the coefficient map is exact: predictions of mapped coefficients equal mapped predictions
     theta = np.array([0.3, -1.2, 0.7])
     Xq = np.array([[0.5, 1.0], [-2.0, 0.0]])
-    np.testing.assert_allclose(np.column_stack([np.ones(2), Xq]) @ sc.coef_back(theta),
-                               sc.inverse_y(np.column_stack([np.ones(2), sc.transform_X(Xq)]) @ theta))
+    np.testing.assert_allclose(
+        np.column_stack([np.ones(2), Xq]) @ sc.coef_back(theta),
+        sc.inverse_y(np.column_stack([np.ones(2), sc.transform_X(Xq)]) @ theta),
+    )
     np.testing.assert_allclose(sc.coef_forward(sc.coef_back(theta)), theta)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -80,8 +82,9 @@ def test_units_do_not_change_the_posterior(model):
     means within 0.02 sd, sds within 2%), and the same predictions in the new units."""
     Xs, ys = unit_data()
     unit = FederatedData.from_arrays(Xs, ys, feature_names=["x", "dummy"])
-    big = FederatedData.from_arrays([X * [1e3, 1.0] for X in Xs], [1e3 * y + 5e3 for y in ys],
-                                    feature_names=["x", "dummy"])  # the 0/1 dummy keeps its coding
+    big = FederatedData.from_arrays(
+        [X * [1e3, 1.0] for X in Xs], [1e3 * y + 5e3 for y in ys], feature_names=["x", "dummy"]
+    )  # the 0/1 dummy keeps its coding
     make = (lambda: HierarchicalLinearModel(rounds=6)) if model == "hm2" else (lambda: BayesianLasso(rounds=3))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -100,15 +103,18 @@ def test_units_do_not_change_the_posterior(model):
     np.testing.assert_allclose(qb.to_numpy(), 1e3 * qa.to_numpy() + 5e3, rtol=1e-6, atol=1e-3)
     if model == "hm2":
         ga, gb = a.summary(), b.summary()
-        np.testing.assert_allclose(gb.loc["mu[intercept]", "mean"], 1e3 * ga.loc["mu[intercept]", "mean"] + 5e3,
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            gb.loc["mu[intercept]", "mean"], 1e3 * ga.loc["mu[intercept]", "mean"] + 5e3, rtol=1e-6
+        )
         np.testing.assert_allclose(gb.loc["tau[x]", "mean"], ga.loc["tau[x]", "mean"], rtol=1e-6)
     else:  # sigma^2 in squared units of y; lambda penalises standardised coefficients: unchanged
-        np.testing.assert_allclose(b.summary().loc["sigma2", "mean"], 1e6 * a.summary().loc["sigma2", "mean"],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            b.summary().loc["sigma2", "mean"], 1e6 * a.summary().loc["sigma2", "mean"], rtol=1e-6
+        )
         np.testing.assert_allclose(b.summary().loc["lambda", "mean"], a.summary().loc["lambda", "mean"], rtol=1e-9)
-        assert a.selected().equals(b.selected().assign(**{c: a.selected()[c] for c in ("mean", "sd", "lower",
-                                                                                         "upper")}))
+        assert a.selected().equals(
+            b.selected().assign(**{c: a.selected()[c] for c in ("mean", "sd", "lower", "upper")})
+        )
 
 
 def test_natural_units_match_pooled_nuts_and_each_clients_least_squares():
@@ -120,8 +126,9 @@ def test_natural_units_match_pooled_nuts_and_each_clients_least_squares():
     res = HierarchicalLinearModel().fit(data, seed=0, progress=False)
     assert res.converged
     sc = res.scaling
-    std = FederatedData.from_arrays([sc.transform_X(data[c].X) for c in data.clients],
-                                    [sc.transform_y(data[c].y) for c in data.clients])
+    std = FederatedData.from_arrays(
+        [sc.transform_X(data[c].X) for c in data.clients], [sc.transform_y(data[c].y) for c in data.clients]
+    )
     ref = pooled_nuts(std, num_warmup=1000, num_samples=1500, num_chains=2, seed=1)
     theta = sc.coef_back(ref["theta"])  # (S, K, d) on the data's scale
     for k, c in enumerate(data.clients):

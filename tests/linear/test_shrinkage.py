@@ -20,9 +20,11 @@ def one_client(seed=0, n=60, d=5):
     return FederatedData.from_arrays([X], [y], clients=["only"])
 
 
-@pytest.mark.parametrize("cls, opts", [(BayesianRidge, {}), (BayesianLasso, {}),
-                                       (BayesianLasso, {"estimator": "nuts", "estimator_options": FAST_NUTS})],
-                         ids=["ridge-importance", "lasso-gibbs", "lasso-nuts"])
+@pytest.mark.parametrize(
+    "cls, opts",
+    [(BayesianRidge, {}), (BayesianLasso, {}), (BayesianLasso, {"estimator": "nuts", "estimator_options": FAST_NUTS})],
+    ids=["ridge-importance", "lasso-gibbs", "lasso-nuts"],
+)
 def test_one_client_equals_pooled_nuts(cls, opts):
     # One device: its posterior comes from the cavity (= the prior), so the federated fit is
     # the exact posterior up to Monte-Carlo error; the reference is NumPyro NUTS on the
@@ -82,8 +84,7 @@ def test_case_I_selection_and_accuracy():
     nonzero = np.tile(theta != 0, train.n_clients)
     assert sel["selected"][nonzero].mean() >= 0.85
     assert sel["selected"][~nonzero].mean() <= 0.12
-    rmse = [np.sqrt(np.mean((res.predict(test[c].X, client=c, n=100)["mean"] - test[c].y) ** 2))
-            for c in train.clients]
+    rmse = [np.sqrt(np.mean((res.predict(test[c].X, client=c, n=100)["mean"] - test[c].y) ** 2)) for c in train.clients]
     assert 0.8 * 0.055 <= np.mean(rmse) <= 1.2 * 0.055, np.mean(rmse)
 
 

@@ -15,10 +15,16 @@ def design(n=25, d=4, seed=0):
     return X, y
 
 
-@pytest.mark.parametrize("penalty, scale, noise", [
-    ("ridge", "sd", "shared"), ("ridge", "sd", "device"), ("lasso", "sd", "shared"),
-    ("lasso", "variance", "shared"), ("lasso", "sd", "device"),
-])
+@pytest.mark.parametrize(
+    "penalty, scale, noise",
+    [
+        ("ridge", "sd", "shared"),
+        ("ridge", "sd", "device"),
+        ("lasso", "sd", "shared"),
+        ("lasso", "variance", "shared"),
+        ("lasso", "sd", "device"),
+    ],
+)
 def test_collapsed_likelihood_equals_the_multivariate_normal(penalty, scale, noise):
     X, y = design()
     site = ShrinkageSite(d=4, penalty=penalty, scale=scale, noise=noise, intercept_sd=3.0)
@@ -29,7 +35,7 @@ def test_collapsed_likelihood_equals_the_multivariate_normal(penalty, scale, noi
         got = float(site.log_collapsed(jax.numpy.asarray(phi), jax.numpy.asarray(z), site.stats_from(X, y)))
     log_lam = phi[0]
     log_s2 = phi[1] if noise == "shared" else z[0]
-    u = z[int(noise == "device"):]
+    u = z[int(noise == "device") :]
     s2 = np.exp(log_s2)
     lp_z = st.norm.logpdf(z[0]) if noise == "device" else 0.0
     if penalty == "ridge":
@@ -85,10 +91,17 @@ def test_gibbs_conditional_draws():
     with jax.enable_x64(True):
         keys = jax.random.split(jax.random.PRNGKey(0), 20000)
         args = {k: jax.numpy.asarray(v) for k, v in stats.items()}
-        th = np.asarray(jax.vmap(lambda k: site.draw_theta(jax.numpy.asarray(phi), jax.numpy.asarray(z), args, k))(keys))
+        th = np.asarray(
+            jax.vmap(lambda k: site.draw_theta(jax.numpy.asarray(phi), jax.numpy.asarray(z), args, k))(keys)
+        )
         beta = np.array([0.0, 1e-8, 0.05, -0.4, 2.0])  # intercept first; includes beta ~ 0
-        u = np.asarray(jax.vmap(lambda k: site.draw_locals(jax.numpy.asarray(phi), jax.numpy.asarray(beta),
-                                                            jax.numpy.asarray(z), args, k))(keys))
+        u = np.asarray(
+            jax.vmap(
+                lambda k: site.draw_locals(
+                    jax.numpy.asarray(phi), jax.numpy.asarray(beta), jax.numpy.asarray(z), args, k
+                )
+            )(keys)
+        )
     se = np.sqrt(np.diag(V[0]) / len(th))
     np.testing.assert_array_less(np.abs(th.mean(axis=0) - m[0]), 5 * se)
     np.testing.assert_allclose(np.cov(th.T), V[0], atol=5 * np.sqrt(2 / len(th)) * np.diag(V[0]).max())
@@ -112,8 +125,7 @@ def test_gibbs_tilted_moments_equal_nuts(noise):
     p = site.phi_dim
     cm, cc = np.tile([0.5, np.log(0.1)][:p], (2, 1)), np.tile(np.eye(p) * 0.5, (2, 1, 1))
     g = GibbsTilted(num_warmup=400, num_samples=1500).estimate(site, cm, cc, stats, np.array([3, 4]))
-    n = NUTSTilted(num_warmup=400, num_samples=1500, target="collapsed").estimate(site, cm, cc, stats,
-                                                                                  np.array([5, 6]))
+    n = NUTSTilted(num_warmup=400, num_samples=1500, target="collapsed").estimate(site, cm, cc, stats, np.array([5, 6]))
     for a, b in zip(g, n):
         assert a.ok and a.diagnostics["rhat_max"] < 1.05 and a.diagnostics["ess_min"] > 300
         sd = np.sqrt(np.diag(b.cov))

@@ -37,9 +37,9 @@ def fixed_point(data, omega, lr, T, s=1.0):
         M = np.linalg.matrix_power(np.eye(d) - 2 * lr * X.T @ X, T)
         ols = np.linalg.solve(X.T @ X, X.T @ y)
         for i in range(K):
-            A[k * d:(k + 1) * d, i * d:(i + 1) * d] = 2 * lr * s * Oinv[i, k] * np.eye(d)
-        A[k * d:(k + 1) * d, k * d:(k + 1) * d] += np.eye(d) - M
-        b[k * d:(k + 1) * d] = (np.eye(d) - M) @ ols
+            A[k * d : (k + 1) * d, i * d : (i + 1) * d] = 2 * lr * s * Oinv[i, k] * np.eye(d)
+        A[k * d : (k + 1) * d, k * d : (k + 1) * d] += np.eye(d) - M
+        b[k * d : (k + 1) * d] = (np.eye(d) - M) @ ols
     return np.linalg.solve(A, b).reshape(K, d).T
 
 
@@ -49,14 +49,24 @@ def oracle_mean(data, omega, sigma2):
     r = np.zeros(K * d)
     for k, c in enumerate(data.clients):
         X, y = data[c].X, data[c].y
-        P[k * d:(k + 1) * d, k * d:(k + 1) * d] += X.T @ X / sigma2
-        r[k * d:(k + 1) * d] = X.T @ y / sigma2
+        P[k * d : (k + 1) * d, k * d : (k + 1) * d] += X.T @ X / sigma2
+        r[k * d : (k + 1) * d] = X.T @ y / sigma2
     return np.linalg.solve(P, r).reshape(K, d).T
 
 
 def frozen(omega, lr, T=5, rounds=4000, s=1.0, **kw):
-    return StructuralCovarianceModel(rounds=rounds, local_steps=T, lr=lr, alpha=0.0, omega_init=omega,
-                                     shrink_scale=s, init="zeros", tol=1e-13, stop_early=True, **kw)
+    return StructuralCovarianceModel(
+        rounds=rounds,
+        local_steps=T,
+        lr=lr,
+        alpha=0.0,
+        omega_init=omega,
+        shrink_scale=s,
+        init="zeros",
+        tol=1e-13,
+        stop_early=True,
+        **kw,
+    )
 
 
 def test_frozen_omega_converges_to_the_linear_system_solution():
@@ -70,8 +80,9 @@ def test_frozen_omega_converges_to_the_linear_system_solution():
 def test_identity_omega_tends_to_ridge_as_lr_goes_to_zero():
     data, _, _ = simulate(seed=2)
     T, K = 5, data.n_clients
-    ridge = np.column_stack([np.linalg.solve(T * data[c].X.T @ data[c].X + np.eye(3), T * data[c].X.T @ data[c].y)
-                             for c in data.clients])
+    ridge = np.column_stack(
+        [np.linalg.solve(T * data[c].X.T @ data[c].X + np.eye(3), T * data[c].X.T @ data[c].y) for c in data.clients]
+    )
     errs = []
     for lr in (2e-3, 5e-4):
         res = frozen(np.eye(K), lr, T=T, rounds=20000).fit(data)
@@ -145,8 +156,9 @@ def test_partial_participation_and_what_a_device_receives():
     from fedstats.linear.local import DeviceDesign
 
     data, _, _ = simulate(K=5, d=3, seed=7)
-    alg = Spy(3, local_steps=4, lr=2e-3, alpha=0.2, batch_size=None, grad_reduction="sum", shrink_scale=1.0,
-              init="normal")
+    alg = Spy(
+        3, local_steps=4, lr=2e-3, alpha=0.2, batch_size=None, grad_reduction="sum", shrink_scale=1.0, init="normal"
+    )
     schedule = [[0, 2], [1, 3, 4], [2]]
     out = run(alg, DeviceDesign(data, False), rounds=3, participation=schedule, seed=0, batched=False)
     # a device receives exactly its own theta_k and g_k = (Theta Omega^-1)[:, k] at the start of the round
@@ -154,7 +166,9 @@ def test_partial_participation_and_what_a_device_receives():
         assert set(msg) == {"theta", "aggregate"}
         assert msg["theta"].shape == (3,) and msg["aggregate"].shape == (3,)
         np.testing.assert_array_equal(msg["theta"], theta0[:, client])
-        np.testing.assert_allclose(msg["aggregate"], (theta0 @ np.linalg.inv(omega0))[:, client], rtol=1e-7)  # jitter 1e-8
+        np.testing.assert_allclose(
+            msg["aggregate"], (theta0 @ np.linalg.inv(omega0))[:, client], rtol=1e-7
+        )  # jitter 1e-8
     # columns of non-participants do not change in that round
     thetas = [s[2] for s in alg.starts if s[1] == schedule[s[0]][0]] + [out.server_state.theta]
     for rnd, chosen in enumerate(schedule):
@@ -224,10 +238,11 @@ def test_conditional_posterior_equals_the_dense_oracle():
     mean, cov = conditional_posterior(omega, info, score)
     np.testing.assert_allclose(mean.T, oracle_mean(data, omega, sigma2), atol=1e-10)
     P = np.kron(np.linalg.inv(omega), np.eye(2)) + np.block(
-        [[info[i] if i == j else np.zeros((2, 2)) for j in range(3)] for i in range(3)])
+        [[info[i] if i == j else np.zeros((2, 2)) for j in range(3)] for i in range(3)]
+    )
     full = np.linalg.inv(P)
     for k in range(3):
-        np.testing.assert_allclose(cov[k], full[2 * k:2 * k + 2, 2 * k:2 * k + 2], atol=1e-12)
+        np.testing.assert_allclose(cov[k], full[2 * k : 2 * k + 2, 2 * k : 2 * k + 2], atol=1e-12)
 
 
 def test_save_load_roundtrip(tmp_path):
@@ -305,8 +320,15 @@ def test_conditional_intervals_cover_at_the_nominal_level_where_omega_is_learnab
     assert np.mean(err_post) < 0.95 * np.mean(err_ols)  # measured 0.311 vs 0.363
 
 
-@pytest.mark.parametrize("opts", [{}, {"grad_reduction": "mean", "lr": 0.01}, {"shrink_scale": "noise", "alpha": 0.5},
-                                  {"eig_floor": 1e-2, "alpha": 0.9, "init": "zeros"}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"grad_reduction": "mean", "lr": 0.01},
+        {"shrink_scale": "noise", "alpha": 0.5},
+        {"eig_floor": 1e-2, "alpha": 0.9, "init": "zeros"},
+    ],
+)
 def test_federated_equals_centralised(opts):
     data, _, _ = simulate(K=7, d=3, n=[20, 30, 25, 40, 12, 50, 9], seed=15)
     model = StructuralCovarianceModel(rounds=25, **opts)
@@ -345,17 +367,21 @@ def coverage(K, d, n, sigma, make_omega, reps, level=0.9, seed=0, **opts):
         Xs = [rng.standard_normal((n, d)) for _ in range(K)]
         ys = [X @ theta[k] + sigma * rng.standard_normal(n) for k, X in enumerate(Xs)]
         with pytest.warns(RuntimeWarning, match="did not converge"):  # 30 rounds: Omega still moving
-            res = StructuralCovarianceModel(rounds=30, **opts).fit(FederatedData.from_arrays(Xs, ys), seed=r,
-                                                                    uncertainty=True)
+            res = StructuralCovarianceModel(rounds=30, **opts).fit(
+                FederatedData.from_arrays(Xs, ys), seed=r, uncertainty=True
+            )
         s = res.client_summary(level)  # client-major rows, as theta.ravel()
         hits.append((s["lower"].to_numpy() <= theta.ravel()) & (theta.ravel() <= s["upper"].to_numpy()))
     return float(np.mean(np.concatenate(hits)))
 
 
-@pytest.mark.parametrize("K,d,n,sigma,make_omega,reps", [
-    (10, 5, 100, 3.0, lambda K, rng: random_spd(K, rng, 1.0, 10.0), 20),  # README's K > d case
-    (20, 3, 40, 2.0, lambda K, rng: ar_omega(K), 15),  # K >> d, neighbouring clients alike
-])
+@pytest.mark.parametrize(
+    "K,d,n,sigma,make_omega,reps",
+    [
+        (10, 5, 100, 3.0, lambda K, rng: random_spd(K, rng, 1.0, 10.0), 20),  # README's K > d case
+        (20, 3, 40, 2.0, lambda K, rng: ar_omega(K), 15),  # K >> d, neighbouring clients alike
+    ],
+)
 def test_intervals_cover_the_true_coefficients_when_clients_outnumber_coefficients(K, d, n, sigma, make_omega, reps):
     # seeded replicates, 1000 / 900 intervals at 90%: measured 0.891 / 0.877; the plug-in of
     # Algorithm 1's Omega (posterior_omega="learned") covers 0.804 / 0.670 here
@@ -374,15 +400,18 @@ def factor_omega(K, rng):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("K,d,n,sigma,make_omega,reps", [
-    (4, 30, 100, 3.0, lambda K, rng: random_spd(K, rng, 0.05, 1.0), 100),  # measured 0.888
-    (10, 5, 100, 3.0, lambda K, rng: random_spd(K, rng, 1.0, 10.0), 100),  # 0.899 (learned Omega: 0.802)
-    (20, 3, 40, 2.0, lambda K, rng: ar_omega(K), 100),  # 0.886 (0.679)
-    (12, 4, 30, 2.0, factor_omega, 100),  # 0.889 (0.721)
-    (8, 8, 60, 2.0, lambda K, rng: 0.7 * np.ones((K, K)) + 0.3 * np.eye(K), 100),  # 0.889 (0.860)
-    (20, 3, 40, 2.0, hetvar_omega, 60),  # clients' prior variances 0.1 to 10: 0.896 (0.685)
-    (50, 3, 30, 1.5, lambda K, rng: random_spd(K, rng, 0.2, 2.0), 40),  # 0.888 (0.675)
-])
+@pytest.mark.parametrize(
+    "K,d,n,sigma,make_omega,reps",
+    [
+        (4, 30, 100, 3.0, lambda K, rng: random_spd(K, rng, 0.05, 1.0), 100),  # measured 0.888
+        (10, 5, 100, 3.0, lambda K, rng: random_spd(K, rng, 1.0, 10.0), 100),  # 0.899 (learned Omega: 0.802)
+        (20, 3, 40, 2.0, lambda K, rng: ar_omega(K), 100),  # 0.886 (0.679)
+        (12, 4, 30, 2.0, factor_omega, 100),  # 0.889 (0.721)
+        (8, 8, 60, 2.0, lambda K, rng: 0.7 * np.ones((K, K)) + 0.3 * np.eye(K), 100),  # 0.889 (0.860)
+        (20, 3, 40, 2.0, hetvar_omega, 60),  # clients' prior variances 0.1 to 10: 0.896 (0.685)
+        (50, 3, 30, 1.5, lambda K, rng: random_spd(K, rng, 0.2, 2.0), 40),  # 0.888 (0.675)
+    ],
+)
 def test_intervals_are_calibrated_across_federations(K, d, n, sigma, make_omega, reps):
     cov = coverage(K, d, n, sigma, make_omega, reps=reps, seed=1)
     assert abs(cov - 0.9) <= 0.03, cov
@@ -401,10 +430,11 @@ def test_why_the_plug_in_of_algorithm_1s_omega_was_over_confident():
     fits = {}
     for how in ("learned", "em"):
         with pytest.warns(RuntimeWarning, match="K = 10 > d = 5.*eig_floor"):
-            fits[how] = StructuralCovarianceModel(rounds=30, posterior_omega=how).fit(data, uncertainty=True,
-                                                                                      noise_sd=sigma)
+            fits[how] = StructuralCovarianceModel(rounds=30, posterior_omega=how).fit(
+                data, uncertainty=True, noise_sd=sigma
+            )
     learned, em = fits["learned"], fits["em"]
-    np.testing.assert_allclose(np.linalg.eigvalsh(learned.omega_)[:K - d], 0.9**30, rtol=1e-4)
+    np.testing.assert_allclose(np.linalg.eigvalsh(learned.omega_)[: K - d], 0.9**30, rtol=1e-4)
     np.testing.assert_array_equal(learned.posterior_omega_, learned.omega_)
     assert np.linalg.eigvalsh(em.posterior_omega_)[0] > 0.5
     info = np.stack([data[c].X.T @ data[c].X / sigma**2 for c in data.clients])
@@ -427,11 +457,14 @@ def test_em_omega_is_the_fixed_point_of_its_update():
         om, details = em_omega(info, score, prior_rows=nu, tol=1e-12, max_iter=5000)
         assert details["converged"] and details["prior_rows"] == nu
         # the dense posterior given om, then the M-step: (E[Theta'Theta] + nu T) / (d + nu) = om
-        full = np.linalg.inv(np.kron(np.linalg.inv(om), np.eye(3)) + np.block(
-            [[info[i] if i == j else np.zeros((3, 3)) for j in range(6)] for i in range(6)]))
+        full = np.linalg.inv(
+            np.kron(np.linalg.inv(om), np.eye(3))
+            + np.block([[info[i] if i == j else np.zeros((3, 3)) for j in range(6)] for i in range(6)])
+        )
         M = (full @ score.ravel()).reshape(6, 3)
-        S = M @ M.T + np.array([[np.trace(full[3 * k:3 * k + 3, 3 * l:3 * l + 3]) for l in range(6)]
-                                for k in range(6)])
+        S = M @ M.T + np.array(
+            [[np.trace(full[3 * k : 3 * k + 3, 3 * l : 3 * l + 3]) for l in range(6)] for k in range(6)]
+        )
         tau2, rho, T = exchangeable_target(S / 3)
         np.testing.assert_allclose(om, (S + nu * T) / (3 + nu), rtol=1e-9)
         assert rho > 0.5 and details["rho"] == pytest.approx(rho, rel=1e-6)  # alike clients: a common component
@@ -477,8 +510,11 @@ def test_converged_means_small_relative_changes_of_theta_and_omega():
 
     data, _, _ = simulate(K=10, d=5, n=100, sigma=3.0, seed=22)
     # K > d without a floor: no fixed point; the warning names the rounds, the changes and the cure
-    with pytest.warns(RuntimeWarning, match=r"did not converge in 40 rounds: in the last round Theta changed by "
-                                            r".* and Omega by .* \(relative; tol=0.0001\).*eig_floor"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"did not converge in 40 rounds: in the last round Theta changed by "
+        r".* and Omega by .* \(relative; tol=0.0001\).*eig_floor",
+    ):
         res = StructuralCovarianceModel(rounds=40).fit(data)
     assert not res.converged
     last = res.history[-1].metrics
@@ -503,10 +539,12 @@ def test_converged_means_small_relative_changes_of_theta_and_omega():
     StructuralCovarianceModel(rounds=3, eig_floor=1e-2, tol=0).fit(data, callback=lambda r, t, o: traces.append((t, o)))
     rec = StructuralCovarianceModel(rounds=3, eig_floor=1e-2, tol=0).fit(data).history[-1].metrics
     (t1, o1), (t2, o2) = traces[1], traces[2]
-    assert rec["theta_rel_change"] == pytest.approx(np.linalg.norm(t2 - t1) / max(np.linalg.norm(t2),
-                                                                                   np.linalg.norm(t1)))
-    assert rec["omega_rel_change"] == pytest.approx(np.linalg.norm(o2 - o1) / max(np.linalg.norm(o2),
-                                                                                   np.linalg.norm(o1)))
+    assert rec["theta_rel_change"] == pytest.approx(
+        np.linalg.norm(t2 - t1) / max(np.linalg.norm(t2), np.linalg.norm(t1))
+    )
+    assert rec["omega_rel_change"] == pytest.approx(
+        np.linalg.norm(o2 - o1) / max(np.linalg.norm(o2), np.linalg.norm(o1))
+    )
     # tol = 0: convergence is not judged, no warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -19,8 +19,15 @@ COV_TYPES = ["full", "tied", "diag", "spherical"]
 
 
 def _bgm(ct, **kw):
-    return BayesianGaussianMixture(n_components=3, covariance_type=ct, weight_concentration_prior_type="dirichlet_distribution",
-                                   warm_start=True, tol=0, random_state=0, **kw)
+    return BayesianGaussianMixture(
+        n_components=3,
+        covariance_type=ct,
+        weight_concentration_prior_type="dirichlet_distribution",
+        warm_start=True,
+        tol=0,
+        random_state=0,
+        **kw,
+    )
 
 
 def _quiet_fit(est, X):
@@ -31,14 +38,21 @@ def _quiet_fit(est, X):
 
 
 def _state(sk):
-    return dict(weight_concentration=sk.weight_concentration_.copy(), mean_precision=sk.mean_precision_.copy(),
-                means=sk.means_.copy(), degrees_of_freedom=np.array(sk.degrees_of_freedom_, float).copy(),
-                covariances=sk.covariances_.copy())
+    return dict(
+        weight_concentration=sk.weight_concentration_.copy(),
+        mean_precision=sk.mean_precision_.copy(),
+        means=sk.means_.copy(),
+        degrees_of_freedom=np.array(sk.degrees_of_freedom_, float).copy(),
+        covariances=sk.covariances_.copy(),
+    )
 
 
 def _priors(sk):
-    return dict(mean_prior=sk.mean_prior_, covariance_prior=sk.covariance_prior_,
-                degrees_of_freedom_prior=sk.degrees_of_freedom_prior_)
+    return dict(
+        mean_prior=sk.mean_prior_,
+        covariance_prior=sk.covariance_prior_,
+        degrees_of_freedom_prior=sk.degrees_of_freedom_prior_,
+    )
 
 
 def _blobs(seed=0, d=3):
@@ -54,8 +68,9 @@ def test_one_client_equals_sklearn_bayesian_mixture(ct):
     K = 20
     sk.max_iter = K
     _quiet_fit(sk, X)
-    res = VariationalGaussianMixture(3, covariance_type=ct, reg_covar=0, tol=0, rounds=K,
-                                   vb_init=init, **_priors(sk)).fit([X], seed=0)
+    res = VariationalGaussianMixture(
+        3, covariance_type=ct, reg_covar=0, tol=0, rounds=K, vb_init=init, **_priors(sk)
+    ).fit([X], seed=0)
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.weight_concentration_[0], sk.weight_concentration_, atol=1e-10, rtol=0)
@@ -63,8 +78,9 @@ def test_one_client_equals_sklearn_bayesian_mixture(ct):
     np.testing.assert_allclose(res.mean_precision_, sk.mean_precision_, atol=1e-10, rtol=0)
     assert res.elbo_trace()[-1] == pytest.approx(float(np.squeeze(sk.lower_bound_)), abs=1e-8)
     # the default priors are scikit-learn's, computed from federated sums
-    dflt = VariationalGaussianMixture(3, covariance_type=ct, reg_covar=0, tol=0, rounds=1,
-                                    vb_init=init).fit([X[:100], X[100:]], seed=0)
+    dflt = VariationalGaussianMixture(3, covariance_type=ct, reg_covar=0, tol=0, rounds=1, vb_init=init).fit(
+        [X[:100], X[100:]], seed=0
+    )
     np.testing.assert_allclose(dflt.prior["m0"], sk.mean_prior_, atol=1e-12)
     np.testing.assert_allclose(dflt.prior["cov0"], sk.covariance_prior_, atol=1e-12)
     assert dflt.prior["nu0"] == sk.degrees_of_freedom_prior_ and dflt.prior["alpha0"] == pytest.approx(1 / 3)
@@ -77,8 +93,9 @@ def test_shared_weights_equals_pooled_sklearn_bayesian():
     init = _state(sk)
     sk.max_iter = 15
     _quiet_fit(sk, X)
-    res = VariationalGaussianMixture(3, shared_weights=True, tol=0, rounds=15, vb_init=init,
-                                   **_priors(sk)).fit(data, seed=0)
+    res = VariationalGaussianMixture(3, shared_weights=True, tol=0, rounds=15, vb_init=init, **_priors(sk)).fit(
+        data, seed=0
+    )
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.weight_concentration_[data.clients[2]], sk.weight_concentration_, atol=1e-9, rtol=0)
@@ -100,7 +117,11 @@ def test_per_client_vb_equals_centralised_reference():
         log_resp = a - logsumexp(a, axis=1, keepdims=True)
         sk._m_step(X, log_resp)
         r = np.exp(log_resp)
-        alpha = sk.weight_concentration_prior_ + np.stack([r[cid == c].sum(0) for c in range(len(Xs))]) + 10 * np.finfo(float).eps
+        alpha = (
+            sk.weight_concentration_prior_
+            + np.stack([r[cid == c].sum(0) for c in range(len(Xs))])
+            + 10 * np.finfo(float).eps
+        )
     res = VariationalGaussianMixture(3, tol=0, rounds=K, vb_init=init, **_priors(sk)).fit(data, seed=0)
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
@@ -136,8 +157,9 @@ def _coverage(reps, seed0=1000):
     """90% interval coverage of the truth (after Hungarian matching) over seeded federations."""
     hit_m, hit_w, hit_wald_m, hit_wald_w = [], [], [], []
     for rep in range(reps):
-        data, truth = gmm_federation(n_clients=10, n_components=3, d=2, n_obs=100, min_separation=5.0, alpha=1.0,
-                                     seed=seed0 + rep)
+        data, truth = gmm_federation(
+            n_clients=10, n_components=3, d=2, n_obs=100, min_separation=5.0, alpha=1.0, seed=seed0 + rep
+        )
         for bayes in (True, False):
             res = (VariationalGaussianMixture if bayes else FederatedGaussianMixture)(3, n_init=3).fit(data, seed=rep)
             D = ((res.means_[:, None] - truth["means"][None]) ** 2).sum(-1)
@@ -174,9 +196,10 @@ def test_interval_coverage_200_federations():
 def _loglik_jax(M, d):
     def ll(theta, X, cov, E):  # E (L, M) one-hot rows: which log-ratios are parameters
         mu = theta[: M * d].reshape(M, d)
-        lw = jax.nn.log_softmax(theta[M * d:] @ E)
+        lw = jax.nn.log_softmax(theta[M * d :] @ E)
         ld = jnp.stack([jax.scipy.stats.multivariate_normal.logpdf(X, mu[j], cov[j]) for j in range(M)], 1)
         return jax.scipy.special.logsumexp(ld + lw, axis=1).sum()
+
     return ll
 
 
@@ -226,8 +249,7 @@ def test_wald_shared_weights_equals_autodiff(ct):
     with jax.enable_x64(True):
         hess = jax.jit(jax.hessian(_loglik_jax(M, d)))
         th = jnp.r_[res.means_.ravel(), np.log(w[free] / w.max())]
-        J = -sum(np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(covs), np.eye(M)[free]))
-                 for c in data.clients)
+        J = -sum(np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(covs), np.eye(M)[free])) for c in data.clients)
     inv = np.linalg.inv(J)
     m, wt = res.wald_intervals(data, 0.9)
     np.testing.assert_allclose(res.wald_info_["cov_means"], inv[:P, :P], rtol=1e-8, atol=1e-14)
@@ -290,4 +312,5 @@ def test_structured_posteriors_match_their_draws(ct):
         v_s = res.variance_intervals(0.9)
         v_d = diag.variance_intervals(0.9)
         assert np.median((v_s["upper"] - v_s["lower"]) / v_s["mean"]) < np.median(
-            (v_d["upper"] - v_d["lower"]) / v_d["mean"])
+            (v_d["upper"] - v_d["lower"]) / v_d["mean"]
+        )

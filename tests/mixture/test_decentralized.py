@@ -54,8 +54,9 @@ def test_ring_gossip_contracts_geometrically(fed):
     assert 0.8 < rho < 1
     dis, con = [], []
     for G in (1, 2, 4, 8, 16, 32):
-        d = DecentralizedGaussianMixture(3, graph="ring", gossip_steps=G, rounds=10, means_init=m0,
-                                         covariances_init=c0).fit(data, seed=0)
+        d = DecentralizedGaussianMixture(
+            3, graph="ring", gossip_steps=G, rounds=10, means_init=m0, covariances_init=c0
+        ).fit(data, seed=0)
         c = np.array([r.metrics["contraction"] for r in d.history])
         assert np.all(c <= rho**G * (1 + 1e-9))  # every round, the SLEM bound
         con.append(c.max())
@@ -81,8 +82,9 @@ def test_mixing_matrices():
 def test_fast_mixing_run_and_private_predictions(fed):
     data, m0, c0 = fed
     A = erdos_renyi_graph(12, 0.5, seed=1)
-    d = DecentralizedGaussianMixture(3, graph=A, mixing="fast", gossip_steps=2, rounds=15, means_init=m0,
-                                     covariances_init=c0).fit(data, seed=0)
+    d = DecentralizedGaussianMixture(
+        3, graph=A, mixing="fast", gossip_steps=2, rounds=15, means_init=m0, covariances_init=c0
+    ).fit(data, seed=0)
     f = FederatedGaussianMixture(3, rounds=15, tol=0, means_init=m0, covariances_init=c0).fit(data, seed=0)
     assert np.abs(d.means_ - f.means_).max() < 0.05
     X = data[3].X

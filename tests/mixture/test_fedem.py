@@ -26,16 +26,33 @@ def _blobs(seed=0, d=3):
 
 
 def _init(ct, M, d, v=2.0):
-    cov = {"full": np.stack([np.eye(d) * v] * M), "tied": np.eye(d) * v, "diag": np.full((M, d), v),
-           "spherical": np.full(M, v)}[ct]
-    prec = {"full": np.stack([np.eye(d) / v] * M), "tied": np.eye(d) / v, "diag": np.full((M, d), 1 / v),
-            "spherical": np.full(M, 1 / v)}[ct]
+    cov = {
+        "full": np.stack([np.eye(d) * v] * M),
+        "tied": np.eye(d) * v,
+        "diag": np.full((M, d), v),
+        "spherical": np.full(M, v),
+    }[ct]
+    prec = {
+        "full": np.stack([np.eye(d) / v] * M),
+        "tied": np.eye(d) / v,
+        "diag": np.full((M, d), 1 / v),
+        "spherical": np.full(M, 1 / v),
+    }[ct]
     return cov, prec
 
 
 def _sklearn(X, M, ct, K, w0, m0, prec):
-    sk = GaussianMixture(M, covariance_type=ct, tol=0, max_iter=K, n_init=1, weights_init=w0, means_init=m0,
-                         precisions_init=prec, reg_covar=1e-6)
+    sk = GaussianMixture(
+        M,
+        covariance_type=ct,
+        tol=0,
+        max_iter=K,
+        n_init=1,
+        weights_init=w0,
+        means_init=m0,
+        precisions_init=prec,
+        reg_covar=1e-6,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "did not converge" with tol=0
         sk.fit(X)
@@ -58,8 +75,9 @@ def test_one_client_equals_sklearn(ct):
     w0 = np.array([0.2, 0.3, 0.5])
     cov0, prec0 = _init(ct, M, d)
     sk = _sklearn(X, M, ct, K, w0, m0, prec0)
-    res = FederatedGaussianMixture(M, covariance_type=ct, rounds=K, tol=0, means_init=m0, covariances_init=cov0,
-                                   weights_init=w0).fit([X], seed=0)
+    res = FederatedGaussianMixture(
+        M, covariance_type=ct, rounds=K, tol=0, means_init=m0, covariances_init=cov0, weights_init=w0
+    ).fit([X], seed=0)
     assert res.rounds == K
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
@@ -86,8 +104,9 @@ def _pooled_reference_em(Xs, m0, cov0, K, reg=1e-6):
         W = np.stack([r[cid == c].mean(0) for c in range(len(Xs))])
         Nj = r.sum(0)
         means = (r.T @ X) / Nj[:, None]
-        covs = np.stack([((r[:, j, None] * (X - means[j])).T @ (X - means[j])) / Nj[j] + reg * np.eye(d)
-                         for j in range(M)])
+        covs = np.stack(
+            [((r[:, j, None] * (X - means[j])).T @ (X - means[j])) / Nj[j] + reg * np.eye(d) for j in range(M)]
+        )
     return means, covs, W
 
 
@@ -112,18 +131,21 @@ def test_shared_weights_equals_pooled_sklearn(ct):
     m0, w0, K = truth["means"] + 0.5, np.full(3, 1 / 3), 40
     cov0, prec0 = _init(ct, 3, 3)
     sk = _sklearn(X, 3, ct, K, w0, m0, prec0)
-    res = FederatedGaussianMixture(3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0,
-                                   covariances_init=cov0).fit(data, seed=0)
+    res = FederatedGaussianMixture(
+        3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0, covariances_init=cov0
+    ).fit(data, seed=0)
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
     for c in data.clients:
         np.testing.assert_allclose(res.weights_[c], sk.weights_, atol=1e-10, rtol=0)
     # permuting the clients, or splitting one client in two, changes nothing with shared weights
     Xs = [data[c].X for c in data.clients]
-    perm = FederatedGaussianMixture(3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0,
-                                    covariances_init=cov0).fit(Xs[::-1], seed=0)
-    split = FederatedGaussianMixture(3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0,
-                                     covariances_init=cov0).fit([Xs[0][:7], Xs[0][7:]] + Xs[1:], seed=0)
+    perm = FederatedGaussianMixture(
+        3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0, covariances_init=cov0
+    ).fit(Xs[::-1], seed=0)
+    split = FederatedGaussianMixture(
+        3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0, covariances_init=cov0
+    ).fit([Xs[0][:7], Xs[0][7:]] + Xs[1:], seed=0)
     for other in (perm, split):
         np.testing.assert_allclose(other.means_, res.means_, atol=1e-10, rtol=0)
         np.testing.assert_allclose(other.covariances_, res.covariances_, atol=1e-10, rtol=0)
@@ -187,8 +209,11 @@ def test_weights_never_cross_the_network(monkeypatch):
         for msg in seen:
             for k, v in msg.items():
                 v = np.ravel(v)
-                assert not any(v.size >= 3 and np.allclose(v[i:i + 3], u, atol=1e-8)
-                               for u in (w, np.log(w)) for i in range(v.size - 2)), k
+                assert not any(
+                    v.size >= 3 and np.allclose(v[i : i + 3], u, atol=1e-8)
+                    for u in (w, np.log(w))
+                    for i in range(v.size - 2)
+                ), k
 
 
 def test_init_centres_are_means_of_several_rows():
@@ -204,7 +229,8 @@ def test_init_centres_are_means_of_several_rows():
         assert not any(np.allclose(c, x) for c in out["centres"] for x in X)
     # a federation where most clients are too small to send centres still starts
     Xs = [rng.standard_normal((2, d)) + 5 * (k % 2) for k in range(20)] + [
-        np.r_[rng.standard_normal((20, d)), rng.standard_normal((20, d)) + 5]]
+        np.r_[rng.standard_normal((20, d)), rng.standard_normal((20, d)) + 5]
+    ]
     res = FederatedGaussianMixture(2, n_init=2).fit(Xs, seed=0)
     assert np.ptp(res.means_[:, 0]) > 4
     with pytest.raises(Exception, match="fewer than n_components"):
@@ -248,12 +274,17 @@ def test_uncertainty_puts_wald_intervals_into_the_summaries(tmp_path):
     z = stats.norm.ppf(0.9)
     np.testing.assert_allclose(g8.loc[m.index, "upper"], means["mean"] + z * means["sd"], rtol=1e-10)
     cs = res.client_summary(0.9)
-    np.testing.assert_allclose(cs[["mean", "sd", "lower", "upper"]].to_numpy(),
-                               w[["mean", "sd", "lower", "upper"]].to_numpy(), rtol=1e-10)
+    np.testing.assert_allclose(
+        cs[["mean", "sd", "lower", "upper"]].to_numpy(), w[["mean", "sd", "lower", "upper"]].to_numpy(), rtol=1e-10
+    )
     inner = cs[cs["sd"].notna()]  # a weight estimated at 0 (and its partner at 1) has no interval
     assert len(inner) == 4 and cs.loc[cs["sd"].isna(), "mean"].round(6).isin([0.0, 1.0]).all()
-    assert ((inner["lower"] > 0) & (inner["lower"] < inner["mean"]) & (inner["mean"] < inner["upper"])
-            & (inner["upper"] < 1)).all()
+    assert (
+        (inner["lower"] > 0)
+        & (inner["lower"] < inner["mean"])
+        & (inner["mean"] < inner["upper"])
+        & (inner["upper"] < 1)
+    ).all()
     back = GaussianMixtureResult.load(res.save(tmp_path / "r.fedstats"))
     pd.testing.assert_frame_equal(back.client_summary(0.9), cs)
 
@@ -308,8 +339,9 @@ def test_one_feature_equals_sklearn():
     X = np.r_[rng.normal(0, 1, (60, 1)), rng.normal(5, 0.5, (40, 1))]
     m0 = np.array([[1.0], [4.0]])
     sk = _sklearn(X, 2, "full", 20, np.full(2, 0.5), m0, np.ones((2, 1, 1)))
-    res = FederatedGaussianMixture(2, rounds=20, tol=0, means_init=m0, covariances_init=np.ones((2, 1, 1)),
-                                   shared_weights=True).fit([X], seed=0)
+    res = FederatedGaussianMixture(
+        2, rounds=20, tol=0, means_init=m0, covariances_init=np.ones((2, 1, 1)), shared_weights=True
+    ).fit([X], seed=0)
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10)
 
@@ -393,8 +425,9 @@ def test_degenerate_data_and_empty_component():
     # a third component placed far away gets no mass: kept, flagged, warned about
     m0 = np.array([[5.0, 5.0], [0.0, 0.0], [1e3, 1e3]])
     with pytest.warns(RuntimeWarning, match="no mass"):
-        res = FederatedGaussianMixture(3, rounds=5, tol=0, means_init=m0,
-                                       covariances_init=np.stack([np.eye(2)] * 3)).fit(Xs, seed=0)
+        res = FederatedGaussianMixture(
+            3, rounds=5, tol=0, means_init=m0, covariances_init=np.stack([np.eye(2)] * 3)
+        ).fit(Xs, seed=0)
     np.testing.assert_array_equal(res.means_[2], m0[2])
     assert res.history[-1].metrics["empty_components"] == 1
     assert np.all(np.isfinite(res.covariances_))

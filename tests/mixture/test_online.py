@@ -28,8 +28,14 @@ def test_eg_update_is_entropic_mirror_descent():
         q = np.maximum(q, 1e-300)
         return eta * q @ g + np.sum(q * np.log(q / pi))
 
-    ref = optimize.minimize(obj, np.full(4, 0.25), method="SLSQP", bounds=[(0, 1)] * 4,
-                            constraints={"type": "eq", "fun": lambda q: q.sum() - 1}, options={"ftol": 1e-14})
+    ref = optimize.minimize(
+        obj,
+        np.full(4, 0.25),
+        method="SLSQP",
+        bounds=[(0, 1)] * 4,
+        constraints={"type": "eq", "fun": lambda q: q.sum() - 1},
+        options={"ftol": 1e-14},
+    )
     q = eg_update(pi, g, eta)
     np.testing.assert_allclose(q, ref.x, atol=1e-6)
     assert obj(q) <= ref.fun + 1e-12
@@ -77,7 +83,7 @@ def _pooled_em_identity(Xs, means, K, split=False):
         for c, X in enumerate(Xs):
             if split:
                 b = X.shape[0] // K
-                X = X[k * b:(k + 1) * b]
+                X = X[k * b : (k + 1) * b]
             ld = norm.logpdf(X[:, None, :], means[None], 1).sum(-1) + logw[c]
             r = np.exp(ld - ld.max(1, keepdims=True))
             r /= r.sum(1, keepdims=True)
@@ -236,10 +242,12 @@ def test_regret_claims_quick():
     assert small["fem-omd"]["regret_T"] < small["local"]["regret_T"]
     assert big["fem-omd"]["regret_T"] < big["global"]["regret_T"] / 5
 
+
 def _regret_first_clients(C, k=5, T=100, seed=1, n_eval=100):
     s = MixtureStream(n_clients=C, n=1, d=10, n_components=5, process="fixed", seed=seed)
-    _, tr = simulate(s, {"f": FEMOMD(5, means_init=_start(s), horizon=T, eta=None, weight_floor=1e-3)}, T,
-                     n_eval=n_eval, seed=seed)
+    _, tr = simulate(
+        s, {"f": FEMOMD(5, means_init=_start(s), horizon=T, eta=None, weight_floor=1e-3)}, T, n_eval=n_eval, seed=seed
+    )
     return growth(tr.curve("f", tr.grid(16), clients=range(k)))["regret_T"]
 
 
@@ -280,8 +288,7 @@ def test_discounted_dirichlet_intervals():
         if t == 1:
             a_prev = model._clients[0]["alpha"].copy()
     a = model._clients[0]["alpha"]
-    assert a.sum() == pytest.approx(0.9 ** 39 * a_prev.sum() + sum(0.9 ** k * (0.1 * 3 + 20) for k in range(39)),
-                                     rel=1e-9)
+    assert a.sum() == pytest.approx(0.9**39 * a_prev.sum() + sum(0.9**k * (0.1 * 3 + 20) for k in range(39)), rel=1e-9)
     cs = model.client_summary(0.9)
     truth = stream.weights(40)
     hit = [(r.lower <= truth[r.client, int(r.parameter[7])] <= r.upper) for r in cs.itertuples()]
@@ -316,8 +323,9 @@ def test_bad_input_and_options():
         FEMOMD(3, eta=True).partial_fit(batch)
     with pytest.raises(RuntimeError, match="means_init"):
         FEMOMD(3).played(0)
-    m = FEMOMD(3, means_init=stream.means, sample_splitting=True, inner_rounds=2, grad_source="empirical",
-               inner_init="played").partial_fit(stream.batch(1))
+    m = FEMOMD(
+        3, means_init=stream.means, sample_splitting=True, inner_rounds=2, grad_source="empirical", inner_init="played"
+    ).partial_fit(stream.batch(1))
     assert m.t_ == 1 and m.history[0]["bytes_up"] > 0
     with pytest.raises(Exception, match="features"):
         m.partial_fit([np.zeros((4, 5))])

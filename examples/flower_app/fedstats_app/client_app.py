@@ -44,8 +44,10 @@ def read_site_csv(context) -> FederatedData:
     if SITE in frame.columns:
         sites = frame[SITE].astype(str).unique()
         if len(sites) != 1:
-            raise DataError(f"{path.name}: column {SITE!r} holds {len(sites)} sites ({list(sites[:5])}); "
-                            "give each SuperNode a file of its own site")
+            raise DataError(
+                f"{path.name}: column {SITE!r} holds {len(sites)} sites ({list(sites[:5])}); "
+                "give each SuperNode a file of its own site"
+            )
         if client and client != sites[0]:
             raise DataError(f"{path.name}: this node is client {client!r} but its rows are site {sites[0]!r}")
         client = client or sites[0]
@@ -59,8 +61,9 @@ def read_site_csv(context) -> FederatedData:
         features = [f.strip() for f in chosen.split(",") if f.strip()]
     else:
         features = [c for c in frame.columns if c != target]
-    return FederatedData.from_dataframe(frame.assign(__client__=client), by="__client__", target=target,
-                                        features=features)
+    return FederatedData.from_dataframe(
+        frame.assign(__client__=client), by="__client__", target=target, features=features
+    )
 
 
 app = make_client_app(read_site_csv)

@@ -23,8 +23,11 @@ from fedstats.mixture import FederatedGaussianMixture, VariationalGaussianMixtur
 app = ServerApp()
 
 #: the models' own stopping rules and round budgets, used where the run config says -1
-DEFAULTS = {"gmm": {"tol": 1e-6, "max-rounds": 100}, "gmm-bayes": {"tol": 1e-6, "max-rounds": 100},
-            "hm2": {"tol": 0.1, "max-rounds": 15}}
+DEFAULTS = {
+    "gmm": {"tol": 1e-6, "max-rounds": 100},
+    "gmm-bayes": {"tol": 1e-6, "max-rounds": 100},
+    "hm2": {"tol": 0.1, "max-rounds": 15},
+}
 
 
 def settings(cfg) -> dict:
@@ -33,16 +36,20 @@ def settings(cfg) -> dict:
     if model not in DEFAULTS:
         raise ValueError(f"unknown model {model!r} ({', '.join(DEFAULTS)})")
     tol, rounds = float(cfg["tol"]), int(cfg["max-rounds"])
-    return {"model": model, "tol": DEFAULTS[model]["tol"] if tol < 0 else tol,
-            "max-rounds": DEFAULTS[model]["max-rounds"] if rounds < 0 else rounds}
+    return {
+        "model": model,
+        "tol": DEFAULTS[model]["tol"] if tol < 0 else tol,
+        "max-rounds": DEFAULTS[model]["max-rounds"] if rounds < 0 else rounds,
+    }
 
 
 def build(cfg):
     s = settings(cfg)
     if s["model"] in ("gmm", "gmm-bayes"):
         cls = VariationalGaussianMixture if s["model"] == "gmm-bayes" else FederatedGaussianMixture
-        return cls(int(cfg["components"]), covariance_type=str(cfg["covariance-type"]), rounds=s["max-rounds"],
-                   tol=s["tol"])
+        return cls(
+            int(cfg["components"]), covariance_type=str(cfg["covariance-type"]), rounds=s["max-rounds"], tol=s["tol"]
+        )
     return HierarchicalLinearModel(rounds=s["max-rounds"], tol=s["tol"])
 
 
@@ -141,8 +148,13 @@ def main(grid: Grid, context: Context) -> None:
     s = settings(cfg)
     timeout = float(cfg["timeout"]) or None
     say(f"waiting for {int(cfg['min-nodes'])} SuperNodes")
-    session = ReportingSession.from_grid(grid, min_nodes=int(cfg["min-nodes"]), wait=float(cfg["wait"]),
-                                         timeout=timeout, on_disconnect=str(cfg["on-disconnect"]))
+    session = ReportingSession.from_grid(
+        grid,
+        min_nodes=int(cfg["min-nodes"]),
+        wait=float(cfg["wait"]),
+        timeout=timeout,
+        on_disconnect=str(cfg["on-disconnect"]),
+    )
     data = session.remote_data()
     say(f"{data}; clients {dict(data.n_obs)}, features {list(data.feature_names)}")
     what = f"{cfg['components']} components" if s["model"].startswith("gmm") else f"target {data.target_name!r}"
@@ -153,5 +165,7 @@ def main(grid: Grid, context: Context) -> None:
     result = build(cfg).fit(data, seed=int(cfg["seed"]), backend=session, progress=False)
     result.save(str(cfg["output"]))
     converged = getattr(result, "converged", None)
-    say(f"fitted in {len(result.history)} rounds ({'converged' if converged else 'not converged'}) and "
-        f"{time.perf_counter() - session.started:.0f} s; saved to {cfg['output']}")
+    say(
+        f"fitted in {len(result.history)} rounds ({'converged' if converged else 'not converged'}) and "
+        f"{time.perf_counter() - session.started:.0f} s; saved to {cfg['output']}"
+    )

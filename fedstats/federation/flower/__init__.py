@@ -73,5 +73,13 @@ from .remote import RemoteDataError, RemoteFederatedData, read_node_csv
 from .session import FlowerSession
 from .wire import dumps, loads
 
-__all__ = ["FlowerSession", "ClientDisconnected", "RemoteFederatedData", "RemoteDataError", "make_client_app",
-           "read_node_csv", "dumps", "loads"]
+__all__ = [
+    "FlowerSession",
+    "ClientDisconnected",
+    "RemoteFederatedData",
+    "RemoteDataError",
+    "make_client_app",
+    "read_node_csv",
+    "dumps",
+    "loads",
+]

@@ -28,8 +28,9 @@ class _States(dict):
 
     def __missing__(self, client):
         if client in self.lost:
-            raise ClientDisconnected(f"client {client!r} was lost during the run ({self.lost[client]}); its private "
-                                     "state stayed on its node")
+            raise ClientDisconnected(
+                f"client {client!r} was lost during the run ({self.lost[client]}); its private state stayed on its node"
+            )
         raise KeyError(client)
 
 
@@ -62,8 +63,14 @@ class FlowerClients:
 
     # ---- messages
     def _start_config(self, c) -> dict:
-        cfg = dict(algorithm=self._algorithm[c], client=dumps(c), local=self._local,
-                   data=self._shared if self._local else dumps(self.data[c]), index=self.index[c], seed=self.seed)
+        cfg = dict(
+            algorithm=self._algorithm[c],
+            client=dumps(c),
+            local=self._local,
+            data=self._shared if self._local else dumps(self.data[c]),
+            index=self.index[c],
+            seed=self.seed,
+        )
         if self._pending[c] is not None:
             cfg["state"] = self._pending[c]
         return cfg
@@ -86,8 +93,9 @@ class FlowerClients:
             content = RecordDict({"fedstats": ConfigRecord(cfg)})
             if arrays is not None:
                 content["broadcast"] = to_record(arrays)
-            messages.append(Message(content, dst_node_id=node, message_type=RUN,
-                                    group_id="" if rnd is None else str(rnd)))
+            messages.append(
+                Message(content, dst_node_id=node, message_type=RUN, group_id="" if rnd is None else str(rnd))
+            )
             by_node[node] = c
         if messages:
             for reply in self.session.send_and_receive(messages):
@@ -129,8 +137,10 @@ class FlowerClients:
         self.session.lost.setdefault(node, why)
         self.lost.setdefault(client, why + where)
         if self.session.on_disconnect == "raise":
-            raise ClientDisconnected(f"client {client!r} (node {node}) stopped answering{where}: {why}. The run "
-                                     "stopped before this round's server step (on_disconnect='raise').")
+            raise ClientDisconnected(
+                f"client {client!r} (node {node}) stopped answering{where}: {why}. The run "
+                "stopped before this round's server step (on_disconnect='raise')."
+            )
 
     # ---- the client side of run()
     def init_states(self) -> None:
@@ -174,8 +184,9 @@ class FlowerClients:
                 outcomes.append(Outcome(failed=str(reply.get("error", "failed"))))
             else:
                 try:  # the server checks again: it does not trust the node's check
-                    outcomes.append(Outcome(reply=validate_message(reply["reply"], self.algorithm.reply_keys,
-                                                                    who=f"client {c!r}")))
+                    outcomes.append(
+                        Outcome(reply=validate_message(reply["reply"], self.algorithm.reply_keys, who=f"client {c!r}"))
+                    )
                 except ProtocolError as exc:
                     outcomes.append(Outcome(failed=describe_exc(exc)))
         return outcomes, None
@@ -188,4 +199,3 @@ class FlowerClients:
             self._exchange({c: ({"drop": True}, None) for c in started})
         except Exception:  # noqa: BLE001 - best effort; a raise here would hide the run's own error
             pass
-

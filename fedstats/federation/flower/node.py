@@ -50,8 +50,7 @@ class _Node:
         if self.local_data is not None:
             fd = self._local(context)
             c = fd.clients[0]
-            info.update(client=str(c), n=int(fd.n_obs[c]), features=list(fd.feature_names),
-                        target=fd.target_name or "")
+            info.update(client=str(c), n=int(fd.n_obs[c]), features=list(fd.feature_names), target=fd.target_name or "")
         return self._answer(message, info)
 
     def _load(self, rec, context: Context):
@@ -79,15 +78,21 @@ class _Node:
                 if "state" in cfg:
                     state = loads(cfg["state"], self.trust)
                 else:
-                    state = algorithm.init_client(client, data, client_rng(int(rec["seed"]), 0, int(rec["index"]),
-                                                                           init=True))
+                    state = algorithm.init_client(
+                        client, data, client_rng(int(rec["seed"]), 0, int(rec["index"]), init=True)
+                    )
                 rec["state"] = dumps(state)
             except Exception as exc:  # noqa: BLE001 - reported to the server, which stops the run
                 return self._answer(message, {"status": "init-failed", "error": describe_exc(exc)})
             context.state[key] = ConfigRecord(rec)
         if key not in context.state:
-            return self._answer(message, {"status": "failed", "error": "ProtocolError: this node holds no state "
-                                          "for the run (it restarted, or was never started)"})
+            return self._answer(
+                message,
+                {
+                    "status": "failed",
+                    "error": "ProtocolError: this node holds no state for the run (it restarted, or was never started)",
+                },
+            )
         rec = context.state.config_records[key]
         out: dict[str, Any] = {"status": "ok"}
         reply = None
@@ -109,8 +114,9 @@ class _Node:
             broadcast = to_arrays(broadcast_record)
             for v in broadcast.values():
                 v.setflags(write=False)
-            out = algorithm.client_step(broadcast, state, data, client_rng(int(rec["seed"]), int(cfg["round"]),
-                                                                           int(rec["index"])))
+            out = algorithm.client_step(
+                broadcast, state, data, client_rng(int(rec["seed"]), int(cfg["round"]), int(rec["index"]))
+            )
             reply, new_state = checked_step(algorithm, client, out)
             new_state = dumps(new_state)
         except SkipRound:
@@ -121,8 +127,9 @@ class _Node:
         return "ok", "", reply
 
 
-def make_client_app(local_data: Callable[[Context], FederatedData] | None = None, *,
-                    trust: Sequence[str] = ("fedstats",)) -> ClientApp:
+def make_client_app(
+    local_data: Callable[[Context], FederatedData] | None = None, *, trust: Sequence[str] = ("fedstats",)
+) -> ClientApp:
     """The fedstats ``ClientApp``.
 
     ``local_data``: in a deployment, a function ``context -> FederatedData`` (one client)

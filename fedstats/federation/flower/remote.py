@@ -17,7 +17,6 @@ class RemoteDataError(DataError):
     """The server tried to read rows that only a client holds (deployment mode)."""
 
 
-
 class _RemoteRows:
     """Stands in, on the server, for rows that stay on a client: the shape is known, not the values."""
 
@@ -34,8 +33,10 @@ class _RemoteRows:
         return self.shape[0]
 
     def _refuse(self, *args, **kwargs):
-        raise RemoteDataError(f"the rows of client {self.client!r} stay on its node; the server cannot read them "
-                              "(this computation must run on the client)")
+        raise RemoteDataError(
+            f"the rows of client {self.client!r} stay on its node; the server cannot read them "
+            "(this computation must run on the client)"
+        )
 
     __array__ = __getitem__ = __iter__ = _refuse
 

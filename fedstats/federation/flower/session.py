@@ -53,11 +53,19 @@ class FlowerSession:
     ...     ci = res.wald_intervals(data, backend=s)
     """
 
-    def __init__(self, num_supernodes: int | None = None, *, timeout: float | None = None,
-                 on_disconnect: str = "continue", backend_config: dict | None = None, verbose: bool = False,
-                 trust: Sequence[str] = ("fedstats",)):
-        if num_supernodes is not None and (isinstance(num_supernodes, bool) or not isinstance(num_supernodes, int)
-                                           or num_supernodes < 1):
+    def __init__(
+        self,
+        num_supernodes: int | None = None,
+        *,
+        timeout: float | None = None,
+        on_disconnect: str = "continue",
+        backend_config: dict | None = None,
+        verbose: bool = False,
+        trust: Sequence[str] = ("fedstats",),
+    ):
+        if num_supernodes is not None and (
+            isinstance(num_supernodes, bool) or not isinstance(num_supernodes, int) or num_supernodes < 1
+        ):
             raise ValueError(f"num_supernodes must be an int >= 1, got {num_supernodes!r}")
         self._setup(timeout, on_disconnect, trust)
         self.num_supernodes = num_supernodes
@@ -86,8 +94,16 @@ class FlowerSession:
         self._info: dict[int, dict] = {}
 
     @classmethod
-    def from_grid(cls, grid: Grid, *, min_nodes: int = 1, wait: float = 60.0, timeout: float | None = None,
-                  on_disconnect: str = "continue", trust: Sequence[str] = ("fedstats",)) -> FlowerSession:
+    def from_grid(
+        cls,
+        grid: Grid,
+        *,
+        min_nodes: int = 1,
+        wait: float = 60.0,
+        timeout: float | None = None,
+        on_disconnect: str = "continue",
+        trust: Sequence[str] = ("fedstats",),
+    ) -> FlowerSession:
         """A session over a deployment's ``Grid`` (inside ``@app.main()``).
 
         Waits up to ``wait`` seconds for ``min_nodes`` SuperNodes, then asks each one which
@@ -126,8 +142,10 @@ class FlowerSession:
 
         with FlowerSession._lock:
             if FlowerSession._running is not None:
-                raise RuntimeError("another FlowerSession's simulation is running in this process; close it first "
-                                   "(or pass that session as backend=)")
+                raise RuntimeError(
+                    "another FlowerSession's simulation is running in this process; close it first "
+                    "(or pass that session as backend=)"
+                )
             FlowerSession._running = self
 
         ready, self._stop = threading.Event(), threading.Event()
@@ -141,8 +159,13 @@ class FlowerSession:
 
         def simulate() -> None:
             try:
-                run_simulation(server, make_client_app(trust=self.trust), num_supernodes=n, backend_config=self._backend_config(),
-                               verbose_logging=self.verbose)
+                run_simulation(
+                    server,
+                    make_client_app(trust=self.trust),
+                    num_supernodes=n,
+                    backend_config=self._backend_config(),
+                    verbose_logging=self.verbose,
+                )
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 self._error = exc
             finally:
@@ -185,8 +208,11 @@ class FlowerSession:
             self._stop.set()
             self._thread.join(timeout=120)
             if self._thread.is_alive():
-                warnings.warn("the Flower simulation did not stop within 120 s; it is left to end with the process",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    "the Flower simulation did not stop within 120 s; it is left to end with the process",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             with FlowerSession._lock:
                 if FlowerSession._running is self and not self._thread.is_alive():
                     FlowerSession._running = None
@@ -208,15 +234,18 @@ class FlowerSession:
             nodes = list(self._grid.get_node_ids())
         # a SuperLink still lists a node that died until its heartbeat expires: such nodes do
         # not answer (or answer with an error) and are left out, as long as n others answer
-        replies = self.send_and_receive([Message(RecordDict({}), dst_node_id=node, message_type=HELLO)
-                                          for node in nodes], timeout=wait)
+        replies = self.send_and_receive(
+            [Message(RecordDict({}), dst_node_id=node, message_type=HELLO) for node in nodes], timeout=wait
+        )
         for r in replies:
             if not r.has_error():
                 self._info[r.metadata.src_node_id] = dict(r.content["fedstats"])
         missing = [node for node in nodes if node not in self._info]
         if len(self._info) < n:
-            raise ClientDisconnected(f"only {len(self._info)} of the {len(nodes)} SuperNodes answered within "
-                                     f"{wait:.0f} s (need {n}); silent: {missing[:10]}")
+            raise ClientDisconnected(
+                f"only {len(self._info)} of the {len(nodes)} SuperNodes answered within "
+                f"{wait:.0f} s (need {n}); silent: {missing[:10]}"
+            )
         if missing:
             warnings.warn(f"SuperNode(s) {missing[:10]} did not answer and are left out", RuntimeWarning, stacklevel=3)
 
@@ -232,8 +261,10 @@ class FlowerSession:
             # client: clients take the live nodes in order (never a lost one)
             live = [node for _, node in sorted(self._partitions.items()) if node not in self.lost]
             if len(ids) > len(live):
-                raise ValueError(f"this run has {len(ids)} clients but the Flower simulation has {len(live)} live "
-                                 "SuperNodes; open a FlowerSession(num_supernodes=...)")
+                raise ValueError(
+                    f"this run has {len(ids)} clients but the Flower simulation has {len(live)} live "
+                    "SuperNodes; open a FlowerSession(num_supernodes=...)"
+                )
             return dict(zip(ids, live))
         unknown = [c for c in ids if str(c) not in self._names]
         if unknown:
@@ -269,18 +300,24 @@ class FlowerSession:
     def remote_data(self) -> RemoteFederatedData:
         """Deployment: the clients (sorted by name), their row counts and the common schema."""
         if self.mode != "deployment":
-            raise RuntimeError("remote_data() is for deployments (FlowerSession.from_grid); a simulation is given "
-                               "its data by the fit")
+            raise RuntimeError(
+                "remote_data() is for deployments (FlowerSession.from_grid); a simulation is given its data by the fit"
+            )
         infos = {name: self._info[node] for name, node in self._names.items()}
         first_name, first = next(iter(infos.items()))
         for name, info in infos.items():
             if list(info["features"]) != list(first["features"]) or info["target"] != first["target"]:
-                raise DataError(f"client {name!r} has columns {list(info['features'])} (target {info['target']!r}), "
-                                f"client {first_name!r} has {list(first['features'])} (target {first['target']!r})")
-        return RemoteFederatedData({name: int(info["n"]) for name, info in infos.items()}, list(first["features"]),
-                                   first["target"] or None)
+                raise DataError(
+                    f"client {name!r} has columns {list(info['features'])} (target {info['target']!r}), "
+                    f"client {first_name!r} has {list(first['features'])} (target {first['target']!r})"
+                )
+        return RemoteFederatedData(
+            {name: int(info["n"]) for name, info in infos.items()}, list(first["features"]), first["target"] or None
+        )
 
     def __repr__(self) -> str:
         nodes = len(self._partitions or self._names)
-        return (f"FlowerSession(mode={self.mode!r}, nodes={nodes}, timeout={self.timeout}, "
-                f"on_disconnect={self.on_disconnect!r}, lost={len(self.lost)}, closed={self._closed})")
+        return (
+            f"FlowerSession(mode={self.mode!r}, nodes={nodes}, timeout={self.timeout}, "
+            f"on_disconnect={self.on_disconnect!r}, lost={len(self.lost)}, closed={self._closed})"
+        )

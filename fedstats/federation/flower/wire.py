@@ -22,8 +22,23 @@ LOST_CODES = {3, 4, 5}  # MESSAGE_UNAVAILABLE, REPLY_MESSAGE_UNAVAILABLE, NODE_U
 RUN, HELLO = "train.fedstats", "query.fedstats_hello"
 
 
-_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "slice", "range", "complex", "float", "int", "bool",
-             "str", "bytes", "bytearray", "object"}
+_BUILTINS = {
+    "dict",
+    "list",
+    "tuple",
+    "set",
+    "frozenset",
+    "slice",
+    "range",
+    "complex",
+    "float",
+    "int",
+    "bool",
+    "str",
+    "bytes",
+    "bytearray",
+    "object",
+}
 _NUMPY = {
     "numpy": {"ndarray", "dtype"},
     "numpy._core.multiarray": {"_reconstruct", "scalar"},
@@ -37,8 +52,12 @@ _NUMPY = {
     "numpy.random._sfc64": {"SFC64"},
     "numpy.random.bit_generator": {"SeedSequence", "__pyx_unpickle_SeedSequence"},
 }
-_OTHER = {("copyreg", "_reconstructor"), ("collections", "OrderedDict"), ("collections", "defaultdict"),
-          ("_codecs", "encode")}
+_OTHER = {
+    ("copyreg", "_reconstructor"),
+    ("collections", "OrderedDict"),
+    ("collections", "defaultdict"),
+    ("_codecs", "encode"),
+}
 _TORCH = {"device", "float64", "float32", "float16", "bfloat16", "int64", "int32"}
 
 
@@ -71,9 +90,13 @@ class _SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"this payload refers to node data ({pid!r}) that is not available here")
 
     def find_class(self, module: str, name: str):
-        ok = ((module == "builtins" and name in _BUILTINS) or name in _NUMPY.get(module, ())
-              or (module, name) in _OTHER or (module == "numpy.dtypes" and name.endswith("DType"))
-              or (module == "torch" and name in _TORCH))
+        ok = (
+            (module == "builtins" and name in _BUILTINS)
+            or name in _NUMPY.get(module, ())
+            or (module, name) in _OTHER
+            or (module == "numpy.dtypes" and name.endswith("DType"))
+            or (module == "torch" and name in _TORCH)
+        )
         if ok:
             return super().find_class(module, name)
         # a dotted name would walk attributes (fedstats.data -> np -> ... -> subprocess.Popen):
@@ -84,11 +107,14 @@ class _SafeUnpickler(pickle.Unpickler):
             except AttributeError:  # not a name of that module: refused below like any other
                 obj = None
             # a class may be rebuilt (or constructed); a function is loaded only if registered
-            if (self._trusted(getattr(obj, "__module__", "") or "")
-                    and (isinstance(obj, type) or getattr(obj, "__fedstats_client_function__", False))):
+            if self._trusted(getattr(obj, "__module__", "") or "") and (
+                isinstance(obj, type) or getattr(obj, "__fedstats_client_function__", False)
+            ):
                 return obj
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not a class or registered client "
-                                     f"function of {', '.join(self.trust)}, nor a numpy array")
+        raise pickle.UnpicklingError(
+            f"refusing to load {module}.{name}: not a class or registered client "
+            f"function of {', '.join(self.trust)}, nor a numpy array"
+        )
 
 
 def dumps(obj: Any, *, remote: bool = False) -> bytes:
@@ -102,8 +128,10 @@ def dumps(obj: Any, *, remote: bool = False) -> bytes:
     pickler = _Pickler(buf)
     pickler.dump(obj)
     if remote and not pickler.saw_remote:
-        raise DataError("in a deployment the fit must be given session.remote_data() (or data built on it): the "
-                        "server holds no rows and sends none")
+        raise DataError(
+            "in a deployment the fit must be given session.remote_data() (or data built on it): the "
+            "server holds no rows and sends none"
+        )
     return buf.getvalue()
 
 
@@ -124,4 +152,3 @@ def to_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """Numpy arrays as a Flower ``ArrayRecord``."""
     return ArrayRecord({k: Array(np.array(v, order="C")) for k, v in arrays.items()})  # keeps 0-d arrays 0-d
-

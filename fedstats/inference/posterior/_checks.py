@@ -27,12 +27,8 @@ def as_rng(seed: Seed) -> np.random.Generator:
     """A Generator from an int / SeedSequence / None, or the Generator itself."""
     if isinstance(seed, np.random.Generator):
         return seed
-    if isinstance(seed, bool) or not (
-        seed is None or isinstance(seed, (numbers.Integral, np.random.SeedSequence))
-    ):
-        raise TypeError(
-            f"seed must be an int, a numpy.random.Generator or None, got {type(seed).__name__}"
-        )
+    if isinstance(seed, bool) or not (seed is None or isinstance(seed, (numbers.Integral, np.random.SeedSequence))):
+        raise TypeError(f"seed must be an int, a numpy.random.Generator or None, got {type(seed).__name__}")
     return np.random.default_rng(seed)
 
 
@@ -99,18 +95,13 @@ def check_cov(cov: Any, p: int) -> np.ndarray:
     if cov.ndim == 0 and p == 1:
         cov = cov.reshape(1, 1)
     if cov.ndim == 1:
-        raise ValueError(
-            "cov must be a (p, p) matrix; for independent components pass np.diag(variances)"
-        )
+        raise ValueError("cov must be a (p, p) matrix; for independent components pass np.diag(variances)")
     if cov.shape != (p, p):
         raise ValueError(f"cov must have shape ({p}, {p}), got {cov.shape}")
     cov = symmetrised(cov, "cov")
     eig = np.linalg.eigvalsh(cov)
     if eig[0] < -PSD_RTOL * max(abs(eig[-1]), abs(eig[0])):
-        raise ValueError(
-            f"cov is not positive semi-definite (smallest eigenvalue {eig[0]:.3g}, "
-            f"largest {eig[-1]:.3g})"
-        )
+        raise ValueError(f"cov is not positive semi-definite (smallest eigenvalue {eig[0]:.3g}, largest {eig[-1]:.3g})")
     return cov
 
 
@@ -146,9 +137,7 @@ def mvn_draw(mean: np.ndarray, factor: np.ndarray, n: int, rng: np.random.Genera
 def check_pred_output(out: Any, n: int) -> np.ndarray:
     out = np.asarray(out)
     if out.shape != (n,):
-        raise ValueError(
-            f"pred must return one boolean per draw, shape ({n},), got shape {out.shape}"
-        )
+        raise ValueError(f"pred must return one boolean per draw, shape ({n},), got shape {out.shape}")
     if out.dtype != bool:
         # 0/1 integers or floats are fine; anything else is probably not an event
         if not np.isin(out, (0, 1)).all():

@@ -200,13 +200,7 @@ class Posterior(ABC):
         """
         lower, upper = self.credible_interval(level=level, kind=kind)
         table = pd.DataFrame(
-            {
-                "mean": self.mean,
-                "sd": self.sd,
-                "lower": lower,
-                "upper": upper,
-                "p_value": self.tail_probability(),
-            },
+            {"mean": self.mean, "sd": self.sd, "lower": lower, "upper": upper, "p_value": self.tail_probability()},
             index=pd.Index(self.names, name="parameter"),
         )
         return table

@@ -77,9 +77,7 @@ class GaussianPosterior(Posterior):
         self._shift: np.ndarray | None = None
 
     @classmethod
-    def from_natural(
-        cls, r: Any, Q: Any, names: Sequence[str] | None = None
-    ) -> GaussianPosterior:
+    def from_natural(cls, r: Any, Q: Any, names: Sequence[str] | None = None) -> GaussianPosterior:
         """Build from information (natural) form: precision ``Q`` and shift ``r = Q mean``.
 
         Federated models aggregate posteriors in this form (precisions and shifts add
@@ -291,9 +289,7 @@ class GaussianPosterior(Posterior):
         [3.0, 1.0]
         """
         idx = self._resolve(index_or_names)
-        return GaussianPosterior(
-            self._mean[idx], self._cov[np.ix_(idx, idx)], names=[self._names[i] for i in idx]
-        )
+        return GaussianPosterior(self._mean[idx], self._cov[np.ix_(idx, idx)], names=[self._names[i] for i in idx])
 
     def affine(self, A: Any, b: Any = None, names: Sequence[str] | None = None):
         """Exact posterior of ``A @ theta + b``: ``N(A mean + b, A cov A^T)``.
@@ -320,9 +316,7 @@ class GaussianPosterior(Posterior):
         cov = A @ self._cov @ A.T
         return GaussianPosterior(A @ self._mean + b, 0.5 * (cov + cov.T), names=names)
 
-    def to_arviz(
-        self, var_name: str = "theta", n: int = 4000, seed: Seed = 0, n_chains: int = 4
-    ):
+    def to_arviz(self, var_name: str = "theta", n: int = 4000, seed: Seed = 0, n_chains: int = 4):
         """Seeded posterior draws as an :class:`arviz.InferenceData`.
 
         Parameters

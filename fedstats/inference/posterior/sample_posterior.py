@@ -62,29 +62,19 @@ class SamplePosterior(Posterior):
     True
     """
 
-    def __init__(
-        self,
-        draws: Any,
-        names: Sequence[str] | None = None,
-        weights: Any = None,
-    ):
+    def __init__(self, draws: Any, names: Sequence[str] | None = None, weights: Any = None):
         draws = finite_array(draws, "draws")
         if draws.ndim == 1:
             draws = draws[:, None]
         if draws.ndim not in (2, 3):
-            raise ValueError(
-                "draws must have shape (n_draws, p) or (n_chains, n_draws, p), "
-                f"got {draws.shape}"
-            )
+            raise ValueError(f"draws must have shape (n_draws, p) or (n_chains, n_draws, p), got {draws.shape}")
         if min(draws.shape) == 0:
             raise ValueError(f"draws must be non-empty, got shape {draws.shape}")
         n_total = int(np.prod(draws.shape[:-1]))
         if weights is not None:
             w = finite_array(weights, "weights")
             if w.shape not in (draws.shape[:-1], (n_total,)):
-                raise ValueError(
-                    f"weights must have shape {draws.shape[:-1]} or ({n_total},), got {w.shape}"
-                )
+                raise ValueError(f"weights must have shape {draws.shape[:-1]} or ({n_total},), got {w.shape}")
             w = w.reshape(-1)
             if np.any(w < 0):
                 raise ValueError("weights must be non-negative")

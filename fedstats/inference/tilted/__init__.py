@@ -38,8 +38,13 @@ from .importance import ImportanceTilted
 from .laplace import LaplaceTilted
 from .nuts import NUTSTilted
 
-ESTIMATORS = {"exact": ExactTilted, "laplace": LaplaceTilted, "importance": ImportanceTilted, "nuts": NUTSTilted,
-              "gibbs": GibbsTilted}
+ESTIMATORS = {
+    "exact": ExactTilted,
+    "laplace": LaplaceTilted,
+    "importance": ImportanceTilted,
+    "nuts": NUTSTilted,
+    "gibbs": GibbsTilted,
+}
 
 
 def make_estimator(spec: str | TiltedEstimator, **options) -> TiltedEstimator:
@@ -57,7 +62,20 @@ def make_estimator(spec: str | TiltedEstimator, **options) -> TiltedEstimator:
 
 
 __all__ = [
-    "SiteModel", "AugmentedSite", "ExactSite", "GibbsSite", "PreparedSite", "Stats", "TiltedResult",
-    "TiltedEstimator", "ExactTilted", "LaplaceTilted", "ImportanceTilted", "NUTSTilted", "GibbsTilted",
-    "make_estimator", "ESTIMATORS", "zero_variance_moments",
+    "SiteModel",
+    "AugmentedSite",
+    "ExactSite",
+    "GibbsSite",
+    "PreparedSite",
+    "Stats",
+    "TiltedResult",
+    "TiltedEstimator",
+    "ExactTilted",
+    "LaplaceTilted",
+    "ImportanceTilted",
+    "NUTSTilted",
+    "GibbsTilted",
+    "make_estimator",
+    "ESTIMATORS",
+    "zero_variance_moments",
 ]

@@ -60,8 +60,7 @@ class AugmentedSite(SiteModel, Protocol):
 class ExactSite(SiteModel, Protocol):
     """A site exactly Gaussian in ``phi`` (``ExactTilted``)."""
 
-    def exact_site(self, stats: Stats) -> NaturalGaussian:
-        ...
+    def exact_site(self, stats: Stats) -> NaturalGaussian: ...
 
 
 @runtime_checkable
@@ -72,11 +71,9 @@ class GibbsSite(SiteModel, Protocol):
 
     mh_locals: int
 
-    def draw_theta(self, phi: Any, z: Any, stats: Stats, key: Any) -> Any:
-        ...
+    def draw_theta(self, phi: Any, z: Any, stats: Stats, key: Any) -> Any: ...
 
-    def draw_locals(self, phi: Any, theta: Any, z: Any, stats: Stats, key: Any) -> Any:
-        ...
+    def draw_locals(self, phi: Any, theta: Any, z: Any, stats: Stats, key: Any) -> Any: ...
 
 
 @runtime_checkable
@@ -85,8 +82,7 @@ class PreparedSite(SiteModel, Protocol):
     them, once per device inside each compiled kernel, before any loop or batch over phi
     (``HierarchicalGLM``'s client estimate, the start of its inner Newton solves)."""
 
-    def prepare(self, stats: Stats) -> Stats:
-        ...
+    def prepare(self, stats: Stats) -> Stats: ...
 
 
 @dataclass
@@ -137,4 +133,3 @@ class TiltedEstimator(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-

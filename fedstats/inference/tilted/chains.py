@@ -9,7 +9,9 @@ from ..gaussian import is_pd, symmetrize
 from .base import TiltedResult
 
 
-def chain_results(zs, scores, p, d, *, control_variates, precision_correction, keep_draws, extra, label) -> list[TiltedResult]:
+def chain_results(
+    zs, scores, p, d, *, control_variates, precision_correction, keep_draws, extra, label
+) -> list[TiltedResult]:
     """Tilted results from MCMC chains: ``zs`` and ``scores`` are (B, chains, samples, D)
     with x = (phi, [theta (d entries)], z); ``extra`` maps diagnostic names to (B,) arrays."""
     from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
@@ -19,8 +21,11 @@ def chain_results(zs, scores, p, d, *, control_variates, precision_correction, k
     for b in range(B):
         phi = zs[b, :, :, :p]  # (chains, samples, p)
         if not np.all(np.isfinite(phi)):
-            out.append(TiltedResult(np.full(p, np.nan), np.full((p, p), np.nan), ok=False,
-                                    message=f"{label} produced non-finite draws"))
+            out.append(
+                TiltedResult(
+                    np.full(p, np.nan), np.full((p, p), np.nan), ok=False, message=f"{label} produced non-finite draws"
+                )
+            )
             continue
         flat = phi.reshape(-1, p)
         mean = flat.mean(axis=0)
@@ -51,8 +56,6 @@ def chain_results(zs, scores, p, d, *, control_variates, precision_correction, k
     return out
 
 
-
-
 def zero_variance_moments(x: np.ndarray, score: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Mean and covariance of ``x[:, :p]`` under p(x), with zero-variance control variates.
 
@@ -71,14 +74,16 @@ def zero_variance_moments(x: np.ndarray, score: np.ndarray, p: int) -> tuple[np.
     m0 = x[:, :p].mean(axis=0)
     xc = x - x.mean(axis=0)
     if N >= 4 * (D + D * D):
-        H = np.concatenate([score, (xc[:, None, :] * score[:, :, None]).reshape(N, D * D)
-                            + np.eye(D).reshape(1, -1)], axis=1)
+        H = np.concatenate(
+            [score, (xc[:, None, :] * score[:, :, None]).reshape(N, D * D) + np.eye(D).reshape(1, -1)], axis=1
+        )
     elif N >= 4 * (D + p * D):
         # Too few draws for all D^2 products: keep x_l s_k for l among the first p only.
         # Still exact for a Gaussian, since there x_j - m_j = -(P^-1 s)_j, so
         # (x_i - m_i)(x_j - m_j) lies in the span of {x_i s_k, s_k} for i, j < p.
-        H = np.concatenate([score, (xc[:, :p, None] * score[:, None, :]).reshape(N, p * D)
-                            + np.eye(D)[:p].reshape(1, -1)], axis=1)
+        H = np.concatenate(
+            [score, (xc[:, :p, None] * score[:, None, :]).reshape(N, p * D) + np.eye(D)[:p].reshape(1, -1)], axis=1
+        )
     else:
         return None
     Hbar = H.mean(axis=0)

@@ -23,4 +23,3 @@ class ExactTilted(TiltedEstimator):
             mean, cov = tilted.moments()
             out.append(TiltedResult(mean, cov))
         return out
-

@@ -46,8 +46,16 @@ class GibbsTilted(TiltedEstimator):
     name = "gibbs"
     sampled = True
 
-    def __init__(self, *, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 4, thin: int = 4,
-                 control_variates: bool = True, precision_correction: bool = True):
+    def __init__(
+        self,
+        *,
+        num_warmup: int = 500,
+        num_samples: int = 1000,
+        num_chains: int = 4,
+        thin: int = 4,
+        control_variates: bool = True,
+        precision_correction: bool = True,
+    ):
         self.num_warmup, self.num_samples = int(num_warmup), int(num_samples)
         self.num_chains, self.thin = int(num_chains), int(thin)
         if min(self.num_warmup, self.num_samples, self.num_chains, self.thin) < 1:
@@ -56,14 +64,18 @@ class GibbsTilted(TiltedEstimator):
         self.precision_correction = bool(precision_correction)
 
     def __repr__(self):
-        return (f"GibbsTilted(num_warmup={self.num_warmup}, num_samples={self.num_samples}, "
-                f"num_chains={self.num_chains}, thin={self.thin})")
+        return (
+            f"GibbsTilted(num_warmup={self.num_warmup}, num_samples={self.num_samples}, "
+            f"num_chains={self.num_chains}, thin={self.thin})"
+        )
 
     def check_model(self, model):
         missing = [a for a in ("draw_theta", "draw_locals", "mh_locals", "log_collapsed") if not hasattr(model, a)]
         if missing:
-            raise ValueError(f"{type(model).__name__} has no {missing[0]!r}: the Gibbs estimator needs closed-form "
-                             "conditionals (the lasso and ridge sites have them); use 'nuts' or 'importance'")
+            raise ValueError(
+                f"{type(model).__name__} has no {missing[0]!r}: the Gibbs estimator needs closed-form "
+                "conditionals (the lasso and ridge sites have them); use 'nuts' or 'importance'"
+            )
 
     def _compiled(self, model):
         import jax
@@ -99,8 +111,11 @@ class GibbsTilted(TiltedEstimator):
             y = x.at[:q].add(jnp.exp(log_scale) * L @ jax.random.normal(ks[0], (q,), dtype=x.dtype))
             x, lt, a = metropolis(ks[1], x, lt, y, args)
             log_scale = jnp.where(warm, log_scale + rate * (a - 0.3), log_scale)
-            n, s1, s2 = (jnp.where(warm, n + 1, n), jnp.where(warm, s1 + x[:q], s1),
-                         jnp.where(warm, s2 + jnp.outer(x[:q], x[:q]), s2))
+            n, s1, s2 = (
+                jnp.where(warm, n + 1, n),
+                jnp.where(warm, s1 + x[:q], s1),
+                jnp.where(warm, s2 + jnp.outer(x[:q], x[:q]), s2),
+            )
             theta = model.draw_theta(x[:p], x[p:], args[2], ks[2])
             x = jnp.concatenate([x[:p], model.draw_locals(x[:p], theta, x[p:], args[2], ks[3])])
             lt = log_target(x, *args)
@@ -114,8 +129,15 @@ class GibbsTilted(TiltedEstimator):
             args = (cav_mean, cav_prec, prepare_stats(model, stats))
             init_cov = jnp.eye(q, dtype=x0.dtype) * 0.01
             init_cov = init_cov.at[:p, :p].set(0.25 * cav_cov)
-            carry = (x0, log_target(x0, *args), jnp.zeros((), x0.dtype), jnp.zeros(q, x0.dtype),
-                     jnp.zeros((q, q), x0.dtype), jnp.log(2.38 / np.sqrt(q)), jnp.log(0.1))
+            carry = (
+                x0,
+                log_target(x0, *args),
+                jnp.zeros((), x0.dtype),
+                jnp.zeros(q, x0.dtype),
+                jnp.zeros((q, q), x0.dtype),
+                jnp.log(2.38 / np.sqrt(q)),
+                jnp.log(0.1),
+            )
             kw, ks = jax.random.split(key)
 
             def warm_body(c, inp):
@@ -129,6 +151,7 @@ class GibbsTilted(TiltedEstimator):
                     c2, acc = ca
                     c2, a = step(c2, jax.random.fold_in(k, j), W, args, init_cov)
                     return c2, acc + a
+
                 c, acc = jax.lax.fori_loop(0, T, inner, (c, jnp.zeros((), x0.dtype)))
                 return c, (c[0], acc / T)
 
@@ -164,12 +187,24 @@ class GibbsTilted(TiltedEstimator):
             nb = sl.stop - lo
             bp = bucket(nb)
             with jax.enable_x64(True):
-                out = fn(pad_batch(keys[sl], bp), pad_batch(x0[sl], bp), pad_batch(cavity_mean[sl], bp), pad_batch(cav_prec[sl], bp),
-                         pad_batch(cavity_cov[sl], bp), stack_stats(stats[sl], bp))
+                out = fn(
+                    pad_batch(keys[sl], bp),
+                    pad_batch(x0[sl], bp),
+                    pad_batch(cavity_mean[sl], bp),
+                    pad_batch(cav_prec[sl], bp),
+                    pad_batch(cavity_cov[sl], bp),
+                    stack_stats(stats[sl], bp),
+                )
                 parts.append([np.asarray(a)[:nb] for a in out])
         zs, scores, acc = (np.concatenate([pt[i] for pt in parts]) for i in range(3))
-        return chain_results(zs, scores, p, 0, control_variates=self.control_variates,
-                              precision_correction=self.precision_correction, keep_draws=keep_draws,
-                              extra={"acceptance": acc.mean(axis=-1)}, label="Gibbs")
-
-
+        return chain_results(
+            zs,
+            scores,
+            p,
+            0,
+            control_variates=self.control_variates,
+            precision_correction=self.precision_correction,
+            keep_draws=keep_draws,
+            extra={"acceptance": acc.mean(axis=-1)},
+            label="Gibbs",
+        )

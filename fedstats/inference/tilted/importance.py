@@ -60,8 +60,16 @@ class ImportanceTilted(LaplaceTilted):
     sampled = True
     qmc = False  # results saved before the option existed
 
-    def __init__(self, *, num_draws: int = 4000, defensive: float = 0.5, newton_steps: int = 30,
-                 min_ess_fraction: float = 0.02, fallback: str | None = "laplace", qmc: bool = False):
+    def __init__(
+        self,
+        *,
+        num_draws: int = 4000,
+        defensive: float = 0.5,
+        newton_steps: int = 30,
+        min_ess_fraction: float = 0.02,
+        fallback: str | None = "laplace",
+        qmc: bool = False,
+    ):
         super().__init__(newton_steps=newton_steps)
         self.qmc = bool(qmc)
         self.num_draws = -(-int(num_draws) // 4) * 4
@@ -74,8 +82,10 @@ class ImportanceTilted(LaplaceTilted):
         self.fallback = fallback
 
     def __repr__(self):
-        return (f"ImportanceTilted(num_draws={self.num_draws}, defensive={self.defensive}, fallback={self.fallback!r}, "
-                f"qmc={self.qmc})")
+        return (
+            f"ImportanceTilted(num_draws={self.num_draws}, defensive={self.defensive}, fallback={self.fallback!r}, "
+            f"qmc={self.qmc})"
+        )
 
     def _logw_fn(self, model):
         import jax
@@ -87,8 +97,9 @@ class ImportanceTilted(LaplaceTilted):
             # devices one after another, each device's draws vectorised: a model's inner loops
             # (HierarchicalGLM's Newton steps) then stop when that device's draws have
             # converged, not every device's
-            KERNELS[key] = jax.jit(lambda *args: jax.lax.map(
-                lambda a: over_draws(a[0], a[1], a[2], prepare_stats(model, a[3])), args))
+            KERNELS[key] = jax.jit(
+                lambda *args: jax.lax.map(lambda a: over_draws(a[0], a[1], a[2], prepare_stats(model, a[3])), args)
+            )
         return KERNELS[key]
 
     def _proposal(self, model, cav_mean, cav_cov, mode, negH, stats):
@@ -150,7 +161,12 @@ class ImportanceTilted(LaplaceTilted):
                 dens.append(np.log(n / M) - 0.5 * np.sum(u**2, axis=0) - np.sum(np.log(np.diag(L))))
             logq[b] = logsumexp(np.stack(dens), axis=0)
         Bp = bucket(B)
-        args = (pad_batch(draws, Bp), pad_batch(cavity_mean, Bp), pad_batch(cavity_precision(cavity_cov), Bp), stack_stats(stats, Bp))
+        args = (
+            pad_batch(draws, Bp),
+            pad_batch(cavity_mean, Bp),
+            pad_batch(cavity_precision(cavity_cov), Bp),
+            stack_stats(stats, Bp),
+        )
         with jax.enable_x64(True):
             logp = np.asarray(self._logw_fn(model)(*args))[:B]
         out = []
@@ -172,26 +188,31 @@ class ImportanceTilted(LaplaceTilted):
             S2 = d.T @ (d * w[:, None])
             start = 0
             for (_, m, C), n in zip(comps, sizes):
-                dj = d[start:start + n]
-                Wj = w[start:start + n].sum()
+                dj = d[start : start + n]
+                Wj = w[start : start + n].sum()
                 S2 -= Wj * (dj.T @ dj / n - (C + np.outer(m - mw, m - mw)))
                 start += n
             cov = symmetrize(S2)
             good = ess >= self.min_ess_fraction * M and is_pd(cov[:p, :p])
-            diagnostics = {"ess": float(ess), "max_weight": float(w.max()), "laplace_ok": float(laplace_ok),
-                           "laplace_fallback": 0.0}
+            diagnostics = {
+                "ess": float(ess),
+                "max_weight": float(w.max()),
+                "laplace_ok": float(laplace_ok),
+                "laplace_fallback": 0.0,
+            }
             if not good and laplace_ok and self.fallback == "laplace":
                 # The Laplace component of the proposal is the Laplace approximation itself.
                 lap_mean, lap_cov = comps[-1][1], comps[-1][2]
-                res = TiltedResult(lap_mean[:p], lap_cov[:p, :p],
-                                   diagnostics={**diagnostics, "laplace_fallback": 1.0})
+                res = TiltedResult(lap_mean[:p], lap_cov[:p, :p], diagnostics={**diagnostics, "laplace_fallback": 1.0})
                 if keep_draws:
                     xs = np.random.default_rng(int(seeds[b]) + 1).multivariate_normal(lap_mean, lap_cov, size=M)
                     res.draws = {"phi": xs[:, :p], "z": xs[:, p:]}
                 out.append(res)
                 continue
             res = TiltedResult(
-                mw[:p], cov[:p, :p], ok=bool(good),
+                mw[:p],
+                cov[:p, :p],
+                ok=bool(good),
                 message="" if good else f"importance: ESS {ess:.0f} of {M} draws",
                 diagnostics=diagnostics,
             )
@@ -205,7 +226,5 @@ class ImportanceTilted(LaplaceTilted):
 def _blockdiag(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     out = np.zeros((A.shape[0] + B.shape[0],) * 2)
     out[: A.shape[0], : A.shape[0]] = A
-    out[A.shape[0]:, A.shape[0]:] = B
+    out[A.shape[0] :, A.shape[0] :] = B
     return out
-
-

@@ -85,4 +85,3 @@ def normal_draws(rng: np.random.Generator, n: int, d: int, qmc: bool) -> np.ndar
 def cavity_precision(cavity_cov: np.ndarray) -> np.ndarray:
     """The precision matrices of a batch of cavity covariances (B, p, p)."""
     return np.stack([symmetrize(np.linalg.inv(symmetrize(c))) for c in cavity_cov])
-

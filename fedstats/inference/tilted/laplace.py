@@ -54,8 +54,7 @@ def laplace_fns(model: SiteModel, newton_steps: int):
             return i + 1, x + t * direction, -0.5 * (H + H.T), g, done | (i >= newton_steps)
 
         D = x0.shape[0]
-        init = (jnp.zeros((), jnp.int32), x0, jnp.zeros((D, D), x0.dtype), jnp.zeros(D, x0.dtype),
-                jnp.zeros((), bool))
+        init = (jnp.zeros((), jnp.int32), x0, jnp.zeros((D, D), x0.dtype), jnp.zeros(D, x0.dtype), jnp.zeros((), bool))
         # Until converged (under vmap: until every device has): an evaluation-only pass at the
         # final x ends the loop, so the returned Hessian and gradient are at the returned x.
         _, x, negH, g, _ = jax.lax.while_loop(lambda c: ~c[4], body, init)
@@ -104,7 +103,12 @@ class LaplaceTilted(TiltedEstimator):
         B = len(stats)
         Bp = bucket(B)
         x0 = np.stack([np.concatenate([m, model.init_local(s)[1]]) for m, s in zip(cavity_mean, stats)])
-        args = (pad_batch(x0, Bp), pad_batch(cavity_mean, Bp), pad_batch(cavity_precision(cavity_cov), Bp), stack_stats(stats, Bp))
+        args = (
+            pad_batch(x0, Bp),
+            pad_batch(cavity_mean, Bp),
+            pad_batch(cavity_precision(cavity_cov), Bp),
+            stack_stats(stats, Bp),
+        )
         with jax.enable_x64(True):
             x, negH, g = self._compiled(model)(*args)
             x, negH, g = (np.asarray(a)[:B] for a in (x, negH, g))
@@ -116,8 +120,11 @@ class LaplaceTilted(TiltedEstimator):
         out = []
         for b, (xi, Hi, gi) in enumerate(zip(x, negH, g)):
             if not (np.all(np.isfinite(xi)) and is_pd(Hi)):
-                out.append(TiltedResult(np.full(p, np.nan), np.full((p, p), np.nan), ok=False,
-                                        message="Laplace: no PD mode found"))
+                out.append(
+                    TiltedResult(
+                        np.full(p, np.nan), np.full((p, p), np.nan), ok=False, message="Laplace: no PD mode found"
+                    )
+                )
                 continue
             cov = symmetrize(np.linalg.inv(Hi))
             res = TiltedResult(xi[:p], cov[:p, :p], diagnostics={"grad_norm": float(np.linalg.norm(gi))})
@@ -126,5 +133,3 @@ class LaplaceTilted(TiltedEstimator):
                 res.draws = {"phi": xs[:, :p], "z": xs[:, p:]}
             out.append(res)
         return out
-
-

@@ -45,10 +45,20 @@ class NUTSTilted(TiltedEstimator):
     name = "nuts"
     sampled = True
 
-    def __init__(self, *, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 4,
-                 target: str = "augmented", dense_mass: bool = True, target_accept_prob: float = 0.8,
-                 max_tree_depth: int = 8, precision_correction: bool = True, control_variates: bool = True,
-                 vectorize: str = "all"):
+    def __init__(
+        self,
+        *,
+        num_warmup: int = 500,
+        num_samples: int = 1000,
+        num_chains: int = 4,
+        target: str = "augmented",
+        dense_mass: bool = True,
+        target_accept_prob: float = 0.8,
+        max_tree_depth: int = 8,
+        precision_correction: bool = True,
+        control_variates: bool = True,
+        vectorize: str = "all",
+    ):
         if target not in ("augmented", "collapsed"):
             raise ValueError(f"target must be 'augmented' or 'collapsed', not {target!r}")
         self.num_warmup, self.num_samples, self.num_chains = int(num_warmup), int(num_samples), int(num_chains)
@@ -65,16 +75,27 @@ class NUTSTilted(TiltedEstimator):
         self.vectorize = vectorize
 
     def __repr__(self):
-        return (f"NUTSTilted(num_warmup={self.num_warmup}, num_samples={self.num_samples}, "
-                f"num_chains={self.num_chains}, target={self.target!r})")
+        return (
+            f"NUTSTilted(num_warmup={self.num_warmup}, num_samples={self.num_samples}, "
+            f"num_chains={self.num_chains}, target={self.target!r})"
+        )
 
     def _compiled(self, model):
         import jax
         import jax.numpy as jnp
         from numpyro.infer.hmc import hmc
 
-        key = ("nuts", model.cache_key(), self.num_warmup, self.num_samples, self.target, self.vectorize,
-               self.dense_mass, self.target_accept_prob, self.max_tree_depth)
+        key = (
+            "nuts",
+            model.cache_key(),
+            self.num_warmup,
+            self.num_samples,
+            self.target,
+            self.vectorize,
+            self.dense_mass,
+            self.target_accept_prob,
+            self.max_tree_depth,
+        )
         if key in KERNELS:
             return KERNELS[key]
         p, d = model.phi_dim, model.theta_dim
@@ -86,7 +107,7 @@ class NUTSTilted(TiltedEstimator):
             dphi = phi - cav_mean
             lp = -0.5 * dphi @ cav_prec @ dphi
             if augmented:
-                return lp + model.log_augmented(phi, x[p:p + d], x[p + d:], stats)
+                return lp + model.log_augmented(phi, x[p : p + d], x[p + d :], stats)
             return lp + model.log_collapsed(phi, x[p:], stats)
 
         def potential_gen(cav_mean, cav_prec, stats):
@@ -96,9 +117,15 @@ class NUTSTilted(TiltedEstimator):
 
         def one_chain(key, x0, cav_mean, cav_prec, stats):
             args = (cav_mean, cav_prec, prepare_stats(model, stats))
-            state = init_kernel(x0, num_warmup=W, dense_mass=self.dense_mass,
-                                target_accept_prob=self.target_accept_prob,
-                                max_tree_depth=self.max_tree_depth, model_args=args, rng_key=key)
+            state = init_kernel(
+                x0,
+                num_warmup=W,
+                dense_mass=self.dense_mass,
+                target_accept_prob=self.target_accept_prob,
+                max_tree_depth=self.max_tree_depth,
+                model_args=args,
+                rng_key=key,
+            )
 
             def body(s, _):
                 s = sample_kernel(s, model_args=args)
@@ -134,12 +161,22 @@ class NUTSTilted(TiltedEstimator):
             keys[b] = rng.integers(0, 2**32 - 1, size=(C, 2), dtype=np.uint32)
         fn = self._compiled(model)
         with jax.enable_x64(True):
-            zs, scores, ndiv = fn(pad_batch(keys, Bp), pad_batch(x0, Bp), pad_batch(cavity_mean, Bp),
-                                  pad_batch(cavity_precision(cavity_cov), Bp), stack_stats(stats, Bp))
+            zs, scores, ndiv = fn(
+                pad_batch(keys, Bp),
+                pad_batch(x0, Bp),
+                pad_batch(cavity_mean, Bp),
+                pad_batch(cavity_precision(cavity_cov), Bp),
+                stack_stats(stats, Bp),
+            )
             zs, scores, ndiv = np.asarray(zs)[:B], np.asarray(scores)[:B], np.asarray(ndiv)[:B]
-        return chain_results(zs, scores, p, d if self.target == "augmented" else 0,
-                              control_variates=self.control_variates,
-                              precision_correction=self.precision_correction, keep_draws=keep_draws,
-                              extra={"divergences": ndiv.sum(axis=-1)}, label="NUTS")
-
-
+        return chain_results(
+            zs,
+            scores,
+            p,
+            d if self.target == "augmented" else 0,
+            control_variates=self.control_variates,
+            precision_correction=self.precision_correction,
+            keep_draws=keep_draws,
+            extra={"divergences": ndiv.sum(axis=-1)},
+            label="NUTS",
+        )
