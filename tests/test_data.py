@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import fedstats.data as fdata
 from fedstats.data import (
     ClientData,
     ConstantFeatureWarning,
@@ -651,10 +650,3 @@ def test_to_dataframe_name_clash():
     with pytest.raises(DataError, match="clashes"):
         fd.to_dataframe()
     assert "grp" in fd.to_dataframe(client_col="grp").columns
-
-
-def test_module_doctests():
-    import doctest
-
-    res = doctest.testmod(fdata, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert res.failed == 0 and res.attempted > 0

@@ -34,3 +34,13 @@ def test_docstrings_do_not_cite_the_specs():
     counts = {name: len(SPEC.findall(text)) for name, text in modules().items()}
     extra = {name: n for name, n in counts.items() if n > SPEC_CITATIONS.get(name, 0)}
     assert not extra, f"'spec §' references (state the point or cite the paper instead): {extra}"
+
+
+def test_docstring_examples_run_in_the_default_suite():
+    """pytest collects every docstring example of fedstats/ (--doctest-modules over the package)."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT.parent / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    assert "fedstats" in cfg["testpaths"] and "--doctest-modules" in cfg["addopts"]
+    examples = sum(text.count(">>> ") for text in modules().values())
+    assert examples > 150, examples

@@ -356,11 +356,3 @@ def test_save_and_load_keep_everything(tmp_path):
     pd.testing.assert_frame_equal(res.summary(), back.summary())
     assert back.llf == res.llf and back.family_.alpha == ALPHA
     pd.testing.assert_frame_equal(res.predict(Xs[0][:3]), back.predict(Xs[0][:3]))
-
-
-def test_module_example_runs():
-    import doctest
-
-    import fedstats.glm.frequentist as module
-
-    assert doctest.testmod(module).failed == 0

@@ -3,8 +3,6 @@ on chains of even and odd length, few and many draws, well and badly mixed."""
 
 from __future__ import annotations
 
-import doctest
-
 import numpy as np
 import pytest
 
@@ -37,13 +35,3 @@ def test_badly_mixed_chains_are_flagged_and_constant_chains_do_not_crash():
     assert diagnostics.ess_bulk(stuck) < 0.1 * stuck.size
     assert np.isnan(diagnostics.rhat_rank(np.ones((2, 50))))
     assert np.isnan(diagnostics.rhat_rank(np.zeros((1, 50)))) and np.isnan(diagnostics.ess_bulk(np.zeros((2, 3))))
-
-
-def test_posterior_and_diagnostics_docstring_examples_run():
-    from fedstats.inference import arviz_export
-    from fedstats.inference.posterior import _checks, base, gaussian_posterior, sample_posterior
-
-    for module in (base, gaussian_posterior, sample_posterior, _checks, diagnostics, arviz_export):
-        res = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert res.failed == 0, module.__name__
-    assert sum(doctest.testmod(m).attempted for m in (base, gaussian_posterior, sample_posterior)) > 40

@@ -482,18 +482,6 @@ def test_save_load_roundtrip_and_tables(tmp_path):
     np.testing.assert_allclose(res2.means_, res.means_)
 
 
-def test_docstring_examples():
-    import doctest
-
-    import fedstats.datasets.synthetic as syn
-    import fedstats.mixture.decentralized as dec
-    import fedstats.mixture.fedem as fem
-
-    for mod in (fem, dec, syn):
-        res = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert res.attempted > 0 and res.failed == 0, mod.__name__
-
-
 def test_round_time_within_1_5x_of_sklearn_iteration():
     """Acceptance: a FedEM round (private weights, through the federated runtime) costs at most
     1.5x a scikit-learn EM iteration on the pooled rows, same start, same run (best of 3 for

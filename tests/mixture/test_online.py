@@ -366,15 +366,6 @@ def test_save_load_resumes_the_stream(tmp_path):
     assert all(np.array_equal(w[0], v) for v in w)
 
 
-def test_docstring_example():
-    import doctest
-
-    import fedstats.mixture.online as online
-
-    res = doctest.testmod(online, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert res.attempted > 0 and res.failed == 0
-
-
 def test_step_cost_grows_no_faster_than_c_times_n():
     """Acceptance (cost linear in C x n; benchmarks/fem_omd.py fits a + bC + cCn within 12%):
     four times the clients or four times the rows per client cost at most ~4x per step
