@@ -28,7 +28,7 @@ FederatedData(K=2 clients, d=2 features, n=13, rows per client 5..8, target='y')
 
 from __future__ import annotations
 
-from .container import ClientData, FederatedData, as_federated, require_target
+from .container import ClientData, DataLike, FederatedData, as_federated, require_target
 from .scaling import FederatedScaler, aggregate_moments, client_moments
 from .validation import ConstantFeatureWarning, DataError, UnknownClientError
 
@@ -36,6 +36,7 @@ __all__ = [
     "ClientData",
     "ConstantFeatureWarning",
     "DataError",
+    "DataLike",
     "FederatedData",
     "FederatedScaler",
     "UnknownClientError",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -559,7 +559,12 @@ def checked_data(
     return fd
 
 
-def as_federated(data) -> FederatedData:
+#: What every model's ``fit`` takes as data: a :class:`FederatedData`, a dict client -> X or
+#: client -> (X, y), or a list of X or of (X, y) pairs (:func:`as_federated` converts them).
+DataLike: TypeAlias = "FederatedData | Mapping[ClientId, Any] | Sequence[Any]"
+
+
+def as_federated(data: DataLike) -> FederatedData:
     """The :class:`FederatedData` every model's ``fit`` takes, from what converts to one: a
     FederatedData (returned as is); a dict client -> X, or client -> (X, y); a list of X, or
     of (X, y) pairs (clients 0, 1, ...)."""
