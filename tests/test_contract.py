@@ -10,7 +10,6 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-from fitted_models import MODELS
 
 from fedstats.results import (
     CLIENT_SUMMARY_COLUMNS,
@@ -19,10 +18,6 @@ from fedstats.results import (
     NoPosteriorError,
     UnknownClientError,
 )
-
-# "fem-omd" is the online model itself (partial_fit / played / result), not a fitted result:
-# its result is "fem-omd-result", checked here like every other.
-RESULTS = [m for m in MODELS if m != "fem-omd"]
 
 # which posteriors each model has: (global, client)
 POSTERIORS = {
@@ -89,18 +84,21 @@ NEW_CLIENT = {
     "separate": "refused",
     "ditto": "refused",
 }
-assert set(POSTERIORS) == set(RESULTS) and set(NEW_CLIENT) | MIXTURES == set(RESULTS)
+
+
+def test_the_tables_above_cover_every_result(result_names):
+    assert set(POSTERIORS) == set(result_names) and set(NEW_CLIENT) | MIXTURES == set(result_names)
 
 
 @pytest.fixture
-def fit(fitted, request):
-    return fitted[0][request.param], fitted[1]
+def fit(fitted, result_name):
+    """``(result, data)`` of each fitted result in turn (its name is the test's id)."""
+    return fitted[0][result_name], fitted[1]
 
 
-@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
-def test_summary_has_the_fixed_columns(fit, request):
+def test_summary_has_the_fixed_columns(fit, result_name):
     res, _ = fit
-    name = request.node.callspec.id
+    name = result_name
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         s = res.summary()
@@ -125,10 +123,9 @@ def test_summary_has_the_fixed_columns(fit, request):
         res.summary(kind="central")
 
 
-@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
-def test_client_summary_is_one_long_table(fit, request):
+def test_client_summary_is_one_long_table(fit, result_name):
     res, _ = fit
-    name = request.node.callspec.id
+    name = result_name
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = res.client_summary()
@@ -149,10 +146,9 @@ def test_client_summary_is_one_long_table(fit, request):
         np.testing.assert_allclose(rows["sd"], own["sd"], rtol=0.1)
 
 
-@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
-def test_posteriors_one_calling_convention(fit, request):
+def test_posteriors_one_calling_convention(fit, result_name):
     res, _ = fit
-    name = request.node.callspec.id
+    name = result_name
     has_global, has_client = POSTERIORS[name]
     c = res.clients[0]
     with warnings.catch_warnings():
@@ -171,10 +167,9 @@ def test_posteriors_one_calling_convention(fit, request):
         assert isinstance(err.value, KeyError)
 
 
-@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
-def test_predict_leading_columns_and_unseen_clients(fit, request):
+def test_predict_leading_columns_and_unseen_clients(fit, result_name):
     res, data = fit
-    name = request.node.callspec.id
+    name = result_name
     c = res.clients[0]
     X = np.asarray(data[data.clients[0]].X)[:4]
     if name in MIXTURES:  # scikit-learn's meaning: labels and responsibilities (the contract says so)
@@ -213,10 +208,9 @@ def test_predict_leading_columns_and_unseen_clients(fit, request):
             assert tuple(q.columns[:5]) == PREDICT_COLUMNS and q.attrs["predicted_for"] == "new client"
 
 
-@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
-def test_to_arviz_holds_every_posterior(fit, request):
+def test_to_arviz_holds_every_posterior(fit, result_name):
     res, _ = fit
-    name = request.node.callspec.id
+    name = result_name
     has_global, has_client = POSTERIORS[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -234,19 +228,17 @@ def test_to_arviz_holds_every_posterior(fit, request):
         assert list(post["local"].coords["client"].values) == [str(c) for c in res.clients]
 
 
-@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
-def test_run_facts_and_a_short_repr(fit, request):
+def test_run_facts_and_a_short_repr(fit, result_name):
     res, _ = fit
     for attr in ("history", "rounds", "converged", "seconds", "communication"):
         assert hasattr(res, attr), attr
-    if request.node.callspec.id != "lasso-centralised":  # pooled rows in one process: nothing exchanged
+    if result_name != "lasso-centralised":  # pooled rows in one process: nothing exchanged
         assert res.communication.bytes_up > 0 and not res.communication.breakdown().empty
     r = repr(res)
     assert r.startswith(type(res).__name__ + "(") and "\n" not in r and len(r) < 200
     assert "clients=" in r
 
 
-@pytest.mark.parametrize("fit", RESULTS, indirect=True, ids=RESULTS)
 def test_tables_survive_save_and_load(fit, tmp_path):
     res, _ = fit
     back = type(res).load(res.save(tmp_path / "r.fedstats"))
