@@ -22,6 +22,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check fedstats tests benchmarks examples docs
 	$(BIN)/ruff format --check fedstats tests benchmarks examples docs
+	$(BIN)/mypy
 
 # the documentation site (mkdocs.yml, docs/) into site/; --strict: any warning (a docstring
 # griffe cannot parse, a broken link or anchor) fails the build. NO_MKDOCS_2_WARNING silences

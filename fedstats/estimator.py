@@ -19,7 +19,7 @@ import copy
 import inspect
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -28,38 +28,38 @@ class Constraint:
     """What a parameter may be: ``check(value)`` is true when it is allowed; ``what`` says it
     in words for the error message."""
 
-    def __init__(self, check: Callable[[Any], bool], what: str):
+    def __init__(self, check: Callable[[Any], bool], what: str) -> None:
         self.check, self.what = check, what
 
     def __or__(self, other: Constraint) -> Constraint:
         return Constraint(lambda v: self.check(v) or other.check(v), f"{self.what} or {other.what}")
 
 
-def _is_int(v) -> bool:
+def _is_int(v: Any) -> bool:
     return isinstance(v, (numbers.Integral, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def _is_real(v) -> bool:
+def _is_real(v: Any) -> bool:
     return isinstance(v, (numbers.Real, np.floating, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def _bound_text(low, high, closed):
+def _bound_text(low: float | None, high: float | None, closed: tuple[bool, bool]) -> str:
     lo = "" if low is None else f"{'>=' if closed[0] else '>'} {low:g}"
     hi = "" if high is None else f"{'<=' if closed[1] else '<'} {high:g}"
     return " and ".join(t for t in (lo, hi) if t)
 
 
-def Int(low=None, high=None) -> Constraint:
+def Int(low: int | None = None, high: int | None = None) -> Constraint:
     """An int in [low, high] (either bound may be None)."""
     ok = lambda v: _is_int(v) and (low is None or v >= low) and (high is None or v <= high)  # noqa: E731
     bounds = _bound_text(low, high, (True, True))
     return Constraint(ok, "an int" + (f" {bounds}" if bounds else ""))
 
 
-def Real(low=None, high=None, closed=(True, True)) -> Constraint:
+def Real(low: float | None = None, high: float | None = None, closed: tuple[bool, bool] = (True, True)) -> Constraint:
     """A finite real number between ``low`` and ``high`` (bounds closed or open as given)."""
 
-    def ok(v):
+    def ok(v: Any) -> bool:
         if not _is_real(v) or not np.isfinite(v):
             return False
         if low is not None and (v < low if closed[0] else v <= low):
@@ -70,7 +70,7 @@ def Real(low=None, high=None, closed=(True, True)) -> Constraint:
     return Constraint(ok, "a number" + (f" {bounds}" if bounds else ""))
 
 
-def OneOf(*values) -> Constraint:
+def OneOf(*values: Any) -> Constraint:
     return Constraint(
         lambda v: isinstance(v, str) and v in values or (not isinstance(v, str) and any(v is x for x in values)),
         "one of " + ", ".join(repr(v) for v in values),
@@ -82,10 +82,10 @@ NONE = Constraint(lambda v: v is None, "None")
 MAPPING = Constraint(lambda v: isinstance(v, Mapping), "a dict")
 
 
-def Pair(low_sd=0.0) -> Constraint:
+def Pair(low_sd: float = 0.0) -> Constraint:
     """A (mean, sd) pair of a Normal prior: finite numbers, sd > ``low_sd``."""
 
-    def ok(v):
+    def ok(v: Any) -> bool:
         try:
             m, s = v
         except (TypeError, ValueError):
@@ -112,16 +112,16 @@ class Estimator:
         return names
 
     @classmethod
-    def _defaults(cls) -> dict:
+    def _defaults(cls) -> dict[str, Any]:
         sig = inspect.signature(cls.__init__)
         return {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
 
-    def get_params(self, deep: bool = False) -> dict:
+    def get_params(self, deep: bool = False) -> dict[str, Any]:
         """The constructor's parameters, as given (``deep`` is accepted for scikit-learn
         compatibility; fedstats models hold no nested estimators)."""
         return {n: getattr(self, n) for n in self._param_names()}
 
-    def set_params(self, **params) -> Estimator:
+    def set_params(self, **params: Any) -> Self:
         """Change parameters by name (validated when ``fit`` starts); returns the model."""
         valid = self._param_names()
         unknown = [k for k in params if k not in valid]
@@ -131,7 +131,7 @@ class Estimator:
             setattr(self, k, v)
         return self
 
-    def clone(self) -> Estimator:
+    def clone(self) -> Self:
         """An unfitted copy with the same parameters (deep copies of them)."""
         return type(self)(**copy.deepcopy(self.get_params()))
 
@@ -152,7 +152,7 @@ class Estimator:
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
-def _same(a, b) -> bool:
+def _same(a: Any, b: Any) -> bool:
     try:
         if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
             return False
@@ -161,7 +161,7 @@ def _same(a, b) -> bool:
         return False
 
 
-def _short(v) -> str:
+def _short(v: Any) -> str:
     if isinstance(v, np.ndarray):
         return f"array(shape={v.shape})"
     r = repr(v)

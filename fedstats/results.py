@@ -51,14 +51,25 @@ import math
 import time
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from .data import UnknownClientError  # a KeyError (and a DataError) naming the client
+from .data.validation import ClientId
+
+if TYPE_CHECKING:
+    from arviz import InferenceData
+
+    from .inference.posterior import Posterior
+
+_T = TypeVar("_T", bound=type)
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 FORMAT = "fedstats-result"
 VERSION = 1
@@ -89,7 +100,7 @@ class NoPosteriorError(RuntimeError):
     option or the model that gives one."""
 
 
-def check_level(level) -> float:
+def check_level(level: float) -> float:
     """``level`` as a float in (0, 1), or a ValueError in the style of every model."""
     try:
         v = float(level)
@@ -100,13 +111,13 @@ def check_level(level) -> float:
     return v
 
 
-def check_kind(kind) -> str:
+def check_kind(kind: str) -> str:
     if kind not in ("eti", "hdi"):
         raise ValueError(f"kind must be 'eti' (equal-tailed) or 'hdi' (highest density), got {kind!r}")
     return kind
 
 
-def contract_frame(df: pd.DataFrame, leading) -> pd.DataFrame:
+def contract_frame(df: pd.DataFrame, leading: Sequence[str]) -> pd.DataFrame:
     """``df`` with the columns ``leading`` first (NaN where ``df`` has none of them), the
     others after in their order."""
     out = df.copy()
@@ -118,14 +129,21 @@ def contract_frame(df: pd.DataFrame, leading) -> pd.DataFrame:
 
 
 def prediction_frame(
-    mean, lower=None, upper=None, pred_lower=None, pred_upper=None, *, predicted_for="client", **extra
+    mean: ArrayLike,
+    lower: ArrayLike | None = None,
+    upper: ArrayLike | None = None,
+    pred_lower: ArrayLike | None = None,
+    pred_upper: ArrayLike | None = None,
+    *,
+    predicted_for: str = "client",
+    **extra: Any,
 ) -> pd.DataFrame:
     """The ``predict`` table of the contract: the five leading columns (NaN where None), then
     ``extra`` columns; ``attrs["predicted_for"]`` says whether a fitted client's posterior or
     a new client's was used."""
     mean = np.asarray(mean, dtype=float)
     nan = np.full(mean.shape, np.nan)
-    cols = {"mean": mean}
+    cols: dict[str, np.ndarray] = {"mean": mean}
     for name, v in (("lower", lower), ("upper", upper), ("pred_lower", pred_lower), ("pred_upper", pred_upper)):
         cols[name] = nan if v is None else np.asarray(v, dtype=float)
     df = pd.DataFrame({**cols, **extra})
@@ -133,7 +151,7 @@ def prediction_frame(
     return df
 
 
-def _empty_table(columns, index_name="parameter") -> pd.DataFrame:
+def _empty_table(columns: Iterable[str], index_name: str | None = "parameter") -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=float) for c in columns}, index=pd.Index([], name=index_name, dtype=object))
 
 
@@ -142,7 +160,7 @@ class ResultFileError(ValueError):
     other than fedstats's registered data classes."""
 
 
-def register(cls: type) -> type:
+def register(cls: _T) -> _T:
     """Class decorator: instances of ``cls`` may be written to and rebuilt from result files.
 
     Rebuilding creates the instance without calling ``__init__`` and sets its attributes
@@ -156,7 +174,7 @@ def register(cls: type) -> type:
     return cls
 
 
-def _registered(name: str) -> type:
+def _registered(name: str) -> type[object]:
     if name not in _REGISTRY:
         for mod in _MODULES:
             importlib.import_module(mod)
@@ -171,17 +189,17 @@ def _registered(name: str) -> type:
 
 # --------------------------------------------------------------------------- encoding
 class _Encoder:
-    def __init__(self):
+    def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
 
-    def array(self, a: np.ndarray):
+    def array(self, a: np.ndarray) -> Any:
         if a.dtype.hasobject:
             return {"__list__": [self(x) for x in a.ravel().tolist()], "shape": list(a.shape)}
         key = f"a{len(self.arrays)}"
         self.arrays[key] = a
         return {"__array__": key}
 
-    def __call__(self, x: Any, where: str = "state"):
+    def __call__(self, x: Any, where: str = "state") -> Any:
         if x is None or isinstance(x, (bool, str)):
             return x
         if isinstance(x, (int, np.integer)) and not isinstance(x, np.bool_):
@@ -225,7 +243,7 @@ class _Encoder:
         )
 
 
-def _decode(x: Any, arrays: Mapping[str, np.ndarray]):
+def _decode(x: Any, arrays: Mapping[str, np.ndarray]) -> Any:
     if isinstance(x, list):
         return [_decode(v, arrays) for v in x]
     if not isinstance(x, dict):
@@ -261,7 +279,7 @@ def _decode(x: Any, arrays: Mapping[str, np.ndarray]):
     if "__object__" in x:
         cls = _registered(x["__object__"])
         state = _decode(x["state"], arrays)
-        obj = cls.__new__(cls)
+        obj: Any = cls.__new__(cls)
         if hasattr(cls, "__setstate__"):
             obj.__setstate__(state)
         else:
@@ -271,7 +289,7 @@ def _decode(x: Any, arrays: Mapping[str, np.ndarray]):
 
 
 # --------------------------------------------------------------------------- files
-def save_result(obj: Any, path) -> Path:
+def save_result(obj: Any, path: str | PathLike[str]) -> Path:
     """Write the registered result ``obj`` to ``path`` (the format of the module docs)."""
     enc = _Encoder()
     from . import __version__
@@ -280,7 +298,8 @@ def save_result(obj: Any, path) -> Path:
     if not isinstance(body["result"], dict) or "__object__" not in body["result"]:
         raise TypeError(f"{type(obj).__qualname__} is not a registered result class")
     buf = io.BytesIO()
-    np.savez(buf, **enc.arrays)
+    # the keys are "a0", "a1", ...: never savez's own keyword allow_pickle, which the stub fears
+    np.savez(buf, **enc.arrays)  # type: ignore[arg-type]
     path = Path(path)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("fedstats.json", json.dumps(body, allow_nan=False))
@@ -288,7 +307,7 @@ def save_result(obj: Any, path) -> Path:
     return path
 
 
-def load_result(path, expected: type | None = None):
+def load_result(path: str | PathLike[str], expected: type | None = None) -> Any:
     """The result written by :func:`save_result`; with ``expected``, it must be an instance of
     that class. Raises :class:`ResultFileError` for anything else (a pickle, another format or
     version, a file naming an unregistered class) without executing anything from the file."""
@@ -341,10 +360,10 @@ class FederatedResult:
 
     _transient: Mapping[str, Any] = {}
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._transient}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
         self.__dict__.update(state)
         for k, v in self._transient.items():
             setattr(self, k, copy.copy(v))
@@ -352,8 +371,9 @@ class FederatedResult:
     def __repr__(self) -> str:
         """Model, clients, rounds, convergence: never a dump of states or arrays."""
         parts = []
-        if getattr(self, "model", None) is not None:
-            parts.append(f"model={self.model!r}")
+        model = getattr(self, "model", None)
+        if model is not None:
+            parts.append(f"model={model!r}")
         clients = getattr(self, "clients", None)
         if clients is not None:
             parts.append(f"clients={len(clients)}")
@@ -369,18 +389,23 @@ class FederatedResult:
         option or model gives one (the message of :class:`NoPosteriorError`)."""
         return f"{type(self).__name__} has no {what} posterior"
 
-    def global_posterior(self):
+    def global_posterior(self) -> Posterior:
         """Posterior of the global parameters (a posterior object of
         :mod:`fedstats.inference.posterior`); :class:`NoPosteriorError` where the model has none."""
         raise NoPosteriorError(self._no_posterior("global"))
 
-    def client_posterior(self, client):
+    def client_posterior(self, client: ClientId) -> Posterior:
         """Posterior of client ``client``'s own parameters; :class:`NoPosteriorError` where
         the model has none, :class:`UnknownClientError` for a client the fit has not seen."""
         self._check_client(client)
         raise NoPosteriorError(self._no_posterior("client"))
 
-    def _check_client(self, client) -> None:
+    def _fitted_clients(self) -> Sequence[ClientId]:
+        # a result with client parameters has ``clients``, an attribute or a property by
+        # subclass, so this base class declares none
+        return getattr(self, "clients")
+
+    def _check_client(self, client: ClientId) -> None:
         known = list(getattr(self, "clients", []) or [])
         if client not in known:
             raise UnknownClientError(
@@ -391,7 +416,7 @@ class FederatedResult:
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         return self.global_posterior().summary(level=level, kind=kind)
 
-    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+    def _client_table(self, client: ClientId, level: float, kind: str) -> pd.DataFrame:
         return self.client_posterior(client).summary(level=level, kind=kind)
 
     def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
@@ -410,7 +435,7 @@ class FederatedResult:
         lower, upper, p_value`` (as in :meth:`summary`), then model-specific columns."""
         level, kind = check_level(level), check_kind(kind)
         frames = []
-        for c in self.clients:
+        for c in self._fitted_clients():
             t = self._client_table(c, level, kind)
             t = contract_frame(t, SUMMARY_COLUMNS).rename_axis("parameter").reset_index()
             t.insert(0, "client", c)
@@ -419,7 +444,7 @@ class FederatedResult:
             return _empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True)
         return contract_frame(pd.concat(frames, ignore_index=True), CLIENT_SUMMARY_COLUMNS)
 
-    def to_arviz(self, n: int = 4000, seed: int = 0):
+    def to_arviz(self, n: int = 4000, seed: int = 0) -> InferenceData:
         """Every posterior of the result in one :class:`arviz.InferenceData`: variable
         ``global`` (dims ``chain, draw, global_parameter``) and ``local``, every client's own
         parameters (``chain, draw, client, parameter``), as far as the model has them; ``n`` seeded draws in one chain
@@ -427,7 +452,10 @@ class FederatedResult:
         from .inference.arviz_export import to_inference_data
 
         rng = np.random.default_rng(seed)
-        variables, coords, dims = {}, {}, {}
+        variables: dict[str, np.ndarray] = {}
+        coords: dict[str, list[Any]] = {}
+        dims: dict[str, list[str]] = {}
+        g: Posterior | None
         try:
             g = self.global_posterior()
         except NoPosteriorError:
@@ -435,8 +463,9 @@ class FederatedResult:
         if g is not None:
             variables["global"] = g.sample(n, seed=rng)[None]
             coords["global_parameter"], dims["global"] = list(g.names), ["global_parameter"]
+        clients = self._fitted_clients()
         try:
-            posts = [self.client_posterior(c) for c in self.clients]
+            posts = [self.client_posterior(c) for c in clients]
         except NoPosteriorError:
             posts = []
         if posts:
@@ -446,25 +475,25 @@ class FederatedResult:
                     "the clients' posteriors have different parameters; export each with client_posterior(c).to_arviz()"
                 )
             variables["local"] = np.stack([p.sample(n, seed=rng) for p in posts], axis=1)[None]
-            coords["client"], coords["parameter"] = [str(c) for c in self.clients], names
+            coords["client"], coords["parameter"] = [str(c) for c in clients], names
             dims["local"] = ["client", "parameter"]
         if not variables:
             raise NoPosteriorError(self._no_posterior("global") + "; " + self._no_posterior("client"))
         return to_inference_data(variables, coords=coords, dims=dims)
 
-    def save(self, path) -> Path:
+    def save(self, path: str | PathLike[str]) -> Path:
         """Write the result to ``path``: a zip of JSON and arrays that :meth:`load` reads back
         and that never holds client rows or code (:mod:`fedstats.results`)."""
         return save_result(self, path)
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path: str | PathLike[str]) -> Self:
         """The result that :meth:`save` wrote to ``path`` (it must be a ``cls``). Loading never
         runs code named in the file: see :mod:`fedstats.results`."""
         return load_result(path, expected=cls)
 
 
-def counted(fit):
+def counted(fit: _F) -> _F:
     """Decorator for every model's ``fit``, the common entry: ``data`` (the first argument) may be
     anything :func:`fedstats.data.as_federated` converts; the result's ``communication`` counts
     every exchange of the fit (its rounds and every one-off round: starts, checks, scoring,
@@ -472,7 +501,7 @@ def counted(fit):
     the wall time of the whole fit; warnings point at the caller's line."""
 
     @functools.wraps(fit)
-    def wrapper(self, *args, **kwargs):
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         from .data import as_federated
         from .federation import counting
 
@@ -491,4 +520,4 @@ def counted(fit):
         res.seconds = time.perf_counter() - t0
         return res
 
-    return wrapper
+    return cast(_F, wrapper)  # the same signature: wraps() copies it

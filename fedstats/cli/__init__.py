@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from typing import NoReturn
 
 from . import demo, fit
 from .errors import CLIError
@@ -142,13 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def _raise_cli_error(message: str) -> NoReturn:
+    raise CLIError(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
-    # argparse prints usage on errors; turn its errors into our one-line form.
-    parser.error = lambda msg: (_ for _ in ()).throw(CLIError(msg))  # type: ignore[method-assign]
-    for sp in parser._subparsers._group_actions[0].choices.values():  # noqa: SLF001
-        sp.error = parser.error
+    # argparse prints usage on errors; turn its errors into our one-line form (argparse has no
+    # hook for that: the method is replaced on the parser and its sub-command parsers)
+    parser.error = _raise_cli_error  # type: ignore[method-assign]
+    for action in parser._actions:  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for sp in action.choices.values():
+                sp.error = parser.error
     try:
         args = parser.parse_args(argv)
         {"demo": demo.command, "fit": fit.command}[args.command](args)

@@ -3,6 +3,8 @@ printed, and the JSON records (non-finite values as ``null``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -71,7 +73,7 @@ def nonfinite_warning(model: str, where: list[str]) -> str:
     return f"warning: {len(where)} non-finite value(s) written as null (JSON has no NaN or Infinity): {why}"
 
 
-def records(df: pd.DataFrame) -> list[dict]:
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """One JSON record per row: ``name``, the contract's columns (``null`` where the model has
     no value), then the table's own columns (HM1's ``estimate``, the lasso's ``selected``)."""
     from ..results import SUMMARY_COLUMNS
@@ -79,7 +81,7 @@ def records(df: pd.DataFrame) -> list[dict]:
     cols = [*SUMMARY_COLUMNS, *(c for c in df.columns if c not in SUMMARY_COLUMNS)]
     out = []
     for name, row in df.iterrows():
-        rec = {"name": str(name)}
+        rec: dict[str, Any] = {"name": str(name)}
         for c in cols:
             v = row.get(c, np.nan)
             rec[c] = v if isinstance(v, (bool, np.bool_)) or v is None else (None if pd.isna(v) else float(v))

@@ -23,6 +23,7 @@ from .validation import (
     check_finite_X,
     check_finite_y,
     cname,
+    duplicates,
     missing_target,
     normalise_id,
     pair_up,
@@ -31,7 +32,7 @@ from .validation import (
 )
 
 
-def require_target(data, what: str) -> None:
+def require_target(data: DataLike, what: str) -> None:
     """Raise :class:`DataError` if ``data`` is a :class:`FederatedData` without a target
     (supervised models call it first, so unsupervised data fails with a clear message)."""
     if isinstance(data, FederatedData):
@@ -86,6 +87,12 @@ class FederatedData:
 
     __slots__ = ("_X", "_y", "_clients", "_feature_names", "_target_name")
 
+    _X: dict[ClientId, np.ndarray]
+    _y: dict[ClientId, np.ndarray | None]
+    _clients: list[ClientId]
+    _feature_names: list[str]
+    _target_name: str | None
+
     def __init__(
         self,
         Xs: Sequence[Any] | Mapping[ClientId, Any],
@@ -101,11 +108,12 @@ class FederatedData:
             raise DataError(f"min_rows must be an integer >= 1, got {min_rows!r}")
         if not isinstance(target_name, str):
             raise DataError(f"target_name must be a str, got {target_name!r}")
+        target: str | None = target_name
         if ys is None:  # unsupervised data (e.g. for mixture models): no target at all
-            target_name = None
+            target = None
 
         Xd: dict[ClientId, np.ndarray] = {}
-        yd: dict[ClientId, np.ndarray] = {}
+        yd: dict[ClientId, np.ndarray | None] = {}
         d: int | None = None
         first: ClientId = None
         for cid, X, y in zip(clients, X_list, y_list):
@@ -115,7 +123,7 @@ class FederatedData:
             if X.ndim != 2:
                 raise DataError(f"{cname(cid)}: X must be 2-D (n, d), got shape {X.shape}")
             if y is not None:
-                y = as_float_array(y, f"target {target_name!r}", cid)
+                y = as_float_array(y, f"target {target!r}", cid)
                 if y.ndim == 2 and y.shape[1] == 1:  # a column vector is unambiguous
                     y = y[:, 0]
                 if y.ndim != 1:
@@ -138,19 +146,20 @@ class FederatedData:
             Xd[cid], yd[cid] = X, y
 
         assert d is not None
-        names = check_feature_names(feature_names, d, target_name)
+        names = check_feature_names(feature_names, d, target)
         for cid in clients:
             check_finite_X(Xd[cid], cid, names)
             readonly(Xd[cid])
-            if yd[cid] is not None:
-                check_finite_y(yd[cid], cid, target_name)
-                readonly(yd[cid])
+            y_cid = yd[cid]
+            if y_cid is not None:
+                check_finite_y(y_cid, cid, target)
+                readonly(y_cid)
 
         self._X = Xd
         self._y = yd
         self._clients = list(clients)
         self._feature_names = names
-        self._target_name = target_name
+        self._target_name = target
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -372,8 +381,7 @@ class FederatedData:
             raise UnknownClientError(
                 f"unknown client id(s) {preview(unknown)}; known clients ({self.n_clients}): {preview(self._clients)}"
             )
-        seen: set = set()
-        dups = [c for c in ids if c in seen or seen.add(c)]
+        dups = duplicates(ids)
         if dups:
             raise DataError(f"duplicate client ids: {preview(dups)}")
         if not ids:
@@ -432,7 +440,10 @@ class FederatedData:
         if shuffle:
             gen = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
             rngs = gen.spawn(self.n_clients)
-        Xtr, ytr, Xte, yte = {}, {}, {}, {}
+        Xtr: dict[ClientId, np.ndarray] = {}
+        Xte: dict[ClientId, np.ndarray] = {}
+        ytr: dict[ClientId, np.ndarray | None] = {}
+        yte: dict[ClientId, np.ndarray | None] = {}
         for k, c in enumerate(self._clients):
             n = self._X[c].shape[0]
             n_test = min(max(math.floor(test_size * n + 0.5), 1), n - 1)
@@ -469,9 +480,11 @@ class FederatedData:
         (array([[3.]]), array([6.]), 12.0, 3)
         """
         self._need_target("sufficient_statistics")
-        out = {}
+        out: dict[ClientId, dict[str, Any]] = {}
         for c in self._clients:
             X, y = self._X[c], self._y[c]
+            if y is None:  # a client given no y (ys=[None, ...]) in data that has a target
+                raise DataError(f"sufficient_statistics: {cname(c)} has no target values")
             out[c] = {"A": X.T @ X, "b": X.T @ y, "c": float(y @ y), "n": int(y.shape[0])}
         return out
 
@@ -561,7 +574,7 @@ def checked_data(
 
 #: What every model's ``fit`` takes as data: a :class:`FederatedData`, a dict client -> X or
 #: client -> (X, y), or a list of X or of (X, y) pairs (:func:`as_federated` converts them).
-DataLike: TypeAlias = "FederatedData | Mapping[ClientId, Any] | Sequence[Any]"
+DataLike: TypeAlias = "FederatedData | Mapping[Any, Any] | Sequence[Any]"
 
 
 def as_federated(data: DataLike) -> FederatedData:

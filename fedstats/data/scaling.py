@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .validation import ConstantFeatureWarning, DataError, missing_target, readonly
+from .validation import ClientId, ConstantFeatureWarning, DataError, missing_target, readonly
 
 if TYPE_CHECKING:
     from .container import FederatedData
@@ -113,7 +113,7 @@ def _safe_sd(sd: np.ndarray, mean: np.ndarray, names: Sequence[str], what: str =
     const = (sd == 0) | (sd <= 1e-12 * np.abs(mean))
     for j in np.flatnonzero(const):
         warnings.warn(
-            f"{what} {names[j]!r} is constant across all clients (sd == 0); "
+            f"{what} {names[int(j)]!r} is constant across all clients (sd == 0); "
             "its sd is taken as 1, so it is only centred",
             ConstantFeatureWarning,
             stacklevel=4,
@@ -138,11 +138,11 @@ def fit_scaler(fd: FederatedData, *, center: bool, scale: bool, target: bool) ->
     sd = _safe_sd(agg["sd_x"], agg["mean_x"], fd.feature_names) if scale else np.ones(d)
     y_mean = y_sd = None
     if target:
+        target_name = fd.target_name
+        assert target_name is not None  # fd.has_target, checked above
         y_mean = float(agg["mean_y"]) if center else 0.0
         y_sd = (
-            float(
-                _safe_sd(np.atleast_1d(agg["sd_y"]), np.atleast_1d(agg["mean_y"]), [fd.target_name], what="target")[0]
-            )
+            float(_safe_sd(np.atleast_1d(agg["sd_y"]), np.atleast_1d(agg["mean_y"]), [target_name], what="target")[0])
             if scale
             else 1.0
         )
@@ -189,12 +189,16 @@ class FederatedScaler:
             raise DataError("scaler: mean must be finite and sd finite and > 0")
         if (self.y_mean is None) != (self.y_sd is None):
             raise DataError("scaler: give both y_mean and y_sd, or neither")
-        if self.y_sd is not None and not (math.isfinite(self.y_mean) and math.isfinite(self.y_sd) and self.y_sd > 0):
+        if (
+            self.y_mean is not None
+            and self.y_sd is not None
+            and not (math.isfinite(self.y_mean) and math.isfinite(self.y_sd) and self.y_sd > 0)
+        ):
             raise DataError("scaler: y_mean must be finite and y_sd finite and > 0")
         object.__setattr__(self, "mean", readonly(mean))
         object.__setattr__(self, "sd", readonly(sd))
         object.__setattr__(self, "feature_names", names)
-        if self.y_sd is not None:
+        if self.y_mean is not None and self.y_sd is not None:
             object.__setattr__(self, "y_mean", float(self.y_mean))
             object.__setattr__(self, "y_sd", float(self.y_sd))
 
@@ -212,12 +216,13 @@ class FederatedScaler:
             raise DataError(
                 f"scaler was fitted on features {list(self.feature_names)} but the data has {fd.feature_names}"
             )
-        Xd, yd = {}, {}
+        Xd: dict[ClientId, np.ndarray] = {}
+        yd: dict[ClientId, np.ndarray | None] = {}
         for c, cd in fd.items():
             Xd[c] = self.transform_X(cd.X)
             if self.has_target and cd.y is None:
                 raise DataError("the scaler standardises a target, but the data has none")
-            yd[c] = self.transform_y(cd.y) if self.has_target else cd.y
+            yd[c] = self.transform_y(cd.y) if self.has_target and cd.y is not None else cd.y
         from .container import checked_data
 
         return checked_data(Xd, yd, fd.feature_names, fd.target_name)
@@ -231,8 +236,8 @@ class FederatedScaler:
 
     def transform_y(self, y: np.ndarray) -> np.ndarray:
         """``(y - y_mean) / y_sd``; needs a scaler fitted with ``target=True``."""
-        self._need_target()
-        return (np.asarray(y, dtype=np.float64) - self.y_mean) / self.y_sd
+        y_mean, y_sd = self._target_scale()
+        return (np.asarray(y, dtype=np.float64) - y_mean) / y_sd
 
     def inverse_transform_y(self, y: np.ndarray) -> np.ndarray:
         """Back to the original units of y: ``y * y_sd + y_mean``.
@@ -240,12 +245,14 @@ class FederatedScaler:
         Only for values of y itself (predictions, posterior draws); an sd or a
         residual scale is multiplied by ``y_sd`` alone, without the shift.
         """
-        self._need_target()
-        return np.asarray(y, dtype=np.float64) * self.y_sd + self.y_mean
+        y_mean, y_sd = self._target_scale()
+        return np.asarray(y, dtype=np.float64) * y_sd + y_mean
 
-    def _need_target(self) -> None:
-        if not self.has_target:
+    def _target_scale(self) -> tuple[float, float]:
+        # y_mean and y_sd are both set or both None (__post_init__)
+        if self.y_mean is None or self.y_sd is None:
             raise DataError("this scaler was fitted without target=True; it has no y_mean/y_sd")
+        return self.y_mean, self.y_sd
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (plain lists and floats)."""

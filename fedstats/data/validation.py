@@ -3,7 +3,7 @@ per-client arrays, ids and names, with messages that name the client and the col
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,7 +71,7 @@ def check_finite_X(X: np.ndarray, client: ClientId, feature_names: Sequence[str]
     if not bad.any():
         return
     per_col = bad.sum(axis=0)
-    cols = [f"feature {feature_names[j]!r} in {int(per_col[j])} row(s)" for j in np.flatnonzero(per_col)]
+    cols = [f"feature {feature_names[int(j)]!r} in {int(per_col[j])} row(s)" for j in np.flatnonzero(per_col)]
     n_rows = int(bad.any(axis=1).sum())
     raise DataError(
         f"{cname(client)}: non-finite values (NaN or inf) in X: {'; '.join(cols[:SHOW])}"
@@ -80,7 +80,7 @@ def check_finite_X(X: np.ndarray, client: ClientId, feature_names: Sequence[str]
     )
 
 
-def check_finite_y(y: np.ndarray, client: ClientId, target_name: str) -> None:
+def check_finite_y(y: np.ndarray, client: ClientId, target_name: str | None) -> None:
     bad = ~np.isfinite(y)
     if bad.any():
         raise DataError(
@@ -100,7 +100,19 @@ def readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def pair_up(Xs: Any, ys: Any, clients: Any) -> tuple[list, list, list]:
+def duplicates(items: Iterable[Any]) -> list[Any]:
+    """The items that repeat an earlier one, in order (each repeat listed once per repeat)."""
+    seen: set[Any] = set()
+    dups = []
+    for item in items:
+        if item in seen:
+            dups.append(item)
+        else:
+            seen.add(item)
+    return dups
+
+
+def pair_up(Xs: Any, ys: Any, clients: Any) -> tuple[list[ClientId], list[Any], list[Any]]:
     """Client ids and the matching lists of X and y, with the id checks."""
     if isinstance(Xs, (np.ndarray, pd.DataFrame)):
         # a single array would silently be read as one "client" per row
@@ -143,14 +155,13 @@ def pair_up(Xs: Any, ys: Any, clients: Any) -> tuple[list, list, list]:
     if not ids:
         raise DataError("no clients: at least one client is required")
     ids = [normalise_id(c) for c in ids]
-    seen: set = set()
-    dups = [c for c in ids if c in seen or seen.add(c)]
+    dups = duplicates(ids)
     if dups:
         raise DataError(f"duplicate client ids: {preview(dups)}")
     return ids, X_list, y_list
 
 
-def check_feature_names(feature_names: Any, d: int, target_name: str) -> list[str]:
+def check_feature_names(feature_names: Any, d: int, target_name: str | None) -> list[str]:
     if feature_names is None:
         return [f"x{j}" for j in range(d)]
     if isinstance(feature_names, str):
@@ -161,8 +172,7 @@ def check_feature_names(feature_names: Any, d: int, target_name: str) -> list[st
     bad = [n for n in names if not isinstance(n, str)]
     if bad:
         raise DataError(f"feature names must be str, got {preview(bad)}")
-    seen: set = set()
-    dups = [n for n in names if n in seen or seen.add(n)]
+    dups = duplicates(names)
     if dups:
         raise DataError(f"duplicate feature names: {preview(dups)}")
     if target_name is not None and target_name in names:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeAlias
+
+#: where a loader looks: a file, its folder, or a folder holding the data set's folder;
+#: ``None``: ``$FEDSTATS_DATA``
+DataPath: TypeAlias = "str | os.PathLike[str] | None"
 
 
-def find_data_file(path, filename: str, folder: str) -> Path:
+def find_data_file(path: DataPath, filename: str, folder: str) -> Path:
     """``filename`` under ``path`` (the file itself, its folder, or a folder holding
     ``folder/``), or with ``path=None`` under ``$FEDSTATS_DATA/folder`` or ``$FEDSTATS_DATA``."""
     if path is None:

@@ -17,13 +17,15 @@ comparison with the paper's numbers).
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from ..data import FederatedData
-from ._files import find_data_file
+from ._files import DataPath, find_data_file
 
 SETTINGS = ["setting1", "setting2", "setting3"]
 SENSORS = [f"sensor{s}" for s in range(1, 22)]
@@ -34,11 +36,11 @@ SCALINGS = ("train", "own")
 TIME_SCALE = 299.0
 
 
-def _find(path, filename: str) -> Path:
+def _find(path: DataPath, filename: str) -> Path:
     return find_data_file(path, filename, "cmapss")
 
 
-def read_cmapss(path=None, subset: str = "FD001", split: str = "train") -> pd.DataFrame:
+def read_cmapss(path: DataPath = None, subset: str = "FD001", split: str = "train") -> pd.DataFrame:
     """The raw table of ``{split}_{subset}.txt`` (``split`` "train" or "test") with columns
     unit, cycle, setting1-3, sensor1-21."""
     if subset not in SUBSETS:
@@ -56,21 +58,21 @@ def read_cmapss(path=None, subset: str = "FD001", split: str = "train") -> pd.Da
     return df.sort_values(["unit", "cycle"], kind="stable").reset_index(drop=True)
 
 
-def polynomial_design(t, order: int) -> np.ndarray:
+def polynomial_design(t: ArrayLike, order: int) -> np.ndarray:
     """Rows ``(1, t, ..., t^order)`` (raw monomials, as in the paper)."""
     t = np.asarray(t, dtype=float)
     return t[:, None] ** np.arange(order + 1)
 
 
 def load_cmapss(
-    path=None,
+    path: DataPath = None,
     subset: str = "FD001",
     *,
     sensor: int = 2,
     order: int = 6,
     train_fraction: float = 0.6,
     scaling: str = "train",
-    engines=None,
+    engines: Sequence[int] | None = None,
 ) -> tuple[FederatedData, FederatedData]:
     """Per-engine polynomial-trend regression of one sensor, split chronologically.
 
@@ -110,7 +112,10 @@ def load_cmapss(
         raise ValueError(f"unknown engine(s) {unknown[:5]} in {subset}")
     col = f"sensor{sensor}"
     names = [f"t^{j}" for j in range(order + 1)]
-    parts = {"train": ({}, {}), "test": ({}, {})}
+    parts: dict[str, tuple[dict[Hashable, np.ndarray], dict[Hashable, np.ndarray]]] = {
+        "train": ({}, {}),
+        "test": ({}, {}),
+    }
     for u in units:
         g = df[df["unit"] == u]
         n = len(g)
@@ -133,11 +138,12 @@ def load_cmapss(
         cid = f"engine{u}"
         parts["train"][0][cid], parts["train"][1][cid] = X[tr], (y[tr] - lo) / (hi - lo)
         parts["test"][0][cid], parts["test"][1][cid] = X[te], (y[te] - lo_te) / (hi_te - lo_te)
-    return tuple(FederatedData.from_arrays(Xs, ys, feature_names=names, target_name=col) for Xs, ys in parts.values())
+    train, test = (FederatedData.from_arrays(Xs, ys, feature_names=names, target_name=col) for Xs, ys in parts.values())
+    return train, test
 
 
 def load_cmapss_gp(
-    path=None, subset: str = "FD001", *, sensor: int = 2, n_train_engines: int = 60, seed: int = 0
+    path: DataPath = None, subset: str = "FD001", *, sensor: int = 2, n_train_engines: int = 60, seed: int = 0
 ) -> tuple[FederatedData, FederatedData, FederatedData]:
     """The FGPR paper's engine study (its Application II; the published code fixes the FD001
     file and sensors 2 and 7, which the paper does not name).
@@ -162,7 +168,7 @@ def load_cmapss_gp(
     train_units, test_units = np.sort(order[:n_train_engines]), np.sort(order[n_train_engines:])
     tmax = float(df.loc[df["unit"].isin(train_units), "cycle"].max())
 
-    def engine(u):
+    def engine(u: int) -> tuple[np.ndarray, np.ndarray]:
         g = df[df["unit"] == u]
         v = g[f"sensor{sensor}"].to_numpy(dtype=float)
         sd = v.std()
@@ -180,7 +186,8 @@ def load_cmapss_gp(
         feature_names=feats,
         target_name=target,
     )
-    cond, test = ([], []), ([], [])
+    cond: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+    test: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     for u in test_units:
         x, y = engine(u)
         perm = rng.permutation(len(y))

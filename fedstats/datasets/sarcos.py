@@ -15,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..data import FederatedData
-from ._files import find_data_file
+from ._files import DataPath, find_data_file
 
 FILE = "sarcos_inv_test.mat"
 INPUTS = [f"{kind}{j}" for kind in ("pos", "vel", "acc") for j in range(1, 8)]
 
 
-def read_sarcos(path=None) -> tuple[np.ndarray, np.ndarray]:
+def read_sarcos(path: DataPath = None) -> tuple[np.ndarray, np.ndarray]:
     """``(X, Y)``: the 21 inputs and the 7 torques of ``sarcos_inv_test.mat``."""
     from scipy.io import loadmat
 
@@ -34,7 +34,7 @@ def read_sarcos(path=None) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_sarcos_federation(
-    path=None, *, output: int = 1, n_clients: int = 25, test_fraction: float = 0.3, seed: int = 0
+    path: DataPath = None, *, output: int = 1, n_clients: int = 25, test_fraction: float = 0.3, seed: int = 0
 ) -> tuple[FederatedData, FederatedData]:
     """Random partition of the rows into ``n_clients`` clients, each split into train and test.
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Hashable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..data import FederatedData, FederatedScaler
-from ._files import find_data_file
+from ._files import DataPath, find_data_file
 
 COLUMNS = [
     "school",
@@ -95,11 +96,11 @@ NOMINAL = {
 SUBJECTS = {"por": "student-por.csv", "mat": "student-mat.csv"}
 
 
-def _find(path, filename: str) -> Path:
+def _find(path: DataPath, filename: str) -> Path:
     return find_data_file(path, filename, "student")
 
 
-def read_student(path=None, subject: str = "por") -> pd.DataFrame:
+def read_student(path: DataPath = None, subject: str = "por") -> pd.DataFrame:
     """The raw table of one course (``"por"``: Portuguese, 649 students; ``"mat"``:
     mathematics, 395), with the 33 original attributes as columns."""
     if subject not in SUBJECTS:
@@ -137,9 +138,9 @@ def student_design(df: pd.DataFrame) -> pd.DataFrame:
     for col in NUMERIC:
         out[col] = df[col].to_numpy(float)
     for col, one in BINARY.items():
-        levels = set(df[col])
-        if not levels <= {one, _other_level(col)}:
-            raise ValueError(f"column {col!r} has unexpected levels {sorted(levels)}")
+        found = set(df[col])
+        if not found <= {one, _other_level(col)}:
+            raise ValueError(f"column {col!r} has unexpected levels {sorted(found)}")
         out[f"{col}_{one}"] = (df[col] == one).to_numpy(float)
     for col, levels in NOMINAL.items():
         unknown = sorted(set(df[col]) - set(levels))
@@ -155,7 +156,9 @@ def _other_level(col: str) -> str:
     return {"sex": "F", "address": "R", "famsize": "LE3", "Pstatus": "A"}.get(col, "no")
 
 
-def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, seed: int = 0, scaling: str = "school"):
+def load_student(
+    path: DataPath = None, subject: str = "por", *, test_size: float = 0.4, seed: int = 0, scaling: str = "school"
+) -> tuple[FederatedData, FederatedData, dict[Hashable, FederatedScaler]]:
     """The student-performance federation: one client per school (``GP``, ``MS``), the 38
     predictors of :func:`student_design`, target G3.
 
@@ -184,7 +187,7 @@ def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, see
     data = FederatedData.from_dataframe(design, by="school", target="G3")
     train, test = data.train_test_split(test_size, seed=seed)
 
-    def numeric_only(sc):
+    def numeric_only(sc: FederatedScaler) -> FederatedScaler:
         numeric = np.isin(np.asarray(sc.feature_names), NUMERIC)
         return FederatedScaler(
             mean=np.where(numeric, sc.mean, 0.0),
@@ -201,6 +204,8 @@ def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, see
     else:
         scalers = {c: numeric_only(train.subset([c]).fit_scaler(target=True)) for c in train.clients}
     parts = []
+    target = data.target_name
+    assert target is not None  # from_dataframe(target="G3") above
     for fd in (train, test):
         scaled = [scalers[c].transform(fd.subset([c])) for c in fd.clients]
         parts.append(
@@ -209,7 +214,7 @@ def load_student(path=None, subject: str = "por", *, test_size: float = 0.4, see
                 [s[c].y for s, c in zip(scaled, fd.clients)],
                 clients=fd.clients,
                 feature_names=fd.feature_names,
-                target_name=fd.target_name,
+                target_name=target,
             )
         )
     return parts[0], parts[1], scalers

@@ -2,18 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..data import FederatedData
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing's from Python 3.13
 
 #: The HM2 uncertainty example of the linear-models paper (Section 5.2, Figure 4 right).
 UQ_MU = np.array([1.0, 3.0, 0.5, 2.0])
 UQ_TAU = np.array([1.17, 2.35, 2.52, 0.67])
 
 
+def _one_count(n_obs: int | Sequence[int]) -> TypeIs[int]:
+    """Whether ``n_obs`` is one row count for every client, not one per client."""
+    return bool(np.isscalar(n_obs))
+
+
 def hm2_federation(
-    *, n_clients: int = 100, n_obs: int | list[int] = 100, mu=UQ_MU, tau=UQ_TAU, sigma: float = 0.05, seed: int = 0
-) -> tuple[FederatedData, dict]:
+    *,
+    n_clients: int = 100,
+    n_obs: int | list[int] = 100,
+    mu: ArrayLike = UQ_MU,
+    tau: ArrayLike = UQ_TAU,
+    sigma: float = 0.05,
+    seed: int = 0,
+) -> tuple[FederatedData, dict[str, Any]]:
     """Simulate ``theta_k ~ N(mu, diag tau)``, ``X ~ N(0, I)``, ``y = X theta_k + N(0, sigma^2)``.
 
     Returns the federation and the truth ``{"mu", "tau", "log_tau", "theta", "sigma"}``.
@@ -28,7 +46,7 @@ def hm2_federation(
     rng = np.random.default_rng(seed)
     mu, tau = np.asarray(mu, dtype=float), np.asarray(tau, dtype=float)
     d = mu.size
-    ns = [int(n_obs)] * n_clients if np.isscalar(n_obs) else [int(v) for v in n_obs]
+    ns = [int(n_obs)] * n_clients if _one_count(n_obs) else [int(v) for v in n_obs]
     theta = mu + np.sqrt(tau) * rng.standard_normal((n_clients, d))
     Xs = [rng.standard_normal((n, d)) for n in ns]
     ys = [X @ th + sigma * rng.standard_normal(len(X)) for X, th in zip(Xs, theta)]
@@ -37,14 +55,16 @@ def hm2_federation(
 
 
 #: The variable-selection cases of the linear-models paper (Section 5.2, Table 2; after van Erp et al. 2019).
-SELECTION_CASES = {
+SELECTION_CASES: dict[str, dict[str, Any]] = {
     "I": {"K": 10, "theta": [3, 1.5, 0, 0, 2, 0, 0, 0], "n_train": [100] * 10, "n_test": 1000},
     "II": {"K": 10, "theta": [3, 1.5, 0, 0, 2, 0, 0, 0], "n_train": [20, 20] + [200] * 8, "n_test": 1000},
     "III": {"K": 20, "theta": [3] * 10 + [0] * 10 + [3] * 10, "n_train": [40] * 20, "n_test": 400},
 }
 
 
-def selection_case(case: str = "I", *, sigma: float = 0.05, seed: int = 0):
+def selection_case(
+    case: str = "I", *, sigma: float = 0.05, seed: int = 0
+) -> tuple[FederatedData, FederatedData, np.ndarray]:
     """One run of a Table 2 case: the same theta on every device, ``X ~ N(0, I)``, noise sd
     ``sigma`` (0.05; the paper does not state it) on training and test targets alike.
 
@@ -73,7 +93,7 @@ def selection_case(case: str = "I", *, sigma: float = 0.05, seed: int = 0):
 
 #: The HM1 cases of the linear-models paper (Section 5.1, Table 1): K, d, training rows per device, noise
 #: variance, and which devices enter the A-RMSE.
-HM1_CASES = {
+HM1_CASES: dict[str, dict[str, Any]] = {
     "I": {"K": 2, "d": 5, "n_train": [20, 200], "noise_var": 0.05, "evaluate": [0]},
     "II": {"K": 100, "d": 8, "n_train": [40] * 30 + [275] * 70, "noise_var": 0.1, "evaluate": list(range(30))},
     "III": {"K": 100, "d": 8, "n_train": [20] * 100, "noise_var": 0.1, "evaluate": list(range(100))},
@@ -81,7 +101,7 @@ HM1_CASES = {
 }
 
 
-def random_covariance(K: int, rng, low: float = 1.0, ratio: float = 10.0) -> np.ndarray:
+def random_covariance(K: int, rng: np.random.Generator, low: float = 1.0, ratio: float = 10.0) -> np.ndarray:
     """``Q diag(lambda) Q^T`` with ``lambda ~ U[low, low * ratio]`` and a Haar-random
     orthogonal ``Q``: the defaults of R's ``clusterGeneration::genPositiveDefMat``
     (``covMethod="eigen"``), which the paper used for Cases II-IV."""
@@ -93,7 +113,9 @@ def random_covariance(K: int, rng, low: float = 1.0, ratio: float = 10.0) -> np.
     return (omega + omega.T) / 2
 
 
-def hm1_case(case: str = "I", *, n_test: int = 1000, noisy_test: bool = False, seed: int = 0):
+def hm1_case(
+    case: str = "I", *, n_test: int = 1000, noisy_test: bool = False, seed: int = 0
+) -> tuple[FederatedData, FederatedData, dict[str, Any]]:
     """One run of a Table 1 case: ``Omega`` ([[1, .7], [.7, 1]] in Case I, else
     :func:`random_covariance`), the rows of Theta i.i.d. ``N(0, Omega)``, ``X ~ N(0, I)``,
     ``y = X theta_k + N(0, noise_var)``; test targets noise-free unless ``noisy_test``.
@@ -139,7 +161,7 @@ def hm1_clusters(
     sigma: float = 0.5,
     mean: float = 0.0,
     seed: int = 0,
-):
+) -> tuple[FederatedData, np.ndarray, np.ndarray, np.ndarray]:
     """A federation where HM1 can borrow strength (issue 18's sweep of HM1's defaults):
     clients in two clusters (even and odd index), coefficients ``mean + N(0, Omega)`` per
     predictor with correlation ``rho`` within a cluster and 0 across, ``X ~ N(1, I)``
@@ -210,16 +232,16 @@ def gmm_federation(
     if covariance == "identity":
         covs = np.stack([np.eye(d)] * M)
     elif covariance == "random":
-        covs = []
+        blocks = []
         for _ in range(M):
             Q, _ = np.linalg.qr(rng.standard_normal((d, d)))
-            covs.append(Q @ np.diag(rng.uniform(0.5, 1.5, d)) @ Q.T)
-        covs = np.stack(covs)
+            blocks.append(Q @ np.diag(rng.uniform(0.5, 1.5, d)) @ Q.T)
+        covs = np.stack(blocks)
     else:
         raise ValueError(f"covariance must be 'identity' or 'random', got {covariance!r}")
     if isinstance(n_obs, tuple):
         ns = rng.integers(n_obs[0], n_obs[1], n_clients)
-    elif np.isscalar(n_obs):
+    elif _one_count(n_obs):
         ns = np.full(n_clients, int(n_obs))
     else:
         ns = np.asarray(n_obs, int)

@@ -10,6 +10,7 @@ that return tidy tables: used by the notebook and the tests.
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 
 import numpy as np
 import pandas as pd
@@ -290,7 +291,8 @@ def validation_split(data, fraction: float = 0.2, seed: int = 0):
     from ..data import FederatedData
 
     rng = np.random.default_rng(seed)
-    fit, val = ({}, {}), ({}, {})
+    fit: tuple[dict[Hashable, np.ndarray], dict[Hashable, np.ndarray]] = ({}, {})
+    val: tuple[dict[Hashable, np.ndarray], dict[Hashable, np.ndarray]] = ({}, {})
     for c in data.clients:
         n = data[c].n
         idx = rng.permutation(n)

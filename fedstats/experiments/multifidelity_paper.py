@@ -6,6 +6,8 @@ RMSE of each method on the high-fidelity client's standardised scale."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..data import FederatedData
@@ -82,7 +84,7 @@ def mf_run(
     out = {"problem": prob.name, "protocol": protocol, "seed": seed}
     M = min(mf.train.n_obs.values())
     Xh, yh = np.asarray(mf.train[mf.hf_client].X), np.asarray(mf.train[mf.hf_client].y)
-    batch = {"batch_size": 0.2} if prob.grid else {}
+    batch: dict[str, Any] = {"batch_size": 0.2} if prob.grid else {}
     if "FGPR" in methods:
         model = paper_protocol(mf.train, lr=lr, rounds=rounds, device="cpu", **batch)
         res = (

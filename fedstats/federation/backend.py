@@ -17,15 +17,21 @@ fit hands its client side to the backend, and the server loop stays where the fi
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .runner import BACKEND
+
+if TYPE_CHECKING:
+    from .flower import FlowerSession
+
+_R = TypeVar("_R")
 
 __all__ = ["use_backend", "current_backend", "accepts_backend"]
 
 
-def _resolve(backend: Any) -> tuple[Any, bool]:
+def _resolve(backend: str | FlowerSession | None) -> tuple[Any, bool]:
     """``(session or None, created here)``."""
     if backend is None:
         return BACKEND.get(), False
@@ -43,7 +49,7 @@ def _resolve(backend: Any) -> tuple[Any, bool]:
 
 
 @contextmanager
-def use_backend(backend: Any):
+def use_backend(backend: str | FlowerSession | None) -> Iterator[FlowerSession | None]:
     """Run the federated rounds inside the ``with`` block on ``backend``.
 
     ``backend``: ``"inprocess"``, ``"flower"`` (a simulation started here and stopped when the
@@ -68,17 +74,17 @@ def use_backend(backend: Any):
             session.close()
 
 
-def current_backend() -> Any:
+def current_backend() -> FlowerSession | None:
     """The session that runs the client side of :func:`~fedstats.federation.run` now
     (``None``: this process)."""
     return BACKEND.get()
 
 
-def accepts_backend(method):
+def accepts_backend(method: Callable[..., _R]) -> Callable[..., _R]:
     """Give a model's ``fit``-like method the keyword ``backend=`` (see the module docs)."""
 
     @functools.wraps(method)
-    def wrapper(self, *args, backend=None, **kwargs):
+    def wrapper(self: Any, *args: Any, backend: str | FlowerSession | None = None, **kwargs: Any) -> _R:
         if backend is None:
             return method(self, *args, **kwargs)
         with use_backend(backend):

@@ -20,7 +20,7 @@ class Outcome:
 
     __slots__ = ("reply", "failed", "skipped")
 
-    def __init__(self, reply: Message | None = None, failed: str | None = None, skipped: bool = False):
+    def __init__(self, reply: Message | None = None, failed: str | None = None, skipped: bool = False) -> None:
         self.reply, self.failed, self.skipped = reply, failed, skipped
 
 
@@ -82,7 +82,9 @@ class InProcessClients:
 
     lost: dict = {}  # a client in this process never stops answering
 
-    def __init__(self, algorithm: FederatedAlgorithm, ids: list[ClientId], get: Callable[[ClientId], Any], seed: int):
+    def __init__(
+        self, algorithm: FederatedAlgorithm, ids: list[ClientId], get: Callable[[ClientId], Any], seed: int
+    ) -> None:
         self.algorithm = algorithm
         self.ids = ids
         self.seed = seed

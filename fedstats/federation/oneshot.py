@@ -8,11 +8,13 @@ remote backend can send it by reference.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from .protocol import FederatedAlgorithm
+from .protocol import ClientId, FederatedAlgorithm, Message
+from .records import RoundRecord
 from .runner import run
 
 __all__ = ["OneShot", "one_shot", "raise_failures"]
@@ -28,30 +30,47 @@ class OneShot(FederatedAlgorithm):
 
     per_client_fields = ("private",)
 
-    def __init__(self, keys: tuple[str, ...], payload: dict, client_fn: Callable, private=None):
+    def __init__(
+        self,
+        keys: tuple[str, ...],
+        payload: Message,
+        client_fn: Callable[..., Any],
+        private: Mapping[ClientId, Any] | None = None,
+    ) -> None:
         self.reply_keys = keys
         self.payload = payload
         self.client_fn = client_fn
         self.private = private
 
-    def init_server(self, clients, rng):
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[ClientId, Message]:
         return {}
 
-    def init_client(self, client, data, rng):
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> Any:
         return None if self.private is None else self.private[client]
 
-    def broadcast(self, server_state, client, round):
+    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
         return self.payload
 
-    def client_step(self, message, state, data, rng):
+    def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
         out = self.client_fn(message, np.asarray(data.X), rng, state)
         return out if isinstance(out, tuple) else (out, state)
 
-    def server_step(self, server_state, replies, round):
+    def server_step(
+        self, server_state: Any, replies: Mapping[ClientId, Message], round: int
+    ) -> tuple[dict[ClientId, Message], dict[str, float]]:
         return dict(replies), {}
 
 
-def one_shot(data, keys, payload, client_fn, *, seed, what, private=None):
+def one_shot(
+    data: Any,
+    keys: Iterable[str],
+    payload: Message,
+    client_fn: Callable[..., Any],
+    *,
+    seed: int,
+    what: str,
+    private: Mapping[ClientId, Any] | None = None,
+) -> tuple[dict[ClientId, Message], dict[ClientId, Any]]:
     """Run a :class:`OneShot` round that every client must answer.
 
     Returns ``(replies, client_states)`` (its bytes are in the ledger of the fit, like every
@@ -71,7 +90,7 @@ def one_shot(data, keys, payload, client_fn, *, seed, what, private=None):
     return r.server_state, r.client_states
 
 
-def raise_failures(history, what):
+def raise_failures(history: Iterable[RoundRecord], what: str) -> None:
     """Raise ``RuntimeError`` with the first client error recorded in ``history``, if any."""
     failed = {c: why for rec in history for c, why in rec.failed.items()}
     if failed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,11 +34,14 @@ def round_rng(seed: int, rnd: int) -> np.random.Generator:
 class Participation:
     """Who takes part in each round, as sorted client indices."""
 
-    def __init__(self, spec: Any, ids: list[ClientId], rounds: int):
+    def __init__(self, spec: Any, ids: list[ClientId], rounds: int) -> None:
         self.ids = ids
         self.index = {c: i for i, c in enumerate(ids)}
         n = len(ids)
         self.kind: str
+        self.k: int
+        self.fn: Callable[[int, np.random.Generator], Iterable[ClientId]]
+        self.desc: tuple[str, Any]  # for fingerprints
         self.schedule: list[list[int]] | None = None
         if isinstance(spec, (bool, np.bool_)):
             raise TypeError("participation must be a fraction, a count, a callable or a schedule, not a bool")
@@ -87,7 +90,7 @@ class Participation:
         if unknown:
             raise ValueError(f"{what}: unknown client id(s) {unknown!r}")
         if len(set(out)) != len(out):
-            dups = sorted({self.ids[i] for i in out if out.count(i) > 1}, key=self.index.get)
+            dups = sorted({self.ids[i] for i in out if out.count(i) > 1}, key=self.index.__getitem__)
             raise ValueError(f"{what}: client id(s) listed twice {dups!r}")
         return sorted(out)
 

@@ -7,9 +7,10 @@ import math
 import numbers
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -29,7 +30,7 @@ _ROUND_LINES: ContextVar[Any] = ContextVar("fedstats_round_lines", default=None)
 
 
 @contextmanager
-def round_lines(stream=None, *, label: str = "", min_interval: float = 1.0):
+def round_lines(stream: TextIO | None = None, *, label: str = "", min_interval: float = 1.0) -> Iterator[None]:
     """Within the block, every run left to decide its own progress display (``progress=None``)
     prints one plain line per round to ``stream`` (default ``sys.stderr``) instead of a tqdm
     bar: round, seconds, clients that answered, the server's change metrics, and a last line
@@ -51,7 +52,7 @@ def round_lines(stream=None, *, label: str = "", min_interval: float = 1.0):
 class _LinePrinter:
     """The plain lines of a run inside a :func:`round_lines` block."""
 
-    def __init__(self, cfg, name: str, rounds: int):
+    def __init__(self, cfg: dict[str, Any], name: str, rounds: int) -> None:
         self.stream = cfg["stream"] if cfg["stream"] is not None else sys.stderr
         self.prefix = f"{cfg['label'] or name}: "
         self.min_interval, self.rounds, self.last = cfg["min_interval"], rounds, -math.inf
@@ -92,7 +93,9 @@ class RoundDisplay:
     left ``progress`` to ``None``), else a tqdm bar (``progress=True``, or ``None`` with stderr
     a terminal), else nothing."""
 
-    def __init__(self, progress: bool | None, *, name: str, rounds: int, start: int, active: bool, failed_so_far: int):
+    def __init__(
+        self, progress: bool | None, *, name: str, rounds: int, start: int, active: bool, failed_so_far: int
+    ) -> None:
         cfg = _ROUND_LINES.get() if progress is None else None
         self.lines = _LinePrinter(cfg, name, rounds) if cfg is not None else None
         show = progress if progress is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,8 @@ Message = dict[str, np.ndarray]
 """A message: plain named numeric numpy arrays, nothing else."""
 
 ClientId = Hashable
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def describe_exc(exc: BaseException) -> str:
@@ -163,9 +165,9 @@ def message_nbytes(message: Mapping[str, np.ndarray]) -> int:
     return int(sum(np.asarray(v).nbytes for v in message.values()))
 
 
-def client_function(fn):
+def client_function(fn: _F) -> _F:
     """Mark a module-level function as code a client may be asked to run (a one-off round's
     reply function, say). Remote backends load a function sent by reference only if it
     carries this mark; nothing else changes."""
-    fn.__fedstats_client_function__ = True
+    setattr(fn, "__fedstats_client_function__", True)
     return fn

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -46,10 +46,10 @@ class RoundRecord:
 
 
 @register
-class History(Sequence):
+class History(Sequence[RoundRecord]):
     """The rounds of a run, in order: a read-only list of :class:`RoundRecord`."""
 
-    def __init__(self, records: Iterable[RoundRecord] = ()):
+    def __init__(self, records: Iterable[RoundRecord] = ()) -> None:
         self._records: list[RoundRecord] = list(records)
 
     def append(self, record: RoundRecord) -> None:
@@ -59,7 +59,13 @@ class History(Sequence):
     def __len__(self) -> int:
         return len(self._records)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> RoundRecord: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> History: ...
+
+    def __getitem__(self, i: int | slice) -> RoundRecord | History:
         if isinstance(i, slice):
             return History(self._records[i])
         return self._records[i]
@@ -83,7 +89,7 @@ class History(Sequence):
         """The values of metric ``name`` over the rounds (``None`` where it is absent)."""
         return [r.metrics.get(name) for r in self._records]
 
-    def to_dataframe(self):
+    def to_dataframe(self) -> pd.DataFrame:
         """One row per round (indexed by ``round``), as a :class:`pandas.DataFrame`.
 
         Columns: ``participants``, ``answered``, ``failed``, ``skipped`` (the lists/dict),
@@ -227,14 +233,14 @@ class RunResult:
         )
 
 
-_LEDGERS: ContextVar[tuple] = ContextVar("fedstats_ledgers", default=())
+_LEDGERS: ContextVar[tuple[Ledger, ...]] = ContextVar("fedstats_ledgers", default=())
 
 
 class Ledger:
     """The exchanges of every :func:`run` inside a :func:`counting` block, in order:
     ``parts`` is a list of :class:`Communication` (each with its ``by_kind``)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.parts: list[Communication] = []
 
     def communication(self) -> Communication:
@@ -250,7 +256,7 @@ def record(communication: Communication) -> None:
 
 
 @contextmanager
-def counting():
+def counting() -> Iterator[Ledger]:
     """Count every exchange of the runs inside the block (also those of nested blocks)::
 
         with counting() as ledger:

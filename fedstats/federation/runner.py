@@ -238,7 +238,7 @@ class _State:
 
 def _start(r: _Run) -> _State:
     """A fresh state, or the one of the checkpoint a resumed run continues."""
-    if r.resume and os.path.exists(r.checkpoint):
+    if r.resume and r.checkpoint is not None and os.path.exists(r.checkpoint):  # run() checks resume needs a path
         saved = read_checkpoint(r.checkpoint)
         completed = int(saved["completed"])
         diffs = fingerprint_diff(
@@ -266,6 +266,7 @@ def _start(r: _Run) -> _State:
 
 
 def _write_checkpoint(r: _Run, s: _State) -> None:
+    assert r.checkpoint is not None  # only called with a checkpoint path
     write_atomic(
         r.checkpoint,
         {

@@ -21,13 +21,17 @@ EP state.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import Any
+
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from .. import streams
-from ..data import require_target
+from ..data import DataLike, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..federation import History, run
+from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
 from ..inference.ep import PosteriorRound, RowsEP, check_invariants, posterior_round
 from ..inference.gaussian import NaturalGaussian
@@ -38,7 +42,7 @@ from ..linear.scaling import LinearScaling, federated_scaling
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
 from ._design import SPECIAL, GLMDesign, prediction_rows
 from ._irls import design_check
-from .families import family_of
+from .families import Family, family_of
 from .frequentist import _COLUMN
 from .sites import BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite
 
@@ -54,7 +58,13 @@ def _n_pad(n: int) -> int:
 class _BayesBase(Estimator):
     _families = tuple(BAYES_LINKS)
 
-    def _family(self):
+    # parameters both models' constructors set (and _family reads)
+    family: str
+    link: str | None
+    alpha: float
+    trials: str | None
+
+    def _family(self) -> Family:
         self._validate_params()
         name = type(self).__name__
         fam = family_of(self.family, self.link, self.alpha) if self.family in BAYES_LINKS else None
@@ -170,24 +180,24 @@ class BayesianGLM(_BayesBase):
 
     def __init__(
         self,
-        family="binomial",
-        link=None,
+        family: str = "binomial",
+        link: str | None = None,
         *,
-        fit_intercept=True,
-        alpha=1.0,
-        offset=None,
-        exposure=None,
-        weights=None,
-        trials=None,
-        prior_scale=2.5,
-        intercept_scale=10.0,
-        standardize=True,
-        rounds=15,
-        tol=0.05,
-        damping=1.0,
-        num_draws=4000,
-        tilted="importance",
-    ):
+        fit_intercept: bool = True,
+        alpha: float = 1.0,
+        offset: str | None = None,
+        exposure: str | None = None,
+        weights: str | None = None,
+        trials: str | None = None,
+        prior_scale: float = 2.5,
+        intercept_scale: float = 10.0,
+        standardize: bool = True,
+        rounds: int = 15,
+        tol: float = 0.05,
+        damping: float = 1.0,
+        num_draws: int = 4000,
+        tilted: str = "importance",
+    ) -> None:
         self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
         self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
         self.prior_scale, self.intercept_scale, self.standardize = prior_scale, intercept_scale, standardize
@@ -196,7 +206,9 @@ class BayesianGLM(_BayesBase):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress=None, batched: bool = True) -> "BayesianGLMResult":
+    def fit(
+        self, data: DataLike, *, seed: int = 0, progress: bool | None = None, batched: bool = True
+    ) -> BayesianGLMResult:
         """Fit by federated EP; returns a :class:`BayesianGLMResult`. ``batched``: one
         vectorised tilted-moment call for all clients (False: one per client, as on Flower)."""
         fam, roles, design, scaling, n_rows, ybar, y_sd = self._setup(data, seed)
@@ -234,13 +246,37 @@ class BayesianGLM(_BayesBase):
 
 
 class _GLMPosteriorMixin:
-    """Predictions on the response scale from draws of the coefficients."""
+    """Predictions on the response scale from draws of the coefficients; with the attributes
+    both Bayesian GLM results are given by their fit (keyword arguments)."""
 
-    def _eta_draws(self, X, beta, offset, exposure):
+    model: str
+    family: str
+    link: str
+    alpha: float
+    names: list[str]
+    predictors: list[str]
+    roles: dict[str, str | None]
+    fit_intercept: bool
+    clients: list[Hashable]
+    n_obs: dict[Hashable, int]
+    q: tuple[np.ndarray, np.ndarray]  # natural parameters (r, Q) of q on the standardised scale
+    scaling: LinearScaling | None
+    history: History
+    rounds: int
+    converged: bool
+    communication: Communication
+    seed: int
+    seconds: float
+
+    def _eta_draws(
+        self, X: ArrayLike, beta: np.ndarray, offset: ArrayLike | None, exposure: ArrayLike | None
+    ) -> np.ndarray:
         D, off = prediction_rows(X, self.predictors, self.fit_intercept, self.roles, offset, exposure)
         return beta @ D.T + off
 
-    def _prediction(self, eta, disp, level, rng, predicted_for):
+    def _prediction(
+        self, eta: np.ndarray, disp: np.ndarray, level: float, rng: np.random.Generator, predicted_for: str
+    ) -> pd.DataFrame:
         fam = family_of(self.family, self.link, self.alpha)
         mu = fam.fitted(eta)
         a = (1 - level) / 2
@@ -265,7 +301,7 @@ class BayesianGLMResult(_GLMPosteriorMixin, FederatedResult):
     """A :class:`BayesianGLM` fit: the Gaussian EP posterior of the shared coefficients (and
     the dispersion), on the data's scale; no per-client parameters."""
 
-    def __init__(self, **state):
+    def __init__(self, **state: Any) -> None:
         self.__dict__.update(state)
         self.seconds = 0.0
 
@@ -287,10 +323,10 @@ class BayesianGLMResult(_GLMPosteriorMixin, FederatedResult):
         A = np.block([[A, np.zeros((len(c), k))], [np.zeros((k, len(c))), np.eye(k)]])
         return q.affine(A, np.r_[c, np.zeros(k)], names=self.phi_names)
 
-    def _global_table(self, level, kind):
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         return no_p_value(self.global_posterior().summary(level=level, kind=kind), "log_")
 
-    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+    def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         # the coefficients are shared by every client: a client has none of its own
         return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
@@ -298,7 +334,15 @@ class BayesianGLMResult(_GLMPosteriorMixin, FederatedResult):
         return f"BayesianGLM has no {what} posterior: its coefficients are shared (HierarchicalGLM has per-client ones)"
 
     def predict(
-        self, X, client=None, *, level: float = 0.95, offset=None, exposure=None, n: int = 4000, seed: int = 0
+        self,
+        X: ArrayLike,
+        client: Hashable | None = None,
+        *,
+        level: float = 0.95,
+        offset: ArrayLike | None = None,
+        exposure: ArrayLike | None = None,
+        n: int = 4000,
+        seed: int = 0,
     ) -> pd.DataFrame:
         """Mean response (probabilities, rates, ...) with its credible band and the predictive
         band of a new observation, from ``n`` seeded posterior draws. ``client`` does not
@@ -336,24 +380,24 @@ class HierarchicalGLM(_BayesBase):
 
     def __init__(
         self,
-        family="binomial",
-        link=None,
+        family: str = "binomial",
+        link: str | None = None,
         *,
-        fit_intercept=True,
-        alpha=1.0,
-        offset=None,
-        exposure=None,
-        weights=None,
-        trials=None,
-        prior_mu_sd=1.0,
-        prior_log_tau_sd=1.0,
-        standardize=True,
-        rounds=30,
-        tol=0.05,
-        damping=0.5,
-        num_draws=512,
-        tilted="laplace+importance",
-    ):
+        fit_intercept: bool = True,
+        alpha: float = 1.0,
+        offset: str | None = None,
+        exposure: str | None = None,
+        weights: str | None = None,
+        trials: str | None = None,
+        prior_mu_sd: float = 1.0,
+        prior_log_tau_sd: float = 1.0,
+        standardize: bool = True,
+        rounds: int = 30,
+        tol: float = 0.05,
+        damping: float = 0.5,
+        num_draws: int = 512,
+        tilted: str = "laplace+importance",
+    ) -> None:
         self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
         self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
         self.prior_mu_sd, self.prior_log_tau_sd, self.standardize = prior_mu_sd, prior_log_tau_sd, standardize
@@ -362,7 +406,9 @@ class HierarchicalGLM(_BayesBase):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress=None, batched: bool = True) -> "HierarchicalGLMResult":
+    def fit(
+        self, data: DataLike, *, seed: int = 0, progress: bool | None = None, batched: bool = True
+    ) -> HierarchicalGLMResult:
         """Fit by federated EP, then one counted round of client posteriors; returns a
         :class:`HierarchicalGLMResult`. ``batched`` as :meth:`BayesianGLM.fit`."""
         fam, roles, design, scaling, n_rows, ybar, _ = self._setup(data, seed)
@@ -476,7 +522,9 @@ class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
     """A :class:`HierarchicalGLM` fit: the EP posterior of ``(mu, log tau)`` and every client's
     coefficient posterior (Gaussian), on the data's scale."""
 
-    def __init__(self, **state):
+    theta: dict[Hashable, tuple[np.ndarray, np.ndarray]]  # client -> (mean, cov), standardised scale
+
+    def __init__(self, **state: Any) -> None:
         self.__dict__.update(state)
         self.seconds = 0.0
 
@@ -488,7 +536,7 @@ class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
         """q(mu, log tau) on the standardised scale the fit ran on."""
         return GaussianPosterior.from_natural(*self.q, names=self.phi_names)
 
-    def global_posterior(self):
+    def global_posterior(self) -> GaussianPosterior | SamplePosterior:
         """q(mu, log tau) on the data's scale: the fitted Gaussian without standardisation,
         else 20,000 seeded draws of it mapped exactly (mu affinely; tau, the population
         variance of each coefficient, as the diagonal of ``A diag(tau) A'``)."""
@@ -501,13 +549,13 @@ class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
         tau = np.exp(phi[:, p:]) @ (A**2).T
         return SamplePosterior(np.column_stack([phi[:, :p] @ A.T + c, np.log(tau)]), names=self.phi_names)
 
-    def _global_table(self, level, kind):
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         g = self.global_posterior()
         return pd.concat(
             [no_p_value(g.summary(level=level, kind=kind), "log_"), log_scale_rows(g, "log_tau", level, "tau")]
         )
 
-    def client_posterior(self, client) -> GaussianPosterior:
+    def client_posterior(self, client: Hashable) -> GaussianPosterior:
         """Client ``client``'s coefficients: the Gaussian with the mean and covariance its own
         round sent (its likelihood times its cavity), on the data's scale."""
         self._check_client(client)
@@ -519,7 +567,15 @@ class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
         return post.affine(A, c, names=list(self.names))
 
     def predict(
-        self, X, client=None, *, level: float = 0.95, offset=None, exposure=None, n: int = 4000, seed: int = 0
+        self,
+        X: ArrayLike,
+        client: Hashable | None = None,
+        *,
+        level: float = 0.95,
+        offset: ArrayLike | None = None,
+        exposure: ArrayLike | None = None,
+        n: int = 4000,
+        seed: int = 0,
     ) -> pd.DataFrame:
         """Mean response with its credible band and the predictive band of a new observation,
         from ``n`` seeded draws: of the client's coefficients, or for ``client=None`` (a new

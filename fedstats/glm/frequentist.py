@@ -25,19 +25,22 @@ True
 from __future__ import annotations
 
 import warnings
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 from scipy import stats
 
-from ..data import DataError, require_target
+from ..data import DataError, DataLike, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
-from ..federation import run
+from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
 from ._design import SPECIAL, GLMDesign, prediction_rows
 from ._irls import IRLS, Sandwich, design_check
-from .families import FAMILIES, LINKS, family_of
+from .families import FAMILIES, LINKS, Family, family_of
 
 __all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning"]
 
@@ -98,24 +101,24 @@ class FederatedGLM(Estimator):
 
     def __init__(
         self,
-        family="gaussian",
-        link=None,
+        family: str = "gaussian",
+        link: str | None = None,
         *,
-        fit_intercept=True,
-        alpha=1.0,
-        offset=None,
-        exposure=None,
-        weights=None,
-        trials=None,
-        cov_type="nonrobust",
-        rounds=100,
-        tol=1e-8,
-    ):
+        fit_intercept: bool = True,
+        alpha: float = 1.0,
+        offset: str | None = None,
+        exposure: str | None = None,
+        weights: str | None = None,
+        trials: str | None = None,
+        cov_type: str = "nonrobust",
+        rounds: int = 100,
+        tol: float = 1e-8,
+    ) -> None:
         self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
         self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
         self.cov_type, self.rounds, self.tol = cov_type, rounds, tol
 
-    def _family(self):
+    def _family(self) -> Family:
         self._validate_params()
         try:
             fam = family_of(self.family, self.link, self.alpha)
@@ -127,7 +130,7 @@ class FederatedGLM(Estimator):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress=None) -> "GLMResult":
+    def fit(self, data: DataLike, *, seed: int = 0, progress: bool | None = None) -> GLMResult:
         """Fit by federated IRLS; returns a :class:`GLMResult`.
 
         Raises :class:`~fedstats.data.DataError` (one line naming the client and column) for
@@ -255,7 +258,39 @@ class GLMResult(FederatedResult):
     ``df_model``, ``df_resid``, ``nobs`` (rows), ``wnobs`` (rows counted by their frequency weights), ``n_iter``; tests: :meth:`lr_test`, :meth:`wald_test`.
     """
 
-    def __init__(self, **state):
+    # set from the fit's keyword arguments
+    model: str
+    family: str
+    link: str
+    alpha: float
+    names: list[str]
+    predictors: list[str]
+    fit_intercept: bool
+    roles: dict[str, str | None]
+    clients: list[Hashable]
+    coef: np.ndarray
+    cov: np.ndarray
+    cov_type: str
+    scale: float
+    deviance: float
+    pearson_chi2: float
+    llf: float
+    aic: float
+    bic: float
+    df_model: int
+    df_resid: float
+    nobs: int
+    wnobs: float
+    n_obs: dict[Hashable, int]
+    converged: bool
+    n_iter: int
+    rounds: int
+    deviance_history: list[float]
+    history: History
+    communication: Communication
+    seconds: float
+
+    def __init__(self, **state: Any) -> None:
         self.__dict__.update(state)
         self.seconds = 0.0
 
@@ -286,7 +321,7 @@ class GLMResult(FederatedResult):
         return pd.DataFrame({"lower": b - q * se, "upper": b + q * se})
 
     @property
-    def family_(self):
+    def family_(self) -> Family:
         return family_of(self.family, self.link, self.alpha)
 
     # -- the contract
@@ -296,7 +331,7 @@ class GLMResult(FederatedResult):
             "BayesianGLM and HierarchicalGLM give posteriors"
         )
 
-    def _global_table(self, level, kind):
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         ci = self.conf_int(level)
         return pd.DataFrame(
             {
@@ -309,11 +344,19 @@ class GLMResult(FederatedResult):
             }
         )
 
-    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+    def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         # the coefficients are shared by every client: a client has none of its own
         return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
-    def predict(self, X, client=None, *, level: float = 0.95, offset=None, exposure=None) -> pd.DataFrame:
+    def predict(
+        self,
+        X: ArrayLike,
+        client: Hashable | None = None,
+        *,
+        level: float = 0.95,
+        offset: ArrayLike | None = None,
+        exposure: ArrayLike | None = None,
+    ) -> pd.DataFrame:
         """The mean response (probabilities, rates, ...) at the rows of ``X`` (the
         predictors, in the order of ``predictors``), with its Wald band (``lower``,
         ``upper``: the linear predictor's interval mapped through the inverse link). The
@@ -342,7 +385,7 @@ class GLMResult(FederatedResult):
         )
 
     # -- tests
-    def lr_test(self, other: "GLMResult") -> pd.Series:
+    def lr_test(self, other: GLMResult) -> pd.Series:
         """Likelihood-ratio test of the smaller of ``self`` and ``other`` (nested: its
         coefficients a subset of the larger's, same family, link, rows and weights):
         ``statistic = 2 (llf_large - llf_small)`` on the difference in coefficients;
@@ -362,7 +405,7 @@ class GLMResult(FederatedResult):
         df = len(big.names) - len(small.names)
         return pd.Series({"statistic": stat, "df": float(df), "p_value": float(stats.chi2.sf(stat, df))})
 
-    def wald_test(self, names, value=0.0) -> pd.Series:
+    def wald_test(self, names: str | Sequence[str], value: ArrayLike = 0.0) -> pd.Series:
         """Joint Wald test that the coefficients ``names`` equal ``value`` (a number or one
         per name): ``statistic`` (chi-square on ``len(names)`` df), ``df``, ``p_value``."""
         names = [names] if isinstance(names, str) else list(names)

@@ -25,12 +25,16 @@ with several clients is *not* an exact GP on the pooled data.
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ..data import DataError, FederatedData, require_target
+from ..data import DataError, DataLike, FederatedData, as_federated, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import run
 from ..federation.backend import accepts_backend
@@ -38,6 +42,9 @@ from ..results import counted
 from ._core import HyperSpec, fit_mle_sum, resolve_device, resolve_dtype, small_work
 from .fgpr_algorithm import CountShare, FGPRAlgorithm, average_hypers, batch_for, draw_participants, standardise
 from .fgpr_result import FGPRResult
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
 
@@ -135,26 +142,26 @@ class FGPR(Estimator):
         ard: bool = False,
         mean: str = "zero",
         rounds: int = 100,
-        local_steps=5,
-        batch_size=64,
+        local_steps: int | str = 5,
+        batch_size: int | float = 64,
         sampler: str = "uniform",
         optimizer: str = "adam",
         lr: float = 0.01,
-        lr_decay=None,
-        betas=(0.9, 0.999),
+        lr_decay: float | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
         optimizer_state: str = "fresh",
         loss_normalization: str = "mean",
         average_space: str = "constrained",
-        participation=1.0,
-        init=None,
+        participation: int | float = 1.0,
+        init: Mapping[str, ArrayLike] | None = None,
         noise_floor: float = 1e-4,
         lengthscale_floor: float = 1e-6,
         outputscale_floor: float = 1e-6,
         standardize: bool = True,
-        device="auto",
-        dtype="float64",
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "float64",
         condition_limit: int | None = 2000,
-    ):
+    ) -> None:
         self.kernel, self.nu, self.ard, self.mean = kernel, nu, ard, mean
         self.rounds, self.local_steps, self.batch_size, self.sampler = rounds, local_steps, batch_size, sampler
         self.optimizer, self.lr, self.lr_decay, self.betas = optimizer, lr, lr_decay, betas
@@ -239,7 +246,7 @@ class FGPR(Estimator):
         "participation": Int(1) | Real(0, 1, closed=(False, True)),
     }
 
-    def _validate(self, data) -> tuple[HyperSpec, dict]:
+    def _validate(self, data: DataLike) -> tuple[HyperSpec, dict]:
         self._validate_params()
         if not isinstance(data, FederatedData):
             raise TypeError(f"data must be a fedstats.FederatedData, got {type(data).__name__}")
@@ -277,16 +284,17 @@ class FGPR(Estimator):
     @accepts_backend
     def fit(
         self,
-        data: FederatedData,
+        data: DataLike,
         *,
         seed: int = 0,
         progress: bool | None = None,
         batched: bool = True,
-        checkpoint=None,
+        checkpoint: str | os.PathLike | None = None,
         resume: bool = False,
     ) -> FGPRResult:
         """Learn the shared hyperparameters from ``data`` (a :class:`~fedstats.data.FederatedData`;
         every client needs at least 2 points). All clients are checked before any training."""
+        data = as_federated(data)  # as given: counted converted it
         require_target(data, "FGPR")
         spec, o = self._validate(data)
         t0 = time.perf_counter()

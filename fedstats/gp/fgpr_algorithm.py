@@ -5,14 +5,16 @@ participant draws, and the clients' optimiser steps on minibatches of their own 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
 from .. import streams
-from ..federation import FederatedAlgorithm
+from ..federation import FederatedAlgorithm, Message
 from ._core import BatchGP, HyperSpec, adam_update, hyper_to_numpy, raw_tensors, sgd_lr
 
 __all__ = ["FGPRAlgorithm", "draw_participants", "average_hypers"]
@@ -148,6 +150,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
 
     # ---- participation: K_s draws with replacement by p_k
     def multiplicity(self, round: int) -> np.ndarray:
+        assert self.participants is not None  # used only with partial participation (FGPR.fit, server_step)
         return draw_participants(self.seed, round, self._p, self.participants)
 
     def participation(self, round: int, rng) -> list:
@@ -181,7 +184,13 @@ class FGPRAlgorithm(FederatedAlgorithm):
     def client_step(self, message, state, data, rng):
         return self._update([message], [state], [data], [rng])[0]
 
-    def client_steps(self, messages, states, datas, rngs):
+    def client_steps(
+        self,
+        messages: Sequence[Message],
+        states: Sequence[Any],
+        datas: Sequence[Any],
+        rngs: Sequence[np.random.Generator],
+    ) -> list[tuple[Message, Any] | BaseException]:
         out: list = [None] * len(states)
         groups: dict = {}
         for i, s in enumerate(states):
@@ -221,6 +230,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
             return np.arange(state.n)
         if self.sampler == "uniform":
             return rng.choice(state.n, size=state.m, replace=False)
+        assert view.tree is not None  # _view builds it for "nearest" whenever m < n
         centre = view.X[rng.integers(state.n)]
         return np.sort(view.tree.query(centre, k=state.m)[1])
 

@@ -4,12 +4,16 @@ personal predictions from its own rows, and the federated objective."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
+from numpy.typing import ArrayLike
 
 from ..data import DataError, FederatedData
+from ..federation import Communication, History
 from ..results import FederatedResult, UnknownClientError, check_level, register
 from ._core import HyperSpec, band_frame, posterior, resolve_device, resolve_dtype, single_model
 from .fgpr_algorithm import standardise
@@ -34,18 +38,18 @@ class FGPRResult(FederatedResult):
         self,
         *,
         spec: HyperSpec,
-        hyperparameters: dict,
-        feature_names,
-        clients,
-        n_obs,
-        options,
-        history=None,
-        communication=None,
+        hyperparameters: Mapping[str, ArrayLike],
+        feature_names: Sequence[str],
+        clients: Sequence[Hashable],
+        n_obs: Mapping[Hashable, int],
+        options: dict[str, Any],
+        history: History | None = None,
+        communication: Communication | None = None,
         converged: bool = False,
         seconds: float = 0.0,
         seed: int = 0,
-        data=None,
-    ):
+        data: FederatedData | None = None,
+    ) -> None:
         self.spec, self.hyperparameters = spec, {k: np.asarray(v, dtype=float) for k, v in hyperparameters.items()}
         self.feature_names, self.clients, self.n_obs = list(feature_names), list(clients), dict(n_obs)
         self.options, self.history, self.communication = options, history, communication
@@ -64,7 +68,7 @@ class FGPRResult(FederatedResult):
         vals = np.concatenate([self.hyperparameters[n] for n in self.spec.names])
         return pd.DataFrame({"mean": vals}, index=pd.Index(self.spec.labels(self.feature_names), name="parameter"))
 
-    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+    def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         # FGPR's parameters are all shared: a client has none of its own
         return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
@@ -75,14 +79,16 @@ class FGPRResult(FederatedResult):
             "predict(X, client)"
         )
 
-    def _device(self):
+    def _device(self) -> torch.device:
         # a result fitted on a GPU still predicts on a machine without one
         try:
             return resolve_device(self.options.get("device", "auto"))
         except ValueError:
             return torch.device("cpu")
 
-    def _client_data(self, client, data):
+    def _client_data(
+        self, client: Hashable | None, data: tuple[ArrayLike, ArrayLike] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         if data is not None:
             if isinstance(data, tuple) and len(data) == 2:
                 X, y = data
@@ -114,7 +120,14 @@ class FGPRResult(FederatedResult):
         return np.asarray(cd.X), np.asarray(cd.y)
 
     def predict(
-        self, X, client=None, *, data=None, level: float = 0.95, scale: str = "original", seed: int = 0
+        self,
+        X: ArrayLike,
+        client: Hashable | None = None,
+        *,
+        data: tuple[ArrayLike, ArrayLike] | None = None,
+        level: float = 0.95,
+        scale: str = "original",
+        seed: int = 0,
     ) -> pd.DataFrame:
         """Personal prediction of ``client`` at the rows of ``X``.
 

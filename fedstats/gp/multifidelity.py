@@ -199,7 +199,10 @@ class AR1CoKriging:
             X, resid, _, _ = self.levels_[t]
             spec, hyper, rho = self.fits_[t]
             m, v = posterior(spec, hyper, X, resid, Xs, device=torch.device("cpu"), dtype=torch.float64)
-            mean, var = (m, v) if t == 0 else (rho * mean + m, rho**2 * var + v)
+            if mean is None or var is None:  # the first level (t == 0)
+                mean, var = m, v
+            else:
+                mean, var = rho * mean + m, rho**2 * var + v
         return mean, var
 
     @property

@@ -8,13 +8,17 @@ needed for export."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from arviz import InferenceData
 
 __all__ = ["to_inference_data", "from_draws"]
 
 
-def from_draws(draws: np.ndarray, names: list[str], var_name: str):
+def from_draws(draws: np.ndarray, names: list[str], var_name: str) -> InferenceData:
     """``(n_chains, n_draws, p)`` draws as an ``InferenceData`` with one variable named
     ``var_name`` whose components are ``names``."""
     if not isinstance(var_name, str) or not var_name:
@@ -23,7 +27,9 @@ def from_draws(draws: np.ndarray, names: list[str], var_name: str):
     return to_inference_data({var_name: draws}, coords={dim: list(names)}, dims={var_name: [dim]})
 
 
-def to_inference_data(draws_dict: Mapping[str, np.ndarray], coords: Mapping[str, list], dims: Mapping[str, list[str]]):
+def to_inference_data(
+    draws_dict: Mapping[str, np.ndarray], coords: Mapping[str, list], dims: Mapping[str, list[str]]
+) -> InferenceData:
     """Posterior draws (``(chain, draw, *shape)`` arrays by variable name) as ArviZ's container."""
     import arviz as az
 

@@ -32,15 +32,24 @@ model is your function). :func:`fedstats.reference.custom.pooled_nuts` samples t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ..results import FederatedResult, register
+from ..data.validation import ClientId
+from ..results import FederatedResult, NoPosteriorError, register
 from .ep import PosteriorRound
 from .gaussian import NaturalGaussian
 from .posterior import GaussianPosterior
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..data import DataLike
+    from .tilted import TiltedEstimator
 
 __all__ = ["federated_ep", "CustomEPResult"]
 
@@ -188,7 +197,13 @@ class CustomEPResult(FederatedResult):
     latents where the model has any (``client_posterior``, ``client_summary``), history and
     communication."""
 
-    def __init__(self, **state):
+    names: list[str]
+    clients: list[ClientId]
+    q: tuple[np.ndarray, np.ndarray]
+    local_names: list[str]
+    local: dict[ClientId, tuple[np.ndarray, np.ndarray]]
+
+    def __init__(self, **state: Any) -> None:
         state.setdefault("local_names", [])
         state.setdefault("local", {})
         self.__dict__.update(state)
@@ -197,16 +212,16 @@ class CustomEPResult(FederatedResult):
     def global_posterior(self) -> GaussianPosterior:
         return GaussianPosterior.from_natural(*self.q, names=self.names)
 
-    def client_posterior(self, client) -> GaussianPosterior:
+    def client_posterior(self, client: ClientId) -> GaussianPosterior:
         """Client ``client``'s local latents: the Gaussian with the mean and covariance its own
         round sent (its tilted distribution at the fitted ``q``)."""
         self._check_client(client)
         if not self.local_names:
-            return super().client_posterior(client)
+            raise NoPosteriorError(self._no_posterior("client"))  # as the base class does
         m, C = self.local[client]
         return GaussianPosterior(np.asarray(m), np.asarray(C), names=list(self.local_names))
 
-    def _client_table(self, client, level: float, kind: str):
+    def _client_table(self, client: ClientId, level: float, kind: str) -> pd.DataFrame:
         import pandas as pd
 
         if self.local_names:
@@ -261,18 +276,18 @@ def _estimator(tilted, num_draws):
 
 
 def federated_ep(
-    model: Callable,
-    data,
+    model: Callable[..., Any],
+    data: DataLike,
     *,
-    prior: dict,
-    global_sites=None,
-    tilted="importance",
+    prior: Mapping[str, tuple[ArrayLike, ArrayLike]],
+    global_sites: Sequence[str] | None = None,
+    tilted: str | TiltedEstimator = "importance",
     rounds: int = 15,
     damping: float = 1.0,
     tol: float = 0.05,
     num_draws: int = 4000,
     seed: int = 0,
-    progress=None,
+    progress: bool | None = None,
     batched: bool = True,
 ) -> CustomEPResult:
     """Fit the NumPyro ``model(X, y)`` of one client's rows across the clients of ``data``.

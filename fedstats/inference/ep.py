@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..federation.protocol import FederatedAlgorithm, Message, SkipRound
+from ..federation.protocol import ClientId, FederatedAlgorithm, Message, SkipRound
 from ..results import register
 from .gaussian import NaturalGaussian
 from .tilted import SiteModel, TiltedEstimator, TiltedResult
@@ -103,7 +103,7 @@ class FederatedEP(FederatedAlgorithm):
         damping: float = 1.0,
         tol: float = 1e-3,
         max_backoff: int = 20,
-    ):
+    ) -> None:
         if not (0.0 < damping <= 1.0):
             raise ValueError(f"damping must lie in (0, 1], got {damping}")
         if prior.dim != model.phi_dim:
@@ -118,16 +118,18 @@ class FederatedEP(FederatedAlgorithm):
         self.damping, self.tol, self.max_backoff = float(damping), float(tol), int(max_backoff)
 
     # ---------------------------------------------------------------- server side
-    def init_server(self, clients: Sequence[Any], rng: np.random.Generator) -> EPServerState:
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> EPServerState:
         return EPServerState(prior=self.prior, q=self.prior, clients=tuple(clients))
 
-    def broadcast(self, state: EPServerState, client: Any, round: int) -> Message:
+    def broadcast(self, state: EPServerState, client: ClientId, round: int) -> Message:
         msg = {"r": state.q.r, "Q": state.q.Q, "accept": np.array(state.accept.get(client, 1.0))}
         if len(self.stages) > 1:
             msg["stage"] = np.array(state.stage)
         return msg
 
-    def server_step(self, state: EPServerState, replies: Mapping[Any, Message], round: int):
+    def server_step(
+        self, state: EPServerState, replies: Mapping[ClientId, Message], round: int
+    ) -> tuple[EPServerState, dict[str, float]]:
         old = state.q
         if not replies:
             return replace(state, round=state.round + 1), {}
@@ -168,20 +170,28 @@ class FederatedEP(FederatedAlgorithm):
             state, q=q, round=state.round + 1, converged=bool(done), accept=accept, quiet=quiet, stage=stage
         ), metrics
 
-    def converged(self, state: EPServerState, metrics) -> bool:
+    def converged(self, state: EPServerState, metrics: Mapping[str, float]) -> bool:
         return state.converged
 
     # ---------------------------------------------------------------- client side
-    def init_client(self, client: Any, data: Any, rng: np.random.Generator) -> EPClientState:
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> EPClientState:
         return EPClientState(stats=self.model.client_stats(data), site=NaturalGaussian.flat(self.model.phi_dim))
 
-    def client_step(self, message: Message, state: EPClientState, data: Any, rng: np.random.Generator):
+    def client_step(
+        self, message: Message, state: EPClientState, data: Any, rng: np.random.Generator
+    ) -> tuple[Message, EPClientState]:
         out = self.client_steps([message], [state], [data], [rng])[0]
         if isinstance(out, BaseException):
             raise out
         return out
 
-    def client_steps(self, messages, states, datas, rngs):
+    def client_steps(
+        self,
+        messages: Sequence[Message],
+        states: Sequence[EPClientState],
+        datas: Sequence[Any],
+        rngs: Sequence[np.random.Generator],
+    ) -> list[tuple[Message, EPClientState] | BaseException]:
         """All participating devices at once: one vectorised tilted-moment call."""
         results: list[Any] = [None] * len(states)
         todo, cav_means, cav_covs = [], [], []
@@ -222,7 +232,7 @@ class FederatedEP(FederatedAlgorithm):
                     results[i] = exc
         return results
 
-    def _update_site(self, msg: Message, state: EPClientState, tilted: TiltedResult):
+    def _update_site(self, msg: Message, state: EPClientState, tilted: TiltedResult) -> tuple[Message, EPClientState]:
         if not tilted.ok:
             raise SkipRound(tilted.message or "tilted moments unavailable")
         cavity = NaturalGaussian.from_message(msg) / state.site
@@ -240,7 +250,9 @@ class FederatedEP(FederatedAlgorithm):
             return state
         return replace(state, site=state.site * (state.pending ** float(msg["accept"])), pending=None)
 
-    def committed_sites(self, server: EPServerState, states: Mapping[Any, EPClientState]) -> dict:
+    def committed_sites(
+        self, server: EPServerState, states: Mapping[ClientId, EPClientState]
+    ) -> dict[ClientId, NaturalGaussian]:
         """Each device's site as the server's ``q`` counts it (pending changes accepted)."""
         msg = lambda k: {"accept": np.array(server.accept.get(k, 1.0))}  # noqa: E731
         return {k: self._commit(msg(k), st).site for k, st in states.items()}
@@ -273,8 +285,7 @@ class FederatedEP(FederatedAlgorithm):
                 RuntimeWarning,
                 stacklevel=2,
             )
-        cavs = [c for c, _ in cavs]
-        moments = [c.moments() for c in cavs]
+        moments = [c.moments() for c, _ in cavs]
         return self.estimator.estimate(
             self.model,
             np.stack([m for m, _ in moments]),
@@ -291,17 +302,23 @@ class RowsEP(FederatedEP):
     themselves (GLMs, user models): nothing of a row is in the state Flower returns to the
     server at the end of a run."""
 
-    def init_client(self, client, data, rng):
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> EPClientState:
         return EPClientState(stats={}, site=NaturalGaussian.flat(self.model.phi_dim))
 
-    def client_steps(self, messages, states, datas, rngs):
+    def client_steps(
+        self,
+        messages: Sequence[Message],
+        states: Sequence[EPClientState],
+        datas: Sequence[Any],
+        rngs: Sequence[np.random.Generator],
+    ) -> list[tuple[Message, EPClientState] | BaseException]:
         full = [replace(s, stats=self.model.client_stats(d)) for s, d in zip(states, datas)]
         out = super().client_steps(messages, full, datas, rngs)
         return [o if isinstance(o, BaseException) else (o[0], replace(o[1], stats={})) for o in out]
 
 
 def fractional_cavity(
-    q: NaturalGaussian, site: NaturalGaussian, alphas=(1.0, 0.9, 0.75, 0.5, 0.25, 0.0)
+    q: NaturalGaussian, site: NaturalGaussian, alphas: Sequence[float] = (1.0, 0.9, 0.75, 0.5, 0.25, 0.0)
 ) -> tuple[NaturalGaussian, float]:
     """``q / site**alpha`` with the largest ``alpha`` in ``alphas`` that is positive definite.
 
@@ -338,26 +355,28 @@ class PosteriorRound(FederatedAlgorithm):
     reply_keys = ("mean", "cov")
     per_client_fields = ("sites",)
 
-    def __init__(self, site, q: NaturalGaussian, sites: Mapping[Any, NaturalGaussian]):
+    def __init__(self, site: SiteModel, q: NaturalGaussian, sites: Mapping[ClientId, NaturalGaussian]) -> None:
         self.site, self.q, self.sites = site, q, sites
 
-    def init_server(self, clients, rng):
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[ClientId, Message]:
         return {}
 
-    def init_client(self, client, data, rng):
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> NaturalGaussian:
         return self.sites[client]
 
-    def broadcast(self, server_state, client, round):
+    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
         return {"r": self.q.r, "Q": self.q.Q}
 
-    def client_step(self, message, state, data, rng):
+    def client_step(
+        self, message: Message, state: NaturalGaussian, data: Any, rng: np.random.Generator
+    ) -> tuple[Message, Any]:
         out = self.client_steps([message], [state], [data], [rng])[0]
         if isinstance(out, BaseException):
             raise out
         return out
 
     @staticmethod
-    def cavities(messages, states) -> tuple[np.ndarray, np.ndarray]:
+    def cavities(messages: Sequence[Message], states: Sequence[NaturalGaussian]) -> tuple[np.ndarray, np.ndarray]:
         """Stacked cavity means and covariances of the clients of one call."""
         moments = [
             fractional_cavity(NaturalGaussian(np.asarray(m["r"]), np.asarray(m["Q"])), s)[0].moments()
@@ -365,11 +384,15 @@ class PosteriorRound(FederatedAlgorithm):
         ]
         return np.stack([m for m, _ in moments]), np.stack([C for _, C in moments])
 
-    def server_step(self, server_state, replies, round):
+    def server_step(
+        self, server_state: Any, replies: Mapping[ClientId, Message], round: int
+    ) -> tuple[dict[ClientId, Message], dict[str, float]]:
         return dict(replies), {}
 
 
-def posterior_round(algorithm: PosteriorRound, data, *, seed: int, batched: bool, who: str) -> dict:
+def posterior_round(
+    algorithm: PosteriorRound, data: Any, *, seed: int, batched: bool, who: str
+) -> dict[ClientId, tuple[np.ndarray, np.ndarray]]:
     """Run ``algorithm`` for its one counted round ("client posteriors"); ``{client: (mean,
     cov)}``, or a ``RuntimeError`` naming the first client that could not form its posterior."""
     from ..federation import run

@@ -18,10 +18,12 @@ array([0., 0.])
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg as sla
+from numpy.typing import ArrayLike
 
 from ..results import register
 
@@ -93,7 +95,7 @@ class NaturalGaussian:
     r: np.ndarray
     Q: np.ndarray
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         r = np.asarray(self.r, dtype=float).reshape(-1)
         Q = symmetrize(np.atleast_2d(np.asarray(self.Q, dtype=float)))
         if Q.shape != (r.size, r.size):
@@ -110,7 +112,7 @@ class NaturalGaussian:
         return cls(np.zeros(p), np.zeros((p, p)))
 
     @classmethod
-    def from_moments(cls, mean, cov) -> "NaturalGaussian":
+    def from_moments(cls, mean: ArrayLike, cov: ArrayLike) -> NaturalGaussian:
         """From mean and covariance (covariance must be PD)."""
         mean = np.asarray(mean, dtype=float).reshape(-1)
         cov = np.atleast_2d(np.asarray(cov, dtype=float))
@@ -179,5 +181,5 @@ class NaturalGaussian:
         return {prefix + "r": self.r.copy(), prefix + "Q": self.Q.copy()}
 
     @classmethod
-    def from_message(cls, msg, prefix: str = "") -> "NaturalGaussian":
+    def from_message(cls, msg: Mapping[str, np.ndarray], prefix: str = "") -> NaturalGaussian:
         return cls(msg[prefix + "r"], msg[prefix + "Q"])

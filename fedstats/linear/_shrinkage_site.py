@@ -247,13 +247,13 @@ class ShrinkageSite:
         """Coefficients and noise sd of a new device at each draw of phi (shared noise; with
         per-device noise log sigma^2 is drawn from its prior)."""
         M = len(phi)
-        z = []
+        parts: list[np.ndarray] = []
         if self.noise == "device":
             m, s = self.log_sigma2_prior
-            z.append(m + s * rng.standard_normal((M, 1)))
+            parts.append(m + s * rng.standard_normal((M, 1)))
         if self.penalty == "lasso":
-            z.append(np.log(rng.exponential(2.0, size=(M, self.d))))
-        z = np.concatenate(z, axis=1) if z else np.zeros((M, 0))
+            parts.append(np.log(rng.exponential(2.0, size=(M, self.d))))
+        z = np.concatenate(parts, axis=1) if parts else np.zeros((M, 0))
         s2, D = self._batch_variances(phi, z)
         beta = np.sqrt(D) * rng.standard_normal(D.shape)
         return beta, np.sqrt(s2)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from ..federation import ClientDisconnected, run
 from ..inference.ep import FederatedEP, check_invariants
@@ -26,6 +28,10 @@ from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
 from ..results import FederatedResult, check_level, prediction_frame
 from .scaling import LinearScaling, federated_scaling
+
+#: who takes part in each round: a fraction of the clients, a count or a callable
+#: ``(round, rng) -> client ids`` (see :func:`fedstats.federation.run`)
+ParticipationSpec: TypeAlias = float | Callable[[int, np.random.Generator], Sequence[Hashable]]
 
 
 def normal_pair(value, name) -> tuple[float, float]:
@@ -238,7 +244,7 @@ class EPLinearResult(FederatedResult):
         """The Gaussian EP approximation q(phi) on the scale the fit ran on."""
         return GaussianPosterior.from_natural(self.server.q.r, self.server.q.Q, names=self.phi_names)
 
-    def global_posterior(self):
+    def global_posterior(self) -> GaussianPosterior | SamplePosterior:
         """Posterior of the global parameters on the data's own scale: the Gaussian EP
         approximation q(phi) itself without standardisation, else its exact transformation
         (a Gaussian where the map is affine, seeded transformed draws where it is not)."""
@@ -248,7 +254,7 @@ class EPLinearResult(FederatedResult):
             self._global_cache["q"] = self._global_original()
         return self._global_cache["q"]
 
-    def _global_original(self):
+    def _global_original(self) -> GaussianPosterior | SamplePosterior:
         raise NotImplementedError
 
     @property
@@ -294,7 +300,7 @@ class EPLinearResult(FederatedResult):
         rows += [{"client": c, "stage": "device posterior", **r.diagnostics} for c, r in self._device_results().items()]
         return pd.DataFrame(rows)
 
-    def client_posterior(self, client) -> GaussianPosterior | SamplePosterior:
+    def client_posterior(self, client: Hashable) -> GaussianPosterior | SamplePosterior:
         """Posterior of device ``client``'s coefficients, from its cavity (Section 4.2.1 of the linear-models paper).
 
         Exact (Gaussian) when the estimator is exact; otherwise a weighted or MCMC sample of
@@ -308,14 +314,14 @@ class EPLinearResult(FederatedResult):
         )
         return self._coef_back(post)
 
-    def _coef_back(self, post):
+    def _coef_back(self, post: GaussianPosterior | SamplePosterior) -> GaussianPosterior | SamplePosterior:
         """A coefficient posterior on the fit's scale -> the data's scale (exact affine map)."""
         if self.scaling is None:
             return post
         A, c = self.scaling.coef_map()
         return post.affine(A, c, names=list(post.names))
 
-    def client_noise(self, client) -> SamplePosterior | float:
+    def client_noise(self, client: Hashable) -> SamplePosterior | float:
         """Posterior of device ``client``'s noise sd: a float when it is known, else a
         :class:`SamplePosterior` aligned with the tilted draws (same weights)."""
         self._check_client(client)
@@ -329,7 +335,7 @@ class EPLinearResult(FederatedResult):
             return s * float(np.sqrt(var[0]))
         return SamplePosterior(s * np.sqrt(var)[:, None], names=["sigma"], weights=tilted.weights)
 
-    def _joint_draws(self, client, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    def _joint_draws(self, client: Hashable, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``n`` joint draws of (coefficients, noise sd) from the device's posterior:
         resampled by the importance weights, each with the noise of the same tilted draw."""
         post, noise = self.client_posterior(client), self.client_noise(client)
@@ -337,18 +343,20 @@ class EPLinearResult(FederatedResult):
             return post.sample(n, seed=rng), np.full(n, noise)
         w = post.weights
         idx = rng.integers(0, post.n_draws, size=n) if w is None else rng.choice(post.n_draws, size=n, p=w)
-        sig = np.full(n, noise) if np.isscalar(noise) else noise.draws[idx, 0]
+        sig = noise.draws[idx, 0] if isinstance(noise, SamplePosterior) else np.full(n, noise)
         return post.draws[idx], sig
 
-    def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    def _population_draws(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(coefficients, noise sd) of a device that took no part in the fit."""
         raise NotImplementedError
 
     # -------------------------------------------------------------- prediction
-    def _design(self, X) -> np.ndarray:
+    def _design(self, X: ArrayLike) -> np.ndarray:
         return design_matrix(X, self.feature_names, self.model.fit_intercept)
 
-    def predict(self, X, client=None, *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
+    def predict(
+        self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95, n: int = 4000, seed: int = 0
+    ) -> pd.DataFrame:
         """Predictions for the rows of ``X`` (features as in the training data).
 
         With ``client`` one of the fitted devices, its posterior is used; with

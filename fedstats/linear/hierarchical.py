@@ -27,24 +27,31 @@ array([ 1. , -0.5])
 
 from __future__ import annotations
 
+import os
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from .. import streams
 from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
 from ..federation.backend import accepts_backend
 from ..inference.gaussian import NaturalGaussian
-from ..inference.posterior import SamplePosterior
+from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
 from ..results import counted, register
 from ._hm2_site import HM2Site
-from .ep_model import EPLinearResult, coefficient_posterior, fit_ep, log_scale_rows, no_p_value
+from .ep_model import EPLinearResult, ParticipationSpec, coefficient_posterior, fit_ep, log_scale_rows, no_p_value
 from .ep_model import normal_pair as _normal_pair
 
+if TYPE_CHECKING:
+    from ..data import DataLike
 
-def _positive(v) -> bool:
+
+def _positive(v: Any) -> bool:
     try:
         a = np.asarray(v, dtype=float)
     except (TypeError, ValueError):
@@ -119,20 +126,20 @@ class HierarchicalLinearModel(Estimator):
     def __init__(
         self,
         *,
-        tau="diag",
-        sigma=None,
-        fit_intercept=True,
-        prior_mu=(0.0, 1.0),
-        prior_log_tau=(0.0, 1.0),
-        prior_log_sigma=(0.0, 1.0),
-        estimator="auto",
-        estimator_options=None,
-        damping=None,
-        rounds=15,
-        tol=0.1,
-        participation=1.0,
-        standardize=True,
-    ):
+        tau: str | ArrayLike = "diag",
+        sigma: float | Mapping[Hashable, float] | None = None,
+        fit_intercept: bool = True,
+        prior_mu: tuple[float, float] = (0.0, 1.0),
+        prior_log_tau: tuple[float, float] = (0.0, 1.0),
+        prior_log_sigma: tuple[float, float] = (0.0, 1.0),
+        estimator: str | TiltedEstimator = "auto",
+        estimator_options: Mapping[str, Any] | None = None,
+        damping: float | None = None,
+        rounds: int = 15,
+        tol: float = 0.1,
+        participation: ParticipationSpec = 1.0,
+        standardize: bool = True,
+    ) -> None:
         self.tau, self.sigma, self.fit_intercept = tau, sigma, fit_intercept
         self.prior_mu, self.prior_log_tau, self.prior_log_sigma = prior_mu, prior_log_tau, prior_log_sigma
         self.estimator, self.estimator_options = estimator, estimator_options
@@ -141,15 +148,16 @@ class HierarchicalLinearModel(Estimator):
 
     # ------------------------------------------------------------------ set-up
     def _site(self, d: int) -> HM2Site:
+        known: tuple[float, ...] | None
         if isinstance(self.tau, str):
             if self.tau not in ("diag", "iso"):
                 raise ValueError(f"tau must be 'diag', 'iso' or known variances, not {self.tau!r}")
             kind, known = self.tau, None
         else:
-            known = np.broadcast_to(np.asarray(self.tau, dtype=float), (d,))
-            if not np.all(np.isfinite(known) & (known > 0)):
+            variances = np.broadcast_to(np.asarray(self.tau, dtype=float), (d,))
+            if not np.all(np.isfinite(variances) & (variances > 0)):
                 raise ValueError(f"known tau must be positive, got {self.tau!r}")
-            kind, known = "known", tuple(float(v) for v in known)
+            kind, known = "known", tuple(float(v) for v in variances)
         return HM2Site(
             d=d,
             tau_kind=kind,
@@ -181,15 +189,15 @@ class HierarchicalLinearModel(Estimator):
     @accepts_backend
     def fit(
         self,
-        data,
+        data: DataLike,
         *,
         seed: int = 0,
         rounds: int | None = None,
         progress: bool | None = None,
-        checkpoint=None,
+        checkpoint: str | os.PathLike | None = None,
         resume: bool = False,
         batched: bool = True,
-    ) -> "HierarchicalResult":
+    ) -> HierarchicalResult:
         """Fit by federated EP; returns a :class:`HierarchicalResult`.
 
         ``data`` is a :class:`fedstats.FederatedData`; raw rows stay with their device
@@ -227,10 +235,10 @@ class HierarchicalLinearModel(Estimator):
         )
 
 
-def _client_sigmas(sigma, clients) -> dict | None:
+def _client_sigmas(sigma: float | Mapping[Hashable, float] | None, clients: Sequence[Hashable]) -> dict | None:
     if sigma is None:
         return None
-    if isinstance(sigma, dict):
+    if isinstance(sigma, Mapping):
         missing = [c for c in clients if c not in sigma]
         if missing:
             raise ValueError(f"sigma is missing for clients {missing[:5]}")
@@ -264,12 +272,13 @@ class HierarchicalResult(EPLinearResult):
             df = pd.concat([df, log_scale_rows(g, "log_tau", level, "tau")])
         return df
 
-    def _global_original(self):
+    def _global_original(self) -> GaussianPosterior | SamplePosterior:
         """q(mu, log tau) on the data's scale. mu is an affine map of the fitted mu (a Gaussian
         when tau is known); tau, the population variance of each coefficient, is the diagonal
         of ``A diag(tau') A'``, a nonlinear map once an intercept absorbs the centring: then
         the posterior is 20,000 seeded transformed draws of q, with ``log_tau[name]`` per
         coefficient (also for ``tau="iso"``, which is isotropic on the standardised scale only)."""
+        assert self.scaling is not None  # called by global_posterior only with a scaling
         q, d = self._q(), self.site.d
         A, c = self.scaling.coef_map()
         names = [f"mu[{n}]" for n in self.feature_names]
@@ -283,11 +292,11 @@ class HierarchicalResult(EPLinearResult):
             np.column_stack([mu, np.log(tau)]), names=names + [f"log_tau[{n}]" for n in self.feature_names]
         )
 
-    def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
-        post = self.new_client_posterior(level=2, n=n, seed=int(rng.integers(2**31)))
+    def _population_draws(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        post = self._prior_predictive(n, int(rng.integers(2**31)))
         return post.draws, self._population_noise(rng, n)
 
-    def _population_noise(self, rng, n) -> np.ndarray:
+    def _population_noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """Noise sd of a new device: the fitted devices' sigma posteriors, mixed in equal
         parts (each resampled by its weights). Known noise: the root mean known variance."""
         if self.site.sigma_known:
@@ -297,12 +306,21 @@ class HierarchicalResult(EPLinearResult):
         out = np.empty(n)
         for j in np.unique(which):
             at = np.flatnonzero(which == j)
-            out[at] = self.client_noise(self.clients[j]).sample(len(at), seed=rng)[:, 0]
+            noise = self.client_noise(self.clients[j])
+            # a device whose noise draws all coincide has a float noise sd (client_noise)
+            out[at] = noise if isinstance(noise, float) else noise.sample(len(at), seed=rng)[:, 0]
         return out
 
     def new_client_posterior(
-        self, X=None, y=None, *, level: int | None = None, sigma: float | None = None, n: int = 4000, seed: int = 0
-    ):
+        self,
+        X: ArrayLike | None = None,
+        y: ArrayLike | None = None,
+        *,
+        level: int | None = None,
+        sigma: float | None = None,
+        n: int = 4000,
+        seed: int = 0,
+    ) -> np.ndarray | GaussianPosterior | SamplePosterior:
         """Fast adaptation to a device that took no part in the fit (the paper seeds a new device
         with the posterior mean of mu; levels 2 and 3 go further).
 
@@ -320,14 +338,7 @@ class HierarchicalResult(EPLinearResult):
         if level == 1:
             return q.mean[:d].copy() if sc is None else sc.coef_back(q.mean[:d])
         if level == 2:
-            rng = np.random.default_rng(seed)
-            phi = q.sample(n, seed=rng)
-            import jax
-
-            with jax.enable_x64(True):
-                mu, tau = jax.vmap(self.site.split_phi)(jax.numpy.asarray(phi))
-            theta = np.asarray(mu) + np.sqrt(np.asarray(tau)) * rng.standard_normal((n, d))
-            return SamplePosterior(theta if sc is None else sc.coef_back(theta), names=self.feature_names)
+            return self._prior_predictive(n, seed)
         if level != 3:
             raise ValueError(f"level must be 1, 2 or 3, got {level}")
         if X is None or y is None:
@@ -352,3 +363,15 @@ class HierarchicalResult(EPLinearResult):
         return self._coef_back(
             coefficient_posterior(self.site, tilted, stats, self.feature_names, np.random.default_rng(seed))
         )
+
+    def _prior_predictive(self, n: int, seed: int) -> SamplePosterior:
+        """Level 2 of :meth:`new_client_posterior`: ``n`` draws of a new device's coefficients."""
+        q, d, sc = self._q(), self.site.d, self.scaling
+        rng = np.random.default_rng(seed)
+        phi = q.sample(n, seed=rng)
+        import jax
+
+        with jax.enable_x64(True):
+            mu, tau = jax.vmap(self.site.split_phi)(jax.numpy.asarray(phi))
+        theta = np.asarray(mu) + np.sqrt(np.asarray(tau)) * rng.standard_normal((n, d))
+        return SamplePosterior(theta if sc is None else sc.coef_back(theta), names=self.feature_names)

@@ -4,10 +4,12 @@ Omega, and, when the devices shared their information, the posteriors given Omeg
 from __future__ import annotations
 
 import warnings
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 from scipy import stats as sst
 
 from ..federation import Communication, run
@@ -63,6 +65,7 @@ class StructuralResult(PointResult):
     @property
     def correlation(self) -> pd.DataFrame:
         """Omega scaled to a correlation matrix."""
+        assert self.omega_ is not None  # both fits set it
         s = np.sqrt(np.clip(np.diag(self.omega_), 1e-300, None))
         return pd.DataFrame(self.omega_ / np.outer(s, s), index=self.clients, columns=self.clients)
 
@@ -137,13 +140,15 @@ class StructuralResult(PointResult):
         if not self.has_uncertainty:
             raise NoPosteriorError(self._no_posterior("client"))
 
-    def client_posterior(self, client) -> GaussianPosterior:
+    def client_posterior(self, client: Hashable) -> GaussianPosterior:
         """Gaussian posterior of device ``client``'s coefficients given ``posterior_omega`` and
         the devices' noise variances (needs ``fit(..., uncertainty=True)``). Its mean
         (``posterior_mean``) is the centre of every interval this result reports; Algorithm
         1's estimate (``coef``) is a different point (see the class docs)."""
         k = self._k(client)
         self._need_posterior()
+        # _add_posteriors sets the mean and the covariance together
+        assert self.posterior_mean is not None and self.posterior_cov is not None
         return GaussianPosterior(self.posterior_mean[k], self.posterior_cov[k], names=self.feature_names)
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
@@ -151,11 +156,12 @@ class StructuralResult(PointResult):
         Omega the posteriors condition on (``posterior_omega``) with uncertainty, else
         Algorithm 1's (``omega``). Estimates only: no distribution."""
         om = self.posterior_omega_ if self.has_uncertainty else self.omega_
+        assert om is not None  # both fits set omega_, _add_posteriors posterior_omega_ with the posteriors
         a, b = np.triu_indices(len(self.clients))
         names = [f"omega[{self.clients[i]}, {self.clients[j]}]" for i, j in zip(a, b)]
         return pd.DataFrame({"mean": om[a, b]}, index=pd.Index(names, name="parameter"))
 
-    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+    def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         """Device ``client``'s coefficients: with uncertainty the posterior ``mean``, ``sd``,
         credible interval and ``p_value`` (one distribution, centred at ``mean``), else
         Algorithm 1's estimate in ``mean``; always ``estimate`` = Algorithm 1's estimate
@@ -169,7 +175,7 @@ class StructuralResult(PointResult):
         return t
 
     # ------------------------------------------------------------ prediction
-    def predict(self, X, client=None, *, level: float = 0.95) -> pd.DataFrame:
+    def predict(self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95) -> pd.DataFrame:
         """Predictions of device ``client`` for the rows of ``X`` (HM1 has no model of a new
         client: ``client`` must be a fitted one).
 
@@ -189,6 +195,8 @@ class StructuralResult(PointResult):
         point = Xd @ self.theta[:, k]
         if not self.has_uncertainty:
             return prediction_frame(point, estimate=point)
+        # _add_posteriors sets them all (has_uncertainty: posterior_mean is set)
+        assert self.posterior_mean is not None and self.posterior_cov is not None and self.noise_var is not None
         m = Xd @ self.posterior_mean[k]
         v = np.einsum("ij,jk,ik->i", Xd, self.posterior_cov[k], Xd)
         z = sst.norm.ppf(0.5 + level / 2)

@@ -10,15 +10,20 @@ devices run as one batched matrix product (:func:`full_batch_steps`).
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from ..estimator import OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..results import FederatedResult, check_level, prediction_frame, register
+
+if TYPE_CHECKING:
+    from ..data import FederatedData
 
 REDUCTIONS = ("sum", "mean")
 #: A step size: "auto" or a number > 0 (the constraint of every gradient model's ``lr``).
@@ -209,7 +214,7 @@ class PointResult(FederatedResult):
     def rounds(self) -> int:
         return 0 if self.history is None else len(self.history)
 
-    def _k(self, client) -> int:
+    def _k(self, client: Hashable) -> int:
         self._check_client(client)
         return self.clients.index(client)
 
@@ -227,7 +232,7 @@ class PointResult(FederatedResult):
     def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
         return pd.DataFrame({"mean": self.coef(client)}, index=pd.Index(self.feature_names, name="parameter"))
 
-    def coef(self, client) -> np.ndarray:
+    def coef(self, client: Hashable) -> np.ndarray:
         """The coefficients device ``client`` predicts with (a copy)."""
         return self.theta[:, self._k(client)].copy()
 
@@ -236,7 +241,7 @@ class PointResult(FederatedResult):
         """All coefficients: one row per client, one column per coefficient."""
         return pd.DataFrame(self.theta.T, index=pd.Index(self.clients, name="client"), columns=self.feature_names)
 
-    def _design(self, X) -> np.ndarray:
+    def _design(self, X: ArrayLike) -> np.ndarray:
         X = np.atleast_2d(np.asarray(X, dtype=float))
         intercept = bool(self.options.get("fit_intercept"))
         k = len(self.feature_names) - int(intercept)
@@ -246,11 +251,11 @@ class PointResult(FederatedResult):
             raise ValueError("X contains NaN or inf")
         return np.column_stack([np.ones(len(X)), X]) if intercept else X
 
-    def point_predict(self, X, client) -> np.ndarray:
+    def point_predict(self, X: ArrayLike, client: Hashable) -> np.ndarray:
         """The point predictions ``X coef(client)`` (what :meth:`rmse` scores)."""
         return self._design(X) @ self.theta[:, self._k(client)]
 
-    def _new_client_k(self, client) -> int:
+    def _new_client_k(self, client: Hashable | None) -> int:
         if client is not None:
             return self._k(client)
         if not self.shared:
@@ -260,7 +265,7 @@ class PointResult(FederatedResult):
             )
         return 0
 
-    def predict(self, X, client=None, *, level: float = 0.95) -> pd.DataFrame:
+    def predict(self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95) -> pd.DataFrame:
         """Point predictions of device ``client`` for the rows of ``X``: column ``mean``, NaN
         bands (this model has no distribution). ``client=None`` (a new client) uses the
         shared model where there is one, and is refused otherwise."""
@@ -270,7 +275,7 @@ class PointResult(FederatedResult):
             self._design(X) @ self.theta[:, k], predicted_for="client" if client is not None else "new client"
         )
 
-    def rmse(self, test) -> pd.Series:
+    def rmse(self, test: FederatedData) -> pd.Series:
         """Root mean squared error of each client's predictions on ``test`` (a
         :class:`~fedstats.data.FederatedData` with the same clients); ``.mean()`` is the A-RMSE."""
         out = {c: float(np.sqrt(np.mean((self.point_predict(test[c].X, c) - test[c].y) ** 2))) for c in test.clients}

@@ -136,9 +136,9 @@ def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScal
             ]
         )
     x_mean, x_sd = agg["mean_x"], agg["sd_x"]
-    y_mean, y_sd = np.atleast_1d(agg["mean_y"]), np.atleast_1d(agg["sd_y"])
+    y_means, y_sds = np.atleast_1d(agg["mean_y"]), np.atleast_1d(agg["sd_y"])
     flagged = np.any(np.stack([r["overflow"] for r in reps]), axis=0)
-    flagged |= ~np.isfinite(np.r_[x_mean, y_mean]) | ~np.isfinite(np.r_[x_sd, y_sd])
+    flagged |= ~np.isfinite(np.r_[x_mean, y_means]) | ~np.isfinite(np.r_[x_sd, y_sds])
     names = [*map(repr, data.feature_names), f"{data.target_name or 'y'!r} (the target)"]
     bad = [n for n, f in zip(names, flagged) if f]
     if bad:
@@ -151,8 +151,8 @@ def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScal
     keep = binary | ~(x_sd > 0) | ~np.isfinite(x_sd)  # 0/1 dummies and constant columns keep their coding
     x_mean = np.where(keep, 0.0, x_mean)
     x_sd = np.where(keep, 1.0, x_sd)
-    y_sd = float(y_sd[0]) if np.isfinite(y_sd[0]) and y_sd[0] > 0 else 1.0
-    y_mean = float(y_mean[0])
+    y_sd = float(y_sds[0]) if np.isfinite(y_sds[0]) and y_sds[0] > 0 else 1.0
+    y_mean = float(y_means[0])
     if not fit_intercept:  # nothing to absorb a shift: scale only
         x_mean, y_mean = np.zeros_like(x_mean), 0.0
     return LinearScaling(

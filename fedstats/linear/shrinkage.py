@@ -19,24 +19,36 @@ its cavity. Predictor i is selected on device k when its credible interval exclu
 
 from __future__ import annotations
 
+import os
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
-from scipy import stats as st
+from numpy.typing import ArrayLike
 
-from ..data import as_federated
+from ..data import DataLike, FederatedData, as_federated
 from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
 from ..federation.backend import accepts_backend
 from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
 from ..inference.gaussian import NaturalGaussian
-from ..inference.posterior import SamplePosterior
+from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
 from ..results import FederatedResult, NoPosteriorError, check_level, counted, register
+from ._selection import _Selection
 from ._shrinkage_site import ShrinkageSite
-from .ep_model import EPLinearResult, design_matrix, draws_prediction, fit_ep, log_scale_rows, no_p_value, normal_pair
+from .ep_model import (
+    EPLinearResult,
+    ParticipationSpec,
+    design_matrix,
+    draws_prediction,
+    fit_ep,
+    log_scale_rows,
+    no_p_value,
+    normal_pair,
+)
 
 
 @register
@@ -85,18 +97,18 @@ class BayesianShrinkage(Estimator):
         *,
         scale: str = "sd",
         noise: str = "shared",
-        fit_intercept=True,
+        fit_intercept: bool = True,
         intercept_sd: float = 10.0,
-        prior_log_lambda=(0.0, 1.0),
-        prior_log_sigma2=(0.0, 1.0),
-        estimator="auto",
-        estimator_options=None,
+        prior_log_lambda: tuple[float, float] = (0.0, 1.0),
+        prior_log_sigma2: tuple[float, float] = (0.0, 1.0),
+        estimator: str | TiltedEstimator = "auto",
+        estimator_options: Mapping[str, Any] | None = None,
         damping: float = 0.5,
         rounds: int = 15,
         tol: float = 0.05,
-        participation=1.0,
+        participation: ParticipationSpec = 1.0,
         standardize: bool = True,
-    ):
+    ) -> None:
         self.penalty, self.scale, self.noise = penalty, scale, noise
         self.fit_intercept, self.intercept_sd = fit_intercept, intercept_sd
         self.prior_log_lambda, self.prior_log_sigma2 = prior_log_lambda, prior_log_sigma2
@@ -104,7 +116,7 @@ class BayesianShrinkage(Estimator):
         self.damping, self.rounds, self.tol, self.participation = damping, rounds, tol, participation
         self.standardize = standardize
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}(penalty={self.penalty!r}, scale={self.scale!r}, noise={self.noise!r})"
 
     # ------------------------------------------------------------------ set-up
@@ -160,7 +172,7 @@ class BayesianShrinkage(Estimator):
         "standardize": BOOL,
     }
 
-    def _check(self, data) -> list[str]:
+    def _check(self, data: FederatedData) -> list[str]:
         from ..data import require_target
 
         self._validate_params()
@@ -173,15 +185,15 @@ class BayesianShrinkage(Estimator):
     @accepts_backend
     def fit(
         self,
-        data,
+        data: DataLike,
         *,
         seed: int = 0,
         rounds: int | None = None,
         progress: bool | None = None,
-        checkpoint=None,
+        checkpoint: str | os.PathLike | None = None,
         resume: bool = False,
         batched: bool = True,
-    ) -> "ShrinkageResult":
+    ) -> ShrinkageResult:
         """Fit by federated EP; returns a :class:`ShrinkageResult`. Raw rows stay on their
         device, which shares only the changes of its EP site for (log lambda, log sigma^2)."""
         data = as_federated(data)
@@ -208,14 +220,14 @@ class BayesianShrinkage(Estimator):
 
     def fit_centralised(
         self,
-        data,
+        data: DataLike,
         *,
         seed: int = 0,
         num_warmup: int = 1000,
         num_samples: int = 2000,
         num_chains: int = 4,
         per_client: bool = False,
-    ) -> "CentralisedShrinkageResult":
+    ) -> CentralisedShrinkageResult:
         """The same Bayesian prior on the pooled rows, by NumPyro NUTS with the Laplace or
         normal prior written directly (not the scale mixture): a reference for tests,
         notebooks and benchmarks, not a federated method.
@@ -252,18 +264,18 @@ class BayesianLasso(BayesianShrinkage):
         *,
         scale: str = "sd",
         noise: str = "shared",
-        fit_intercept=True,
+        fit_intercept: bool = True,
         intercept_sd: float = 10.0,
-        prior_log_lambda=(0.0, 1.0),
-        prior_log_sigma2=(0.0, 1.0),
-        estimator="auto",
-        estimator_options=None,
+        prior_log_lambda: tuple[float, float] = (0.0, 1.0),
+        prior_log_sigma2: tuple[float, float] = (0.0, 1.0),
+        estimator: str | TiltedEstimator = "auto",
+        estimator_options: Mapping[str, Any] | None = None,
         damping: float = 0.5,
         rounds: int = 15,
         tol: float = 0.05,
-        participation=1.0,
+        participation: ParticipationSpec = 1.0,
         standardize: bool = True,
-    ):
+    ) -> None:
         super().__init__(
             "lasso",
             scale=scale,
@@ -291,18 +303,18 @@ class BayesianRidge(BayesianShrinkage):
         *,
         scale: str = "sd",
         noise: str = "shared",
-        fit_intercept=True,
+        fit_intercept: bool = True,
         intercept_sd: float = 10.0,
-        prior_log_lambda=(0.0, 1.0),
-        prior_log_sigma2=(0.0, 1.0),
-        estimator="auto",
-        estimator_options=None,
+        prior_log_lambda: tuple[float, float] = (0.0, 1.0),
+        prior_log_sigma2: tuple[float, float] = (0.0, 1.0),
+        estimator: str | TiltedEstimator = "auto",
+        estimator_options: Mapping[str, Any] | None = None,
         damping: float = 0.5,
         rounds: int = 15,
         tol: float = 0.05,
-        participation=1.0,
+        participation: ParticipationSpec = 1.0,
         standardize: bool = True,
-    ):
+    ) -> None:
         super().__init__(
             "ridge",
             scale=scale,
@@ -336,7 +348,7 @@ def _design_report(msg, X, rng, _private=None):
     }
 
 
-def _check_design(data) -> None:
+def _check_design(data: FederatedData) -> None:
     """Refuse designs that would give a silently wrong answer; warn about weak ones. Each
     client reports a few integers about its design in one federated round."""
     import warnings
@@ -380,84 +392,6 @@ def _check_design(data) -> None:
         )
 
 
-# ---------------------------------------------------------------------------- selection and tests
-class _Selection:
-    """Selection by credible intervals and posterior tests; needs ``clients``,
-    ``client_posterior(c)`` and ``feature_names`` (the intercept is never tested)."""
-
-    def _penalised(self) -> list[str]:
-        return [n for n in self.feature_names if n != "intercept"]
-
-    def selected(self, level: float = 0.9, kind: str = "eti") -> pd.DataFrame:
-        """Per client and predictor: mean, sd, interval at ``level``, p_value and
-        ``selected`` (the interval excludes 0)."""
-        frames = []
-        for c in self.clients:
-            s = self.client_posterior(c).summary(level=level, kind=kind).loc[self._penalised()]
-            s = s[["mean", "sd", "lower", "upper", "p_value"]].rename_axis("parameter").reset_index()
-            s["selected"] = (s["lower"] > 0) | (s["upper"] < 0)
-            s.insert(0, "client", c)
-            frames.append(s)
-        return pd.concat(frames, ignore_index=True)
-
-    def test(self, level: float = 0.9, names=None, clients=None) -> pd.DataFrame:
-        """Posterior tests of each coefficient's sign, per client.
-
-        Columns: ``p_positive`` = P(beta > 0 | data), ``p_negative``, ``p_value`` = p_B =
-        2 min(p_positive, p_negative) (the two-sided posterior tail probability) and
-        ``reject`` = p_B < 1 - level, which holds exactly when the equal-tailed interval at
-        ``level`` excludes 0.
-        """
-        names = self._penalised() if names is None else list(names)
-        rows = []
-        for c in self.clients if clients is None else clients:
-            post = self.client_posterior(c)
-            idx = [post.names.index(n) for n in names]
-            pos = post.prob_positive()[idx]
-            neg = 1.0 - pos  # draws exactly at 0 count half on each side
-            pb = post.tail_probability()[idx]
-            for n, a, b, p in zip(names, pos, neg, pb):
-                rows.append(
-                    {
-                        "client": c,
-                        "parameter": n,
-                        "p_positive": float(a),
-                        "p_negative": float(b),
-                        "p_value": float(p),
-                        "reject": bool(p < 1 - level),
-                    }
-                )
-        return pd.DataFrame(rows)
-
-    def joint_test(self, names, client, level: float = 0.9) -> dict:
-        """Is beta = 0 for a group of coefficients credible at ``level``?
-
-        With m and C the posterior mean and covariance of the group (size g), the Gaussian
-        approximation's ``level`` credible ellipsoid is ``{b: (b - m)^T C^-1 (b - m) <=
-        chi2_g(level)}``. Returns the statistic ``m^T C^-1 m``, ``p_value`` = the posterior
-        mass of the Gaussian approximation outside the ellipsoid through 0
-        (``1 - F_chi2_g(stat)``), and ``reject`` = 0 lies outside the ellipsoid
-        (``p_value < 1 - level``). For g = 1 it is the Gaussian version of p_B.
-        """
-        names = list(names)
-        post = self.client_posterior(client)
-        missing = [n for n in names if n not in post.names]
-        if missing or not names:
-            raise ValueError(f"unknown coefficient(s) {missing}; choose from {self._penalised()}")
-        idx = [post.names.index(n) for n in names]
-        m, C = post.mean[idx], post.cov[np.ix_(idx, idx)]
-        stat = float(m @ np.linalg.solve(C, m))
-        p = float(st.chi2.sf(stat, df=len(idx)))
-        return {
-            "client": client,
-            "names": names,
-            "statistic": stat,
-            "df": len(idx),
-            "p_value": p,
-            "reject": p < 1 - level,
-        }
-
-
 @register
 @dataclass(repr=False)
 class ShrinkageResult(_Selection, EPLinearResult):
@@ -470,31 +404,35 @@ class ShrinkageResult(_Selection, EPLinearResult):
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         return _scale_rows(self.global_posterior(), level, kind)
 
-    def _population_draws(self, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    def _population_draws(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         phi = self._q().sample(n, seed=rng)
         theta, sig = self.site.prior_draws(phi, rng)
         if self.scaling is None:
             return theta, sig
         return self.scaling.coef_back(theta), sig * self.scaling.y_sd
 
-    def _global_original(self):
+    def _global_original(self) -> GaussianPosterior:
         """q(log lambda, log sigma^2) with sigma^2 on the data's scale (log sigma^2 + 2 log s_y,
         an affine map: still Gaussian); lambda penalises the standardised coefficients."""
+        assert self.scaling is not None  # called by global_posterior only with a scaling
         return sigma2_back(self._q(), self.scaling.y_sd)
 
-    def predict_selected(self, X, client, level: float = 0.9) -> np.ndarray:
+    def predict_selected(self, X: ArrayLike, client: Hashable, level: float = 0.9) -> np.ndarray:
         """Point predictions with the posterior means of the selected predictors and the
         excluded ones set to 0 (the linear-models paper's rule, Section 6.1; the intercept is always kept)."""
         return _predict_selected(self, X, client, level)
 
 
-def sigma2_back(g, y_sd: float):
+_Post = TypeVar("_Post", GaussianPosterior, SamplePosterior)
+
+
+def sigma2_back(g: _Post, y_sd: float) -> _Post:
     """``g`` over (log lambda[, log sigma^2]) with log sigma^2 shifted by ``2 log y_sd``."""
     b = np.array([2 * np.log(y_sd) if n == "log_sigma2" else 0.0 for n in g.names])
     return g.affine(np.eye(g.dim), b, names=list(g.names))
 
 
-def _scale_rows(g, level: float, kind: str) -> pd.DataFrame:
+def _scale_rows(g: GaussianPosterior | SamplePosterior, level: float, kind: str) -> pd.DataFrame:
     """log lambda (and log sigma^2), then lambda (sigma^2) on their own scale. ``p_value`` is
     NaN throughout: these are scale parameters, with no null value to test."""
     out = [no_p_value(g.summary(level=level, kind=kind), "log_"), log_scale_rows(g, "log_lambda", level, "lambda")]
@@ -503,7 +441,9 @@ def _scale_rows(g, level: float, kind: str) -> pd.DataFrame:
     return pd.concat(out)
 
 
-def _predict_selected(res, X, client, level) -> np.ndarray:
+def _predict_selected(
+    res: ShrinkageResult | CentralisedShrinkageResult, X: ArrayLike, client: Hashable, level: float
+) -> np.ndarray:
     Xd = res._design(X)
     post = res.client_posterior(client)
     lo, hi = post.credible_interval(level)
@@ -552,20 +492,22 @@ class CentralisedShrinkageResult(_Selection, FederatedResult):
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         return _scale_rows(self.phi, level, kind)
 
-    def _check_client(self, client) -> None:
+    def _check_client(self, client: Hashable) -> None:
         if client not in self.beta and not ("pooled" in self.beta and client in self.fitted_clients):
             super()._check_client(client)
 
-    def client_posterior(self, client="pooled") -> SamplePosterior:
+    def client_posterior(self, client: Hashable = "pooled") -> SamplePosterior:
         """The coefficients' draws of ``client`` (``"pooled"``, or any fitted client, for the
         one pooled posterior; each client's own with ``per_client=True``)."""
         self._check_client(client)
         return self.beta[client] if client in self.beta else self.beta["pooled"]
 
-    def _design(self, X) -> np.ndarray:
+    def _design(self, X: ArrayLike) -> np.ndarray:
         return design_matrix(X, self.feature_names, self.model.fit_intercept)
 
-    def predict(self, X, client="pooled", *, level: float = 0.95, n: int = 4000, seed: int = 0) -> pd.DataFrame:
+    def predict(
+        self, X: ArrayLike, client: Hashable | None = "pooled", *, level: float = 0.95, n: int = 4000, seed: int = 0
+    ) -> pd.DataFrame:
         """As :meth:`EPLinearResult.predict`, from ``client``'s posterior (the pooled one
         unless the fit was per client). ``client=None`` (a new client) uses the pooled
         posterior; with ``per_client=True`` a new client has none and is refused."""
@@ -584,5 +526,5 @@ class CentralisedShrinkageResult(_Selection, FederatedResult):
         idx = rng.integers(0, post.n_draws, size=n)
         return draws_prediction(Xd, Xd @ post.mean, post.draws[idx], self.sigma[idx], level, rng, what)
 
-    def predict_selected(self, X, client="pooled", level: float = 0.9) -> np.ndarray:
+    def predict_selected(self, X: ArrayLike, client: Hashable = "pooled", level: float = 0.9) -> np.ndarray:
         return _predict_selected(self, X, client, level)

@@ -69,17 +69,20 @@ never as its centre. ``posterior_omega="learned"`` conditions on Algorithm 1's O
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ..data import require_target
+from ..data import DataLike, FederatedData, as_federated, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import run
 from ..federation.backend import accepts_backend
 from ..results import counted
+from .ep_model import ParticipationSpec
 from .hm1_algorithm import (
     CannotShareError,
     HM1Algorithm,
@@ -193,22 +196,22 @@ class StructuralCovarianceModel(Estimator):
         *,
         rounds: int = 30,
         local_steps: int = 20,
-        lr="auto",
+        lr: float | str = "auto",
         alpha: float = 0.1,
-        batch_size=None,
+        batch_size: int | None = None,
         grad_reduction: str = "sum",
-        shrink_scale=1.0,
+        shrink_scale: float | str = 1.0,
         init: str = "normal",
-        omega_init=None,
+        omega_init: ArrayLike | None = None,
         fit_intercept: bool = False,
-        participation=1.0,
+        participation: ParticipationSpec | Sequence[Sequence[Hashable]] = 1.0,
         jitter: float = 1e-8,
         eig_floor: float = 0.0,
         tol: float = 1e-4,
         stop_early: bool = False,
         posterior_omega: str = "em",
-        omega_prior_rows=None,
-    ):
+        omega_prior_rows: float | None = None,
+    ) -> None:
         self.rounds, self.local_steps, self.lr, self.alpha = rounds, local_steps, lr, alpha
         self.batch_size, self.grad_reduction, self.shrink_scale = batch_size, grad_reduction, shrink_scale
         self.init, self.omega_init, self.fit_intercept = init, omega_init, fit_intercept
@@ -247,7 +250,7 @@ class StructuralCovarianceModel(Estimator):
                 raise ValueError("omega_init must be symmetric positive definite")
         return {"alpha": float(self.alpha), "omega": omega}
 
-    def _prepare(self, data):
+    def _prepare(self, data: FederatedData) -> tuple[list[Hashable], dict, DeviceDesign, list[str]]:
         """Validated options and the device view: ``(clients, options, devices, names)``."""
         clients = list(data.clients)
         if len(clients) < 2:
@@ -259,17 +262,17 @@ class StructuralCovarianceModel(Estimator):
     @accepts_backend
     def fit(
         self,
-        data,
+        data: DataLike,
         *,
         seed: int = 0,
         progress: bool | None = None,
         uncertainty: bool | str = "auto",
-        noise_sd=None,
-        checkpoint=None,
+        noise_sd: float | Mapping[Hashable, float] | None = None,
+        checkpoint: str | os.PathLike | None = None,
         resume: bool = False,
         batched: bool = True,
-        theta_init=None,
-        callback=None,
+        theta_init: ArrayLike | None = None,
+        callback: Callable[[int, np.ndarray, np.ndarray], object] | None = None,
     ) -> StructuralResult:
         """Fit Algorithm 1 on ``data`` (a :class:`~fedstats.data.FederatedData`, K >= 2).
 
@@ -291,6 +294,7 @@ class StructuralCovarianceModel(Estimator):
         ``theta_init`` (d x K) overrides ``init``. ``callback(round, Theta, Omega)`` is called
         on the server after every round (copies; e.g. to trace parameter recovery).
         """
+        data = as_federated(data)  # as given: counted converted it
         require_target(data, "StructuralCovarianceModel")
         if not (uncertainty is True or uncertainty is False or uncertainty == "auto"):
             raise ValueError(
@@ -407,7 +411,9 @@ class StructuralCovarianceModel(Estimator):
             stacklevel=stacklevel,
         )
 
-    def fit_centralised(self, data, *, seed: int = 0, theta_init=None) -> StructuralResult:
+    def fit_centralised(
+        self, data: FederatedData, *, seed: int = 0, theta_init: ArrayLike | None = None
+    ) -> StructuralResult:
         """The same iteration on pooled data in one process, without the federated runtime:
         every device's ``X^T X`` and ``X^T y`` stacked, all columns of Theta updated at once.
         The reference that the federated fit must equal (full-batch steps, everyone taking

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..data import DataError, FederatedData, as_federated
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
@@ -69,7 +70,7 @@ def check_failures(history, seen, clients, what):
     )
 
 
-def without_lost(data, lost, what):
+def without_lost(data: FederatedData, lost: Mapping[Hashable, str], what: str) -> FederatedData:
     """The data of the clients still there: a node that stopped answering (remote backends)
     leaves its last statistics in the components, and its weights, which never left it, out
     of the result."""
@@ -90,6 +91,15 @@ class MixtureEstimator(Estimator):
 
     Subclasses declare their own parameters in their constructor and their constraints in
     ``_constraints`` (merged with these)."""
+
+    # the parameters every mixture's constructor sets
+    n_components: int
+    covariance_type: str
+    reg_covar: float
+    rounds: int
+    n_init: int
+    means_init: ArrayLike | None
+    covariances_init: ArrayLike | None
 
     _constraints = {
         "n_components": Int(1),
@@ -162,7 +172,7 @@ class RowStack:
     it lives on the algorithm object and is dropped from pickles.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.key: tuple = ()
         self.X = None
         self.starts = None

@@ -28,13 +28,16 @@ coordinates (``nu_j d``), see :meth:`BayesianMixtureResult._marginal_params`.
 from __future__ import annotations
 
 import math
+import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import digamma, gammaln
 
+from ..data import DataLike
 from ..estimator import MAPPING, NONE, Real
 from ..federation import client_function, run
 from ..federation.backend import accepts_backend
@@ -293,24 +296,24 @@ class VariationalGaussianMixture(MixtureEstimator):
 
     def __init__(
         self,
-        n_components,
+        n_components: int,
         *,
-        covariance_type="full",
-        reg_covar=1e-6,
-        rounds=100,
-        tol=1e-6,
-        shared_weights=False,
-        n_init=10,
-        means_init=None,
-        covariances_init=None,
-        participation=1.0,
-        weight_concentration_prior=None,
-        mean_precision_prior=None,
-        mean_prior=None,
-        degrees_of_freedom_prior=None,
-        covariance_prior=None,
-        vb_init=None,
-    ):
+        covariance_type: str = "full",
+        reg_covar: float = 1e-6,
+        rounds: int = 100,
+        tol: float | None = 1e-6,
+        shared_weights: bool = False,
+        n_init: int = 10,
+        means_init: ArrayLike | None = None,
+        covariances_init: ArrayLike | None = None,
+        participation: float = 1.0,
+        weight_concentration_prior: float | None = None,
+        mean_precision_prior: float | None = None,
+        mean_prior: ArrayLike | None = None,
+        degrees_of_freedom_prior: float | None = None,
+        covariance_prior: ArrayLike | None = None,
+        vb_init: Mapping[str, ArrayLike | Mapping[Hashable, ArrayLike]] | None = None,
+    ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
@@ -365,7 +368,15 @@ class VariationalGaussianMixture(MixtureEstimator):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False):
+    def fit(
+        self,
+        data: DataLike,
+        *,
+        seed: int = 0,
+        progress: bool | None = None,
+        checkpoint: str | os.PathLike | None = None,
+        resume: bool = False,
+    ) -> BayesianMixtureResult:
         """Fit by variational FedEM. ``data``: FederatedData (``y`` ignored), or per-client
         arrays. Returns a :class:`BayesianMixtureResult`."""
         data = as_federated(data)

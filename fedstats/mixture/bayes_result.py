@@ -3,6 +3,9 @@ client's weights, Normal-Wishart posteriors of the components, credible interval
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import Any
+
 import numpy as np
 import pandas as pd
 from scipy import stats
@@ -25,6 +28,12 @@ class BayesianMixtureResult(MixtureResult):
     ``degrees_of_freedom_`` (nu), ``covariances_`` (``W^{-1}/nu``, scikit-learn's meaning),
     ``means_`` (m); point predictions use the posterior-mean weights and ``covariances_``.
     """
+
+    # set by the fit
+    weight_concentration_: dict[Hashable, np.ndarray]
+    mean_precision_: np.ndarray
+    degrees_of_freedom_: np.ndarray | float  # one for all components with covariance_type="tied"
+    prior: dict[str, Any]  # alpha0, beta0, m0, nu0, cov0
 
     def _scale_inv(self) -> np.ndarray:
         """``W_j^{-1}`` as (M, d, d)."""
@@ -85,7 +94,7 @@ class BayesianMixtureResult(MixtureResult):
         names = [f"var[{j}][{f}]" for j in range(M) for f in self.feature_names]
         return pd.DataFrame(rows, index=pd.Index(names, name="parameter"))
 
-    def weight_intervals(self, client, level: float = 0.95) -> pd.DataFrame:
+    def weight_intervals(self, client: Hashable, level: float = 0.95) -> pd.DataFrame:
         """Beta marginals of the client's weights (computed on the client)."""
         a = self.weight_concentration_[client]
         if len(a) == 1:  # the weight is 1 by definition
@@ -108,7 +117,7 @@ class BayesianMixtureResult(MixtureResult):
             table[["lower", "upper"]] = hdi.loc[table.index, ["lower", "upper"]].to_numpy()
         return table
 
-    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+    def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         """The client's weights with Beta credible intervals (from draws for ``kind="hdi"``)."""
         table = self.weight_intervals(client, level)
         if kind == "hdi" and len(table) > 1:
@@ -116,7 +125,7 @@ class BayesianMixtureResult(MixtureResult):
             table[["lower", "upper"]] = hdi.loc[table.index, ["lower", "upper"]].to_numpy()
         return table
 
-    def sample_components(self, n: int, seed=0):
+    def sample_components(self, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Exact draws from q(mu, Sigma): ``(means (n, M, d), covariances (n, M, d, d))``.
 
         full: an inverse-Wishart per component; tied: one inverse-Wishart draw shared by all
@@ -148,7 +157,7 @@ class BayesianMixtureResult(MixtureResult):
         mus = self.means_ + np.einsum("nmij,nmj->nmi", L, rng.standard_normal((n, M, d)))
         return mus, covs
 
-    def global_posterior(self, *, n: int = 4000, seed=0) -> SamplePosterior:
+    def global_posterior(self, *, n: int = 4000, seed: int = 0) -> SamplePosterior:
         """q(means, variances) as exact draws (the common posterior API: intervals, hdi, prob, ArviZ)."""
         mus, covs = self.sample_components(n, seed)
         var = np.diagonal(covs, axis1=2, axis2=3)
@@ -158,7 +167,7 @@ class BayesianMixtureResult(MixtureResult):
         ]
         return SamplePosterior(np.c_[mus.reshape(n, -1), var.reshape(n, -1)], names=names)
 
-    def client_posterior(self, client, *, n: int = 4000, seed=0) -> SamplePosterior:
+    def client_posterior(self, client: Hashable, *, n: int = 4000, seed: int = 0) -> SamplePosterior:
         """q(pi_c) = Dirichlet(alpha_c) as exact draws."""
         self._check_client(client)
         a = self.weight_concentration_[client]

@@ -24,9 +24,14 @@ as ``gossip_bytes`` (``G`` x the number of directed edges x one client's statist
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Hashable, Mapping
+from typing import NoReturn
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from ..data import DataLike
 from ..estimator import NONE, Int, OneOf
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
@@ -86,7 +91,7 @@ def erdos_renyi_graph(n: int, p: float, seed: int = 0, max_tries: int = 1000) ->
     raise ValueError(f"no connected G({n}, {p}) graph in {max_tries} draws; raise p")
 
 
-def metropolis_weights(A) -> np.ndarray:
+def metropolis_weights(A: ArrayLike) -> np.ndarray:
     """Metropolis-Hastings weights ``w_uv = 1 / (1 + max(deg u, deg v))`` on edges.
 
     Symmetric, doubly stochastic, non-negative, supported on the graph plus self-loops.
@@ -98,13 +103,13 @@ def metropolis_weights(A) -> np.ndarray:
     return W
 
 
-def slem(W) -> float:
+def slem(W: ArrayLike) -> float:
     """Second-largest eigenvalue modulus: the per-step contraction of disagreement."""
-    ev = np.sort(np.abs(np.linalg.eigvalsh(W)))
+    ev = np.sort(np.abs(np.linalg.eigvalsh(np.asarray(W))))
     return float(ev[-2]) if len(ev) > 1 else 0.0
 
 
-def fast_mixing_weights(A, *, iters: int = 500) -> np.ndarray:
+def fast_mixing_weights(A: ArrayLike, *, iters: int = 500) -> np.ndarray:
     """Fastest-mixing symmetric chain on the graph (Boyd, Diaconis & Xiao), by subgradient.
 
     Minimises ``SLEM(W)`` over ``W = I - sum_e w_e (e_u - e_v)(e_u - e_v)^T`` with
@@ -307,19 +312,19 @@ class DecentralizedGaussianMixture(MixtureEstimator):
 
     def __init__(
         self,
-        n_components,
+        n_components: int,
         *,
-        covariance_type="full",
-        reg_covar=1e-6,
-        rounds=100,
-        n_init=10,
-        means_init=None,
-        covariances_init=None,
-        weights_init=None,
-        graph="complete",
-        gossip_steps=1,
-        mixing="metropolis",
-    ):
+        covariance_type: str = "full",
+        reg_covar: float = 1e-6,
+        rounds: int = 100,
+        n_init: int = 10,
+        means_init: ArrayLike | None = None,
+        covariances_init: ArrayLike | None = None,
+        weights_init: ArrayLike | Mapping[Hashable, ArrayLike] | None = None,
+        graph: str | ArrayLike = "complete",
+        gossip_steps: int = 1,
+        mixing: str = "metropolis",
+    ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
@@ -355,7 +360,15 @@ class DecentralizedGaussianMixture(MixtureEstimator):
 
     @counted
     @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress: bool | None = None, checkpoint=None, resume: bool = False):
+    def fit(
+        self,
+        data: DataLike,
+        *,
+        seed: int = 0,
+        progress: bool | None = None,
+        checkpoint: str | os.PathLike | None = None,
+        resume: bool = False,
+    ) -> DecentralizedMixtureResult:
         data = as_federated(data)
         self._check(data)
         G = self.gossip_steps
@@ -413,7 +426,13 @@ class DecentralizedGaussianMixture(MixtureEstimator):
 class DecentralizedMixtureResult(GaussianMixtureResult):
     """A D-FedEM fit: each client predicts with its own copy of the components."""
 
-    def _log_dens(self, X, client=None):
+    # set by the fit
+    client_means_: dict[Hashable, np.ndarray]
+    client_covariances_: dict[Hashable, np.ndarray]
+    mixing_matrix_: np.ndarray
+    slem_: float
+
+    def _log_dens(self, X: ArrayLike, client: Hashable | None = None) -> np.ndarray:
         if client is None or client not in getattr(self, "client_means_", {}):
             return super()._log_dens(X, client)
         cov = self.client_covariances_[client]
@@ -421,7 +440,7 @@ class DecentralizedMixtureResult(GaussianMixtureResult):
             self._X(X), self.client_means_[client], precision_cholesky(cov, self.covariance_type), self.covariance_type
         )
 
-    def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
+    def wald_intervals(self, data: DataLike, level: float = 0.95, *, seed: int = 0) -> NoReturn:
         raise AttributeError(
             "Wald intervals need one set of components at the maximum likelihood; a D-FedEM fit "
             "has one copy per node (fit FederatedGaussianMixture for intervals)"

@@ -30,13 +30,15 @@ The variational model (:mod:`fedstats.mixture.bayes`) and D-FedEM
 
 from __future__ import annotations
 
+import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ..data import FederatedData
+from ..data import DataLike, FederatedData
 from ..estimator import NONE
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
@@ -85,7 +87,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
     """
 
     reply_keys = ("N", "S1", "S2", "loglik", "entropy")
-    per_client_fields = ("weights_init",)
+    per_client_fields: tuple[str, ...] = ("weights_init",)
 
     def __init__(
         self,
@@ -275,19 +277,19 @@ class FederatedGaussianMixture(MixtureEstimator):
 
     def __init__(
         self,
-        n_components,
+        n_components: int,
         *,
-        covariance_type="full",
-        reg_covar=1e-6,
-        rounds=100,
-        tol=1e-6,
-        shared_weights=False,
-        n_init=10,
-        means_init=None,
-        covariances_init=None,
-        weights_init=None,
-        participation=1.0,
-    ):
+        covariance_type: str = "full",
+        reg_covar: float = 1e-6,
+        rounds: int = 100,
+        tol: float | None = 1e-6,
+        shared_weights: bool = False,
+        n_init: int = 10,
+        means_init: ArrayLike | None = None,
+        covariances_init: ArrayLike | None = None,
+        weights_init: ArrayLike | Mapping[Hashable, ArrayLike] | None = None,
+        participation: float = 1.0,
+    ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
@@ -300,7 +302,7 @@ class FederatedGaussianMixture(MixtureEstimator):
         self.weights_init = weights_init
         self.participation = participation
 
-    def _check(self, data: FederatedData):
+    def _check(self, data: FederatedData) -> None:
         super()._check(data)
         if isinstance(self.weights_init, Mapping) and self.shared_weights:
             raise ValueError("shared_weights=True takes one weights_init vector (M,), not one per client")
@@ -309,14 +311,14 @@ class FederatedGaussianMixture(MixtureEstimator):
     @accepts_backend
     def fit(
         self,
-        data,
+        data: DataLike,
         *,
         seed: int = 0,
         progress: bool | None = None,
-        checkpoint=None,
+        checkpoint: str | os.PathLike | None = None,
         resume: bool = False,
         uncertainty: bool = False,
-    ):
+    ) -> GaussianMixtureResult:
         """Fit by FedEM. ``data``: FederatedData (``y`` ignored), or per-client arrays.
 
         Returns a :class:`GaussianMixtureResult`. ``uncertainty=True`` adds the Wald rounds

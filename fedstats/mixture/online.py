@@ -41,14 +41,19 @@ global online mixture).
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 from scipy import stats
 
-from ..data import DataError
+from ..data import DataError, DataLike
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import Communication, counting, run
 from ..federation.backend import accepts_backend
@@ -174,25 +179,25 @@ class FEMOMD(Estimator):
 
     def __init__(
         self,
-        n_components,
+        n_components: int,
         *,
-        covariance_type="identity",
-        inner_rounds=5,
-        eta="adaptive",
-        horizon=None,
-        weight_floor="auto",
-        sample_splitting=False,
-        inner_init="uniform",
-        grad_source="model",
-        n_mc=None,
-        discount=0.9,
-        concentration_prior=None,
-        means_init=None,
-        covariances_init=None,
-        pooling="federated",
-        shared_weights=False,
-        reg_covar=1e-6,
-    ):
+        covariance_type: str = "identity",
+        inner_rounds: int = 5,
+        eta: str | float | None = "adaptive",
+        horizon: int | None = None,
+        weight_floor: str | float = "auto",
+        sample_splitting: bool = False,
+        inner_init: str = "uniform",
+        grad_source: str = "model",
+        n_mc: int | None = None,
+        discount: float = 0.9,
+        concentration_prior: float | None = None,
+        means_init: ArrayLike | None = None,
+        covariances_init: ArrayLike | None = None,
+        pooling: str = "federated",
+        shared_weights: bool = False,
+        reg_covar: float = 1e-6,
+    ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.inner_rounds = inner_rounds
@@ -255,12 +260,12 @@ class FEMOMD(Estimator):
     def _reset(self) -> None:
         self._init = "given" if self.means_init is not None else "kmeans"
         self.t_ = 0
-        self.history = []
-        self.communication = None  # every exchange of every step so far (starts included)
-        self._server = None
+        self.history: list[dict[str, Any]] = []
+        self.communication: Communication | None = None  # every exchange of every step so far (starts included)
+        self._server: dict[str, Any] | None = None
         self._clients: dict = {}
-        self.feature_names = None
-        self.n_features_ = None
+        self.feature_names: list[str] | None = None
+        self.n_features_: int | None = None
 
     # ---------------------------------------------------------------- state
     @property
@@ -327,7 +332,7 @@ class FEMOMD(Estimator):
         st["index"] = idx
 
     @accepts_backend
-    def partial_fit(self, data, *, seed: int = 0, progress: bool | None = False) -> FEMOMD:
+    def partial_fit(self, data: DataLike, *, seed: int = 0, progress: bool | None = False) -> FEMOMD:
         """Run one time step on the clients' new batches (FederatedData, dict or list of
         arrays; the clients present take part, the others keep their weights). Step ``t``'s
         randomness (the k-means start at the first step, Monte-Carlo gradients, minibatch
@@ -336,7 +341,9 @@ class FEMOMD(Estimator):
         data = as_federated(data)
         with counting() as ledger:
             self._step(data, progress, int(seed))
-        self.communication = Communication.combine([self.communication, ledger.communication()])
+        # (combine skips a part that is None: no step before this one)
+        parts = [c for c in (self.communication, ledger.communication()) if c is not None]
+        self.communication = Communication.combine(parts)
         return self
 
     def _step(self, data, progress, seed: int) -> None:
@@ -363,7 +370,8 @@ class FEMOMD(Estimator):
             )
         adaptive = isinstance(self.eta, str)
         eta = None if adaptive else step_size(t, self.n_components, self.eta, self.horizon)
-        algo = FEMOMDStep(self, self._server, self._clients, eta, t)
+        server = self._check_fitted()  # _start set it at the first step
+        algo = FEMOMDStep(self, server, self._clients, eta, t)
         t0 = time.perf_counter()
         step_seed = int(np.random.SeedSequence([seed, t]).generate_state(1)[0])
         res = run(algo, data, kind="FEM-OMD step", rounds=self.inner_rounds + 1, seed=step_seed, progress=progress)
@@ -371,7 +379,7 @@ class FEMOMD(Estimator):
         st = res.server_state
         self.inner_means_ = st["tilde_means"]  # this step's federated EM estimate
         self.inner_covariances_ = st["tilde_cov"]
-        moved = float(np.max(np.abs(st["means"] - self._server["means"])))
+        moved = float(np.max(np.abs(st["means"] - server["means"])))
         self._server = {k: v for k, v in st.items() if k not in ("clients", "tilde_means", "tilde_cov", "log_w_tilde")}
         self._clients.update(res.client_states)
         self.t_ = t
@@ -393,20 +401,20 @@ class FEMOMD(Estimator):
         )
 
     # ---------------------------------------------------------------- what is played next
-    def _check_fitted(self):
+    def _check_fitted(self) -> dict[str, Any]:
+        """The server's state (the components played next); a RuntimeError before the first step."""
         if self._server is None:
             raise RuntimeError("FEMOMD has not seen any data yet: call partial_fit first")
+        return self._server
 
     @property
     def means_(self) -> np.ndarray:
         """Components played at the next step: (m, d), or (C, m, d) with ``pooling="local"``."""
-        self._check_fitted()
-        return self._server["means"]
+        return self._check_fitted()["means"]
 
     @property
     def covariances_(self) -> np.ndarray:
-        self._check_fitted()
-        return self._server["cov"]
+        return self._check_fitted()["cov"]
 
     @property
     def clients(self) -> list:
@@ -415,9 +423,9 @@ class FEMOMD(Estimator):
     @property
     def weights_(self) -> dict:
         """Each client's weights for the next step (the shared vector with ``shared_weights``)."""
-        self._check_fitted()
+        server = self._check_fitted()
         if self.shared_weights:
-            w = np.exp(self._server["log_w"])
+            w = np.exp(server["log_w"])
             return {c: w / w.sum() for c in self._clients}
         return {c: np.exp(s["log_pi"]) / np.exp(s["log_pi"]).sum() for c, s in self._clients.items()}
 
@@ -426,7 +434,7 @@ class FEMOMD(Estimator):
         """Each client's last Monte-Carlo gradient ``g`` (at the weights it played)."""
         return {c: s["last_gradient"] for c, s in self._clients.items()}
 
-    def played(self, client):
+    def played(self, client: Hashable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(means (m, d), covariances, weights (m,))`` client ``client`` plays next
         (uniform weights for a client not seen yet; before the first step, ``means_init``)."""
         M = self.n_components
@@ -466,7 +474,7 @@ class FEMOMD(Estimator):
             w = np.ones(self.n_components)
         return means, cov, w / w.sum()
 
-    def result(self, client=None) -> GaussianMixtureResult:
+    def result(self, client: Hashable | None = None) -> GaussianMixtureResult:
         """The played mixture as a :class:`GaussianMixtureResult` (``predict``, ``score``, ...).
 
         With ``pooling="local"`` give the client whose components to use."""
@@ -475,6 +483,7 @@ class FEMOMD(Estimator):
             raise ValueError("pooling='local': every client has its own components; give client=")
         means, cov, _ = self.played(client) if self.pooling == "local" else (self.means_, self.covariances_, None)
         weights = self.weights_ if self.pooling != "local" else {client: self.played(client)[2]}
+        assert self.feature_names is not None  # _start sets it with the server state
         return GaussianMixtureResult(
             means=means,
             covariances=cov,
@@ -493,7 +502,7 @@ class FEMOMD(Estimator):
         )
 
     # ---------------------------------------------------------------- uncertainty
-    def weight_intervals(self, client, level: float = 0.95) -> pd.DataFrame:
+    def weight_intervals(self, client: Hashable, level: float = 0.95) -> pd.DataFrame:
         """Credible intervals for the client's *current* weights from its discounted
         Dirichlet ``a_{t+1} = lambda a_t + (1 - lambda) alpha_0 + N_t``, computed
         on the client: Beta marginals. ``mean`` is the posterior mean, ``played`` the
@@ -519,7 +528,7 @@ class FEMOMD(Estimator):
         parts = [self.weight_intervals(c, level).assign(client=c).reset_index() for c in self._clients]
         return pd.concat(parts, ignore_index=True)[["client", "parameter", "mean", "sd", "lower", "upper", "played"]]
 
-    def save(self, path):
+    def save(self, path: str | os.PathLike) -> Path:
         """Write the whole online state (components, every client's weights and Dirichlet,
         the step counter, options and history) in the safe format of :mod:`fedstats.results`,
         to resume the stream later with :meth:`load`. In a deployment each client would keep
@@ -527,7 +536,7 @@ class FEMOMD(Estimator):
         return save_result(self, path)
 
     @classmethod
-    def load(cls, path) -> FEMOMD:
+    def load(cls, path: str | os.PathLike) -> FEMOMD:
         """Read a model written by :meth:`save` (the safe format of :mod:`fedstats.results`)."""
         return load_result(path, expected=cls)
 

@@ -4,10 +4,16 @@ kind, :class:`GaussianMixtureResult`."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 from scipy.special import logsumexp
 
+from ..data import DataLike
+from ..federation import Communication, RoundRecord
 from ..federation.backend import accepts_backend
 from ..results import FederatedResult, check_level, register
 from ._common import as_federated, log_weights, norm
@@ -31,22 +37,22 @@ class MixtureResult(FederatedResult):
     def __init__(
         self,
         *,
-        means,
-        covariances,
-        weights,
-        covariance_type,
-        feature_names,
-        n_obs,
-        history,
-        communication,
-        rounds,
-        converged,
-        shared_weights,
-        init_info,
-        reg_covar,
-        loglik=None,
-        seconds=0.0,
-    ):
+        means: ArrayLike,
+        covariances: ArrayLike,
+        weights: Mapping[Hashable, np.ndarray],
+        covariance_type: str,
+        feature_names: Sequence[str],
+        n_obs: Mapping[Hashable, int],
+        history: Sequence[RoundRecord],
+        communication: Communication | None,
+        rounds: int,
+        converged: bool,
+        shared_weights: bool,
+        init_info: Mapping[str, Any],
+        reg_covar: float,
+        loglik: Mapping[Hashable, float] | None = None,
+        seconds: float = 0.0,
+    ) -> None:
         self.means_ = np.asarray(means)
         self.covariances_ = np.asarray(covariances)
         self.weights_ = dict(weights)
@@ -75,7 +81,7 @@ class MixtureResult(FederatedResult):
     def precisions_cholesky_(self) -> np.ndarray:
         return precision_cholesky(self.covariances_, self.covariance_type)
 
-    def _weights_for(self, client, weights):
+    def _weights_for(self, client: Hashable | None, weights: ArrayLike | None) -> np.ndarray:
         if weights is not None:
             w = np.asarray(weights, float)
             if w.shape != (self.n_components,) or np.any(w < 0) or not np.isclose(w.sum(), 1):
@@ -87,7 +93,7 @@ class MixtureResult(FederatedResult):
             raise KeyError(f"unknown client {client!r}; fitted clients: {self.clients[:10]}")
         return self.weights_[client]
 
-    def _X(self, X):
+    def _X(self, X: ArrayLike) -> np.ndarray:
         X = np.asarray(X, dtype=float)
         if X.ndim == 1:
             X = X[None, :] if self.means_.shape[1] > 1 else X[:, None]
@@ -97,26 +103,32 @@ class MixtureResult(FederatedResult):
             raise ValueError("X has NaN or inf")
         return X
 
-    def _log_dens(self, X, client=None):
+    def _log_dens(self, X: ArrayLike, client: Hashable | None = None) -> np.ndarray:
         return log_gaussian(self._X(X), self.means_, self.precisions_cholesky_, self.covariance_type)
 
-    def predict_proba(self, X, client=None, *, weights=None) -> np.ndarray:
+    def predict_proba(
+        self, X: ArrayLike, client: Hashable | None = None, *, weights: ArrayLike | None = None
+    ) -> np.ndarray:
         """Responsibilities ``P(z = j | x)`` under the client's weights: (n, M)."""
         return e_step(self._log_dens(X, client), _log_weights(self._weights_for(client, weights)))[0]
 
-    def predict(self, X, client=None, *, weights=None) -> np.ndarray:
+    def predict(self, X: ArrayLike, client: Hashable | None = None, *, weights: ArrayLike | None = None) -> np.ndarray:
         """Most probable component of each row for that client."""
         return np.argmax(self.predict_proba(X, client, weights=weights), axis=1)
 
-    def score_samples(self, X, client=None, *, weights=None) -> np.ndarray:
+    def score_samples(
+        self, X: ArrayLike, client: Hashable | None = None, *, weights: ArrayLike | None = None
+    ) -> np.ndarray:
         """Log-density of each row under the client's mixture."""
         return logsumexp(self._log_dens(X, client) + _log_weights(self._weights_for(client, weights)), axis=1)
 
-    def score(self, X, client=None, *, weights=None) -> float:
+    def score(self, X: ArrayLike, client: Hashable | None = None, *, weights: ArrayLike | None = None) -> float:
         """Mean log-likelihood per row (scikit-learn's ``score``)."""
         return float(np.mean(self.score_samples(X, client, weights=weights)))
 
-    def new_client_weights(self, X, *, n_iter: int | None = None, tol: float = 1e-10, max_iter: int = 1000):
+    def new_client_weights(
+        self, X: ArrayLike, *, n_iter: int | None = None, tol: float = 1e-10, max_iter: int = 1000
+    ) -> np.ndarray:
         """Weights of an unseen client, fitted on its rows with the components frozen.
 
         ``pi <- mean_i r_i(pi)`` from uniform: monotone, and it converges to the global
@@ -180,7 +192,7 @@ class MixtureResult(FederatedResult):
                 t.update(weights_table(self, c, wald["cov_eta"][c], level))
         return t
 
-    def _client_table(self, client, level: float, kind: str) -> pd.DataFrame:
+    def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         """The client's weights ``weight[j]`` (estimates in ``mean``; with the Wald rounds done
         also ``sd`` and logit-scale intervals at ``level``)."""
         wald = getattr(self, "wald_info_", None)
@@ -200,7 +212,7 @@ class MixtureResult(FederatedResult):
             "observed-information (Wald) intervals in summary()"
         )
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "
             f"clients={len(self.n_obs)}, rounds={self.rounds}, converged={self.converged})"
@@ -229,7 +241,9 @@ class GaussianMixtureResult(MixtureResult):
 
     # ---------------------------------------------------------------- prediction
     @accepts_backend
-    def wald_intervals(self, data, level: float = 0.95, *, seed: int = 0):
+    def wald_intervals(
+        self, data: DataLike, level: float = 0.95, *, seed: int = 0
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Observed-information intervals for the means and every client's weights.
 
         The Wald rounds over ``data`` (the fitted clients, each holding its rows): each
@@ -242,13 +256,15 @@ class GaussianMixtureResult(MixtureResult):
         ``numpy.linalg.LinAlgError`` when the information is singular. See
         :mod:`fedstats.mixture.wald`.
         """
-        from ..federation import Communication, counting
+        from ..federation import counting
         from .wald import means_table, wald_covariances
 
         level = check_level(level)
         with counting() as ledger:
             self.wald_info_ = wald_covariances(self, as_federated(data), seed=seed)
-        self.communication = Communication.combine([self.communication, ledger.communication()])
+        # (combine skips a part that is None: a fit that did not communicate)
+        parts = [c for c in (self.communication, ledger.communication()) if c is not None]
+        self.communication = Communication.combine(parts)
         return (
             means_table(self, self.wald_info_["cov_means"], level),
             self.client_summary(level).drop(columns="p_value"),

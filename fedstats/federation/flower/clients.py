@@ -37,7 +37,9 @@ class _States(dict):
 class FlowerClients:
     """The client side of one :func:`~fedstats.federation.run`, on Flower nodes."""
 
-    def __init__(self, session: FlowerSession, algorithm: FederatedAlgorithm, ids: list, data, seed: int):
+    def __init__(
+        self, session: FlowerSession, algorithm: FederatedAlgorithm, ids: list[ClientId], data: Any, seed: int
+    ) -> None:
         self.session, self.algorithm, self.ids, self.seed = session, algorithm, ids, seed
         self.key = uuid.uuid4().hex
         self.nodes = session.assign(ids)
@@ -114,7 +116,7 @@ class FlowerClients:
                     cfg = dict(reply.content["fedstats"])
                     status = cfg["status"]
                     if status == "ok" and "round" in config:
-                        cfg["reply"] = to_arrays(reply.content["reply"])
+                        cfg["reply"] = to_arrays(reply.content.array_records["reply"])
                     if status == "ok" and config.get("send", False):
                         cfg["state"] = bytes(cfg["state"])
                 except Exception as exc:  # noqa: BLE001
@@ -170,7 +172,9 @@ class FlowerClients:
         self._dropped = True
         return out
 
-    def run_round(self, rnd: int, idx: list[int], messages: Mapping[int, dict], batched: bool):
+    def run_round(
+        self, rnd: int, idx: list[int], messages: Mapping[int, dict], batched: bool
+    ) -> tuple[list[Outcome], str | None]:
         got = self._exchange({self.ids[i]: ({"round": rnd}, messages[i]) for i in idx}, rnd)
         outcomes = []
         for i in idx:

@@ -68,23 +68,23 @@ class _Node:
         return algorithm, client, data
 
     def handle(self, message: Message, context: Context) -> Message:
-        cfg = message.content["fedstats"]
+        cfg: Mapping[str, Any] = message.content["fedstats"]  # the server's values, checked as they are used
         key = "fedstats." + str(cfg["run"])
         loaded = None
         if "algorithm" in cfg:  # start (or resume) the run on this node
-            rec = {k: cfg[k] for k in ("algorithm", "client", "local", "index", "seed", "data")}
+            start = {k: cfg[k] for k in ("algorithm", "client", "local", "index", "seed", "data")}
             try:
-                algorithm, client, data = loaded = self._load(rec, context)
+                algorithm, client, data = loaded = self._load(start, context)
                 if "state" in cfg:
                     state = loads(cfg["state"], self.trust)
                 else:
                     state = algorithm.init_client(
-                        client, data, client_rng(int(rec["seed"]), 0, int(rec["index"]), init=True)
+                        client, data, client_rng(int(start["seed"]), 0, int(start["index"]), init=True)
                     )
-                rec["state"] = dumps(state)
+                start["state"] = dumps(state)
             except Exception as exc:  # noqa: BLE001 - reported to the server, which stops the run
                 return self._answer(message, {"status": "init-failed", "error": describe_exc(exc)})
-            context.state[key] = ConfigRecord(rec)
+            context.state[key] = ConfigRecord(start)
         if key not in context.state:
             return self._answer(
                 message,

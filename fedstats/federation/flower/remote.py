@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import Context
@@ -49,7 +50,11 @@ class RemoteFederatedData(FederatedData):
     server-side read of rows raises :class:`RemoteDataError` naming the client.
     """
 
-    def __init__(self, n_obs: Mapping[ClientId, int], feature_names: Sequence[str], target_name: str | None):
+    # stand-ins for the arrays (:class:`_RemoteRows`): shapes, no rows
+    _X: dict[ClientId, Any]
+    _y: dict[ClientId, Any]
+
+    def __init__(self, n_obs: Mapping[ClientId, int], feature_names: Sequence[str], target_name: str | None) -> None:
         d = len(feature_names)
         self._X = {c: _RemoteRows(c, (int(n), d)) for c, n in n_obs.items()}
         self._y = {c: None if target_name is None else _RemoteRows(c, (int(n),)) for c, n in n_obs.items()}
@@ -57,7 +62,7 @@ class RemoteFederatedData(FederatedData):
         self._feature_names = list(feature_names)
         self._target_name = target_name
 
-    def subset(self, clients) -> RemoteFederatedData:
+    def subset(self, clients: Iterable[ClientId]) -> RemoteFederatedData:
         """The view of some clients only (no rows, as the whole)."""
         ids = list(clients)
         unknown = [c for c in ids if c not in self]

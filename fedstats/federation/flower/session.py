@@ -9,6 +9,7 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
@@ -62,7 +63,7 @@ class FlowerSession:
         backend_config: dict | None = None,
         verbose: bool = False,
         trust: Sequence[str] = ("fedstats",),
-    ):
+    ) -> None:
         if num_supernodes is not None and (
             isinstance(num_supernodes, bool) or not isinstance(num_supernodes, int) or num_supernodes < 1
         ):
@@ -226,12 +227,14 @@ class FlowerSession:
     # ---- nodes
     def _discover(self, n: int, wait: float) -> None:
         t0 = time.monotonic()
-        nodes = list(self._grid.get_node_ids())
+        grid = self._grid
+        assert grid is not None  # set by from_grid or the started simulation before discovery
+        nodes = list(grid.get_node_ids())
         while len(nodes) < n:
             if time.monotonic() - t0 > wait:
                 raise ClientDisconnected(f"only {len(nodes)} of {n} SuperNodes connected within {wait:.0f} s")
             time.sleep(0.2)
-            nodes = list(self._grid.get_node_ids())
+            nodes = list(grid.get_node_ids())
         # a SuperLink still lists a node that died until its heartbeat expires: such nodes do
         # not answer (or answer with an error) and are left out, as long as n others answer
         replies = self.send_and_receive(
@@ -274,18 +277,21 @@ class FlowerSession:
     def send_and_receive(self, messages: list[Message], timeout: float | None = None) -> list[Message]:
         """Grid.send_and_receive, but a simulation that died mid-call raises instead of hanging."""
         timeout = self.timeout if timeout is None else timeout
-        pending = set(self._grid.push_messages(messages))
+        grid = self._grid
+        if grid is None:
+            raise RuntimeError("this FlowerSession has not started: it has no nodes to send to yet")
+        pending = set(grid.push_messages(messages))
         end = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         while pending:
-            got = list(self._grid.pull_messages(pending))
+            got = list(grid.pull_messages(pending))
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             if not pending or (end is not None and time.monotonic() >= end):
                 break
             if self._thread is not None and not self._thread.is_alive():
                 raise RuntimeError(f"the Flower simulation stopped: {self._error!r}") from self._error
-            time.sleep(getattr(self._grid, "pull_interval", 0.1))
+            time.sleep(getattr(grid, "pull_interval", 0.1))
         return replies
 
     @property
@@ -293,7 +299,7 @@ class FlowerSession:
         """Whether the session can still reach nodes (started and not closed)."""
         return self._grid is not None and not self._closed
 
-    def client_side(self, algorithm: FederatedAlgorithm, ids: list, data, seed: int) -> FlowerClients:
+    def client_side(self, algorithm: FederatedAlgorithm, ids: list[ClientId], data: Any, seed: int) -> FlowerClients:
         """The client side of one :func:`~fedstats.federation.run` over ``data`` (called by ``run``)."""
         return FlowerClients(self, algorithm, ids, data, seed)
 

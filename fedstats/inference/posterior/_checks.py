@@ -10,6 +10,8 @@ import numpy as np
 
 Seed = int | np.random.Generator | np.random.SeedSequence | None
 Predicate = Callable[[np.ndarray], Any]
+#: components of a posterior: an index, a name, a slice, or a sequence (or array) of indices / names
+Selection = int | str | slice | Sequence[int | str] | np.ndarray
 
 KINDS = ("eti", "hdi")
 # Relative tolerances for accepting a covariance-like matrix: asymmetry up to this
@@ -129,7 +131,7 @@ def cov_factor(cov: np.ndarray) -> np.ndarray:
     return vec * np.sqrt(np.clip(eig, 0.0, None))
 
 
-def mvn_draw(mean: np.ndarray, factor: np.ndarray, n: int, rng: np.random.Generator):
+def mvn_draw(mean: np.ndarray, factor: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     z = rng.standard_normal((n, mean.shape[0]))
     return mean + z @ factor.T
 

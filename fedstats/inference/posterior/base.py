@@ -6,15 +6,19 @@ from __future__ import annotations
 import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
-from ._checks import Predicate, Seed, as_rng, check_cov, check_n, cov_factor, finite_array, mvn_draw
+from ._checks import Predicate, Seed, Selection, as_rng, check_cov, check_n, cov_factor, finite_array, mvn_draw
+
+if TYPE_CHECKING:
+    from arviz import InferenceData
 
 
-def mvn_sample(mean: Any, cov: Any, n: int, rng: Seed = None) -> np.ndarray:
+def mvn_sample(mean: ArrayLike, cov: ArrayLike, n: int, rng: Seed = None) -> np.ndarray:
     """Draw from a multivariate normal distribution.
 
     Uses a Cholesky factor of ``cov``; a singular covariance is handled by retrying with
@@ -50,7 +54,7 @@ def mvn_sample(mean: Any, cov: Any, n: int, rng: Seed = None) -> np.ndarray:
     return mvn_draw(mean, cov_factor(cov), check_n(n), as_rng(rng))
 
 
-def tail_probability_from_prob_positive(prob_positive: Any) -> np.ndarray:
+def tail_probability_from_prob_positive(prob_positive: ArrayLike) -> np.ndarray:
     """Two-sided posterior tail probability ``p_B = 2 min(P(theta > 0), P(theta < 0))``.
 
     Parameters
@@ -124,12 +128,13 @@ class Posterior(ABC):
         """``n`` draws from the posterior, shape (n, p)."""
 
     @abstractmethod
-    def credible_interval(self, level: float = 0.95, kind: str = "eti"):
+    def credible_interval(self, level: float = 0.95, kind: str = "eti") -> tuple[np.ndarray, np.ndarray]:
         """Marginal credible intervals ``(lower, upper)``, each of shape (p,)."""
 
     @abstractmethod
-    def prob(self, pred: Predicate, **kwargs) -> float:
-        """Posterior probability of the event ``pred(theta)``."""
+    def prob(self, pred: Predicate) -> float:
+        """Posterior probability of the event ``pred(theta)`` (subclasses may take options,
+        such as the number of Monte-Carlo draws)."""
 
     @abstractmethod
     def prob_positive(self) -> np.ndarray:
@@ -158,16 +163,17 @@ class Posterior(ABC):
     # ---- derived posteriors --------------------------------------------------------
 
     @abstractmethod
-    def marginal(self, index_or_names) -> Posterior:
+    def marginal(self, index_or_names: Selection) -> Posterior:
         """Posterior of a subset of components, of the same kind."""
 
     @abstractmethod
-    def affine(self, A: Any, b: Any = None, names: Sequence[str] | None = None) -> Posterior:
+    def affine(self, A: ArrayLike, b: ArrayLike | None = None, names: Sequence[str] | None = None) -> Posterior:
         """Posterior of ``A @ theta + b``."""
 
     @abstractmethod
-    def to_arviz(self, var_name: str = "theta", **kwargs):
-        """The posterior as an :class:`arviz.InferenceData` (posterior group)."""
+    def to_arviz(self, var_name: str = "theta") -> InferenceData:
+        """The posterior as an :class:`arviz.InferenceData` (posterior group); subclasses
+        may take options, such as the number of draws."""
 
     # ---- tables -----------------------------------------------------------------------
 
@@ -207,7 +213,7 @@ class Posterior(ABC):
 
     # ---- internals ----------------------------------------------------------------
 
-    def _resolve(self, index_or_names) -> list[int]:
+    def _resolve(self, index_or_names: Selection) -> list[int]:
         """Positions of the components selected by an int, a name, a slice or a list."""
         p = self.dim
         if isinstance(index_or_names, slice):
@@ -225,7 +231,7 @@ class Posterior(ABC):
                         raise KeyError(f"unknown component name {item!r}; names are {self._names}")
                     idx.append(self._names.index(item))
                 elif isinstance(item, numbers.Integral) and not isinstance(item, (bool, np.bool_)):
-                    if not -p <= item < p:
+                    if not -p <= int(item) < p:
                         raise IndexError(f"component index {item} out of range for dim {p}")
                     idx.append(int(item) % p)
                 else:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import linalg, stats
 
 from ...results import register
@@ -13,6 +14,7 @@ from ..arviz_export import from_draws
 from ._checks import (
     Predicate,
     Seed,
+    Selection,
     as_rng,
     check_affine,
     check_cov,
@@ -27,6 +29,9 @@ from ._checks import (
     symmetrised,
 )
 from .base import Posterior
+
+if TYPE_CHECKING:
+    from arviz import InferenceData
 
 
 @register
@@ -64,7 +69,7 @@ class GaussianPosterior(Posterior):
     ([-0.96, -1.386], [2.96, 1.386])
     """
 
-    def __init__(self, mean: Any, cov: Any, names: Sequence[str] | None = None):
+    def __init__(self, mean: ArrayLike, cov: ArrayLike, names: Sequence[str] | None = None) -> None:
         mean = np.atleast_1d(finite_array(mean, "mean"))
         if mean.ndim != 1 or mean.shape[0] == 0:
             raise ValueError(f"mean must be a non-empty vector, got shape {mean.shape}")
@@ -77,7 +82,7 @@ class GaussianPosterior(Posterior):
         self._shift: np.ndarray | None = None
 
     @classmethod
-    def from_natural(cls, r: Any, Q: Any, names: Sequence[str] | None = None) -> GaussianPosterior:
+    def from_natural(cls, r: ArrayLike, Q: ArrayLike, names: Sequence[str] | None = None) -> GaussianPosterior:
         """Build from information (natural) form: precision ``Q`` and shift ``r = Q mean``.
 
         Federated models aggregate posteriors in this form (precisions and shifts add
@@ -144,7 +149,7 @@ class GaussianPosterior(Posterior):
         >>> r.round(12).tolist(), Q.round(12).tolist()
         ([2.0], [[2.0]])
         """
-        if self._precision is None:
+        if self._precision is None or self._shift is None:  # both set together, or neither
             try:
                 c = linalg.cho_factor(self._cov, lower=True)
             except linalg.LinAlgError:
@@ -188,7 +193,7 @@ class GaussianPosterior(Posterior):
         """
         return mvn_draw(self._mean, self._get_factor(), check_n(n), as_rng(seed))
 
-    def credible_interval(self, level: float = 0.95, kind: str = "eti"):
+    def credible_interval(self, level: float = 0.95, kind: str = "eti") -> tuple[np.ndarray, np.ndarray]:
         """Exact marginal credible intervals.
 
         Parameters
@@ -271,7 +276,7 @@ class GaussianPosterior(Posterior):
 
     # ---- derived posteriors --------------------------------------------------------
 
-    def marginal(self, index_or_names) -> GaussianPosterior:
+    def marginal(self, index_or_names: Selection) -> GaussianPosterior:
         """Exact marginal posterior of the selected components.
 
         Parameters
@@ -291,7 +296,7 @@ class GaussianPosterior(Posterior):
         idx = self._resolve(index_or_names)
         return GaussianPosterior(self._mean[idx], self._cov[np.ix_(idx, idx)], names=[self._names[i] for i in idx])
 
-    def affine(self, A: Any, b: Any = None, names: Sequence[str] | None = None):
+    def affine(self, A: ArrayLike, b: ArrayLike | None = None, names: Sequence[str] | None = None) -> GaussianPosterior:
         """Exact posterior of ``A @ theta + b``: ``N(A mean + b, A cov A^T)``.
 
         Parameters
@@ -316,7 +321,7 @@ class GaussianPosterior(Posterior):
         cov = A @ self._cov @ A.T
         return GaussianPosterior(A @ self._mean + b, 0.5 * (cov + cov.T), names=names)
 
-    def to_arviz(self, var_name: str = "theta", n: int = 4000, seed: Seed = 0, n_chains: int = 4):
+    def to_arviz(self, var_name: str = "theta", n: int = 4000, seed: Seed = 0, n_chains: int = 4) -> InferenceData:
         """Seeded posterior draws as an :class:`arviz.InferenceData`.
 
         Parameters

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Self
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from ...results import register
 from ..arviz_export import from_draws
@@ -14,6 +15,7 @@ from ..diagnostics import ess_bulk, rhat_rank
 from ._checks import (
     Predicate,
     Seed,
+    Selection,
     as_rng,
     check_affine,
     check_kind,
@@ -24,6 +26,9 @@ from ._checks import (
     finite_array,
 )
 from .base import Posterior
+
+if TYPE_CHECKING:
+    from arviz import InferenceData
 
 
 @register
@@ -62,7 +67,13 @@ class SamplePosterior(Posterior):
     True
     """
 
-    def __init__(self, draws: Any, names: Sequence[str] | None = None, weights: Any = None):
+    _chains: np.ndarray | None
+    _draws: np.ndarray
+    _weights: np.ndarray | None
+    _mean: np.ndarray
+    _cov: np.ndarray
+
+    def __init__(self, draws: ArrayLike, names: Sequence[str] | None = None, weights: ArrayLike | None = None) -> None:
         draws = finite_array(draws, "draws")
         if draws.ndim == 1:
             draws = draws[:, None]
@@ -71,6 +82,7 @@ class SamplePosterior(Posterior):
         if min(draws.shape) == 0:
             raise ValueError(f"draws must be non-empty, got shape {draws.shape}")
         n_total = int(np.prod(draws.shape[:-1]))
+        normalised: np.ndarray | None = None
         if weights is not None:
             w = finite_array(weights, "weights")
             if w.shape not in (draws.shape[:-1], (n_total,)):
@@ -81,23 +93,24 @@ class SamplePosterior(Posterior):
             total = w.sum()
             if not total > 0:
                 raise ValueError("weights must have a positive sum")
-            weights = w / total
-        self._setup(draws, names, weights)
+            normalised = w / total
+        self._setup(draws, names, normalised)
 
     @classmethod
-    def _from_parts(cls, draws: np.ndarray, names, weights: np.ndarray | None):
+    def _from_parts(cls, draws: np.ndarray, names: Sequence[str] | None, weights: np.ndarray | None) -> Self:
         # derived posteriors reuse the parent's normalised weights bit for bit
         # (renormalising could change the last digits and thus break ties differently)
         post = cls.__new__(cls)
         post._setup(draws, names, weights)
         return post
 
-    def _setup(self, draws: np.ndarray, names, weights: np.ndarray | None) -> None:
+    def _setup(self, draws: np.ndarray, names: Sequence[str] | None, weights: np.ndarray | None) -> None:
         """Store validated draws (2-D or 3-D) and normalised weights; compute moments."""
         p = draws.shape[-1]
         self._names = check_names(names, p)
-        self._chains = draws.copy() if draws.ndim == 3 else None
-        flat = self._chains.reshape(-1, p) if draws.ndim == 3 else draws.copy()
+        chains = draws.copy() if draws.ndim == 3 else None
+        self._chains = chains
+        flat = chains.reshape(-1, p) if chains is not None else draws.copy()
         flat.flags.writeable = False
         self._draws = flat
         n_total = flat.shape[0]
@@ -177,7 +190,7 @@ class SamplePosterior(Posterior):
         # unit weights keep the unweighted cumulative sums exact integers
         return np.ones(self.n_draws) if self._weights is None else self._weights
 
-    def credible_interval(self, level: float = 0.95, kind: str = "eti"):
+    def credible_interval(self, level: float = 0.95, kind: str = "eti") -> tuple[np.ndarray, np.ndarray]:
         """Marginal credible intervals from the (weighted) draws.
 
         Parameters
@@ -268,12 +281,12 @@ class SamplePosterior(Posterior):
 
     # ---- derived posteriors --------------------------------------------------------
 
-    def _derived(self, chains_or_draws: np.ndarray, names) -> SamplePosterior:
+    def _derived(self, chains_or_draws: np.ndarray, names: Sequence[str] | None) -> SamplePosterior:
         if not np.all(np.isfinite(chains_or_draws)):
             raise ValueError("the transformed draws contain NaN or infinite values")
         return SamplePosterior._from_parts(chains_or_draws, names, self._weights)
 
-    def marginal(self, index_or_names) -> SamplePosterior:
+    def marginal(self, index_or_names: Selection) -> SamplePosterior:
         """The selected components of the draws (weights and chains kept).
 
         Parameters
@@ -294,7 +307,7 @@ class SamplePosterior(Posterior):
         source = self._draws if self._chains is None else self._chains
         return self._derived(source[..., idx], [self._names[i] for i in idx])
 
-    def affine(self, A: Any, b: Any = None, names: Sequence[str] | None = None):
+    def affine(self, A: ArrayLike, b: ArrayLike | None = None, names: Sequence[str] | None = None) -> SamplePosterior:
         """Draw-wise posterior of ``A @ theta + b`` (weights and chains kept).
 
         Parameters
@@ -342,7 +355,7 @@ class SamplePosterior(Posterior):
             table["r_hat"] = [rhat_rank(self._chains[:, :, j]) for j in range(self.dim)]
         return table
 
-    def to_arviz(self, var_name: str = "theta", n: int | None = None, seed: Seed = 0):
+    def to_arviz(self, var_name: str = "theta", n: int | None = None, seed: Seed = 0) -> InferenceData:
         """The draws as an :class:`arviz.InferenceData`.
 
         Unweighted draws are stored as they are, with their chains (one chain when
@@ -392,7 +405,7 @@ def _eti_1d(x: np.ndarray, w: np.ndarray, q: float) -> tuple[float, float]:
     xs, ws = x[order], w[order]
     last = xs.shape[0] - 1
 
-    def first_reaching(xs_, ws_):
+    def first_reaching(xs_: np.ndarray, ws_: np.ndarray) -> float:
         # first draw whose cumulative weight fraction reaches q; fractions as
         # cumsum / total (exactly k / n without weights, as in prob_positive); a draw
         # of zero weight is never chosen

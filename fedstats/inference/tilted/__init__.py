@@ -30,6 +30,8 @@ All jax work runs inside a scoped ``jax.enable_x64(True)``; no global setting is
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import AugmentedSite, ExactSite, GibbsSite, PreparedSite, SiteModel, Stats, TiltedEstimator, TiltedResult
 from .chains import zero_variance_moments
 from .exact import ExactTilted
@@ -47,7 +49,7 @@ ESTIMATORS = {
 }
 
 
-def make_estimator(spec: str | TiltedEstimator, **options) -> TiltedEstimator:
+def make_estimator(spec: str | TiltedEstimator, **options: Any) -> TiltedEstimator:
     """An estimator from its name (``exact``, ``laplace``, ``importance``, ``nuts``,
     ``gibbs``) or as given."""
     if isinstance(spec, TiltedEstimator):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -26,9 +26,28 @@ class SiteModel(Protocol):
     nuisances ``z`` (e.g. a log noise sd) ``local_dim``.
     """
 
-    phi_dim: int
-    theta_dim: int
-    local_dim: int
+    if TYPE_CHECKING:  # read only: a site may compute them (properties)
+
+        @property
+        def phi_dim(self) -> int: ...
+
+        @property
+        def theta_dim(self) -> int: ...
+
+        @property
+        def local_dim(self) -> int: ...
+
+    else:
+        phi_dim: int
+        theta_dim: int
+        local_dim: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # what typing gives a protocol (which it cannot annotate): no instances of the
+        # protocol itself, the next ``__init__`` of the class for a class that subclasses it
+        if getattr(type(self), "_is_protocol", False):
+            raise TypeError("Protocols cannot be instantiated")
+        super().__init__(*args, **kwargs)
 
     def cache_key(self) -> tuple:
         """Everything that determines the compiled kernels (structure and static options)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...results import register
 from ..gaussian import NaturalGaussian
-from .base import TiltedEstimator, TiltedResult
+from .base import SiteModel, TiltedEstimator, TiltedResult
 
 
 @register
@@ -13,7 +15,16 @@ class ExactTilted(TiltedEstimator):
 
     name = "exact"
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
+    def estimate(
+        self,
+        model: SiteModel,
+        cavity_mean: np.ndarray,
+        cavity_cov: np.ndarray,
+        stats: list[dict[str, np.ndarray]],
+        seeds: np.ndarray,
+        *,
+        keep_draws: bool = False,
+    ) -> list[TiltedResult]:
         if not hasattr(model, "exact_site"):
             raise TypeError(f"{type(model).__name__} has no exact Gaussian site; use another estimator")
         out = []

@@ -6,7 +6,7 @@ import numpy as np
 
 from ...results import register
 from ..gaussian import symmetrize
-from .base import TiltedEstimator
+from .base import SiteModel, TiltedEstimator, TiltedResult
 from .chains import chain_results
 from .kernels import KERNELS, bucket, cavity_precision, pad_batch, prepare_stats, stack_stats
 
@@ -55,7 +55,7 @@ class GibbsTilted(TiltedEstimator):
         thin: int = 4,
         control_variates: bool = True,
         precision_correction: bool = True,
-    ):
+    ) -> None:
         self.num_warmup, self.num_samples = int(num_warmup), int(num_samples)
         self.num_chains, self.thin = int(num_chains), int(thin)
         if min(self.num_warmup, self.num_samples, self.num_chains, self.thin) < 1:
@@ -63,13 +63,13 @@ class GibbsTilted(TiltedEstimator):
         self.control_variates = bool(control_variates)
         self.precision_correction = bool(precision_correction)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"GibbsTilted(num_warmup={self.num_warmup}, num_samples={self.num_samples}, "
             f"num_chains={self.num_chains}, thin={self.thin})"
         )
 
-    def check_model(self, model):
+    def check_model(self, model: SiteModel) -> None:
         missing = [a for a in ("draw_theta", "draw_locals", "mh_locals", "log_collapsed") if not hasattr(model, a)]
         if missing:
             raise ValueError(
@@ -164,7 +164,16 @@ class GibbsTilted(TiltedEstimator):
         KERNELS[key] = fn
         return fn
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
+    def estimate(
+        self,
+        model: SiteModel,
+        cavity_mean: np.ndarray,
+        cavity_cov: np.ndarray,
+        stats: list[dict[str, np.ndarray]],
+        seeds: np.ndarray,
+        *,
+        keep_draws: bool = False,
+    ) -> list[TiltedResult]:
         import jax
 
         B, p, C = len(stats), model.phi_dim, self.num_chains

@@ -7,7 +7,7 @@ import numpy as np
 
 from ...results import register
 from ..gaussian import is_pd, symmetrize
-from .base import TiltedResult
+from .base import SiteModel, TiltedResult
 from .kernels import KERNELS, bucket, cavity_precision, normal_draws, pad_batch, prepare_stats, stack_stats
 from .laplace import LaplaceTilted, laplace_fns
 
@@ -69,7 +69,7 @@ class ImportanceTilted(LaplaceTilted):
         min_ess_fraction: float = 0.02,
         fallback: str | None = "laplace",
         qmc: bool = False,
-    ):
+    ) -> None:
         super().__init__(newton_steps=newton_steps)
         self.qmc = bool(qmc)
         self.num_draws = -(-int(num_draws) // 4) * 4
@@ -81,7 +81,7 @@ class ImportanceTilted(LaplaceTilted):
         self.min_ess_fraction = float(min_ess_fraction)
         self.fallback = fallback
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"ImportanceTilted(num_draws={self.num_draws}, defensive={self.defensive}, fallback={self.fallback!r}, "
             f"qmc={self.qmc})"
@@ -128,7 +128,16 @@ class ImportanceTilted(LaplaceTilted):
         pairs[-1] = M // 2 - sum(pairs[:-1])
         return [2 * q for q in pairs]
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
+    def estimate(
+        self,
+        model: SiteModel,
+        cavity_mean: np.ndarray,
+        cavity_cov: np.ndarray,
+        stats: list[dict[str, np.ndarray]],
+        seeds: np.ndarray,
+        *,
+        keep_draws: bool = False,
+    ) -> list[TiltedResult]:
         import jax
         from scipy.special import logsumexp
 

@@ -23,7 +23,7 @@ class KernelCache(OrderedDict):
     (and its compiled code freed): every compiled kernel holds memory maps of JIT code, and a
     process may hold only so many (65,530 by default on Linux; past that XLA crashes)."""
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int) -> None:
         super().__init__()
         self.maxsize = int(maxsize)
 

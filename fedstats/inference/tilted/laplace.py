@@ -81,11 +81,11 @@ class LaplaceTilted(TiltedEstimator):
 
     name = "laplace"
 
-    def __init__(self, *, newton_steps: int = 30, num_draws: int = 4000):
+    def __init__(self, *, newton_steps: int = 30, num_draws: int = 4000) -> None:
         self.newton_steps = int(newton_steps)
         self.num_draws = int(num_draws)  # only for keep_draws (device posteriors)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"LaplaceTilted(newton_steps={self.newton_steps})"
 
     def _compiled(self, model):
@@ -114,7 +114,16 @@ class LaplaceTilted(TiltedEstimator):
             x, negH, g = (np.asarray(a)[:B] for a in (x, negH, g))
         return x, negH, g
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
+    def estimate(
+        self,
+        model: SiteModel,
+        cavity_mean: np.ndarray,
+        cavity_cov: np.ndarray,
+        stats: list[dict[str, np.ndarray]],
+        seeds: np.ndarray,
+        *,
+        keep_draws: bool = False,
+    ) -> list[TiltedResult]:
         x, negH, g = self._modes(model, cavity_mean, cavity_cov, stats)
         p = model.phi_dim
         out = []

@@ -6,7 +6,7 @@ import numpy as np
 
 from ...results import register
 from ..gaussian import symmetrize
-from .base import TiltedEstimator
+from .base import SiteModel, TiltedEstimator, TiltedResult
 from .chains import chain_results
 from .kernels import KERNELS, bucket, cavity_precision, pad_batch, prepare_stats, stack_stats
 
@@ -58,7 +58,7 @@ class NUTSTilted(TiltedEstimator):
         precision_correction: bool = True,
         control_variates: bool = True,
         vectorize: str = "all",
-    ):
+    ) -> None:
         if target not in ("augmented", "collapsed"):
             raise ValueError(f"target must be 'augmented' or 'collapsed', not {target!r}")
         self.num_warmup, self.num_samples, self.num_chains = int(num_warmup), int(num_samples), int(num_chains)
@@ -74,7 +74,7 @@ class NUTSTilted(TiltedEstimator):
             raise ValueError(f"vectorize must be 'chains' or 'all', not {vectorize!r}")
         self.vectorize = vectorize
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"NUTSTilted(num_warmup={self.num_warmup}, num_samples={self.num_samples}, "
             f"num_chains={self.num_chains}, target={self.target!r})"
@@ -142,7 +142,16 @@ class NUTSTilted(TiltedEstimator):
         KERNELS[key] = fn
         return fn
 
-    def estimate(self, model, cavity_mean, cavity_cov, stats, seeds, *, keep_draws=False):
+    def estimate(
+        self,
+        model: SiteModel,
+        cavity_mean: np.ndarray,
+        cavity_cov: np.ndarray,
+        stats: list[dict[str, np.ndarray]],
+        seeds: np.ndarray,
+        *,
+        keep_draws: bool = False,
+    ) -> list[TiltedResult]:
         import jax
 
         B, p, d, C = len(stats), model.phi_dim, model.theta_dim, self.num_chains
