@@ -23,6 +23,12 @@ FGPR_DRAWS = 0x6770
 MIXTURE_START = 7919
 #: draws of a fitted Gaussian posterior mapped to the data's scale (``global_posterior``)
 SCALE_MAP = 13
+#: minibatches of the Separate baseline's one-round fit, device ``k``: ``[seed, SEPARATE_BATCHES, k]``
+SEPARATE_BATCHES = 5
+#: an EP fit's final tilted distribution of device ``i`` (``[seed, FINAL_TILTED, i]``), and the
+#: normals of device ``i``'s coefficient posterior drawn from it (``[seed, DEVICE_POSTERIOR, i]``)
+FINAL_TILTED = 7
+DEVICE_POSTERIOR = 11
 
 
 def stream(seed: int, *tags: int) -> np.random.Generator:

@@ -39,13 +39,13 @@ def communication(res) -> dict:
     }
 
 
-def json_ready(out):
+def json_ready(out: Any) -> tuple[Any, list[str]]:
     """``out`` with every non-finite float replaced by ``None`` (JSON has no NaN or Infinity;
     strict parsers reject them), and where that happened: ``"section name field"`` strings
     such as ``"global mean[3][x1] sd"``."""
     found: list[str] = []
 
-    def walk(x, path):
+    def walk(x: Any, path: list[str]) -> Any:
         if isinstance(x, dict):
             here = path + ([x["name"]] if isinstance(x.get("name"), str) else [])
             return {k: walk(v, here + [str(k)]) for k, v in x.items()}

@@ -161,7 +161,7 @@ class Separate(_GDOptions):
 class _SeparateFit(FederatedAlgorithm):
     """Separate as one round: device ``k`` gets its column of the common start, fits alone
     (``rounds * local_steps`` gradient steps, or least squares) and sends its coefficients.
-    Minibatches draw from ``default_rng([seed, 5, k])`` as before this was federated."""
+    Device ``k``'s minibatches draw from the stream ``[seed, SEPARATE_BATCHES, k]``."""
 
     reply_keys = ("theta",)
 
@@ -198,7 +198,7 @@ class _SeparateFit(FederatedAlgorithm):
                 lr=self.lr,
                 batch_size=self.batch_size,
                 reduction=self.reduction,
-                rng=np.random.default_rng([self.seed, 5, k]),
+                rng=streams.stream(self.seed, streams.SEPARATE_BATCHES, k),
             )
         )
 

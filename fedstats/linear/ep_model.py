@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
+from .. import streams
 from ..federation import ClientDisconnected, run
 from ..inference.ep import FederatedEP, check_invariants
 from ..inference.gaussian import NaturalGaussian
@@ -268,7 +269,10 @@ class EPLinearResult(FederatedResult):
         if not self._device_cache:
             alg = self.algorithm
             sites = alg.committed_sites(self.server, self.client_states)
-            seeds = [int(np.random.default_rng([self.seed, 7, i]).integers(2**62)) for i in range(len(self.clients))]
+            seeds = [
+                int(streams.stream(self.seed, streams.FINAL_TILTED, i).integers(2**62))
+                for i in range(len(self.clients))
+            ]
             res = alg.local_tilted(
                 self.server.q,
                 [sites[c] for c in self.clients],
@@ -308,7 +312,7 @@ class EPLinearResult(FederatedResult):
         """
         self._check_client(client)
         # Each device draws its own normals (the seed folds in the device's index).
-        rng = np.random.default_rng([self.seed, 11, self.clients.index(client)])
+        rng = streams.stream(self.seed, streams.DEVICE_POSTERIOR, self.clients.index(client))
         post = coefficient_posterior(
             self.site, self._device_results()[client], self.client_states[client].stats, self.feature_names, rng
         )

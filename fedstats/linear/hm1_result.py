@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -77,53 +78,6 @@ class StructuralResult(PointResult):
         return pd.DataFrame(self.posterior_omega_, index=self.clients, columns=self.clients)
 
     # ------------------------------------------------------------ uncertainty
-    def _add_posteriors(self, devices, noise_sd, *, seed: int, jitter: float, how: str = "em", prior_rows=None) -> None:
-        alg = InformationShare(noise_vars(noise_sd, self.clients))
-        out = run(alg, devices, kind="information share", rounds=1, seed=seed, progress=False)
-        replies = out.server_state
-        missing = [c for c in self.clients if c not in replies]
-        if missing:
-            why = out.history[0].failed
-            c = missing[0]
-            raise CannotShareError(f"client {c!r} could not share its information matrix: {why.get(c, 'no reply')}")
-        info = np.stack([replies[c]["information"] for c in self.clients])
-        score = np.stack([replies[c]["score"] for c in self.clients])
-        self.noise_var = np.array([float(replies[c]["noise_var"]) for c in self.clients])
-        K, d = len(self.clients), len(self.feature_names)
-        if how == "learned":
-            omega, details = self.omega_, {"omega": "learned"}
-        else:
-            nu = float(K if prior_rows is None else prior_rows)
-            # start from Algorithm 1's Theta, shrunk as in the M-step (positive definite)
-            S0 = self.theta.T @ self.theta
-            w = max(nu, 1.0)
-            start = (S0 + w * exchangeable_target(S0 / d)[2]) / (d + w)
-            if np.linalg.eigvalsh(start)[0] <= 0:
-                start = exchangeable_target(S0 / d)[0] * np.eye(K)
-            omega, details = em_omega(info, score, prior_rows=nu, start=start, jitter=jitter)
-            details = {"omega": "em", **details}
-            if not details["converged"]:
-                warnings.warn(
-                    f"the EM estimate of Omega for the intervals did not converge in "
-                    f"{details['iterations']} iterations (last relative change "
-                    f"{details['last_change']:.2g}); omega_prior_rows={nu:g}",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-        self.posterior_omega_, self.posterior_info = omega, details
-        self.posterior_mean, self.posterior_cov = conditional_posterior(omega, info, score, jitter)
-        # the server returns each device the mean and covariance of its own block
-        back = {c: {"bytes_up": 0, "bytes_down": 8 * (d + d * d)} for c in self.clients}
-        record(
-            Communication(
-                bytes_down=8 * (d + d * d) * K,
-                per_client=back,
-                by_kind={
-                    "posterior blocks": {"bytes_up": 0, "bytes_down": 8 * (d + d * d) * K, "rounds": 0, "runs": 1}
-                },
-            )
-        )
-
     @property
     def has_uncertainty(self) -> bool:
         return self.posterior_mean is not None
@@ -147,7 +101,7 @@ class StructuralResult(PointResult):
         1's estimate (``coef``) is a different point (see the class docs)."""
         k = self._k(client)
         self._need_posterior()
-        # _add_posteriors sets the mean and the covariance together
+        # add_posteriors sets the mean and the covariance together
         assert self.posterior_mean is not None and self.posterior_cov is not None
         return GaussianPosterior(self.posterior_mean[k], self.posterior_cov[k], names=self.feature_names)
 
@@ -156,7 +110,7 @@ class StructuralResult(PointResult):
         Omega the posteriors condition on (``posterior_omega``) with uncertainty, else
         Algorithm 1's (``omega``). Estimates only: no distribution."""
         om = self.posterior_omega_ if self.has_uncertainty else self.omega_
-        assert om is not None  # both fits set omega_, _add_posteriors posterior_omega_ with the posteriors
+        assert om is not None  # both fits set omega_, add_posteriors posterior_omega_ with the posteriors
         a, b = np.triu_indices(len(self.clients))
         names = [f"omega[{self.clients[i]}, {self.clients[j]}]" for i, j in zip(a, b)]
         return pd.DataFrame({"mean": om[a, b]}, index=pd.Index(names, name="parameter"))
@@ -195,10 +149,60 @@ class StructuralResult(PointResult):
         point = Xd @ self.theta[:, k]
         if not self.has_uncertainty:
             return prediction_frame(point, estimate=point)
-        # _add_posteriors sets them all (has_uncertainty: posterior_mean is set)
+        # add_posteriors sets them all (has_uncertainty: posterior_mean is set)
         assert self.posterior_mean is not None and self.posterior_cov is not None and self.noise_var is not None
         m = Xd @ self.posterior_mean[k]
         v = np.einsum("ij,jk,ik->i", Xd, self.posterior_cov[k], Xd)
         z = sst.norm.ppf(0.5 + level / 2)
         sd, psd = np.sqrt(v), np.sqrt(v + self.noise_var[k])
         return prediction_frame(m, m - z * sd, m + z * sd, m - z * psd, m + z * psd, sd=sd, estimate=point)
+
+
+def add_posteriors(
+    res: StructuralResult, devices: Any, noise_sd, *, seed: int, jitter: float, how: str = "em", prior_rows=None
+) -> None:
+    """Run the one-off information share on ``devices`` and set ``res``'s posteriors given
+    Omega (``how``: the EM estimate or Algorithm 1's Omega)."""
+    alg = InformationShare(noise_vars(noise_sd, res.clients))
+    out = run(alg, devices, kind="information share", rounds=1, seed=seed, progress=False)
+    replies = out.server_state
+    missing = [c for c in res.clients if c not in replies]
+    if missing:
+        why = out.history[0].failed
+        c = missing[0]
+        raise CannotShareError(f"client {c!r} could not share its information matrix: {why.get(c, 'no reply')}")
+    info = np.stack([replies[c]["information"] for c in res.clients])
+    score = np.stack([replies[c]["score"] for c in res.clients])
+    res.noise_var = np.array([float(replies[c]["noise_var"]) for c in res.clients])
+    K, d = len(res.clients), len(res.feature_names)
+    if how == "learned":
+        omega, details = res.omega_, {"omega": "learned"}
+    else:
+        nu = float(K if prior_rows is None else prior_rows)
+        # start from Algorithm 1's Theta, shrunk as in the M-step (positive definite)
+        S0 = res.theta.T @ res.theta
+        w = max(nu, 1.0)
+        start = (S0 + w * exchangeable_target(S0 / d)[2]) / (d + w)
+        if np.linalg.eigvalsh(start)[0] <= 0:
+            start = exchangeable_target(S0 / d)[0] * np.eye(K)
+        omega, details = em_omega(info, score, prior_rows=nu, start=start, jitter=jitter)
+        details = {"omega": "em", **details}
+        if not details["converged"]:
+            warnings.warn(
+                f"the EM estimate of Omega for the intervals did not converge in "
+                f"{details['iterations']} iterations (last relative change "
+                f"{details['last_change']:.2g}); omega_prior_rows={nu:g}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    res.posterior_omega_, res.posterior_info = omega, details
+    res.posterior_mean, res.posterior_cov = conditional_posterior(omega, info, score, jitter)
+    # the server returns each device the mean and covariance of its own block
+    back = {c: {"bytes_up": 0, "bytes_down": 8 * (d + d * d)} for c in res.clients}
+    record(
+        Communication(
+            bytes_down=8 * (d + d * d) * K,
+            per_client=back,
+            by_kind={"posterior blocks": {"bytes_up": 0, "bytes_down": 8 * (d + d * d) * K, "rounds": 0, "runs": 1}},
+        )
+    )

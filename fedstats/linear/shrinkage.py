@@ -73,7 +73,7 @@ class BayesianShrinkage(Estimator):
     estimator : str or TiltedEstimator
         ``"auto"``: Metropolis-within-Gibbs for the lasso (:class:`~fedstats.inference.tilted.GibbsTilted`:
         exact conditionals for the coefficients and scales, Metropolis for phi, 4 chains;
-        about 7x faster than NUTS on the same collapsed target, with the same moments),
+        faster than NUTS on the same collapsed target, with the same moments),
         importance sampling for the ridge (whose coefficients integrate out exactly).
         ``"nuts"`` samples the collapsed target with NUTS.
     estimator_options : dict

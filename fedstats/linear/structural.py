@@ -42,8 +42,8 @@ Which Omega (``posterior_omega``). Algorithm 1's learned Omega is a poor plug-in
 ``(1 - alpha)^C I`` plus a weighted average of ``Theta^T Theta / d``, which has rank <= d, so
 when K > d it has K - d eigenvalues of about ``(1 - alpha)^C`` (0.042 after 30 rounds at
 alpha = 0.1, against true eigenvalues of 1 to 10 in the README's simulation): the prior then
-pins Theta to a d-dimensional subspace and the intervals are too narrow (90% intervals
-covered 0.80 of the true coefficients at K = 10, d = 5; 0.68 at K = 20, d = 3). Even when
+pins Theta to a d-dimensional subspace and the intervals are too narrow (in the README's
+simulations their coverage falls well below the nominal level). Even when
 K <= d, ``Theta^T Theta / d`` of the shrunken point estimates ignores their uncertainty. The
 default, ``posterior_omega="em"``, re-estimates Omega on the server from the shared
 statistics (no further communication) by EM: the E-step is the posterior above, the M-step
@@ -93,7 +93,7 @@ from .hm1_algorithm import (
     round_converged,
     shrink_for,
 )
-from .hm1_result import StructuralResult
+from .hm1_result import StructuralResult, add_posteriors
 from .local import (
     INITS,
     LR,
@@ -372,7 +372,8 @@ class StructuralCovarianceModel(Estimator):
         self._warn_unconverged(res.rounds, res.converged, last, K, d, stacklevel=4)
         if uncertainty:
             try:
-                res._add_posteriors(
+                add_posteriors(
+                    res,
                     devices,
                     noise_sd,
                     seed=seed,

@@ -76,7 +76,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
 
     Parameters
     ----------
-    means, covariances : initial components (scikit-learn layout, see ``_gmm``).
+    means, covariances : initial components (scikit-learn layout, see :mod:`fedstats.mixture.gmm`).
     covariance_type : "full" | "tied" | "diag" | "spherical".
     reg_covar : added to the diagonal of every covariance after the M-step.
     shared_weights : one weight vector for all clients (the server aggregates the soft
