@@ -60,6 +60,11 @@ class FederatedAlgorithm(ABC):
 
     #: names of the arrays every client reply must contain (and nothing else)
     reply_keys: tuple[str, ...] = ()
+    #: the reply arrays the server uses only through their sum over the clients that answered:
+    #: the runtime sums them and :meth:`server_step` receives the sums only (``replies.sums``;
+    #: they are removed from each client's reply), so no server code can depend on one
+    #: client's value
+    summed_keys: tuple[str, ...] = ()
     #: attributes that map client ids to values (per-client starts, the states a previous
     #: time step left): a remote client receives only its own entry (see :meth:`for_client`)
     per_client_fields: tuple[str, ...] = ()
@@ -126,7 +131,10 @@ class FederatedAlgorithm(ABC):
     def server_step(
         self, server_state: Any, replies: Mapping[ClientId, Message], round: int
     ) -> tuple[Any, dict[str, float]]:
-        """Aggregate the replies of the clients that answered: ``(new_state, metrics)``."""
+        """Aggregate the replies of the clients that answered: ``(new_state, metrics)``.
+
+        ``replies`` is a :class:`Replies`: each answering client's reply without the
+        :attr:`summed_keys`, whose sums over those clients are in ``replies.sums``."""
 
     def converged(self, server_state: Any, metrics: Mapping[str, float]) -> bool:
         """Whether the run may stop after this round (default: never before the cap)."""
@@ -171,3 +179,45 @@ def client_function(fn: _F) -> _F:
     carries this mark; nothing else changes."""
     setattr(fn, "__fedstats_client_function__", True)
     return fn
+
+
+class Replies(dict):
+    """The replies a server step receives: client id -> that client's reply, less the
+    algorithm's :attr:`~FederatedAlgorithm.summed_keys`, whose sums over the clients that
+    answered are in :attr:`sums` (empty when no client answered).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> r = Replies.summing(("n",), {"a": {"n": np.array([2.0]), "m": np.array([1.0])},
+    ...                              "b": {"n": np.array([3.0]), "m": np.array([0.0])}})
+    >>> r.sums["n"], sorted(r["a"])
+    (array([5.]), ['m'])
+    """
+
+    def __init__(
+        self, replies: Mapping[ClientId, Message] | None = None, sums: Mapping[str, np.ndarray] | None = None
+    ) -> None:
+        super().__init__(replies or {})
+        #: key -> the sum of that array over the clients that answered
+        self.sums: dict[str, np.ndarray] = dict(sums or {})
+
+    @classmethod
+    def summing(cls, keys: Sequence[str], replies: Mapping[ClientId, Message]) -> Replies:
+        """``replies`` with ``keys`` summed over the clients (every client's array of a key
+        must have the same shape) and removed from each client's reply."""
+        sums: dict[str, np.ndarray] = {}
+        for k in keys:
+            arrays = [r[k] for r in replies.values()]
+            if not arrays:
+                continue
+            shapes = {a.shape for a in arrays}
+            if len(shapes) > 1:
+                raise ProtocolError(f"summed reply array {k!r} has different shapes across clients: {sorted(shapes)}")
+            total = np.array(arrays[0], dtype=np.result_type(arrays[0], np.float64), copy=True)
+            for a in arrays[1:]:
+                total += a
+            total.setflags(write=False)
+            sums[k] = total
+        kept = {c: {k: v for k, v in r.items() if k not in keys} for c, r in replies.items()}
+        return cls(kept, sums)

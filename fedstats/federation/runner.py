@@ -60,7 +60,7 @@ from .checkpoints import CHECKPOINT_FORMAT, fingerprint, fingerprint_diff, read_
 from .client_side import ClientSide, InProcessClients, client_list
 from .participation import Participation, is_int, round_rng
 from .progress import RoundDisplay
-from .protocol import ClientId, FederatedAlgorithm, Message, ProtocolError, message_nbytes, validate_message
+from .protocol import ClientId, FederatedAlgorithm, Message, ProtocolError, Replies, message_nbytes, validate_message
 from .records import Communication, History, RoundRecord, RunResult, record
 
 __all__ = ["run", "RunResult", "History", "RoundRecord", "Communication"]
@@ -157,6 +157,9 @@ def run(
         raise ValueError("resume=True needs a checkpoint path")
     if not isinstance(algorithm.reply_keys, (tuple, list)) or not all(isinstance(k, str) for k in algorithm.reply_keys):
         raise TypeError(f"{type(algorithm).__name__}.reply_keys must be a tuple of str")
+    extra = [k for k in algorithm.summed_keys if k not in algorithm.reply_keys]
+    if extra:
+        raise TypeError(f"{type(algorithm).__name__}.summed_keys names arrays that are not reply_keys: {extra}")
 
     ids, get = client_list(data)
     plan = Participation(participation, ids, rounds)
@@ -301,7 +304,7 @@ def _broadcast(r: _Run, s: _State, rnd: int, idx: list[int]) -> tuple[dict[int, 
     return messages, bytes_down
 
 
-def _server_step(r: _Run, s: _State, replies: dict[ClientId, Message], rnd: int) -> dict[str, Any]:
+def _server_step(r: _Run, s: _State, replies: Replies, rnd: int) -> dict[str, Any]:
     """Run ``server_step`` on the accepted replies; returns its metrics (checked)."""
     step = r.algorithm.server_step(s.server, replies, rnd)
     if not (isinstance(step, tuple) and len(step) == 2):
@@ -337,7 +340,7 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
             skipped.append(c)
         else:
             failed[c] = out.failed or "unknown failure"
-    metrics = _server_step(r, s, replies, rnd)
+    metrics = _server_step(r, s, Replies.summing(r.algorithm.summed_keys, replies), rnd)
     is_converged = bool(r.algorithm.converged(s.server, metrics))
     s.comm.bytes_up += bytes_up
     s.comm.bytes_down += bytes_down

@@ -30,6 +30,8 @@ EDGE = 1e-8
 
 class DesignCheck(FederatedAlgorithm):
     reply_keys = ("n_rows", "sum_y", "wnobs", "col_min", "col_max", "xtx")
+    # the server sees each client's row count and column ranges, the rest only summed
+    summed_keys = ("sum_y", "wnobs", "xtx")
 
     def __init__(self, family, trials_given: bool):
         self.family, self.trials_given = family, trials_given
@@ -56,7 +58,7 @@ class DesignCheck(FederatedAlgorithm):
         }, None
 
     def server_step(self, server_state, replies, round):
-        return dict(replies), {}
+        return replies, {}
 
 
 def design_check(family, design, trials_given: bool, seed: int) -> dict:
@@ -80,7 +82,7 @@ def design_check(family, design, trials_given: bool, seed: int) -> dict:
         why = failed[0]
         raise DataError(why.split(": ", 1)[1] if why.split(":", 1)[0] in ("DataError", "ValueError") else why)
     reps = check.server_state
-    xtx = sum(np.asarray(r["xtx"], dtype=float) for r in reps.values())
+    xtx = np.array(reps.sums["xtx"], dtype=float)
     check_identified(
         design.names,
         xtx,
@@ -93,8 +95,8 @@ def design_check(family, design, trials_given: bool, seed: int) -> dict:
     return {
         "n_obs": n_obs,
         "n_rows": n_rows,
-        "wnobs": sum(float(r["wnobs"][0]) for r in reps.values()),
-        "ybar": sum(float(r["sum_y"][0]) for r in reps.values()) / n_rows,
+        "wnobs": float(reps.sums["wnobs"][0]),
+        "ybar": float(reps.sums["sum_y"][0]) / n_rows,
         "xtx": xtx,
     }
 
@@ -159,6 +161,8 @@ def evaluate(family, r, beta, start: bool, ybar: float):
 
 class IRLS(FederatedAlgorithm):
     reply_keys = ("xtwx", "xtwz", "dev", "pearson", "ll", "edge")
+    # the server uses every reply only through its sum over the clients
+    summed_keys = reply_keys
 
     def __init__(self, family, trials_given: bool, p: int, ybar: float, tol: float, df_resid: float):
         self.family, self.trials_given, self.p, self.ybar, self.tol = family, trials_given, p, ybar, tol
@@ -195,7 +199,7 @@ class IRLS(FederatedAlgorithm):
         s = dict(server_state)
         if not replies:  # every client failed: the fit reports the first failure
             return s, {}
-        tot = {k: sum(np.asarray(r[k], dtype=float) for r in replies.values()) for k in self.reply_keys}
+        tot = {k: np.array(replies.sums[k], dtype=float) for k in self.reply_keys}
         dev = float(tot["dev"][0])
         s["dev"] = s["dev"] + [dev]
         # statsmodels' criterion: the deviance scaled by the dispersion estimated one step
@@ -229,6 +233,7 @@ class Sandwich(FederatedAlgorithm):
     squared); both at dispersion 1, which cancels in the sandwich."""
 
     reply_keys = ("hessian", "meat")
+    summed_keys = reply_keys
 
     def __init__(self, family, trials_given: bool, beta):
         self.family, self.trials_given, self.beta = family, trials_given, np.asarray(beta, dtype=float)
@@ -253,4 +258,5 @@ class Sandwich(FederatedAlgorithm):
         return {"hessian": r.X.T @ (r.X * oim[:, None]), "meat": r.X.T @ (r.X * meat_w[:, None])}, None
 
     def server_step(self, server_state, replies, round):
-        return {k: sum(np.asarray(r[k]) for r in replies.values()) for k in self.reply_keys}, {}
+        # no client answered: zeros, as an empty sum (the caller reports the failures)
+        return {k: np.array(replies.sums[k]) if k in replies.sums else 0 for k in self.reply_keys}, {}

@@ -1042,3 +1042,54 @@ def test_random_streams_are_named_distinct_and_stable():
     assert len(tags) >= 6 and len(set(tags.values())) == len(tags)
     assert client_rng(5, 3, 2).random() == np.random.default_rng([5, 3, 1, 2]).random()
     assert client_rng(5, 3, 2, init=True).random() == np.random.default_rng([5, 2**31 - 1, 1, 2]).random()
+
+
+# --------------------------------------------------------------------------- declared sums
+
+
+class SummedMean(FedMean):
+    """FedMean declaring that the server uses "s" and "n" only through their sums."""
+
+    summed_keys = ("s", "n")
+
+    def server_step(self, server_state, replies, round):
+        self.seen = [dict(r) for r in replies.values()]  # what the server step could read per client
+        self.sums = dict(replies.sums)
+        st = dict(server_state)
+        if replies.sums:
+            st["mean"] = replies.sums["s"] / replies.sums["n"]
+        return st, {}
+
+
+def test_declared_sums_reach_the_server_step_summed_only():
+    data = make_data(4)
+    alg = SummedMean()
+    out = run(alg, data, rounds=1, progress=False)
+    assert alg.seen == [{} for _ in data]  # no client's own value of a declared sum
+    np.testing.assert_allclose(alg.sums["s"], sum(d.X.sum(axis=0) for d in data.values()), rtol=1e-14)
+    assert alg.sums["n"] == sum(d.X.shape[0] for d in data.values())
+    plain = run(FedMean(), data, rounds=1, progress=False)
+    np.testing.assert_allclose(out.server_state["mean"], plain.server_state["mean"], rtol=1e-14)
+    # the bytes are those of every client's reply, as before
+    assert out.communication.bytes_up == plain.communication.bytes_up
+
+
+def test_declared_sums_with_failed_clients_and_bad_declarations():
+    data = make_data(3)
+    alg = SummedMean()
+    run(alg, data, rounds=1, participation=[[]], progress=False)  # nobody answered: no sums
+    assert alg.sums == {} and alg.seen == []
+
+    class Wrong(SummedMean):
+        summed_keys = ("s", "missing")
+
+    with pytest.raises(TypeError, match="not reply_keys: \\['missing'\\]"):
+        run(Wrong(), data, rounds=1, progress=False)
+
+    class Ragged(SummedMean):
+        def client_step(self, message, state, data, rng):
+            reply, st = super().client_step(message, state, data, rng)
+            return {**reply, "s": reply["s"][: 1 + (len(data.y) > 4)]}, st
+
+    with pytest.raises(ProtocolError, match="different shapes across clients"):
+        run(Ragged(), data, rounds=1, progress=False)

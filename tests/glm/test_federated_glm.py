@@ -131,6 +131,36 @@ def test_hc0_sandwich_equals_statsmodels(family, link):
     assert res.communication.by_kind["sandwich round"]["rounds"] == 1
 
 
+def test_the_server_steps_see_only_sums_of_information_and_score(monkeypatch):
+    """IRLS and the sandwich round declare every reply a sum, the design check all but each
+    client's row count and column ranges: their server steps cannot read one client's value."""
+    from fedstats.glm import _irls
+
+    seen = []
+    for cls in (_irls.DesignCheck, _irls.IRLS, _irls.Sandwich):
+        real = cls.server_step
+
+        def spy(self, state, replies, round, real=real):
+            seen.append((type(self).__name__, [set(r) for r in replies.values()], set(replies.sums)))
+            return real(self, state, replies, round)
+
+        monkeypatch.setattr(cls, "server_step", spy)
+    Xs, ys = simulate("binomial", "logit", seed=11)
+    res = FederatedGLM("binomial", "logit", cov_type="HC0").fit(FederatedData.from_arrays(Xs, ys))
+    monkeypatch.undo()
+    ref = pooled("binomial", "logit", sm.add_constant(np.vstack(Xs)), np.concatenate(ys), cov_type="HC0")
+    same_fit(res, ref)
+    kinds = {name for name, _, _ in seen}
+    assert kinds == {"DesignCheck", "IRLS", "Sandwich"}
+    for name, per_client, sums in seen:
+        assert len(per_client) == len(Xs)
+        if name == "DesignCheck":
+            assert all(keys == {"n_rows", "col_min", "col_max"} for keys in per_client)
+            assert sums == {"sum_y", "wnobs", "xtx"}
+        else:
+            assert all(keys == set() for keys in per_client) and sums == set(getattr(_irls, name).reply_keys)
+
+
 def frame(Xs, ys, **cols):
     parts = []
     for k, (X, y) in enumerate(zip(Xs, ys)):
