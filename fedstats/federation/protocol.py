@@ -206,6 +206,8 @@ class Replies(dict):
     def summing(cls, keys: Sequence[str], replies: Mapping[ClientId, Message]) -> Replies:
         """``replies`` with ``keys`` summed over the clients (every client's array of a key
         must have the same shape) and removed from each client's reply."""
+        if not keys:
+            return cls(replies)
         sums: dict[str, np.ndarray] = {}
         for k in keys:
             arrays = [r[k] for r in replies.values()]
