@@ -51,6 +51,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -220,6 +221,11 @@ class _Run:
     resume: bool
     t_start: float
 
+    @cached_property
+    def fingerprint(self) -> dict:
+        """The run's configuration as a checkpoint records it (computed once per run)."""
+        return fingerprint(self.algorithm, self.ids, self.seed, self.plan)
+
     @property
     def name(self) -> str:
         return type(self.algorithm).__name__
@@ -244,9 +250,7 @@ def _start(r: _Run) -> _State:
     if r.resume and r.checkpoint is not None and os.path.exists(r.checkpoint):  # run() checks resume needs a path
         saved = read_checkpoint(r.checkpoint)
         completed = int(saved["completed"])
-        diffs = fingerprint_diff(
-            saved.get("fingerprint", {}), fingerprint(r.algorithm, r.ids, r.seed, r.plan), completed
-        )
+        diffs = fingerprint_diff(saved.get("fingerprint", {}), r.fingerprint, completed)
         if diffs:
             raise ValueError(
                 f"checkpoint {r.checkpoint!r} was written by a different run configuration: "
@@ -276,7 +280,7 @@ def _write_checkpoint(r: _Run, s: _State) -> None:
             "format": CHECKPOINT_FORMAT,
             "completed": s.done,
             "seed": r.seed,
-            "fingerprint": fingerprint(r.algorithm, r.ids, r.seed, r.plan),
+            "fingerprint": r.fingerprint,
             "server_state": s.server,
             "client_states": r.devices.states(),
             "history": s.history,
