@@ -44,3 +44,22 @@ def test_docstring_examples_run_in_the_default_suite():
     assert "fedstats" in cfg["testpaths"] and "--doctest-modules" in cfg["addopts"]
     examples = sum(text.count(">>> ") for text in modules().values())
     assert examples > 150, examples
+
+
+def test_no_test_imports_another_test_module():
+    """Tests share fixtures through conftest.py; none imports a test module (test_*.py)."""
+    import ast
+
+    tests = ROOT.parent / "tests"
+    names = {p.stem for p in tests.rglob("test_*.py")}
+    found = []
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [node.module]
+            else:
+                continue
+            found += [f"{path.relative_to(tests)}: {m}" for m in mods if m.split(".")[-1] in names]
+    assert not found, f"tests importing test modules: {found}"
