@@ -11,10 +11,15 @@
   vectorised (batched) client steps, progress bars and checkpoint/resume;
 * :mod:`~fedstats.federation.backend` -- :func:`use_backend`: where the client side of every
   run executes (this process, or Flower: :mod:`fedstats.federation.flower`, extra
-  ``fedstats[flower]``). Every model's ``fit`` takes ``backend=`` too.
+  ``fedstats[flower]``). Every model's ``fit`` takes ``backend=`` too;
+* :mod:`~fedstats.federation.policy` -- :class:`NodePolicy`: what a node's owner lets it
+  compute and release (minimum rows, rows per parameter, algorithms and option ranges);
+* :mod:`~fedstats.federation.disclosure` -- what the server receives in every exchange of
+  every model (the threat-model page's tables).
 """
 
 from .backend import current_backend, use_backend
+from .policy import NodePolicy, PolicyRefusal
 from .progress import round_lines
 from .protocol import (
     ClientDisconnected,
@@ -50,4 +55,6 @@ __all__ = [
     "History",
     "RoundRecord",
     "Communication",
+    "NodePolicy",
+    "PolicyRefusal",
 ]

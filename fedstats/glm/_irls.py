@@ -77,10 +77,12 @@ def design_check(family, design, trials_given: bool, seed: int) -> dict:
         batched=False,
         kind="design check",
     )
-    failed = [why for rec in check.history for why in rec.failed.values()]
+    failed = [(c, why) for rec in check.history for c, why in rec.failed.items()]
     if failed:
-        why = failed[0]
-        raise DataError(why.split(": ", 1)[1] if why.split(":", 1)[0] in ("DataError", "ValueError") else why)
+        c, why = failed[0]
+        if why.split(":", 1)[0] in ("DataError", "ValueError"):
+            raise DataError(why.split(": ", 1)[1])
+        raise DataError(f"client {c!r}: {why}")
     reps = check.server_state
     xtx = np.array(reps.sums["xtx"], dtype=float)
     check_identified(

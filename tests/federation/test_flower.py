@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("flwr")
 
 from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
-from fedstats.data import ClientData  # noqa: E402
+from fedstats.data import ClientData, DataError  # noqa: E402
 from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: E402
-from fedstats.federation import ClientDisconnected, run, use_backend  # noqa: E402
+from fedstats.federation import ClientDisconnected, NodePolicy, run, use_backend  # noqa: E402
 from fedstats.federation.flower import FlowerSession, RemoteDataError, RemoteFederatedData, dumps, loads  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import StructuralCovarianceModel  # noqa: E402
@@ -46,6 +46,9 @@ def session():
             num_supernodes=6,
             timeout=300,
             trust=("fedstats", "flower_toys"),
+            # the nodes' release policy: the defaults (5 rows, 3 rows per regression column),
+            # and the toy algorithm's wait capped at 10 s
+            policy=NodePolicy(options={"Flaky": {"slow_seconds": [0, 10]}}),
             backend_config={"client_resources": {"num_cpus": 0.5, "num_gpus": 0.0}},
         ) as s:
             s.assign(list(range(6)))  # start it now: tests may run in any order
@@ -224,7 +227,7 @@ def test_more_clients_than_nodes_is_refused(session):
 def toy_data():
     rng = np.random.default_rng(0)
     ids = ["ok1", "boom", "skip", "bad", "ok2"]
-    return {c: ClientData(X=rng.normal(size=(4 + i, 2)), y=None, client=c) for i, c in enumerate(ids)}
+    return {c: ClientData(X=rng.normal(size=(5 + i, 2)), y=None, client=c) for i, c in enumerate(ids)}
 
 
 def test_failures_skips_and_protocol_breaches_as_in_process(session):
@@ -279,7 +282,7 @@ def test_no_node_receives_another_clients_entries(session):
 
 def test_a_node_that_stops_answering_is_lost(session):
     data = {c: d for c, d in toy_data().items() if c != "boom"}
-    data["slow"] = ClientData(X=np.ones((3, 2)), y=None, client="slow")
+    data["slow"] = ClientData(X=np.ones((5, 2)), y=None, client="slow")
     saved = session.timeout, session.on_disconnect
     try:
         session.timeout = 3.0
@@ -302,6 +305,38 @@ def test_a_node_that_stops_answering_is_lost(session):
     finally:
         session.timeout, session.on_disconnect = saved
         session.lost.clear()  # the node is alive (it was only slow): the next tests may use it
+
+
+def test_a_node_refuses_what_its_policy_forbids(session):
+    """A client with fewer rows than its node's minimum, or asked for an option outside the
+    node's range, sits the run out with the rule named (the run goes on without it, or stops
+    with on_disconnect="raise"); a regression with too few rows per column is refused too."""
+    data = {c: d for c, d in toy_data().items() if c in ("ok1", "ok2")}
+    data["tiny"] = ClientData(X=np.ones((4, 2)), y=None, client="tiny")
+    with use_backend(session):
+        res = run(flower_toys.Flaky(), data, rounds=2, seed=3)
+    assert "rule min_rows" in res.lost["tiny"] and "4 rows" in res.lost["tiny"], res.lost
+    assert [sorted(r.failed) for r in res.history] == [["tiny"], ["tiny"]]
+    alone = run(flower_toys.Flaky(), {c: data[c] for c in ("ok1", "ok2")}, rounds=2, seed=3)
+    close(res.server_state["mean"], alone.server_state["mean"])
+    greedy = flower_toys.Flaky()
+    greedy.slow_seconds = 60.0  # a server asking for more than the node's range
+    saved = session.on_disconnect
+    try:
+        session.on_disconnect = "raise"
+        with (
+            use_backend(session),
+            pytest.raises(ClientDisconnected, match=r"sits the run out.*rule options.*slow_seconds = 60.0"),
+        ):
+            run(greedy, {c: data[c] for c in ("ok1", "ok2")}, rounds=1, seed=0)
+    finally:
+        session.on_disconnect = saved
+    Xs = [np.random.default_rng(k).normal(size=(n, 3)) for k, n in enumerate((40, 30, 8))]
+    ys = [X @ np.ones(3) + np.random.default_rng(9).normal(size=len(X)) for X in Xs]
+    from fedstats.glm import FederatedGLM
+
+    with pytest.raises(DataError, match=r"client 2: .*rule min_rows_per_parameter.*4 columns .*12 rows.*has 8"):
+        FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs, ys), backend=session)
 
 
 class Untrusted(flower_toys.Flaky):  # defined in this module, which the session does not trust

@@ -67,6 +67,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("fedstats.federation.flower needs Flower: pip install 'fedstats[flower]'") from exc
 
+from ..policy import NodePolicy, PolicyRefusal
 from ..protocol import ClientDisconnected
 from .node import make_client_app
 from .remote import RemoteDataError, RemoteFederatedData, read_node_csv
@@ -76,6 +77,8 @@ from .wire import dumps, loads
 __all__ = [
     "FlowerSession",
     "ClientDisconnected",
+    "NodePolicy",
+    "PolicyRefusal",
     "RemoteFederatedData",
     "RemoteDataError",
     "make_client_app",

@@ -89,6 +89,7 @@ class FlowerClients:
             node = self.nodes[c]
             if node in self.session.lost:
                 self._lose(c, self.session.lost[node], rnd)
+            if c in self.lost:
                 out[c] = f"ClientDisconnected: {self.lost[c]}"
                 continue
             cfg = {"run": self.key, **config, **(self._start_config(c) if c in self._pending else {})}
@@ -122,6 +123,10 @@ class FlowerClients:
                 except Exception as exc:  # noqa: BLE001
                     out[c] = f"ProtocolError: malformed answer from the node ({describe_exc(exc)})"
                     continue
+                if status == "refused":  # the node's policy: the client sits the run out
+                    self._lose(c, str(cfg.get("error")), rnd, node_lost=False)
+                    out[c] = f"ClientDisconnected: {self.lost[c]}"
+                    continue
                 if status == "init-failed":
                     raise RuntimeError(f"client {c!r} could not start the run on its node: {cfg.get('error')}")
                 self._pending.pop(c, None)
@@ -133,14 +138,18 @@ class FlowerClients:
                 out[c] = f"ClientDisconnected: {why}"
         return out
 
-    def _lose(self, client, why: str, rnd) -> None:
+    def _lose(self, client, why: str, rnd, node_lost: bool = True) -> None:
+        """Mark ``client`` lost for this run (and its node for the session, unless it only
+        refused this run)."""
         node = self.nodes[client]
         where = "" if rnd is None else f" at round {rnd}"
-        self.session.lost.setdefault(node, why)
+        if node_lost:
+            self.session.lost.setdefault(node, why)
         self.lost.setdefault(client, why + where)
         if self.session.on_disconnect == "raise":
+            what = "stopped answering" if node_lost else "sits the run out"
             raise ClientDisconnected(
-                f"client {client!r} (node {node}) stopped answering{where}: {why}. The run "
+                f"client {client!r} (node {node}) {what}{where}: {why}. The run "
                 "stopped before this round's server step (on_disconnect='raise')."
             )
 

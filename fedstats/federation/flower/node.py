@@ -5,6 +5,8 @@ runs, with the same random streams; only the reply arrays leave it during a run.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,8 +16,11 @@ from flwr.clientapp import ClientApp
 
 from ...data import DataError, FederatedData
 from ..client_side import checked_step, client_rng
+from ..policy import NodePolicy, PolicyRefusal, policy_of
 from ..protocol import SkipRound, describe_exc
 from .wire import dumps, loads, to_arrays, to_record
+
+_log = logging.getLogger("fedstats.node")
 
 
 class _Node:
@@ -29,9 +34,23 @@ class _Node:
     its first step and its final state request on the drop.
     """
 
-    def __init__(self, local_data: Callable[[Context], FederatedData] | None, trust: Sequence[str]):
+    def __init__(
+        self,
+        local_data: Callable[[Context], FederatedData] | None,
+        trust: Sequence[str],
+        policy: NodePolicy | str | os.PathLike | None,
+    ):
         self.local_data = local_data
         self.trust = tuple(trust)
+        self.policy = None if policy is None else policy_of(policy)
+
+    def _policy(self, context: Context) -> NodePolicy:
+        """The policy given to :func:`make_client_app`, else the TOML file at the node config's
+        ``policy`` key, else the defaults."""
+        if self.policy is not None:
+            return self.policy
+        path = str(context.node_config.get("policy", "")).strip()
+        return policy_of(path or None)
 
     def _local(self, context: Context) -> FederatedData:
         if self.local_data is None:
@@ -75,6 +94,7 @@ class _Node:
             start = {k: cfg[k] for k in ("algorithm", "client", "local", "index", "seed", "data")}
             try:
                 algorithm, client, data = loaded = self._load(start, context)
+                self._policy(context).check(algorithm, data)
                 if "state" in cfg:
                     state = loads(cfg["state"], self.trust)
                 else:
@@ -82,6 +102,9 @@ class _Node:
                         client, data, client_rng(int(start["seed"]), 0, int(start["index"]), init=True)
                     )
                 start["state"] = dumps(state)
+            except PolicyRefusal as exc:  # the client sits the run out; the server is told why
+                _log.warning("fedstats: client %r %s", context.node_config.get("client", ""), exc)
+                return self._answer(message, {"status": "refused", "error": str(exc)})
             except Exception as exc:  # noqa: BLE001 - reported to the server, which stops the run
                 return self._answer(message, {"status": "init-failed", "error": describe_exc(exc)})
             context.state[key] = ConfigRecord(start)
@@ -128,7 +151,10 @@ class _Node:
 
 
 def make_client_app(
-    local_data: Callable[[Context], FederatedData] | None = None, *, trust: Sequence[str] = ("fedstats",)
+    local_data: Callable[[Context], FederatedData] | None = None,
+    *,
+    trust: Sequence[str] = ("fedstats",),
+    policy: NodePolicy | str | os.PathLike | None = None,
 ) -> ClientApp:
     """The fedstats ``ClientApp``.
 
@@ -136,8 +162,12 @@ def make_client_app(
     that loads the node's own data, e.g. :func:`read_node_csv`; ``None`` in a simulation,
     where each node receives its client's data when a run starts. ``trust``: the packages
     whose classes the node will load from the server's pickles (see :func:`loads`).
+    ``policy``: the node's release policy (:class:`~fedstats.federation.policy.NodePolicy`, or
+    the path of its TOML file); ``None``: the TOML file named by the node config's ``policy``
+    key, else the defaults (at least 5 rows, 3 rows per column of a regression). The server
+    cannot change it: a run that breaks it is refused before anything is computed.
     """
-    node = _Node(local_data, trust)
+    node = _Node(local_data, trust, policy)
     app = ClientApp()
     app.query("fedstats_hello")(node.hello)
     app.train("fedstats")(node.handle)

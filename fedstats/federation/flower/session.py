@@ -15,6 +15,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from ...data import DataError
+from ..policy import NodePolicy, policy_of
 from ..protocol import ClientDisconnected, ClientId, FederatedAlgorithm
 from .clients import FlowerClients
 from .node import make_client_app
@@ -45,6 +46,10 @@ class FlowerSession:
         Packages whose classes either side loads from the other's pickles (default
         ``("fedstats",)``; add the package of your own algorithms). A simulation's nodes also
         need to import them: put the package on ``PYTHONPATH`` or install it.
+    policy : NodePolicy or path, optional
+        Simulation only: the release policy of every simulated node (default: the defaults of
+        :class:`~fedstats.federation.policy.NodePolicy`, as a deployed node without a policy
+        file). A deployed node's policy is its owner's (see :func:`make_client_app`).
 
     Example
     -------
@@ -63,6 +68,7 @@ class FlowerSession:
         backend_config: dict | None = None,
         verbose: bool = False,
         trust: Sequence[str] = ("fedstats",),
+        policy: NodePolicy | str | os.PathLike | None = None,
     ) -> None:
         if num_supernodes is not None and (
             isinstance(num_supernodes, bool) or not isinstance(num_supernodes, int) or num_supernodes < 1
@@ -72,6 +78,7 @@ class FlowerSession:
         self.num_supernodes = num_supernodes
         self.backend_config = dict(backend_config or {})
         self.verbose = bool(verbose)
+        self.policy = policy_of(policy)
         self.mode = "simulation"
 
     def _setup(self, timeout, on_disconnect, trust) -> None:
@@ -162,7 +169,7 @@ class FlowerSession:
             try:
                 run_simulation(
                     server,
-                    make_client_app(trust=self.trust),
+                    make_client_app(trust=self.trust, policy=self.policy),
                     num_supernodes=n,
                     backend_config=self._backend_config(),
                     verbose_logging=self.verbose,

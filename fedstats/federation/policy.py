@@ -1,0 +1,157 @@
+"""A node's release policy: what the owner of a node lets it compute and release.
+
+The node owner writes it (a TOML file, or a :class:`NodePolicy` given to
+:func:`~fedstats.federation.flower.make_client_app`); the node reads it and checks every run the
+server starts before it computes anything, so the server cannot change it. A run that breaks
+a rule is refused with a :class:`PolicyRefusal` that names the rule; the server records the
+client as lost (the fit goes on without it, or stops, per ``on_disconnect``) and the node logs
+the refusal.
+
+Rules (defaults follow DataSHIELD's disclosure filters):
+
+* ``min_rows`` (default 5): no release computed from fewer rows;
+* ``min_rows_per_parameter`` (default 3, DataSHIELD's ``nfilter.glm`` of 0.33 parameters per
+  row): for a regression (data with a target), rows / columns of the design must reach it;
+* ``algorithms``: the algorithm classes (by name) the node runs; default every fedstats
+  algorithm its unpickler admits;
+* ``options``: per algorithm class, ranges of its options (attributes): ``[low, high]`` for a
+  number, a list of allowed values for a string or a client function (by name), ``true`` /
+  ``false`` for a flag. An option the algorithm does not have is refused too (the policy
+  names something the node owner expected to be there).
+
+Example
+-------
+>>> p = NodePolicy.from_toml('min_rows = 10\\n[options.FedEMAlgorithm]\\nM = [1, 4]\\n')
+>>> p.min_rows, p.options["FedEMAlgorithm"]["M"]
+(10, [1, 4])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["NodePolicy", "PolicyRefusal", "data_shape"]
+
+
+class PolicyRefusal(RuntimeError):
+    """A node refused a run: ``rule`` is the policy's rule that the run breaks."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"refused by the node's policy (rule {rule}): {message}")
+        self.rule = rule
+
+
+def data_shape(data: Any) -> tuple[int, int, bool] | None:
+    """``(rows, columns, has_target)`` of what the runtime hands a client step, or ``None``
+    when it cannot tell (a policy then refuses: it cannot check its rules)."""
+    if isinstance(data, tuple) and data and isinstance(data[0], np.ndarray):
+        X = data[0]
+        y = data[1] if len(data) > 1 else None
+    elif hasattr(data, "X") and isinstance(data.X, np.ndarray):
+        X, y = data.X, getattr(data, "y", None)
+    elif isinstance(data, np.ndarray):
+        X, y = data, None
+    else:
+        return None
+    cols = int(X.shape[1]) if X.ndim > 1 else 1
+    return int(X.shape[0]), cols, y is not None
+
+
+def _allowed(value: Any, allowed: Any) -> bool:
+    if callable(value) and not isinstance(value, type):
+        value = getattr(value, "__name__", repr(value))
+    if isinstance(allowed, bool) or isinstance(value, (bool, np.bool_)):
+        return isinstance(allowed, bool) and bool(value) is allowed
+    if isinstance(allowed, list) and len(allowed) == 2 and all(isinstance(a, (int, float)) for a in allowed):
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            return False
+        return math.isfinite(v) and allowed[0] <= v <= allowed[1]
+    if isinstance(allowed, list):
+        return value in allowed
+    return bool(value == allowed)
+
+
+@dataclass(frozen=True)
+class NodePolicy:
+    """A node's release policy (see the module docs for the rules)."""
+
+    min_rows: int = 5
+    min_rows_per_parameter: float = 3.0
+    algorithms: tuple[str, ...] | None = None
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.min_rows, int) or isinstance(self.min_rows, bool) or self.min_rows < 1:
+            raise ValueError(f"min_rows must be an int >= 1, got {self.min_rows!r}")
+        if not (isinstance(self.min_rows_per_parameter, (int, float)) and self.min_rows_per_parameter >= 0):
+            raise ValueError(f"min_rows_per_parameter must be a number >= 0, got {self.min_rows_per_parameter!r}")
+        if self.algorithms is not None:
+            if isinstance(self.algorithms, str) or not all(isinstance(a, str) for a in self.algorithms):
+                raise ValueError("algorithms must be a list of algorithm class names")
+            object.__setattr__(self, "algorithms", tuple(self.algorithms))
+        if not isinstance(self.options, Mapping) or not all(isinstance(v, Mapping) for v in self.options.values()):
+            raise ValueError("options must map algorithm class names to tables of option ranges")
+
+    @classmethod
+    def from_toml(cls, text: str) -> NodePolicy:
+        """The policy a TOML document states (unknown keys are an error, not ignored)."""
+        doc = tomllib.loads(text)
+        unknown = set(doc) - {"min_rows", "min_rows_per_parameter", "algorithms", "options"}
+        if unknown:
+            raise ValueError(f"unknown policy keys {sorted(unknown)}")
+        if isinstance(doc.get("algorithms"), list):
+            doc["algorithms"] = tuple(doc["algorithms"])
+        return cls(**doc)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> NodePolicy:
+        """The policy in the TOML file at ``path``."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_toml(f.read())
+
+    def check(self, algorithm: Any, data: Any) -> None:
+        """Raise :class:`PolicyRefusal` if running ``algorithm`` on ``data`` breaks a rule."""
+        name = type(algorithm).__name__
+        if self.algorithms is not None and name not in self.algorithms:
+            raise PolicyRefusal("algorithms", f"this node does not run {name} (it accepts {list(self.algorithms)})")
+        for option, allowed in self.options.get(name, {}).items():
+            if not hasattr(algorithm, option):
+                raise PolicyRefusal("options", f"{name} has no option {option!r} for the policy to check")
+            value = getattr(algorithm, option)
+            if not _allowed(value, allowed):
+                shown = getattr(value, "__name__", value) if callable(value) else value
+                raise PolicyRefusal("options", f"{name}.{option} = {shown!r} is outside this node's range {allowed!r}")
+        shape = data_shape(data)
+        if shape is None:
+            raise PolicyRefusal("min_rows", f"cannot count the rows of a {type(data).__name__} to check the policy")
+        rows, cols, target = shape
+        if rows < self.min_rows:
+            raise PolicyRefusal(
+                "min_rows", f"this client has {rows} rows; the node releases nothing from fewer than {self.min_rows}"
+            )
+        if target and rows < self.min_rows_per_parameter * cols:
+            raise PolicyRefusal(
+                "min_rows_per_parameter",
+                f"a regression on {cols} columns needs at least {self.min_rows_per_parameter:g} rows per column "
+                f"({math.ceil(self.min_rows_per_parameter * cols)} rows); this client has {rows}",
+            )
+
+
+def policy_of(value: NodePolicy | str | os.PathLike | None) -> NodePolicy:
+    """A :class:`NodePolicy` from a policy, a TOML file path or ``None`` (the defaults)."""
+    if value is None:
+        return NodePolicy()
+    if isinstance(value, NodePolicy):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return NodePolicy.from_file(value)
+    raise TypeError(f"policy must be a NodePolicy, a TOML file path or None, got {type(value).__name__}")

@@ -1,0 +1,90 @@
+"""A node's release policy, checked without Flower (the simulation tests are in test_flower.py,
+the deployment's in test_flower_deployment.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedstats.data import FederatedData
+from fedstats.federation import NodePolicy, PolicyRefusal
+from fedstats.federation.oneshot import OneShot
+from fedstats.federation.policy import data_shape, policy_of
+from fedstats.mixture.fedem import FedEMAlgorithm
+
+
+def fedem(M=3, d=2, **kw):
+    return FedEMAlgorithm(np.zeros((M, d)), np.stack([np.eye(d)] * M), **kw)
+
+
+def rows(n, d=2, target=True):
+    fd = FederatedData.from_arrays([np.arange(n * d, dtype=float).reshape(n, d)], [np.zeros(n)] if target else None)
+    return fd[0]
+
+
+def refused(policy, algorithm, data, rule):
+    with pytest.raises(PolicyRefusal, match=f"rule {rule}") as info:
+        policy.check(algorithm, data)
+    assert info.value.rule == rule
+    return str(info.value)
+
+
+def test_the_defaults_refuse_fewer_than_five_rows_and_thin_regressions():
+    p = NodePolicy()
+    assert (p.min_rows, p.min_rows_per_parameter, p.algorithms) == (5, 3.0, None)
+    assert "4 rows" in refused(p, fedem(), rows(4, target=False), "min_rows")
+    p.check(fedem(), rows(5, target=False))  # no target: no per-parameter rule
+    msg = refused(p, fedem(), rows(8, d=3), "min_rows_per_parameter")  # a regression on 3 columns needs 9
+    assert "3 columns" in msg and "9 rows" in msg and "has 8" in msg
+    p.check(fedem(), rows(9, d=3))
+    # the runtime's views of a client's data: (X, y, ...) tuples and bare arrays count alike
+    assert data_shape((np.ones((7, 4)), np.ones(7), None)) == (7, 4, True)
+    assert data_shape(np.ones((6, 2))) == (6, 2, False)
+    assert "cannot count the rows of a dict" in refused(p, fedem(), {"X": 1}, "min_rows")
+
+
+def test_algorithms_and_option_ranges():
+    p = NodePolicy(
+        algorithms=("FedEMAlgorithm", "OneShot"),
+        options={
+            "FedEMAlgorithm": {"M": [1, 4], "cov_type": ["full", "diag"], "shared": False},
+            "OneShot": {"client_fn": ["_score"]},
+        },
+    )
+    data = rows(10, target=False)
+    p.check(fedem(M=4), data)
+    assert "FedEMAlgorithm.M = 5" in refused(p, fedem(M=5), data, "options")
+    assert "'tied'" in refused(p, fedem(covariance_type="tied"), data, "options")
+    refused(p, fedem(shared_weights=True), data, "options")
+
+    def _score(payload, X, rng, private):
+        return {}
+
+    def _centres(payload, X, rng, private):
+        return {}
+
+    p.check(OneShot(("loglik",), {}, _score), data)
+    assert "client_fn = '_centres'" in refused(p, OneShot(("c",), {}, _centres), data, "options")
+    assert "does not run IRLS" in refused(p, type("IRLS", (), {})(), data, "algorithms")
+    # an option the algorithm does not have is refused, not ignored
+    q = NodePolicy(options={"FedEMAlgorithm": {"n_components": [1, 3]}})
+    assert "no option 'n_components'" in refused(q, fedem(), data, "options")
+
+
+def test_a_policy_file(tmp_path):
+    f = tmp_path / "policy.toml"
+    f.write_text(
+        'min_rows = 20\nmin_rows_per_parameter = 10\nalgorithms = ["IRLS", "DesignCheck"]\n'
+        "[options.IRLS]\nmax_iter = [1, 50]\n"
+    )
+    p = policy_of(f)
+    assert (p.min_rows, p.min_rows_per_parameter, p.algorithms) == (20, 10, ("IRLS", "DesignCheck"))
+    assert p.options == {"IRLS": {"max_iter": [1, 50]}}
+    assert policy_of(None) == NodePolicy() and policy_of(p) is p
+    with pytest.raises(ValueError, match=r"unknown policy keys \['min_row'\]"):
+        NodePolicy.from_toml("min_row = 3")
+    for bad in ("min_rows = 0", "min_rows = 2.5", "min_rows_per_parameter = -1", 'algorithms = "IRLS"'):
+        with pytest.raises(ValueError):
+            NodePolicy.from_toml(bad)
+    with pytest.raises(TypeError, match="NodePolicy, a TOML file path or None"):
+        policy_of(5)
