@@ -54,6 +54,11 @@ class ClientSide(Protocol):
     def close(self) -> None:
         """Release what the client side holds (processes, connections)."""
 
+    # A backend with secure aggregation also has ``summed_securely = True`` and
+    # ``secure_sums(round, clients) -> (sums, dropped, bytes per client)``: its replies then
+    # lack the algorithm's summed keys, whose sum over ``clients`` it gives (see
+    # :mod:`fedstats.federation.flower.secure`).
+
 
 def client_rng(seed: int, rnd: int, index: int, init: bool = False) -> np.random.Generator:
     """The random stream of client number ``index`` at round ``rnd`` (or at ``init_client``).

@@ -186,6 +186,7 @@ def run(
                 checkpoint_every=checkpoint_every,
                 resume=resume,
                 t_start=t_start,
+                kind=kind or type(algorithm).__name__,
             )
         )
     finally:
@@ -220,6 +221,8 @@ class _Run:
     checkpoint_every: int
     resume: bool
     t_start: float
+    #: the exchange's label in ``communication.by_kind``
+    kind: str
 
     @cached_property
     def fingerprint(self) -> dict:
@@ -344,7 +347,20 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
             skipped.append(c)
         else:
             failed[c] = out.failed or "unknown failure"
-    metrics = _server_step(r, s, Replies.summing(r.algorithm.summed_keys, replies), rnd)
+    secure_sums = getattr(r.devices, "secure_sums", None) if getattr(r.devices, "summed_securely", False) else None
+    if secure_sums is not None and replies:
+        # the declared sums reach the server only as a sum (secure aggregation on the backend)
+        sums, dropped, nbytes = secure_sums(rnd, list(replies))
+        for c, why in dropped.items():
+            del replies[c]
+            failed[c] = why
+        for c in replies:
+            s.comm.per_client[c]["bytes_up"] += nbytes
+        bytes_up += nbytes * len(replies)
+        summed = Replies(replies, sums)
+    else:
+        summed = Replies.summing(r.algorithm.summed_keys, replies)
+    metrics = _server_step(r, s, summed, rnd)
     is_converged = bool(r.algorithm.converged(s.server, metrics))
     s.comm.bytes_up += bytes_up
     s.comm.bytes_down += bytes_down

@@ -194,6 +194,114 @@ def test_glm_equals_inprocess(session):
     same_history(a.history, b.history)
 
 
+class Recorder:
+    """Every message the server receives through the session's grid, and every client's
+    declared-sum arrays of the same fits in process."""
+
+    def __init__(self, session, monkeypatch):
+        from fedstats.federation import Replies
+
+        self.received, self.client_sums, self.client_plain = [], [], []
+        grid, pull = session.grid, session.grid.pull_messages
+
+        def pulling(ids):
+            got = list(pull(ids))
+            self.received.extend(got)
+            return got
+
+        monkeypatch.setattr(grid, "pull_messages", pulling)
+        summing = Replies.summing.__func__
+
+        def spy(cls, keys, replies):
+            self.client_sums += [np.asarray(r[k], float).ravel() for r in replies.values() for k in keys]
+            self.client_plain += [
+                np.asarray(v, float).ravel() for r in replies.values() for k, v in r.items() if k not in keys
+            ]
+            return summing(cls, keys, replies)
+
+        monkeypatch.setattr(Replies, "summing", classmethod(spy))
+
+    def arrays(self):
+        """Every numeric array the server received, flattened (replies and masked vectors)."""
+        from flwr.common import bytes_to_ndarray
+
+        out = []
+        for m in self.received:
+            if m.has_error():
+                continue
+            for rec in m.content.array_records.values():
+                out += [np.asarray(a.numpy(), float).ravel() for a in rec.values()]
+            for rec in m.content.config_records.values():  # SecAgg+'s masked vectors travel as bytes
+                for k, v in rec.items():
+                    if k == "masked_params":
+                        self.masked += 1
+                        out += [np.asarray(bytes_to_ndarray(b), float).ravel() for b in v]
+        return out
+
+    def check_no_client_value(self, secure, masked=True):
+        from fedstats.federation.flower.secure import CLIP, STEP, encode
+
+        self.masked = 0
+        got = self.arrays()
+        assert self.masked > 0 or not masked, "no masked vector reached the server"
+
+        assert self.client_sums and self.received
+
+        def same(a, v):
+            return a.size == v.size and np.allclose(a, v, rtol=1e-9, atol=1e-12)
+
+        # a declared sum that equals an array its client sends openly (a GLM client's weighted
+        # row count and its row count, without weights) is no secret to hide
+        plain = [v for v in self.client_sums if v.size and not any(same(v, w) for w in self.client_plain)]
+        # the client's values, and their encoding before Flower masks them
+        coded = [(encode({"v": v}, ("v",), secure) + CLIP) / STEP for v in plain]
+        for a in got:
+            assert not any(same(a, v) for v in plain + coded), "the server received a client's summed array"
+
+
+@pytest.mark.parametrize("model", ["glm", "hm2"])
+def test_secure_aggregation_equals_plain_and_hides_every_client(session, monkeypatch, model):
+    """Declared sums through Flower's SecAgg+: the fit equals the plain in-process fit (here
+    to 1e-10: the fixed point is exact to 2**-44 per value), and no array the server receives
+    equals one client's declared-sum array, raw or encoded."""
+    from fedstats.federation.flower.secure import SecureAggregation
+    from fedstats.glm import FederatedGLM
+
+    data, _ = hm2_federation(n_clients=4, n_obs=30, seed=7)
+    make = (lambda: FederatedGLM("gaussian")) if model == "glm" else (lambda: HierarchicalLinearModel(rounds=4))
+    rec = Recorder(session, monkeypatch)
+    plain = make().fit(data, seed=1, **({} if model == "glm" else {"batched": False}))
+    if model == "glm":  # the recorder does see the clients' values when the sums travel in the replies
+        make().fit(data, seed=1, backend=session)
+        with pytest.raises(AssertionError, match="a client's summed array"):
+            rec.check_no_client_value(SecureAggregation(), masked=False)
+    monkeypatch.setattr(session, "secure_aggregation", SecureAggregation())
+    rec.received.clear()
+    secure = make().fit(data, seed=1, backend=session)
+    if model == "glm":
+        close(np.r_[plain.params, plain.bse, plain.deviance], np.r_[secure.params, secure.bse, secure.deviance])
+    else:
+        close(plain.global_posterior().mean, secure.global_posterior().mean)
+        close(plain.global_posterior().sd, secure.global_posterior().sd)
+    assert [r.answered for r in secure.history] == [r.answered for r in plain.history]
+    rec.check_no_client_value(SecureAggregation())
+
+
+def test_secure_aggregation_refuses_what_it_cannot_hide_or_encode(session, monkeypatch):
+    from fedstats.federation.flower.secure import SecureAggregation, SecureAggregationError
+    from fedstats.glm import FederatedGLM
+
+    data, _ = hm2_federation(n_clients=2, n_obs=30, seed=7)
+    monkeypatch.setattr(session, "secure_aggregation", SecureAggregation())
+    with pytest.raises(SecureAggregationError, match="at least 3 nodes in a round, this round has 2"):
+        FederatedGLM("gaussian").fit(data, backend=session)
+    # a value beyond the declared bound is an error on its node, never a clipped value
+    data, _ = hm2_federation(n_clients=3, n_obs=30, seed=7)
+    monkeypatch.setattr(session, "secure_aggregation", SecureAggregation(bound=2.0**4))
+    with pytest.raises(Exception, match=r"not below the declared bound 16.*nothing is clipped"):
+        FederatedGLM("gaussian").fit(data, backend=session)
+
+
 def test_bayesian_and_hierarchical_glms_equal_inprocess(session):
     """Sampled EP: a node steps its client alone, as the in-process run with batched=False;
     no row is in the state a node sends back."""

@@ -5,14 +5,17 @@ and turns the nodes' answers into the runtime's outcomes."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from ..client_side import Outcome
 from ..protocol import ClientDisconnected, ClientId, FederatedAlgorithm, ProtocolError, describe_exc, validate_message
+from .secure import decode, secure_sum
 from .wire import LOST_CODES, RUN, dumps, loads, to_arrays, to_record
 
 if TYPE_CHECKING:
@@ -59,6 +62,9 @@ class FlowerClients:
         # of the data it was given (no rows), which the node applies to its own rows
         self._local = session.mode == "deployment"
         self._shared = dumps(data, remote=True) if self._local else None
+        # secure aggregation of the algorithm's declared sums (only when it declares some)
+        self.secure = session.secure_aggregation if algorithm.summed_keys else None
+        self._shapes: dict[ClientId, str] = {}  # this round: each client's summed arrays' shapes
         self._pending: dict[ClientId, bytes | None] = {}  # not started on its node yet (-> resume state)
         self._started: set = set()
         self._dropped = False
@@ -118,6 +124,8 @@ class FlowerClients:
                     status = cfg["status"]
                     if status == "ok" and "round" in config:
                         cfg["reply"] = to_arrays(reply.content.array_records["reply"])
+                        if self.secure is not None:
+                            cfg["shapes"] = str(cfg["shapes"])
                     if status == "ok" and config.get("send", False):
                         cfg["state"] = bytes(cfg["state"])
                 except Exception as exc:  # noqa: BLE001
@@ -181,10 +189,21 @@ class FlowerClients:
         self._dropped = True
         return out
 
+    @property
+    def summed_securely(self) -> bool:
+        """Whether the declared sums travel through secure aggregation (not in the replies)."""
+        return self.secure is not None
+
     def run_round(
         self, rnd: int, idx: list[int], messages: Mapping[int, dict], batched: bool
     ) -> tuple[list[Outcome], str | None]:
-        got = self._exchange({self.ids[i]: ({"round": rnd}, messages[i]) for i in idx}, rnd)
+        config: dict[str, Any] = {"round": rnd}
+        keys = tuple(self.algorithm.reply_keys)
+        if self.secure is not None:
+            config.update({"secure-bound": float(self.secure.bound), "secure-limbs": int(self.secure.limbs)})
+            keys = tuple(k for k in keys if k not in self.algorithm.summed_keys)
+        self._shapes = {}
+        got = self._exchange({self.ids[i]: (config, messages[i]) for i in idx}, rnd)
         outcomes = []
         for i in idx:
             c = self.ids[i]
@@ -197,12 +216,34 @@ class FlowerClients:
                 outcomes.append(Outcome(failed=str(reply.get("error", "failed"))))
             else:
                 try:  # the server checks again: it does not trust the node's check
-                    outcomes.append(
-                        Outcome(reply=validate_message(reply["reply"], self.algorithm.reply_keys, who=f"client {c!r}"))
-                    )
+                    outcomes.append(Outcome(reply=validate_message(reply["reply"], keys, who=f"client {c!r}")))
+                    if self.secure is not None:
+                        self._shapes[c] = reply["shapes"]
                 except ProtocolError as exc:
                     outcomes.append(Outcome(failed=describe_exc(exc)))
         return outcomes, None
+
+    def secure_sums(self, rnd: int, clients: list[ClientId]) -> tuple[dict, dict[ClientId, str], int]:
+        """The declared sums over ``clients`` (who answered round ``rnd``) by Flower's SecAgg+:
+        ``(sums, clients that dropped out of it -> why, bytes each node sent up)``."""
+        shapes = {self._shapes[c] for c in clients}
+        if len(shapes) > 1:
+            raise ProtocolError(f"summed reply arrays have different shapes across clients: {sorted(shapes)}")
+        declared = {k: tuple(v) for k, v in json.loads(shapes.pop()).items()}
+        if list(declared) != list(self.algorithm.summed_keys):
+            raise ProtocolError(
+                f"the nodes hold sums {list(declared)}, the algorithm declares {self.algorithm.summed_keys}"
+            )
+        secure = self.secure
+        assert secure is not None
+        nodes = {self.nodes[c]: c for c in clients}
+        mean, summed = secure_sum(self.session.grid, list(nodes), secure, rnd, self.session.timeout)
+        dropped = {nodes[n]: "dropped out of secure aggregation" for n in nodes if n not in summed}
+        sums = decode(mean, len(summed), declared, secure)
+        for v in sums.values():
+            v.setflags(write=False)
+        size = sum(int(np.prod(s, dtype=int)) for s in declared.values())
+        return sums, dropped, 4 * (secure.limbs * size + 1)
 
     def close(self) -> None:
         if self._dropped or not self.session.connected:

@@ -5,20 +5,26 @@ runs, with the same random streams; only the reply arrays leave it during a run.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 
 from ...data import DataError, FederatedData
 from ..client_side import checked_step, client_rng
 from ..policy import NodePolicy, PolicyRefusal, policy_of
 from ..protocol import SkipRound, describe_exc
+from .secure import SecureAggregation, encode
 from .wire import dumps, loads, to_arrays, to_record
+
+#: where a node keeps its encoded sums between its step and the secure aggregation
+SECURE_STASH = "fedstats.secure"
 
 _log = logging.getLogger("fedstats.node")
 
@@ -120,14 +126,50 @@ class _Node:
         out: dict[str, Any] = {"status": "ok"}
         reply = None
         if "round" in cfg:
-            out["status"], out["error"], reply = self._step(cfg, message.content["broadcast"], rec, loaded, context)
-            if out["status"] == "ok":
+            before = rec["state"]
+            status, error, reply = self._step(cfg, message.content["broadcast"], rec, loaded, context)
+            if status == "ok" and "secure-bound" in cfg:
+                status, error, reply, out["shapes"] = self._hold_sums(cfg, rec, reply, loaded, context)
+            out["status"], out["error"] = status, error
+            if status == "ok":
                 context.state[key] = rec
+            else:  # a failed step leaves the client's state as it was
+                rec["state"] = before
         if cfg.get("send", False):
             out["state"] = rec["state"]
         if cfg.get("drop", False):
             del context.state[key]
         return self._answer(message, out, reply)
+
+    def _hold_sums(self, cfg, rec, reply, loaded, context):
+        """Secure aggregation: keep the reply's declared sums on the node, encoded for
+        Flower's SecAgg+ (:func:`~fedstats.federation.flower.secure.encode`), and reply
+        without them (and their shapes, which the server needs to split the sum)."""
+        algorithm = (loaded or self._load(rec, context))[0]
+        keys = tuple(algorithm.summed_keys)
+        options = SecureAggregation(bound=float(cfg["secure-bound"]), limbs=int(cfg["secure-limbs"]))
+        try:
+            vector = encode(reply, keys, options)
+        except ValueError as exc:
+            return "failed", describe_exc(exc), None, ""
+        context.state[SECURE_STASH] = ArrayRecord({"sums": Array(vector)})
+        shapes = json.dumps({k: list(np.shape(reply[k])) for k in keys})
+        return "ok", "", {k: v for k, v in reply.items() if k not in keys}, shapes
+
+    def secure(self, message: Message, context: Context) -> Message:
+        """Flower's plain ``train`` message, under ``secaggplus_mod``: the encoded sums this node
+        keeps for the round, as the FitRes the mod masks (weight 1)."""
+        from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+        from flwr.compat.common import recorddict_compat as compat
+
+        if SECURE_STASH not in context.state.array_records:
+            raise RuntimeError("secure aggregation: this node holds no sums for the round")
+        vector = context.state.array_records[SECURE_STASH]["sums"].numpy()
+        del context.state[SECURE_STASH]
+        fitres = FitRes(
+            status=Status(Code.OK, ""), parameters=ndarrays_to_parameters([vector]), num_examples=1, metrics={}
+        )
+        return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=message)
 
     def _step(self, cfg, broadcast_record, rec, loaded, context):
         """``(status, error, reply arrays)``; commits the new state into ``rec`` only if valid."""
@@ -171,4 +213,5 @@ def make_client_app(
     app = ClientApp()
     app.query("fedstats_hello")(node.hello)
     app.train("fedstats")(node.handle)
+    app.train(mods=[secaggplus_mod])(node.secure)  # what Flower's SecAggPlusWorkflow sends
     return app

@@ -20,6 +20,7 @@ from ..protocol import ClientDisconnected, ClientId, FederatedAlgorithm
 from .clients import FlowerClients
 from .node import make_client_app
 from .remote import RemoteFederatedData
+from .secure import SecureAggregation
 from .wire import HELLO
 
 
@@ -46,6 +47,12 @@ class FlowerSession:
         Packages whose classes either side loads from the other's pickles (default
         ``("fedstats",)``; add the package of your own algorithms). A simulation's nodes also
         need to import them: put the package on ``PYTHONPATH`` or install it.
+    secure_aggregation : bool or SecureAggregation
+        Send every algorithm's declared sums through Flower's SecAgg+ (the server receives
+        only their sum over the nodes of a round; at least 3 per round). ``True``: the
+        defaults of :class:`~fedstats.federation.flower.secure.SecureAggregation` (values
+        below ``2**40`` in absolute value, summed to within ``2**-44`` per node and value).
+        Default ``False``.
     policy : NodePolicy or path, optional
         Simulation only: the release policy of every simulated node (default: the defaults of
         :class:`~fedstats.federation.policy.NodePolicy`, as a deployed node without a policy
@@ -68,20 +75,27 @@ class FlowerSession:
         backend_config: dict | None = None,
         verbose: bool = False,
         trust: Sequence[str] = ("fedstats",),
+        secure_aggregation: bool | SecureAggregation = False,
         policy: NodePolicy | str | os.PathLike | None = None,
     ) -> None:
         if num_supernodes is not None and (
             isinstance(num_supernodes, bool) or not isinstance(num_supernodes, int) or num_supernodes < 1
         ):
             raise ValueError(f"num_supernodes must be an int >= 1, got {num_supernodes!r}")
-        self._setup(timeout, on_disconnect, trust)
+        self._setup(timeout, on_disconnect, trust, secure_aggregation)
         self.num_supernodes = num_supernodes
         self.backend_config = dict(backend_config or {})
         self.verbose = bool(verbose)
         self.policy = policy_of(policy)
         self.mode = "simulation"
 
-    def _setup(self, timeout, on_disconnect, trust) -> None:
+    def _setup(self, timeout, on_disconnect, trust, secure_aggregation) -> None:
+        if isinstance(secure_aggregation, bool):
+            secure_aggregation = SecureAggregation() if secure_aggregation else None
+        elif not isinstance(secure_aggregation, SecureAggregation):
+            raise TypeError(f"secure_aggregation must be a bool or a SecureAggregation, got {secure_aggregation!r}")
+        #: the options of secure aggregation, or None (the declared sums travel in the replies)
+        self.secure_aggregation: SecureAggregation | None = secure_aggregation
         if isinstance(trust, str) or not all(isinstance(t, str) and t for t in trust):
             raise TypeError(f"trust must be a sequence of package names, got {trust!r}")
         self.trust = tuple(trust)
@@ -111,6 +125,7 @@ class FlowerSession:
         timeout: float | None = None,
         on_disconnect: str = "continue",
         trust: Sequence[str] = ("fedstats",),
+        secure_aggregation: bool | SecureAggregation = False,
     ) -> FlowerSession:
         """A session over a deployment's ``Grid`` (inside ``@app.main()``).
 
@@ -118,7 +133,7 @@ class FlowerSession:
         client it is and what its data looks like (rows, column names; never the rows).
         """
         self = cls.__new__(cls)
-        self._setup(timeout, on_disconnect, trust)
+        self._setup(timeout, on_disconnect, trust, secure_aggregation)
         self.mode, self.num_supernodes, self.backend_config, self.verbose = "deployment", None, {}, False
         self._grid = grid
         self._discover(min_nodes, wait)
@@ -300,6 +315,13 @@ class FlowerSession:
                 raise RuntimeError(f"the Flower simulation stopped: {self._error!r}") from self._error
             time.sleep(getattr(grid, "pull_interval", 0.1))
         return replies
+
+    @property
+    def grid(self) -> Grid:
+        """The Flower ``Grid`` the session sends through (started)."""
+        if self._grid is None:
+            raise RuntimeError("this FlowerSession has not started: it has no nodes to send to yet")
+        return self._grid
 
     @property
     def connected(self) -> bool:
