@@ -21,6 +21,7 @@ PACKAGES = [
     "fedstats.gp",
     "fedstats.mixture",
     "fedstats.datasets",
+    "fedstats.privacy",
 ]
 
 

@@ -1,0 +1,156 @@
+"""The privacy a fit spent across its releases: :class:`PrivacyLedger`.
+
+Every round and every one-off exchange that releases noisy sums is one Gaussian mechanism
+(:mod:`fedstats.privacy.mechanism`), recorded with the noise multiplier it actually had. The
+releases compose adaptively (each round's query depends on the earlier rounds' answers), and
+composition does not depend on the order, so the ledger hands dp-accounting one
+``ComposedDpEvent`` with a ``SelfComposedDpEvent(GaussianDpEvent(z), count)`` per distinct
+noise multiplier ``z`` (in the order first seen), under the add-or-remove-one-row relation.
+No amplification by the sampling of clients is claimed: every release counts in full.
+
+dp-accounting is imported only when an epsilon is computed (``pip install 'fedstats[privacy]'``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .mechanism import _is_int, _is_real, check_noise_multiplier
+
+#: the neighbouring relation of every guarantee reported here
+NEIGHBOURING = "add or remove one row"
+
+
+def _dp_accounting() -> Any:
+    try:
+        import dp_accounting
+    except ImportError as e:
+        raise ImportError(
+            "privacy accounting needs Google's dp-accounting package: pip install 'fedstats[privacy]'"
+        ) from e
+    return dp_accounting
+
+
+@dataclass(frozen=True)
+class Release:
+    """Consecutive releases of one kind: their ``name`` (a round's or an exchange's), the noise
+    multiplier each actually had (noise standard deviation over sensitivity) and how many."""
+
+    name: str
+    noise_multiplier: float
+    count: int
+
+
+def _check_delta(delta: Any) -> float:
+    if not _is_real(delta) or not math.isfinite(float(delta)) or not 0.0 < float(delta) < 1.0:
+        raise ValueError(f"delta must be a number in (0, 1), got {delta!r}")
+    return float(delta)
+
+
+class PrivacyLedger:
+    """Records every release of a fit and reports the ``(epsilon, delta)`` spent.
+
+    Parameters
+    ----------
+    accountant : {"rdp", "pld"}
+        dp-accounting's ``RdpAccountant`` (its default orders, 1.1 to 1024) or
+        ``PLDAccountant`` (its default discretisation, 1e-4, pessimistic): both report an upper
+        bound on the epsilon of the composed mechanisms; PLD's is the tighter.
+
+    Examples
+    --------
+    >>> ledger = PrivacyLedger("rdp")
+    >>> ledger.epsilon(1e-6)  # nothing released yet
+    0.0
+    >>> ledger.record("round", 0.0, count=3)  # no noise: no guarantee (needs no dp-accounting)
+    >>> ledger.epsilon(1e-6)
+    inf
+    >>> ledger.releases
+    (Release(name='round', noise_multiplier=0.0, count=3),)
+    """
+
+    def __init__(self, accountant: str = "rdp") -> None:
+        if accountant not in ("rdp", "pld"):
+            raise ValueError(f"accountant must be 'rdp' or 'pld', got {accountant!r}")
+        self._accountant = accountant
+        self._releases: list[Release] = []
+
+    @property
+    def accountant(self) -> str:
+        """``"rdp"`` or ``"pld"``."""
+        return self._accountant
+
+    @property
+    def releases(self) -> tuple[Release, ...]:
+        """The releases so far; consecutive ones of the same name and noise merged."""
+        return tuple(self._releases)
+
+    def record(self, name: str, noise_multiplier: float, count: int = 1) -> None:
+        """Record ``count`` releases of one kind.
+
+        Parameters
+        ----------
+        name : str
+            What was released (``"round"``, ``"design check"``): for the summary.
+        noise_multiplier : float
+            The noise multiplier each release actually had (``z >= 0``; after dropouts, see
+            :meth:`DifferentialPrivacy.effective_noise_multiplier`). ``0``: no noise, so no
+            guarantee: the epsilon is then ``inf``.
+        count : int
+            How many such releases (rounds), ``>= 1``.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        z = check_noise_multiplier(noise_multiplier)
+        if not _is_int(count) or count < 1:
+            raise ValueError(f"count must be an integer >= 1, got {count!r}")
+        last = self._releases[-1] if self._releases else None
+        if last is not None and last.name == name and last.noise_multiplier == z:
+            self._releases[-1] = Release(name, z, last.count + int(count))
+        else:
+            self._releases.append(Release(name, z, int(count)))
+
+    def dp_event(self) -> Any:
+        """The composed mechanism as dp-accounting's ``DpEvent``: a ``ComposedDpEvent`` of one
+        ``SelfComposedDpEvent(GaussianDpEvent(z), count)`` per distinct ``z``."""
+        dpa = _dp_accounting()
+        counts: dict[float, int] = {}
+        for r in self._releases:
+            counts[r.noise_multiplier] = counts.get(r.noise_multiplier, 0) + r.count
+        return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), n) for z, n in counts.items()])
+
+    def epsilon(self, delta: float) -> float:
+        """The ``epsilon`` spent at ``delta`` by all the releases recorded: ``0.0`` for none,
+        ``inf`` when any release had no noise, else dp-accounting's bound."""
+        d = _check_delta(delta)
+        if not self._releases:
+            return 0.0
+        if any(r.noise_multiplier == 0.0 for r in self._releases):
+            return math.inf
+        dpa = _dp_accounting()
+        relation = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+        if self._accountant == "rdp":
+            acct = dpa.rdp.RdpAccountant(neighboring_relation=relation)
+        else:
+            acct = dpa.pld.PLDAccountant(neighboring_relation=relation)
+        acct.compose(self.dp_event())
+        return float(acct.get_epsilon(d))
+
+    def summary(self, delta: float) -> dict[str, Any]:
+        """The spent budget for a result object: ``epsilon`` (``inf`` when a release had no
+        noise), ``delta``, ``accountant``, ``neighbouring`` (the relation), ``releases`` (a list
+        of ``{"name", "noise_multiplier", "count"}``) and ``noiseless_releases`` (the names of
+        releases with no noise, whose presence makes ``epsilon`` infinite)."""
+        d = _check_delta(delta)
+        return {
+            "epsilon": self.epsilon(d),
+            "delta": d,
+            "accountant": self._accountant,
+            "neighbouring": NEIGHBOURING,
+            "releases": [
+                {"name": r.name, "noise_multiplier": r.noise_multiplier, "count": r.count} for r in self._releases
+            ],
+            "noiseless_releases": sorted({r.name for r in self._releases if r.noise_multiplier == 0.0}),
+        }
