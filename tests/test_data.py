@@ -446,27 +446,40 @@ def test_scaler_oracle_against_pooled_numpy():
     np.testing.assert_allclose(sc.inverse_transform_y(scaled[2].y), fd[2].y, rtol=1e-12)
 
 
-def test_fit_scaler_only_uses_per_client_sums(fd, monkeypatch):
-    calls = []
+def test_fit_scaler_server_sees_only_sums_over_clients(fd, monkeypatch):
+    """Two rounds, each client's functions run on its own rows only; what the server combines
+    is the sum over the clients of each round's replies, never one client's record."""
     from fedstats.data import scaling
 
-    real = scaling.client_moments
+    calls = {"client_sums": [], "client_moments": []}
+    summed, seen_by_server = [], []
 
-    def spy(X, y=None):
-        calls.append((X, y))
-        return real(X, y)
+    def spy(name):
+        real = getattr(scaling, name)
+
+        def inner(X, y=None, **kw):
+            calls[name].append((X, y, kw))
+            return real(X, y, **kw)
+
+        return inner
+
+    real_add, real_agg = scaling.add_moments, scaling.aggregate_moments
+
+    def add_spy(records):
+        out = real_add(records)
+        summed.append((list(records), out))
+        return out
+
+    def agg_spy(moments):
+        seen_by_server.append(list(moments))
+        return real_agg(moments)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("rows of different clients must not be pooled")
 
-    seen_by_server = []
-    real_agg = scaling.aggregate_moments
-
-    def agg_spy(moments):
-        seen_by_server.append(moments)
-        return real_agg(moments)
-
-    monkeypatch.setattr(scaling, "client_moments", spy)
+    for name in calls:
+        monkeypatch.setattr(scaling, name, spy(name))
+    monkeypatch.setattr(scaling, "add_moments", add_spy)
     monkeypatch.setattr(scaling, "aggregate_moments", agg_spy)
     for name in ("concatenate", "vstack", "hstack", "stack", "row_stack", "column_stack", "append"):
         if hasattr(np, name):
@@ -474,17 +487,24 @@ def test_fit_scaler_only_uses_per_client_sums(fd, monkeypatch):
     sc = fd.fit_scaler(target=True)
     monkeypatch.undo()
 
-    # one call per client, each with exactly that client's own arrays
-    assert len(calls) == fd.n_clients
-    for (X, y), c in zip(calls, fd.clients):
-        assert X is fd._X[c] and y is fd._y[c]
-    # the server step got one small dict of sums per client, no row-level arrays
+    # one call per client and round, each with exactly that client's own arrays
+    X_all, y_all = np.vstack([fd[c].X for c in fd]), np.concatenate([fd[c].y for c in fd])
+    for name in calls:
+        assert len(calls[name]) == fd.n_clients
+        for (X, y, _), c in zip(calls[name], fd.clients):
+            assert X is fd._X[c] and y is fd._y[c]
+    # the second round is centred at the federation's means, which the first round's sums give
+    for _, _, kw in calls["client_moments"]:
+        np.testing.assert_allclose(kw["about"][0], X_all.mean(axis=0), rtol=1e-14)
+        assert kw["about"][1] == pytest.approx(y_all.mean(), rel=1e-14)
+    # the per-client records only ever go into their sum; the server combines one record
+    assert [len(records) for records, _ in summed] == [fd.n_clients, fd.n_clients]
     (moments,) = seen_by_server
-    assert len(moments) == fd.n_clients
-    for m, c in zip(moments, fd.clients):
-        assert set(m) == {"n", "sum_x", "m2_x", "sum_y", "m2_y"}
-        assert m["n"] == fd.n_obs[c] and m["sum_x"].shape == (fd.n_features,)
-    assert sc.mean.shape == (3,)
+    assert len(moments) == 1 and moments[0] is summed[1][1]
+    assert set(moments[0]) == {"n", "sum_x", "m2_x", "sum_y", "m2_y"} and moments[0]["n"] == X_all.shape[0]
+    np.testing.assert_allclose(moments[0]["m2_x"], ((X_all - X_all.mean(axis=0)) ** 2).sum(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(sc.sd, X_all.std(axis=0, ddof=1), rtol=1e-12)
+    np.testing.assert_allclose(sc.y_sd, y_all.std(ddof=1), rtol=1e-12)
 
 
 def test_aggregate_moments_from_sums_only():
@@ -515,6 +535,27 @@ def test_client_moments_matches_raw_sums():
     np.testing.assert_allclose(m["m2_x"], (X**2).sum(axis=0) - X.sum(axis=0) ** 2 / 3)
     assert m["sum_y"] == 6.0 and m["m2_y"] == pytest.approx(6.0)
     assert "sum_y" not in client_moments(X)
+
+
+def test_moments_about_a_common_centre_add_up_to_the_pooled_moments():
+    from fedstats.data.scaling import add_moments, client_sums, federated_moments
+
+    Xs, ys = make_arrays(ns=(50, 7, 123, 1), d=4, seed=3, loc=1e4, scale=3.0)
+    X_all, y_all = np.vstack(Xs), np.concatenate(ys)
+    about = (X_all.mean(axis=0), float(y_all.mean()))
+    total = add_moments([client_moments(X, y, about=about) for X, y in zip(Xs, ys)])
+    pooled = client_moments(X_all, y_all)
+    assert total["n"] == pooled["n"] == 181
+    for k in ("sum_x", "m2_x", "sum_y", "m2_y"):
+        np.testing.assert_allclose(total[k], pooled[k], rtol=1e-12)
+    agg = federated_moments(list(zip(Xs, ys)))
+    np.testing.assert_allclose(agg["sd_x"], X_all.std(axis=0, ddof=1), rtol=1e-12)
+    assert agg["mean_y"] == pytest.approx(y_all.mean(), rel=1e-14)
+    assert "sum_y" not in add_moments([client_sums(X) for X in Xs])
+    with pytest.raises(DataError, match="different keys"):
+        add_moments([client_sums(Xs[0]), client_sums(Xs[1], ys[1])])
+    with pytest.raises(DataError):
+        add_moments([])
 
 
 def test_scaler_center_scale_flags(fd):

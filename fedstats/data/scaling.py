@@ -1,6 +1,8 @@
-"""Federated standardisation: every client reports a few sums of its own rows
-(:func:`client_moments`), the server combines only those sums (:func:`aggregate_moments`)
-into a :class:`FederatedScaler`; rows are never pooled."""
+"""Federated standardisation: every client reports a few sums of its own rows in two rounds
+(its count and column sums, :func:`client_sums`; then its squared deviations about the
+federation's means, :func:`client_moments`), the server combines only their sums over the
+clients (:func:`add_moments`, :func:`aggregate_moments`) into a :class:`FederatedScaler`;
+rows are never pooled and the server needs no client's own value."""
 
 from __future__ import annotations
 
@@ -18,18 +20,50 @@ if TYPE_CHECKING:
     from .container import FederatedData
 
 
-def client_moments(X: np.ndarray, y: np.ndarray | None = None) -> dict[str, Any]:
+def client_sums(X: np.ndarray, y: np.ndarray | None = None) -> dict[str, Any]:
+    """The first federated round of scaling: a client's row count and column sums.
+
+    Summed over the clients they give the federation's means, which the server broadcasts
+    for the second round (:func:`client_moments` with ``about``).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from fedstats.data.scaling import client_sums
+    >>> client_sums(np.array([[1.0], [3.0]]), np.array([2.0, 0.0]))
+    {'n': 2, 'sum_x': array([4.]), 'sum_y': 2.0}
+    """
+    return _sums(np.asarray(X, dtype=np.float64), y)
+
+
+def _sums(X: np.ndarray, y: np.ndarray | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": int(X.shape[0]), "sum_x": X.sum(axis=0)}
+    if y is not None:
+        out["sum_y"] = float(np.asarray(y, dtype=np.float64).sum())
+    return out
+
+
+def client_moments(
+    X: np.ndarray, y: np.ndarray | None = None, *, about: tuple[np.ndarray, float | None] | None = None
+) -> dict[str, Any]:
     """Sums a client computes from its own rows and reports for federated scaling.
 
-    The sum of squares is reported centred at the client's own mean,
-    ``m2 = sum((x - sum/n)**2)``: it carries the same information as the raw
-    ``sum(x**2)`` (``m2 = sum(x**2) - sum**2 / n``) but cannot lose digits to cancellation
-    when the mean is large relative to the sd.
+    The sum of squares is reported centred, ``m2 = sum((x - c)**2)``: it carries the same
+    information as the raw ``sum(x**2)`` (``m2 = sum(x**2) - 2 c sum + n c**2``) but cannot
+    lose digits to cancellation when the mean is large relative to the sd. The centre ``c``
+    is the client's own mean, or ``about = (mean_x, mean_y)``: the federation's means, which
+    the server broadcasts after a first round of :func:`client_sums`. About a common centre
+    the clients' moments add up to the moments of their pooled rows, so the server needs
+    only their sum over the clients (:func:`add_moments`, then :func:`aggregate_moments` of
+    that one record): the exact pooled mean and sd, with no client's own values.
 
     Parameters
     ----------
     X : (n, d) array
     y : (n,) array, optional
+    about : (mean_x, mean_y), optional
+        The centre of the squared deviations (``mean_y`` may be ``None`` without ``y``);
+        default: the client's own means.
 
     Returns
     -------
@@ -44,35 +78,58 @@ def client_moments(X: np.ndarray, y: np.ndarray | None = None) -> dict[str, Any]
     >>> m = client_moments(np.array([[1.0], [3.0]]))
     >>> m["n"], m["sum_x"], m["m2_x"]
     (2, array([4.]), array([2.]))
+    >>> client_moments(np.array([[1.0], [3.0]]), about=(np.array([1.0]), None))["m2_x"]
+    array([4.])
     """
     X = np.asarray(X, dtype=np.float64)
-    n = int(X.shape[0])
-    sum_x = X.sum(axis=0)
-    out: dict[str, Any] = {"n": n, "sum_x": sum_x, "m2_x": ((X - sum_x / n) ** 2).sum(axis=0)}
+    out = _sums(X, y)
+    n = out["n"]
+    centre_x = out["sum_x"] / n if about is None else np.asarray(about[0], dtype=np.float64)
+    out["m2_x"] = ((X - centre_x) ** 2).sum(axis=0)
     if y is not None:
         y = np.asarray(y, dtype=np.float64)
-        sum_y = float(y.sum())
-        out["sum_y"] = sum_y
-        out["m2_y"] = float(((y - sum_y / n) ** 2).sum())
+        centre_y = out["sum_y"] / n if about is None or about[1] is None else float(about[1])
+        out["m2_y"] = float(((y - centre_y) ** 2).sum())
+    return out
+
+
+def add_moments(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The sum over the clients of their :func:`client_sums` or :func:`client_moments`
+    (key by key; every record must have the same keys): all the server of a federated
+    scaling receives of a round, and all a secure aggregation would reveal."""
+    if not records:
+        raise DataError("add_moments needs the sums of at least one client")
+    keys = set(records[0])
+    if any(set(r) != keys for r in records):
+        raise DataError("add_moments: the clients' records have different keys")
+    out: dict[str, Any] = {}
+    for k in records[0]:
+        total = records[0][k]
+        for r in records[1:]:
+            total = total + r[k]
+        out[k] = total
     return out
 
 
 def aggregate_moments(moments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Server side: overall mean and sample sd from the clients' :func:`client_moments`.
+    """Server side: overall mean and sample sd from groups' :func:`client_moments`.
 
-    Uses only the per-client sums: ``mean = sum_k sum_k / N`` and
+    Uses only the groups' sums: ``mean = sum_k sum_k / N`` and
     ``M2 = sum_k m2_k + sum_k n_k (mean_k - mean)**2`` (the parallel-variance formula),
-    ``sd = sqrt(M2 / (N - 1))``.
+    ``sd = sqrt(M2 / (N - 1))``. Federated scaling passes one group: the sum over the
+    clients (:func:`add_moments`) of their moments about the federation's mean (see
+    :func:`client_moments`), for which ``M2 = sum_k m2_k``; the per-client form needs every
+    client's own mean.
 
     Parameters
     ----------
     moments : sequence of dict
-        One :func:`client_moments` result per client.
+        One :func:`client_moments` result per group.
 
     Returns
     -------
     dict
-        ``n``, ``mean_x``, ``sd_x`` and, if every client sent y sums, ``mean_y``, ``sd_y``
+        ``n``, ``mean_x``, ``sd_x`` and, if every group has y sums, ``mean_y``, ``sd_y``
         (sd is NaN when ``N < 2``).
 
     Example
@@ -106,6 +163,18 @@ def aggregate_moments(moments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def federated_moments(rows: Sequence[tuple[np.ndarray, np.ndarray | None]]) -> dict[str, Any]:
+    """:func:`aggregate_moments` of clients' rows ``[(X_k, y_k or None), ...]`` in two
+    federated rounds whose replies the server receives only summed over the clients: the
+    counts and sums (:func:`client_sums`), then the squared deviations about the means
+    they give (:func:`client_moments` with ``about``). Each client's function sees only
+    that client's rows."""
+    first = add_moments([client_sums(X, y) for X, y in rows])
+    n = first["n"]
+    about = (first["sum_x"] / n, first["sum_y"] / n if "sum_y" in first else None)
+    return aggregate_moments([add_moments([client_moments(X, y, about=about) for X, y in rows])])
+
+
 def _safe_sd(sd: np.ndarray, mean: np.ndarray, names: Sequence[str], what: str = "feature") -> np.ndarray:
     """sd with constant columns set to 1 (and a warning), so nothing divides by zero."""
     sd = np.array(sd, dtype=np.float64)
@@ -126,10 +195,9 @@ def fit_scaler(fd: FederatedData, *, center: bool, scale: bool, target: bool) ->
     """The scaler of :meth:`FederatedData.fit_scaler`."""
     if target and not fd.has_target:
         raise missing_target("fit_scaler(target=True)")
-    # Federated on purpose: a client's rows only ever enter client_moments (run by that
-    # client); the server step sees the list of per-client sums and nothing else.
-    moments = [client_moments(cd.X, cd.y if target else None) for _, cd in fd.items()]
-    agg = aggregate_moments(moments)
+    # Federated on purpose: a client's rows only ever enter client_sums and client_moments
+    # (run by that client); the server sees their sums over the clients and nothing else.
+    agg = federated_moments([(cd.X, cd.y if target else None) for _, cd in fd.items()])
     n = agg["n"]
     if n < 2:
         raise DataError("fit_scaler needs at least 2 rows in total for a sample sd")

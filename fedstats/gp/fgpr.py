@@ -7,16 +7,20 @@ is shared by all clients and learned by federated averaging of hyperparameters:
 * the server sends the current hyperparameters;
 * each client takes E steps of Adam or SGD on the exact negative log marginal likelihood
   of minibatches of its own data (uniform or nearest-neighbour batches of size
-  ``M_k = min(M, N_k)``) and sends its hyperparameters back;
+  ``M_k = min(M, N_k)``) and sends back its new hyperparameters ``h_k`` as its term
+  ``w_k g(h_k)`` of the server's weighted mean (``g``: the averaging space's map);
 * the server averages them with weights ``N_k / N`` (in constrained space by default, as
   the published code does), or, under partial participation, draws ``K_s`` clients with
   replacement with probabilities ``N_k / N`` and takes the plain average counting
-  duplicates with their multiplicity.
+  duplicates with their multiplicity (broadcast to each drawn client as its ``w_k``). It
+  needs only the sum of the clients' terms (declared summed, for secure aggregation),
+  divided by the total weight of those that answered.
 
 Each client then predicts by conditioning the shared prior on its *own* data,
 which personalises automatically; a client that took no part in training does the same
-with no training. What crosses the network: the hyperparameters each way every round, and
-each client's ``N_k`` once, before the first round. Never data, gradients or predictions.
+with no training. What crosses the network: the hyperparameters down and the weighted terms
+up every round (and a drawn client's multiplicity under partial participation), and each
+client's ``N_k`` once, before the first round. Never data, gradients or predictions.
 
 The objective is ``sum_k p_k L_k``: clients are independent draws from one prior, so FGPR
 with several clients is *not* an exact GP on the pooled data.

@@ -17,7 +17,7 @@ from .. import streams
 from ..federation import FederatedAlgorithm, Message
 from ._core import BatchGP, HyperSpec, adam_update, hyper_to_numpy, raw_tensors, sgd_lr
 
-__all__ = ["FGPRAlgorithm", "draw_participants", "average_hypers"]
+__all__ = ["FGPRAlgorithm", "draw_participants", "average_hypers", "to_average_space", "from_average_space"]
 
 
 # --------------------------------------------------------------------------- server helpers
@@ -32,23 +32,48 @@ def draw_participants(seed: int, round: int, p: np.ndarray, k: int) -> np.ndarra
     return np.bincount(rng.choice(len(p), size=k, replace=True, p=p), minlength=len(p))
 
 
+def to_average_space(spec: HyperSpec, hyper: dict, space: str) -> dict[str, np.ndarray]:
+    """``g(h)``: constrained hyperparameters mapped to the space where :func:`average_hypers`
+    takes its arithmetic mean: the values themselves (``constrained``), their logarithms
+    (``log``) or GPyTorch's raw parameters (``raw``); the constant mean stays as it is."""
+    out = {}
+    for n in spec.names:
+        v = np.asarray(hyper[n], dtype=float)
+        if n == "mean" or space == "constrained":
+            out[n] = v
+        elif space == "log":
+            out[n] = np.log(v)
+        else:
+            out[n] = spec.to_raw(n, torch.as_tensor(v, dtype=torch.float64)).numpy()
+    return out
+
+
+def from_average_space(spec: HyperSpec, mean: dict, space: str) -> dict[str, np.ndarray]:
+    """``g^{-1}``: the inverse of :func:`to_average_space`."""
+    out = {}
+    for n in spec.names:
+        v = np.asarray(mean[n], dtype=float)
+        if n == "mean" or space == "constrained":
+            out[n] = v
+        elif space == "log":
+            out[n] = np.exp(v)
+        else:
+            out[n] = spec.from_raw(n, torch.as_tensor(v, dtype=torch.float64)).numpy()
+    return out
+
+
 def average_hypers(spec: HyperSpec, hypers: list[dict], weights: np.ndarray, space: str) -> dict[str, np.ndarray]:
     """Weighted mean of constrained hyperparameter sets in ``space``: ``constrained`` (the
     published code), ``raw`` (GPyTorch's raw parameters: the variable SGD updates) or ``log``
-    (geometric mean). The constant mean is averaged as it is in every space."""
+    (geometric mean). The constant mean is averaged as it is in every space.
+
+    Each is a weighted arithmetic mean ``g^{-1}(sum_k w_k g(h_k) / sum_k w_k)`` in the space
+    of :func:`to_average_space`, so a server needs only the sum of the clients' terms
+    ``w_k g(h_k)`` (what FGPR's clients send) and of their weights."""
     w = np.asarray(weights, dtype=float)
-    w = w / w.sum()
-    out = {}
-    for n in spec.names:
-        V = np.stack([np.asarray(h[n], dtype=float) for h in hypers])  # (G, size)
-        if n == "mean" or space == "constrained":
-            out[n] = w @ V
-        elif space == "log":
-            out[n] = np.exp(w @ np.log(V))
-        else:
-            raw = spec.to_raw(n, torch.as_tensor(V, dtype=torch.float64)).numpy()
-            out[n] = spec.from_raw(n, torch.as_tensor(w @ raw, dtype=torch.float64)).numpy()
-    return out
+    terms = [to_average_space(spec, h, space) for h in hypers]
+    total = {n: sum(wk * t[n] for wk, t in zip(w, terms)) for n in spec.names}
+    return from_average_space(spec, {n: total[n] / w.sum() for n in spec.names}, space)
 
 
 # --------------------------------------------------------------------------- client state
@@ -82,7 +107,12 @@ class _Server:
 
 
 class CountShare(FederatedAlgorithm):
-    """The one exchange before training: every client sends its number of points N_k."""
+    """The one exchange before training: every client sends its number of points N_k.
+
+    The counts stay per client (not summed): under partial participation the server draws
+    the participants with probabilities ``N_k / N``, one per client, and it weights the
+    average by its own copy of the answering clients' ``N_k`` (full participation) and
+    reports them as the result's ``n_obs``."""
 
     reply_keys = ("n",)
 
@@ -105,8 +135,15 @@ class CountShare(FederatedAlgorithm):
 class FGPRAlgorithm(FederatedAlgorithm):
     """FGPR (Algorithm 1 of the FGPR paper) as a :class:`~fedstats.federation.FederatedAlgorithm`.
 
-    Broadcast and reply hold exactly the constrained hyperparameters (one array per name of
-    ``spec.names``). :meth:`client_steps` runs all clients with equal ``(M_k, E_k)`` as one
+    The broadcast holds the constrained hyperparameters (one array per name of
+    ``spec.names``) and, under partial participation, the client's ``weight``: its
+    multiplicity among the round's draws. Client k replies, under each name, its term
+    ``w_k g(h_k)`` of the server's weighted mean (:func:`average_hypers`): ``g`` maps to
+    the ``average_space`` (:func:`to_average_space`), ``w_k`` is its ``N_k`` (which it knows)
+    or the broadcast multiplicity. The server uses the replies only through their sum
+    (:attr:`summed_keys`): it divides it by the answering clients' total weight, which it
+    holds itself (their ``N_k`` from :class:`CountShare`, or the multiplicities it drew),
+    and maps back. :meth:`client_steps` runs all clients with equal ``(M_k, E_k)`` as one
     batched GP (``batch_shape=[G]``), which gives what :meth:`client_step` gives client by
     client. See :class:`FGPR` for the options.
     """
@@ -144,6 +181,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
         self.participants, self.seed, self.standardize = participants, seed, standardize
         self.device, self.dtype = device, dtype
         self.reply_keys = spec.names
+        self.summed_keys = spec.names  # the server uses the weighted terms only through their sum
         clients = list(counts)
         self._p = np.array([counts[c] for c in clients], dtype=float) / sum(counts.values())
         self._index = {c: i for i, c in enumerate(clients)}
@@ -179,7 +217,23 @@ class FGPRAlgorithm(FederatedAlgorithm):
         )
 
     def broadcast(self, server_state, client, round):
-        return {n: v.copy() for n, v in server_state.hyper.items()}
+        msg = {n: v.copy() for n, v in server_state.hyper.items()}
+        if self.participants is not None:  # the client's weight: how often it was drawn
+            msg["weight"] = np.array([float(self.multiplicity(round)[self._index[client]])])
+        return msg
+
+    def weighted_term(self, hyper: dict, message: Message, n: int) -> Message:
+        """Client side: its term ``w_k g(h_k)`` of the server's weighted mean, for its new
+        hyperparameters ``hyper``; ``w_k`` is the broadcast ``weight`` (its multiplicity
+        under partial participation), else its number of points ``n``."""
+        w = float(message["weight"][0]) if "weight" in message else float(n)
+        return {k: w * v for k, v in to_average_space(self.spec, hyper, self.average_space).items()}
+
+    def _weight(self, server_state, client, round: int) -> float:
+        """Client ``client``'s weight in round ``round``'s average, as the server knows it."""
+        if self.participants is None:
+            return float(server_state.weights[client])
+        return float(self.multiplicity(round)[self._index[client]])
 
     def client_step(self, message, state, data, rng):
         return self._update([message], [state], [data], [rng])[0]
@@ -289,10 +343,11 @@ class FGPRAlgorithm(FederatedAlgorithm):
         model.set_raw(raw)
         values = model.values()
         out = []
-        for g, s in enumerate(states):
-            reply = hyper_to_numpy(spec, values, g)
-            if not all(np.all(np.isfinite(v)) for v in reply.values()):
+        for g, (msg, s) in enumerate(zip(messages, states)):
+            hyper = hyper_to_numpy(spec, values, g)
+            if not all(np.all(np.isfinite(v)) for v in hyper.values()):
                 raise FloatingPointError(f"hyperparameters overflowed (lr={self.lr:g})")
+            reply = self.weighted_term(hyper, msg, s.n)
             cpu = lambda t: t.detach().to(torch.float64).cpu().numpy().copy()  # noqa: E731
             opt = (
                 {"m": {n: cpu(mom[n][g]) for n in spec.names}, "v": {n: cpu(vel[n][g]) for n in spec.names}}
@@ -306,13 +361,9 @@ class FGPRAlgorithm(FederatedAlgorithm):
         old = server_state.hyper
         if not replies:
             return server_state, self._metrics(old, old)
-        clients = list(replies)
-        if self.participants is None:
-            w = np.array([server_state.weights[c] for c in clients], dtype=float)
-        else:
-            mult = self.multiplicity(round)
-            w = np.array([mult[self._index[c]] for c in clients], dtype=float)
-        new = average_hypers(self.spec, [replies[c] for c in clients], w, self.average_space)
+        total = sum(self._weight(server_state, c, round) for c in replies)
+        mean = {n: np.asarray(replies.sums[n]) / total for n in self.spec.names}
+        new = from_average_space(self.spec, mean, self.average_space)
         return _Server(new, server_state.weights), self._metrics(old, new)
 
     def _metrics(self, old, new) -> dict:

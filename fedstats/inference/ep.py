@@ -5,7 +5,9 @@ natural parameters and broadcasts it. Each device keeps its own site (never sent
 the cavity ``q / site_k``, computes the moments of its tilted distribution
 ``cavity * f_k`` with a pluggable estimator (:mod:`fedstats.inference.tilted`), moves its
 site towards ``tilted / cavity`` by a damping factor ``delta`` and sends only the change
-``(dr, dQ)``. The server adds the changes of the devices that answered.
+``(dr, dQ)``. The server adds the changes of the devices that answered: it uses them only
+through their sum, which the runtime forms (:attr:`FederatedEP.summed_keys`), so no server
+code sees one device's change.
 
 Positive-definiteness repair. If the summed changes would make the global precision
 indefinite (Monte-Carlo noise, large simultaneous steps), the server backs off: it applies
@@ -27,11 +29,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from ..federation.protocol import ClientId, FederatedAlgorithm, Message, SkipRound
+from ..federation.protocol import ClientId, FederatedAlgorithm, Message, Replies, SkipRound
 from ..results import register
 from .gaussian import NaturalGaussian
 from .tilted import SiteModel, TiltedEstimator, TiltedResult
@@ -93,6 +95,8 @@ class FederatedEP(FederatedAlgorithm):
     """
 
     reply_keys = ("dr", "dQ")
+    # the server adds the site changes of the devices that answered: it sees only their sums
+    summed_keys = reply_keys
 
     def __init__(
         self,
@@ -133,8 +137,8 @@ class FederatedEP(FederatedAlgorithm):
         old = state.q
         if not replies:
             return replace(state, round=state.round + 1), {}
-        dr = sum(m["dr"] for m in replies.values())
-        dQ = sum(m["dQ"] for m in replies.values())
+        sums = cast(Replies, replies).sums  # the runtime's sums of the declared summed keys
+        dr, dQ = np.asarray(sums["dr"]), np.asarray(sums["dQ"])
         gamma = 1.0
         for _ in range(self.max_backoff + 1):
             q = NaturalGaussian(old.r + gamma * dr, old.Q + gamma * dQ)
@@ -350,7 +354,9 @@ class PosteriorRound(FederatedAlgorithm):
     """One counted round after an EP fit in which every client forms its own posterior from
     its committed site and the fitted ``q`` (its cavity ``q / site_k``, see
     :func:`fractional_cavity`) and sends a mean and covariance. Subclasses implement
-    ``client_steps``; :meth:`cavities` gives them every client's cavity moments."""
+    ``client_steps``; :meth:`cavities` gives them every client's cavity moments. The replies
+    stay per client (no :attr:`summed_keys`): each is that client's posterior, a result of
+    the fit."""
 
     reply_keys = ("mean", "cov")
     per_client_fields = ("sites",)

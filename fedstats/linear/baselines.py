@@ -161,7 +161,8 @@ class Separate(_GDOptions):
 class _SeparateFit(FederatedAlgorithm):
     """Separate as one round: device ``k`` gets its column of the common start, fits alone
     (``rounds * local_steps`` gradient steps, or least squares) and sends its coefficients.
-    Device ``k``'s minibatches draw from the stream ``[seed, SEPARATE_BATCHES, k]``."""
+    Device ``k``'s minibatches draw from the stream ``[seed, SEPARATE_BATCHES, k]``. The
+    coefficients stay per device (not summed): each device's own fit is the result."""
 
     reply_keys = ("theta",)
 
@@ -231,9 +232,12 @@ class _SeparateFit(FederatedAlgorithm):
 
 class _Averaging(FederatedAlgorithm):
     """FedAvg, and Ditto when ``lam`` is not None: the server holds the global coefficients
-    and sends them to every participant; replies are the locally updated coefficients."""
+    and sends them to every participant; replies are the locally updated coefficients, which
+    the server uses only through their sum (the average is the sum over the participants
+    that answered divided by their number). Ditto's personal ``v_k`` never leave the device."""
 
     reply_keys = ("theta",)
+    summed_keys = reply_keys
 
     def __init__(self, d, *, lr, local_steps, batch_size, reduction, init, lam=None):
         self.d, self.lr, self.steps, self.batch_size, self.reduction = d, lr, local_steps, batch_size, reduction
@@ -273,7 +277,7 @@ class _Averaging(FederatedAlgorithm):
         return {"theta": w}, state
 
     def server_step(self, server_state, replies, round):
-        new = np.mean([r["theta"] for r in replies.values()], axis=0) if replies else server_state
+        new = np.array(replies.sums["theta"]) / len(replies) if replies else server_state
         with np.errstate(over="ignore"):
             return new, {"theta_change": float(np.linalg.norm(new - server_state))}
 
@@ -379,7 +383,11 @@ class Ditto(_GDOptions):
 
 
 class _OneShotRidge(FederatedAlgorithm):
+    """One round: every device sends its closed-form ridge solution; the server averages them
+    without weights, through their sum only."""
+
     reply_keys = ("theta",)
+    summed_keys = reply_keys
 
     def __init__(self, lam):
         self.lam = lam
@@ -399,7 +407,8 @@ class _OneShotRidge(FederatedAlgorithm):
         return {"theta": np.linalg.solve(X.T @ X / n + self.lam * np.eye(d), X.T @ y / n)}, state
 
     def server_step(self, server_state, replies, round):
-        return np.mean([r["theta"] for r in replies.values()], axis=0), {}
+        # no device answered: no average (the fit reports the failures)
+        return (np.array(replies.sums["theta"]) / len(replies) if replies else None), {}
 
 
 class DistributedRidge(Estimator):

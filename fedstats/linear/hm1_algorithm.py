@@ -89,6 +89,12 @@ class HM1Algorithm(FederatedAlgorithm):
     The broadcast to device k holds exactly ``theta`` (its own column) and ``aggregate``
     (``g_k``); the reply holds ``theta``. See :class:`StructuralCovarianceModel` for the
     options.
+
+    The reply stays per device (no :attr:`summed_keys`): the server keeps every device's
+    coefficients as its column of ``Theta`` and learns the covariance ``Omega`` between
+    devices from ``Theta^T Theta``, the products of different devices' coefficients, and
+    sends device k its own ``g_k`` (column k of ``Theta Omega^{-1}``); no sum over devices
+    carries them.
     """
 
     reply_keys = ("theta",)
@@ -261,7 +267,13 @@ def residual_variance(X, y, client=None, hint: str = "give noise_sd") -> float:
 class InformationShare(FederatedAlgorithm):
     """One round in which each device sends ``X^T X / sigma^2``, ``X^T y / sigma^2`` and its
     noise variance ``sigma^2`` (known, or its least-squares residual variance); opt-in, for
-    the conditional posterior. The server only collects them."""
+    the conditional posterior. The server only collects them.
+
+    The replies stay per device (no :attr:`summed_keys`): the posterior of all devices'
+    coefficients given ``Omega`` (:func:`~fedstats.linear.hm1_posterior.conditional_posterior`)
+    and the EM estimate of ``Omega`` put each device's information and score in its own
+    block, coupled to the others' through ``Omega``; device k's posterior block and its
+    predictive intervals need its own noise variance."""
 
     reply_keys = ("information", "score", "noise_var")
 

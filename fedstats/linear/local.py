@@ -106,7 +106,10 @@ def _lr_for(largest_curvature: float, factor: float = 0.5) -> float:
 
 class _CurvatureShare(FederatedAlgorithm):
     """One round for ``lr="auto"``: each device sends one scalar, the largest curvature of its
-    local objective; the server keeps the maximum."""
+    local objective; the server keeps the maximum.
+
+    The reply stays per device (no :attr:`summed_keys`): the server needs the maximum over
+    the devices, which no sum gives (a secure maximum is another protocol)."""
 
     reply_keys = ("curvature",)
 

@@ -5,8 +5,10 @@ The models' default priors (``N(0, 1)`` on coefficient means, log-normal on scal
 data of unit scale; on data in natural units (dollars, kelvin, counts in thousands) they pin
 the intercept near 0 and the slopes absorb the difference. With ``standardize=True`` (the
 default) a model first learns the federated mean and sd of every predictor and of the target
-in one counted round (each client sends its row count, sums and sums of squared deviations,
-and whether each column holds only 0 and 1: never a row), fits with
+in two counted rounds whose replies the server sees only summed over the clients (row counts
+and sums; then the sums of squared deviations about the federation's means, and how many
+clients hold a column that is not only 0 and 1: never a row, nor one client's value), fits
+with
 
     x'_j = (x_j - m_j) / s_j,    y' = (y - m_y) / s_y
 
@@ -24,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data import aggregate_moments, client_moments
-from ..federation import run
-from ..federation.oneshot import OneShot, raise_failures
+from ..data.scaling import aggregate_moments, client_moments, client_sums
+from ..federation import FederatedAlgorithm, run
+from ..federation.oneshot import raise_failures
 from ..results import register
 
 __all__ = ["LinearScaling", "federated_scaling"]
@@ -92,52 +94,93 @@ class LinearScaling:
         return bool(np.all(self.x_mean == 0) and np.all(self.x_sd == 1) and self.y_mean == 0 and self.y_sd == 1)
 
 
-class _Moments(OneShot):
-    """One round: every client sends :func:`~fedstats.data.client_moments` of its rows (count,
-    sums, sums of squared deviations about its own mean), whether each column holds only 0
-    and 1, and which sums overflowed (sent as 0, for the server to name)."""
+class _Moments(FederatedAlgorithm):
+    """Two rounds whose replies the server receives only summed over the clients:
 
-    def __init__(self):
-        super().__init__(("n", "sum_x", "m2_x", "sum_y", "m2_y", "binary", "overflow"), {}, None)
+    * round 0: each client sends its row count (``n``), the sums of its columns (``sum_x``)
+      and of its target (``sum_y``, :func:`~fedstats.data.scaling.client_sums`) and, per
+      column, 1 where the column holds a value other than 0 and 1 (``not_binary``: summed,
+      the number of clients at which it is not a 0/1 dummy);
+    * round 1: the server broadcasts the federation's means; each client sends ``n`` and
+      ``not_binary`` again and, under ``sum_x`` and ``sum_y``, its sums of squared
+      deviations about those means (:func:`~fedstats.data.scaling.client_moments`). About
+      a common centre they add up to the pooled rows' sums of squares: the exact pooled sd,
+      with the precision of centred sums and without any client's own mean.
+
+    In both rounds a sum that overflowed is sent as 0 and flagged with a 1 in ``overflow``
+    (summed: the number of clients at which it overflowed), for the server to name the
+    column. The server state keeps each round's sums (``"sums"``, ``"squares"``)."""
+
+    reply_keys = ("n", "sum_x", "sum_y", "not_binary", "overflow")
+    summed_keys = reply_keys  # the server uses every reply only through its sum over the clients
+
+    def init_server(self, clients, rng):
+        return {"sums": None, "squares": None}
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        if server_state["sums"] is None:
+            return {}
+        return {"mean_x": server_state["mean_x"], "mean_y": server_state["mean_y"]}
 
     def client_step(self, message, state, data, rng):
-        X = np.asarray(data.X, dtype=float)
+        X, y = np.asarray(data.X, dtype=float), np.asarray(data.y, dtype=float)
         with np.errstate(over="ignore", invalid="ignore"):
-            m = client_moments(X, np.asarray(data.y, dtype=float))
-        parts = {k: np.atleast_1d(np.asarray(m[k], dtype=float)) for k in ("sum_x", "m2_x", "sum_y", "m2_y")}
-        overflow = ~(
-            np.isfinite(np.r_[parts["sum_x"], parts["sum_y"]]) & np.isfinite(np.r_[parts["m2_x"], parts["m2_y"]])
-        )
-        reply = {k: np.where(np.isfinite(v), v, 0.0) for k, v in parts.items()}
-        reply.update(
-            n=np.array([m["n"]], float),
-            binary=np.all((X == 0) | (X == 1), axis=0).astype(np.int8),
-            overflow=overflow.astype(np.int8),
-        )
-        return reply, state
+            if "mean_x" in message:
+                m = client_moments(X, y, about=(message["mean_x"], float(message["mean_y"][0])))
+                vals = np.r_[m["m2_x"], m["m2_y"]]
+            else:
+                m = client_sums(X, y)
+                vals = np.r_[m["sum_x"], m["sum_y"]]
+        ok = np.isfinite(vals)
+        vals = np.where(ok, vals, 0.0)
+        return {
+            "n": np.array([m["n"]], float),
+            "sum_x": vals[:-1],
+            "sum_y": vals[-1:],
+            "not_binary": (~np.all((X == 0) | (X == 1), axis=0)).astype(np.int8),
+            "overflow": (~ok).astype(np.int8),
+        }, state
+
+    def server_step(self, server_state, replies, round):
+        s = dict(server_state)
+        if not replies:  # every client failed: the caller names the first failure
+            return s, {}
+        sums = {k: np.array(v) for k, v in replies.sums.items()}
+        if s["sums"] is not None:
+            s["squares"] = sums
+            return s, {}
+        s["sums"] = sums
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            mean = np.r_[sums["sum_x"], sums["sum_y"]] / sums["n"][0]
+        mean = np.where(np.isfinite(mean), mean, 0.0)  # an overflowed column is named after round 1
+        s["mean_x"], s["mean_y"] = mean[:-1], mean[-1:]
+        return s, {}
 
 
 def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScaling:
-    """The :class:`LinearScaling` of ``data`` from one counted round of per-client sums."""
-    out = run(_Moments(), data, rounds=1, seed=seed, progress=False, batched=False, kind="federated scaling")
-    raise_failures(out.history, "the federated scaling round")
-    reps = [out.server_state[c] for c in data.clients]
+    """The :class:`LinearScaling` of ``data`` from two counted rounds of sums over the clients
+    (:class:`_Moments`)."""
+    out = run(_Moments(), data, rounds=2, seed=seed, progress=False, batched=False, kind="federated scaling")
+    raise_failures(out.history, "the federated scaling rounds")
+    first, second = out.server_state["sums"], out.server_state["squares"]
     with np.errstate(over="ignore", invalid="ignore"):
         agg = aggregate_moments(
             [
                 {
-                    "n": int(r["n"][0]),
-                    "sum_x": r["sum_x"],
-                    "m2_x": r["m2_x"],
-                    "sum_y": float(r["sum_y"][0]),
-                    "m2_y": float(r["m2_y"][0]),
+                    "n": int(first["n"][0]),
+                    "sum_x": first["sum_x"],
+                    "m2_x": second["sum_x"],
+                    "sum_y": float(first["sum_y"][0]),
+                    "m2_y": float(second["sum_y"][0]),
                 }
-                for r in reps
             ]
         )
     x_mean, x_sd = agg["mean_x"], agg["sd_x"]
     y_means, y_sds = np.atleast_1d(agg["mean_y"]), np.atleast_1d(agg["sd_y"])
-    flagged = np.any(np.stack([r["overflow"] for r in reps]), axis=0)
+    flagged = (first["overflow"] + second["overflow"]) > 0
     flagged |= ~np.isfinite(np.r_[x_mean, y_means]) | ~np.isfinite(np.r_[x_sd, y_sds])
     names = [*map(repr, data.feature_names), f"{data.target_name or 'y'!r} (the target)"]
     bad = [n for n, f in zip(names, flagged) if f]
@@ -147,7 +190,7 @@ def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScal
             "for a sum of squares in float64 (overflow); rescale them (e.g. to thousands) or check "
             "for a sentinel value such as 1e308"
         )
-    binary = np.all(np.stack([r["binary"] for r in reps]), axis=0).astype(bool)
+    binary = first["not_binary"] == 0  # 0/1 at every client
     keep = binary | ~(x_sd > 0) | ~np.isfinite(x_sd)  # 0/1 dummies and constant columns keep their coding
     x_mean = np.where(keep, 0.0, x_mean)
     x_sd = np.where(keep, 1.0, x_sd)

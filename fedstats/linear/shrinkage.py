@@ -350,7 +350,12 @@ def _design_report(msg, X, rng, _private=None):
 
 def _check_design(data: FederatedData) -> None:
     """Refuse designs that would give a silently wrong answer; warn about weak ones. Each
-    client reports a few integers about its design in one federated round."""
+    client reports a few integers about its design in one federated round.
+
+    The replies stay per client (no sum over clients would do): every check is a statement
+    about one client, which the warnings name (its constant columns, its few rows, its
+    dependent columns: ``rank < varying`` at that client), and the refusal needs each
+    client's own rank (dependent at *every* client, listing their ranks)."""
     import warnings
 
     d = data.n_features

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedstats.data import DataError, FederatedData
+from fedstats.federation import Replies
 from fedstats.gp import FGPR, FGPRResult
 from fedstats.gp._core import HyperSpec, adam_update
 from fedstats.gp.fgpr import FGPRAlgorithm, average_hypers, draw_participants
@@ -361,12 +362,78 @@ def test_server_weights_duplicates_by_their_multiplicity():
     r = next(r for r in range(200) if sorted(alg.multiplicity(r)) == [0, 0, 1, 2])
     mult = alg.multiplicity(r)
     twice, once = int(np.argmax(mult)), int(np.flatnonzero(mult == 1)[0])
-    replies = {
+    hypers = {
         c: {"lengthscale": np.array([1.0 + c]), "outputscale": np.array([1.0]), "noise": np.array([0.1])}
         for c in (twice, once)
     }
-    state, _ = alg.server_step(alg.init_server(data.clients, None), replies, r)
+    start = alg.init_server(data.clients, None)
+    # each client weights its own hyperparameters by the multiplicity broadcast to it
+    messages = {c: alg.broadcast(start, c, r) for c in (twice, once)}
+    assert [float(messages[c]["weight"][0]) for c in (twice, once)] == [2.0, 1.0]
+    replies = {c: alg.weighted_term(hypers[c], messages[c], 20) for c in (twice, once)}
+    state, _ = alg.server_step(start, Replies.summing(alg.summed_keys, replies), r)
     assert state.hyper["lengthscale"][0] == pytest.approx((2 * (1.0 + twice) + (1.0 + once)) / 3, rel=1e-14)
+
+
+class _PerClientReference(FGPRAlgorithm):
+    """The averaging as it was before it was declared a sum: each client sends its constrained
+    hyperparameters and the server takes the normalised weighted mean of them in the space."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.summed_keys = ()
+
+    def weighted_term(self, hyper, message, n):
+        return hyper
+
+    def server_step(self, server_state, replies, round):
+        old = server_state.hyper
+        if not replies:
+            return server_state, self._metrics(old, old)
+        w = np.array([self._weight(server_state, c, round) for c in replies])
+        w = w / w.sum()
+        new = {}
+        for n in self.spec.names:
+            V = np.stack([r[n] for r in replies.values()])
+            if n == "mean" or self.average_space == "constrained":
+                new[n] = w @ V
+            elif self.average_space == "log":
+                new[n] = np.exp(w @ np.log(V))
+            else:
+                raw = self.spec.to_raw(n, torch.as_tensor(V, dtype=torch.float64)).numpy()
+                new[n] = self.spec.from_raw(n, torch.as_tensor(w @ raw, dtype=torch.float64)).numpy()
+        return type(server_state)(new, server_state.weights), self._metrics(old, new)
+
+
+@pytest.mark.parametrize("space", ["constrained", "raw", "log"])
+@pytest.mark.parametrize("participation", [1.0, 2])
+def test_the_server_sees_only_sums_of_the_weighted_hyperparameters(monkeypatch, space, participation):
+    """Each client sends ``w_k g(h_k)``, declared summed: the server step holds no client's
+    hyperparameters, only their sum; the fit equals the per-client weighted average of before
+    (to rounding), with N_k weights or the multiplicities of the draws."""
+    from fedstats.gp import fgpr
+
+    data = toy(K=4, n=(20, 30, 25, 41), d=2)
+    model = FGPR(rounds=6, batch_size=16, average_space=space, participation=participation, ard=True, mean="constant")
+    seen = []
+    real = FGPRAlgorithm.server_step
+
+    def spy(self, state, replies, round):
+        seen.append(([set(r) for r in replies.values()], set(replies.sums)))
+        return real(self, state, replies, round)
+
+    monkeypatch.setattr(FGPRAlgorithm, "server_step", spy)
+    res = model.fit(data, seed=3)
+    monkeypatch.setattr(fgpr, "FGPRAlgorithm", _PerClientReference)
+    ref = model.fit(data, seed=3)
+    monkeypatch.undo()
+    assert len(seen) == 6
+    names = {"lengthscale", "outputscale", "noise", "mean"}
+    for (per_client, sums), rec in zip(seen, res.history):
+        assert per_client == [set()] * len(rec.answered) and sums == names
+    hyper_close(res.hyperparameters, ref.hyperparameters, 1e-12)
+    start = HyperSpec(d=2, ard=True, mean="constant").default()
+    assert all(np.all(np.abs(res.hyperparameters[n] - start[n]) > 1e-3) for n in names)  # it learned
 
 
 def test_a_count_of_every_client_is_full_participation():

@@ -85,3 +85,41 @@ def test_separate_gd_converges_to_least_squares_and_rejects_bad_options():
         DistributedRidge(lam=0).fit(data)
     with pytest.raises(ValueError, match="omega"):
         PooledOracle(omega=np.eye(2), noise_var=1).fit(data)
+
+
+def test_averaging_servers_see_only_sums_of_the_coefficients(monkeypatch):
+    """FedAvg, Ditto and distributed ridge declare the coefficients summed: their server steps
+    hold no device's ``theta``, only the sum over the devices that answered (the average is
+    that sum over their number). Separate keeps each device's coefficients: they are its fit."""
+    from fedstats.linear import baselines
+
+    seen = []
+    for cls in (baselines._Averaging, baselines._OneShotRidge, baselines._SeparateFit):
+        real = cls.server_step
+
+        def spy(self, state, replies, round, real=real):
+            seen.append((type(self).__name__, [set(r) for r in replies.values()], set(replies.sums)))
+            return real(self, state, replies, round)
+
+        monkeypatch.setattr(cls, "server_step", spy)
+    data = federation(seed=3)
+    lr = 2e-3
+    res = FedAvg(rounds=4, local_steps=5, lr=lr, init="zeros", participation=2).fit(data, seed=1)
+    ditto = Ditto(rounds=2, local_steps=5, lr=lr, init="zeros", lam=0.5).fit(data)
+    ridge = DistributedRidge(lam=0.1).fit(data)
+    Separate(method="ols").fit(data)
+    monkeypatch.undo()
+    # the oracle: the plain average of the participants' local steps, round by round
+    g = np.zeros(3)
+    for rec in res.history:
+        assert len(rec.answered) == 2
+        g = np.mean([gd(g, data[c].X, data[c].y, 5, lr) for c in rec.answered], axis=0)
+    np.testing.assert_allclose(res.coef(0), g, atol=1e-12)
+    assert ditto.theta.shape == (3, 4) and ridge.theta.shape == (3, 4)
+    names = [name for name, _, _ in seen]
+    assert names == ["_Averaging"] * 6 + ["_OneShotRidge", "_SeparateFit"]
+    for name, per_client, sums in seen:
+        if name == "_SeparateFit":
+            assert per_client == [{"theta"}] * 4 and sums == set()
+        else:
+            assert len(per_client) in (2, 4) and all(keys == set() for keys in per_client) and sums == {"theta"}

@@ -79,6 +79,30 @@ def test_exact_any_order_and_covering_pattern_then_fixed(schedule):
     np.testing.assert_allclose(res.global_posterior().cov, cov[:3, :3], atol=1e-10, rtol=0)
 
 
+def test_the_ep_server_step_sees_only_sums_of_the_site_changes(monkeypatch):
+    """FederatedEP declares the site changes summed: its server step never holds one device's
+    ``dr`` or ``dQ``, only their sums over the devices that answered; the exact fit, over
+    rounds of different participants, still equals the pooled posterior."""
+    seen = []
+    real = FederatedEP.server_step
+
+    def spy(self, state, replies, round):
+        seen.append(([set(r) for r in replies.values()], set(replies.sums), sorted(replies)))
+        return real(self, state, replies, round)
+
+    monkeypatch.setattr(FederatedEP, "server_step", spy)
+    data = make_data()
+    schedule = [["c1", "c3"], ["c0", "c2", "c4"], ["c0", "c1", "c2", "c3", "c4"]]
+    res = exact_model(participation=lambda r, rng: schedule[r], rounds=3, tol=0).fit(data)
+    monkeypatch.undo()
+    mean, cov = pooled_exact(data, TAU, SIGMA)
+    np.testing.assert_allclose(res.global_posterior().mean, mean[:3], atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.global_posterior().cov, cov[:3, :3], atol=1e-10, rtol=0)
+    assert [who for _, _, who in seen] == schedule
+    for per_client, sums, who in seen:
+        assert per_client == [set()] * len(who) and sums == {"dr", "dQ"}
+
+
 def test_exact_device_posteriors_equal_pooled_marginals_and_q_double_counts():
     data = make_data()
     res = exact_model(rounds=2).fit(data)

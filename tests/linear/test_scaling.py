@@ -42,7 +42,7 @@ def ols(X, y):
     return beta, np.sqrt(np.diag(s2 * np.linalg.inv(Xd.T @ Xd)))
 
 
-def test_scaling_is_one_counted_round_and_keeps_dummies():
+def test_scaling_is_one_exchange_and_keeps_dummies():
     Xs, ys = unit_data()
     data = FederatedData.from_arrays(Xs, ys, feature_names=["x", "dummy"])
     sc = federated_scaling(data, True)
@@ -63,8 +63,46 @@ def test_scaling_is_one_counted_round_and_keeps_dummies():
         res = HierarchicalLinearModel(rounds=2).fit(data, seed=0, progress=False)
     kinds = res.communication.by_kind
     assert kinds["federated scaling"]["runs"] == 1 and kinds["federated scaling"]["bytes_up"] > 0
+    assert kinds["federated scaling"]["rounds"] == 2  # sums, then squares about the federation's means
     no = HierarchicalLinearModel(rounds=2, standardize=False).fit(data, seed=0, progress=False)
     assert no.scaling is None and "federated scaling" not in no.communication.by_kind
+
+
+def test_the_server_sees_only_sums_of_the_moments(monkeypatch):
+    """Both scaling rounds declare every reply a sum: the server step never holds one client's
+    count, sums, squares or flags; the scaling still equals the pooled rows' mean and sd, the
+    sums of squares those about the pooled means."""
+    from fedstats.linear import scaling
+
+    seen = []
+    real = scaling._Moments.server_step
+
+    def spy(self, state, replies, round):
+        seen.append(([set(r) for r in replies.values()], {k: np.array(v) for k, v in replies.sums.items()}))
+        return real(self, state, replies, round)
+
+    monkeypatch.setattr(scaling._Moments, "server_step", spy)
+    Xs, ys = unit_data()
+    Xs[1] = Xs[1].copy()
+    Xs[1][0, 1] = 2.0  # the dummy is not 0/1 at one client: it is standardised
+    data = FederatedData.from_arrays(Xs, ys, feature_names=["x", "dummy"])
+    sc = federated_scaling(data, True)
+    monkeypatch.undo()
+    X, y = np.concatenate(Xs), np.concatenate(ys)
+    np.testing.assert_allclose(sc.x_mean, X.mean(axis=0), rtol=1e-14)
+    np.testing.assert_allclose(sc.x_sd, X.std(axis=0, ddof=1), rtol=1e-12)
+    np.testing.assert_allclose([sc.y_mean, sc.y_sd], [y.mean(), y.std(ddof=1)], rtol=1e-12)
+    assert sc.binary.tolist() == [False, False]
+    assert len(seen) == 2
+    for per_client, sums in seen:
+        assert len(per_client) == len(Xs) and all(keys == set() for keys in per_client)
+        assert set(sums) == set(scaling._Moments.reply_keys)
+        assert sums["n"][0] == len(y) and sums["not_binary"].tolist() == [len(Xs), 1]
+        assert not sums["overflow"].any()
+    (_, first), (_, second) = seen
+    np.testing.assert_allclose(np.r_[first["sum_x"], first["sum_y"]], np.r_[X.sum(axis=0), y.sum()], rtol=1e-12)
+    np.testing.assert_allclose(second["sum_x"], ((X - X.mean(axis=0)) ** 2).sum(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(second["sum_y"], ((y - y.mean()) ** 2).sum(), rtol=1e-12)
 
 
 def test_overflowing_values_name_the_column():
@@ -74,6 +112,19 @@ def test_overflowing_values_name_the_column():
     data = FederatedData.from_arrays(Xs, ys, feature_names=["size", "dummy"])
     with pytest.raises(ValueError, match="cannot standardise column.*'size'.*overflow"):
         HierarchicalLinearModel(rounds=1).fit(data, progress=False)
+
+
+def test_an_overflowing_sum_names_the_column_after_both_rounds():
+    """A column whose sum overflows at a client (round 0) and one whose squares overflow about
+    the federation's mean (round 1) are both named."""
+    Xs, ys = unit_data()
+    Xs[2], Xs[4] = Xs[2].copy(), Xs[4].copy()
+    Xs[2][:2, 0] = 1e308  # the sum of 'size' overflows at client 2
+    ys[4] = ys[4].copy()
+    ys[4][0] = 1e200  # the target's sum is finite, its squares are not
+    data = FederatedData.from_arrays(Xs, ys, feature_names=["size", "dummy"])
+    with pytest.raises(ValueError, match=r"column\(s\) 'size', 'y' \(the target\).*overflow"):
+        federated_scaling(data, True)
 
 
 @pytest.mark.parametrize("model", ["hm2", "lasso"])
