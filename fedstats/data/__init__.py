@@ -8,8 +8,11 @@ client and, where it applies, the column. Nothing is ever dropped silently: a ro
 NaN is an error, not a row to skip.
 
 Anything computed *across* clients here (:meth:`FederatedData.fit_scaler`) is computed the
-federated way: every client reports a few sums of its own rows (:func:`client_moments`)
-and the server combines only those sums (:func:`aggregate_moments`); rows are never pooled.
+federated way, in two rounds that the server uses only through their sum over the clients:
+every client reports its count and column sums (:func:`client_sums`), then its squared
+deviations about the federation's means (:func:`client_moments`); the server adds them
+(:func:`add_moments`) and forms the means and sds (:func:`aggregate_moments`); rows are never
+pooled.
 
 Example
 -------
@@ -29,7 +32,7 @@ FederatedData(K=2 clients, d=2 features, n=13, rows per client 5..8, target='y')
 from __future__ import annotations
 
 from .container import ClientData, DataLike, FederatedData, as_federated, require_target
-from .scaling import FederatedScaler, aggregate_moments, client_moments
+from .scaling import FederatedScaler, add_moments, aggregate_moments, client_moments, client_sums
 from .validation import ConstantFeatureWarning, DataError, UnknownClientError
 
 __all__ = [
@@ -40,8 +43,10 @@ __all__ = [
     "FederatedData",
     "FederatedScaler",
     "UnknownClientError",
+    "add_moments",
     "aggregate_moments",
     "as_federated",
     "client_moments",
+    "client_sums",
     "require_target",
 ]

@@ -491,9 +491,11 @@ class FederatedData:
     def fit_scaler(self, *, center: bool = True, scale: bool = True, target: bool = False) -> FederatedScaler:
         """Fit a :class:`FederatedScaler` from per-client sums only.
 
-        Each client reports ``n_k``, its column sums and its sum of squared deviations
-        (:func:`client_moments`); the server combines those (:func:`aggregate_moments`)
-        into the overall mean and sample sd (``n - 1`` denominator). No rows are pooled.
+        Two rounds, each used by the server only through its sum over the clients: each
+        client reports ``n_k`` and its column sums (:func:`client_sums`); then its sum of
+        squared deviations about the federation's means (:func:`client_moments` with
+        ``about``). The server adds them (:func:`add_moments`) into the overall mean and
+        sample sd (``n - 1`` denominator, :func:`aggregate_moments`). No rows are pooled.
 
         Parameters
         ----------

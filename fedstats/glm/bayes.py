@@ -1,7 +1,7 @@
 """Bayesian GLMs by federated EP: :class:`BayesianGLM` (coefficients shared by every client)
 and :class:`HierarchicalGLM` (each client's own coefficients around a population).
 
-Both standardise the predictors with federated moments first (one counted round; 0/1
+Both standardise the predictors with federated moments first (two summed rounds; 0/1
 columns keep their coding), put their priors on that scale and report on the data's own
 scale. Each EP site is one client's full likelihood; the tilted moments come from
 Laplace-corrected importance sampling (:class:`~fedstats.inference.tilted.ImportanceTilted`),
@@ -76,7 +76,7 @@ class _BayesBase(Estimator):
         return fam
 
     def _setup(self, data, seed):
-        """Checks (one counted round), the federated scaling of the predictors (one more) and
+        """Checks (one counted round), the federated scaling of the predictors (two more) and
         the design every client reads its standardised rows through."""
         require_target(data, type(self).__name__)
         fam = self._family()

@@ -18,6 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedstats import HierarchicalLinearModel
 from fedstats.federation.flower import FlowerSession
+from fedstats.glm import FederatedGLM
 from fedstats.mixture import FederatedGaussianMixture, VariationalGaussianMixture
 
 app = ServerApp()
@@ -27,6 +28,8 @@ DEFAULTS = {
     "gmm": {"tol": 1e-6, "max-rounds": 100},
     "gmm-bayes": {"tol": 1e-6, "max-rounds": 100},
     "hm2": {"tol": 0.1, "max-rounds": 15},
+    "hm2-exact": {"tol": 0.1, "max-rounds": 15},
+    "glm": {"tol": 1e-8, "max-rounds": 25},
 }
 
 
@@ -49,6 +52,12 @@ def build(cfg):
         cls = VariationalGaussianMixture if s["model"] == "gmm-bayes" else FederatedGaussianMixture
         return cls(
             int(cfg["components"]), covariance_type=str(cfg["covariance-type"]), rounds=s["max-rounds"], tol=s["tol"]
+        )
+    if s["model"] == "glm":  # a Gaussian GLM (least squares with its standard errors) by federated IRLS
+        return FederatedGLM("gaussian", rounds=s["max-rounds"], tol=s["tol"])
+    if s["model"] == "hm2-exact":  # known tau and sigma: EP's tilted moments are exact (no sampling)
+        return HierarchicalLinearModel(
+            rounds=s["max-rounds"], tol=s["tol"], tau=1.0, sigma=1.0, fit_intercept=False, estimator="exact"
         )
     return HierarchicalLinearModel(rounds=s["max-rounds"], tol=s["tol"])
 
@@ -142,9 +151,38 @@ class ReportingSession(FlowerSession):
         return RoundReport(clients, algorithm, ids, self.started or time.perf_counter())
 
 
+def record_received(grid: Grid, path: str) -> None:
+    """Write every array the ServerApp receives (replies and SecAgg+'s masked vectors, each
+    flattened) to ``path`` (an .npz), rewritten after every pull: what an honest-but-curious
+    server holds, for an audit (the deployment test compares it with the clients' values)."""
+    import numpy as np
+    from flwr.common import bytes_to_ndarray
+
+    seen: list = []
+    pull = grid.pull_messages
+
+    def pulling(ids):
+        got = list(pull(ids))
+        for m in got:
+            if m.has_error():
+                continue
+            for rec in m.content.array_records.values():
+                seen.extend(np.asarray(a.numpy(), float).ravel() for a in rec.values())
+            for rec in m.content.config_records.values():
+                if "masked_params" in rec:
+                    seen.extend(np.asarray(bytes_to_ndarray(b), float).ravel() for b in rec["masked_params"])
+        if got:
+            np.savez(path, *seen)
+        return got
+
+    grid.pull_messages = pulling
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
+    if str(cfg.get("record", "")):
+        record_received(grid, str(cfg["record"]))
     s = settings(cfg)
     timeout = float(cfg["timeout"]) or None
     say(f"waiting for {int(cfg['min-nodes'])} SuperNodes")
@@ -154,6 +192,7 @@ def main(grid: Grid, context: Context) -> None:
         wait=float(cfg["wait"]),
         timeout=timeout,
         on_disconnect=str(cfg["on-disconnect"]),
+        secure_aggregation=bool(cfg["secure-aggregation"]),
     )
     data = session.remote_data()
     say(f"{data}; clients {dict(data.n_obs)}, features {list(data.feature_names)}")
