@@ -17,6 +17,9 @@ centres merged on the server, then federated Lloyd steps.
 
 Every step is a one-round :class:`~fedstats.federation.oneshot.OneShot` algorithm run by the ordinary runtime, so
 the bytes are counted like any other round; every client must answer (a failure raises).
+Steps 3 and 4 declare their replies summed (:class:`OneShotSums`): the server gets only the
+totals. Step 1 cannot: the server seeds k-means++ with individual centres, and a client sends
+as many centres as it has clusters.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ import numpy as np
 
 from .. import streams
 from ..data import DataError
-from ..federation.oneshot import one_shot
-from ..federation.protocol import client_function
+from ..federation.oneshot import OneShot, one_shot, raise_failures
+from ..federation.protocol import Replies, client_function
+from ..federation.runner import run
 from .gmm import COV_TYPES, centre, e_step, log_gaussian, m_step, precision_cholesky, reshift, segment_statistics
 
 
@@ -73,8 +77,33 @@ def kmeans(X, k, rng, weights=None, iters=50):
     return lloyd(X, kmeans_pp(X, k, rng, weights), weights, iters)
 
 
-def summed(replies, clients, key):
-    return sum(replies[c][key] for c in clients)
+class OneShotSums(OneShot):
+    """A :class:`~fedstats.federation.oneshot.OneShot` round whose reply arrays named in
+    ``summed`` reach the server only as their sum over the clients (``replies.sums``); its
+    server state is the :class:`~fedstats.federation.Replies` (the other arrays per client)."""
+
+    def __init__(self, keys, summed, payload, client_fn, private=None):
+        super().__init__(tuple(keys), payload, client_fn, private)
+        self.summed_keys = tuple(summed)
+
+    def server_step(self, server_state, replies, round):
+        return Replies(dict(replies), replies.sums), {}
+
+
+def one_shot_sums(data, keys, summed, payload, client_fn, *, seed, what, private=None):
+    """:func:`~fedstats.federation.oneshot.one_shot` with the ``summed`` keys declared summed:
+    returns ``(replies, client_states)``, the sums in ``replies.sums``."""
+    r = run(
+        OneShotSums(keys, summed, payload, client_fn, private),
+        data,
+        rounds=1,
+        seed=seed,
+        progress=False,
+        batched=False,
+        kind=what.removeprefix("the "),
+    )
+    raise_failures(r.history, what)
+    return r.server_state, r.client_states
 
 
 # ------------------------------------------------------------------ client functions
@@ -115,7 +144,8 @@ def _hard_stats(msg, X, rng, _private=None):
 
 @client_function
 def _score(msg, X, rng, log_weights=None):
-    """Log-likelihood of the client's rows under each candidate (its own weights, or uniform)."""
+    """Log-likelihood of the client's rows under each candidate (its own weights, or uniform).
+    The client also keeps it (its new private state), for a result that reports it per client."""
     cov_type = COV_TYPES[int(msg["cov_type"][0])]
     M = msg["means"].shape[1]
     lw = np.full(M, -np.log(M)) if log_weights is None else log_weights
@@ -123,29 +153,36 @@ def _score(msg, X, rng, log_weights=None):
     for means, cov in zip(msg["means"], msg["covariances"]):
         Xg, mg, _ = centre(X, means)
         out.append(e_step(log_gaussian(Xg, mg, precision_cholesky(cov, cov_type), cov_type), lw)[1].sum())
-    return {"loglik": np.array(out)}
+    return {"loglik": np.array(out)}, np.array(out)
 
 
 def federated_loglik(data, means, cov, cov_type, log_weights, seed=0):
     """One round: the federated log-likelihood at ``(means, cov)``, each client with its own
-    log-weights (dict client -> (M,)). Returns a dict client -> log-likelihood."""
+    log-weights (dict client -> (M,)). Returns a dict client -> log-likelihood.
+
+    The reply is summed; each client's own value comes from its final state, as its weights
+    do (the server step sees only the total)."""
     payload = {"means": means[None], "covariances": cov[None], "cov_type": np.array([COV_TYPES.index(cov_type)])}
-    reps, _ = one_shot(data, ("loglik",), payload, _score, seed=seed, what="the scoring round", private=log_weights)
-    return {c: float(reps[c]["loglik"][0]) for c in data.clients}
+    _, held = one_shot_sums(
+        data, ("loglik",), ("loglik",), payload, _score, seed=seed, what="the scoring round", private=log_weights
+    )
+    return {c: float(held[c][0]) for c in data.clients}
 
 
 def hard_covariances(data, means, cov_type, reg_covar, seed=0):
     """Covariances at given means from one round of hard-assignment statistics (a
     component with fewer than ``d + 1`` points gets the pooled covariance)."""
-    reps, _ = one_shot(
+    keys = ("N", "S1", "S2")
+    reps, _ = one_shot_sums(
         data,
-        ("N", "S1", "S2"),
+        keys,
+        keys,
         {"candidates": means[None], "cov_type": np.array([COV_TYPES.index(cov_type)])},
         _hard_stats,
         seed=seed,
         what="the covariance initialisation",
     )
-    N, S1, S2 = (summed(reps, data.clients, k)[0] for k in ("N", "S1", "S2"))
+    N, S1, S2 = (reps.sums[k][0] for k in keys)
     return _typed_m_step(N, S1, S2, means, cov_type, reg_covar)
 
 
@@ -199,25 +236,28 @@ def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed)
     srng = streams.stream(seed, streams.MIXTURE_START)
     g = np.average(centres, axis=0, weights=sizes)
     cands = np.stack([kmeans(centres - g, M, srng, sizes)[0] + g for _ in range(n_init)])
-    reps, _ = one_shot(
+    keys = ("N", "S1", "S2")
+    reps, _ = one_shot_sums(
         data,
-        ("N", "S1", "S2"),
+        keys,
+        keys,
         {"candidates": cands, "cov_type": ct},
         _hard_stats,
         seed=seed,
         what="the k-means initialisation",
     )
-    N, S1, S2 = (summed(reps, data.clients, k) for k in ("N", "S1", "S2"))
+    N, S1, S2 = (reps.sums[k] for k in keys)
     cov_a = np.stack([_typed_m_step(N[r], S1[r], S2[r], cands[r], cov_type, reg_covar) for r in range(n_init)])
-    reps, _ = one_shot(
+    reps, _ = one_shot_sums(
         data,
+        ("loglik",),
         ("loglik",),
         {"means": cands, "covariances": cov_a, "cov_type": ct},
         _score,
         seed=seed,
         what="the k-means initialisation",
     )
-    ll = summed(reps, data.clients, "loglik")
+    ll = np.array(reps.sums["loglik"])
     best = int(np.argmax(ll))
     info = {"candidate_loglik": ll, "best": best}
     return cands[best], cov_a[best], info

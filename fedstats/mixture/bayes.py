@@ -8,13 +8,14 @@ updates, split into a client and a server part:
 
 * client: E-step with ``E[log pi_c]`` (from its own ``alpha_c``, which never leaves it) and
   the broadcast expected log-densities; ``alpha_c = alpha_0 + N_c``; replies with the same
-  summed statistics as FedEM;
+  summed arrays as FedEM, its ``weight_term`` being its Dirichlet term ``log C(alpha_c)``
+  of the ELBO (``log Gamma(sum_j alpha_cj) - sum_j log Gamma(alpha_cj)``);
 * server: Normal-Wishart update from the summed statistics; the ELBO (scikit-learn's
   simplified lower bound, summed over clients' Dirichlet terms) is its convergence monitor.
 
 It is the FedEM round with other E-step offsets and another server update, so it reuses
-:class:`~fedstats.mixture.fedem.FedEMAlgorithm` (caching, incremental participation,
-batched E-step).
+:class:`~fedstats.mixture.fedem.FedEMAlgorithm` (every reply array summed, running totals
+with changes for incremental participation, batched E-step).
 
 Intervals (closed form): ``pi_cj ~ Beta(alpha_cj, alpha_c0 - alpha_cj)``; ``mu_j``'s
 coordinates are Student-t with ``nu_j - d + 1`` degrees of freedom, location ``m_j`` and
@@ -44,7 +45,7 @@ from ..federation.backend import accepts_backend
 from ..results import counted
 from ._common import SERVER_CONSTRAINTS, MixtureEstimator, as_federated, check_failures, without_lost
 from .bayes_result import BayesianMixtureResult
-from .fedem import FedEMAlgorithm
+from .fedem import FedEMAlgorithm, SentStatistics
 from .gmm import cov_shape, m_step, precision_cholesky
 
 _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
@@ -52,10 +53,12 @@ _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
 
 @dataclass
 class VBClientState:
-    """A client's variational Dirichlet ``alpha_c`` (private) and its row count."""
+    """A client's variational Dirichlet ``alpha_c`` (private), its row count and what it last
+    sent (see :class:`~fedstats.mixture.fedem.SentStatistics`)."""
 
     alpha: np.ndarray
     n: int
+    sent: SentStatistics | None = None
 
     @property
     def log_weights(self) -> np.ndarray:  # E[log pi_c]: the E-step's weight term
@@ -186,22 +189,26 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
         if stats is None:
             metrics["elbo"] = float("nan")
             return st, metrics
-        Nc, S1c, S2c = stats
-        Nj = Nc.sum(0) + _EPS10
-        xk, sk, _ = m_step(Nj, S1c.sum(0), S2c.sum(0), shift, self.cov_type, self.reg_covar, min_count=0.0)
+        N, S1, S2 = stats
+        Nj = N + _EPS10
+        xk, sk, _ = m_step(Nj, S1, S2, shift, self.cov_type, self.reg_covar, min_count=0.0)
         h = self.vb_update(Nj, xk, sk)
         st["hyper"] = h
         st["means"], st["cov"] = h["means"], h["covariances"]
-        alphas = self.prior["alpha0"] + (Nj[None] if self.shared else Nc + _EPS10)
         if self.shared:
-            st["alpha_shared"] = alphas[0]
-        elbo = self.elbo(h, alphas, st["H"][st["seen"]].sum())
+            st["alpha_shared"] = self.prior["alpha0"] + Nj
+            dirichlet = float(log_dirichlet_norm(st["alpha_shared"]))
+        else:  # sum_c log C(alpha_c), each client's term formed on the client
+            dirichlet = st["weight_term"]
+        elbo = self.elbo(h, dirichlet, st["H"])
         st["F_prev"], st["F"] = state["F"], elbo
         metrics["elbo"] = elbo
         return st, metrics
 
-    def elbo(self, h, alphas, entropy):
-        """scikit-learn's ``_compute_lower_bound`` (constants dropped), one Dirichlet per client."""
+    def elbo(self, h, dirichlet, entropy):
+        """scikit-learn's ``_compute_lower_bound`` (constants dropped), one Dirichlet per client:
+        ``dirichlet`` is the sum of their ``log C(alpha_c)``, ``entropy`` that of the
+        responsibilities' entropies."""
         d, M = self.d, self.M
         nu = h["degrees_of_freedom"]
         pc = precision_cholesky(h["covariances"], self.cov_type)
@@ -212,9 +219,7 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
             + np.sum(gammaln(0.5 * (np.atleast_1d(nu) - np.arange(d)[:, None])), 0)
         )
         log_wishart = M * float(np.squeeze(lw)) if self.cov_type == "tied" else float(np.sum(lw))
-        return float(
-            entropy - log_wishart - np.sum(log_dirichlet_norm(alphas)) - 0.5 * d * np.sum(np.log(h["mean_precision"]))
-        )
+        return float(entropy - log_wishart - dirichlet - 0.5 * d * np.sum(np.log(h["mean_precision"])))
 
     # ---------------------------------------------------------------- client side
     def init_client(self, client, data, rng):
@@ -224,32 +229,20 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
         a = np.full(self.M, self.prior["alpha0"]) if a is None else np.asarray(a, float)
         return VBClientState(alpha=a, n=int(data.n))
 
-    def client_steps(self, messages, states, datas, rngs):
-        # E[log pi_c] + offset is the per-row "log weight" of the FedEM E-step
-        ml = bool(messages[0]["ml_start"][0])
-        fake = []
-        for m, s in zip(messages, states):
-            lw = np.full(self.M, -math.log(self.M)) if ml else s.log_weights
-            fake.append(_Shim(lw + m["offset"], s.n))
-        msgs = [{k: v for k, v in m.items() if k not in ("offset", "ml_start")} for m in messages]
+    def _estep_log_weights(self, message, states):
+        # E[log pi_c] + offset is the per-row "log weight" of the FedEM E-step (uniform weights
+        # at an ML start); with shared weights the broadcast E[log pi] (uniform at the start)
         if self.shared:
-            for m, orig in zip(msgs, messages):
-                m["log_weights"] = orig["log_weights"] + orig["offset"]
-        out = super().client_steps(msgs, fake, datas, rngs)
-        res = []
-        for o, s in zip(out, states):
-            if isinstance(o, BaseException):
-                res.append(o)
-                continue
-            reply, _ = o
-            res.append((reply, VBClientState(alpha=self.prior["alpha0"] + reply["N"] + _EPS10, n=s.n)))
-        return res
+            return message["log_weights"] + message["offset"]
+        uniform = np.full(self.M, -math.log(self.M))
+        ml = bool(message["ml_start"][0])
+        return np.stack([(uniform if ml else s.log_weights) + message["offset"] for s in states])
 
-
-@dataclass
-class _Shim:  # a FedEM client state carrying VB's E-step weights for one call
-    log_weights: np.ndarray
-    n: int
+    def _updated(self, state, N):
+        """The client's new ``alpha_c = alpha_0 + N_c`` and its Dirichlet term ``log C(alpha_c)``
+        of the ELBO (0 with shared weights: the server's)."""
+        alpha = self.prior["alpha0"] + N + _EPS10
+        return VBClientState(alpha=alpha, n=state.n), 0.0 if self.shared else float(log_dirichlet_norm(alpha))
 
 
 # ====================================================================== the model
@@ -481,16 +474,23 @@ def _prior_moments(msg, X, rng, _private=None):
 
 def federated_priors(data, cov_type, *, seed=0):
     """scikit-learn's default priors from federated sums: ``m0`` = data mean, ``cov0`` =
-    data covariance (``ddof=1``; diagonal / mean variance for diag / spherical). One round."""
-    from ..federation.oneshot import one_shot
+    data covariance (``ddof=1``; diagonal / mean variance for diag / spherical). One round.
 
-    reps, _ = one_shot(data, ("n", "s", "ss"), {"go": np.array([1])}, _prior_moments, seed=seed, what="the prior round")
+    The within-client scatters ``ss`` are declared summed; each client's count and sum stay
+    per client: the between-client term ``sum_c n_c (m_c - m)(m_c - m)^T`` needs every
+    client's mean ``m_c`` against the overall mean ``m``, which no client knows in this one
+    round (raw second moments would be summable but lose digits to cancellation on data far
+    from the origin; a second round with the broadcast mean would make it a sum)."""
+    from ._init import one_shot_sums
+
+    reps, _ = one_shot_sums(
+        data, ("n", "s", "ss"), ("ss",), {"go": np.array([1])}, _prior_moments, seed=seed, what="the prior round"
+    )
     n = sum(reps[c]["n"][0] for c in data.clients)
     mean = sum(reps[c]["s"] for c in data.clients) / n
     # Chan et al.'s parallel combination: within-client scatter + between-client term
-    scatter = sum(
-        reps[c]["ss"]
-        + reps[c]["n"][0] * np.outer(reps[c]["s"] / reps[c]["n"][0] - mean, reps[c]["s"] / reps[c]["n"][0] - mean)
+    scatter = reps.sums["ss"] + sum(
+        reps[c]["n"][0] * np.outer(reps[c]["s"] / reps[c]["n"][0] - mean, reps[c]["s"] / reps[c]["n"][0] - mean)
         for c in data.clients
     )
     cov = scatter / (n - 1)

@@ -153,9 +153,14 @@ def fast_mixing_weights(A: ArrayLike, *, iters: int = 500) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- algorithm
 class DFedEMAlgorithm(FederatedAlgorithm):
-    """D-FedEM over a mixing matrix ``W`` with ``gossip_steps`` gossip steps per round."""
+    """D-FedEM over a mixing matrix ``W`` with ``gossip_steps`` gossip steps per round.
+
+    The statistics ``N``, ``S1``, ``S2`` stay per client: the network mixes each node's with
+    its neighbours' (weights ``W``), not their sum. The log-likelihood and entropy, diagnostics
+    the simulator only adds up, are declared summed."""
 
     reply_keys = ("N", "S1", "S2", "loglik", "entropy")
+    summed_keys = ("loglik", "entropy")
     per_client_fields = ("weights_init",)
 
     def __init__(
@@ -220,11 +225,10 @@ class DFedEMAlgorithm(FederatedAlgorithm):
         idx = {c: i for i, c in enumerate(st["clients"])}
         for k in ("N", "S1", "S2"):
             st[k] = st[k].copy()
-        ll = 0.0
         for c, r in replies.items():
             i = idx[c]
             st["N"][i], st["S1"][i], st["S2"][i] = r["N"], r["S1"], r["S2"]
-            ll += float(r["loglik"][0])
+        ll = float(replies.sums["loglik"][0]) if replies.sums else 0.0
         N, S1, S2 = self.mix(st["N"], st["S1"], st["S2"])
         st["mixed"] = (N, S1, S2)
         before = np.concatenate([a.reshape(len(a), -1) for a in (st["N"], st["S1"], st["S2"])], 1)

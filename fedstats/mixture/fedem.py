@@ -7,10 +7,10 @@ One round (client-server, :class:`FedEMAlgorithm`):
 
 * the server broadcasts the components (and, with ``shared_weights=True``, the weights);
 * each client runs an exact E-step on its own rows with its own weights, updates its
-  weights ``pi_c = N_c / n_c`` (they never leave the client) and replies with summed
+  weights ``pi_c = N_c / n_c`` (they never leave the client) and replies with its
   statistics: soft counts ``N_c``, moments ``S1_c``, ``S2_c`` shifted by the broadcast
-  means, its log-likelihood at the broadcast parameters and the entropy of its
-  responsibilities;
+  means, its log-likelihood at the broadcast parameters, the entropy ``H_c`` of its
+  responsibilities, its weight term ``sum_j N_cj log pi_cj`` and its soft-count total;
 * the server adds the statistics and does the closed-form M-step. It never averages
   parameters (averaging the clients' local closed-form means with weights ``n_c/N`` is not the
   EM update: a component's mean must be weighted by each client's responsibility mass).
@@ -18,10 +18,20 @@ One round (client-server, :class:`FedEMAlgorithm`):
 So a federated round *is* an EM iteration of the per-client-weights model on the pooled
 data: federated equals centralised exactly, and the log-likelihood never decreases.
 
-Partial participation is incremental EM (Neal & Hinton): the server keeps every client's
-latest statistics and replaces those of the clients that answered; the free energy
-(ELBO) it reports after each M-step never decreases. The first round always asks every
-client, so the M-step always sees the whole federation.
+Partial participation is incremental EM (Neal & Hinton): a client that sits out a round
+still counts with its latest statistics; the free energy (ELBO) the server reports after each
+M-step never decreases. The first round always asks every client, so the M-step always sees
+the whole federation.
+
+Every reply array is declared summed (:attr:`FedEMAlgorithm.summed_keys`): the server only
+ever holds totals over the clients, so secure aggregation can hide each client's values. For
+the stale statistics of incremental EM the server keeps *running totals*, and a client sends
+the change of its own contribution: its new statistics minus those it sent last time, moved
+to the broadcast means (:func:`~fedstats.mixture.gmm.reshift` is linear in the statistics, so
+moving the total equals moving every client's part); the first time, its full statistics.
+The free energy's nonlinear per-client parts (the weight term, the entropy) are computed by
+each client and sent the same way; the expected log-density part is linear in the statistics
+and is evaluated on the totals.
 
 The variational model (:mod:`fedstats.mixture.bayes`) and D-FedEM
 (:mod:`fedstats.mixture.decentralized`) are sibling estimators; what they share is in
@@ -33,7 +43,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -64,15 +74,37 @@ _log_weights, _norm = log_weights, norm
 
 
 @dataclass
+class SentStatistics:
+    """What a client last added to the server's running totals: its statistics about
+    ``shift`` (the means it was sent then), its weight term and its entropy."""
+
+    N: np.ndarray
+    S1: np.ndarray
+    S2: np.ndarray
+    shift: np.ndarray
+    weight_term: float
+    entropy: float
+
+
+@dataclass
 class ClientMixtureState:
-    """What a client keeps between rounds: its log-weights (never sent) and row count."""
+    """What a client keeps between rounds: its log-weights (never sent), row count, and what
+    it last sent (``None`` before its first reply)."""
 
     log_weights: np.ndarray
     n: int
+    sent: SentStatistics | None = None
 
 
 class FedEMAlgorithm(FederatedAlgorithm):
     """Client-server FedEM for a Gaussian mixture (closed-form M-step on summed statistics).
+
+    A client's reply, every array summed over the clients (see the module docs): the change
+    of its statistics ``N``, ``S1``, ``S2`` about the broadcast means since its previous reply
+    (the first time: the statistics), the change of its ``entropy`` and of its
+    ``weight_term`` ``sum_j N_cj log pi_cj`` (not sent with ``shared_weights``: the server
+    forms that term from the totals), its ``loglik`` at the broadcast parameters and ``n``,
+    its soft-count total (for the metrics).
 
     Parameters
     ----------
@@ -86,7 +118,8 @@ class FedEMAlgorithm(FederatedAlgorithm):
     tol : convergence when the free energy per point changes by less than ``tol``.
     """
 
-    reply_keys = ("N", "S1", "S2", "loglik", "entropy")
+    reply_keys: tuple[str, ...] = ("N", "S1", "S2", "loglik", "entropy", "weight_term", "n")
+    summed_keys: tuple[str, ...] = reply_keys
     per_client_fields: tuple[str, ...] = ("weights_init",)
 
     def __init__(
@@ -109,6 +142,13 @@ class FedEMAlgorithm(FederatedAlgorithm):
         self.tol = tol
         self.M, self.d = self.means0.shape
         self._stack = RowStack()
+        if self.shared:  # the weight term is the server's: it holds the weights
+            self.reply_keys = self.summed_keys = tuple(k for k in type(self).reply_keys if k != "weight_term")
+
+    def final_state(self, state):
+        """At the end of a run the client's weights and row count leave it, not the statistics
+        it last sent (kept for resuming only)."""
+        return replace(state, sent=None) if getattr(state, "sent", None) is not None else state
 
     def __getstate__(self):
         s = dict(self.__dict__)
@@ -120,18 +160,20 @@ class FedEMAlgorithm(FederatedAlgorithm):
 
     # ---------------------------------------------------------------- server side
     def init_server(self, clients, rng):
-        C = len(clients)
         return {
             "clients": list(clients),
             "means": self.means0.copy(),
             "cov": self.cov0.copy(),
             "log_w": _log_weights(self._w0(None)) if self.shared else None,
-            "seen": np.zeros(C, bool),
-            "N": np.zeros((C, self.M)),
-            "S1": np.zeros((C, self.M, self.d)),
-            "S2": np.zeros((C,) + s2_shape(self.cov_type, self.M, self.d)),
-            "shift": np.zeros((C, self.M, self.d)),
-            "H": np.zeros(C),
+            "seen": np.zeros(len(clients), bool),
+            # running totals, over the clients seen so far, of their latest statistics (about
+            # "shift"), entropies and weight terms
+            "N": np.zeros(self.M),
+            "S1": np.zeros((self.M, self.d)),
+            "S2": np.zeros(s2_shape(self.cov_type, self.M, self.d)),
+            "shift": self.means0.copy(),
+            "H": 0.0,
+            "weight_term": 0.0,
             "F": None,
             "F_prev": None,
             "empty": [],
@@ -144,33 +186,36 @@ class FedEMAlgorithm(FederatedAlgorithm):
         return msg
 
     def absorb(self, state, replies, shift):
-        """The server's cache after this round's replies (statistics taken about ``shift``).
+        """The server's running totals after this round's replies, moved to ``shift`` (the
+        means broadcast this round, about which the clients sent their changes).
 
-        Returns ``(new_state, metrics, (N_c, S1_c, S2_c) of every client seen so far, all
-        moved to ``shift``)``; the last item is ``None`` before any client answered.
+        Returns ``(new_state, metrics, (N, S1, S2) totals about shift)``; the last item is
+        ``None`` before any client answered.
         """
         st = dict(state)
+        if "weight_term" not in st:  # a checkpoint of the per-client cache that came before the totals
+            raise ValueError("this checkpoint holds FedEM's former per-client statistics: start the fit afresh")
+        # reshift is linear in (N, S1, S2): moving the total moves every client's part
+        N, (S1, S2) = st["N"], reshift(st["N"], st["S1"], st["S2"], st["shift"], shift, self.cov_type)
+        sums = replies.sums
+        if sums:
+            N, S1, S2 = N + sums["N"], S1 + sums["S1"], S2 + sums["S2"]
+            st["H"] = st["H"] + float(sums["entropy"][0])
+            if not self.shared:
+                st["weight_term"] = st["weight_term"] + float(sums["weight_term"][0])
+        st["N"], st["S1"], st["S2"], st["shift"] = N, S1, S2, np.array(shift, dtype=float)
         idx = {c: i for i, c in enumerate(st["clients"])}
-        for k in ("N", "S1", "S2", "shift", "H", "seen"):
-            st[k] = st[k].copy()
-        ll = n_ans = 0.0
-        for c, r in replies.items():
-            i = idx[c]
-            st["N"][i], st["S1"][i], st["S2"][i] = r["N"], r["S1"], r["S2"]
-            st["shift"][i], st["H"][i], st["seen"][i] = shift, r["entropy"][0], True
-            ll += float(r["loglik"][0])
-            n_ans += float(r["N"].sum())
+        st["seen"] = st["seen"].copy()
+        st["seen"][[idx[c] for c in replies]] = True
+        ll = float(sums["loglik"][0]) if sums else 0.0
+        n_ans = float(sums["n"][0]) if sums else 0.0
         metrics = {
             "loglik": ll,
             "n_points": n_ans,
             "answered": float(len(replies)),
             "mean_loglik": ll / n_ans if n_ans else float("nan"),
         }
-        seen = st["seen"]
-        if not seen.any():
-            return st, metrics, None
-        S1c, S2c = reshift(st["N"][seen], st["S1"][seen], st["S2"][seen], st["shift"][seen], shift, self.cov_type)
-        return st, metrics, (st["N"][seen], S1c, S2c)
+        return st, metrics, ((N, S1, S2) if st["seen"].any() else None)
 
     def server_step(self, state, replies, round):
         old = state["means"]
@@ -178,21 +223,17 @@ class FedEMAlgorithm(FederatedAlgorithm):
         if stats is None:
             metrics.update(free_energy=float("nan"), empty_components=0.0)
             return st, metrics
-        Nc, S1c, S2c = stats
-        Nj = Nc.sum(0)
-        means, cov, empty = m_step(
-            Nj, S1c.sum(0), S2c.sum(0), old, self.cov_type, self.reg_covar, prev_means=old, prev_cov=state["cov"]
-        )
+        N, S1, S2 = stats
+        means, cov, empty = m_step(N, S1, S2, old, self.cov_type, self.reg_covar, prev_means=old, prev_cov=state["cov"])
         st["means"], st["cov"], st["empty"] = means, cov, empty.tolist()
-        # weights the clients now hold: pi_c = N_c / n_c (the server can form them from N_c,
-        # which is why soft counts reveal the weights unless summed by secure aggregation)
         if self.shared:
-            st["log_w"] = _log_weights(Nj / Nj.sum())
-            logw = np.broadcast_to(st["log_w"], Nc.shape)
-        else:
-            logw = _log_weights(Nc / Nc.sum(1, keepdims=True))
-        q = expected_loglik_terms(Nc, S1c, S2c, old, means, cov, self.cov_type)
-        F = float(np.sum(Nc * logw) + q.sum() + st["H"][st["seen"]].sum())
+            st["log_w"] = _log_weights(N / N.sum())
+            weight_term = float(np.sum(N * st["log_w"]))
+        else:  # sum_c sum_j N_cj log pi_cj, each client's term formed on the client
+            weight_term = st["weight_term"]
+        # the expected log-densities are linear in the statistics: evaluated on the totals
+        q = expected_loglik_terms(N[None], S1[None], S2[None], old, means, cov, self.cov_type)[0]
+        F = float(weight_term + q + st["H"])
         st["F_prev"], st["F"] = state["F"], F
         metrics.update(free_energy=F, empty_components=float(len(empty)))
         return st, metrics
@@ -212,6 +253,47 @@ class FedEMAlgorithm(FederatedAlgorithm):
         means, cov = msg["means"], msg["covariances"]
         return means, cov, precision_cholesky(cov, self.cov_type)
 
+    def _estep_log_weights(self, message, states):
+        """The E-step's log-weights: the broadcast ones (M,), or every client's own (C, M)."""
+        return message["log_weights"] if self.shared else np.stack([s.log_weights for s in states])
+
+    def _updated(self, state, N):
+        """A client's new private state (weights ``pi_c = N_c / n_c``) and its weight term
+        ``sum_j N_cj log pi_cj`` (0 with shared weights: the server's)."""
+        lw = _log_weights(N / state.n)
+        return ClientMixtureState(log_weights=lw, n=state.n), 0.0 if self.shared else float(np.sum(N * lw))
+
+    def _reply(self, state, shift, N, S1, S2, loglik, entropy, moved=None):
+        """The reply (changes since the client's previous reply, see the module docs) and new state.
+
+        The server's totals hold exactly what every client remembers sending: the runtime
+        commits a client's new state only with a reply that reaches the server step (a client
+        that fails keeps its old state; a lost node never answers again). ``moved``: the
+        previous ``S1``, ``S2`` already moved to ``shift`` (the batched step moves them all at once).
+        """
+        new, term = self._updated(state, N)
+        now = SentStatistics(N.copy(), S1.copy(), S2.copy(), np.array(shift, dtype=float), term, float(entropy))
+        prev = state.sent
+        dN, dS1, dS2, dterm, dH = now.N, now.S1, now.S2, term, now.entropy
+        if prev is not None:
+            S1p, S2p = (
+                moved if moved is not None else reshift(prev.N, prev.S1, prev.S2, prev.shift, shift, self.cov_type)
+            )
+            dN, dS1, dS2 = now.N - prev.N, now.S1 - S1p, now.S2 - S2p
+            dterm, dH = term - prev.weight_term, now.entropy - prev.entropy
+        reply = {
+            "N": dN,
+            "S1": dS1,
+            "S2": dS2,
+            "loglik": np.array([loglik]),
+            "entropy": np.array([dH]),
+            "n": np.array([N.sum()]),
+        }
+        if not self.shared:
+            reply["weight_term"] = np.array([dterm])
+        new.sent = now
+        return reply, new
+
     def client_step(self, message, state, data, rng):
         return self.client_steps([message], [state], [data], [rng])[0]
 
@@ -222,13 +304,18 @@ class FedEMAlgorithm(FederatedAlgorithm):
             return super().client_steps(messages, states, datas, rngs)
         means, cov, pc = self._unpack(first)
         X, starts = self._stack.get([np.asarray(d.X) for d in datas])
-        logw = first["log_weights"] if self.shared else np.stack([s.log_weights for s in states])
+        logw = self._estep_log_weights(first, states)
         N, S1, S2, L, H = estep_statistics(X, starts, means, pc, logw, self.cov_type)
-        out = []
-        for i, s in enumerate(states):
-            new = ClientMixtureState(log_weights=_log_weights(N[i] / s.n), n=s.n)
-            out.append(({"N": N[i], "S1": S1[i], "S2": S2[i], "loglik": L[i : i + 1], "entropy": H[i : i + 1]}, new))
-        return out
+        # what the clients sent before, moved to the broadcast means in one pass
+        had = [i for i, s in enumerate(states) if s.sent is not None]
+        moved = {}
+        if had:
+            prev = [states[i].sent for i in had]
+            S1p, S2p = reshift(
+                *(np.stack([getattr(p, k) for p in prev]) for k in ("N", "S1", "S2", "shift")), means, self.cov_type
+            )
+            moved = {i: (S1p[k], S2p[k]) for k, i in enumerate(had)}
+        return [self._reply(s, means, N[i], S1[i], S2[i], L[i], H[i], moved.get(i)) for i, s in enumerate(states)]
 
 
 # ====================================================================== the model

@@ -21,8 +21,10 @@ with its own weights ``pi_{t,c}``, then receives a batch ``X_{t,c}`` of ``n`` ro
   (with ``shared_weights``, ``(n_c g_c, n_c)`` goes up and the server makes the step).
 
 A client's weights themselves never leave it, but, as in FedEM, its soft counts do, and
-``N_c / n_c`` is its inner weight estimate of the step (sum them by secure aggregation to hide
-it). By default ``eta_t`` is adaptive, per client: ``sqrt(log m / sum_{s<=t} r_s^2)`` with
+``N_c / n_c`` is its inner weight estimate of the step; so every reply array is declared
+summed: the server uses only their totals, which secure aggregation can hide (with
+``pooling="local"`` the statistics stay per client: each client's components are its own).
+By default ``eta_t`` is adaptive, per client: ``sqrt(log m / sum_{s<=t} r_s^2)`` with
 ``r_s = max_j g_sj - min_j g_sj`` (the scale-free step of exponentiated gradient; it is
 ``sqrt(log m / t)`` when every range is 1), and the floor is ``min(eta_t, 1) / (t + 1)`` (see
 :class:`FEMOMD` for why); ``eta=None`` gives the thesis's schedule ``sqrt(log m / T)`` (known

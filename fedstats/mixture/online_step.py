@@ -47,6 +47,10 @@ class FEMOMDStep(FederatedAlgorithm):
 
     ``server`` / ``clients``: the state carried over from the previous step (mutated copies
     are returned through the run's server and client states).
+
+    Every reply array is declared summed (the server uses only the totals), except the
+    statistics ``N``, ``S1``, ``S2`` with ``pooling="local"``: there every client has its own
+    components, whose M-step uses that client's statistics alone.
     """
 
     reply_keys = ("N", "S1", "S2", "g")
@@ -62,6 +66,7 @@ class FEMOMDStep(FederatedAlgorithm):
         self.K = model.inner_rounds
         self.ct = "spherical" if model.covariance_type == "identity" else model.covariance_type
         self.M = model.n_components
+        self.summed_keys = ("g",) if model.pooling == "local" else self.reply_keys
         self._stack = RowStack()
 
     def __getstate__(self):
@@ -122,7 +127,7 @@ class FEMOMDStep(FederatedAlgorithm):
                     st["cov"] = (kc * st["cov"] + st["tilde_cov"]) / (kc + 1)
             return st, {"answered": float(len(replies))}
         if self.m.shared_weights and replies:
-            tot = sum(r["g"] for r in replies.values())  # (sum_c n_c g_c, sum_c n_c)
+            tot = replies.sums["g"]  # (sum_c n_c g_c, sum_c n_c)
             g = tot[:-1] / tot[-1]
             eta = self.eta
             if eta is None:  # adaptive: sqrt(log m / sum of squared gradient ranges so far)
@@ -155,9 +160,8 @@ class FEMOMDStep(FederatedAlgorithm):
                     cov[i] = cv
             st["tilde_means"], st["tilde_cov"] = means, cov
         else:
-            N = sum(r["N"] for r in replies.values())
-            S1 = sum(r["S1"] for r in replies.values())
-            S2 = sum(r["S2"] for r in replies.values()) if not cov_fixed else self._zeros_s2()
+            N, S1 = replies.sums["N"], replies.sums["S1"]
+            S2 = replies.sums["S2"] if not cov_fixed else self._zeros_s2()
             old = st["tilde_means"]
             means, cv, _ = m_step(N, S1, S2, old, self.ct, self.m.reg_covar, prev_means=old, prev_cov=st["tilde_cov"])
             st["tilde_means"] = means

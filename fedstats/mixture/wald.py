@@ -6,7 +6,8 @@ coordinates ``eta_cl = log(pi_cl / pi_cM)``. The log-likelihood is a sum over cl
 its information matrix is an *arrowhead*: ``J_tt = sum_c J^c_tt``, a block ``J^c_te`` per
 client and nothing between two clients' weights. Hence
 
-* each client sends only ``A_c = J^c_tt - J^c_te (J^c_ee)^{-1} J^c_et`` (P x P, P = M d);
+* each client sends only ``A_c = J^c_tt - J^c_te (J^c_ee)^{-1} J^c_et`` (P x P, P = M d),
+  declared summed: the server receives only ``sum_c A_c``;
 * the server inverts ``sum_c A_c``: the covariance of the means, exactly the means block
   of the inverse of the whole (pooled) information matrix;
 * a second round sends that covariance back; each client forms its weights' covariance
@@ -15,7 +16,8 @@ client and nothing between two clients' weights. Hence
   inside (0, 1). (The simulator reads the clients' results to build the table.)
 
 With ``shared_weights=True`` the weights are shared parameters: clients send their three
-blocks and the server inverts the summed (P + L)-square matrix (L free weights); one round.
+blocks (summed) and the server inverts the summed (P + L)-square matrix (L free weights); one
+round.
 
 All blocks are closed-form sums over points (no loop over points), checked against an
 autodiff Hessian in the tests.
@@ -30,6 +32,7 @@ from scipy.special import expit
 
 from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
+from ._init import one_shot_sums
 from .gmm import COV_TYPES, centre, e_step, full_covariances, log_gaussian, precision_cholesky
 
 
@@ -120,27 +123,14 @@ def wald_covariances(result, data, *, seed: int = 0) -> dict:
         "shared": np.array([int(shared)]),
     }
     what = "the Wald round"
-    reps, _ = one_shot(
-        data,
-        ("A", "Jte", "Jee") if shared else ("A",),
-        payload,
-        _schur_reply,
-        seed=seed,
-        what=what,
-        private=result.weights_,
-    )
+    keys = ("A", "Jte", "Jee") if shared else ("A",)
+    reps, _ = one_shot_sums(data, keys, keys, payload, _schur_reply, seed=seed, what=what, private=result.weights_)
+    tot = reps.sums
     Ptot = M * d
     if shared:
-        L = len(free_weights(result.weights_[data.clients[0]]))
-        J = np.zeros((Ptot + L, Ptot + L))
-        for rep in reps.values():
-            J[:Ptot, :Ptot] += rep["A"]
-            J[:Ptot, Ptot:] += rep["Jte"]
-            J[Ptot:, :Ptot] += rep["Jte"].T
-            J[Ptot:, Ptot:] += rep["Jee"]
-        cov_all = np.linalg.inv(J)
+        cov_all = np.linalg.inv(np.block([[tot["A"], tot["Jte"]], [tot["Jte"].T, tot["Jee"]]]))
         return {"cov_means": cov_all[:Ptot, :Ptot], "cov_eta": {c: cov_all[Ptot:, Ptot:] for c in data.clients}}
-    cov_t = np.linalg.inv(sum(rep["A"] for rep in reps.values()))
+    cov_t = np.linalg.inv(tot["A"])
     _, held = one_shot(
         data, (), dict(payload, cov_means=cov_t), _weights_cov, seed=seed, what=what, private=result.weights_
     )

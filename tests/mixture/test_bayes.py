@@ -8,14 +8,31 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.optimize import linear_sum_assignment
-from scipy.special import digamma, logsumexp
+from scipy.special import digamma, gammaln, logsumexp
 from sklearn.mixture import BayesianGaussianMixture
 
 from fedstats.datasets.synthetic import gmm_federation
+from fedstats.federation.oneshot import OneShot
 from fedstats.mixture import FederatedGaussianMixture, VariationalGaussianMixture
+from fedstats.mixture._init import OneShotSums
+from fedstats.mixture.bayes import VBFedEMAlgorithm
 from fedstats.mixture.wald import free_weights, information_blocks
 
 COV_TYPES = ["full", "tied", "diag", "spherical"]
+VB_SUMS = {"N", "S1", "S2", "loglik", "entropy", "weight_term", "n"}
+
+
+def _sees_only_sums(seen, name, sums, fn=None):
+    calls = [s for s in seen if s[0] == name and (fn is None or s[1] == fn)]
+    assert calls
+    for _, _, _, per_client, summed in calls:
+        assert all(keys == set() for keys in per_client) and summed == sums
+    return calls
+
+
+def _prior_round_sums_the_scatter_only(seen, n_clients):
+    (prior,) = [s for s in seen if s[1] == "_prior_moments"]
+    assert len(prior[3]) == n_clients and all(keys == {"n", "s"} for keys in prior[3]) and prior[4] == {"ss"}
 
 
 def _bgm(ct, **kw):
@@ -86,23 +103,29 @@ def test_one_client_equals_sklearn_bayesian_mixture(ct):
     assert dflt.prior["nu0"] == sk.degrees_of_freedom_prior_ and dflt.prior["alpha0"] == pytest.approx(1 / 3)
 
 
-def test_shared_weights_equals_pooled_sklearn_bayesian():
+def test_shared_weights_equals_pooled_sklearn_bayesian(server_steps):
     data, _ = gmm_federation(n_clients=6, n_components=3, d=2, min_separation=3.0, seed=2)
     X = np.concatenate([data[c].X for c in data.clients])
     sk = _quiet_fit(_bgm("full", reg_covar=1e-6, max_iter=1), X)
     init = _state(sk)
     sk.max_iter = 15
     _quiet_fit(sk, X)
+    seen = server_steps(VBFedEMAlgorithm, OneShotSums)
     res = VariationalGaussianMixture(3, shared_weights=True, tol=0, rounds=15, vb_init=init, **_priors(sk)).fit(
         data, seed=0
     )
+    # the server holds the shared Dirichlet, so no client sends a Dirichlet term
+    assert len(_sees_only_sums(seen, "VBFedEMAlgorithm", VB_SUMS - {"weight_term"})) == 15
+    _prior_round_sums_the_scatter_only(seen, len(data.clients))
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.weight_concentration_[data.clients[2]], sk.weight_concentration_, atol=1e-9, rtol=0)
 
 
-def test_per_client_vb_equals_centralised_reference():
-    """Oracle: scikit-learn's own update code on the pooled rows, with one Dirichlet per client."""
+def test_per_client_vb_equals_centralised_reference(server_steps):
+    """Oracle: scikit-learn's own update code on the pooled rows, with one Dirichlet per client.
+    Every reply array of the variational rounds is declared summed (each client's Dirichlet
+    term of the ELBO included): the server step reads no client's own value."""
     data, _ = gmm_federation(n_clients=8, n_components=3, d=2, min_separation=3.0, seed=4)
     Xs = [data[c].X for c in data.clients]
     X = np.concatenate(Xs)
@@ -122,12 +145,75 @@ def test_per_client_vb_equals_centralised_reference():
             + np.stack([r[cid == c].sum(0) for c in range(len(Xs))])
             + 10 * np.finfo(float).eps
         )
+    seen = server_steps(VBFedEMAlgorithm, OneShotSums)
     res = VariationalGaussianMixture(3, tol=0, rounds=K, vb_init=init, **_priors(sk)).fit(data, seed=0)
+    assert len(_sees_only_sums(seen, "VBFedEMAlgorithm", VB_SUMS)) == K
+    _prior_round_sums_the_scatter_only(seen, len(data.clients))
     np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
     np.testing.assert_allclose(np.stack([res.weight_concentration_[c] for c in data.clients]), alpha, atol=1e-9, rtol=0)
     e = res.elbo_trace()
     assert np.all(np.diff(e) >= -1e-9 * np.abs(e[1:]))
+    # the ELBO from the summed terms is scikit-learn's lower bound after the last update with
+    # one Dirichlet per client instead of its pooled one
+    pooled = sk._compute_lower_bound(log_resp, None)
+    dirichlet = sum(gammaln(a.sum()) - gammaln(a).sum() for a in alpha)
+    pooled_dirichlet = gammaln(sk.weight_concentration_.sum()) - gammaln(sk.weight_concentration_).sum()
+    assert e[-1] == pytest.approx(pooled + pooled_dirichlet - dirichlet, rel=1e-10)
+
+
+#: variational fits recorded from the per-client cache FedEM kept before its replies were
+#: declared summed (``participation=0.3``): means, covariances, the first two clients'
+#: concentrations, the last ELBO
+CACHED = {
+    ("full", False): (
+        [[0.9132659816759164, 3.4495205919770626], [-4.000306705005426, 3.8992792823489926]],
+        [
+            [[1.279402523579218, -0.022570927145017957], [-0.022570927145017957, 1.3814570766290806]],
+            [[1.3466726821596016, -0.05047455305043197], [-0.05047455305043197, 1.140741647256673]],
+        ],
+        [[128.8440702648737, 32.15592973512631], [29.112241365274524, 30.887758634725483]],
+        -1370.3693113255686,
+    ),
+    ("diag", True): (
+        [[0.9415580322790639, 3.438023326367741], [-3.9674458923047693, 3.9037790074369783]],
+        [[1.2319036026567056, 1.3714596980561378], [1.4283947936515462, 1.1454441744275976]],
+        [[368.1299375758492, 436.87006242415066], [368.1299375758492, 436.87006242415066]],
+        -1556.316973093093,
+    ),
+    ("spherical", False): (
+        [[0.888879947404057, 3.4496966731840066], [-4.023741061970096, 3.903236532240644]],
+        [1.351317857133888, 1.218346836980322],
+        [[129.3017606097433, 31.69823939025671], [29.677432524949438, 30.32256747505057]],
+        -1370.3805873610663,
+    ),
+}
+
+
+@pytest.mark.parametrize("ct,shared", list(CACHED), ids=[f"{c}-{s}" for c, s in CACHED])
+def test_partial_participation_equals_the_per_client_cache(ct, shared, server_steps):
+    """Clients that sit a round out count with their last statistics and Dirichlet terms: the
+    server's running totals of the clients' changes give the fit the per-client cache gave."""
+    means, cov, conc, elbo = CACHED[(ct, shared)]
+    data, truth = gmm_federation(n_clients=8, n_components=2, d=2, min_separation=3.0, covariance="random", seed=21)
+    cov0 = {"full": np.stack([np.eye(2) * 1.5] * 2), "diag": np.full((2, 2), 1.5), "spherical": np.full(2, 1.5)}[ct]
+    seen = server_steps(VBFedEMAlgorithm)
+    res = VariationalGaussianMixture(
+        2,
+        covariance_type=ct,
+        shared_weights=shared,
+        rounds=12,
+        tol=0,
+        participation=0.3,
+        means_init=truth["means"] + 0.9,
+        covariances_init=cov0,
+    ).fit(data, seed=3)
+    _sees_only_sums(seen, "VBFedEMAlgorithm", VB_SUMS - ({"weight_term"} if shared else set()))
+    assert all(len(r.answered) == 3 for r in res.history[1:])
+    np.testing.assert_allclose(res.means_, means, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, cov, atol=1e-10, rtol=0)
+    np.testing.assert_allclose([res.weight_concentration_[c] for c in data.clients[:2]], conc, atol=1e-9, rtol=0)
+    assert res.elbo_trace()[-1] == pytest.approx(elbo, abs=1e-9)
 
 
 def test_vb_from_kmeans_start_recovers_and_intervals_match_draws():
@@ -203,7 +289,8 @@ def _loglik_jax(M, d):
     return ll
 
 
-def test_wald_information_equals_autodiff_and_pooled_inverse():
+def test_wald_information_equals_autodiff_and_pooled_inverse(server_steps):
+    """The Schur terms are declared summed: the server inverts their sum, never sees one."""
     data, _ = gmm_federation(n_clients=4, n_components=3, d=2, n_obs=80, min_separation=4.0, seed=0)
     res = FederatedGaussianMixture(3, n_init=3).fit(data, seed=0)
     M, d, P = 3, 2, 6
@@ -226,7 +313,11 @@ def test_wald_information_equals_autodiff_and_pooled_inverse():
             big[:P, :P] += J[:P, :P]
             big[:P, s], big[s, :P], big[s, s] = J[:P, P:], J[P:, :P], J[P:, P:]
     inv = np.linalg.inv(big)
+    seen = server_steps(OneShotSums, OneShot)
     m, w = res.wald_intervals(data, 0.95)
+    assert [s[1] for s in seen] == ["_schur_reply", "_weights_cov"]
+    _sees_only_sums(seen, "OneShotSums", {"A"}, fn="_schur_reply")
+    assert all(keys == set() for keys in seen[1][3]) and seen[1][4] == set()  # round 2 sends nothing
     np.testing.assert_allclose(res.wald_info_["cov_means"], inv[:P, :P], rtol=1e-8, atol=1e-14)
     for k, c in enumerate(data.clients):
         s = slice(P + k * (M - 1), P + (k + 1) * (M - 1))
@@ -236,7 +327,7 @@ def test_wald_information_equals_autodiff_and_pooled_inverse():
 
 
 @pytest.mark.parametrize("ct", ["full", "diag"])
-def test_wald_shared_weights_equals_autodiff(ct):
+def test_wald_shared_weights_equals_autodiff(ct, server_steps):
     """Shared weights: the clients' three blocks add up to the pooled information."""
     from fedstats.mixture.gmm import full_covariances
 
@@ -251,7 +342,9 @@ def test_wald_shared_weights_equals_autodiff(ct):
         th = jnp.r_[res.means_.ravel(), np.log(w[free] / w.max())]
         J = -sum(np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(covs), np.eye(M)[free])) for c in data.clients)
     inv = np.linalg.inv(J)
+    seen = server_steps(OneShotSums)
     m, wt = res.wald_intervals(data, 0.9)
+    assert len(_sees_only_sums(seen, "OneShotSums", {"A", "Jte", "Jee"}, fn="_schur_reply")) == 1
     np.testing.assert_allclose(res.wald_info_["cov_means"], inv[:P, :P], rtol=1e-8, atol=1e-14)
     for c in data.clients:
         np.testing.assert_allclose(res.wald_info_["cov_eta"][c], inv[P:, P:], rtol=1e-8)

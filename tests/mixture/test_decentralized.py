@@ -31,12 +31,21 @@ def _valid(W, A):
 
 
 @pytest.mark.parametrize("ct", ["full", "diag"])
-def test_complete_graph_equals_fedem(fed, ct):
+def test_complete_graph_equals_fedem(fed, ct, server_steps):
+    """The network mixes each node's statistics with its neighbours': they stay per client;
+    the log-likelihood and entropy, only added up, are declared summed."""
+    from fedstats.mixture.decentralized import DFedEMAlgorithm
+
     data, m0, c0 = fed
     c0 = c0 if ct == "full" else np.ones((3, 3))
     kw = dict(covariance_type=ct, rounds=25, means_init=m0, covariances_init=c0)
     f = FederatedGaussianMixture(3, tol=0, **kw).fit(data, seed=0)
+    seen = server_steps(DFedEMAlgorithm)
     d = DecentralizedGaussianMixture(3, graph="complete", **kw).fit(data, seed=0)
+    assert len(seen) == 25
+    for _, _, _, per_client, sums in seen:
+        assert len(per_client) == 12 and all(k == {"N", "S1", "S2"} for k in per_client)
+        assert sums == {"loglik", "entropy"}
     np.testing.assert_allclose(d.mixing_matrix_, np.full((12, 12), 1 / 12), atol=1e-15)
     for c in data.clients:
         np.testing.assert_allclose(d.client_means_[c], f.means_, atol=1e-10, rtol=0)

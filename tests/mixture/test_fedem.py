@@ -87,20 +87,24 @@ def test_one_client_equals_sklearn(ct):
     np.testing.assert_array_equal(res.predict(X, 0), sk.predict(X))
 
 
-def _pooled_reference_em(Xs, m0, cov0, K, reg=1e-6):
+def _pooled_reference_em(Xs, m0, cov0, K, reg=1e-6, answered=None):
     """Textbook EM of the per-client-weights model on the pooled rows (full covariances).
 
-    Independent of fedstats: scipy log-densities, no statistics, no shifts.
+    Independent of fedstats: scipy log-densities, no statistics, no shifts. ``answered``:
+    the indices of the clients that answer in each round (default: all); the others keep
+    their last responsibilities and weights (incremental EM, Neal & Hinton).
     """
     X = np.concatenate(Xs)
     cid = np.repeat(np.arange(len(Xs)), [len(x) for x in Xs])
     M, d = m0.shape
     means, covs = m0.copy(), cov0.copy()
     W = np.full((len(Xs), M), 1.0 / M)
-    for _ in range(K):
+    r = np.zeros((len(X), M))
+    for k in range(K):
         ld = np.column_stack([multivariate_normal(means[j], covs[j]).logpdf(X) for j in range(M)])
         a = ld + np.log(np.maximum(W[cid], 1e-300))
-        r = np.exp(a - logsumexp(a, axis=1, keepdims=True))
+        now = np.ones(len(X), bool) if answered is None else np.isin(cid, answered[k])
+        r[now] = np.exp(a - logsumexp(a, axis=1, keepdims=True))[now]
         W = np.stack([r[cid == c].mean(0) for c in range(len(Xs))])
         Nj = r.sum(0)
         means = (r.T @ X) / Nj[:, None]
@@ -510,3 +514,209 @@ def test_round_time_within_1_5x_of_sklearn_iteration():
     per_fed = min(np.median([r.seconds for r in model.fit(data).history]) for _ in range(3))
     print(f"FedEM round {per_fed:.4f} s, scikit-learn iteration {per_sk:.4f} s, ratio {per_fed / per_sk:.2f}")
     assert per_fed < 1.5 * per_sk, (per_fed, per_sk)
+
+
+# ------------------------------------------------------------------ declared sums
+FEDEM_SUMS = {"N", "S1", "S2", "loglik", "entropy", "weight_term", "n"}
+
+
+def _partial_data():
+    data, truth = gmm_federation(n_clients=8, n_components=2, d=2, min_separation=3.0, covariance="random", seed=21)
+    return data, truth["means"] + 0.9
+
+
+def _partial_fit(ct="full", shared=False, rounds=15, tol=0, participation=0.3):
+    data, m0 = _partial_data()
+    cov0, _ = _init(ct, 2, 2, v=1.5)
+    model = FederatedGaussianMixture(
+        2,
+        covariance_type=ct,
+        shared_weights=shared,
+        rounds=rounds,
+        tol=tol,
+        participation=participation,
+        means_init=m0,
+        covariances_init=cov0,
+    )
+    return data, m0, model
+
+
+def _fail_some_rounds(monkeypatch, data, client, calls=(2, 3, 5)):
+    """Make ``client``'s steps raise on its 2nd, 3rd and 5th call (the batched call of round 1
+    and the runner's retry: it fails that round; then a batched call whose retry succeeds)."""
+    n_bad = data.n_obs[client]
+    assert sum(n == n_bad for n in data.n_obs.values()) == 1
+    orig = FedEMAlgorithm.client_steps
+    count = {"n": 0}
+
+    def flaky(self, messages, states, datas, rngs):
+        if any(d.n == n_bad for d in datas):
+            count["n"] += 1
+            if count["n"] in calls:
+                raise OSError("disk full")
+        return orig(self, messages, states, datas, rngs)
+
+    monkeypatch.setattr(FedEMAlgorithm, "client_steps", flaky)
+
+
+def _only_sums(seen, cls, sums):
+    calls = [s for s in seen if s[0] == cls]
+    assert calls
+    for _, _, _, per_client, summed in calls:
+        assert all(keys == set() for keys in per_client) and summed == sums
+    return calls
+
+
+def test_the_server_steps_see_only_sums_and_the_fit_equals_pooled_em(server_steps):
+    """Every FedEM reply array is declared summed, and so are the k-means start's statistics
+    and scores and the final scoring round's log-likelihoods (only the local centres stay per
+    client: the server seeds k-means++ with them): no server step can read one client's
+    value, and the fit still equals textbook EM on the pooled rows from the same start."""
+    from fedstats.federation.oneshot import OneShot
+    from fedstats.mixture._init import OneShotSums, federated_kmeans_init
+
+    data, _ = gmm_federation(n_clients=6, n_components=3, d=2, min_separation=3.0, covariance="random", seed=7)
+    seen = server_steps(FedEMAlgorithm, OneShotSums, OneShot)
+    res = FederatedGaussianMixture(3, n_init=3, rounds=30, tol=0).fit(data, seed=2)
+    assert len(_only_sums(seen, "FedEMAlgorithm", FEDEM_SUMS)) == 30
+    one_offs = [(fn, pc, sm) for name, fn, _, pc, sm in seen if name != "FedEMAlgorithm"]
+    assert [fn for fn, _, _ in one_offs] == ["_local_centres", "_hard_stats", "_score", "_score"]
+    centres, hard, *scores = one_offs
+    assert all(k == {"centres", "sizes"} for k in centres[1]) and centres[2] == set()
+    assert all(k == set() for k in hard[1]) and hard[2] == {"N", "S1", "S2"}
+    assert all(all(k == set() for k in pc) and sm == {"loglik"} for _, pc, sm in scores)
+    # the same start, then the oracle
+    m0, cov0, _ = federated_kmeans_init(data, 3, "full", 1e-6, 3, 2)
+    ref_m, ref_c, ref_w = _pooled_reference_em([data[c].X for c in data.clients], m0, cov0, 30)
+    np.testing.assert_allclose(res.means_, ref_m, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, ref_c, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(np.stack([res.weights_[c] for c in data.clients]), ref_w, atol=1e-10, rtol=0)
+    # each client's log-likelihood (kept by the client, its reply summed) at the final parameters
+    for c in data.clients:
+        assert res.client_loglik_[c] == pytest.approx(res.score(data[c].X, c) * data.n_obs[c], rel=1e-12)
+
+
+def test_shared_weights_send_no_weight_term_and_equal_pooled_sklearn(server_steps):
+    data, truth = gmm_federation(n_clients=10, n_components=3, d=3, min_separation=3.0, seed=5)
+    X = np.concatenate([data[c].X for c in data.clients])
+    m0, K = truth["means"] + 0.5, 40
+    cov0, prec0 = _init("full", 3, 3)
+    sk = _sklearn(X, 3, "full", K, np.full(3, 1 / 3), m0, prec0)
+    seen = server_steps(FedEMAlgorithm)
+    res = FederatedGaussianMixture(3, rounds=K, tol=0, shared_weights=True, means_init=m0, covariances_init=cov0).fit(
+        data, seed=0
+    )
+    _only_sums(seen, "FedEMAlgorithm", FEDEM_SUMS - {"weight_term"})
+    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.weights_[data.clients[4]], sk.weights_, atol=1e-10, rtol=0)
+
+
+def test_partial_participation_with_a_failure_equals_incremental_reference_em(server_steps, monkeypatch):
+    """The clients that sit a round out (or fail in it) count with their last statistics: the
+    sums of the clients' changes give exactly incremental EM on the pooled rows."""
+    data, m0, model = _partial_fit(rounds=12, participation=0.5)
+    _fail_some_rounds(monkeypatch, data, data.clients[1])
+    seen = server_steps(FedEMAlgorithm)
+    with pytest.warns(RuntimeWarning, match="disk full"):
+        res = model.fit(data, seed=3)
+    _only_sums(seen, "FedEMAlgorithm", FEDEM_SUMS)
+    assert data.clients[1] in res.history[1].failed and data.clients[1] in res.history[3].answered
+    answered = [[data.clients.index(c) for c in r.answered] for r in res.history]
+    assert all(len(a) < len(data.clients) for a in answered[1:])
+    cov0, _ = _init("full", 2, 2, v=1.5)
+    ref_m, ref_c, ref_w = _pooled_reference_em([data[c].X for c in data.clients], m0, cov0, 12, answered=answered)
+    np.testing.assert_allclose(res.means_, ref_m, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, ref_c, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(np.stack([res.weights_[c] for c in data.clients]), ref_w, atol=1e-10, rtol=0)
+    # and the fit the per-client cache gave before the sums (recorded)
+    np.testing.assert_allclose(
+        res.means_, [[0.8965189001926782, 3.4526262507997445], [-4.029173063132342, 3.900536115203275]], atol=1e-10
+    )
+    assert res.history[-1].metrics["free_energy"] == pytest.approx(-2798.380751154974, abs=1e-9)
+
+
+#: fits recorded from the per-client cache FedEM kept before its replies were declared summed
+#: (``_partial_fit``'s data, start and participation): means, covariances, the first two
+#: clients' weights, the last free energy, the rounds run
+CACHED = {
+    ("full", False, 0): (
+        [[0.9031639575935033, 3.4515404813670942], [-4.0238767048959785, 3.9004766178826595]],
+        [
+            [[1.2792548785902766, -0.024016227181060334], [-0.024016227181060334, 1.3837388517050146]],
+            [[1.2803745212206623, -0.04761208319486039], [-0.04761208319486039, 1.1432706635563898]],
+        ],
+        [[0.8016135527071142, 0.19838644729288576], [0.5046775757441835, 0.4953224242558165]],
+        -2798.607698728045,
+        15,
+    ),
+    ("tied", False, 0): (
+        [[0.8917141490030628, 3.4528407744099217], [-4.033617105950167, 3.9011368672837543]],
+        [[1.2807430411555105, -0.03726490619151339], [-0.03726490619151339, 1.2557176744239738]],
+        [[0.8046976395263641, 0.19530236047363594], [0.509821062393782, 0.49017893760621806]],
+        -2800.144667510396,
+        15,
+    ),
+    ("diag", True, 0): (
+        [[0.9319150620316842, 3.4409103129749816], [-3.9924278474141253, 3.9044625046326176]],
+        [[1.2275735508553616, 1.3782941986585207], [1.356657941442583, 1.144678886480111]],
+        [[0.46100576177588365, 0.5389942382241164], [0.46100576177588365, 0.5389942382241164]],
+        -2993.7571430637354,
+        15,
+    ),
+    ("spherical", False, 0): (
+        [[0.8815473399896426, 3.4512270331466537], [-4.04255064352235, 3.9042125887606183]],
+        [1.3518424359496202, 1.192930486606788],
+        [[0.8048468176601947, 0.19515318233980536], [0.5117825619090512, 0.4882174380909487]],
+        -2799.040464696422,
+        15,
+    ),
+    # stops on the free energy's tolerance, as before
+    ("diag", False, 1e-6): (
+        [[0.8856175513701761, 3.451126450002471], [-4.038845519824399, 3.903628482450968]],
+        [[1.316339352004436, 1.3808090215927347], [1.2499845302609096, 1.1427917541823323]],
+        [[0.8047496347672918, 0.19525036523270828], [0.5118087734935548, 0.4881912265064452]],
+        -2798.5656420997925,
+        19,
+    ),
+}
+
+
+@pytest.mark.parametrize("ct,shared,tol", list(CACHED), ids=[f"{c}-{s}-{t}" for c, s, t in CACHED])
+def test_partial_participation_equals_the_per_client_cache(ct, shared, tol, server_steps):
+    means, cov, weights, F, rounds = CACHED[(ct, shared, tol)]
+    data, _, model = _partial_fit(ct, shared, rounds=300 if tol else 15, tol=tol, participation=0.5 if tol else 0.3)
+    seen = server_steps(FedEMAlgorithm)
+    res = model.fit(data, seed=3)
+    _only_sums(seen, "FedEMAlgorithm", FEDEM_SUMS - ({"weight_term"} if shared else set()))
+    assert res.rounds == rounds and res.converged == bool(tol)
+    np.testing.assert_allclose(res.means_, means, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances_, cov, atol=1e-10, rtol=0)
+    np.testing.assert_allclose([res.weights_[c] for c in data.clients[:2]], weights, atol=1e-10, rtol=0)
+    assert res.history[-1].metrics["free_energy"] == pytest.approx(F, abs=1e-9)
+    F_trace = np.array([r.metrics["free_energy"] for r in res.history])
+    assert np.all(np.diff(F_trace) >= -1e-9 * np.abs(F_trace[1:]))
+
+
+def test_resume_with_partial_participation_equals_a_straight_fit(tmp_path):
+    """The checkpoint holds the server's running totals and every client's memory of what it
+    sent: a resumed fit goes on exactly."""
+    data, _, model = _partial_fit(rounds=15)
+    straight = model.fit(data, seed=3)
+    path = tmp_path / "fedem.ckpt"
+    _, _, first = _partial_fit(rounds=8)
+    assert first.fit(data, seed=3, checkpoint=path).rounds == 8
+    resumed = model.fit(data, seed=3, checkpoint=path, resume=True)
+    assert resumed.rounds == 15
+    np.testing.assert_array_equal(resumed.means_, straight.means_)
+    np.testing.assert_array_equal(resumed.covariances_, straight.covariances_)
+    for c in data.clients:
+        np.testing.assert_array_equal(resumed.weights_[c], straight.weights_[c])
+    assert [r.metrics for r in resumed.history[8:]] == [r.metrics for r in straight.history[8:]]
+    # a checkpoint of the per-client cache that came before the running totals is refused
+    from fedstats.federation import Replies
+
+    algo = FedEMAlgorithm(straight.means_, straight.covariances_)
+    former = {k: v for k, v in algo.init_server(data.clients, None).items() if k != "weight_term"}
+    with pytest.raises(ValueError, match="former per-client statistics"):
+        algo.server_step(former, Replies(), 0)

@@ -10,6 +10,18 @@ from fedstats import FederatedData
 from fedstats.experiments.regret import MixtureStream, RegretTracker, growth, simulate, weights_em
 from fedstats.mixture import FEMOMD, FederatedGaussianMixture
 from fedstats.mixture.omd import adaptive_eta, eg_update, floor_at, omd_gradient
+from fedstats.mixture.online_step import FEMOMDStep
+
+OMD_KEYS = {"N", "S1", "S2", "g"}
+
+
+def _steps_saw(seen, per_client, sums, rounds):
+    """Every spied server step of FEM-OMD saw ``per_client`` keys of each client's reply and
+    ``sums`` as sums; ``rounds`` of them."""
+    assert len(seen) == rounds
+    for name, _, _, keys, summed in seen:
+        assert name == "FEMOMDStep" and all(k == per_client for k in keys) and summed == sums
+    seen.clear()
 
 
 def _start(stream, seed=5):
@@ -96,13 +108,16 @@ def _pooled_em_identity(Xs, means, K, split=False):
 
 
 @pytest.mark.parametrize("K", [1, 7])
-def test_inner_rounds_equal_centralised_em(K):
+def test_inner_rounds_equal_centralised_em(K, server_steps):
+    """Every reply array is declared summed: the server step reads only the totals."""
     stream = MixtureStream(n_clients=5, n=12, d=3, n_components=3, process="iid", seed=3)
     batch = stream.batch(1)
     # unequal batch sizes: statistics, not pi~-weighted means, so it stays exact
     batch = FederatedData.from_arrays([batch[c].X[: 6 + 2 * c] for c in batch.clients])
     m0 = _start(stream)
+    seen = server_steps(FEMOMDStep)
     model = FEMOMD(3, means_init=m0, inner_rounds=K).partial_fit(batch)
+    _steps_saw(seen, set(), OMD_KEYS, K + 1)
     ref = _pooled_em_identity([batch[c].X for c in batch.clients], m0, K)
     np.testing.assert_allclose(model.inner_means_, ref, atol=1e-12)
     np.testing.assert_allclose(model.means_, (m0 + ref) / 2, atol=1e-12)  # the running average at t = 1
@@ -127,11 +142,15 @@ def test_model_gradient_matches_quadrature_of_the_fitted_mixture():
     np.testing.assert_allclose(model.gradients_[0], [exact(0), exact(1)], rtol=5e-3)
 
 
-def test_shared_weights_step_and_late_joiners():
+def test_shared_weights_step_and_late_joiners(server_steps):
+    """Shared weights: the gradients (n_c g_c, n_c) are declared summed, as the statistics;
+    local pooling: the statistics stay per client (each has its own components)."""
     stream = MixtureStream(n_clients=4, n=10, d=2, n_components=3, process="fixed", seed=3)
     b = stream.batch(1)
     b = FederatedData.from_arrays([b[c].X[: 4 + 2 * c] for c in b.clients])  # unequal n_c
+    seen = server_steps(FEMOMDStep)
     glob = FEMOMD(3, means_init=_start(stream), eta=0.3, weight_floor=0.0, shared_weights=True).partial_fit(b)
+    _steps_saw(seen, set(), OMD_KEYS, glob.inner_rounds + 1)
     n = np.array([b.n_obs[c] for c in b.clients], float)
     g = sum(n[i] * glob.gradients_[c] for i, c in enumerate(b.clients)) / n.sum()
     np.testing.assert_allclose(glob.weights_[0], eg_update(np.full(3, 1 / 3), g, 0.3), atol=1e-14)
@@ -143,6 +162,7 @@ def test_shared_weights_step_and_late_joiners():
     late = stream.batch(3)
     loc.partial_fit({c: late[c].X for c in (0, 1, 2)})
     alone.partial_fit({2: late[2].X})
+    _steps_saw(seen, {"N", "S1", "S2"}, {"g"}, 4 * (loc.inner_rounds + 1))
     np.testing.assert_allclose(loc.played(2)[0], alone.played(2)[0], atol=1e-12)
     assert not np.allclose(loc.played(2)[0], _start(stream))
     np.testing.assert_array_equal(loc.played(3)[0], _start(stream))  # never seen: the start

@@ -1,0 +1,28 @@
+"""What the mixtures' tests share: a spy on the server steps (which reply arrays reach the
+server per client, which only as sums over the clients)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def server_steps(monkeypatch):
+    """``install(*classes)`` replaces each class's own ``server_step`` by a spy and returns the
+    list it fills: one ``(class name, client function or None, round, [keys of each client's
+    reply], keys of replies.sums)`` per call. Undone at the end of the test."""
+    seen: list = []
+
+    def install(*classes):
+        for cls in classes:
+            real = cls.__dict__["server_step"]
+
+            def spy(self, state, replies, round, real=real):
+                fn = getattr(getattr(self, "client_fn", None), "__name__", None)
+                seen.append((type(self).__name__, fn, round, [set(r) for r in replies.values()], set(replies.sums)))
+                return real(self, state, replies, round)
+
+            monkeypatch.setattr(cls, "server_step", spy)
+        return seen
+
+    return install
