@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-deployment bench install clean lint docs
+.PHONY: demo test test-slow test-deployment test-deployment-full bench install clean lint docs
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ test-slow: $(STAMP)
 
 # a real Flower deployment on 127.0.0.1 (SuperLink, two SuperNodes, flwr run): about 8 minutes
 test-deployment: $(STAMP)
+	$(BIN)/python -m pytest -m "slow and not full_deployment" tests/federation/test_flower_deployment.py
+
+# every deployment check, secure aggregation of each model included (about 30 minutes)
+test-deployment-full: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests/federation/test_flower_deployment.py
 
 bench: $(STAMP)

@@ -16,6 +16,15 @@ from fedstats import FederatedData
 SITES = os.path.join(os.path.dirname(__file__), "..", "examples", "sites.csv")
 
 
+#: model name -> the exchanges its fit in ``fit_with_spy`` made (see ``exchange_of``)
+EXCHANGES: dict = {}
+
+
+def exchange_of(r):
+    """``(label, algorithm class name, reply keys, summed keys)`` of a run of the runtime."""
+    return (r.kind, type(r.algorithm).__name__, tuple(r.algorithm.reply_keys), tuple(r.algorithm.summed_keys))
+
+
 def fit_with_spy():
     """A small fit of every model that has a result (and FEM-OMD's online state), with the
     bytes of every run of each fit read from the runtime's round records."""
@@ -25,11 +34,12 @@ def fit_with_spy():
     data = FederatedData.from_dataframe(df, by="site", target="y")
     gm = FederatedData.from_dataframe(df[["site", "x1", "x2"]], by="site")
     # the runtime's own counters, read independently of the ledger: every run's round records
-    seen = []
+    seen, exchanges = [], []
     real_run = runner._run
 
-    def spying_run(*args, **kwargs):
-        res = real_run(*args, **kwargs)
+    def spying_run(r):
+        exchanges.append(exchange_of(r))
+        res = real_run(r)
         seen.append((sum(r.bytes_up for r in res.history), sum(r.bytes_down for r in res.history)))
         return res
 
@@ -37,7 +47,9 @@ def fit_with_spy():
         def __setitem__(self, key, value):
             super().__setitem__(key, value)
             runs[key] = (sum(u for u, _ in seen), sum(d for _, d in seen))
+            EXCHANGES[key] = set(exchanges)
             seen.clear()
+            exchanges.clear()
 
     runs = {}
     out = Spy()
@@ -132,6 +144,37 @@ def fitted():
     """``(results, data, runs)``: a small fit of every model (``MODELS``), the data they were
     fitted on, and each fit's bytes from the runtime's own round records."""
     return fit_with_spy()
+
+
+@pytest.fixture(scope="session")
+def record_exchanges():
+    """A context manager: ``with record_exchanges() as seen:`` appends ``exchange_of`` of every
+    run of the runtime inside the block to ``seen``."""
+    import contextlib
+
+    from fedstats.federation import runner
+
+    @contextlib.contextmanager
+    def recording():
+        seen, real = [], runner._run
+
+        def spy(r):
+            seen.append(exchange_of(r))
+            return real(r)
+
+        runner._run = spy
+        try:
+            yield seen
+        finally:
+            runner._run = real
+
+    return recording
+
+
+@pytest.fixture(scope="session")
+def exchanges(fitted):
+    """Model name -> the set of exchanges (``exchange_of``) its fit in ``fitted`` made."""
+    return dict(EXCHANGES)
 
 
 @pytest.fixture(params=MODELS)

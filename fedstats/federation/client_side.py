@@ -109,7 +109,8 @@ class InProcessClients:
     def states(self) -> dict[ClientId, Any]:
         return dict(self._states)
 
-    final_states = states
+    def final_states(self) -> dict[ClientId, Any]:
+        return {c: self.algorithm.final_state(s) for c, s in self._states.items()}
 
     def _accept(self, i: int, result: Any) -> Outcome:
         """Check one client's result; commit its new state only if the reply is valid."""

@@ -136,6 +136,13 @@ class FederatedAlgorithm(ABC):
         ``replies`` is a :class:`Replies`: each answering client's reply without the
         :attr:`summed_keys`, whose sums over those clients are in ``replies.sums``."""
 
+    def final_state(self, state: Any) -> Any:
+        """What of a client's private ``state`` leaves the client at the end of a run: a remote
+        backend sends it to the server so that the fit returns its result (checkpoints keep
+        the whole state, to resume). Default: the state; an algorithm overrides this to keep
+        what the result does not need on the client."""
+        return state
+
     def converged(self, server_state: Any, metrics: Mapping[str, float]) -> bool:
         """Whether the run may stop after this round (default: never before the cap)."""
         return False

@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
+from fedstats.glm import FederatedGLM  # noqa: E402
 from fedstats.linear.hierarchical import HierarchicalResult  # noqa: E402
 from fedstats.mixture import (
     FederatedGaussianMixture,  # noqa: E402
@@ -40,10 +41,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(path: Path, text: str, seconds: float) -> None:
+def wait_for(path: Path, text: str, seconds: float, after: int = 0) -> None:
+    """Wait until ``text`` appears in the file ``path`` (beyond its first ``after`` characters)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
-        if path.exists() and text in path.read_text(errors="replace"):
+        if path.exists() and text in path.read_text(errors="replace")[after:]:
             return
         time.sleep(0.5)
     raise TimeoutError(
@@ -55,7 +57,7 @@ def wait_for(path: Path, text: str, seconds: float) -> None:
 class Federation:
     """A SuperLink and SuperNodes on 127.0.0.1, each node with its own CSV."""
 
-    def __init__(self, root: Path, n_nodes: int = 2, target: bool = False):
+    def __init__(self, root: Path, n_nodes: int = 2, target: bool = False, policy: Path | None = None):
         sys.path.insert(0, str(APP))
         try:
             import make_data
@@ -99,7 +101,9 @@ class Federation:
                     "--port",
                     str(free_port()),
                     "--node-config",
-                    f"data-path='{csv}' client='{csv.stem}'" + (" target='y'" if target else ""),
+                    f"data-path='{csv}' client='{csv.stem}'"
+                    + (" target='y'" if target else "")
+                    + (f" policy='{policy}'" if policy else ""),
                 ],
             )
             wait_for(root / f"node{i}.log", "SuperNode ID", 60)
@@ -211,3 +215,152 @@ def test_a_node_that_disconnects_mid_run(federation, mode):
         assert failed and all(list(f) == ["site_b"] for f in failed)
         assert "no reply within 20.0 s" in str(failed[0])
         assert all(np.isfinite(res.means_).ravel()) and res.rounds > len(failed)
+
+
+class ClientSums:
+    """Each client's declared-sum arrays (and its openly sent arrays) in the in-process fits
+    made inside ``with ClientSums() as sums:``."""
+
+    def __enter__(self):
+        from fedstats.federation import Replies
+
+        self.sums, self.plain, self._summing = [], [], Replies.summing
+        real = Replies.summing.__func__
+
+        def spy(cls, keys, replies):
+            for r in replies.values():
+                self.sums += [np.asarray(r[k], float).ravel() for k in keys]
+                self.plain += [np.asarray(v, float).ravel() for k, v in r.items() if k not in keys]
+            return real(cls, keys, replies)
+
+        Replies.summing = classmethod(spy)
+        return self
+
+    def __exit__(self, *exc):
+        from fedstats.federation import Replies
+
+        Replies.summing = self._summing
+
+    def check_hidden(self, record: Path) -> None:
+        """No array the deployed server received equals a client's declared sum (unless the
+        client sends the same values openly)."""
+        got = list(np.load(record).values())
+        assert got
+
+        def same(a, v):
+            return a.size == v.size and np.allclose(a, v, rtol=1e-9, atol=1e-12)
+
+        secret = [v for v in self.sums if v.size and not any(same(v, w) for w in self.plain)]
+        assert secret
+        for a in got:
+            assert not any(same(a, v) for v in secret), "the server received a client's summed array"
+
+
+SECURE_RUNS = {
+    # few rounds each: a deployed round under SecAgg+ is 5 round trips of seconds each
+    "glm": (lambda: FederatedGLM("gaussian", rounds=3), {}),
+    "hm2-exact": (
+        lambda: HierarchicalLinearModel(rounds=1, tol=0.1, tau=1.0, sigma=1.0, fit_intercept=False, estimator="exact"),
+        {},
+    ),
+    "hm2": (lambda: HierarchicalLinearModel(rounds=1, tol=0.1), {"batched": False}),
+    "gmm": (lambda: FederatedGaussianMixture(3, rounds=2), {}),
+}
+
+
+def secure_fit_equals_inprocess(fed: Federation, model: str) -> None:
+    """``model`` deployed with secure aggregation equals its in-process fit within 1e-6
+    relative, and the server received no client's summed array."""
+    make, kw = SECURE_RUNS[model]
+    out, record = fed.root / f"{model}.fedstats", fed.root / f"{model}.npz"
+    done = fed.flwr_run(
+        f"output='{out}' model='{model}' max-rounds={make().rounds} seed=2 min-nodes=4 "
+        f"secure-aggregation=true record='{record}'"
+    )
+    assert out.exists(), done.stdout[-4000:] + done.stderr[-2000:]
+    with ClientSums() as sums:
+        local = make().fit(fed.pooled(), seed=2, **kw)
+    sums.check_hidden(record)
+    deployed = type(local).load(out)
+    if model == "glm":
+        pairs = [(deployed.params, local.params), (deployed.bse, local.bse)]
+    elif model == "gmm":
+        pairs = [(deployed.means_, local.means_), (deployed.covariances_, local.covariances_)]
+    else:
+        pairs = [
+            (deployed.global_posterior().mean, local.global_posterior().mean),
+            (deployed.global_posterior().sd, local.global_posterior().sd),
+        ]
+    for a, b in pairs:
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9, err_msg=model)
+
+
+def kill_mid_run(fed: Federation, node: str, overrides: str):
+    """Start a FedEM run, kill ``node`` once it is in its third round; the run's log."""
+    seen = len((fed.root / f"{node}.log").read_text(errors="replace"))
+    run = fed.flwr_run(overrides, background=True)
+    try:
+        wait_for(fed.root / f"{node}.log", "ROUND 3]", 400, after=seen)
+        fed.kill(node)
+        run.wait(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    return (fed.root / "run.log").read_text(errors="replace")
+
+
+def test_deployed_policy_secure_glm_and_a_node_lost(tmp_path):
+    """Four SuperNodes, each with a policy file (read at every message). The policy: a run
+    asking for an option outside the nodes' range, and one on clients under the minimum rows,
+    are refused naming the rule. Secure aggregation: the GLM equals its in-process fit and the
+    server received no client's summed array; a node killed mid-run under SecAgg+: FedEM goes on
+    with the three others (SecAgg+'s threshold is 3 of 4)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[options.FedEMAlgorithm]\nM = [1, 2]\n")
+    fed = Federation(tmp_path, n_nodes=4, target=True, policy=policy)
+    try:
+        done = fed.flwr_run("output='x.fedstats' model='gmm' components=3 min-nodes=4 on-disconnect='raise'")
+        log = done.stdout + done.stderr
+        assert "rule options" in log and "FedEMAlgorithm.M = 3" in log, log[-4000:]
+        assert any("refused by the node's policy" in (tmp_path / f"node{i}.log").read_text() for i in range(4))
+        policy.write_text("min_rows = 100000\n")
+        done = fed.flwr_run("output='x.fedstats' model='glm' min-nodes=4")
+        log = done.stdout + done.stderr
+        assert "rule min_rows" in log and "the node releases nothing from fewer than 100000" in log, log[-4000:]
+        assert not (tmp_path / "x.fedstats").exists()
+        policy.write_text("")  # the defaults
+        secure_fit_equals_inprocess(fed, "glm")
+        out = tmp_path / "lost.fedstats"
+        # a generous timeout: the others must get through SecAgg+'s stages in time on a busy machine
+        log = kill_mid_run(
+            fed, "node3", f"output='{out}' max-rounds=5 tol=0.0 seed=1 timeout=60.0 min-nodes=4 secure-aggregation=true"
+        )
+        assert out.exists(), log[-4000:]
+        res = GaussianMixtureResult.load(out)
+        failed = [r.failed for r in res.history if r.failed]
+        assert failed and all(list(f) == ["site_d"] for f in failed), failed
+        assert all(np.isfinite(res.means_).ravel()) and res.rounds > len(failed)
+    finally:
+        fed.close()
+
+
+@pytest.mark.full_deployment
+def test_deployed_secure_aggregation_every_model(tmp_path):
+    """FedEM and HM2 (exact and importance-sampled EP) under SecAgg+ equal their in-process
+    fits; then with three nodes, one killed mid-run: two nodes cannot hide each other's values,
+    and the run stops with a clear error. ``make test-deployment-full`` (about 15 minutes)."""
+    fed = Federation(tmp_path, n_nodes=4, target=True)
+    try:
+        for model in ("hm2-exact", "hm2", "gmm"):
+            secure_fit_equals_inprocess(fed, model)
+        fed.kill("node3")
+        out = tmp_path / "two.fedstats"
+        log = kill_mid_run(
+            fed, "node2", f"output='{out}' max-rounds=5 tol=0.0 seed=1 timeout=60.0 min-nodes=3 secure-aggregation=true"
+        )
+        assert not out.exists()
+        # (the node dies before or during a round's secure sum: either way no sum over 2 nodes)
+        assert "SecureAggregationError" in log, log[-4000:]
+        assert "at least 3 nodes in a round, this round has 2" in log or "halted" in log, log[-4000:]
+    finally:
+        fed.close()

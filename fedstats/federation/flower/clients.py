@@ -15,8 +15,8 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from ..client_side import Outcome
 from ..protocol import ClientDisconnected, ClientId, FederatedAlgorithm, ProtocolError, describe_exc, validate_message
-from .secure import decode, secure_sum
-from .wire import LOST_CODES, RUN, dumps, loads, to_arrays, to_record
+from .secure import SecureAggregationError, decode, secure_sum
+from .wire import HELLO, LOST_CODES, RUN, dumps, loads, to_arrays, to_record
 
 if TYPE_CHECKING:
     from .session import FlowerSession
@@ -237,13 +237,32 @@ class FlowerClients:
         secure = self.secure
         assert secure is not None
         nodes = {self.nodes[c]: c for c in clients}
-        mean, summed = secure_sum(self.session.grid, list(nodes), secure, rnd, self.session.timeout)
-        dropped = {nodes[n]: "dropped out of secure aggregation" for n in nodes if n not in summed}
+        dropped: dict[ClientId, str] = {}
+        try:
+            mean, summed = secure_sum(self.session.grid, list(nodes), secure, rnd, self.session.timeout)
+        except SecureAggregationError:
+            # SecAgg+ halts when a node drops out before its masked vector is in; the others
+            # still hold their sums: once more without the nodes that no longer answer
+            alive = self._answering(list(nodes))
+            if len(alive) == len(nodes) or len(alive) < secure.min_nodes:
+                raise
+            for n in set(nodes) - alive:
+                c = nodes.pop(n)
+                why = "stopped answering during secure aggregation"
+                self._lose(c, why, rnd)
+                dropped[c] = f"ClientDisconnected: {why}"
+            mean, summed = secure_sum(self.session.grid, list(nodes), secure, rnd, self.session.timeout)
+        dropped.update({nodes[n]: "dropped out of secure aggregation" for n in nodes if n not in summed})
         sums = decode(mean, len(summed), declared, secure)
         for v in sums.values():
             v.setflags(write=False)
         size = sum(int(np.prod(s, dtype=int)) for s in declared.values())
         return sums, dropped, 4 * (secure.limbs * size + 1)
+
+    def _answering(self, nodes: list[int]) -> set[int]:
+        """The nodes among ``nodes`` that answer a hello within the session's timeout."""
+        msgs = [Message(RecordDict({}), dst_node_id=n, message_type=HELLO) for n in nodes]
+        return {r.metadata.src_node_id for r in self.session.send_and_receive(msgs) if not r.has_error()}
 
     def close(self) -> None:
         if self._dropped or not self.session.connected:

@@ -9,7 +9,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -137,6 +137,9 @@ class _Node:
                 rec["state"] = before
         if cfg.get("send", False):
             out["state"] = rec["state"]
+            if cfg.get("drop", False):  # the end of the run: only what the algorithm lets leave
+                algorithm = (loaded or self._load(rec, context))[0]
+                out["state"] = dumps(algorithm.final_state(loads(cast(bytes, rec["state"]), self.trust)))
         if cfg.get("drop", False):
             del context.state[key]
         return self._answer(message, out, reply)

@@ -1,0 +1,127 @@
+"""The threat-model tables (fedstats.federation.disclosure) against the code: every exchange a
+fit makes is listed with its exact arrays and summed arrays, every listed exchange is made by
+some fit (or declared so by its class), every algorithm class is listed, and the docs page
+holds the generated tables."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fedstats
+from fedstats import FederatedData
+from fedstats.federation import FederatedAlgorithm
+from fedstats.federation.disclosure import MODELS, threat_model_tables
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "threat-model.md"
+SITES = ROOT / "examples" / "sites.csv"
+
+
+def declared(model):
+    return {(e.kind, e.algorithm, frozenset(e.keys), frozenset(e.summed)) for e in MODELS[model].exchanges}
+
+
+def as_declared(rec):
+    kind, algorithm, keys, summed = rec
+    return (kind, algorithm, frozenset(keys), frozenset(summed))
+
+
+@pytest.fixture(scope="module")
+def extra_exchanges(record_exchanges):
+    """Fits that make the optional exchanges (a robust GLM, Wald intervals, FEM-OMD's own start)."""
+    from fedstats.experiments.regret import MixtureStream
+    from fedstats.glm import FederatedGLM
+    from fedstats.mixture import FEMOMD, FederatedGaussianMixture
+
+    df = pd.read_csv(SITES)
+    data = FederatedData.from_dataframe(df, by="site", target="y")
+    gm = FederatedData.from_dataframe(df[["site", "x1", "x2"]], by="site")
+    out = {}
+    with record_exchanges() as seen, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        FederatedGLM("gaussian", cov_type="HC0").fit(data)
+        out["FederatedGLM"], seen[:] = set(seen), []
+        FederatedGaussianMixture(2).fit(gm, seed=0).wald_intervals(gm)
+        out["FederatedGaussianMixture (FedEM)"], seen[:] = set(seen), []
+        stream = MixtureStream(n_clients=4, n=40, d=2, n_components=2, process="fixed", seed=1)
+        FEMOMD(2, horizon=2).partial_fit(stream.batch(1))
+        out["FEMOMD"] = set(seen)
+    return out
+
+
+def test_every_exchange_of_every_fit_is_listed_as_it_is(exchanges, extra_exchanges):
+    fits = {f: m for m, d in MODELS.items() for f in d.fits}
+    assert set(fits) >= set(exchanges) - {"fem-omd"}, "a fitted model has no threat-model entry"
+    made = {m: set() for m in MODELS}
+    for fit, recs in exchanges.items():
+        if fit == "fem-omd":  # the same object as fem-omd-result's fit
+            continue
+        made[fits[fit]] |= {as_declared(r) for r in recs}
+    for model, recs in extra_exchanges.items():
+        made[model] |= {as_declared(r) for r in recs}
+    for model, recs in made.items():
+        undeclared = recs - declared(model)
+        assert not undeclared, f"{model}: exchanges made but not listed as made: {sorted(map(str, undeclared))}"
+    for model, d in MODELS.items():
+        if d.fits:
+            unmade = declared(model) - made[model]
+            assert not unmade, f"{model}: listed exchanges no fit made: {sorted(map(str, unmade))}"
+
+
+def algorithm_classes():
+    for info in pkgutil.walk_packages(fedstats.__path__, "fedstats."):
+        if "flower" in info.name or info.name.endswith("__main__"):
+            continue
+        importlib.import_module(info.name)
+    out, todo = {}, [FederatedAlgorithm]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("fedstats."):
+                out[sub.__name__] = sub
+    return out
+
+
+def test_every_algorithm_class_is_listed_and_unfitted_entries_match_their_class():
+    classes = algorithm_classes()
+    listed = {e.algorithm for d in MODELS.values() for e in d.exchanges}
+    assert listed <= set(classes), f"unknown classes {sorted(listed - set(classes))}"
+    missing = set(classes) - listed - {"PosteriorRound"}  # the base of the client-posterior rounds
+    assert not missing, f"algorithms missing from the threat model: {sorted(missing)}"
+    for model, d in MODELS.items():
+        if d.fits:
+            continue
+        for e in d.exchanges:  # not fitted in the tests: the class's own declaration
+            cls = classes[e.algorithm]
+            assert set(cls.reply_keys) == set(e.keys), (model, e.kind)
+            assert set(cls.summed_keys) == set(e.summed), (model, e.kind)
+
+
+def test_the_docs_page_holds_the_generated_tables():
+    text = PAGE.read_text()
+    begin, end = "<!-- generated: threat_model_tables -->", "<!-- end generated -->"
+    assert begin in text and end in text
+    body = text.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert body == threat_model_tables().strip(), (
+        "docs/threat-model.md is out of date: paste fedstats.federation.disclosure.threat_model_tables() "
+        "between its markers (python -m fedstats.federation.disclosure docs/threat-model.md)"
+    )
+
+
+def test_the_tables_mark_sums_and_refuse_bad_entries():
+    from fedstats.federation.disclosure import Array, Exchange
+
+    text = threat_model_tables()
+    assert "| `dr`: " in text and "the sum over the clients" in text and "each client's" in text
+    with pytest.raises(ValueError, match="not reply arrays"):
+        Exchange("k", "A", "w", (Array("a", "x"),), ("b",))
+    with pytest.raises(ValueError, match="twice"):
+        Exchange("k", "A", "w", (Array("a", "x"), Array("a", "y")))
+    assert np.all([isinstance(d.final_state, str) and d.final_state for d in MODELS.values()])
