@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from .protocol import ClientId, FederatedAlgorithm, Message
+from .protocol import ClientId, FederatedAlgorithm, Message, Replies
 from .records import RoundRecord
 from .runner import run
 
-__all__ = ["OneShot", "one_shot", "raise_failures"]
+__all__ = ["OneShot", "one_shot", "run_once", "raise_failures"]
 
 
 class OneShot(FederatedAlgorithm):
@@ -58,7 +58,8 @@ class OneShot(FederatedAlgorithm):
     def server_step(
         self, server_state: Any, replies: Mapping[ClientId, Message], round: int
     ) -> tuple[dict[ClientId, Message], dict[str, float]]:
-        return dict(replies), {}
+        # the replies as the runtime gave them (a Replies, with the sums of any summed keys)
+        return Replies(dict(replies), getattr(replies, "sums", {})), {}
 
 
 def one_shot(
@@ -77,15 +78,15 @@ def one_shot(
     exchange); raises ``RuntimeError`` naming the first
     client that failed (a one-off aggregate over part of the federation would be wrong).
     """
-    r = run(
-        OneShot(tuple(keys), payload, client_fn, private),
-        data,
-        rounds=1,
-        seed=seed,
-        progress=False,
-        batched=False,
-        kind=what.removeprefix("the "),
-    )
+    return run_once(OneShot(tuple(keys), payload, client_fn, private), data, seed=seed, what=what)
+
+
+def run_once(
+    algorithm: OneShot, data: Any, *, seed: int, what: str
+) -> tuple[dict[ClientId, Message], dict[ClientId, Any]]:
+    """Run the one-off round ``algorithm`` (labelled ``what`` without a leading "the"), which
+    every client must answer: ``(replies, client_states)``, as :func:`one_shot`."""
+    r = run(algorithm, data, rounds=1, seed=seed, progress=False, batched=False, kind=what.removeprefix("the "))
     raise_failures(r.history, what)
     return r.server_state, r.client_states
 

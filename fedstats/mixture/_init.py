@@ -28,9 +28,8 @@ import numpy as np
 
 from .. import streams
 from ..data import DataError
-from ..federation.oneshot import OneShot, one_shot, raise_failures
-from ..federation.protocol import Replies, client_function
-from ..federation.runner import run
+from ..federation.oneshot import OneShot, one_shot, run_once
+from ..federation.protocol import client_function
 from .gmm import COV_TYPES, centre, e_step, log_gaussian, m_step, precision_cholesky, reshift, segment_statistics
 
 
@@ -86,24 +85,11 @@ class OneShotSums(OneShot):
         super().__init__(tuple(keys), payload, client_fn, private)
         self.summed_keys = tuple(summed)
 
-    def server_step(self, server_state, replies, round):
-        return Replies(dict(replies), replies.sums), {}
-
 
 def one_shot_sums(data, keys, summed, payload, client_fn, *, seed, what, private=None):
     """:func:`~fedstats.federation.oneshot.one_shot` with the ``summed`` keys declared summed:
     returns ``(replies, client_states)``, the sums in ``replies.sums``."""
-    r = run(
-        OneShotSums(keys, summed, payload, client_fn, private),
-        data,
-        rounds=1,
-        seed=seed,
-        progress=False,
-        batched=False,
-        kind=what.removeprefix("the "),
-    )
-    raise_failures(r.history, what)
-    return r.server_state, r.client_states
+    return run_once(OneShotSums(keys, summed, payload, client_fn, private), data, seed=seed, what=what)
 
 
 # ------------------------------------------------------------------ client functions

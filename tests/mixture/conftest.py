@@ -8,18 +8,20 @@ import pytest
 
 @pytest.fixture
 def server_steps(monkeypatch):
-    """``install(*classes)`` replaces each class's own ``server_step`` by a spy and returns the
+    """``install(*classes)`` replaces each class's ``server_step`` by a spy and returns the
     list it fills: one ``(class name, client function or None, round, [keys of each client's
-    reply], keys of replies.sums)`` per call. Undone at the end of the test."""
+    reply], keys of replies.sums)`` per call on an instance of exactly that class. Undone at
+    the end of the test."""
     seen: list = []
 
     def install(*classes):
         for cls in classes:
-            real = cls.__dict__["server_step"]
+            real = cls.server_step
 
-            def spy(self, state, replies, round, real=real):
-                fn = getattr(getattr(self, "client_fn", None), "__name__", None)
-                seen.append((type(self).__name__, fn, round, [set(r) for r in replies.values()], set(replies.sums)))
+            def spy(self, state, replies, round, real=real, cls=cls):
+                if type(self) is cls:  # a subclass's spy (if any) records its own calls
+                    fn = getattr(getattr(self, "client_fn", None), "__name__", None)
+                    seen.append((cls.__name__, fn, round, [set(r) for r in replies.values()], set(replies.sums)))
                 return real(self, state, replies, round)
 
             monkeypatch.setattr(cls, "server_step", spy)

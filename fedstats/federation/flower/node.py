@@ -127,9 +127,9 @@ class _Node:
         reply = None
         if "round" in cfg:
             before = rec["state"]
-            status, error, reply = self._step(cfg, message.content["broadcast"], rec, loaded, context)
+            status, error, reply, algorithm = self._step(cfg, message.content["broadcast"], rec, loaded, context)
             if status == "ok" and "secure-bound" in cfg:
-                status, error, reply, out["shapes"] = self._hold_sums(cfg, rec, reply, loaded, context)
+                status, error, reply, out["shapes"] = self._hold_sums(cfg, reply, tuple(algorithm.summed_keys), context)
             out["status"], out["error"] = status, error
             if status == "ok":
                 context.state[key] = rec
@@ -144,12 +144,10 @@ class _Node:
             del context.state[key]
         return self._answer(message, out, reply)
 
-    def _hold_sums(self, cfg, rec, reply, loaded, context):
-        """Secure aggregation: keep the reply's declared sums on the node, encoded for
+    def _hold_sums(self, cfg, reply, keys, context):
+        """Secure aggregation: keep the reply's declared sums ``keys`` on the node, encoded for
         Flower's SecAgg+ (:func:`~fedstats.federation.flower.secure.encode`), and reply
         without them (and their shapes, which the server needs to split the sum)."""
-        algorithm = (loaded or self._load(rec, context))[0]
-        keys = tuple(algorithm.summed_keys)
         options = SecureAggregation(bound=float(cfg["secure-bound"]), limbs=int(cfg["secure-limbs"]))
         try:
             vector = encode(reply, keys, options)
@@ -175,7 +173,8 @@ class _Node:
         return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=message)
 
     def _step(self, cfg, broadcast_record, rec, loaded, context):
-        """``(status, error, reply arrays)``; commits the new state into ``rec`` only if valid."""
+        """``(status, error, reply arrays, the algorithm)``; commits the new state into ``rec``
+        only if valid."""
         try:
             algorithm, client, data = loaded or self._load(rec, context)
             state = loads(rec["state"], self.trust)
@@ -188,11 +187,11 @@ class _Node:
             reply, new_state = checked_step(algorithm, client, out)
             new_state = dumps(new_state)
         except SkipRound:
-            return "skipped", "", None
+            return "skipped", "", None, None
         except Exception as exc:  # noqa: BLE001 - a failing client is recorded, its state unchanged
-            return "failed", describe_exc(exc), None
+            return "failed", describe_exc(exc), None, None
         rec["state"] = new_state
-        return "ok", "", reply
+        return "ok", "", reply, algorithm
 
 
 def make_client_app(
