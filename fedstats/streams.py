@@ -29,6 +29,8 @@ SEPARATE_BATCHES = 5
 #: normals of device ``i``'s coefficient posterior drawn from it (``[seed, DEVICE_POSTERIOR, i]``)
 FINAL_TILTED = 7
 DEVICE_POSTERIOR = 11
+#: the server's noise of a differentially private round ``r`` (central placement): ``[seed, r, DP_NOISE]``
+DP_NOISE = 17
 
 
 def stream(seed: int, *tags: int) -> np.random.Generator:

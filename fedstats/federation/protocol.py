@@ -65,6 +65,13 @@ class FederatedAlgorithm(ABC):
     #: they are removed from each client's reply), so no server code can depend on one
     #: client's value
     summed_keys: tuple[str, ...] = ()
+    #: a :class:`~fedstats.privacy.DifferentialPrivacy` when the algorithm's releases are
+    #: differentially private (``None``: they are not). Its client step then clips each row's
+    #: contributions and adds its share of the noise (:meth:`DifferentialPrivacy.client_sums`);
+    #: the runtime checks that every reply array is a declared sum and that every client takes
+    #: part in every round, adds the central noise to the sums (``placement="central"``) and
+    #: records each round in the run's :class:`~fedstats.privacy.PrivacyLedger`
+    privacy: Any = None
     #: attributes that map client ids to values (per-client starts, the states a previous
     #: time step left): a remote client receives only its own entry (see :meth:`for_client`)
     per_client_fields: tuple[str, ...] = ()

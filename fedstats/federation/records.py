@@ -212,7 +212,8 @@ class RunResult:
     of this call. ``resumed_from``: rounds loaded from a checkpoint (0 for a fresh run).
     ``lost``: clients whose node stopped answering (remote backends only; client -> why):
     they are recorded as failed in every round after, and their private state, which never
-    left them, is missing from ``client_states``.
+    left them, is missing from ``client_states``. ``privacy``: the rounds' releases when the
+    algorithm is differentially private (:attr:`FederatedAlgorithm.privacy`).
     """
 
     server_state: Any
@@ -224,6 +225,9 @@ class RunResult:
     seconds: float
     resumed_from: int = 0
     lost: dict[ClientId, str] = field(default_factory=dict)
+    #: the run's :class:`~fedstats.privacy.PrivacyLedger` (one release per round) when the
+    #: algorithm is differentially private, else ``None``
+    privacy: Any = None
 
     def __repr__(self) -> str:
         return (

@@ -88,6 +88,7 @@ def run(
     batched: bool = True,
     min_rounds: int = 1,
     kind: str | None = None,
+    privacy_ledger: Any = None,
 ) -> RunResult:
     """Run ``algorithm`` over the clients of ``data`` for up to ``rounds`` rounds.
 
@@ -127,6 +128,10 @@ def run(
     kind:
         the label of this exchange in ``communication.by_kind`` (default: the algorithm's
         class name); every run inside a :func:`counting` block is added to its ledger.
+    privacy_ledger:
+        a :class:`~fedstats.privacy.PrivacyLedger` that collects the releases of this run
+        when ``algorithm.privacy`` is set (a fit passes one ledger to all its runs); the
+        run's own releases are also in ``RunResult.privacy``.
     """
     t_start = time.perf_counter()
 
@@ -156,6 +161,21 @@ def run(
         checkpoint = os.fspath(checkpoint)
     if resume and checkpoint is None:
         raise ValueError("resume=True needs a checkpoint path")
+    dp = algorithm.privacy
+    if dp is not None:
+        from ..privacy import DifferentialPrivacy, PrivacyLedger
+
+        if not isinstance(dp, DifferentialPrivacy):
+            raise TypeError(
+                f"{type(algorithm).__name__}.privacy must be a DifferentialPrivacy, got {type(dp).__name__}"
+            )
+        if set(algorithm.reply_keys) != set(algorithm.summed_keys):
+            raise TypeError(
+                f"{type(algorithm).__name__} releases {sorted(set(algorithm.reply_keys) - set(algorithm.summed_keys))} "
+                "per client: under differential privacy every reply array must be a declared sum"
+            )
+        if privacy_ledger is not None and not isinstance(privacy_ledger, PrivacyLedger):
+            raise TypeError(f"privacy_ledger must be a PrivacyLedger, got {type(privacy_ledger).__name__}")
     if not isinstance(algorithm.reply_keys, (tuple, list)) or not all(isinstance(k, str) for k in algorithm.reply_keys):
         raise TypeError(f"{type(algorithm).__name__}.reply_keys must be a tuple of str")
     extra = [k for k in algorithm.summed_keys if k not in algorithm.reply_keys]
@@ -164,6 +184,11 @@ def run(
 
     ids, get = client_list(data)
     plan = Participation(participation, ids, rounds)
+    if dp is not None and not (plan.kind in ("count", "fraction") and plan.k == len(ids)):
+        raise ValueError(
+            "differential privacy needs every client in every round (participation=1.0): each "
+            "client adds 1/n of the noise, and the privacy accounting assumes no subsampling"
+        )
     backend = BACKEND.get()
     devices: ClientSide = (
         InProcessClients(algorithm, ids, get, seed)
@@ -189,6 +214,8 @@ def run(
                 kind=kind or type(algorithm).__name__,
             )
         )
+        if privacy_ledger is not None and out.privacy is not None:
+            privacy_ledger.extend(out.privacy)
     finally:
         devices.close()
     c = out.communication
@@ -246,6 +273,8 @@ class _State:
     resumed_from: int
     from_checkpoint: bool = False
     stopped: bool = False
+    #: the releases of this run (when the algorithm is differentially private)
+    privacy: Any = None
 
 
 def _start(r: _Run) -> _State:
@@ -267,12 +296,22 @@ def _start(r: _Run) -> _State:
         r.devices.load_states(saved["client_states"])
         history: History = saved["history"]
         state = _State(saved["server_state"], history, saved["communication"], completed, completed, True)
+        state.privacy = saved.get("privacy", _new_ledger(r))
         state.stopped = bool(history and history[-1].converged and completed >= r.min_rounds)
         return state
     server = r.algorithm.init_server(list(r.ids), streams.stream(r.seed, streams.INIT))
     r.devices.init_states()
     comm = Communication(per_client={c: {"bytes_up": 0, "bytes_down": 0} for c in r.ids})
-    return _State(server, History(), comm, 0, 0)
+    return _State(server, History(), comm, 0, 0, privacy=_new_ledger(r))
+
+
+def _new_ledger(r: _Run) -> Any:
+    dp = r.algorithm.privacy
+    if dp is None:
+        return None
+    from ..privacy import PrivacyLedger
+
+    return PrivacyLedger(dp.accountant)
 
 
 def _write_checkpoint(r: _Run, s: _State) -> None:
@@ -288,6 +327,7 @@ def _write_checkpoint(r: _Run, s: _State) -> None:
             "client_states": r.devices.states(),
             "history": s.history,
             "communication": s.comm,
+            "privacy": s.privacy,
         },
     )
 
@@ -360,6 +400,15 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         summed = Replies(replies, sums)
     else:
         summed = Replies.summing(r.algorithm.summed_keys, replies)
+    dp = r.algorithm.privacy
+    if dp is not None and replies:
+        # the Gaussian mechanism on this round's sums: central noise added here, and the noise
+        # the release actually carries recorded (fewer answers, or no secure aggregation, with
+        # client-side noise: less)
+        summed.sums = dp.server_sums(summed.sums, streams.stream(r.seed, rnd, streams.DP_NOISE))
+        secure = bool(getattr(r.devices, "summed_securely", False))
+        z = dp.effective_noise_multiplier(n_clients=len(idx), n_answered=len(replies), secure_aggregation=secure)
+        s.privacy.record(r.kind, z)
     metrics = _server_step(r, s, summed, rnd)
     is_converged = bool(r.algorithm.converged(s.server, metrics))
     s.comm.bytes_up += bytes_up
@@ -427,4 +476,5 @@ def _run(r: _Run) -> RunResult:
         seconds=time.perf_counter() - r.t_start,
         resumed_from=s.resumed_from,
         lost=dict(r.devices.lost),
+        privacy=s.privacy,
     )

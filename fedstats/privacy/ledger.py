@@ -112,6 +112,11 @@ class PrivacyLedger:
         else:
             self._releases.append(Release(name, z, int(count)))
 
+    def extend(self, other: PrivacyLedger) -> None:
+        """Record every release of ``other`` here too (a fit's ledger collects those of its runs)."""
+        for r in other.releases:
+            self.record(r.name, r.noise_multiplier, r.count)
+
     def dp_event(self) -> Any:
         """The composed mechanism as dp-accounting's ``DpEvent``: a ``ComposedDpEvent`` of one
         ``SelfComposedDpEvent(GaussianDpEvent(z), count)`` per distinct ``z``."""
