@@ -38,6 +38,10 @@ The contract every result keeps (:class:`FederatedResult`):
 * ``to_arviz(n=4000, seed=0)``: every posterior of the result in one ``InferenceData``.
 * ``history``, ``rounds``, ``converged``, ``seconds``, ``communication`` (every exchange of
   the fit, with ``communication.by_kind``), ``save``/``load`` and a short ``repr``.
+* ``privacy``: what a differentially private fit spent (:class:`~fedstats.privacy.PrivacySpent`:
+  ``epsilon``, ``delta``, every release), ``None`` for the others. Its tables' intervals exclude
+  the noise unless the model's ``include_dp_noise`` option says otherwise
+  (``frame.attrs["privacy"]`` says which).
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ _MODULES = (
     "fedstats.gp",
     "fedstats.mixture",
     "fedstats.glm",
+    "fedstats.privacy",
 )
 _REGISTRY: dict[str, type] = {}
 
@@ -359,6 +364,9 @@ class FederatedResult:
     """
 
     _transient: Mapping[str, Any] = {}
+    #: a :class:`~fedstats.privacy.PrivacySpent` for a differentially private fit (the spent
+    #: ``(epsilon, delta)`` and every release); ``None`` otherwise
+    privacy: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._transient}

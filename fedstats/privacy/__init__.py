@@ -16,6 +16,9 @@ released sums differentially private under the add-or-remove-one-row relation:
   spent ``(epsilon, delta)`` from Google's dp-accounting (``pip install 'fedstats[privacy]'``;
   imported only when an epsilon is computed).
 
+* :class:`PrivacySpent`: a fit's option and ledger, the ``privacy`` attribute of its result
+  (``None`` for a fit without differential privacy).
+
 The noise is not part of a model's intervals unless the model says it includes it
 (:meth:`DifferentialPrivacy.noise_std` gives its size on each released sum).
 
@@ -38,7 +41,7 @@ Examples
 inf
 """
 
-from .ledger import NEIGHBOURING, PrivacyLedger, Release
+from .ledger import NEIGHBOURING, PrivacyLedger, PrivacySpent, Release
 from .mechanism import ClippedSums, clip_rows, effective_noise_multiplier, gaussian_noise, noise_scales
 from .options import DEFAULT_DELTA, DifferentialPrivacy
 
@@ -51,6 +54,7 @@ __all__ = [
     "gaussian_noise",
     "effective_noise_multiplier",
     "PrivacyLedger",
+    "PrivacySpent",
     "Release",
     "NEIGHBOURING",
 ]

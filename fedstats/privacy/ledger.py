@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..results import register
 from .mechanism import _is_int, _is_real, check_noise_multiplier
 
 #: the neighbouring relation of every guarantee reported here
@@ -33,6 +34,7 @@ def _dp_accounting() -> Any:
     return dp_accounting
 
 
+@register
 @dataclass(frozen=True)
 class Release:
     """Consecutive releases of one kind: their ``name`` (a round's or an exchange's), the noise
@@ -49,6 +51,7 @@ def _check_delta(delta: Any) -> float:
     return float(delta)
 
 
+@register
 class PrivacyLedger:
     """Records every release of a fit and reports the ``(epsilon, delta)`` spent.
 
@@ -159,3 +162,54 @@ class PrivacyLedger:
             ],
             "noiseless_releases": sorted({r.name for r in self._releases if r.noise_multiplier == 0.0}),
         }
+
+
+@register
+@dataclass(frozen=True)
+class PrivacySpent:
+    """What a differentially private fit spent: the user's option and the fit's ledger (every
+    run and one-off exchange that released noisy sums). A result's ``privacy`` attribute.
+
+    Examples
+    --------
+    >>> from fedstats.privacy import DifferentialPrivacy
+    >>> ledger = PrivacyLedger()
+    >>> ledger.record("EM rounds", 0.0, count=4)
+    >>> spent = PrivacySpent(DifferentialPrivacy(noise_multiplier=0.0, clip=1.0), ledger)
+    >>> spent
+    PrivacySpent(epsilon=inf, delta=1e-06, accountant='rdp', releases=4)
+    >>> spent.note()
+    'intervals exclude the differential-privacy noise (epsilon=inf, delta=1e-06; releases without noise: EM rounds)'
+    """
+
+    option: Any  # DifferentialPrivacy (not imported here: options imports nothing from the ledger)
+    ledger: PrivacyLedger
+
+    @property
+    def delta(self) -> float:
+        return float(self.option.delta)
+
+    @property
+    def epsilon(self) -> float:
+        """The epsilon spent at the option's delta (``inf`` when a release had no noise)."""
+        return self.ledger.epsilon(self.delta)
+
+    def summary(self) -> dict[str, Any]:
+        """:meth:`PrivacyLedger.summary` at the option's delta, with the option itself."""
+        return {**self.ledger.summary(self.delta), "option": self.option.as_dict()}
+
+    def note(self, included: bool = False) -> str:
+        """The sentence a result's tables carry: whether their intervals include the noise."""
+        s = self.summary()
+        what = "include" if included else "exclude"
+        extra = f"; releases without noise: {', '.join(s['noiseless_releases'])}" if s["noiseless_releases"] else ""
+        return (
+            f"intervals {what} the differential-privacy noise (epsilon={s['epsilon']:.4g}, delta={s['delta']:g}{extra})"
+        )
+
+    def __repr__(self) -> str:
+        n = sum(r.count for r in self.ledger.releases)
+        return (
+            f"PrivacySpent(epsilon={self.epsilon:.4g}, delta={self.delta:g}, "
+            f"accountant={self.ledger.accountant!r}, releases={n})"
+        )

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ..results import register
 from .mechanism import (
     ClippedSums,
     Placement,
@@ -33,6 +34,7 @@ ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
 DEFAULT_DELTA = 1e-6
 
 
+@register
 @dataclass(frozen=True)
 class DifferentialPrivacy:
     """Opt-in differential privacy for the sums a model releases.
@@ -107,6 +109,16 @@ class DifferentialPrivacy:
     def __hash__(self) -> int:
         clip = tuple(sorted(self.clip.items())) if isinstance(self.clip, Mapping) else self.clip
         return hash((self.noise_multiplier, clip, self.delta, self.accountant, self.placement))
+
+    def __getstate__(self) -> dict[str, Any]:  # plain values, for result files and pickles
+        return self.as_dict()
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        clip = state["clip"]
+        for k, v in state.items():
+            object.__setattr__(
+                self, k, MappingProxyType(dict(clip)) if k == "clip" and isinstance(clip, Mapping) else v
+            )
 
     def as_dict(self) -> dict[str, Any]:
         """The option as plain values (for a result's metadata)."""

@@ -80,3 +80,26 @@ def test_missing_dp_accounting_says_how_to_install_it(monkeypatch):
     ledger.record("round", 1.0)
     with pytest.raises(ImportError, match=r"pip install 'fedstats\[privacy\]'"):
         ledger.epsilon(1e-6)
+
+
+def test_a_results_privacy_survives_save_and_load(tmp_path):
+    import pickle
+
+    from fedstats.privacy import DifferentialPrivacy, PrivacySpent
+    from fedstats.results import FederatedResult, load_result, register, save_result
+
+    @register
+    class _WithPrivacy(FederatedResult):
+        pass
+
+    dp = DifferentialPrivacy(noise_multiplier=1.0, clip={"n": 1.0, "s": 2.0}, placement="central")
+    ledger = PrivacyLedger("pld")
+    ledger.record("EM rounds", 1.0, count=3)
+    res = _WithPrivacy()
+    res.privacy = PrivacySpent(dp, ledger)
+    back = load_result(save_result(res, tmp_path / "r.fedstats"))
+    assert back.privacy.option == dp and hash(back.privacy.option) == hash(dp)
+    assert back.privacy.ledger.releases == ledger.releases and back.privacy.ledger.accountant == "pld"
+    assert back.privacy.epsilon == res.privacy.epsilon
+    assert pickle.loads(pickle.dumps(dp)) == dp
+    assert "exclude the differential-privacy noise" in res.privacy.note()
