@@ -23,6 +23,7 @@ from .policy import NodePolicy, PolicyRefusal
 from .progress import round_lines
 from .protocol import (
     ClientDisconnected,
+    ClientRelease,
     FederatedAlgorithm,
     Message,
     ProtocolError,
@@ -38,6 +39,7 @@ from .runner import run
 __all__ = [
     "FederatedAlgorithm",
     "ClientDisconnected",
+    "ClientRelease",
     "Message",
     "SkipRound",
     "ProtocolError",

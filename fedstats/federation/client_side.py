@@ -41,8 +41,11 @@ class ClientSide(Protocol):
     def states(self) -> dict[ClientId, Any]:
         """Every client's private state now (for a checkpoint)."""
 
-    def final_states(self) -> dict[ClientId, Any]:
-        """Every client's private state at the end of the run (remote backends fetch them once)."""
+    def final_states(self, final: Mapping[ClientId, Message | None] | None = None) -> dict[ClientId, Any]:
+        """Every client's private state at the end of the run (remote backends fetch them once:
+        each client gets its ``final`` message, from which a client with a result computes it
+        on its node, see :meth:`FederatedAlgorithm.client_result`; in process the states
+        stay whole and ``final`` is not used)."""
 
     def run_round(
         self, rnd: int, idx: list[int], messages: Mapping[int, Message], batched: bool
@@ -109,7 +112,7 @@ class InProcessClients:
     def states(self) -> dict[ClientId, Any]:
         return dict(self._states)
 
-    def final_states(self) -> dict[ClientId, Any]:
+    def final_states(self, final: Mapping[ClientId, Message | None] | None = None) -> dict[ClientId, Any]:
         return {c: self.algorithm.final_state(s) for c, s in self._states.items()}
 
     def _accept(self, i: int, result: Any) -> Outcome:

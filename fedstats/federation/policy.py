@@ -17,7 +17,20 @@ Rules (defaults follow DataSHIELD's disclosure filters):
 * ``options``: per algorithm class, ranges of its options (attributes): ``[low, high]`` for a
   number, a list of allowed values for a string or a client function (by name), ``true`` /
   ``false`` for a flag. An option the algorithm does not have is refused too (the policy
-  names something the node owner expected to be there).
+  names something the node owner expected to be there);
+* ``release`` (default ``"messages"``): what the node sends at the end of a run of a model
+  whose clients have a result of their own (the client posteriors of EP models and HM1,
+  computed on the node): ``"messages"``: nothing beyond the algorithm's messages, the result
+  stays on the node; ``"posterior"``: that result too (never the client's data or its
+  sufficient statistics);
+* ``release_statistics`` (default ``false``): whether the node runs an exchange whose replies
+  are its sufficient statistics themselves (HM1's opt-in information share, ``X'X / s^2`` and
+  ``X'y / s^2``, which HM1's posteriors need: they couple every client through Omega);
+* ``posterior_dir``: the directory where the node writes each such result for its owner (a
+  fedstats result file per client and run, read with :func:`fedstats.results.load_result`);
+  default: none, except on a deployed node (one that reads its own data), which writes to
+  ``fedstats-posteriors`` in its working directory. The node config's ``posterior-dir`` key
+  overrides it.
 
 Example
 -------
@@ -88,8 +101,17 @@ class NodePolicy:
     min_rows_per_parameter: float = 3.0
     algorithms: tuple[str, ...] | None = None
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    release: str = "messages"
+    release_statistics: bool = False
+    posterior_dir: str | None = None
 
     def __post_init__(self) -> None:
+        if self.release not in ("messages", "posterior"):
+            raise ValueError(f"release must be 'messages' or 'posterior', got {self.release!r}")
+        if not isinstance(self.release_statistics, bool):
+            raise ValueError(f"release_statistics must be true or false, got {self.release_statistics!r}")
+        if self.posterior_dir is not None and (not isinstance(self.posterior_dir, str) or not self.posterior_dir):
+            raise ValueError(f"posterior_dir must be a directory path, got {self.posterior_dir!r}")
         if not isinstance(self.min_rows, int) or isinstance(self.min_rows, bool) or self.min_rows < 1:
             raise ValueError(f"min_rows must be an int >= 1, got {self.min_rows!r}")
         if not (isinstance(self.min_rows_per_parameter, (int, float)) and self.min_rows_per_parameter >= 0):
@@ -105,7 +127,15 @@ class NodePolicy:
     def from_toml(cls, text: str) -> NodePolicy:
         """The policy a TOML document states (unknown keys are an error, not ignored)."""
         doc = tomllib.loads(text)
-        unknown = set(doc) - {"min_rows", "min_rows_per_parameter", "algorithms", "options"}
+        unknown = set(doc) - {
+            "min_rows",
+            "min_rows_per_parameter",
+            "algorithms",
+            "options",
+            "release",
+            "release_statistics",
+            "posterior_dir",
+        }
         if unknown:
             raise ValueError(f"unknown policy keys {sorted(unknown)}")
         if isinstance(doc.get("algorithms"), list):
@@ -123,6 +153,12 @@ class NodePolicy:
         name = type(algorithm).__name__
         if self.algorithms is not None and name not in self.algorithms:
             raise PolicyRefusal("algorithms", f"this node does not run {name} (it accepts {list(self.algorithms)})")
+        if getattr(algorithm, "releases_statistics", False) and not self.release_statistics:
+            raise PolicyRefusal(
+                "release_statistics",
+                f"{name} would send this client's sufficient statistics; the node releases them only "
+                "with release_statistics = true in its policy",
+            )
         for option, allowed in self.options.get(name, {}).items():
             if not hasattr(algorithm, option):
                 raise PolicyRefusal("options", f"{name} has no option {option!r} for the policy to check")

@@ -19,9 +19,12 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
+
+from ..results import register
 
 Message = dict[str, np.ndarray]
 """A message: plain named numeric numpy arrays, nothing else."""
@@ -72,6 +75,10 @@ class FederatedAlgorithm(ABC):
     #: part in every round, adds the central noise to the sums (``placement="central"``) and
     #: records each round in the run's :class:`~fedstats.privacy.PrivacyLedger`
     privacy: Any = None
+    #: ``True`` for an exchange whose replies are a client's sufficient statistics themselves
+    #: (HM1's opt-in information share: ``X'X / s^2``, ``X'y / s^2``): a node runs it only
+    #: where its policy says ``release_statistics = true``
+    releases_statistics: bool = False
     #: attributes that map client ids to values (per-client starts, the states a previous
     #: time step left): a remote client receives only its own entry (see :meth:`for_client`)
     per_client_fields: tuple[str, ...] = ()
@@ -150,9 +157,70 @@ class FederatedAlgorithm(ABC):
         what the result does not need on the client."""
         return state
 
+    def final_message(self, server_state: Any, client: ClientId) -> Message | None:
+        """What the server sends ``client`` with the end of a run on a remote backend, so that
+        the client can compute its own result where its data are (:meth:`client_result`).
+        Default ``None``: nothing (the algorithm has no client result)."""
+        return None
+
+    def client_result(self, message: Message, state: Any, data: Any, index: int, seed: int) -> Any:
+        """The client's own result (e.g. its posterior), computed on its node at the end of a
+        run on a remote backend, from :meth:`final_message` and the client's final ``state``.
+
+        ``index`` and ``seed`` are the client's position and the run's seed, for its random
+        streams (the result must equal what the in-process result computes from the state).
+        The node writes it to its owner's file and sends the server a :class:`ClientRelease`
+        in place of :meth:`final_state`: holding this result only where the node's policy says
+        ``release = "posterior"``. Only called when :meth:`final_message` gives a message.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has a final_message but no client_result")
+
     def converged(self, server_state: Any, metrics: Mapping[str, float]) -> bool:
         """Whether the run may stop after this round (default: never before the cap)."""
         return False
+
+
+@register
+@dataclass(frozen=True)
+class ClientRelease:
+    """What a node sends the server at the end of a run of an algorithm with a client result
+    (:meth:`FederatedAlgorithm.client_result`), in place of the client's final state.
+
+    ``result``: the client's result where the node's policy releases it (``release =
+    "posterior"``), else ``None``: it stayed on the node. ``file``: the name of the file the
+    node wrote it to for its owner (``None``: the policy names no directory).
+    """
+
+    client: Any
+    result: Any = None
+    file: str | None = None
+
+    @property
+    def kept(self) -> bool:
+        """Whether the result stayed on the node."""
+        return self.result is None
+
+    def unavailable(self, what: str = "posterior") -> str:
+        """The message a result gives for this client's kept ``what``."""
+        where = f" (its owner finds it in {self.file!r} on the node)" if self.file else ""
+        return (
+            f"client {self.client!r}'s {what} was computed on its node and stayed there{where}: the node's "
+            'policy releases only the algorithm\'s messages (release = "posterior" in its policy releases it)'
+        )
+
+
+@register
+@dataclass(frozen=True)
+class ClientResultFile:
+    """A client's own result as its node writes it for its owner (a fedstats result file, read
+    with :func:`fedstats.results.load_result`): the client, the algorithm that computed it,
+    the run, when (UTC), and the result itself (for EP models and HM1: the client's posterior)."""
+
+    client: Any
+    algorithm: str
+    run: str
+    written: str
+    result: Any
 
 
 def validate_message(message: Any, keys: Sequence[str], *, who: str = "client") -> Message:

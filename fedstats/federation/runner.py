@@ -468,7 +468,7 @@ def _run(r: _Run) -> RunResult:
     display.end(s.done, s.stopped, time.perf_counter() - r.t_start)
     return RunResult(
         server_state=s.server,
-        client_states=r.devices.final_states(),
+        client_states=r.devices.final_states({c: r.algorithm.final_message(s.server, c) for c in r.ids}),
         history=s.history,
         communication=s.comm,
         rounds=s.done,

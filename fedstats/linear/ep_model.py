@@ -22,12 +22,12 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from .. import streams
-from ..federation import ClientDisconnected, run
-from ..inference.ep import FederatedEP, check_invariants
+from ..federation import ClientDisconnected, ClientRelease, run
+from ..inference.ep import EPClientState, FederatedEP, check_invariants
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
-from ..results import FederatedResult, check_level, prediction_frame
+from ..results import FederatedResult, NoPosteriorError, check_level, prediction_frame, register
 from .scaling import LinearScaling, federated_scaling
 
 #: who takes part in each round: a fraction of the clients, a count or a callable
@@ -107,7 +107,7 @@ def fit_ep(
     est.check_model(site)
     scaling = federated_scaling(data, model.fit_intercept, seed=seed) if model.standardize else None
     devices = Devices(data, model.fit_intercept, sigma, scaling)
-    alg = FederatedEP(site, prior, est, damping=damping, tol=float(tol))
+    alg = LinearEP(site, prior, est, damping=damping, tol=float(tol), names=list(names), scaling=scaling)
     t0 = time.perf_counter()
     out = run(
         alg,
@@ -128,7 +128,8 @@ def fit_ep(
             f"client(s) {list(out.lost)[:5]} were lost during the fit (client {c!r}: {why}); "
             "EP's result needs every client's site, which stayed on its node"
         )
-    check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
+    if all(isinstance(st, EPClientState) for st in out.client_states.values()):  # else they stayed on the nodes
+        check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
     check_participation(out.history, list(data.clients))
     return result_cls(
         model=model,
@@ -144,7 +145,78 @@ def fit_ep(
         seconds=time.perf_counter() - t0,
         seed=seed,
         scaling=scaling,
+        noise_sd=None if sigma is None else {c: float(sigma[c]) for c in data.clients},
     )
+
+
+@register
+@dataclass(frozen=True)
+class DevicePosterior:
+    """A device's posterior at the end of an EP fit, on the data's scale: its coefficients, its
+    noise sd (a float when known or constant, else draws aligned with the coefficients'), and
+    the diagnostics of its estimator in the last EP round (``last_round``) and in the run behind
+    this posterior (``diagnostics``). What a node computes for its client (:class:`LinearEP`)."""
+
+    coefficients: GaussianPosterior | SamplePosterior
+    noise: SamplePosterior | float
+    diagnostics: dict
+    last_round: dict
+
+
+def final_tilted_seed(seed: int, index: int) -> int:
+    """The seed of device ``index``'s final tilted run (``[seed, FINAL_TILTED, index]``)."""
+    return int(streams.stream(seed, streams.FINAL_TILTED, index).integers(2**62))
+
+
+def device_posterior(
+    site, tilted: TiltedResult, stats, names, scaling: LinearScaling | None, rng: np.random.Generator
+) -> tuple[GaussianPosterior | SamplePosterior, SamplePosterior | float]:
+    """A device's (coefficients, noise sd) posterior on the data's scale from its final tilted
+    result (:func:`coefficient_posterior`, :func:`noise_posterior`)."""
+    post = coefficient_posterior(site, tilted, stats, names, rng)
+    if scaling is not None:
+        A, c = scaling.coef_map()
+        post = post.affine(A, c, names=list(post.names))
+    return post, noise_posterior(site, tilted, stats, scaling)
+
+
+def noise_posterior(site, tilted: TiltedResult, stats, scaling: LinearScaling | None) -> SamplePosterior | float:
+    """A device's noise sd on the data's scale: a float when it is known (or its draws all
+    coincide), else a :class:`SamplePosterior` aligned with the tilted draws (same weights)."""
+    s = 1.0 if scaling is None else scaling.y_sd
+    if tilted.draws is None:
+        return s * float(np.sqrt(site.noise_variance(tilted.mean[None], np.zeros((1, 0)), stats)[0]))
+    var = site.noise_variance(tilted.draws["phi"], tilted.draws["z"], stats)
+    if np.ptp(var) == 0:
+        return s * float(np.sqrt(var[0]))
+    return SamplePosterior(s * np.sqrt(var)[:, None], names=["sigma"], weights=tilted.weights)
+
+
+@register
+class LinearEP(FederatedEP):
+    """:class:`~fedstats.inference.ep.FederatedEP` for the linear models, whose devices form
+    their own posterior where their data are at the end of a run on a remote backend: the
+    server sends each the final ``q`` (:meth:`final_message`), the node runs the device's final
+    tilted distribution from its cavity and its sufficient statistics and returns a
+    :class:`DevicePosterior` (:meth:`client_result`), released or kept on the node by its
+    policy. Its statistics (``X'X``, ``X'y``, ``y'y``) never leave it. In process the result
+    computes the same posteriors from the final states, with the same seeds."""
+
+    def __init__(self, *args: Any, names: Sequence[str], scaling: LinearScaling | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.names, self.scaling = list(names), scaling
+
+    def final_message(self, server_state: Any, client: Any) -> dict[str, np.ndarray]:
+        q = server_state.q
+        return {"r": q.r, "Q": q.Q, "accept": np.array(server_state.accept.get(client, 1.0))}
+
+    def client_result(self, message: Any, state: Any, data: Any, index: int, seed: int) -> DevicePosterior:
+        committed = self._commit(message, state)
+        q = NaturalGaussian(np.asarray(message["r"]), np.asarray(message["Q"]))
+        tilted = self.local_tilted(q, [committed.site], [committed.stats], [final_tilted_seed(seed, index)])[0]
+        rng = streams.stream(seed, streams.DEVICE_POSTERIOR, index)
+        coef, noise = device_posterior(self.model, tilted, committed.stats, self.names, self.scaling, rng)
+        return DevicePosterior(coef, noise, dict(tilted.diagnostics), dict(state.diagnostics))
 
 
 def log_scale_rows(g, prefix: str, level: float, new_prefix: str) -> pd.DataFrame:
@@ -234,6 +306,7 @@ class EPLinearResult(FederatedResult):
     seconds: float
     seed: int = 0
     scaling: LinearScaling | None = None  # the standardisation the fit ran on (None: the data's own scale)
+    noise_sd: dict | None = None  # the known noise sd of each device (data scale), if given
     _device_cache: dict = field(default_factory=dict, repr=False)
     _global_cache: dict = field(default_factory=dict, repr=False)
 
@@ -268,18 +341,17 @@ class EPLinearResult(FederatedResult):
         state (in-process; on Flower from the state each device returned at the end of the fit)."""
         if not self._device_cache:
             alg = self.algorithm
-            sites = alg.committed_sites(self.server, self.client_states)
-            seeds = [
-                int(streams.stream(self.seed, streams.FINAL_TILTED, i).integers(2**62))
-                for i in range(len(self.clients))
-            ]
+            here = [c for c in self.clients if isinstance(self.client_states[c], EPClientState)]
+            if not here:
+                return self._device_cache
+            sites = alg.committed_sites(self.server, {c: self.client_states[c] for c in here})
             res = alg.local_tilted(
                 self.server.q,
-                [sites[c] for c in self.clients],
-                [self.client_states[c].stats for c in self.clients],
-                seeds,
+                [sites[c] for c in here],
+                [self.client_states[c].stats for c in here],
+                [final_tilted_seed(self.seed, self.clients.index(c)) for c in here],
             )
-            self._device_cache.update(zip(self.clients, res))
+            self._device_cache.update(zip(here, res))
             bad = [
                 c
                 for c, r in self._device_cache.items()
@@ -300,9 +372,26 @@ class EPLinearResult(FederatedResult):
         divergences, whether control variates were used): one row per device for the last
         EP round (``stage="last round"``) and one for the run behind its device posterior
         (``stage="device posterior"``). Empty columns for exact estimators."""
-        rows = [{"client": c, "stage": "last round", **self.client_states[c].diagnostics} for c in self.clients]
-        rows += [{"client": c, "stage": "device posterior", **r.diagnostics} for c, r in self._device_results().items()]
-        return pd.DataFrame(rows)
+        rows, final = [], []
+        for c in self.clients:
+            st = self.client_states[c]
+            if isinstance(st, EPClientState):
+                rows.append({"client": c, "stage": "last round", **st.diagnostics})
+                final.append({"client": c, "stage": "device posterior", **self._device_results()[c].diagnostics})
+            elif isinstance(st, ClientRelease) and st.result is not None:
+                rows.append({"client": c, "stage": "last round", **st.result.last_round})
+                final.append({"client": c, "stage": "device posterior", **st.result.diagnostics})
+        return pd.DataFrame(rows + final)
+
+    def _released(self, client: Hashable) -> DevicePosterior | None:
+        """The posterior device ``client``'s node computed and released (a fit on Flower);
+        ``None`` when its final state is here; :class:`NoPosteriorError` when it stayed on the node."""
+        st = self.client_states[client]
+        if not isinstance(st, ClientRelease):
+            return None
+        if st.result is None:
+            raise NoPosteriorError(st.unavailable())
+        return st.result
 
     def client_posterior(self, client: Hashable) -> GaussianPosterior | SamplePosterior:
         """Posterior of device ``client``'s coefficients, from its cavity (Section 4.2.1 of the linear-models paper).
@@ -311,6 +400,9 @@ class EPLinearResult(FederatedResult):
         the coefficients, Rao-Blackwellised over the global and local parameters.
         """
         self._check_client(client)
+        released = self._released(client)
+        if released is not None:
+            return released.coefficients
         # Each device draws its own normals (the seed folds in the device's index).
         rng = streams.stream(self.seed, streams.DEVICE_POSTERIOR, self.clients.index(client))
         post = coefficient_posterior(
@@ -329,15 +421,10 @@ class EPLinearResult(FederatedResult):
         """Posterior of device ``client``'s noise sd: a float when it is known, else a
         :class:`SamplePosterior` aligned with the tilted draws (same weights)."""
         self._check_client(client)
-        tilted = self._device_results()[client]
-        stats = self.client_states[client].stats
-        s = 1.0 if self.scaling is None else self.scaling.y_sd
-        if tilted.draws is None:
-            return s * float(np.sqrt(self.site.noise_variance(tilted.mean[None], np.zeros((1, 0)), stats)[0]))
-        var = self.site.noise_variance(tilted.draws["phi"], tilted.draws["z"], stats)
-        if np.ptp(var) == 0:
-            return s * float(np.sqrt(var[0]))
-        return SamplePosterior(s * np.sqrt(var)[:, None], names=["sigma"], weights=tilted.weights)
+        released = self._released(client)
+        if released is not None:
+            return released.noise
+        return noise_posterior(self.site, self._device_results()[client], self.client_states[client].stats, self.scaling)
 
     def _joint_draws(self, client: Hashable, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``n`` joint draws of (coefficients, noise sd) from the device's posterior:

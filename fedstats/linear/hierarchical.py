@@ -39,6 +39,7 @@ from numpy.typing import ArrayLike
 from .. import streams
 from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
 from ..federation.backend import accepts_backend
+from ..inference.ep import EPClientState
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
@@ -300,8 +301,12 @@ class HierarchicalResult(EPLinearResult):
         """Noise sd of a new device: the fitted devices' sigma posteriors, mixed in equal
         parts (each resampled by its weights). Known noise: the root mean known variance."""
         if self.site.sigma_known:
+            states = list(self.client_states.values())
+            if not all(isinstance(st, EPClientState) for st in states):  # a fit on Flower: the known sds
+                assert self.noise_sd is not None  # a known noise is the user's noise_sd
+                return np.full(n, np.sqrt(float(np.mean(np.square(list(self.noise_sd.values()))))))
             s = 1.0 if self.scaling is None else self.scaling.y_sd
-            return np.full(n, s * np.sqrt(float(np.mean([st.stats["sigma2"] for st in self.client_states.values()]))))
+            return np.full(n, s * np.sqrt(float(np.mean([st.stats["sigma2"] for st in states]))))
         which = rng.integers(0, len(self.clients), size=n)
         out = np.empty(n)
         for j in np.unique(which):

@@ -209,6 +209,10 @@ class HM1Algorithm(FederatedAlgorithm):
             "omega_cond": float(w[-1] / w[0]) if w[0] > 0 else float("inf"),
         }
 
+    def final_state(self, state):
+        """Nothing: the device's ``X'X`` and ``X'y`` stay on it (the result needs no device state)."""
+        return None
+
     def converged(self, server_state, metrics):
         """:func:`round_converged` (the fit runs all rounds unless ``stop_early``, by passing
         ``min_rounds=rounds`` to the runner)."""
@@ -276,6 +280,8 @@ class InformationShare(FederatedAlgorithm):
     predictive intervals need its own noise variance."""
 
     reply_keys = ("information", "score", "noise_var")
+    # the whole least-squares fit of the device: a node's policy must allow it
+    releases_statistics = True
 
     def __init__(self, noise_var: Mapping | None):
         self.noise_var = noise_var

@@ -19,7 +19,7 @@ pytest.importorskip("flwr")
 from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
 from fedstats.data import ClientData, DataError  # noqa: E402
 from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: E402
-from fedstats.federation import ClientDisconnected, NodePolicy, run, use_backend  # noqa: E402
+from fedstats.federation import ClientDisconnected, run, use_backend  # noqa: E402
 from fedstats.federation.flower import FlowerSession, RemoteDataError, RemoteFederatedData, dumps, loads  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import StructuralCovarianceModel  # noqa: E402
@@ -35,8 +35,29 @@ import flower_toys  # noqa: E402
 sys.path.remove(str(HERE))
 
 
+#: the nodes' release policy in most tests: the defaults (5 rows, 3 rows per regression
+#: column), the toy algorithm's wait capped at 10 s, and the client posteriors and the
+#: states a checkpoint needs released, so that fits compare with in-process ones in full
+POLICY = """
+release = "posterior"
+release_statistics = true
+posterior_dir = "{folder}"
+[options.Flaky]
+slow_seconds = [0, 10]
+"""
+
+
 @pytest.fixture(scope="module")
-def session():
+def policy_file(tmp_path_factory):
+    """The session's policy file (the nodes read it again at every message)."""
+    folder = tmp_path_factory.mktemp("node")
+    path = folder / "policy.toml"
+    path.write_text(POLICY.format(folder=(folder / "posteriors").as_posix()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def session(policy_file):
     # the nodes (Ray workers) import the toy algorithms from this folder
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE)] + ([old] if old else []))
@@ -46,9 +67,7 @@ def session():
             num_supernodes=6,
             timeout=300,
             trust=("fedstats", "flower_toys"),
-            # the nodes' release policy: the defaults (5 rows, 3 rows per regression column),
-            # and the toy algorithm's wait capped at 10 s
-            policy=NodePolicy(options={"Flaky": {"slow_seconds": [0, 10]}}),
+            policy=policy_file,
             backend_config={"client_resources": {"num_cpus": 0.5, "num_gpus": 0.0}},
         ) as s:
             s.assign(list(range(6)))  # start it now: tests may run in any order
@@ -127,6 +146,88 @@ def test_hm2_sampled_ep_equals_inprocess_client_by_client(session):
     close(a.summary()[["mean", "sd"]].to_numpy(), b.summary()[["mean", "sd"]].to_numpy())
     c = model.fit(data, seed=3)
     close(c.summary()[["mean", "sd"]].to_numpy(), b.summary()[["mean", "sd"]].to_numpy(), tol=1e-4)
+
+
+def _every_byte_received(rec):
+    """Each array and each bytes value (pickled states) of every message the server received."""
+    out = []
+    for m in rec.received:
+        if m.has_error():
+            continue
+        for r in m.content.array_records.values():
+            out += [np.ascontiguousarray(a.numpy()).tobytes() for a in r.values()]
+        for r in m.content.config_records.values():
+            for v in r.values():
+                out += [b for b in (v if isinstance(v, list) else [v]) if isinstance(b, bytes)]
+    return out
+
+
+def test_client_posteriors_stay_on_the_node_under_the_default_policy(session, policy_file, monkeypatch):
+    """Issue 21: under the default release policy no EP or HM1 fit sends a client's X'X, X'y or
+    y'y (every message the server receives, pickled states included); each node writes its
+    client's posterior for its owner, equal to the in-process one to 1e-10, and releases it
+    only where its policy says so."""
+    from fedstats.federation.protocol import ClientRelease
+    from fedstats.linear import HierarchicalLinearModel
+    from fedstats.linear.hm1_algorithm import CannotShareError
+    from fedstats.results import NoPosteriorError, load_result
+
+    data, _ = hm2_federation(n_clients=4, n_obs=30, seed=5)
+    folder = policy_file.parent / "kept"
+    default = f'posterior_dir = "{folder.as_posix()}"\n[options.Flaky]\nslow_seconds = [0, 10]\n'
+    released = policy_file.read_text()
+    rec = Recorder(session, monkeypatch)
+    models = {
+        "exact": HierarchicalLinearModel(rounds=4, estimator="exact", sigma=0.5, tau=1.0),
+        "sampled": HierarchicalLinearModel(rounds=2, estimator_options={"num_draws": 300}),
+    }
+    try:
+        policy_file.write_text(default)
+        for name, model in models.items():
+            a = model.fit(data, seed=4, batched=False)
+            rec.received.clear()
+            b = model.fit(data, seed=4, backend=session)
+            close(a.global_posterior().mean, b.global_posterior().mean)
+            secrets = [v for c in data.clients for v in a.client_states[c].stats.values() if np.size(v) > 1]
+            first = a.client_states[data.clients[0]]  # the search finds a state's statistics in its pickle
+            assert secrets and secrets[0].tobytes() in pickle.dumps(first)
+            got = _every_byte_received(rec)
+            assert got and not any(v.tobytes() in blob for v in secrets for blob in got), name
+            for i, c in enumerate(data.clients):
+                kept = b.client_states[c]
+                assert isinstance(kept, ClientRelease) and kept.result is None
+                with pytest.raises(NoPosteriorError, match=rf"stayed there \(its owner finds it in '{kept.file}'"):
+                    b.client_posterior(c)
+                on_node = load_result(folder / kept.file)
+                assert (on_node.client, on_node.algorithm) == (c, "LinearEP")
+                mine, theirs = a.client_posterior(c), on_node.result.coefficients
+                close(mine.mean, theirs.mean)
+                close(mine.cov if name == "exact" else mine.draws, theirs.cov if name == "exact" else theirs.draws)
+        # HM1: its rounds send coefficients only, and its final state nothing; its posteriors
+        # need every client's information matrix, which the default policy does not release
+        hm1 = StructuralCovarianceModel(rounds=4)
+        design = hm1._prepare(data)[2]
+        secrets = [m for c in data.clients for X, y in [design[c]] for m in (X.T @ X, X.T @ y)]
+        rec.received.clear()
+        with pytest.warns(RuntimeWarning, match=r"point estimates only.*rule release_statistics"):
+            points = hm1.fit(data, seed=2, backend=session)
+        close(points.theta, hm1.fit(data, seed=2, uncertainty=False).theta)
+        got = _every_byte_received(rec)
+        assert got and not any(v.tobytes() in blob for v in secrets for blob in got)
+        with pytest.raises(CannotShareError, match="rule release_statistics"):
+            hm1.fit(data, seed=2, backend=session, uncertainty=True)
+    finally:
+        policy_file.write_text(released)
+    # released: the server's result gives the node's posterior, equal to the in-process one
+    for name, model in models.items():
+        a, b = model.fit(data, seed=4, batched=False), model.fit(data, seed=4, backend=session)
+        for c in data.clients:
+            assert isinstance(b.client_states[c], ClientRelease) and b.client_states[c].result is not None
+            close(a.client_posterior(c).mean, b.client_posterior(c).mean)
+            close(
+                a.predict(np.asarray(data[c].X)[:3], client=c).to_numpy(),
+                b.predict(np.asarray(data[c].X)[:3], client=c).to_numpy(),
+            )
 
 
 def test_hm1_equals_inprocess(session):

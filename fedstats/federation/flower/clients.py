@@ -168,9 +168,11 @@ class FlowerClients:
     def load_states(self, states: Mapping) -> None:
         self._pending = {c: dumps(states[c]) for c in self.ids}
 
-    def _states(self, drop: bool) -> dict:
+    def _states(self, drop: bool, final: Mapping | None = None, got: dict | None = None) -> dict:
         clients = [c for c in self.ids if c not in self.lost]
-        got = self._exchange({c: ({"send": True, "drop": drop}, None) for c in clients})
+        final = final or {}
+        if got is None:
+            got = self._exchange({c: ({"send": True, "drop": drop}, final.get(c)) for c in clients})
         states = {}
         for c in clients:
             reply = got[c]
@@ -181,11 +183,21 @@ class FlowerClients:
         return _States({c: states[c] for c in self.ids if c in states}, self.lost)
 
     def states(self) -> dict:
-        return self._states(drop=False)
+        """The states now, for a checkpoint (a node sends its client's only where its policy
+        says ``release_statistics = true``; else the checkpoint fails with the node's reason)."""
+        clients = [c for c in self.ids if c not in self.lost]
+        got = self._exchange({c: ({"send": True, "drop": False}, None) for c in clients})
+        refused = {c: r["error"] for c, r in got.items() if isinstance(r, dict) and r["status"] != "ok"}
+        if refused:
+            c, why = next(iter(refused.items()))
+            raise RuntimeError(f"cannot write the checkpoint: client {c!r}'s node answered {why}")
+        return self._states(drop=False, got=got)
 
-    def final_states(self) -> dict:
-        """The states at the end of the run; the nodes then forget the run."""
-        out = self._states(drop=True)
+    def final_states(self, final: Mapping | None = None) -> dict:
+        """The states at the end of the run; the nodes then forget the run. A client with a
+        ``final`` message computes its own result on its node from it and sends a
+        :class:`~fedstats.federation.ClientRelease` instead (see :meth:`FederatedAlgorithm.client_result`)."""
+        out = self._states(drop=True, final=final)
         self._dropped = True
         return out
 

@@ -5,9 +5,11 @@ runs, with the same random streams; only the reply arrays leave it during a run.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -17,9 +19,10 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 
 from ...data import DataError, FederatedData
+from ...results import save_result
 from ..client_side import checked_step, client_rng
 from ..policy import NodePolicy, PolicyRefusal, policy_of
-from ..protocol import SkipRound, describe_exc
+from ..protocol import ClientRelease, ClientResultFile, SkipRound, describe_exc
 from .secure import SecureAggregation, encode
 from .wire import dumps, loads, to_arrays, to_record
 
@@ -27,6 +30,19 @@ from .wire import dumps, loads, to_arrays, to_record
 SECURE_STASH = "fedstats.secure"
 
 _log = logging.getLogger("fedstats.node")
+
+#: where a deployed node writes its clients' results when its policy names no directory
+DEFAULT_POSTERIOR_DIR = "fedstats-posteriors"
+
+
+def _keep(folder: str, client: Any, run: str, algorithm: str, result: Any) -> str:
+    """Write ``result`` to ``folder`` (created if needed); the file's name."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(client)) or "client"
+    name = f"{stem}-{run[:12]}.fedstats"
+    os.makedirs(folder, exist_ok=True)
+    written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    save_result(ClientResultFile(client, algorithm, run, written, result), os.path.join(folder, name))
+    return name
 
 
 class _Node:
@@ -48,13 +64,16 @@ class _Node:
     ):
         self.local_data = local_data
         self.trust = tuple(trust)
-        self.policy = None if policy is None else policy_of(policy)
+        if policy is not None:
+            policy_of(policy)  # a bad policy fails here, not at the first message
+        # a file is read again at every message: its owner may change it without a restart
+        self.policy = os.fspath(policy) if isinstance(policy, (str, os.PathLike)) else policy
 
     def _policy(self, context: Context) -> NodePolicy:
         """The policy given to :func:`make_client_app`, else the TOML file at the node config's
         ``policy`` key, else the defaults."""
         if self.policy is not None:
-            return self.policy
+            return policy_of(self.policy)
         path = str(context.node_config.get("policy", "")).strip()
         return policy_of(path or None)
 
@@ -135,14 +154,44 @@ class _Node:
                 context.state[key] = rec
             else:  # a failed step leaves the client's state as it was
                 rec["state"] = before
-        if cfg.get("send", False):
+        if cfg.get("send", False) and not cfg.get("drop", False) and not self._policy(context).release_statistics:
+            # a checkpoint: the server would hold the client's private state (its statistics)
+            out = {
+                "status": "failed",
+                "error": "refused by the node's policy (rule release_statistics): a checkpoint on the server "
+                "needs the client's private state, which the node sends only with release_statistics = true",
+            }
+        elif cfg.get("send", False):
             out["state"] = rec["state"]
-            if cfg.get("drop", False):  # the end of the run: only what the algorithm lets leave
-                algorithm = (loaded or self._load(rec, context))[0]
-                out["state"] = dumps(algorithm.final_state(loads(cast(bytes, rec["state"]), self.trust)))
+            if cfg.get("drop", False):  # the end of the run: only what the algorithm and the policy let leave
+                try:
+                    out["state"] = self._final(message, rec, loaded, context)
+                except Exception as exc:  # noqa: BLE001 - reported to the server
+                    out = {"status": "failed", "error": describe_exc(exc)}
         if cfg.get("drop", False):
             del context.state[key]
         return self._answer(message, out, reply)
+
+    def _final(self, message: Message, rec, loaded, context: Context) -> bytes:
+        """What leaves the node at the end of a run: the algorithm's ``final_state``, or, for an
+        algorithm with a client result (a client posterior), a ClientRelease: the result is
+        computed here, written for the node's owner, and released only if the policy says so."""
+        algorithm, client, data = loaded or self._load(rec, context)
+        state = loads(cast(bytes, rec["state"]), self.trust)
+        if "broadcast" not in message.content.array_records:
+            return dumps(algorithm.final_state(state))
+        final = to_arrays(message.content.array_records["broadcast"])
+        result = algorithm.client_result(final, state, data, int(rec["index"]), int(rec["seed"]))
+        policy = self._policy(context)
+        name = None
+        folder = str(context.node_config.get("posterior-dir", "")).strip() or policy.posterior_dir
+        if folder is None and self.local_data is not None:
+            folder = DEFAULT_POSTERIOR_DIR
+        if folder is not None:
+            name = _keep(folder, client, str(message.content["fedstats"]["run"]), type(algorithm).__name__, result)
+            _log.info("fedstats: client %r wrote its result to %s", client, os.path.join(folder, name))
+        released = result if policy.release == "posterior" else None
+        return dumps(ClientRelease(client=client, result=released, file=name))
 
     def _hold_sums(self, cfg, reply, keys, context):
         """Secure aggregation: keep the reply's declared sums ``keys`` on the node, encoded for
@@ -207,8 +256,8 @@ def make_client_app(
     where each node receives its client's data when a run starts. ``trust``: the packages
     whose classes the node will load from the server's pickles (see :func:`loads`).
     ``policy``: the node's release policy (:class:`~fedstats.federation.policy.NodePolicy`, or
-    the path of its TOML file); ``None``: the TOML file named by the node config's ``policy``
-    key, else the defaults (at least 5 rows, 3 rows per column of a regression). The server
+    the path of its TOML file, read again at every message); ``None``: the TOML file named by
+    the node config's ``policy`` key, else the defaults (at least 5 rows, 3 rows per column of a regression). The server
     cannot change it: a run that breaks it is refused before anything is computed.
     """
     node = _Node(local_data, trust, policy)

@@ -56,7 +56,8 @@ class FlowerSession:
     policy : NodePolicy or path, optional
         Simulation only: the release policy of every simulated node (default: the defaults of
         :class:`~fedstats.federation.policy.NodePolicy`, as a deployed node without a policy
-        file). A deployed node's policy is its owner's (see :func:`make_client_app`).
+        file; a TOML file is read again at every message). A deployed node's policy is its
+        owner's (see :func:`make_client_app`).
 
     Example
     -------
@@ -86,7 +87,8 @@ class FlowerSession:
         self.num_supernodes = num_supernodes
         self.backend_config = dict(backend_config or {})
         self.verbose = bool(verbose)
-        self.policy = policy_of(policy)
+        policy_of(policy)  # checked now; a file is read again by the nodes at every message
+        self.policy = os.fspath(policy) if isinstance(policy, (str, os.PathLike)) else policy_of(policy)
         self.mode = "simulation"
 
     def _setup(self, timeout, on_disconnect, trust, secure_aggregation) -> None:
