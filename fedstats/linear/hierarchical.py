@@ -43,7 +43,7 @@ from ..inference.ep import EPClientState
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, make_estimator
-from ..results import counted, register
+from ..results import NoPosteriorError, counted, register
 from ._hm2_site import HM2Site
 from .ep_model import EPLinearResult, ParticipationSpec, coefficient_posterior, fit_ep, log_scale_rows, no_p_value
 from .ep_model import normal_pair as _normal_pair
@@ -311,7 +311,12 @@ class HierarchicalResult(EPLinearResult):
         out = np.empty(n)
         for j in np.unique(which):
             at = np.flatnonzero(which == j)
-            noise = self.client_noise(self.clients[j])
+            try:
+                noise = self.client_noise(self.clients[j])
+            except NoPosteriorError as exc:
+                raise NoPosteriorError(
+                    "a new client's noise sd mixes the fitted clients' noise posteriors, and " + str(exc)
+                ) from None
             # a device whose noise draws all coincide has a float noise sd (client_noise)
             out[at] = noise if isinstance(noise, float) else noise.sample(len(at), seed=rng)[:, 0]
         return out

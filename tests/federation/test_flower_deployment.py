@@ -151,11 +151,34 @@ def federation(tmp_path):
         fed.close()
 
 
-def test_deployed_hm2_equals_inprocess(tmp_path):
+def arrays_in(obj, out=None) -> list:
+    """Every numpy array inside ``obj`` (dataclasses, dicts, lists)."""
+    out = [] if out is None else out
+    if isinstance(obj, np.ndarray):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            arrays_in(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            arrays_in(v, out)
+    elif hasattr(obj, "__dict__"):
+        arrays_in(vars(obj), out)
+    return out
+
+
+def test_deployed_hm2_equals_inprocess_and_its_client_posteriors_stay_on_the_nodes(tmp_path):
+    """Issue 21: under the nodes' default policy the deployed server receives no client's
+    ``X'X``, ``X'y`` or ``y'y`` (the record of every array and every pickled state it received),
+    each node writes its client's posterior for its owner (equal to the in-process one to
+    1e-10), and the server's result says where it stayed."""
+    from fedstats.federation.flower import loads
+    from fedstats.results import NoPosteriorError, load_result
+
     fed = Federation(tmp_path, target=True)
     try:
-        out = tmp_path / "result.fedstats"
-        done = fed.flwr_run(f"output='{out}' model='hm2' max-rounds=3 seed=2")
+        out, record = tmp_path / "result.fedstats", tmp_path / "received.npz"
+        done = fed.flwr_run(f"output='{out}' model='hm2' max-rounds=3 seed=2 record='{record}'")
         assert out.exists(), done.stdout[-4000:] + done.stderr[-2000:]
         deployed = HierarchicalResult.load(out)
         # each node runs its client alone: the in-process reference steps client by client
@@ -166,10 +189,23 @@ def test_deployed_hm2_equals_inprocess(tmp_path):
     np.testing.assert_allclose(
         deployed.summary()[cols].to_numpy(), local.summary()[cols].to_numpy(), rtol=1e-10, atol=1e-10
     )
+    received = np.load(record)
+    states = [loads(received[k].tobytes(), ("fedstats",)) for k in received if k.startswith("b")]
+    got = [np.asarray(a, float).ravel() for a in arrays_in(states)]
+    got += [received[k] for k in received if k.startswith("a")]
+    secrets = [
+        np.ravel(v) for c in ("site_a", "site_b") for v in local.client_states[c].stats.values() if np.size(v) > 1
+    ]
+    assert states and secrets and arrays_in(local.client_states["site_a"])
+    for a in got:
+        assert not any(a.size == v.size and np.allclose(a, v, rtol=1e-9) for v in secrets), "a client's statistics"
     for c in ("site_a", "site_b"):
-        np.testing.assert_allclose(
-            deployed.client_posterior(c).mean, local.client_posterior(c).mean, rtol=1e-10, atol=1e-10
-        )
+        with pytest.raises(NoPosteriorError, match="stayed there"):
+            deployed.client_posterior(c)
+        kept = deployed.client_states[c].file
+        on_node = load_result(tmp_path / "fedstats-posteriors" / kept).result.coefficients
+        np.testing.assert_allclose(on_node.mean, local.client_posterior(c).mean, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(on_node.draws, local.client_posterior(c).draws, rtol=1e-10, atol=1e-10)
 
 
 def test_deployed_fedem_equals_inprocess(federation):
@@ -244,7 +280,7 @@ class ClientSums:
     def check_hidden(self, record: Path) -> None:
         """No array the deployed server received equals a client's declared sum (unless the
         client sends the same values openly)."""
-        got = list(np.load(record).values())
+        got = [v for k, v in np.load(record).items() if k.startswith("a")]
         assert got
 
         def same(a, v):

@@ -88,3 +88,20 @@ def test_a_policy_file(tmp_path):
             NodePolicy.from_toml(bad)
     with pytest.raises(TypeError, match="NodePolicy, a TOML file path or None"):
         policy_of(5)
+
+
+def test_what_leaves_the_node_at_the_end_and_the_information_share():
+    from fedstats.linear.hm1_algorithm import InformationShare
+
+    p = NodePolicy()
+    assert (p.release, p.release_statistics, p.posterior_dir) == ("messages", False, None)
+    data = rows(20, d=2)
+    # HM1's information share is the client's X'X / s^2 and X'y / s^2: refused by default
+    msg = refused(p, InformationShare(None), data, "release_statistics")
+    assert "sufficient statistics" in msg and "release_statistics = true" in msg
+    NodePolicy(release_statistics=True).check(InformationShare(None), data)
+    q = NodePolicy.from_toml('release = "posterior"\nrelease_statistics = true\nposterior_dir = "kept"\n')
+    assert (q.release, q.release_statistics, q.posterior_dir) == ("posterior", True, "kept")
+    for bad in ('release = "everything"', 'release_statistics = "yes"', 'posterior_dir = ""'):
+        with pytest.raises(ValueError):
+            NodePolicy.from_toml(bad)

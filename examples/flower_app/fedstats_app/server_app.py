@@ -123,10 +123,10 @@ class RoundReport:
         say(self._name.format(self._round + 1) + ": " + ", ".join(parts) + (", converged" if done else ""))
         return done
 
-    def final_states(self):
+    def final_states(self, final=None):
         # one more exchange with the nodes at the end of every run (a deployed round trip)
         t0 = time.perf_counter()
-        states = self._clients.final_states()
+        states = self._clients.final_states(final)
         now = time.perf_counter()
         say(f"{self._label}: final client states, {now - t0:.1f} s (fit {now - self._started:.0f} s)")
         return states
@@ -153,12 +153,15 @@ class ReportingSession(FlowerSession):
 
 def record_received(grid: Grid, path: str) -> None:
     """Write every array the ServerApp receives (replies and SecAgg+'s masked vectors, each
-    flattened) to ``path`` (an .npz), rewritten after every pull: what an honest-but-curious
-    server holds, for an audit (the deployment test compares it with the clients' values)."""
+    flattened: keys ``a0, a1, ...``) and every bytes value (the nodes' final states: ``b0, b1,
+    ...``, as uint8) to ``path`` (an .npz), rewritten after every pull: what an
+    honest-but-curious server holds, for an audit (the deployment tests compare it with the
+    clients' values)."""
     import numpy as np
     from flwr.common import bytes_to_ndarray
 
     seen: list = []
+    blobs: list = []
     pull = grid.pull_messages
 
     def pulling(ids):
@@ -169,10 +172,14 @@ def record_received(grid: Grid, path: str) -> None:
             for rec in m.content.array_records.values():
                 seen.extend(np.asarray(a.numpy(), float).ravel() for a in rec.values())
             for rec in m.content.config_records.values():
-                if "masked_params" in rec:
-                    seen.extend(np.asarray(bytes_to_ndarray(b), float).ravel() for b in rec["masked_params"])
+                for key, value in rec.items():
+                    if key == "masked_params":
+                        seen.extend(np.asarray(bytes_to_ndarray(b), float).ravel() for b in value)
+                    else:
+                        values = value if isinstance(value, list) else [value]
+                        blobs.extend(np.frombuffer(b, np.uint8) for b in values if isinstance(b, bytes))
         if got:
-            np.savez(path, *seen)
+            np.savez(path, **{f"a{i}": a for i, a in enumerate(seen)}, **{f"b{i}": b for i, b in enumerate(blobs)})
         return got
 
     grid.pull_messages = pulling
