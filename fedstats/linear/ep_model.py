@@ -424,7 +424,9 @@ class EPLinearResult(FederatedResult):
         released = self._released(client)
         if released is not None:
             return released.noise
-        return noise_posterior(self.site, self._device_results()[client], self.client_states[client].stats, self.scaling)
+        return noise_posterior(
+            self.site, self._device_results()[client], self.client_states[client].stats, self.scaling
+        )
 
     def _joint_draws(self, client: Hashable, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``n`` joint draws of (coefficients, noise sd) from the device's posterior:
