@@ -388,6 +388,49 @@ def test_secure_aggregation_equals_plain_and_hides_every_client(session, monkeyp
     rec.check_no_client_value(SecureAggregation())
 
 
+def test_secure_aggregation_goes_on_without_a_node_lost_before_its_shares(session, monkeypatch):
+    """A node that stops answering inside SecAgg+ before its key shares are out: the round is
+    summed over the others (Flower alone halts it: "Not enough shares to recover secret"), the
+    node's client is recorded as failed in that round, and the fit equals the in-process fit in
+    which that client sits that round out."""
+    from fedstats.federation.flower.secure import SecureAggregation
+
+    data, _ = gmm_federation(n_clients=4, n_components=2, d=2, n_obs=(40, 60), seed=3)
+    victim, at_round = data.clients[2], 1
+    grid, send = session.grid, session.grid.send_and_receive
+    node = session.assign(list(data.clients))[victim]
+    stages = []
+
+    def losing(messages, timeout=None):
+        replies = list(send(messages, timeout=timeout))
+        stage = [
+            m.content.config_records["secaggplus_configs"]["stage"]
+            for m in messages[:1]
+            if "secaggplus_configs" in m.content.config_records
+        ]
+        stages.extend(stage)
+        # the k-means start sums twice (statistics, then log-likelihoods) before EM round 0
+        if stage == ["share_keys"] and stages.count("setup") == 2 + at_round + 1:
+            replies = [r for r in replies if r.metadata.src_node_id != node]  # silent from here on
+        return replies
+
+    monkeypatch.setattr(grid, "send_and_receive", losing)
+    monkeypatch.setattr(session, "secure_aggregation", SecureAggregation())
+    model = FederatedGaussianMixture(2, rounds=4, tol=0.0)
+    secure = model.fit(data, seed=1, backend=session)
+    assert stages.count("unmask") == 2 + 4 + 1  # the start, every EM round and the scoring round were summed
+    assert [list(r.failed) for r in secure.history] == [[], [victim], [], []]
+    schedule = [list(data.clients)] * 4
+    schedule[at_round] = [c for c in data.clients if c != victim]
+    reference = FederatedGaussianMixture(2, rounds=4, tol=0.0)
+    monkeypatch.setattr(reference, "_participation", lambda clients: lambda rnd, rng: schedule[rnd])
+    plain = reference.fit(data, seed=1)
+    # the dropped client's node undid its step (else its next change would be counted from a
+    # state the server never summed: covariances off by 2e-8 here)
+    close(secure.means_, plain.means_)
+    close(secure.covariances_, plain.covariances_)
+
+
 def test_secure_aggregation_refuses_what_it_cannot_hide_or_encode(session, monkeypatch):
     from fedstats.federation.flower.secure import SecureAggregation, SecureAggregationError
     from fedstats.glm import FederatedGLM

@@ -350,9 +350,7 @@ def test_deployed_policy_secure_glm_and_a_node_lost(tmp_path):
     asking for an option outside the nodes' range, and one on clients under the minimum rows,
     are refused naming the rule. Secure aggregation: the GLM equals its in-process fit and the
     server received no client's summed array; a node killed mid-run under SecAgg+: FedEM goes on
-    with the three others, or, when the node dies inside the protocol after its masked vector
-    (seen in every run so far: Flower's unmask stage then lacks shares), the run stops with a
-    clear SecureAggregationError."""
+    with the three others."""
     policy = tmp_path / "policy.toml"
     policy.write_text("[options.FedEMAlgorithm]\nM = [1, 2]\n")
     fed = Federation(tmp_path, n_nodes=4, target=True, policy=policy)
@@ -373,13 +371,13 @@ def test_deployed_policy_secure_glm_and_a_node_lost(tmp_path):
         log = kill_mid_run(
             fed, "node3", f"output='{out}' max-rounds=5 tol=0.0 seed=1 timeout=60.0 min-nodes=4 secure-aggregation=true"
         )
-        if out.exists():  # the node died where SecAgg+ could go on (or between rounds)
-            res = GaussianMixtureResult.load(out)
-            failed = [r.failed for r in res.history if r.failed]
-            assert failed and all(list(f) == ["site_d"] for f in failed), failed
-            assert all(np.isfinite(res.means_).ravel()) and res.rounds > len(failed)
-        else:  # it died inside the protocol after its masked vector: no sum, a clear error
-            assert "SecureAggregationError: secure aggregation halted at round" in log, log[-4000:]
+        # wherever in the round it died (its step, SecAgg+'s key sharing, after its masked
+        # vector), the round is summed over the other three (threshold 3 of 4)
+        assert out.exists(), log[-4000:]
+        res = GaussianMixtureResult.load(out)
+        failed = [r.failed for r in res.history if r.failed]
+        assert failed and all(list(f) == ["site_d"] for f in failed), failed
+        assert all(np.isfinite(res.means_).ravel()) and res.rounds > len(failed)
     finally:
         fed.close()
 

@@ -68,6 +68,8 @@ class FlowerClients:
         self._pending: dict[ClientId, bytes | None] = {}  # not started on its node yet (-> resume state)
         self._started: set = set()
         self._dropped = False
+        # clients whose last step the secure sum left out: their node undoes it at the next message
+        self._rollback: set = set()
 
     # ---- messages
     def _start_config(self, c) -> dict:
@@ -99,6 +101,9 @@ class FlowerClients:
                 out[c] = f"ClientDisconnected: {self.lost[c]}"
                 continue
             cfg = {"run": self.key, **config, **(self._start_config(c) if c in self._pending else {})}
+            if c in self._rollback:
+                cfg["rollback"] = True
+                self._rollback.discard(c)
             content = RecordDict({"fedstats": ConfigRecord(cfg)})
             if arrays is not None:
                 content["broadcast"] = to_record(arrays)
@@ -265,6 +270,7 @@ class FlowerClients:
                 dropped[c] = f"ClientDisconnected: {why}"
             mean, summed = secure_sum(self.session.grid, list(nodes), secure, rnd, self.session.timeout)
         dropped.update({nodes[n]: "dropped out of secure aggregation" for n in nodes if n not in summed})
+        self._rollback.update(dropped)  # their steps ran on their nodes but are not in the sum
         sums = decode(mean, len(summed), declared, secure)
         for v in sums.values():
             v.setflags(write=False)

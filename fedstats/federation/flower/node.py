@@ -142,6 +142,11 @@ class _Node:
                 },
             )
         rec = context.state.config_records[key]
+        if cfg.get("rollback", False) and "secure-before" in rec:
+            # the server could not sum this client's last step securely: as if it had not run
+            rec["state"] = rec["secure-before"]
+            del rec["secure-before"]
+            context.state[key] = rec
         out: dict[str, Any] = {"status": "ok"}
         reply = None
         if "round" in cfg:
@@ -149,6 +154,7 @@ class _Node:
             status, error, reply, algorithm = self._step(cfg, message.content["broadcast"], rec, loaded, context)
             if status == "ok" and "secure-bound" in cfg:
                 status, error, reply, out["shapes"] = self._hold_sums(cfg, reply, tuple(algorithm.summed_keys), context)
+                rec["secure-before"] = before  # until the server says whether the sum included it
             out["status"], out["error"] = status, error
             if status == "ok":
                 context.state[key] = rec

@@ -150,6 +150,26 @@ def decode(mean: np.ndarray, n: int, shapes: Mapping[str, tuple[int, ...]], opti
     return out
 
 
+def _workflow_class() -> type:
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    class _Workflow(SecAggPlusWorkflow):
+        """Flower's SecAgg+, with the nodes that dropped out before sharing their keys left out
+        of the unmask stage. Flower keeps every node of its setup stage in the unmask stage's
+        list, and demands shares of the secrets of those that never shared any (no survivor
+        holds one), so one node lost before its shares were out halted the round ("Not enough
+        shares to recover secret"). No survivor masks its vector with such a node (a node adds
+        pairwise masks only for the nodes whose shares it received), so leaving it out is exact,
+        and the nodes lost later are recovered from their shares as Flower designs."""
+
+        def share_keys_stage(self, grid: Any, context: Any, state: Any) -> bool:
+            ok = bool(super().share_keys_stage(grid, context, state))
+            state.sampled_node_ids = set(state.active_node_ids)
+            return ok
+
+    return _Workflow
+
+
 def secure_sum(
     grid: Any, node_ids: Sequence[int], options: SecureAggregation, rnd: int, timeout: float | None
 ) -> tuple[np.ndarray, list[int]]:
@@ -161,8 +181,6 @@ def secure_sum(
     from flwr.server.compat.grid_client_proxy import GridClientProxy
     from flwr.server.compat.legacy_context import LegacyContext
     from flwr.server.strategy import Strategy
-    from flwr.server.workflow import SecAggPlusWorkflow
-
     if len(node_ids) < options.min_nodes:
         raise SecureAggregationError(
             f"secure aggregation needs at least {options.min_nodes} nodes in a round, this round has {len(node_ids)}"
@@ -201,7 +219,7 @@ def secure_sum(
     legacy = LegacyContext(scratch, strategy=strategy)
     legacy.state.config_records["config"] = ConfigRecord({"current_round": int(rnd) + 1})
     legacy.state.array_records["parameters"] = ArrayRecord()
-    SecAggPlusWorkflow(
+    _workflow_class()(
         num_shares=1.0,
         reconstruction_threshold=float(options.threshold),
         max_weight=1.0,
