@@ -181,6 +181,7 @@ def secure_sum(
     from flwr.server.compat.grid_client_proxy import GridClientProxy
     from flwr.server.compat.legacy_context import LegacyContext
     from flwr.server.strategy import Strategy
+
     if len(node_ids) < options.min_nodes:
         raise SecureAggregationError(
             f"secure aggregation needs at least {options.min_nodes} nodes in a round, this round has {len(node_ids)}"
