@@ -392,13 +392,13 @@ def test_secure_aggregation_goes_on_without_a_node_lost_before_its_shares(sessio
     """A node that stops answering inside SecAgg+ before its key shares are out: the round is
     summed over the others (Flower alone halts it: "Not enough shares to recover secret"), the
     node's client is recorded as failed in that round, and the fit equals the in-process fit in
-    which that client sits that round out."""
+    which that client sits that round out. With three nodes the same loss stops the fit."""
     from fedstats.federation.flower.secure import SecureAggregation
 
     data, _ = gmm_federation(n_clients=4, n_components=2, d=2, n_obs=(40, 60), seed=3)
     victim, at_round = data.clients[2], 1
     grid, send = session.grid, session.grid.send_and_receive
-    node = session.assign(list(data.clients))[victim]
+    node = [session.assign(list(data.clients))[victim]]
     stages = []
 
     def losing(messages, timeout=None):
@@ -411,7 +411,7 @@ def test_secure_aggregation_goes_on_without_a_node_lost_before_its_shares(sessio
         stages.extend(stage)
         # the k-means start sums twice (statistics, then log-likelihoods) before EM round 0
         if stage == ["share_keys"] and stages.count("setup") == 2 + at_round + 1:
-            replies = [r for r in replies if r.metadata.src_node_id != node]  # silent from here on
+            replies = [r for r in replies if r.metadata.src_node_id != node[0]]  # silent from here on
         return replies
 
     monkeypatch.setattr(grid, "send_and_receive", losing)
@@ -429,6 +429,14 @@ def test_secure_aggregation_goes_on_without_a_node_lost_before_its_shares(sessio
     # state the server never summed: covariances off by 2e-8 here)
     close(secure.means_, plain.means_)
     close(secure.covariances_, plain.covariances_)
+    # with three nodes the threshold is all three: a sum over two would give each the other's values
+    from fedstats.federation.flower.secure import SecureAggregationError
+
+    stages.clear()
+    three, _ = gmm_federation(n_clients=3, n_components=2, d=2, n_obs=(40, 60), seed=3)
+    node[0] = session.assign(list(three.clients))[victim]
+    with pytest.raises(SecureAggregationError, match="halted at round"):
+        model.fit(three, seed=1, backend=session)
 
 
 def test_secure_aggregation_refuses_what_it_cannot_hide_or_encode(session, monkeypatch):

@@ -70,12 +70,12 @@ class SecureAggregation:
         Base-``2**21`` digits per value: the precision is ``bound * 2**(-21 * limbs)`` per
         node and value. Default 4.
     threshold : float
-        Flower's ``reconstruction_threshold`` as a fraction of the nodes in a round: the
-        sum survives nodes that drop out after sending their masked vector as long as this
-        share of the nodes is left to reveal their shares. Default 2/3.
+        Flower's ``reconstruction_threshold`` as a fraction of the nodes in a round (at least
+        ``min_nodes`` of them): the sum survives nodes that drop out as long as this many are
+        left to reveal their shares. Default 2/3 (3 of 4 nodes: one may drop out).
     min_nodes : int
-        Fewest nodes a secure sum may have (at least 3: with 2 the sum gives each node the
-        other's value). Default 3.
+        Fewest nodes a secure sum may have, dropouts included (at least 3: with 2 the sum
+        gives each node the other's value). Default 3.
     timeout : float, optional
         Seconds for each of SecAgg+'s four stages (default: the session's timeout).
     """
@@ -220,9 +220,12 @@ def secure_sum(
     legacy = LegacyContext(scratch, strategy=strategy)
     legacy.state.config_records["config"] = ConfigRecord({"current_round": int(rnd) + 1})
     legacy.state.array_records["parameters"] = ArrayRecord()
+    threshold = min(len(node_ids), max(int(options.min_nodes), round(float(options.threshold) * len(node_ids))))
     _workflow_class()(
         num_shares=1.0,
-        reconstruction_threshold=float(options.threshold),
+        # never fewer than min_nodes: the nodes themselves then refuse to mask for, and the
+        # server cannot unmask, a sum over fewer nodes (dropouts included)
+        reconstruction_threshold=threshold,
         max_weight=1.0,
         clipping_range=CLIP,
         quantization_range=QUANT,
@@ -233,5 +236,9 @@ def secure_sum(
         raise SecureAggregationError(
             f"secure aggregation halted at round {rnd}: too many of its {len(node_ids)} nodes dropped out "
             f"(the threshold is {options.threshold:.3g} of them)"
+        )
+    if len(strategy.nodes) < options.min_nodes:  # cannot happen with the threshold above
+        raise SecureAggregationError(
+            f"secure aggregation left {len(strategy.nodes)} nodes, fewer than {options.min_nodes}"
         )
     return np.asarray(strategy.mean, dtype=float), strategy.nodes
