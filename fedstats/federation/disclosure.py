@@ -131,7 +131,7 @@ SCALING = _x(
 )
 EP_ROUNDS = _x(
     "EP rounds",
-    "FederatedEP",
+    "LinearEP",
     "every round",
     (
         _A(
@@ -230,16 +230,23 @@ EM_ARRAYS = MIX_STATS + (
     _A("n", "its soft-count total", "its row count"),
 )
 
+_NODE_POSTERIOR = (
+    "nothing of its data: the server sends the final q, the node forms the client's posterior "
+    "from its cavity and its X'X, X'y, y'y, writes it to its owner's file and sends the name of "
+    'that file, and, where its policy says release = "posterior", the posterior (coefficients, '
+    "noise sd, sampler diagnostics)."
+)
+
 MODELS.update(
     {
         "HierarchicalLinearModel (HM2)": ModelDisclosure(
             (SCALING, EP_ROUNDS),
-            "**its EP site and its sufficient statistics X'X, X'y, y'y and n** (the server forms the client's posterior from them).",
+            _NODE_POSTERIOR,
             fits=("hm2", "hm2-nuts"),
         ),
         "BayesianLasso, BayesianRidge": ModelDisclosure(
             (LASSO_CHECK, SCALING, EP_ROUNDS),
-            "**its EP site and X'X, X'y, y'y, n**, as HM2.",
+            _NODE_POSTERIOR,
             fits=("lasso", "ridge", "lasso-centralised"),
         ),
         "StructuralCovarianceModel (HM1)": ModelDisclosure(
@@ -260,7 +267,8 @@ MODELS.update(
                 _x(
                     "information share",
                     "InformationShare",
-                    "once, with uncertainty='auto' (the default) or True",
+                    "once, with uncertainty='auto' (the default) or True; on Flower only from nodes whose "
+                    "policy says release_statistics = true",
                     (
                         _A("information", "X'X / sigma^2", "its design's second moments"),
                         _A("score", "X'y / sigma^2", "with `information`: its least-squares fit"),
@@ -268,7 +276,7 @@ MODELS.update(
                     ),
                 ),
             ),
-            "**X'X, X'y and n**.",
+            "nothing.",
             fits=("hm1", "hm1-point"),
         ),
         "FederatedGLM": ModelDisclosure(
