@@ -23,7 +23,9 @@ pytest.importorskip("flwr")
 
 from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
 from fedstats.glm import FederatedGLM  # noqa: E402
+from fedstats.linear import StructuralCovarianceModel  # noqa: E402
 from fedstats.linear.hierarchical import HierarchicalResult  # noqa: E402
+from fedstats.linear.hm1_result import StructuralResult  # noqa: E402
 from fedstats.mixture import (
     FederatedGaussianMixture,  # noqa: E402
     GaussianMixtureResult,  # noqa: E402
@@ -183,6 +185,14 @@ def test_deployed_hm2_equals_inprocess_and_its_client_posteriors_stay_on_the_nod
         deployed = HierarchicalResult.load(out)
         # each node runs its client alone: the in-process reference steps client by client
         local = HierarchicalLinearModel(rounds=3).fit(fed.pooled(), seed=2, batched=False)
+        # HM1: coefficients go up, nothing at the end; its posteriors would need the nodes'
+        # X'X / s^2 and X'y / s^2, which the default policy keeps: points only, with the rule named
+        hm1_out, hm1_record = tmp_path / "hm1.fedstats", tmp_path / "hm1.npz"
+        done = fed.flwr_run(f"output='{hm1_out}' model='hm1' max-rounds=4 tol=0.0 seed=2 record='{hm1_record}'")
+        log = done.stdout + done.stderr
+        assert hm1_out.exists() and "rule release_statistics" in log, log[-4000:]
+        hm1 = StructuralResult.load(hm1_out)
+        hm1_local = StructuralCovarianceModel(rounds=4, tol=0.0).fit(fed.pooled(), seed=2, uncertainty=False)
     finally:
         fed.close()
     cols = ["mean", "sd", "lower", "upper"]
@@ -199,6 +209,23 @@ def test_deployed_hm2_equals_inprocess_and_its_client_posteriors_stay_on_the_nod
     assert states and secrets and arrays_in(local.client_states["site_a"])
     for a in got:
         assert not any(a.size == v.size and np.allclose(a, v, rtol=1e-9) for v in secrets), "a client's statistics"
+    np.testing.assert_allclose(hm1.theta, hm1_local.theta, rtol=1e-10, atol=1e-10)
+    design = StructuralCovarianceModel()._prepare(fed.pooled())[2]
+    received = np.load(hm1_record)
+    got = [received[k] for k in received if k.startswith("a")]
+    got += [
+        np.asarray(a, float).ravel()
+        for k in received
+        if k.startswith("b")
+        for a in arrays_in(loads(received[k].tobytes(), ("fedstats",)))
+    ]
+    assert got
+    for c in ("site_a", "site_b"):
+        X, y = design[c]
+        for v in (X.T @ X, X.T @ y):
+            assert not any(a.size == v.size and np.allclose(a, v.ravel(), rtol=1e-9) for a in got), (
+                "HM1 sent X'X or X'y"
+            )
     for c in ("site_a", "site_b"):
         with pytest.raises(NoPosteriorError, match="stayed there"):
             deployed.client_posterior(c)

@@ -19,6 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedstats import HierarchicalLinearModel
 from fedstats.federation.flower import FlowerSession
 from fedstats.glm import FederatedGLM
+from fedstats.linear import StructuralCovarianceModel
 from fedstats.mixture import FederatedGaussianMixture, VariationalGaussianMixture
 
 app = ServerApp()
@@ -30,6 +31,7 @@ DEFAULTS = {
     "hm2": {"tol": 0.1, "max-rounds": 15},
     "hm2-exact": {"tol": 0.1, "max-rounds": 15},
     "glm": {"tol": 1e-8, "max-rounds": 25},
+    "hm1": {"tol": 1e-4, "max-rounds": 50},
 }
 
 
@@ -55,6 +57,8 @@ def build(cfg):
         )
     if s["model"] == "glm":  # a Gaussian GLM (least squares with its standard errors) by federated IRLS
         return FederatedGLM("gaussian", rounds=s["max-rounds"], tol=s["tol"])
+    if s["model"] == "hm1":  # per-client regressions that learn the covariance between clients
+        return StructuralCovarianceModel(rounds=s["max-rounds"], tol=s["tol"])
     if s["model"] == "hm2-exact":  # known tau and sigma: EP's tilted moments are exact (no sampling)
         return HierarchicalLinearModel(
             rounds=s["max-rounds"], tol=s["tol"], tau=1.0, sigma=1.0, fit_intercept=False, estimator="exact"
