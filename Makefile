@@ -52,6 +52,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/fedem.py
 	$(BIN)/python benchmarks/fem_omd.py
 	$(BIN)/python benchmarks/glm.py
+	$(BIN)/python benchmarks/dp_glm.py
+	$(BIN)/python benchmarks/dp_fedem.py
 	$(BIN)/python benchmarks/glm_hierarchical.py
 	$(BIN)/python benchmarks/flower_overhead.py
 

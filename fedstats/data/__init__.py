@@ -12,7 +12,8 @@ federated way, in two rounds that the server uses only through their sum over th
 every client reports its count and column sums (:func:`client_sums`), then its squared
 deviations about the federation's means (:func:`client_moments`); the server adds them
 (:func:`add_moments`) and forms the means and sds (:func:`aggregate_moments`); rows are never
-pooled.
+pooled. :func:`federated_moments` runs both rounds over clients' rows, optionally with
+differential privacy (``dp=``).
 
 Example
 -------
@@ -32,7 +33,7 @@ FederatedData(K=2 clients, d=2 features, n=13, rows per client 5..8, target='y')
 from __future__ import annotations
 
 from .container import ClientData, DataLike, FederatedData, as_federated, require_target
-from .scaling import FederatedScaler, add_moments, aggregate_moments, client_moments, client_sums
+from .scaling import FederatedScaler, add_moments, aggregate_moments, client_moments, client_sums, federated_moments
 from .validation import ConstantFeatureWarning, DataError, UnknownClientError
 
 __all__ = [
@@ -48,5 +49,6 @@ __all__ = [
     "as_federated",
     "client_moments",
     "client_sums",
+    "federated_moments",
     "require_target",
 ]

@@ -110,6 +110,26 @@ def _x(kind: str, algorithm: str, when: str, arrays: tuple[Array, ...], summed: 
 
 _A = Array
 _ROWS = "with the others' values, the client's row count"
+_DP_REVEALS = "client placement: its sums plus its 1/n share of the noise (weak alone); central: its exact clipped sums"
+_DP_NOTE = "Differentially private (`dp=`): rows clipped on the client, every release noised (cost: `result.privacy`)."
+
+
+def _dp(kind: str, algorithm: str, when: str, arrays: str) -> Exchange:
+    """A differentially private exchange: ``arrays`` is ``"key: terms; ..."``, every array summed."""
+    what, pairs = "its rows' clipped {}, summed, with noise", (a.split(": ", 1) for a in arrays.split("; "))
+    return _x(kind, algorithm, when, tuple(_A(k, what.format(w), _DP_REVEALS) for k, w in pairs), "all")
+
+
+_GLM_DP = (
+    _dp("design check", "DPDesignCheck", "once, before the rounds", "n: frequency weights; sum_y: weighted outcomes"),
+    _dp("IRLS rounds", "DPIRLS", "every round (dp_rounds)", "xtwx: information w x x'; score: scores"),
+    _dp("dispersion round", "DPDispersion", "once, for gaussian and gamma", "pearson: Pearson terms"),
+    _dp("sandwich round", "Sandwich", "once, with cov_type='HC0'", "hessian: Hessian terms; meat: score products"),
+)
+_MOMENTS_DP = (
+    _dp("moments: sums", "_DPMomentSums", "once", "n: counts (1 each); sum_x: values; sum_y: targets (with y)"),
+    _dp("moments: squares", "_DPMomentSquares", "once, after the sums", "m2_x: squared deviations; m2_y: the same, y"),
+)
 
 # ---------------------------------------------------------------- shared exchanges
 SCALING = _x(
@@ -240,14 +260,10 @@ _NODE_POSTERIOR = (
 MODELS.update(
     {
         "HierarchicalLinearModel (HM2)": ModelDisclosure(
-            (SCALING, EP_ROUNDS),
-            _NODE_POSTERIOR,
-            fits=("hm2", "hm2-nuts"),
+            (SCALING, EP_ROUNDS), _NODE_POSTERIOR, fits=("hm2", "hm2-nuts")
         ),
         "BayesianLasso, BayesianRidge": ModelDisclosure(
-            (LASSO_CHECK, SCALING, EP_ROUNDS),
-            _NODE_POSTERIOR,
-            fits=("lasso", "ridge", "lasso-centralised"),
+            (LASSO_CHECK, SCALING, EP_ROUNDS), _NODE_POSTERIOR, fits=("lasso", "ridge", "lasso-centralised")
         ),
         "StructuralCovarianceModel (HM1)": ModelDisclosure(
             (
@@ -318,6 +334,7 @@ MODELS.update(
             "nothing.",
             fits=("glm",),
         ),
+        "FederatedGLM (dp=)": ModelDisclosure(_GLM_DP, "nothing.", note=_DP_NOTE),
         "BayesianGLM, HierarchicalGLM": ModelDisclosure(
             (
                 GLM_CHECK,
@@ -434,6 +451,45 @@ MODELS.update(
             note="With `shared_weights=True` there is no `weight_term` (the server holds the weights).",
             fits=("fedem",),
         ),
+        "FederatedGaussianMixture (FedEM, dp=)": ModelDisclosure(
+            (
+                _x(
+                    "covariance initialisation",
+                    "DPFedEMAlgorithm",
+                    "once, before the rounds, without covariances_init (means_init is required)",
+                    (
+                        _A("N", "hard-assignment counts at means_init, with noise", _DP_REVEALS),
+                        _A(
+                            "S1",
+                            "hard-assignment first moments, deviations clipped at the radius, with noise",
+                            _DP_REVEALS,
+                        ),
+                        _A("S2", "hard-assignment second moments, the same, with noise", _DP_REVEALS),
+                    ),
+                    "all",
+                ),
+                _x(
+                    "EM rounds",
+                    "DPFedEMAlgorithm",
+                    "every round (dp_rounds of them), every client",
+                    (
+                        _A("N", "its full soft counts (not a change), with noise", _DP_REVEALS),
+                        _A(
+                            "S1",
+                            "its full first moments about the broadcast means, deviations clipped at the radius, "
+                            "with noise",
+                            _DP_REVEALS,
+                        ),
+                        _A("S2", "its full second moments, the same, with noise", _DP_REVEALS),
+                    ),
+                    "all",
+                ),
+            ),
+            "its mixture weights, drawn from its own noisy counts (part of the same mechanism); no row count.",
+            note=_DP_NOTE
+            + " No log-likelihood, entropy or row count is released; there is no k-means start, scoring round "
+            "or Wald round.",
+        ),
         "VariationalGaussianMixture": ModelDisclosure(
             (
                 _x(
@@ -501,6 +557,7 @@ MODELS.update(
             note="With `pooling='local'` only `g` is summed (each client's statistics are its own model's).",
             fits=("fem-omd-result",),
         ),
+        "federated_moments (dp=)": ModelDisclosure(_MOMENTS_DP, "nothing.", note=_DP_NOTE),
         "federated_ep (your own NumPyro model)": ModelDisclosure(
             (
                 ROWS_EP,

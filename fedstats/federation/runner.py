@@ -176,6 +176,8 @@ def run(
             )
         if privacy_ledger is not None and not isinstance(privacy_ledger, PrivacyLedger):
             raise TypeError(f"privacy_ledger must be a PrivacyLedger, got {type(privacy_ledger).__name__}")
+        if privacy_ledger is not None and not resume:
+            privacy_ledger.claim(seed)  # a run of the same fit with the same seed would repeat the noise
     if not isinstance(algorithm.reply_keys, (tuple, list)) or not all(isinstance(k, str) for k in algorithm.reply_keys):
         raise TypeError(f"{type(algorithm).__name__}.reply_keys must be a tuple of str")
     extra = [k for k in algorithm.summed_keys if k not in algorithm.reply_keys]

@@ -13,6 +13,21 @@
   the deviance of a solve is known only when the clients have evaluated it.
 * :class:`Sandwich`: one round at the final coefficients: the observed information and the
   outer product of the scores (``cov_type="HC0"``).
+
+Under differential privacy (``FederatedGLM(dp=...)``) every release is a sum of per-row
+contributions, clipped on the client and carrying Gaussian noise
+(:class:`~fedstats.privacy.DifferentialPrivacy`):
+
+* :class:`DPDesignCheck`: one round; each row's frequency weight (``n``) and weighted outcome
+  (``sum_y``): the noisy row count and mean outcome, for the start and the degrees of freedom;
+* :class:`DPIRLS`: a fixed number of Newton (Fisher scoring) rounds, each releasing the
+  information ``X'WX`` (``xtwx``, a row: ``w_i x_i x_i'``) and the score (``score``, a row:
+  ``x_i f_i n_i (y_i - mu_i) / (g'(mu_i) V(mu_i))``) at the broadcast coefficients; the server
+  repairs the noisy information to positive definite (:func:`repair_pd`) and steps
+  ``beta + I^-1 u`` (the IRLS step ``I^-1 X'Wz`` written with the score);
+* :class:`DPDispersion`: one round at the final coefficients, for the families whose dispersion
+  is estimated: each row's Pearson term (``pearson``);
+* :class:`Sandwich` (``cov_type="HC0"``): its two matrices, row by row.
 """
 
 from __future__ import annotations
@@ -232,13 +247,18 @@ class IRLS(FederatedAlgorithm):
 class Sandwich(FederatedAlgorithm):
     """At the final ``beta``: the observed information ``X' diag(h) X`` and the meat
     ``sum_i f_i s_i^2 x_i x_i'`` of the scores (statsmodels' GLM HC0, frequency weights not
-    squared); both at dispersion 1, which cancels in the sandwich."""
+    squared); both at dispersion 1, which cancels in the sandwich.
+
+    With ``privacy`` (a :class:`~fedstats.privacy.DifferentialPrivacy` for the keys
+    ``hessian`` and ``meat``) each row's two outer products are clipped and noised on the
+    client (:meth:`~fedstats.privacy.DifferentialPrivacy.client_sums`)."""
 
     reply_keys = ("hessian", "meat")
     summed_keys = reply_keys
 
-    def __init__(self, family, trials_given: bool, beta):
+    def __init__(self, family, trials_given: bool, beta, privacy=None, n_clients: int = 1):
         self.family, self.trials_given, self.beta = family, trials_given, np.asarray(beta, dtype=float)
+        self.privacy, self.n_clients = privacy, n_clients
 
     def init_server(self, clients, rng):
         return {}
@@ -257,8 +277,176 @@ class Sandwich(FederatedAlgorithm):
         eim = r.f * r.n / (g1**2 * var)
         oim = eim * (1 + sf * (var * fam.link.deriv2(mu) + fam.variance_deriv(mu) * g1))
         meat_w = r.f * (r.n * sf) ** 2
+        if self.privacy is not None:
+            outer = r.X[:, :, None] * r.X[:, None, :]
+            rows = {"hessian": outer * _finite(oim)[:, None, None], "meat": outer * _finite(meat_w)[:, None, None]}
+            return _private_sums(self.privacy, rows, rng, self.n_clients), None
         return {"hessian": r.X.T @ (r.X * oim[:, None]), "meat": r.X.T @ (r.X * meat_w[:, None])}, None
 
     def server_step(self, server_state, replies, round):
         # no client answered: zeros, as an empty sum (the caller reports the failures)
         return {k: np.array(replies.sums[k]) if k in replies.sums else 0 for k in self.reply_keys}, {}
+
+
+# ---------------------------------------------------------------- differential privacy
+def _finite(a) -> np.ndarray:
+    """``a`` with non-finite entries set to 0: a row whose weight is not finite at the
+    broadcast coefficients (a mean at the very edge of its range) contributes nothing."""
+    a = np.asarray(a, dtype=float)
+    return np.where(np.isfinite(a), a, 0.0)
+
+
+def _private_sums(privacy, rows: dict, rng, n_clients: int) -> dict:
+    """One client's reply for one private release: each row's contributions clipped, summed,
+    with the client's share of the noise (placement "client")."""
+    out = privacy.client_sums(rows, rng, n_clients=n_clients)
+    return {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in out.sums.items()}
+
+
+def _mean_at(family, r, beta) -> np.ndarray:
+    """The fitted means of a client's rows at ``beta`` (ValueError when they leave the
+    family's range, as in :func:`evaluate`)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        mu = family.fitted(r.X @ beta + r.offset)
+    upper = 1.0 if family.name == "binomial" else np.inf
+    lower = -np.inf if family.name == "gaussian" else 0.0
+    out = (mu < lower) | (mu > upper) | ~np.isfinite(mu)
+    if out.any():
+        raise ValueError(
+            f"the fitted mean left the {family.name} family's range under the {family.link.name} link "
+            f"(e.g. {mu[out][0]:.3g}) at the noisy coefficients; use the family's default link"
+        )
+    return mu
+
+
+def repair_pd(a: np.ndarray, floor: float) -> tuple[np.ndarray, int]:
+    """The symmetric part of ``a`` with its eigenvalues below ``floor`` raised to ``floor``
+    (post-processing of a noisy information matrix): ``(matrix, how many were raised)``."""
+    a = (np.asarray(a, dtype=float) + np.asarray(a, dtype=float).T) / 2
+    vals, vecs = np.linalg.eigh(a)
+    low = vals < floor
+    if not low.any():
+        return a, 0
+    fixed = (vecs * np.maximum(vals, floor)) @ vecs.T
+    return (fixed + fixed.T) / 2, int(low.sum())
+
+
+def info_floor(info: np.ndarray, noise_sd: float) -> float:
+    """The eigenvalue floor of a noisy ``p x p`` information matrix: ``2 sqrt(p)`` times the
+    noise standard deviation of one entry of the released sum (the symmetrised noise matrix's
+    largest eigenvalue is about ``sqrt(2 p)`` of them), and never under ``1e-12`` of the
+    matrix's largest eigenvalue (a noiseless matrix is left as it is unless near-singular)."""
+    p = info.shape[0]
+    top = float(np.max(np.abs(np.linalg.eigvalsh((info + info.T) / 2)))) if p else 0.0
+    return max(2.0 * np.sqrt(p) * float(noise_sd), 1e-12 * top, np.finfo(float).tiny)
+
+
+class DPDesignCheck(FederatedAlgorithm):
+    """The design check of a differentially private fit: one release of each row's frequency
+    weight (``n``; 1 without weights) and weighted outcome (``sum_y``: ``f_i y_i``, the
+    proportion of successes for binomial with trials), clipped and noised. Rows are checked
+    on the client as in :class:`DesignCheck` (a bad outcome fails the fit)."""
+
+    reply_keys = ("n", "sum_y")
+    summed_keys = reply_keys
+
+    def __init__(self, family, trials_given: bool, privacy, n_clients: int):
+        self.family, self.trials_given = family, trials_given
+        self.privacy, self.n_clients = privacy, n_clients
+
+    def init_server(self, clients, rng):
+        return {}
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        return {}
+
+    def client_step(self, message, state, data, rng):
+        r = check_rows(data, self.family, self.trials_given)
+        return _private_sums(self.privacy, {"n": r.f, "sum_y": r.f * r.y}, rng, self.n_clients), None
+
+    def server_step(self, server_state, replies, round):
+        return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in replies.sums.items()}, {}
+
+
+class DPIRLS(FederatedAlgorithm):
+    """Newton (Fisher scoring) rounds on noisy sums: every round releases the information
+    ``xtwx`` and the score ``score`` at the broadcast coefficients; the server symmetrises
+    the information, raises its eigenvalues to :func:`info_floor` (:func:`repair_pd`) and
+    steps ``beta + I^-1 u``. The run has a fixed number of rounds (no convergence test on
+    noisy values). The server state keeps every round's coefficients, repaired information
+    and score."""
+
+    reply_keys = ("xtwx", "score")
+    summed_keys = reply_keys
+
+    def __init__(self, family, trials_given: bool, beta0, privacy, n_clients: int, info_noise_sd: float):
+        self.family, self.trials_given = family, trials_given
+        self.beta0 = np.asarray(beta0, dtype=float)
+        self.privacy, self.n_clients, self.info_noise_sd = privacy, n_clients, float(info_noise_sd)
+
+    def init_server(self, clients, rng):
+        return {"beta": self.beta0, "betas": [self.beta0], "info": [], "score": [], "floored": []}
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        return {"beta": server_state["beta"]}
+
+    def client_step(self, message, state, data, rng):
+        fam, r = self.family, check_rows(data, self.family, self.trials_given)
+        mu = _mean_at(fam, r, message["beta"])
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            g1, var = fam.link.deriv(mu), fam.variance(mu)
+            w = _finite(r.f * r.n / (g1**2 * var))
+            resid = _finite(r.f * r.n * (r.y - mu) / (g1 * var))
+        rows = {"xtwx": r.X[:, :, None] * r.X[:, None, :] * w[:, None, None], "score": r.X * resid[:, None]}
+        return _private_sums(self.privacy, rows, rng, self.n_clients), None
+
+    def server_step(self, server_state, replies, round):
+        s = dict(server_state)
+        if not replies:  # every client failed: the fit reports the first failure
+            return s, {}
+        info, floored = repair_pd(replies.sums["xtwx"], info_floor(replies.sums["xtwx"], self.info_noise_sd))
+        score = np.array(replies.sums["score"], dtype=float)
+        step = np.linalg.solve(info, score)
+        s["beta"] = s["beta"] + step
+        s["betas"] = s["betas"] + [s["beta"]]
+        s["info"], s["score"] = s["info"] + [info], s["score"] + [score]
+        s["floored"] = s["floored"] + [floored]
+        return s, {"step": float(np.max(np.abs(step)))}
+
+
+class DPDispersion(FederatedAlgorithm):
+    """One release at the final coefficients, for the families whose dispersion is
+    estimated (gaussian, gamma): each row's Pearson term ``f_i n_i (y_i - mu_i)^2 / V(mu_i)``
+    (``pearson``), clipped and noised."""
+
+    reply_keys = ("pearson",)
+    summed_keys = reply_keys
+
+    def __init__(self, family, trials_given: bool, beta, privacy, n_clients: int):
+        self.family, self.trials_given, self.beta = family, trials_given, np.asarray(beta, dtype=float)
+        self.privacy, self.n_clients = privacy, n_clients
+
+    def init_server(self, clients, rng):
+        return {}
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, server_state, client, round):
+        return {"beta": self.beta}
+
+    def client_step(self, message, state, data, rng):
+        fam, r = self.family, check_rows(data, self.family, self.trials_given)
+        mu = _mean_at(fam, r, message["beta"])
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            terms = _finite(r.f * r.n * (r.y - mu) ** 2 / fam.variance(mu))
+        return _private_sums(self.privacy, {"pearson": terms}, rng, self.n_clients), None
+
+    def server_step(self, server_state, replies, round):
+        return {"pearson": float(np.asarray(replies.sums["pearson"]).reshape(-1)[0])}, {}

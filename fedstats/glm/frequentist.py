@@ -20,6 +20,59 @@ Example
 ['mean', 'sd', 'lower', 'upper', 'p_value']
 >>> res.converged
 True
+
+Differential privacy (opt-in, ``dp=``)
+--------------------------------------
+``FederatedGLM(..., dp=DifferentialPrivacy(...))`` makes every release of the fit a Gaussian
+mechanism on sums of per-row contributions clipped on the client (neighbouring data sets: one
+row added or removed; :mod:`fedstats.privacy`). The fit then makes these releases, each one
+run of the runtime recorded in one :class:`~fedstats.privacy.PrivacyLedger`:
+
+====================  ===============  ========================================================
+exchange              keys             a row's contribution
+====================  ===============  ========================================================
+design check (once)   ``n``            its frequency weight ``f_i`` (1 without weights)
+                      ``sum_y``        ``f_i y_i`` (``y_i``: the proportion, with trials)
+IRLS rounds           ``xtwx``         ``w_i x_i x_i'`` (``w_i = f_i n_i / (g'(mu_i)^2 V(mu_i))``)
+(``dp_rounds``)       ``score``        ``x_i f_i n_i (y_i - mu_i) / (g'(mu_i) V(mu_i))``
+dispersion round      ``pearson``      ``f_i n_i (y_i - mu_i)^2 / V(mu_i)`` (gaussian, gamma only)
+sandwich round        ``hessian``,     the row's observed information and score outer product
+(``cov_type="HC0"``)  ``meat``         (see :class:`~fedstats.glm._irls.Sandwich`)
+====================  ===============  ========================================================
+
+``dp.clip`` is one L2 bound for each row's contributions to all the keys of a release
+together (a float), or a mapping naming exactly the keys this fit releases (the union of the
+rows above that apply), one bound each: a row's ``xtwx`` contribution has Frobenius norm
+``w_i |x_i|^2`` and its ``score`` contribution norm ``|x_i| |r_i|``; for logistic regression
+``w_i <= 1/4`` and ``|r_i| < 1``, so ``|x_i|^2 / 4`` and ``|x_i|`` bound them (Poisson and
+gaussian rows are unbounded: the clipping is what bounds them). With per-key bounds the key's
+noise has standard deviation ``z sqrt(K) C_k`` (``K`` keys in that release); with one bound
+``z C``. A row within its bounds is left as it is, so with ``noise_multiplier=0`` and bounds
+above every row's contribution the fit is the plain maximum likelihood fit (to rounding, once
+``dp_rounds`` Newton steps have converged). With clipping active the fixed point solves the
+clipped score equations (biased toward zero for the rows clipped).
+
+``placement="client"``: every client adds its ``1/n`` share of the noise (summed under secure
+aggregation; without it, in process, the server reads each share and the ledger charges that);
+``"central"``: the server adds it once to the sums. Every client must answer every round.
+
+The rounds rule: IRLS runs exactly ``dp_rounds`` Newton steps from a start with the intercept at
+the link of the noisy mean outcome (no deviance is released, so no convergence test; ``rounds``
+and ``tol`` are not used). Each round's noisy information is symmetrised and its eigenvalues
+raised to ``2 sqrt(p)`` noise standard deviations (the size of the noise matrix) before the
+solve. The estimated dispersion's noisy Pearson sum is raised to one noise standard deviation
+if it falls below. The deviance, log-likelihood, AIC and BIC are not released (NaN); the row
+counts are the noisy weighted count (``nobs``, ``wnobs``; ``n_obs`` is empty); no design or
+separation check is made. ``converged`` says whether the last step moved every coefficient by
+no more than the DP noise explains (4 standard deviations of the noise of the two scores it
+involves) plus a tenth of its standard error; else a :class:`GLMConvergenceWarning`.
+
+The result's ``privacy`` is the spent ``(epsilon, delta)`` (:class:`~fedstats.privacy.PrivacySpent`);
+its tables carry ``attrs["privacy"]``. Its standard errors and intervals exclude the DP noise
+unless ``include_dp_noise=True``, which adds ``dp_noise_cov``, the delta-method covariance of
+the noise in the last Newton step: ``beta = beta_prev + I^-1 (u + e)`` with ``e`` the score's
+noise (``N(0, s^2)`` per coordinate) gives ``s^2 I^-2`` (the information's own noise enters at
+second order only).
 """
 
 from __future__ import annotations
@@ -37,9 +90,11 @@ from ..data import DataError, DataLike, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
+from ..privacy import DifferentialPrivacy
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
 from ._design import SPECIAL, GLMDesign, prediction_rows
 from ._irls import IRLS, Sandwich, design_check
+from ._private import fit_private
 from .families import FAMILIES, LINKS, Family, family_of
 
 __all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning"]
@@ -56,6 +111,7 @@ class GLMConvergenceWarning(UserWarning):
 
 
 _COLUMN = NONE | Constraint(lambda v: isinstance(v, str), "a column name")
+_DP = NONE | Constraint(lambda v: isinstance(v, DifferentialPrivacy), "a fedstats.privacy.DifferentialPrivacy")
 
 
 class FederatedGLM(Estimator):
@@ -83,6 +139,16 @@ class FederatedGLM(Estimator):
         Most IRLS iterations (statsmodels' ``maxiter``); the fit takes one round more.
     tol : float, default 1e-8
         Stop when the deviance changes by at most this (statsmodels' criterion).
+    dp : DifferentialPrivacy, optional
+        Opt-in differential privacy (see the module docs for the keys released, the bounds,
+        the rounds rule and the repairs): every release is clipped per row on the client and
+        noised; the result's ``privacy`` holds the spent ``(epsilon, delta)``.
+    dp_rounds : int, default 6
+        With ``dp``: the fixed number of Newton rounds (each one release).
+    include_dp_noise : bool, default False
+        With ``dp``: make the covariance, standard errors, intervals, tests and prediction
+        bands include the DP noise of the last Newton step (delta method, ``dp_noise_cov``);
+        by default they exclude it, and the tables say so (``attrs["privacy"]``).
     """
 
     _constraints = {
@@ -97,6 +163,9 @@ class FederatedGLM(Estimator):
         "cov_type": OneOf("nonrobust", "HC0"),
         "rounds": Int(1),
         "tol": Real(0, closed=(False, True)),
+        "dp": _DP,
+        "dp_rounds": Int(1),
+        "include_dp_noise": BOOL,
     }
 
     def __init__(
@@ -113,10 +182,14 @@ class FederatedGLM(Estimator):
         cov_type: str = "nonrobust",
         rounds: int = 100,
         tol: float = 1e-8,
+        dp: DifferentialPrivacy | None = None,
+        dp_rounds: int = 6,
+        include_dp_noise: bool = False,
     ) -> None:
         self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
         self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
         self.cov_type, self.rounds, self.tol = cov_type, rounds, tol
+        self.dp, self.dp_rounds, self.include_dp_noise = dp, dp_rounds, include_dp_noise
 
     def _family(self) -> Family:
         self._validate_params()
@@ -138,9 +211,13 @@ class FederatedGLM(Estimator):
         :class:`SeparationError` when the outcome is perfectly predicted on some rows."""
         require_target(data, "FederatedGLM")
         fam = self._family()
+        if self.include_dp_noise and self.dp is None:
+            raise ValueError("FederatedGLM: include_dp_noise=True needs dp= (there is no noise to include)")
         roles = {r: getattr(self, r) for r in SPECIAL}
         design = GLMDesign(data, self.fit_intercept, roles)
         trials = self.trials is not None
+        if self.dp is not None:
+            return self._fit_private(design, fam, roles, trials, seed, progress)
         names = design.names
         chk = design_check(fam, design, trials, seed)
         n_rows, wnobs = float(chk["n_rows"]), chk["wnobs"]
@@ -226,6 +303,24 @@ class FederatedGLM(Estimator):
             communication=out.communication,
         )
 
+    def _fit_private(self, design, fam: Family, roles: dict, trials: bool, seed: int, progress) -> GLMResult:
+        """The differentially private fit (see the module docs; :func:`~fedstats.glm._private.fit_private`)."""
+        fields, warning = fit_private(self, design, fam, seed, progress)
+        if warning:
+            warnings.warn(GLMConvergenceWarning(warning))
+        return GLMResult(
+            model="FederatedGLM",
+            family=fam.name,
+            link=fam.link.name,
+            alpha=float(self.alpha),
+            predictors=design.predictors,
+            fit_intercept=bool(self.fit_intercept),
+            roles=roles,
+            clients=list(design.clients),
+            cov_type=self.cov_type,
+            **fields,
+        )
+
 
 def _moving(names, betas, rms_x, intercept) -> str:
     if len(betas) < 2:
@@ -256,7 +351,19 @@ class GLMResult(FederatedResult):
     Attributes as statsmodels: ``params``, ``bse``, ``tvalues``, ``pvalues``, ``cov_params()``,
     ``conf_int()``, ``deviance``, ``pearson_chi2``, ``llf``, ``aic``, ``bic``, ``scale``,
     ``df_model``, ``df_resid``, ``nobs`` (rows), ``wnobs`` (rows counted by their frequency weights), ``n_iter``; tests: :meth:`lr_test`, :meth:`wald_test`.
+
+    A differentially private fit (``FederatedGLM(dp=...)``) also has ``privacy`` (the spent
+    ``(epsilon, delta)``, :class:`~fedstats.privacy.PrivacySpent`), ``dp_noise_cov`` (the
+    covariance of the DP noise in the coefficients, delta method), ``dp_noise_included``
+    (whether ``cov`` and every interval include it) and ``dp_repairs`` (the eigenvalues raised
+    in each round's noisy information, whether the dispersion was floored); its tables carry
+    ``attrs["privacy"]``, the sentence saying whether their intervals include the noise.
     """
+
+    #: differentially private fits only (None / False otherwise)
+    dp_noise_cov: np.ndarray | None = None
+    dp_noise_included: bool = False
+    dp_repairs: dict[str, Any] | None = None
 
     # set from the fit's keyword arguments
     model: str
@@ -325,6 +432,20 @@ class GLMResult(FederatedResult):
         return family_of(self.family, self.link, self.alpha)
 
     # -- the contract
+    def _privacy_note(self, frame: pd.DataFrame) -> pd.DataFrame:
+        if self.privacy is not None:
+            frame.attrs["privacy"] = self.privacy.note(included=bool(self.dp_noise_included))
+        return frame
+
+    def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        return self._privacy_note(super().summary(level, kind))
+
+    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        return self._privacy_note(super().client_summary(level, kind))
+
+    summary.__doc__ = FederatedResult.summary.__doc__
+    client_summary.__doc__ = FederatedResult.client_summary.__doc__
+
     def _no_posterior(self, what: str) -> str:
         return (
             f"FederatedGLM is a maximum likelihood fit: no {what} posterior (its summary gives Wald intervals); "
@@ -376,12 +497,14 @@ class GLMResult(FederatedResult):
         if fam.name == "gaussian" and fam.link.name == "identity":
             s = np.sqrt(se**2 + self.scale)
             pred = {"pred_lower": mean - q * s, "pred_upper": mean + q * s}
-        return prediction_frame(
-            mean,
-            np.minimum(a, b),
-            np.maximum(a, b),
-            **pred,
-            predicted_for="client" if client is not None else "new client",
+        return self._privacy_note(
+            prediction_frame(
+                mean,
+                np.minimum(a, b),
+                np.maximum(a, b),
+                **pred,
+                predicted_for="client" if client is not None else "new client",
+            )
         )
 
     # -- tests
@@ -392,6 +515,10 @@ class GLMResult(FederatedResult):
         returns ``statistic, df, p_value``."""
         if not isinstance(other, GLMResult):
             raise TypeError(f"lr_test compares two GLMResult fits, got {type(other).__name__}")
+        if self.privacy is not None or other.privacy is not None:
+            raise ValueError(
+                "lr_test needs the log-likelihoods, which a differentially private fit does not release; use wald_test"
+            )
         big, small = (self, other) if len(self.names) >= len(other.names) else (other, self)
         if (big.family, big.link, big.alpha) != (small.family, small.link, small.alpha):
             raise ValueError(

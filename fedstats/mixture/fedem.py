@@ -33,6 +33,9 @@ The free energy's nonlinear per-client parts (the weight term, the entropy) are 
 each client and sent the same way; the expected log-density part is linear in the statistics
 and is evaluated on the totals.
 
+Opt-in differential privacy (``dp=``): the rounds release every client's full clipped
+statistics with Gaussian noise, for a fixed number of rounds; see :mod:`fedstats.mixture.dp`.
+
 The variational model (:mod:`fedstats.mixture.bayes`) and D-FedEM
 (:mod:`fedstats.mixture.decentralized`) are sibling estimators; what they share is in
 :mod:`fedstats.mixture._common`.
@@ -49,9 +52,10 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..data import DataLike, FederatedData
-from ..estimator import NONE
+from ..estimator import BOOL, NONE, Constraint, Int
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
+from ..privacy import DifferentialPrivacy
 from ..results import counted
 from ._common import (
     SERVER_CONSTRAINTS,
@@ -68,6 +72,8 @@ from ._common import (
 from ._init import federated_loglik
 from .gmm import check_cov_type, estep_statistics, expected_loglik_terms, m_step, precision_cholesky, reshift, s2_shape
 from .result import GaussianMixtureResult
+
+_DP = NONE | Constraint(lambda v: isinstance(v, DifferentialPrivacy), "a fedstats.privacy.DifferentialPrivacy")
 
 # helpers shared by the three mixtures (their names here are kept for the modules that import them)
 _log_weights, _norm = log_weights, norm
@@ -348,6 +354,44 @@ class FederatedGaussianMixture(MixtureEstimator):
         ``means_init``.
     participation : float in (0, 1], default 1.0
         Fraction of clients asked in each round after the first (incremental EM).
+    dp : DifferentialPrivacy, optional
+        Opt-in differential privacy (:mod:`fedstats.privacy`; neighbours: one row added or
+        removed). Every release is clipped per row on the client and gets Gaussian noise; the
+        result's ``privacy`` holds the spent ``(epsilon, delta)`` and every release
+        (:class:`~fedstats.privacy.PrivacySpent`). Details in :mod:`fedstats.mixture.dp`:
+
+        * ``dp.clip``: the clipping radius ``B`` in data units: a row's deviation from each
+          broadcast mean is shortened to length ``B`` at most before it enters that
+          component's statistics, so a row adds at most ``1`` to ``N`` (L2), ``B`` to ``S1``
+          and ``B^2`` to ``S2`` (or a mapping of these three keys' bounds). Rows within ``B``
+          of their component's mean are used as they are; choose ``B`` a few component sds.
+        * released per round, by every client (full participation, every round): its full
+          statistics ``N``, ``S1``, ``S2`` about the broadcast means (no log-likelihood,
+          entropy or row count); with per-client weights each client also draws its weights
+          from its own noisy counts (the same mechanism, on the client).
+        * rounds: exactly ``dp_rounds`` EM rounds (``rounds`` and ``tol`` are not used: no
+          likelihood is released to test convergence). ``converged`` says whether the last
+          round moved every mean by no more than the noise explains.
+        * start: ``means_init`` is required (public knowledge or an earlier fit: the
+          federated k-means start sends clients' local centres, which are not sums); without
+          ``covariances_init`` one private round of hard-assignment statistics gives them.
+        * ``dp.placement="client"``: every client adds ``1/n`` of the noise variance (summed
+          under secure aggregation: the sum carries all of it; in process the server reads
+          each reply and the ledger is charged the share's noise only); ``"central"``: the
+          server adds the noise once to the sums (it is trusted with the exact sums).
+        * not available with ``participation < 1``, ``uncertainty=True`` (the Wald rounds
+          are not private) or the final scoring round (``loglik_`` and ``bic`` are absent);
+          ``n_obs`` is empty (row counts are not released).
+    dp_rounds : int, default 20
+        With ``dp``: the fixed number of EM rounds (each one release).
+    include_dp_noise : bool, default False
+        With ``dp``: give ``summary`` an ``sd`` and intervals of the DP noise in the means,
+        variances (and shared weights), propagated by simulation through the final M-step.
+        They hold the DP noise only (a private fit has no sampling intervals); without it the
+        tables have point estimates only. The final M-step's noise is most of it only when the noise
+        is small against the components' separation (see :mod:`fedstats.mixture.dp`).
+        ``client_summary`` cannot include the noise of the
+        per-client weights (ValueError). Tables say which in ``attrs["privacy"]``.
 
     Example
     -------
@@ -360,7 +404,14 @@ class FederatedGaussianMixture(MixtureEstimator):
     [0, 6]
     """
 
-    _constraints = {**MixtureEstimator._constraints, **SERVER_CONSTRAINTS, "weights_init": NONE | WEIGHTS}
+    _constraints = {
+        **MixtureEstimator._constraints,
+        **SERVER_CONSTRAINTS,
+        "weights_init": NONE | WEIGHTS,
+        "dp": _DP,
+        "dp_rounds": Int(1),
+        "include_dp_noise": BOOL,
+    }
 
     def __init__(
         self,
@@ -376,6 +427,9 @@ class FederatedGaussianMixture(MixtureEstimator):
         covariances_init: ArrayLike | None = None,
         weights_init: ArrayLike | Mapping[Hashable, ArrayLike] | None = None,
         participation: float = 1.0,
+        dp: DifferentialPrivacy | None = None,
+        dp_rounds: int = 20,
+        include_dp_noise: bool = False,
     ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
@@ -388,6 +442,9 @@ class FederatedGaussianMixture(MixtureEstimator):
         self.covariances_init = covariances_init
         self.weights_init = weights_init
         self.participation = participation
+        self.dp = dp
+        self.dp_rounds = dp_rounds
+        self.include_dp_noise = include_dp_noise
 
     def _check(self, data: FederatedData) -> None:
         super()._check(data)
@@ -415,6 +472,17 @@ class FederatedGaussianMixture(MixtureEstimator):
         """
         data = as_federated(data)
         self._check(data)
+        if self.include_dp_noise and self.dp is None:
+            raise ValueError("FederatedGaussianMixture: include_dp_noise=True needs dp= (there is no noise to include)")
+        if self.dp is not None:
+            if uncertainty:
+                raise ValueError(
+                    "FederatedGaussianMixture(dp=...): uncertainty=True is not available (the Wald rounds "
+                    "release the clients' information matrices without noise)"
+                )
+            from .dp import fit_private
+
+            return fit_private(self, data, seed, progress, checkpoint, resume)
         means, cov, info = self._start(data, seed)
         algo = FedEMAlgorithm(
             means,
@@ -481,6 +549,3 @@ class FederatedGaussianMixture(MixtureEstimator):
         if uncertainty:
             out.wald_intervals(data, seed=seed)
         return out
-
-
-# ====================================================================== results

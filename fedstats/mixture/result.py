@@ -32,7 +32,16 @@ class MixtureResult(FederatedResult):
     ``covariance_type``), ``weights_`` (dict client -> (M,); the weights never move during
     the fit: each client returns its final ones once, at the end, for this object),
     ``history``, ``communication``, ``rounds``, ``converged``.
+
+    A differentially private fit (``dp=``) also has ``privacy`` (the spent ``(epsilon, delta)``,
+    :class:`~fedstats.privacy.PrivacySpent`), ``dp_noise_sd`` (the sd of the DP noise in the means,
+    variances and shared weights, propagated through the final M-step) and ``dp_noise_included``
+    (whether ``summary`` gives intervals of that noise); its tables carry ``attrs["privacy"]``.
     """
+
+    #: differentially private fits only (None / False otherwise)
+    dp_noise_sd: dict[str, Any] | None = None
+    dp_noise_included: bool = False
 
     def __init__(
         self,
@@ -182,6 +191,8 @@ class MixtureResult(FederatedResult):
             names += [f"weight[{j}]" for j in range(self.n_components)]
             values += list(next(iter(self.weights_.values())))
         t = pd.DataFrame({"mean": values}, index=pd.Index(names, name="parameter"))
+        if self.privacy is not None and getattr(self, "dp_noise_included", False):
+            return _with_dp_noise(t, self, level)
         wald = getattr(self, "wald_info_", None)
         if wald is not None:
             from .wald import means_table, weights_table
@@ -195,6 +206,11 @@ class MixtureResult(FederatedResult):
     def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         """The client's weights ``weight[j]`` (estimates in ``mean``; with the Wald rounds done
         also ``sd`` and logit-scale intervals at ``level``)."""
+        if self.privacy is not None and getattr(self, "dp_noise_included", False):
+            raise ValueError(
+                "client_summary cannot include the DP noise of the per-client weights (each client's own "
+                "noisy counts are not known to the result): fit with include_dp_noise=False for the weights"
+            )
         wald = getattr(self, "wald_info_", None)
         if wald is not None:
             from .wald import weights_table
@@ -204,6 +220,27 @@ class MixtureResult(FederatedResult):
             {"mean": self.weights_[client]},
             index=pd.Index([f"weight[{j}]" for j in range(self.n_components)], name="parameter"),
         )
+
+    def _privacy_note(self, frame: pd.DataFrame) -> pd.DataFrame:
+        if self.privacy is not None:
+            included = bool(getattr(self, "dp_noise_included", False))
+            extra = (
+                " (the DP noise of the final M-step only, propagated by simulation: no sampling error; a private "
+                "fit makes no Wald rounds)"
+                if included
+                else " (a private fit has no sampling intervals: the tables give point estimates)"
+            )
+            frame.attrs["privacy"] = self.privacy.note(included=included) + extra
+        return frame
+
+    def summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        return self._privacy_note(super().summary(level, kind))
+
+    def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
+        return self._privacy_note(super().client_summary(level, kind))
+
+    summary.__doc__ = FederatedResult.summary.__doc__
+    client_summary.__doc__ = FederatedResult.client_summary.__doc__
 
     def _no_posterior(self, what: str) -> str:
         return (
@@ -215,7 +252,7 @@ class MixtureResult(FederatedResult):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "
-            f"clients={len(self.n_obs)}, rounds={self.rounds}, converged={self.converged})"
+            f"clients={len(self.weights_)}, rounds={self.rounds}, converged={self.converged})"
         )
 
 
@@ -236,7 +273,7 @@ class GaussianMixtureResult(MixtureResult):
 
     def loglik_trace(self) -> np.ndarray:
         """Federated log-likelihood at the parameters broadcast in each round (rounds where all answered)."""
-        K = len(self.n_obs)
+        K = len(self.weights_)
         return np.array([r.metrics["loglik"] for r in self.history if len(r.answered) == K])
 
     # ---------------------------------------------------------------- prediction
@@ -259,6 +296,11 @@ class GaussianMixtureResult(MixtureResult):
         from ..federation import counting
         from .wald import means_table, wald_covariances
 
+        if self.privacy is not None:
+            raise ValueError(
+                "wald_intervals: the Wald rounds release the clients' information matrices without noise; "
+                "a differentially private fit (dp=) does not make them"
+            )
         level = check_level(level)
         with counting() as ledger:
             self.wald_info_ = wald_covariances(self, as_federated(data), seed=seed)
@@ -278,4 +320,20 @@ class GaussianMixtureResult(MixtureResult):
         )
         return float(-2 * ll + p * np.log(sum(self.n_obs.values())))
 
-    # ---------------------------------------------------------------- tables
+
+def _with_dp_noise(t: pd.DataFrame, result: MixtureResult, level: float) -> pd.DataFrame:
+    """The global table with ``sd`` the DP noise of each estimate (``result.dp_noise_sd``) and
+    normal intervals at ``level`` (the noise of the final M-step only)."""
+    from scipy import stats
+
+    noise = result.dp_noise_sd
+    assert noise is not None
+    sd = [*np.ravel(noise["means"]), *np.ravel(noise["var"])]
+    if result.shared_weights and noise.get("weights") is not None:
+        sd += list(noise["weights"])
+    q = stats.norm.ppf(0.5 + level / 2)
+    t = t.copy()
+    t["sd"] = np.asarray(sd[: len(t)], dtype=float)
+    t["lower"] = t["mean"] - q * t["sd"]
+    t["upper"] = t["mean"] + q * t["sd"]
+    return t

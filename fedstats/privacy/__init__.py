@@ -41,7 +41,7 @@ Examples
 inf
 """
 
-from .ledger import NEIGHBOURING, PrivacyLedger, PrivacySpent, Release
+from .ledger import NEIGHBOURING, PrivacyLedger, PrivacySpent, Release, run_seed
 from .mechanism import ClippedSums, clip_rows, effective_noise_multiplier, gaussian_noise, noise_scales
 from .options import DEFAULT_DELTA, DifferentialPrivacy
 
@@ -55,6 +55,7 @@ __all__ = [
     "effective_noise_multiplier",
     "PrivacyLedger",
     "PrivacySpent",
+    "run_seed",
     "Release",
     "NEIGHBOURING",
 ]

@@ -14,8 +14,11 @@ dp-accounting is imported only when an epsilon is computed (``pip install 'fedst
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..results import register
 from .mechanism import _is_int, _is_real, check_noise_multiplier
@@ -51,6 +54,12 @@ def _check_delta(delta: Any) -> float:
     return float(delta)
 
 
+def run_seed(seed: int, kind: str) -> int:
+    """The seed of a fit's private run ``kind`` ("IRLS rounds", "design check", ...): apart for
+    every kind, so that no two runs of one fit draw the same noise (:meth:`PrivacyLedger.claim`)."""
+    return int(np.random.default_rng([int(seed), zlib.crc32(kind.encode())]).integers(2**62))
+
+
 @register
 class PrivacyLedger:
     """Records every release of a fit and reports the ``(epsilon, delta)`` spent.
@@ -79,6 +88,7 @@ class PrivacyLedger:
             raise ValueError(f"accountant must be 'rdp' or 'pld', got {accountant!r}")
         self._accountant = accountant
         self._releases: list[Release] = []
+        self._seeds: set[int] = set()
 
     @property
     def accountant(self) -> str:
@@ -114,6 +124,19 @@ class PrivacyLedger:
             self._releases[-1] = Release(name, z, last.count + int(count))
         else:
             self._releases.append(Release(name, z, int(count)))
+
+    def claim(self, seed: int) -> None:
+        """Record that a run drew its noise from ``seed``. A second run of the same fit with
+        the same seed would draw the same noise (the runtime's streams depend on the seed and
+        the round), so the difference of two releases would be noise-free: refused. A fit
+        gives each of its private runs its own seed (:func:`run_seed`)."""
+        seeds = self.__dict__.setdefault("_seeds", set())
+        if int(seed) in seeds:
+            raise ValueError(
+                f"two private runs of one fit use seed {seed}: their noise would repeat and cancel "
+                "in a difference (give each run its own seed, see fedstats.privacy.run_seed)"
+            )
+        seeds.add(int(seed))
 
     def extend(self, other: PrivacyLedger) -> None:
         """Record every release of ``other`` here too (a fit's ledger collects those of its runs)."""

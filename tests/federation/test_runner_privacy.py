@@ -79,13 +79,18 @@ def test_noise_has_the_declared_size_and_the_ledger_the_noise_the_release_carrie
     assert out.privacy.releases[0].count == 400
 
 
-def test_central_noise_is_seeded_and_a_fit_ledger_collects_every_run():
+def test_central_noise_is_seeded_and_a_fit_ledger_collects_every_run_with_its_own_seed():
     dp = DifferentialPrivacy(noise_multiplier=1.0, clip={"n": 1.0, "s": 10.0}, placement="central")
     ledger = PrivacyLedger()
     a = run(_Mean(dp, 4), DATA, rounds=3, seed=5, privacy_ledger=ledger, kind="moments")
-    b = run(_Mean(dp, 4), DATA, rounds=2, seed=5, privacy_ledger=ledger, kind="EM rounds")
-    assert a.server_state[:2] == b.server_state
+    again = run(_Mean(dp, 4), DATA, rounds=3, seed=5)  # seeded: the same noise
+    assert a.server_state == again.server_state
+    b = run(_Mean(dp, 4), DATA, rounds=2, seed=6, privacy_ledger=ledger, kind="EM rounds")
+    assert a.server_state[:2] != b.server_state
     assert [(r.name, r.count) for r in ledger.releases] == [("moments", 3), ("EM rounds", 2)]
+    # a second run of the same fit with the same seed would repeat the first one's noise
+    with pytest.raises(ValueError, match="use seed 5: their noise would repeat"):
+        run(_Mean(dp, 4), DATA, rounds=1, seed=5, privacy_ledger=ledger)
     single = PrivacyLedger()
     single.record("all", 1.0, count=5)
     assert ledger.epsilon(1e-6) == pytest.approx(single.epsilon(1e-6), rel=1e-12)
