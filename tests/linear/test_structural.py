@@ -599,3 +599,29 @@ def test_default_estimate_helps_data_poor_clients_and_costs_little_where_nothing
     default, algorithm1 = ratios(20, 0.95)
     assert default < 0.93 and default < algorithm1 - 0.05
     assert ratios(4, 0.0)[0] < 1.10
+
+
+def test_a_clients_posterior_needs_the_others_information():
+    """Why HM1's posteriors are not formed on the nodes (issue 21): given Omega, client 0's
+    posterior moves when only client 1's information matrix and score change, so no node can
+    form its own from its data and values the server could send it without the others'
+    X'X / s^2 and X'y / s^2 (which a node sends only where its policy allows it)."""
+    from fedstats.linear.hm1_posterior import conditional_posterior
+
+    rng = np.random.default_rng(0)
+    K, d = 3, 2
+    omega = np.array([[1.0, 0.8, 0.3], [0.8, 1.0, 0.5], [0.3, 0.5, 1.0]])
+    X = [rng.normal(size=(20, d)) for _ in range(K)]
+    info = np.stack([x.T @ x for x in X])
+    score = np.stack([x.T @ rng.normal(size=20) for x in X])
+    mean, cov = conditional_posterior(omega, info, score)
+    info2, score2 = info.copy(), score.copy()
+    info2[1] *= 4.0  # client 1 has four times the rows
+    score2[1] = -score2[1]
+    mean2, cov2 = conditional_posterior(omega, info2, score2)
+    assert np.max(np.abs(mean2[0] - mean[0])) > 0.05 and np.max(np.abs(cov2[0] - cov[0])) > 1e-3
+    # without coupling (Omega diagonal) client 0's posterior is its own
+    flat = np.eye(K)
+    a, b = conditional_posterior(flat, info, score), conditional_posterior(flat, info2, score2)
+    np.testing.assert_allclose(a[0][0], b[0][0], atol=1e-12)
+    np.testing.assert_allclose(a[1][0], b[1][0], atol=1e-12)
