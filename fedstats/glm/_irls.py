@@ -244,17 +244,9 @@ class IRLS(FederatedAlgorithm):
         return server_state["converged"]
 
 
-class Sandwich(FederatedAlgorithm):
-    """At the final ``beta``: the observed information ``X' diag(h) X`` and the meat
-    ``sum_i f_i s_i^2 x_i x_i'`` of the scores (statsmodels' GLM HC0, frequency weights not
-    squared); both at dispersion 1, which cancels in the sandwich.
-
-    With ``privacy`` (a :class:`~fedstats.privacy.DifferentialPrivacy` for the keys
-    ``hessian`` and ``meat``) each row's two outer products are clipped and noised on the
-    client (:meth:`~fedstats.privacy.DifferentialPrivacy.client_sums`)."""
-
-    reply_keys = ("hessian", "meat")
-    summed_keys = reply_keys
+class _AtBeta:
+    """What the one-off rounds at the fitted coefficients share (the sandwich, the private
+    dispersion): no state on either side, ``beta`` broadcast, optionally private sums."""
 
     def __init__(self, family, trials_given: bool, beta, privacy=None, n_clients: int = 1):
         self.family, self.trials_given, self.beta = family, trials_given, np.asarray(beta, dtype=float)
@@ -268,6 +260,19 @@ class Sandwich(FederatedAlgorithm):
 
     def broadcast(self, server_state, client, round):
         return {"beta": self.beta}
+
+
+class Sandwich(_AtBeta, FederatedAlgorithm):
+    """At the final ``beta``: the observed information ``X' diag(h) X`` and the meat
+    ``sum_i f_i s_i^2 x_i x_i'`` of the scores (statsmodels' GLM HC0, frequency weights not
+    squared); both at dispersion 1, which cancels in the sandwich.
+
+    With ``privacy`` (a :class:`~fedstats.privacy.DifferentialPrivacy` for the keys
+    ``hessian`` and ``meat``) each row's two outer products are clipped and noised on the
+    client (:meth:`~fedstats.privacy.DifferentialPrivacy.client_sums`)."""
+
+    reply_keys = ("hessian", "meat")
+    summed_keys = reply_keys
 
     def client_step(self, message, state, data, rng):
         fam, r = self.family, check_rows(data, self.family, self.trials_given)
@@ -420,26 +425,13 @@ class DPIRLS(FederatedAlgorithm):
         return s, {"step": float(np.max(np.abs(step)))}
 
 
-class DPDispersion(FederatedAlgorithm):
+class DPDispersion(_AtBeta, FederatedAlgorithm):
     """One release at the final coefficients, for the families whose dispersion is
     estimated (gaussian, gamma): each row's Pearson term ``f_i n_i (y_i - mu_i)^2 / V(mu_i)``
     (``pearson``), clipped and noised."""
 
     reply_keys = ("pearson",)
     summed_keys = reply_keys
-
-    def __init__(self, family, trials_given: bool, beta, privacy, n_clients: int):
-        self.family, self.trials_given, self.beta = family, trials_given, np.asarray(beta, dtype=float)
-        self.privacy, self.n_clients = privacy, n_clients
-
-    def init_server(self, clients, rng):
-        return {}
-
-    def init_client(self, client, data, rng):
-        return None
-
-    def broadcast(self, server_state, client, round):
-        return {"beta": self.beta}
 
     def client_step(self, message, state, data, rng):
         fam, r = self.family, check_rows(data, self.family, self.trials_given)
