@@ -11,7 +11,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import streams
-from .protocol import ClientId, FederatedAlgorithm, Message, ProtocolError, SkipRound, describe_exc, validate_message
+from .protocol import (
+    ClientId,
+    FederatedAlgorithm,
+    Message,
+    ProtocolError,
+    SkipRound,
+    describe_exc,
+    validate_message,
+    validate_messages,
+)
 
 
 class Outcome:
@@ -72,12 +81,16 @@ def client_rng(seed: int, rnd: int, index: int, init: bool = False) -> np.random
     return streams.stream(seed, *((streams.INIT, streams.CLIENT, index) if init else (rnd, streams.CLIENT, index)))
 
 
+def _check_pair(client: ClientId, result: Any) -> None:
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise ProtocolError(f"client {client!r}: client_step returned {type(result).__name__}, not (reply, state)")
+
+
 def checked_step(algorithm: FederatedAlgorithm, client: ClientId, result: Any) -> tuple[Message, Any]:
     """``(validated reply, new state)`` from what ``client_step`` returned for ``client``;
     raises :class:`ProtocolError` if it is not a valid ``(reply, state)`` pair. Every backend
     commits a client's new state only after this check."""
-    if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise ProtocolError(f"client {client!r}: client_step returned {type(result).__name__}, not (reply, state)")
+    _check_pair(client, result)
     return validate_message(result[0], algorithm.reply_keys, who=f"client {client!r}"), result[1]
 
 
@@ -115,30 +128,44 @@ class InProcessClients:
     def final_states(self, final: Mapping[ClientId, Message | None] | None = None) -> dict[ClientId, Any]:
         return {c: self.algorithm.final_state(s) for c, s in self._states.items()}
 
-    def _accept(self, i: int, result: Any) -> Outcome:
-        """Check one client's result; commit its new state only if the reply is valid."""
-        c = self.ids[i]
-        if isinstance(result, BaseException):
-            if isinstance(result, SkipRound):
-                return Outcome(skipped=True)
-            return Outcome(failed=describe_exc(result))
-        try:
-            clean, new_state = checked_step(self.algorithm, c, result)
-        except ProtocolError as exc:
-            return Outcome(failed=describe_exc(exc))
-        self._states[c] = new_state
-        return Outcome(reply=clean)
+    def _accept(self, idx: list[int], results: Sequence[Any]) -> list[Outcome]:
+        """Check the clients' results (every reply at once, :func:`validate_messages`); commit
+        a client's new state only if its reply is valid."""
+        outcomes: list[Outcome | None] = [None] * len(idx)
+        pairs: list[int] = []
+        for j, (i, result) in enumerate(zip(idx, results)):
+            if isinstance(result, BaseException):
+                outcomes[j] = (
+                    Outcome(skipped=True) if isinstance(result, SkipRound) else Outcome(failed=describe_exc(result))
+                )
+                continue
+            try:
+                _check_pair(self.ids[i], result)
+            except ProtocolError as exc:
+                outcomes[j] = Outcome(failed=describe_exc(exc))
+                continue
+            pairs.append(j)
+        who = [f"client {self.ids[idx[j]]!r}" for j in pairs]
+        checked = validate_messages([results[j][0] for j in pairs], self.algorithm.reply_keys, who)
+        for j, clean in zip(pairs, checked):
+            if isinstance(clean, ProtocolError):
+                outcomes[j] = Outcome(failed=describe_exc(clean))
+            else:
+                self._states[self.ids[idx[j]]] = results[j][1]
+                outcomes[j] = Outcome(reply=clean)
+        return outcomes  # type: ignore[return-value]  # every entry is set above
+
+    def _rng(self, rnd: int, i: int) -> Any:
+        """Client ``i``'s stream at round ``rnd``; ``None`` for an algorithm whose steps draw
+        nothing (:attr:`FederatedAlgorithm.random_client_steps`)."""
+        return client_rng(self.seed, rnd, i) if self.algorithm.random_client_steps else None
 
     def _loop(self, rnd: int, idx: list[int], messages: Mapping[int, Message]) -> list[Any]:
         out: list[Any] = []
         for i in idx:
             c = self.ids[i]
             try:
-                out.append(
-                    self.algorithm.client_step(
-                        messages[i], self._states[c], self._data[c], client_rng(self.seed, rnd, i)
-                    )
-                )
+                out.append(self.algorithm.client_step(messages[i], self._states[c], self._data[c], self._rng(rnd, i)))
             except Exception as exc:  # noqa: BLE001 - a failing client is recorded
                 out.append(exc)
         return out
@@ -156,7 +183,7 @@ class InProcessClients:
                     [messages[i] for i in idx],
                     [self._states[self.ids[i]] for i in idx],
                     [self._data[self.ids[i]] for i in idx],
-                    [client_rng(self.seed, rnd, i) for i in idx],
+                    [self._rng(rnd, i) for i in idx],
                 )
                 if not isinstance(results, Sequence) or len(results) != len(idx):
                     got = len(results) if isinstance(results, Sequence) else type(results).__name__
@@ -167,7 +194,7 @@ class InProcessClients:
         if results is None:
             # fresh rngs: the failed batched call may have consumed the ones it was given
             results = self._loop(rnd, idx, messages)
-        return [self._accept(i, r) for i, r in zip(idx, results)], fallback
+        return self._accept(idx, results), fallback
 
 
 def client_list(data: Any) -> tuple[list[ClientId], Callable[[ClientId], Any]]:

@@ -79,6 +79,10 @@ class FederatedAlgorithm(ABC):
     #: (HM1's opt-in information share: ``X'X / s^2``, ``X'y / s^2``): a node runs it only
     #: where its policy says ``release_statistics = true``
     releases_statistics: bool = False
+    #: ``False`` for an algorithm whose client steps draw no random numbers: the in-process
+    #: runtime then passes ``None`` as each client's ``rng`` instead of deriving a stream per
+    #: client and round (which costs more than a small client's whole step)
+    random_client_steps: bool = True
     #: attributes that map client ids to values (per-client starts, the states a previous
     #: time step left): a remote client receives only its own entry (see :meth:`for_client`)
     per_client_fields: tuple[str, ...] = ()
@@ -223,31 +227,110 @@ class ClientResultFile:
     result: Any
 
 
-def validate_message(message: Any, keys: Sequence[str], *, who: str = "client") -> Message:
+def _check_keys(message: Any, keys: Sequence[str], who: str) -> None:
+    if not isinstance(message, Mapping):
+        raise ProtocolError(f"{who} sent a {type(message).__name__}, not a mapping of arrays")
+    if message.keys() != set(keys):
+        got, want = set(message), set(keys)
+        extra, missing = sorted(map(str, got - want)), sorted(map(str, want - got))
+        raise ProtocolError(f"{who} sent keys {sorted(map(str, got))}: undeclared {extra}, missing {missing}")
+
+
+def _check_array(v: Any, k: str, who: str) -> None:
+    if not isinstance(v, (np.ndarray, np.generic)):
+        raise ProtocolError(f"{who} sent {k!r} as {type(v).__name__}, not a numpy array")
+    if v.dtype.kind not in "biuf":
+        raise ProtocolError(f"{who} sent {k!r} with dtype {v.dtype}, not numeric")
+
+
+def validate_message(
+    message: Any, keys: Sequence[str], *, who: str = "client", seen: dict[int, tuple[Any, np.ndarray]] | None = None
+) -> Message:
     """Check that ``message`` holds exactly the arrays named ``keys``, numeric and finite.
 
     Returns a new dict of read-only numpy arrays (copies), so that neither side can keep a
-    reference into the other's memory. Raises :class:`ProtocolError` otherwise.
+    reference into the other's memory. Raises :class:`ProtocolError` otherwise. ``seen``
+    (``id(array) -> (array, checked copy)``, filled here) lets messages that share an array
+    object (one broadcast to many clients) share its one checked copy.
     """
-    if not isinstance(message, Mapping):
-        raise ProtocolError(f"{who} sent a {type(message).__name__}, not a mapping of arrays")
-    got, want = set(message), set(keys)
-    if got != want:
-        extra, missing = sorted(map(str, got - want)), sorted(map(str, want - got))
-        raise ProtocolError(f"{who} sent keys {sorted(map(str, got))}: undeclared {extra}, missing {missing}")
+    _check_keys(message, keys, who)
     out: Message = {}
     for k in keys:
         v = message[k]
-        if not isinstance(v, (np.ndarray, np.generic)):
-            raise ProtocolError(f"{who} sent {k!r} as {type(v).__name__}, not a numpy array")
+        hit = seen.get(id(v)) if seen is not None else None
+        if hit is not None and hit[0] is v:
+            out[k] = hit[1]
+            continue
+        _check_array(v, k, who)
         arr = np.array(v, copy=True)
-        if arr.dtype.kind not in "biuf":
-            raise ProtocolError(f"{who} sent {k!r} with dtype {arr.dtype}, not numeric")
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise ProtocolError(f"{who} sent {k!r} with NaN or inf")
         arr.setflags(write=False)
         out[k] = arr
+        if seen is not None:
+            seen[id(v)] = (v, arr)
     return out
+
+
+def validate_messages(
+    messages: Sequence[Any], keys: Sequence[str], who: Sequence[str]
+) -> list[Message | ProtocolError]:
+    """:func:`validate_message` on each of ``messages`` (the replies of one batched round),
+    vectorised: the arrays of one key, of one shape and dtype across messages, are copied into
+    one read-only stacked array and checked for NaN and inf at once (each message gets its row,
+    a view; :meth:`Replies.summing` sums such rows from their stack). Returns each message's
+    checked copy, or the :class:`ProtocolError` that :func:`validate_message` raises for it."""
+    out: list[Message | ProtocolError] = [ProtocolError("unchecked")] * len(messages)
+    want = set(keys)
+    ok = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.keys() == want]
+    columns = [[messages[i][k] for i in ok] for k in keys]
+    common = all(
+        all(type(a) is np.ndarray for a in arrays) and len({(a.shape, a.dtype) for a in arrays}) == 1
+        for arrays in columns
+    )
+    if not ok or not common or len(ok) < len(messages):  # some message is odd: one at a time, for its error
+        for i, m in enumerate(messages):
+            try:
+                out[i] = validate_message(m, keys, who=who[i])
+            except ProtocolError as exc:
+                out[i] = exc
+        return out
+    rows = []
+    bad: dict[int, str] = {}
+    for k, arrays in zip(keys, columns):
+        if arrays[0].dtype.kind not in "biuf":
+            _check_array(arrays[0], k, who[ok[0]])
+        stack = np.stack(arrays)
+        if stack.dtype.kind == "f":
+            for j in np.flatnonzero(~np.isfinite(stack.reshape(len(ok), -1)).all(axis=1)).tolist():
+                bad.setdefault(ok[j], k)
+        stack.setflags(write=False)
+        rows.append(list(stack) if stack.ndim > 1 else [stack[j, ...] for j in range(len(ok))])
+    for j, i in enumerate(ok):
+        out[i] = (
+            ProtocolError(f"{who[i]} sent {bad[i]!r} with NaN or inf")
+            if i in bad
+            else {k: r[j] for k, r in zip(keys, rows)}
+        )
+    return out
+
+
+def _sum_rows(key: str, arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
+    """The sum of ``arrays`` (all of one shape); when they are all the rows of one stack
+    (:func:`validate_messages`), from the stack itself."""
+    base = arrays[0].base
+    if (
+        isinstance(base, np.ndarray)
+        and base.ndim == arrays[0].ndim + 1
+        and base.shape[0] == len(arrays)
+        and all(a.base is base for a in arrays)
+        and len({id(a) for a in arrays}) == len(arrays)  # its rows are distinct views
+    ):
+        return np.sum(base, axis=0, dtype=dtype)
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        raise ProtocolError(f"summed reply array {key!r} has different shapes across clients: {sorted(shapes)}")
+    return np.sum(np.stack(arrays), axis=0, dtype=dtype)
 
 
 def message_nbytes(message: Mapping[str, np.ndarray]) -> int:
@@ -295,13 +378,11 @@ class Replies(dict):
             arrays = [r[k] for r in replies.values()]
             if not arrays:
                 continue
-            shapes = {a.shape for a in arrays}
-            if len(shapes) > 1:
-                raise ProtocolError(f"summed reply array {k!r} has different shapes across clients: {sorted(shapes)}")
-            total = np.array(arrays[0], dtype=np.result_type(arrays[0], np.float64), copy=True)
-            for a in arrays[1:]:
-                total += a
+            total = _sum_rows(k, arrays, np.result_type(arrays[0], np.float64))
             total.setflags(write=False)
             sums[k] = total
-        kept = {c: {k: v for k, v in r.items() if k not in keys} for c, r in replies.items()}
+        summed = set(keys)
+        kept = {
+            c: {k: v for k, v in r.items() if k not in summed} if r.keys() - summed else {} for c, r in replies.items()
+        }
         return cls(kept, sums)

@@ -338,6 +338,7 @@ def _broadcast(r: _Run, s: _State, rnd: int, idx: list[int]) -> tuple[dict[int, 
     """The validated broadcast to every participant, and the bytes sent down."""
     messages: dict[int, Message] = {}
     bytes_down = 0
+    seen: dict[int, tuple[Any, np.ndarray]] = {}  # one checked copy of an array broadcast to many
     for i in idx:
         c = r.ids[i]
         msg = r.algorithm.broadcast(s.server, c, rnd)
@@ -345,7 +346,7 @@ def _broadcast(r: _Run, s: _State, rnd: int, idx: list[int]) -> tuple[dict[int, 
             raise ProtocolError(
                 f"broadcast to client {c!r} at round {rnd} is a {type(msg).__name__}, not a mapping of arrays"
             )
-        msg = validate_message(msg, tuple(msg.keys()), who=f"server (broadcast to {c!r}, round {rnd})")
+        msg = validate_message(msg, tuple(msg.keys()), who=f"server (broadcast to {c!r}, round {rnd})", seen=seen)
         messages[i] = msg
         nb = message_nbytes(msg)
         bytes_down += nb

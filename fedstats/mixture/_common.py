@@ -176,10 +176,18 @@ class RowStack:
         self.key: tuple = ()
         self.X = None
         self.starts = None
+        self.centred = None  # (g, X - g)
 
     def get(self, Xs):
         if len(Xs) != len(self.key) or any(a is not b for a, b in zip(Xs, self.key)):
             self.key = tuple(Xs)
             self.X = np.concatenate(Xs) if len(Xs) > 1 else Xs[0]
             self.starts = np.cumsum([0] + [x.shape[0] for x in Xs[:-1]])
+            self.centred = None
         return self.X, self.starts
+
+    def centred_on(self, g):
+        """``(g, X - g)`` for the rows of the last :meth:`get`, computed once per ``g``."""
+        if self.centred is None or not np.array_equal(self.centred[0], g):
+            self.centred = (g, self.X - g)
+        return self.centred

@@ -181,7 +181,7 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
         return {"mean_precision": beta, "means": means, "degrees_of_freedom": nu, "covariances": cov}
 
     def server_step(self, state, replies, round):
-        shift = state["means"] if state["hyper"] is None else state["hyper"]["means"]
+        shift = self._ref_shift()
         st, metrics, stats = self.absorb(state, replies, shift)
         # the clients' log-sum-exp normalisers include the VB offsets: not a log-likelihood
         metrics["e_step_normaliser"] = metrics.pop("loglik")

@@ -8,8 +8,8 @@ One round (client-server, :class:`FedEMAlgorithm`):
 * the server broadcasts the components (and, with ``shared_weights=True``, the weights);
 * each client runs an exact E-step on its own rows with its own weights, updates its
   weights ``pi_c = N_c / n_c`` (they never leave the client) and replies with its
-  statistics: soft counts ``N_c``, moments ``S1_c``, ``S2_c`` shifted by the broadcast
-  means, its log-likelihood at the broadcast parameters, the entropy ``H_c`` of its
+  statistics: soft counts ``N_c``, moments ``S1_c``, ``S2_c`` about a fixed point ``g`` (the
+  starting means' average, :attr:`FedEMAlgorithm.ref`), its log-likelihood at the broadcast parameters, the entropy ``H_c`` of its
   responsibilities, its weight term ``sum_j N_cj log pi_cj`` and its soft-count total;
 * the server adds the statistics and does the closed-form M-step. It never averages
   parameters (averaging the clients' local closed-form means with weights ``n_c/N`` is not the
@@ -26,9 +26,13 @@ the whole federation.
 Every reply array is declared summed (:attr:`FedEMAlgorithm.summed_keys`): the server only
 ever holds totals over the clients, so secure aggregation can hide each client's values. For
 the stale statistics of incremental EM the server keeps *running totals*, and a client sends
-the change of its own contribution: its new statistics minus those it sent last time, moved
-to the broadcast means (:func:`~fedstats.mixture.gmm.reshift` is linear in the statistics, so
-moving the total equals moving every client's part); the first time, its full statistics.
+the change of its own contribution: its new statistics minus those it sent last time, both
+about ``g``; the first time, its full statistics. The server moves the totals to the
+components' means (:func:`~fedstats.mixture.gmm.reshift`) for its M-step. Moments about a
+fixed ``g`` lose about ``log10((max_j ||mu_j - g|| / sigma)^2)`` digits for components
+``||mu_j - g||`` from ``g`` relative to their spread ``sigma`` (two digits at ten standard
+deviations), as moments about the current means' average would; an offset of the data
+itself (1e8, say) costs nothing, since ``g`` starts in the data's region.
 The free energy's nonlinear per-client parts (the weight term, the entropy) are computed by
 each client and sent the same way; the expected log-density part is linear in the statistics
 and is evaluated on the totals.
@@ -106,7 +110,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
     """Client-server FedEM for a Gaussian mixture (closed-form M-step on summed statistics).
 
     A client's reply, every array summed over the clients (see the module docs): the change
-    of its statistics ``N``, ``S1``, ``S2`` about the broadcast means since its previous reply
+    of its statistics ``N``, ``S1``, ``S2`` about :attr:`ref` since its previous reply
     (the first time: the statistics), the change of its ``entropy`` and of its
     ``weight_term`` ``sum_j N_cj log pi_cj`` (not sent with ``shared_weights``: the server
     forms that term from the totals), its ``loglik`` at the broadcast parameters and ``n``,
@@ -126,6 +130,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
 
     reply_keys: tuple[str, ...] = ("N", "S1", "S2", "loglik", "entropy", "weight_term", "n")
     summed_keys: tuple[str, ...] = reply_keys
+    random_client_steps = False
     per_client_fields: tuple[str, ...] = ("weights_init",)
 
     def __init__(
@@ -147,6 +152,9 @@ class FedEMAlgorithm(FederatedAlgorithm):
         self.weights_init = weights_init
         self.tol = tol
         self.M, self.d = self.means0.shape
+        #: the fixed point about which the clients take their moments (the starting means'
+        #: average, in the data's region): no client moves its statistics from round to round
+        self.ref = self.means0.mean(0)
         self._stack = RowStack()
         if self.shared:  # the weight term is the server's: it holds the weights
             self.reply_keys = self.summed_keys = tuple(k for k in type(self).reply_keys if k != "weight_term")
@@ -160,6 +168,13 @@ class FedEMAlgorithm(FederatedAlgorithm):
         s = dict(self.__dict__)
         s["_stack"] = RowStack()
         return s
+
+    def _ref_shift(self) -> np.ndarray:
+        """:attr:`ref` as a shift of every component's statistics, ``(M, d)`` (one object, read-only)."""
+        if getattr(self, "_ref_m", None) is None:
+            self._ref_m = np.repeat(self.ref[None], self.M, axis=0)
+            self._ref_m.setflags(write=False)
+        return self._ref_m
 
     def _w0(self, client) -> np.ndarray:
         return initial_weights(self.weights_init, client, self.M)
@@ -177,7 +192,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
             "N": np.zeros(self.M),
             "S1": np.zeros((self.M, self.d)),
             "S2": np.zeros(s2_shape(self.cov_type, self.M, self.d)),
-            "shift": self.means0.copy(),
+            "shift": self._ref_shift(),
             "H": 0.0,
             "weight_term": 0.0,
             "F": None,
@@ -192,8 +207,9 @@ class FedEMAlgorithm(FederatedAlgorithm):
         return msg
 
     def absorb(self, state, replies, shift):
-        """The server's running totals after this round's replies, moved to ``shift`` (the
-        means broadcast this round, about which the clients sent their changes).
+        """The server's running totals after this round's replies, about ``shift`` (:attr:`ref`,
+        about which the clients send their changes; totals of a checkpoint taken about another
+        point are moved there first).
 
         Returns ``(new_state, metrics, (N, S1, S2) totals about shift)``; the last item is
         ``None`` before any client answered.
@@ -225,12 +241,13 @@ class FedEMAlgorithm(FederatedAlgorithm):
 
     def server_step(self, state, replies, round):
         old = state["means"]
-        st, metrics, stats = self.absorb(state, replies, old)
+        ref = self._ref_shift()
+        st, metrics, stats = self.absorb(state, replies, ref)
         if stats is None:
             metrics.update(free_energy=float("nan"), empty_components=0.0)
             return st, metrics
         N, S1, S2 = stats
-        means, cov, empty = m_step(N, S1, S2, old, self.cov_type, self.reg_covar, prev_means=old, prev_cov=state["cov"])
+        means, cov, empty = m_step(N, S1, S2, ref, self.cov_type, self.reg_covar, prev_means=old, prev_cov=state["cov"])
         st["means"], st["cov"], st["empty"] = means, cov, empty.tolist()
         if self.shared:
             st["log_w"] = _log_weights(N / N.sum())
@@ -238,7 +255,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
         else:  # sum_c sum_j N_cj log pi_cj, each client's term formed on the client
             weight_term = st["weight_term"]
         # the expected log-densities are linear in the statistics: evaluated on the totals
-        q = expected_loglik_terms(N[None], S1[None], S2[None], old, means, cov, self.cov_type)[0]
+        q = expected_loglik_terms(N[None], S1[None], S2[None], ref, means, cov, self.cov_type)[0]
         F = float(weight_term + q + st["H"])
         st["F_prev"], st["F"] = state["F"], F
         metrics.update(free_energy=F, empty_components=float(len(empty)))
@@ -269,36 +286,53 @@ class FedEMAlgorithm(FederatedAlgorithm):
         lw = _log_weights(N / state.n)
         return ClientMixtureState(log_weights=lw, n=state.n), 0.0 if self.shared else float(np.sum(N * lw))
 
-    def _reply(self, state, shift, N, S1, S2, loglik, entropy, moved=None):
-        """The reply (changes since the client's previous reply, see the module docs) and new state.
+    def _updated_many(self, states, N):
+        """:meth:`_updated` for every client (``N`` stacked ``(C, M)``): new states and weight terms."""
+        if type(self)._updated is not FedEMAlgorithm._updated:  # a subclass's own update, one by one
+            out = [self._updated(s, n) for s, n in zip(states, N)]
+            return [o[0] for o in out], np.array([o[1] for o in out], dtype=float)
+        lw = _log_weights(N / np.array([s.n for s in states], dtype=float)[:, None])
+        terms = np.zeros(len(states)) if self.shared else np.sum(N * lw, axis=1)
+        return [ClientMixtureState(log_weights=lw[i].copy(), n=s.n) for i, s in enumerate(states)], terms
+
+    def _replies(self, states, N, S1, S2, loglik, entropy):
+        """Each client's reply (changes since its previous reply, see the module docs) and new
+        state, from its statistics about :attr:`ref` stacked over clients (``N (C, M)``...).
 
         The server's totals hold exactly what every client remembers sending: the runtime
         commits a client's new state only with a reply that reaches the server step (a client
-        that fails keeps its old state; a lost node never answers again). ``moved``: the
-        previous ``S1``, ``S2`` already moved to ``shift`` (the batched step moves them all at once).
+        that fails keeps its old state; a lost node never answers again).
         """
-        new, term = self._updated(state, N)
-        now = SentStatistics(N.copy(), S1.copy(), S2.copy(), np.array(shift, dtype=float), term, float(entropy))
-        prev = state.sent
-        dN, dS1, dS2, dterm, dH = now.N, now.S1, now.S2, term, now.entropy
-        if prev is not None:
-            S1p, S2p = (
-                moved if moved is not None else reshift(prev.N, prev.S1, prev.S2, prev.shift, shift, self.cov_type)
-            )
-            dN, dS1, dS2 = now.N - prev.N, now.S1 - S1p, now.S2 - S2p
-            dterm, dH = term - prev.weight_term, now.entropy - prev.entropy
-        reply = {
-            "N": dN,
-            "S1": dS1,
-            "S2": dS2,
-            "loglik": np.array([loglik]),
-            "entropy": np.array([dH]),
-            "n": np.array([N.sum()]),
-        }
-        if not self.shared:
-            reply["weight_term"] = np.array([dterm])
-        new.sent = now
-        return reply, new
+        news, terms = self._updated_many(states, N)
+        ref = self._ref_shift()
+        prevs = [s.sent for s in states]
+        # the scalar changes at once (a first reply changes from 0)
+        dterm = terms - [0.0 if p is None else p.weight_term for p in prevs]
+        dH = np.asarray(entropy, dtype=float) - [0.0 if p is None else p.entropy for p in prevs]
+        ns, L, dterm, dH = (np.reshape(a, (-1, 1)) for a in (N.sum(1), loglik, dterm, dH))
+        out = []
+        for i, (prev, new) in enumerate(zip(prevs, news)):
+            # copies: a state must not keep this round's stacked arrays alive
+            now = SentStatistics(N[i].copy(), S1[i].copy(), S2[i].copy(), ref, float(terms[i]), float(entropy[i]))
+            new.sent = now
+            if prev is None:
+                dN, dS1, dS2 = now.N, now.S1, now.S2
+            else:
+                S1p, S2p = (
+                    (prev.S1, prev.S2)
+                    if prev.shift is ref or np.array_equal(prev.shift, ref)
+                    else self._moved(prev, ref)
+                )
+                dN, dS1, dS2 = now.N - prev.N, now.S1 - S1p, now.S2 - S2p
+            reply = {"N": dN, "S1": dS1, "S2": dS2, "loglik": L[i], "entropy": dH[i], "n": ns[i]}
+            if not self.shared:
+                reply["weight_term"] = dterm[i]
+            out.append((reply, new))
+        return out
+
+    def _moved(self, prev, ref):
+        """What a client sent about another point (a checkpoint of an earlier version), moved to ``ref``."""
+        return reshift(prev.N, prev.S1, prev.S2, prev.shift, ref, self.cov_type)
 
     def client_step(self, message, state, data, rng):
         return self.client_steps([message], [state], [data], [rng])[0]
@@ -306,22 +340,13 @@ class FedEMAlgorithm(FederatedAlgorithm):
     def client_steps(self, messages, states, datas, rngs):
         # FedEM broadcasts the same components to everybody: one E-step over the stacked rows.
         first = messages[0]
-        if any(not all(np.array_equal(m[k], first[k]) for k in first) for m in messages[1:]):
+        if any(not all(m[k] is first[k] or np.array_equal(m[k], first[k]) for k in first) for m in messages[1:]):
             return super().client_steps(messages, states, datas, rngs)
         means, cov, pc = self._unpack(first)
         X, starts = self._stack.get([np.asarray(d.X) for d in datas])
         logw = self._estep_log_weights(first, states)
-        N, S1, S2, L, H = estep_statistics(X, starts, means, pc, logw, self.cov_type)
-        # what the clients sent before, moved to the broadcast means in one pass
-        had = [i for i, s in enumerate(states) if s.sent is not None]
-        moved = {}
-        if had:
-            prev = [states[i].sent for i in had]
-            S1p, S2p = reshift(
-                *(np.stack([getattr(p, k) for p in prev]) for k in ("N", "S1", "S2", "shift")), means, self.cov_type
-            )
-            moved = {i: (S1p[k], S2p[k]) for k, i in enumerate(had)}
-        return [self._reply(s, means, N[i], S1[i], S2[i], L[i], H[i], moved.get(i)) for i, s in enumerate(states)]
+        N, S1, S2, L, H = estep_statistics(X, starts, means, pc, logw, self.cov_type, self._stack.centred_on(self.ref))
+        return self._replies(states, N, S1, S2, L, H)
 
 
 # ====================================================================== the model

@@ -96,31 +96,36 @@ def log_gaussian(X: np.ndarray, means: np.ndarray, prec_chol: np.ndarray, cov_ty
 
     Matrix products over all points at once (the diagonal and spherical cases expand the
     square as scikit-learn does; callers centre ``X`` near the means first, see
-    :func:`centre`, so the expansion loses nothing).
+    :func:`centre`, so the expansion loses nothing). Computed component by row, ``(M, n)``,
+    and returned as its transpose (Fortran order): the reductions over components of
+    :func:`e_step` then run along contiguous rows.
     """
     n, d = X.shape
     M = means.shape[0]
+    XT = X.T
     if cov_type in ("full", "tied"):
-        out = np.empty((n, M))
-        for j in range(M):
-            P = prec_chol[j] if cov_type == "full" else prec_chol
-            y = X @ P
-            y -= means[j] @ P
-            np.square(y, out=y)
-            out[:, j] = -0.5 * y.sum(1) + np.sum(np.log(np.diag(P)))
+        P = prec_chol if cov_type == "full" else np.broadcast_to(prec_chol, (M, d, d))
+        # one product for every component: row (j, e) of y is (P_j' (x_i - mu_j))_e over i
+        y = np.ascontiguousarray(P.transpose(0, 2, 1).reshape(M * d, d)) @ XT
+        y -= np.einsum("md,mde->me", means, P).reshape(M * d, 1)
+        np.square(y, out=y)
+        out = y.reshape(M, d, n).sum(axis=1)
+        out *= -0.5
+        out += np.sum(np.log(np.diagonal(P, axis1=1, axis2=2)), axis=1)[:, None]
     elif cov_type == "diag":
         prec = prec_chol**2
-        out = (X**2) @ prec.T
-        out -= 2.0 * (X @ (means * prec).T)
-        out += np.sum(means**2 * prec, 1)
+        out = prec @ XT**2
+        out -= 2.0 * ((means * prec) @ XT)
+        out += np.sum(means**2 * prec, 1)[:, None]
         out *= -0.5
-        out += np.sum(np.log(prec_chol), 1)
+        out += np.sum(np.log(prec_chol), 1)[:, None]
     else:
         prec = prec_chol**2
-        out = np.einsum("ij,ij->i", X, X)[:, None] - 2.0 * (X @ means.T) + np.sum(means**2, 1)
-        out *= -0.5 * prec
-        out += d * np.log(prec_chol)
-    return out - 0.5 * d * LOG_2PI
+        out = np.einsum("ij,ij->i", X, X)[None, :] - 2.0 * (means @ XT) + np.sum(means**2, 1)[:, None]
+        out *= -0.5 * prec[:, None]
+        out += d * np.log(prec_chol)[:, None]
+    out -= 0.5 * d * LOG_2PI
+    return out.T
 
 
 def centre(X: np.ndarray, means: np.ndarray):
@@ -144,14 +149,16 @@ def e_step(log_dens: np.ndarray, log_weights: np.ndarray):
     ``(resp (n, M), log_lik (n,), ra (n,))`` where ``ra_i = sum_j r_ij a_ij`` with
     ``a = log_dens + log_weights``, so that the entropy of row i is ``log_lik_i - ra_i``.
     """
-    a = log_dens + log_weights
-    amax = a.max(axis=1)
-    e = np.exp(a - amax[:, None])
-    s = e.sum(axis=1)
+    # components by row (M, n): every reduction below runs along contiguous rows
+    aT = np.ascontiguousarray((log_dens + log_weights).T)
+    amax = aT.max(axis=0)
+    e = aT - amax
+    np.exp(e, out=e)
+    s = e.sum(axis=0)
     ll = amax + np.log(s)
-    resp = e / s[:, None]
-    ra = np.einsum("ij,ij->i", resp, a)
-    return resp, ll, ra
+    e /= s
+    ra = np.einsum("ji,ji->i", e, aT)
+    return e.T, ll, ra
 
 
 def segment_statistics(X, resp, ll, ra, starts, shift, cov_type):
@@ -160,7 +167,8 @@ def segment_statistics(X, resp, ll, ra, starts, shift, cov_type):
     ``X`` (n, d) and ``resp`` (n, M) stack the clients' rows; client ``c`` owns rows
     ``starts[c]:starts[c+1]`` (every client non-empty); ``ll``, ``ra`` come from
     :func:`e_step`. Moments are formed by one matrix product per client about the
-    reference 0 (callers centre ``X``) and then moved to ``shift`` (M, d) exactly.
+    reference 0 (callers centre ``X``) and then moved to ``shift`` (M, d) exactly (``None``:
+    left about 0).
     Returns ``N (C, M)``, ``S1 (C, M, d)``, ``S2 (C, ...)``, ``loglik (C,)``,
     ``entropy (C,)`` (``-sum r log r``).
     """
@@ -173,33 +181,46 @@ def segment_statistics(X, resp, ll, ra, starts, shift, cov_type):
     S1 = np.empty((C, M, d))
     S2 = np.empty((C,) + s2_shape(cov_type, M, d))
     X2 = X**2 if cov_type == "diag" else (np.einsum("ij,ij->i", X, X) if cov_type == "spherical" else None)
+    # rows by column: (M, n_c) and (d, n_c) blocks, contiguous along each client's rows
+    respT, XT = np.ascontiguousarray(resp.T), np.ascontiguousarray(X.T)
     for c in range(C):
         s = slice(bounds[c], bounds[c + 1])
-        r, Xc = resp[s], X[s]
-        S1[c] = r.T @ Xc
+        rT, XcT = respT[:, s], XT[:, s]
+        S1[c] = rT @ XcT.T
         if cov_type in ("full", "tied"):
-            S2[c] = ((r[:, :, None] * Xc[:, None, :]).reshape(len(r), M * d).T @ Xc).reshape(M, d, d)
+            S2[c] = ((rT[:, None, :] * XcT[None, :, :]).reshape(M * d, -1) @ XcT.T).reshape(M, d, d)
         else:
-            S2[c] = r.T @ X2[s]
-    S1, S2 = reshift(N, S1, S2, np.zeros((M, d)), shift, cov_type)
+            S2[c] = rT @ X2[s]
+    if shift is not None:
+        S1, S2 = reshift(N, S1, S2, np.zeros((M, d)), shift, cov_type)
     L = np.add.reduceat(ll, starts)
     ent = L - np.add.reduceat(ra, starts)
     return N, S1, S2, L, ent
 
 
-def estep_statistics(X, starts, means, prec_chol, log_weights, cov_type):
+def estep_statistics(X, starts, means, prec_chol, log_weights, cov_type, ref=None):
     """E-step and statistics of stacked clients in one pass (see :func:`segment_statistics`).
 
-    ``log_weights`` is ``(M,)`` (shared) or ``(C, M)`` (one row per client).
+    ``log_weights`` is ``(M,)`` (shared) or ``(C, M)`` (one row per client). The moments are
+    about the component means, or, given ``ref = (g, X - g)`` (a fixed point ``g`` (d,) and
+    the rows centred on it, computed once), about ``g`` itself: no per-round centring, no move.
     """
+    if ref is not None:
+        g, Xg = ref
+        mg = means - g
+        ld = log_gaussian(Xg, mg, prec_chol, cov_type)
+        resp, ll, ra = e_step(ld, _row_weights(log_weights, starts, X.shape[0]))
+        return segment_statistics(Xg, resp, ll, ra, starts, None, cov_type)
     Xg, mg, _ = centre(X, means)
     ld = log_gaussian(Xg, mg, prec_chol, cov_type)
+    resp, ll, ra = e_step(ld, _row_weights(log_weights, starts, X.shape[0]))
+    return segment_statistics(Xg, resp, ll, ra, starts, mg, cov_type)
+
+
+def _row_weights(log_weights, starts, n):
+    """``(M,)`` as it is, or each client's row of ``(C, M)`` repeated for its rows."""
     lw = np.asarray(log_weights)
-    if lw.ndim == 2:
-        lw = np.repeat(lw, np.diff(np.r_[starts, X.shape[0]]), axis=0)
-    resp, ll, ra = e_step(ld, lw)
-    N, S1, S2, L, H = segment_statistics(Xg, resp, ll, ra, starts, mg, cov_type)
-    return N, S1, S2, L, H
+    return np.repeat(lw.T, np.diff(np.r_[starts, n]), axis=1).T if lw.ndim == 2 else lw
 
 
 def reshift(N, S1, S2, old, new, cov_type):
@@ -210,13 +231,9 @@ def reshift(N, S1, S2, old, new, cov_type):
     delta = np.broadcast_to(np.asarray(old, dtype=float) - np.asarray(new, dtype=float), np.shape(S1))
     S1n = S1 + N[..., None] * delta
     if cov_type in ("full", "tied"):
-        outer = np.einsum("...md,...me->...mde", delta, delta)
-        S2n = (
-            S2
-            + np.einsum("...md,...me->...mde", S1, delta)
-            + np.einsum("...md,...me->...mde", delta, S1)
-            + N[..., None, None] * outer
-        )
+        # S2 + S1 delta' + delta S1' + N delta delta' = S2 + (S1 + N delta) delta' + delta S1'
+        S2n = S2 + S1n[..., :, None] * delta[..., None, :]
+        S2n += delta[..., :, None] * S1[..., None, :]
     elif cov_type == "diag":
         S2n = S2 + 2 * delta * S1 + N[..., None] * delta**2
     else:

@@ -1093,3 +1093,81 @@ def test_declared_sums_with_failed_clients_and_bad_declarations():
 
     with pytest.raises(ProtocolError, match="different shapes across clients"):
         run(Ragged(), data, rounds=1, progress=False)
+
+
+# ------------------------------------------------------------------ batched validation (issue 22)
+def _outcome(f):
+    try:
+        return f()
+    except ProtocolError as exc:
+        return exc
+
+
+def test_batched_validation_equals_one_message_at_a_time():
+    """validate_messages (one stack per key) gives every message what validate_message gives
+    it: the same read-only arrays, or the same error, whatever the mix."""
+    from fedstats.federation.protocol import validate_message, validate_messages
+
+    rng = np.random.default_rng(0)
+
+    def good():
+        return {"a": rng.standard_normal((2, 3)), "b": np.array([rng.integers(9)]), "c": np.float64(rng.random())}
+
+    bad = [
+        {**good(), "a": np.full((2, 3), np.nan)},
+        {**good(), "b": [1]},
+        {**good(), "x": np.zeros(1)},
+        {**good(), "a": np.zeros((2, 3), dtype=complex)},
+        "not a mapping",
+        {**good(), "c": np.array([np.inf, 1.0])[:1]},
+    ]
+    keys = ("a", "b", "c")
+    for mix in ([good() for _ in range(5)], [good(), *bad, good()], [{**good(), "a": np.zeros((3, 3))}, good()]):
+        who = [f"client {i}" for i in range(len(mix))]
+        batched = validate_messages(mix, keys, who)
+        for m, w, got in zip(mix, who, batched):
+            want = _outcome(lambda: validate_message(m, keys, who=w))
+            if isinstance(want, ProtocolError):
+                assert isinstance(got, ProtocolError) and str(got) == str(want)
+                continue
+            assert not isinstance(got, ProtocolError) and got.keys() == want.keys()
+            for k in keys:
+                assert got[k].shape == want[k].shape and got[k].dtype == want[k].dtype
+                np.testing.assert_array_equal(got[k], want[k])
+                assert not got[k].flags.writeable and not np.shares_memory(got[k], m[k])
+    assert validate_messages([{}, {}], (), ["client 0", "client 1"]) == [{}, {}]
+
+
+def test_one_broadcast_array_is_checked_once_and_shared():
+    """An array the server broadcasts to every client reaches each of them as one read-only
+    copy (checked once per round); arrays of their own stay their own."""
+    seen = []
+
+    class Shared(FedMean):
+        def broadcast(self, server_state, client, round):
+            return {"mean": server_state["mean"], "own": np.array([float(len(str(client)))])}
+
+        def client_step(self, message, state, data, rng):
+            seen.append(message)
+            return super().client_step({"mean": message["mean"]}, state, data, rng)
+
+    res = run(Shared(), make_data(3), rounds=1, progress=False, batched=False)
+    assert len({id(m["mean"]) for m in seen}) == 1 and len({id(m["own"]) for m in seen}) == 3
+    assert not seen[0]["mean"].flags.writeable and not np.shares_memory(seen[0]["mean"], res.server_state["mean"])
+
+
+def test_client_steps_that_draw_nothing_get_no_stream():
+    got = []
+
+    class Plain(FedMean):
+        random_client_steps = False
+
+        def client_step(self, message, state, data, rng):
+            got.append(rng)
+            return super().client_step(message, state, data, rng)
+
+    run(Plain(), make_data(2), rounds=1, progress=False)
+    assert got == [None, None]
+    got.clear()
+    run(type("Drawing", (Plain,), {"random_client_steps": True})(), make_data(2), rounds=1, progress=False)
+    assert all(isinstance(r, np.random.Generator) for r in got) and len(got) == 2

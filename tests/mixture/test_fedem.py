@@ -13,7 +13,7 @@ from sklearn.mixture import GaussianMixture
 
 from fedstats import FederatedData
 from fedstats.datasets.synthetic import gmm_federation
-from fedstats.federation import run
+from fedstats.federation import Replies, run
 from fedstats.mixture import FederatedGaussianMixture, GaussianMixtureResult, VariationalGaussianMixture
 from fedstats.mixture.fedem import FedEMAlgorithm
 
@@ -243,18 +243,23 @@ def test_init_centres_are_means_of_several_rows():
 
 @pytest.mark.parametrize("ct", COV_TYPES)
 def test_translation_equivariance_far_from_the_origin(ct):
-    """Statistics are centred before any raw moment, so an offset of 1e8 changes nothing."""
+    """Statistics are centred before any raw moment, so an offset of 1e8 changes nothing (up to
+    the components' labels: starts that reach the same fit with permuted labels tie on the
+    likelihood, and the 1e-8 rounding of the shifted data picks one of them)."""
     data, truth = gmm_federation(n_clients=4, n_components=3, d=2, min_separation=5.0, seed=1)
     Xs = [data[c].X for c in data.clients]
     off = 1e8
     a = FederatedGaussianMixture(3, covariance_type=ct, n_init=3).fit(Xs, seed=0)
     b = FederatedGaussianMixture(3, covariance_type=ct, n_init=3).fit([X + off for X in Xs], seed=0)
+    order, _ = _align(b.means_ - off, a.means_)
     # 1e8 carries 1e-8 absolute rounding per coordinate in the data itself
-    np.testing.assert_allclose(b.means_ - off, a.means_, atol=1e-5)
-    np.testing.assert_allclose(b.covariances_, a.covariances_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose((b.means_ - off)[order], a.means_, atol=1e-5)
+    cov_b = b.covariances_ if ct == "tied" else b.covariances_[order]
+    np.testing.assert_allclose(cov_b, a.covariances_, rtol=1e-5, atol=1e-6)
     assert b.loglik_ == pytest.approx(a.loglik_, rel=1e-7)
     w = b.wald_intervals([X + off for X in Xs], 0.9)[0]
-    np.testing.assert_allclose(w["sd"], a.wald_intervals(Xs, 0.9)[0]["sd"], rtol=1e-4)
+    sd_b = w["sd"].to_numpy().reshape(3, -1)[order].ravel()  # rows: mean[j, k], component by component
+    np.testing.assert_allclose(sd_b, a.wald_intervals(Xs, 0.9)[0]["sd"], rtol=1e-4)
 
 
 def test_uncertainty_puts_wald_intervals_into_the_summaries(tmp_path):
@@ -486,16 +491,17 @@ def test_save_load_roundtrip_and_tables(tmp_path):
     np.testing.assert_allclose(res2.means_, res.means_)
 
 
-def test_round_time_within_1_5x_of_sklearn_iteration():
-    """Acceptance: a FedEM round (private weights, through the federated runtime) costs at most
-    1.5x a scikit-learn EM iteration on the pooled rows, same start, same run (best of 3 for
-    both; benchmarks/fedem.py measures the issue's full size)."""
+def _round_and_iteration_seconds(n_clients, n_obs, shared, repeats=3):
+    """Median FedEM round (through the federated runtime) and scikit-learn EM iteration on the
+    pooled rows, same start, best of ``repeats`` each, interleaved, both on one BLAS thread (so
+    that neither depends on how the machine's BLAS threads small products)."""
     import time
 
     from sklearn.mixture import GaussianMixture
+    from threadpoolctl import threadpool_limits
 
     M, d = 5, 10
-    data, truth = gmm_federation(n_clients=20, n_components=M, d=d, n_obs=1000, min_separation=3.0, seed=0)
+    data, truth = gmm_federation(n_clients=n_clients, n_components=M, d=d, n_obs=n_obs, min_separation=3.0, seed=0)
     X = np.concatenate([data[c].X for c in data.clients])
     m0 = truth["means"] + 0.5 * np.random.default_rng(0).standard_normal((M, d))
     cov0, w0 = np.stack([np.eye(d)] * M), np.full(M, 1.0 / M)
@@ -508,12 +514,34 @@ def test_round_time_within_1_5x_of_sklearn_iteration():
             gm.fit(X)
         return time.perf_counter() - t0
 
-    per_sk = min((sk(13) - sk(3)) / 10 for _ in range(3))
-    model = FederatedGaussianMixture(M, rounds=10, tol=0, means_init=m0, covariances_init=cov0)
-    model.fit(data)  # warm-up
-    per_fed = min(np.median([r.seconds for r in model.fit(data).history]) for _ in range(3))
-    print(f"FedEM round {per_fed:.4f} s, scikit-learn iteration {per_sk:.4f} s, ratio {per_fed / per_sk:.2f}")
-    assert per_fed < 1.5 * per_sk, (per_fed, per_sk)
+    model = FederatedGaussianMixture(
+        M, rounds=10, tol=0, means_init=m0, covariances_init=cov0, shared_weights=shared, weights_init=w0
+    )
+    with threadpool_limits(1):
+        model.fit(data)  # warm-up
+        per_sk, per_fed = np.inf, np.inf
+        for _ in range(repeats):
+            per_sk = min(per_sk, (sk(13) - sk(3)) / 10)
+            per_fed = min(per_fed, float(np.median([r.seconds for r in model.fit(data).history])))
+    print(f"{n_clients} x {n_obs}, shared={shared}: FedEM round {per_fed:.4f} s, scikit-learn iteration {per_sk:.4f} s")
+    return per_fed, per_sk
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_round_time_within_scikit_learn_iteration(shared):
+    """A FedEM round (every client's E-step and statistics, message checks, the server's
+    M-step) costs no more than a scikit-learn EM iteration on the pooled rows (measured about
+    0.3-0.4x at this size; benchmarks/fedem.py records the issue's sizes)."""
+    per_fed, per_sk = _round_and_iteration_seconds(20, 1000, shared)
+    assert per_fed < per_sk, (per_fed, per_sk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared", [False, True])
+def test_round_time_with_1000_small_clients_within_scikit_learn_iteration(shared):
+    """Issue 22's size: 1,000 clients x 100 rows, d = 10, M = 5 (about 0.9x on one thread)."""
+    per_fed, per_sk = _round_and_iteration_seconds(1000, 100, shared, repeats=5)
+    assert per_fed <= per_sk, (per_fed, per_sk)
 
 
 # ------------------------------------------------------------------ declared sums
@@ -720,3 +748,36 @@ def test_resume_with_partial_participation_equals_a_straight_fit(tmp_path):
     former = {k: v for k, v in algo.init_server(data.clients, None).items() if k != "weight_term"}
     with pytest.raises(ValueError, match="former per-client statistics"):
         algo.server_step(former, Replies(), 0)
+
+
+@pytest.mark.parametrize("ct", COV_TYPES)
+def test_statistics_kept_about_another_point_are_moved_before_the_change(ct):
+    """Clients take their moments about the fixed point ``ref``; a state whose last statistics
+    are about another point (a checkpoint of the version that took them about the broadcast
+    means) is moved there first, so the change it sends is the same to 1e-10."""
+    from dataclasses import replace
+
+    from fedstats.mixture.gmm import reshift
+
+    data, truth = gmm_federation(n_clients=3, n_components=2, d=3, n_obs=50, min_separation=3.0, seed=5)
+    M, d = 2, 3
+    alg = FedEMAlgorithm(truth["means"] + 0.4, _init(ct, M, d)[0], covariance_type=ct)
+    server = alg.init_server(data.clients, None)
+    datas = [data[c] for c in data.clients]
+    states = [alg.init_client(c, x, None) for c, x in zip(data.clients, datas)]
+    first = alg.client_steps([alg.broadcast(server, c, 0) for c in data.clients], states, datas, [None] * 3)
+    states = [s for _, s in first]
+    server, _ = alg.server_step(
+        server, Replies.summing(alg.summed_keys, dict(zip(data.clients, (r for r, _ in first)))), 0
+    )
+    msgs = [alg.broadcast(server, c, 1) for c in data.clients]
+    elsewhere = []
+    for s in states:
+        other = np.arange(M * d, dtype=float).reshape(M, d) - 7.0
+        S1, S2 = reshift(s.sent.N, s.sent.S1, s.sent.S2, s.sent.shift, other, ct)
+        elsewhere.append(replace(s, sent=replace(s.sent, S1=S1, S2=S2, shift=other)))
+    a = alg.client_steps(msgs, states, datas, [None] * 3)
+    b = alg.client_steps(msgs, elsewhere, datas, [None] * 3)
+    for (ra, _), (rb, _) in zip(a, b):
+        for k in ra:
+            np.testing.assert_allclose(rb[k], ra[k], rtol=1e-10, atol=1e-10)
