@@ -93,7 +93,7 @@ class ImportanceTilted(LaplaceTilted):
         key = ("is", model.cache_key())
         if key not in KERNELS:
             log_target, _ = laplace_fns(model, 0)
-            over_draws = jax.vmap(log_target, in_axes=(0, None, None, None))
+            over_draws = jax.vmap(log_target, in_axes=(1, None, None, None))  # draws as columns (D, M)
             # devices one after another, each device's draws vectorised: a model's inner loops
             # (HierarchicalGLM's Newton steps) then stop when that device's draws have
             # converged, not every device's
@@ -102,23 +102,36 @@ class ImportanceTilted(LaplaceTilted):
             )
         return KERNELS[key]
 
-    def _proposal(self, model, cav_mean, cav_cov, mode, negH, stats):
-        """Components (weight, mean, cov) of the proposal over x = (phi, z), and whether the
-        Laplace approximation was usable."""
-        p, D = model.phi_dim, mode.size
-        laplace_ok = bool(np.all(np.isfinite(mode)) and is_pd(negH))
-        if laplace_ok:
-            lap_cov = symmetrize(np.linalg.inv(negH))
-            z_mean, z_cov = mode[p:], lap_cov[p:, p:]
-        else:
-            z_mean = model.init_local(stats)[1]
-            z_cov = 0.25 * np.eye(D - p)
-        cav = (np.concatenate([cav_mean, z_mean]), _blockdiag(cav_cov, z_cov))
-        if not laplace_ok:
-            return [(1.0, *cav)], False
-        if self.defensive == 0.0:
-            return [(1.0, mode, lap_cov)], True
-        return [(self.defensive, *cav), (1.0 - self.defensive, mode, lap_cov)], True
+    def _proposals(self, model, cav_mean, cav_cov, mode, negH, stats):
+        """Every device's proposal over x = (phi, z), a mixture of components (weight, mean,
+        cov), grouped by its structure: ``[(devices, weights (J,), means (G, J, D), covs
+        (G, J, D, D), laplace_ok)]``. A device whose Laplace approximation is unusable
+        samples from the cavity alone."""
+        B, D = mode.shape
+        p = model.phi_dim
+        ok = np.array([bool(np.all(np.isfinite(mode[b])) and is_pd(negH[b])) for b in range(B)])
+        lap_cov = np.zeros((B, D, D))
+        if ok.any():
+            lap_cov[ok] = symmetrize(np.linalg.inv(negH[ok]))
+        z_mean, z_cov = mode[:, p:].copy(), lap_cov[:, p:, p:].copy()
+        for b in np.flatnonzero(~ok):
+            z_mean[b], z_cov[b] = model.init_local(stats[b])[1], 0.25 * np.eye(D - p)
+        cav = (np.concatenate([cav_mean, z_mean], axis=1), np.zeros((B, D, D)))
+        cav[1][:, :p, :p], cav[1][:, p:, p:] = cav_cov, z_cov
+        groups = []
+        if ok.any():
+            g = np.flatnonzero(ok)
+            lap = (mode[g][:, None], lap_cov[g][:, None])
+            if self.defensive == 0.0:
+                groups.append((g, np.array([1.0]), *lap, True))
+            else:
+                means = np.concatenate([cav[0][g][:, None], lap[0]], axis=1)
+                covs = np.concatenate([cav[1][g][:, None], lap[1]], axis=1)
+                groups.append((g, np.array([self.defensive, 1.0 - self.defensive]), means, covs, True))
+        if not ok.all():
+            g = np.flatnonzero(~ok)
+            groups.append((g, np.array([1.0]), cav[0][g][:, None], cav[1][g][:, None], False))
+        return groups
 
     def _stratum_sizes(self, weights):
         """Draws per component: proportional to its weight, even (antithetic pairs), at least
@@ -127,6 +140,65 @@ class ImportanceTilted(LaplaceTilted):
         pairs = [max(1, int(round(w * M / 2))) for w in weights]
         pairs[-1] = M // 2 - sum(pairs[:-1])
         return [2 * q for q in pairs]
+
+    def _draw(self, groups, seeds, B, D):
+        """Every device's draws, one column each, (B, D, M), and their log proposal density (B, M).
+
+        Draws per component in proportion to its weight (stratified), antithetic within each;
+        the density uses the realised fractions n_j / M, so the weights are exact for the
+        mixture actually sampled. Each device's normals come from its own stream, one
+        sequence per device, consecutive blocks of it per stratum (for Sobol points each
+        block is itself evenly spread; setting up a scrambled sequence is costly). Draws are
+        columns so that every elementwise step runs along the M draws, not along D.
+        """
+        M = self.num_draws
+        draws, logq = np.empty((B, D, M)), np.empty((B, M))
+        for g, weights, means, covs, _ in groups:
+            sizes = self._stratum_sizes(weights)
+            e = np.stack([normal_draws(np.random.default_rng(int(seeds[b])), M // 2, D, self.qmc).T for b in g])
+            L = np.linalg.cholesky(covs)  # (G, J, D, D)
+            Linv = np.linalg.inv(L)
+            bounds = np.r_[0, np.cumsum(sizes)]
+            x = np.empty((len(g), D, M))
+            for j in range(len(sizes)):
+                ej = e[:, :, bounds[j] // 2 : bounds[j + 1] // 2]
+                x[:, :, bounds[j] : bounds[j + 1]] = means[:, j, :, None] + L[:, j] @ np.concatenate([ej, -ej], axis=2)
+            dens = np.empty((len(sizes), len(g), M))
+            for j, n in enumerate(sizes):
+                u = Linv[:, j] @ (x - means[:, j, :, None])
+                logdet = np.sum(np.log(np.diagonal(L[:, j], axis1=1, axis2=2)), axis=1)
+                dens[j] = np.log(n / M) - 0.5 * (u * u).sum(axis=1) - logdet[:, None]
+            draws[g], logq[g] = x, np.logaddexp.reduce(dens, axis=0)
+        return draws, logq
+
+    def _moments(self, groups, draws, logw, B):
+        """Every device's normalised weights, ESS, weighted mean and control-variate covariance
+        (see the class docs), at once per group (draws as columns, (B, D, M))."""
+        D = draws.shape[1]
+        lw = np.where(np.isfinite(logw), logw, -np.inf)
+        w = np.exp(lw - lw.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        ess = 1.0 / np.sum(w**2, axis=1)
+        mw = (draws @ w[:, :, None])[:, :, 0]
+        cov = np.empty((B, D, D))
+        for g, weights, means, covs, _ in groups:
+            d = draws[g] - mw[g][:, :, None]
+            S2 = (d * w[g][:, None, :]) @ _t(d)
+            start = 0
+            # Control variates per stratum: the draws of component j have known exact moments,
+            # and W_j is the weight mass they carry. Where the weights are nearly uniform within
+            # a stratum, replacing W_j x (their sample second moment) by W_j x (its exact value)
+            # removes that stratum's sampling noise; first moments need no correction since
+            # antithetic pairs reproduce each component's mean exactly.
+            for j, n in enumerate(self._stratum_sizes(weights)):
+                dj = d[:, :, start : start + n]
+                Wj = w[g, start : start + n].sum(axis=1)
+                off = means[:, j] - mw[g]
+                exact = covs[:, j] + off[:, :, None] * off[:, None, :]
+                S2 -= Wj[:, None, None] * (dj @ _t(dj) / n - exact)
+                start += n
+            cov[g] = symmetrize(S2)
+        return w, ess, mw, cov
 
     def estimate(
         self,
@@ -139,36 +211,12 @@ class ImportanceTilted(LaplaceTilted):
         keep_draws: bool = False,
     ) -> list[TiltedResult]:
         import jax
-        from scipy.special import logsumexp
 
         x, negH, _ = self._modes(model, cavity_mean, cavity_cov, stats)
         B, D = x.shape
         p, M = model.phi_dim, self.num_draws
-        draws = np.empty((B, M, D))
-        logq = np.empty((B, M))
-        props = []
-        for b in range(B):
-            rng = np.random.default_rng(int(seeds[b]))
-            comps, laplace_ok = self._proposal(model, cavity_mean[b], cavity_cov[b], x[b], negH[b], stats[b])
-            # Draws per component in proportion to its weight (stratified), antithetic within
-            # each; the density below uses the realised fractions n_j / M, so the weights are
-            # exact for the mixture actually sampled.
-            sizes = self._stratum_sizes([c[0] for c in comps])
-            props.append((comps, sizes, laplace_ok))
-            # one sequence per device, consecutive blocks of it per stratum (for Sobol points
-            # each block is itself evenly spread; setting up a scrambled sequence is costly)
-            e_all = np.split(normal_draws(rng, sum(sizes) // 2, D, self.qmc), np.cumsum(sizes)[:-1] // 2)
-            chunks, chols = [], []
-            for (_, m, C), e in zip(comps, e_all):
-                L = np.linalg.cholesky(C)
-                chunks.append(m + np.concatenate([e, -e]) @ L.T)
-                chols.append(L)
-            draws[b] = np.concatenate(chunks)
-            dens = []
-            for (_, m, C), L, n in zip(comps, chols, sizes):
-                u = np.linalg.solve(L, (draws[b] - m).T)
-                dens.append(np.log(n / M) - 0.5 * np.sum(u**2, axis=0) - np.sum(np.log(np.diag(L))))
-            logq[b] = logsumexp(np.stack(dens), axis=0)
+        groups = self._proposals(model, cavity_mean, cavity_cov, x, negH, stats)
+        draws, logq = self._draw(groups, seeds, B, D)
         Bp = bucket(B)
         args = (
             pad_batch(draws, Bp),
@@ -178,40 +226,22 @@ class ImportanceTilted(LaplaceTilted):
         )
         with jax.enable_x64(True):
             logp = np.asarray(self._logw_fn(model)(*args))[:B]
+        w, ess, mw, cov = self._moments(groups, draws, logp - logq, B)
+        where = {int(b): (k, i) for k, grp in enumerate(groups) for i, b in enumerate(grp[0])}
         out = []
         for b in range(B):
-            lw = logp[b] - logq[b]
-            lw = np.where(np.isfinite(lw), lw, -np.inf)
-            w = np.exp(lw - lw.max())
-            w /= w.sum()
-            ess = 1.0 / np.sum(w**2)
-            xb = draws[b]
-            mw = w @ xb
-            comps, sizes, laplace_ok = props[b]
-            # Control variates per stratum: the draws of component j have known exact moments,
-            # and W_j is the weight mass they carry. Where the weights are nearly uniform within
-            # a stratum, replacing W_j x (their sample second moment) by W_j x (its exact value)
-            # removes that stratum's sampling noise; first moments need no correction since
-            # antithetic pairs reproduce each component's mean exactly.
-            d = xb - mw
-            S2 = d.T @ (d * w[:, None])
-            start = 0
-            for (_, m, C), n in zip(comps, sizes):
-                dj = d[start : start + n]
-                Wj = w[start : start + n].sum()
-                S2 -= Wj * (dj.T @ dj / n - (C + np.outer(m - mw, m - mw)))
-                start += n
-            cov = symmetrize(S2)
-            good = ess >= self.min_ess_fraction * M and is_pd(cov[:p, :p])
+            k, i = where[b]
+            laplace_ok = groups[k][4]
+            good = ess[b] >= self.min_ess_fraction * M and is_pd(cov[b, :p, :p])
             diagnostics = {
-                "ess": float(ess),
-                "max_weight": float(w.max()),
+                "ess": float(ess[b]),
+                "max_weight": float(w[b].max()),
                 "laplace_ok": float(laplace_ok),
                 "laplace_fallback": 0.0,
             }
             if not good and laplace_ok and self.fallback == "laplace":
                 # The Laplace component of the proposal is the Laplace approximation itself.
-                lap_mean, lap_cov = comps[-1][1], comps[-1][2]
+                lap_mean, lap_cov = groups[k][2][i, -1], groups[k][3][i, -1]
                 res = TiltedResult(lap_mean[:p], lap_cov[:p, :p], diagnostics={**diagnostics, "laplace_fallback": 1.0})
                 if keep_draws:
                     xs = np.random.default_rng(int(seeds[b]) + 1).multivariate_normal(lap_mean, lap_cov, size=M)
@@ -219,21 +249,19 @@ class ImportanceTilted(LaplaceTilted):
                 out.append(res)
                 continue
             res = TiltedResult(
-                mw[:p],
-                cov[:p, :p],
+                mw[b, :p],
+                cov[b, :p, :p],
                 ok=bool(good),
-                message="" if good else f"importance: ESS {ess:.0f} of {M} draws",
+                message="" if good else f"importance: ESS {ess[b]:.0f} of {M} draws",
                 diagnostics=diagnostics,
             )
             if keep_draws:
-                res.draws = {"phi": xb[:, :p], "z": xb[:, p:]}
-                res.weights = w
+                res.draws = {"phi": draws[b, :p].T, "z": draws[b, p:].T}
+                res.weights = w[b]
             out.append(res)
         return out
 
 
-def _blockdiag(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    out = np.zeros((A.shape[0] + B.shape[0],) * 2)
-    out[: A.shape[0], : A.shape[0]] = A
-    out[A.shape[0] :, A.shape[0] :] = B
-    return out
+def _t(a: np.ndarray) -> np.ndarray:
+    """The last two axes swapped (a batch of transposes)."""
+    return np.swapaxes(a, -1, -2)
