@@ -213,3 +213,31 @@ def test_every_site_of_the_package_meets_the_site_protocol():
     assert isinstance(lasso, GibbsSite) and isinstance(lasso, AugmentedSite)
     assert isinstance(hier, PreparedSite) and not isinstance(glm, PreparedSite)
     assert not isinstance(glm, ExactSite) and not isinstance(object(), SiteModel)
+
+
+def test_importance_batch_equals_each_device_alone_with_an_unusable_laplace():
+    """Devices are sampled as batches grouped by proposal (defensive mixture, or the cavity
+    alone where the Laplace mode is unusable): each device's estimate is the one it gets
+    alone, whatever the others in its batch."""
+    site, m, c, stats, exact = conjugate_case(B=4, seed=3)
+    est = ImportanceTilted(num_draws=2000)
+    real_modes = est._modes
+
+    def modes(model, cm, cc, st):  # device 2's Newton solve "fails" (as a NaN mode would)
+        x, negH, g = (a.copy() for a in real_modes(model, cm, cc, st))
+        bad = [i for i, s in enumerate(st) if s is stats[2]]
+        x[bad] = np.nan
+        return x, negH, g
+
+    est._modes = modes
+    seeds = np.array([11, 12, 13, 14])
+    batch = est.estimate(site, m, c, stats, seeds, keep_draws=True)
+    assert [r.diagnostics["laplace_ok"] for r in batch] == [1.0, 1.0, 0.0, 1.0]
+    for b in range(4):
+        alone = est.estimate(site, m[b : b + 1], c[b : b + 1], stats[b : b + 1], seeds[b : b + 1], keep_draws=True)[0]
+        np.testing.assert_allclose(batch[b].mean, alone.mean, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(batch[b].cov, alone.cov, rtol=1e-10, atol=1e-12)
+        np.testing.assert_array_equal(batch[b].draws["phi"], alone.draws["phi"])
+    # the cavity-only device is still consistent (its tilted is Gaussian here)
+    em, ec = exact[2]
+    assert np.all(np.abs(batch[2].mean - em) / np.sqrt(np.diag(ec)) < 0.1)

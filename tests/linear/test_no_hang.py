@@ -106,22 +106,24 @@ SMALL = [
 ]
 
 
+# The default run fits with the default (importance) estimator, one seed per size; the
+# version check above guards the known cause. Every estimator and seed: the slow run.
 @pytest.mark.parametrize(
-    "estimator, options",
+    "estimator, options, cases",
     [
-        ("exact", {}),
-        ("laplace", {}),
-        ("importance", {}),
-        # NUTS is slow per round (52 s here); the default run keeps its 40-predictor case below
+        ("importance", {}, SMALL[::2]),
+        pytest.param("importance", {}, SMALL, marks=pytest.mark.slow),
+        pytest.param("exact", {}, SMALL, marks=pytest.mark.slow),
+        pytest.param("laplace", {}, SMALL, marks=pytest.mark.slow),
         pytest.param(
             "nuts",
             {"rounds": 2, "estimator_options": {"num_warmup": 60, "num_samples": 60, "num_chains": 2}},
+            SMALL[::2],
             marks=pytest.mark.slow,
         ),
     ],
 )
-def test_hm2_finishes_with_many_predictors(estimator, options):
-    cases = SMALL if estimator != "nuts" else SMALL[::2]
+def test_hm2_finishes_with_many_predictors(estimator, options, cases):
     out = run_script(FIT.format(cases=cases, kw={"estimator": estimator, **options}), timeout=900)
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("fit ")]
     assert len(lines) == len(cases) and all(ln[6] == "True" for ln in lines), out
@@ -130,17 +132,22 @@ def test_hm2_finishes_with_many_predictors(estimator, options):
 @pytest.mark.parametrize(
     "estimator, options",
     [
-        ("exact", {"rounds": 3}),
-        ("laplace", {"rounds": 3}),
         ("importance", {"rounds": 3}),
-        ("nuts", {"rounds": 2, "estimator_options": {"num_warmup": 60, "num_samples": 60, "num_chains": 2}}),
+        pytest.param("exact", {"rounds": 3}, marks=pytest.mark.slow),
+        pytest.param("laplace", {"rounds": 3}, marks=pytest.mark.slow),
+        pytest.param(
+            "nuts",
+            {"rounds": 2, "estimator_options": {"num_warmup": 60, "num_samples": 60, "num_chains": 2}},
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_hm2_finishes_with_40_predictors_short(estimator, options):
     # 20 clients x 200 rows, phi of dimension 80 (measured: exact 2 rounds at once, Laplace 3
-    # rounds 19 s, importance 3 rounds 33 s, NUTS 2 rounds 45 s). The default (importance)
-    # estimator falls back to Laplace moments where importance weights degenerate, so every
-    # device answers from round 1. The full default fit is the slow test below.
+    # rounds 19 s, importance 3 rounds 33 s, NUTS 2 rounds 45 s; each in a fresh process that
+    # compiles, about 90-110 s in all). The default (importance) estimator falls back to
+    # Laplace moments where importance weights degenerate, so every device answers from
+    # round 1; it is the one in the default run. The full default fit is the slow test below.
     out = run_script(FIT.format(cases=[(40, 20, 200, 0)], kw={"estimator": estimator, **options}), timeout=1200)
     line = out.split()
     assert line[6] == "True" and int(line[5]) <= options["rounds"], out
