@@ -8,9 +8,10 @@ One round (client-server, :class:`FedEMAlgorithm`):
 * the server broadcasts the components (and, with ``shared_weights=True``, the weights);
 * each client runs an exact E-step on its own rows with its own weights, updates its
   weights ``pi_c = N_c / n_c`` (they never leave the client) and replies with its
-  statistics: soft counts ``N_c``, moments ``S1_c``, ``S2_c`` about a fixed point ``g`` (the
-  starting means' average, :attr:`FedEMAlgorithm.ref`), its log-likelihood at the broadcast parameters, the entropy ``H_c`` of its
-  responsibilities, its weight term ``sum_j N_cj log pi_cj`` and its soft-count total;
+  statistics: soft counts ``N_c``, moments ``S1_c``, ``S2_c`` about a fixed point ``g``
+  (the starting means' average, :attr:`FedEMAlgorithm.ref`), its log-likelihood at the
+  broadcast parameters, the entropy ``H_c`` of its responsibilities, its weight term
+  ``sum_j N_cj log pi_cj`` and its soft-count total;
 * the server adds the statistics and does the closed-form M-step. It never averages
   parameters (averaging the clients' local closed-form means with weights ``n_c/N`` is not the
   EM update: a component's mean must be weighted by each client's responsibility mass).
@@ -155,6 +156,8 @@ class FedEMAlgorithm(FederatedAlgorithm):
         #: the fixed point about which the clients take their moments (the starting means'
         #: average, in the data's region): no client moves its statistics from round to round
         self.ref = self.means0.mean(0)
+        self._ref_m = np.repeat(self.ref[None], self.M, axis=0)  # as every component's shift
+        self._ref_m.setflags(write=False)
         self._stack = RowStack()
         if self.shared:  # the weight term is the server's: it holds the weights
             self.reply_keys = self.summed_keys = tuple(k for k in type(self).reply_keys if k != "weight_term")
@@ -171,9 +174,6 @@ class FedEMAlgorithm(FederatedAlgorithm):
 
     def _ref_shift(self) -> np.ndarray:
         """:attr:`ref` as a shift of every component's statistics, ``(M, d)`` (one object, read-only)."""
-        if getattr(self, "_ref_m", None) is None:
-            self._ref_m = np.repeat(self.ref[None], self.M, axis=0)
-            self._ref_m.setflags(write=False)
         return self._ref_m
 
     def _w0(self, client) -> np.ndarray:
