@@ -44,10 +44,13 @@ test-deployment: $(STAMP)
 test-deployment-full: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests/federation/test_flower_deployment.py
 
+# every benchmark but fem_omd_defaults.py (about 30 minutes on 2 cores: run it on its own),
+# then one table of every ratio with its peak memory (benchmarks/results/summary.md)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/ep_vs_pooled.py
 	$(BIN)/python benchmarks/shrinkage_vs_pooled.py
 	$(BIN)/python benchmarks/hm1.py
+	$(BIN)/python benchmarks/hm1_defaults.py
 	$(BIN)/python benchmarks/fgpr.py
 	$(BIN)/python benchmarks/fedem.py
 	$(BIN)/python benchmarks/fem_omd.py
@@ -56,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dp_fedem.py
 	$(BIN)/python benchmarks/glm_hierarchical.py
 	$(BIN)/python benchmarks/flower_overhead.py
+	$(BIN)/python benchmarks/summary.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache site

@@ -14,7 +14,9 @@ of ``include_dp_noise=True`` cover the plain fit's means (they hold the DP noise
 plain fit, not the truth, is what they should cover). In process nothing is summed securely, so
 with ``placement="client"`` the ledger charges each release with one client's share of the noise
 (``z / sqrt(50)``): its epsilon is that of a server reading every reply; under secure
-aggregation it is the central one. Writes ``benchmarks/results/dp_fedem.json`` and ``.md``.
+aggregation it is the central one. Each row's fits (and the plain fits) are timed, with their peak
+resident memory, and so is the whole run. Writes ``benchmarks/results/dp_fedem.json`` and ``.md``
+(``dp_fedem_quick.*`` with ``--quick``).
 
     python benchmarks/dp_fedem.py [--quick] [--seeds S]
 """
@@ -25,11 +27,11 @@ import argparse
 import json
 import os
 import platform
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
+from _measure import fmt_mib, measure, mib, record, rss_note
 
 from fedstats.mixture import FederatedGaussianMixture
 from fedstats.privacy import DifferentialPrivacy
@@ -77,45 +79,25 @@ def main() -> None:
     args = ap.parse_args()
     seeds = 2 if args.quick else args.seeds
     zs = (2.0, 10.0, 40.0) if args.quick else ZS
-    t0 = time.perf_counter()
-    feds = {s: federation(s) for s in range(seeds)}
-    plains = {
-        s: quiet(lambda: FederatedGaussianMixture(3, means_init=st, rounds=ROUNDS, tol=None).fit(Xs, seed=s))
-        for s, (Xs, _, st) in feds.items()
-    }
-    rows = []
-    for placement in ("none", "central", "client"):
-        for z in (0.0,) if placement == "none" else zs:
-            acc: dict[str, list[float]] = {}
-            eps = float("inf")
-            for s in range(seeds):
-                (Xs, W, start), plain = feds[s], plains[s]
-                if placement == "none":
-                    e = errors(plain, W, plain)
-                    e["coverage"] = float("nan")
-                else:
-                    dp = DifferentialPrivacy(noise_multiplier=z, clip=CLIP, placement=placement)
-                    res = quiet(
-                        lambda: FederatedGaussianMixture(
-                            3, means_init=start, dp=dp, dp_rounds=ROUNDS, include_dp_noise=True
-                        ).fit(Xs, seed=s)
-                    )
-                    eps = res.privacy.epsilon
-                    e = errors(res, W, plain)
-                    sd = res.dp_noise_sd["means"]
-                    e["coverage"] = float(np.mean(np.abs(res.means_ - plain.means_) <= 1.96 * sd))
-                for k, v in e.items():
-                    acc.setdefault(k, []).append(v)
-            row = {"placement": placement, "z": z, "epsilon": eps, "seeds": seeds}
-            row.update({k: float(np.mean(v)) for k, v in acc.items()})
-            rows.append(row)
-            print(row, flush=True)
-    seconds = time.perf_counter() - t0
+    with measure() as m_run:
+        rows, plain_fits = run(seeds, zs)
+    seconds = m_run.seconds
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    meta = record(m_run.scope)
     suffix = "_quick" if args.quick else ""
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"dp_fedem{suffix}.json").write_text(
-        json.dumps({"machine": machine, "seconds": seconds, "rows": rows}, indent=2)
+        json.dumps(
+            {
+                "machine": machine,
+                "seconds": seconds,
+                "peak_rss_mib": mib(m_run),
+                "plain_fits": plain_fits,
+                **meta,
+                "rows": rows,
+            },
+            indent=2,
+        )
     )
     lines = [
         f"# Differentially private FedEM: parameter error against epsilon ({machine})",
@@ -130,20 +112,68 @@ def main() -> None:
         "DP-noise intervals of `include_dp_noise=True` (the final M-step's noise, propagated) hold the plain "
         "fit's means. In process nothing is summed securely: with client placement the ledger charges one "
         "client's share of the noise (z / sqrt(50)), the epsilon of a server reading every reply; under secure "
-        "aggregation it equals the central row's.",
+        "aggregation it equals the central row's. Seconds and peak RSS: the row's fits, all seeds (the plain "
+        "row: the plain fits).",
         "",
         "| placement | z | epsilon | max mean err vs truth | max mean err vs plain | max cov err | weights err "
-        "| coverage of plain |",
-        "|---|---|---|---|---|---|---|---|",
+        "| coverage of plain | seconds | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['placement'] if r['placement'] != 'none' else 'none (plain FedEM)'} | {r['z']:g} "
             f"| {r['epsilon']:.3g} | {r['mean_err']:.3f} | {r['vs_plain']:.3f} | {r['cov_err']:.3f} "
-            f"| {r['weights_err']:.3f} | {r['coverage']:.2f} |"
+            f"| {r['weights_err']:.3f} | {r['coverage']:.2f} | {r['seconds']:.1f} | {fmt_mib(r['peak_rss_mib'])} |"
         )
-    lines += ["", f"Run time {seconds:.0f} s."]
+    lines += [
+        "",
+        f"Run time {seconds:.0f} s, peak RSS {fmt_mib(mib(m_run))} MiB.",
+        "",
+        f"{rss_note(meta['peak_rss_scope'])} Written {meta['written']} on {meta['machine_details']}.",
+    ]
     (RESULTS / f"dp_fedem{suffix}.md").write_text("\n".join(lines) + "\n")
+
+
+def run(seeds, zs):
+    """The table's rows, and the plain fits' time and peak."""
+    feds = {s: federation(s) for s in range(seeds)}
+    with measure() as m_plain:
+        plains = {
+            s: quiet(lambda: FederatedGaussianMixture(3, means_init=st, rounds=ROUNDS, tol=None).fit(Xs, seed=s))
+            for s, (Xs, _, st) in feds.items()
+        }
+    plain_fits = {"seconds": round(m_plain.seconds, 2), "peak_rss_mib": mib(m_plain)}
+    rows = []
+    for placement in ("none", "central", "client"):
+        for z in (0.0,) if placement == "none" else zs:
+            acc: dict[str, list[float]] = {}
+            eps = float("inf")
+            with measure() as m_row:
+                for s in range(seeds):
+                    (Xs, W, start), plain = feds[s], plains[s]
+                    if placement == "none":
+                        e = errors(plain, W, plain)
+                        e["coverage"] = float("nan")
+                    else:
+                        dp = DifferentialPrivacy(noise_multiplier=z, clip=CLIP, placement=placement)
+                        res = quiet(
+                            lambda: FederatedGaussianMixture(
+                                3, means_init=start, dp=dp, dp_rounds=ROUNDS, include_dp_noise=True
+                            ).fit(Xs, seed=s)
+                        )
+                        eps = res.privacy.epsilon
+                        e = errors(res, W, plain)
+                        sd = res.dp_noise_sd["means"]
+                        e["coverage"] = float(np.mean(np.abs(res.means_ - plain.means_) <= 1.96 * sd))
+                    for k, v in e.items():
+                        acc.setdefault(k, []).append(v)
+            m = m_plain if placement == "none" else m_row  # the plain row's fits are the plain fits
+            row = {"placement": placement, "z": z, "epsilon": eps, "seeds": seeds}
+            row.update({k: float(np.mean(v)) for k, v in acc.items()})
+            row.update({"seconds": round(m.seconds, 2), "peak_rss_mib": mib(m)})
+            rows.append(row)
+            print(row, flush=True)
+    return rows, plain_fits
 
 
 if __name__ == "__main__":

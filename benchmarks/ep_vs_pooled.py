@@ -8,8 +8,8 @@ K = 100 devices, d = 4, 100 points each, phi = (mu, log tau_1..4). In one run:
 
 then the wall-time ratio (compilation included on both sides) and the accuracy of EP
 against NUTS: max |mean difference| / NUTS sd, the range of sd ratios, and whether the
-true phi lies in the 90% intervals. Writes ``benchmarks/results/ep_vs_pooled.json`` and
-``.md``.
+true phi lies in the 90% intervals, and the peak resident memory of each fit. Writes
+``benchmarks/results/ep_vs_pooled.json`` and ``.md`` (``ep_vs_pooled_quick.*`` with ``--quick``).
 
     python benchmarks/ep_vs_pooled.py [--quick] [--seed S]
 """
@@ -20,11 +20,11 @@ import argparse
 import json
 import os
 import platform
-import time
 from pathlib import Path
 
 import jax
 import numpy as np
+from _measure import fmt_mib, measure, mib, record, rss_note
 
 from fedstats.datasets.synthetic import hm2_federation
 from fedstats.linear import HierarchicalLinearModel
@@ -38,20 +38,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="K = 20 and fewer draws (CI smoke run)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-nuts", action="store_true", help="skip EP with NUTS tilted moments (slow)")
-    ap.add_argument("--out", default=str(RESULTS / "ep_vs_pooled"))
+    ap.add_argument("--out", help="path stem of the results (default: results/ep_vs_pooled[_quick])")
     a = ap.parse_args(argv)
+    a.out = a.out or str(RESULTS / ("ep_vs_pooled_quick" if a.quick else "ep_vs_pooled"))
     K = 20 if a.quick else 100
     data, truth = hm2_federation(n_clients=K, n_obs=100, sigma=0.05, seed=a.seed)
     sigma = 0.05
 
-    t0 = time.perf_counter()
-    res = HierarchicalLinearModel(fit_intercept=False, sigma=sigma, standardize=False).fit(data, seed=a.seed)
-    t_ep = time.perf_counter() - t0
+    with measure() as m_ep:
+        res = HierarchicalLinearModel(fit_intercept=False, sigma=sigma, standardize=False).fit(data, seed=a.seed)
+    t_ep = m_ep.seconds
 
-    t0 = time.perf_counter()
     nw, ns = (300, 500) if a.quick else (1000, 1000)
-    ref = pooled_nuts(data, sigma=sigma, fit_intercept=False, num_warmup=nw, num_samples=ns, num_chains=4, seed=a.seed)
-    t_nuts = time.perf_counter() - t0
+    with measure() as m_nuts:
+        ref = pooled_nuts(
+            data, sigma=sigma, fit_intercept=False, num_warmup=nw, num_samples=ns, num_chains=4, seed=a.seed
+        )
+    t_nuts = m_nuts.seconds
 
     g = res.global_posterior()
     rm, rs = ref["phi"].mean(0), ref["phi"].std(0)
@@ -60,16 +63,16 @@ def main(argv=None) -> dict:
     tv = np.r_[truth["mu"], truth["log_tau"]]
     nuts = None
     if not a.no_nuts:
-        t0 = time.perf_counter()
-        rn = HierarchicalLinearModel(
-            fit_intercept=False,
-            sigma=sigma,
-            standardize=False,
-            estimator="nuts",
-            rounds=10,
-            estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2, target="augmented"),
-        ).fit(data, seed=a.seed)
-        t_n = time.perf_counter() - t0
+        with measure() as m_n:
+            rn = HierarchicalLinearModel(
+                fit_intercept=False,
+                sigma=sigma,
+                standardize=False,
+                estimator="nuts",
+                rounds=10,
+                estimator_options=dict(num_warmup=200, num_samples=500, num_chains=2, target="augmented"),
+            ).fit(data, seed=a.seed)
+        t_n = m_n.seconds
         gn = rn.global_posterior()
         nlo, nhi = gn.credible_interval(0.9)
         nuts = {
@@ -77,6 +80,7 @@ def main(argv=None) -> dict:
             "damping": rn.algorithm.damping,
             "rounds": rn.rounds,
             "seconds": round(t_n, 2),
+            "peak_rss_mib": mib(m_n),
             "speedup_pooled_over_ep_nuts": round(t_nuts / t_n, 2),
             "max_abs_mean_diff_over_sd": round(float(np.max(np.abs(gn.mean - rm) / rs)), 3),
             "sd_ratio_min": round(float(np.min(gn.sd / rs)), 3),
@@ -86,15 +90,23 @@ def main(argv=None) -> dict:
     out = {
         "example": f"HM2 uncertainty example, K={K}, d=4, n=100 per device, sigma={sigma} known",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax backend {jax.default_backend()}",
+        **record(m_ep.scope),
         "ep": {
             "estimator": repr(res.algorithm.estimator),
             "damping": res.algorithm.damping,
             "rounds": res.rounds,
             "seconds": round(t_ep, 2),
+            "peak_rss_mib": mib(m_ep),
             "bytes_up": res.communication.bytes_up,
             "bytes_down": res.communication.bytes_down,
         },
-        "pooled_nuts": {"chains": 4, "warmup": nw, "samples": ns, "seconds": round(t_nuts, 2)},
+        "pooled_nuts": {
+            "chains": 4,
+            "warmup": nw,
+            "samples": ns,
+            "seconds": round(t_nuts, 2),
+            "peak_rss_mib": mib(m_nuts),
+        },
         "speedup_pooled_over_ep": round(t_nuts / t_ep, 2),
         "max_abs_mean_diff_over_sd": round(float(np.max(np.abs(g.mean - rm) / rs)), 3),
         "sd_ratio_min": round(float(np.min(g.sd / rs)), 3),
@@ -115,15 +127,15 @@ def main(argv=None) -> dict:
         "",
         f"Machine: {out['machine']}.",
         "",
-        "| method | seconds | time / federated EP |",
-        "|---|---|---|",
-        f"| federated EP ({res.rounds} rounds) | {t_ep:.1f} | 1 |",
-        f"| pooled NUTS (4 x {nw}+{ns}) | {t_nuts:.1f} | {t_nuts / t_ep:.1f} |",
+        "| method | seconds | time / federated EP | peak RSS (MiB) |",
+        "|---|---|---|---|",
+        f"| federated EP ({res.rounds} rounds) | {t_ep:.1f} | 1 | {fmt_mib(mib(m_ep))} |",
+        f"| pooled NUTS (4 x {nw}+{ns}) | {t_nuts:.1f} | {t_nuts / t_ep:.1f} | {fmt_mib(mib(m_nuts))} |",
     ]
     if nuts:
         md.append(
             f"| federated EP, NUTS tilted moments ({nuts['rounds']} rounds) | {nuts['seconds']:.1f} | "
-            f"{nuts['seconds'] / t_ep:.1f} |"
+            f"{nuts['seconds'] / t_ep:.1f} | {fmt_mib(nuts['peak_rss_mib'])} |"
         )
     md += [
         "",
@@ -138,6 +150,8 @@ def main(argv=None) -> dict:
         f"pooled NUTS {sum(out['truth_in_pooled_nuts_90'])}/8"
         + (f", EP-NUTS {sum(nuts['truth_in_90'])}/8" if nuts else "")
         + ".",
+        "",
+        f"{rss_note(out['peak_rss_scope'])} Written {out['written']} on {out['machine_details']}.",
         "",
     ]
     path.with_suffix(".md").write_text("\n".join(md))

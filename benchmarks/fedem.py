@@ -13,7 +13,9 @@ For each federation (Gaussian clusters, Dirichlet(0.4) client weights):
   convergence from their own initialisations (scikit-learn: k-means on the pooled rows;
   FedEM: the federated k-means start).
 
-Writes ``benchmarks/results/fedem.json`` and ``.md``.
+and the peak resident memory of each method's timed fits (scikit-learn: the 5- and 25-iteration
+fits; FedEM: the runs whose rounds are timed). Writes ``benchmarks/results/fedem.json`` and
+``.md`` (``fedem_quick.*`` with ``--quick``).
 
     python benchmarks/fedem.py [--quick]
 """
@@ -28,6 +30,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from _measure import fmt_mib, measure, mib, record, rss_note
 from sklearn.mixture import GaussianMixture
 
 from fedstats.datasets.synthetic import gmm_federation
@@ -71,10 +74,12 @@ def case(name, C, n, d, M, ct, K1=5, K2=25, seed=0):
     w0 = np.full(M, 1.0 / M)
     start = (m0, w0, cov0)  # identity covariances are their own precisions
     # scikit-learn: per-iteration time by difference, best of 3
-    per_sk = min(
-        (sk_seconds(X, M, ct, K2, start)[0] - sk_seconds(X, M, ct, K1, start)[0]) / (K2 - K1) for _ in range(3)
-    )
-    _, gm = sk_seconds(X, M, ct, K2, start)
+    with measure() as m_sk:
+        per_sk = min(
+            (sk_seconds(X, M, ct, K2, start)[0] - sk_seconds(X, M, ct, K1, start)[0]) / (K2 - K1) for _ in range(3)
+        )
+        _, gm = sk_seconds(X, M, ct, K2, start)
+    m_fed = {}
     fits = {}
     for shared in (True, False):
         model = FederatedGaussianMixture(
@@ -88,7 +93,9 @@ def case(name, C, n, d, M, ct, K1=5, K2=25, seed=0):
             weights_init=w0,
         )
         model.fit(data, seed=0)  # warm-up (imports, caches)
-        runs = [model.fit(data, seed=0) for _ in range(3)]
+        with measure() as m:
+            runs = [model.fit(data, seed=0) for _ in range(3)]
+        m_fed[shared] = m
         fits[shared] = min(runs, key=lambda r: np.median([h.seconds for h in r.history]))
     fed = fits[True]
     per_fed = float(np.median([r.seconds for r in fed.history]))
@@ -121,6 +128,9 @@ def case(name, C, n, d, M, ct, K1=5, K2=25, seed=0):
         "s_per_iter_sklearn": per_sk,
         "s_per_round_fedem_shared": per_fed,
         "s_per_round_fedem_private": per_private,
+        "peak_rss_mib_sklearn": mib(m_sk),
+        "peak_rss_mib_fedem_shared": mib(m_fed[True]),
+        "peak_rss_mib_fedem_private": mib(m_fed[False]),
         "ratio_shared": per_fed / per_sk,
         "ratio_private": per_private / per_sk,
         "max_abs_diff_shared_vs_sklearn": float(diff),
@@ -152,14 +162,15 @@ def main():
     machine = f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU only"
     RESULTS.mkdir(exist_ok=True)
     suffix = "_quick" if args.quick else ""
-    (RESULTS / f"fedem{suffix}.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
+    meta = record()
+    (RESULTS / f"fedem{suffix}.json").write_text(json.dumps({"machine": machine, **meta, "rows": rows}, indent=2))
     lines = [
         f"# FedEM against scikit-learn GaussianMixture on the pooled data ({machine})",
         "",
         "| federation | s/iter sklearn | s/round FedEM (shared weights) | ratio | s/round FedEM (private weights) "
         "| ratio | max abs diff shared vs sklearn | loglik/point sklearn (iters) | FedEM shared (rounds) "
-        "| FedEM private (rounds) | bytes up/round |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| FedEM private (rounds) | bytes up/round | peak RSS MiB sklearn / FedEM shared / private |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -167,7 +178,9 @@ def main():
             f"{r['ratio_shared']:.2f} | {r['s_per_round_fedem_private']:.4f} | {r['ratio_private']:.2f} | "
             f"{r['max_abs_diff_shared_vs_sklearn']:.1e} | {r['loglik_per_point_sklearn']:.4f} ({r['sklearn_iters']}) | "
             f"{r['loglik_per_point_fedem_shared']:.4f} ({r['fedem_shared_rounds']}) | "
-            f"{r['loglik_per_point_fedem_private']:.4f} ({r['fedem_private_rounds']}) | {r['bytes_per_round_up']} |"
+            f"{r['loglik_per_point_fedem_private']:.4f} ({r['fedem_private_rounds']}) | {r['bytes_per_round_up']} | "
+            f"{fmt_mib(r['peak_rss_mib_sklearn'])} / {fmt_mib(r['peak_rss_mib_fedem_shared'])} / "
+            f"{fmt_mib(r['peak_rss_mib_fedem_private'])} |"
         )
     lines += [
         "",
@@ -175,6 +188,8 @@ def main():
         "5-iteration fit, FedEM's the median round of a 25-round fit through the federated runtime; best of 3 for both, run one after the other on an otherwise idle machine. Log-likelihoods "
         "per point on all rows after each method ran to convergence (tol 1e-6) from its own start; the "
         "private-weights model has more parameters, so its likelihood is higher.",
+        "",
+        f"{rss_note(meta['peak_rss_scope'])} Written {meta['written']} on {meta['machine_details']}.",
     ]
     (RESULTS / f"fedem{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -13,7 +13,8 @@ For C clients with n new rows each (d = 10, m = 5, K = 5 inner rounds, unit cova
   ``seconds = a + b C + c C n`` of the federated times: ``b`` is the per-client cost of the runtime (messages), ``c`` the
   per-row compute. Linear growth shows as a good fit (max relative residual reported).
 
-Writes ``benchmarks/results/fem_omd.json`` and ``.md``.
+The peak resident memory of the timed steps of each side is recorded next to its time. Writes
+``benchmarks/results/fem_omd.json`` and ``.md`` (``fem_omd_quick.*`` with ``--quick``).
 
     python benchmarks/fem_omd.py [--quick]
 """
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _measure import fmt_mib, measure, mib, record, rss_note
 
 from fedstats.experiments.regret import MixtureStream
 from fedstats.mixture import FEMOMD
@@ -63,26 +65,30 @@ def centralised_step(X, starts, means, logw, t, eta, rng):
 def case(C, n, steps, reps=3):
     stream = MixtureStream(n_clients=C, n=n, d=D, n_components=M, process="fixed", seed=1)
     batches = [stream.batch(t) for t in range(1, steps + 2)]
-    fed_times, ref_times = [], []
+    fed_times, ref_times, fed_peaks, ref_peaks = [], [], [], []
     for _ in range(reps):
         model = FEMOMD(M, means_init=stream.means + 0.1, horizon=100, weight_floor=1e-3)
         model.partial_fit(batches[0])  # warm-up (first-call costs)
         ts = []
-        for b in batches[1:]:
-            t0 = time.perf_counter()
-            model.partial_fit(b)
-            ts.append(time.perf_counter() - t0)
+        with measure() as m:
+            for b in batches[1:]:
+                t0 = time.perf_counter()
+                model.partial_fit(b)
+                ts.append(time.perf_counter() - t0)
         fed_times.append(float(np.median(ts)))
+        fed_peaks.append(m.peak_rss_mib)
         rng = np.random.default_rng(0)
         means, logw = stream.means + 0.1, np.full((C, M), -math.log(M))
         ts = []
-        for t, b in enumerate(batches[1:], start=2):
-            X = np.concatenate([b[c].X for c in b.clients])
-            starts = np.cumsum([0] + [b.n_obs[c] for c in b.clients[:-1]])
-            t0 = time.perf_counter()
-            means, logw = centralised_step(X, starts, means, logw, t, 0.05, rng)
-            ts.append(time.perf_counter() - t0)
+        with measure() as m:
+            for t, b in enumerate(batches[1:], start=2):
+                X = np.concatenate([b[c].X for c in b.clients])
+                starts = np.cumsum([0] + [b.n_obs[c] for c in b.clients[:-1]])
+                t0 = time.perf_counter()
+                means, logw = centralised_step(X, starts, means, logw, t, 0.05, rng)
+                ts.append(time.perf_counter() - t0)
         ref_times.append(float(np.median(ts)))
+        ref_peaks.append(m.peak_rss_mib)
     fed, ref = min(fed_times), min(ref_times)
     return {
         "C": C,
@@ -90,6 +96,8 @@ def case(C, n, steps, reps=3):
         "Cn": C * n,
         "s_per_step_federated": fed,
         "s_per_step_centralised": ref,
+        "peak_rss_mib_federated": mib(max(fed_peaks)),
+        "peak_rss_mib_centralised": mib(max(ref_peaks)),
         "ratio": fed / ref,
         "bytes_up_per_step": model.history[-1]["bytes_up"],
     }
@@ -118,20 +126,25 @@ def main():
     machine = f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU only"
     RESULTS.mkdir(exist_ok=True)
     suffix = "_quick" if args.quick else ""
-    (RESULTS / f"fem_omd{suffix}.json").write_text(json.dumps({"machine": machine, "fit": fit, "rows": rows}, indent=2))
+    meta = record()
+    (RESULTS / f"fem_omd{suffix}.json").write_text(
+        json.dumps({"machine": machine, **meta, "fit": fit, "rows": rows}, indent=2)
+    )
     lines = [
         f"# FEM-OMD: seconds per time step against C x n ({machine})",
         "",
         f"d = {D}, m = {M}, K = {K} inner rounds, unit covariances; median of {steps} steps, best of 3.",
         "",
-        "| C | n | C x n | s/step federated | s/step centralised | ratio | fit a + bC + cCn | bytes up/step |",
-        "|---|---|---|---|---|---|---|---|",
+        "| C | n | C x n | s/step federated | s/step centralised | ratio | fit a + bC + cCn | bytes up/step "
+        "| peak RSS MiB federated / centralised |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['C']} | {r['n']} | {r['Cn']} | {r['s_per_step_federated']:.4f} | "
             f"{r['s_per_step_centralised']:.4f} | {r['ratio']:.1f} | {r['fit']:.4f} | "
-            f"{r['bytes_up_per_step']} |"
+            f"{r['bytes_up_per_step']} | {fmt_mib(r['peak_rss_mib_federated'])} / "
+            f"{fmt_mib(r['peak_rss_mib_centralised'])} |"
         )
     lines += [
         "",
@@ -140,6 +153,9 @@ def main():
         f"residual {fit['max_rel_residual']:.2f}.",
         "The centralised reference is the same step as array operations on the stacked batch (no "
         "messages); the ratio is the price of the federated runtime, mostly per client and round.",
+        "",
+        f"{rss_note(meta['peak_rss_scope'])} Here: the largest over the 3 repetitions, of all the timed "
+        f"steps of one repetition. Written {meta['written']} on {meta['machine_details']}.",
     ]
     (RESULTS / f"fem_omd{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

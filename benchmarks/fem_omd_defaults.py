@@ -30,7 +30,8 @@ evaluation points (one :func:`simulate` call). A second part checks notebook 06'
 notebook options (``theory-T, floor 1e-3``) are the reference.
 
 Writes ``benchmarks/results/fem_omd_defaults.json`` and ``.md`` (``_quick`` with ``--quick``:
-T = 150, one seed, to check that the script runs). Two worker processes.
+T = 150, one seed, to check that the script runs). Two worker processes; each job (one stream)
+records its wall time and the peak resident memory of its worker process.
 
     python benchmarks/fem_omd_defaults.py [--quick] [--workers 2]
 """
@@ -50,6 +51,7 @@ from multiprocessing import get_context  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _measure import fmt_mib, measure, mib, record, rss_note  # noqa: E402
 
 from fedstats.experiments.regret import PROCESSES, MixtureStream, growth, simulate  # noqa: E402
 from fedstats.mixture import FEMOMD  # noqa: E402
@@ -90,7 +92,14 @@ def start_near_truth(stream, seed=5):
 
 def run_job(job):
     """One stream (process, start, seed) and the options that face it side by side."""
-    t0 = time.perf_counter()
+    with measure() as m:
+        rows = _run_job(job)
+    for r in rows:
+        r.update(job_seconds=round(m.seconds, 2), peak_rss_mib_job=mib(m))
+    return rows, m.seconds, mib(m), m.scope
+
+
+def _run_job(job):
     stream = MixtureStream(n_clients=C, n=job["n"], d=D, n_components=M, process=job["process"], seed=job["seed"])
     start = stream.means + job["shift"] if job["shift"] != "sep/16" else start_near_truth(stream)
     learners = {name: _model(name, start, job["T"]) for name in job["options"]}
@@ -115,7 +124,7 @@ def run_job(job):
                 "curve": {"t": c.t.tolist(), "regret": [round(r, 4) for r in c.regret]},
             }
         )
-    return rows, time.perf_counter() - t0
+    return rows
 
 
 def jobs_for(quick):
@@ -174,16 +183,19 @@ def main():
     args = ap.parse_args()
     jobs = jobs_for(args.quick)
     t0 = time.perf_counter()
-    rows, seconds = [], []
+    rows, seconds, peaks, scopes = [], [], [], set()
     with get_context("fork").Pool(args.workers) as pool:
-        for k, (r, sec) in enumerate(pool.imap_unordered(run_job, jobs), 1):
+        for k, (r, sec, peak, scope) in enumerate(pool.imap_unordered(run_job, jobs), 1):
             rows += r
             seconds.append(sec)
+            peaks.append(peak)
+            scopes.add(scope)
             print(
                 f"[{k}/{len(jobs)}] {r[0]['part']} {r[0]['process']} n={r[0]['n']} shift={r[0]['shift']} "
-                f"seed={r[0]['seed']}: {len(r)} learner(s) in {sec:.0f} s",
+                f"seed={r[0]['seed']}: {len(r)} learner(s) in {sec:.0f} s, peak RSS {fmt_mib(peak)} MiB",
                 flush=True,
             )
+    peak_workers = None if None in peaks else max(peaks)
     wall = time.perf_counter() - t0
     T = jobs[0]["T"]
     sweep = summarise(rows, "sweep", ("option", "process"))
@@ -193,7 +205,9 @@ def main():
     RESULTS.mkdir(exist_ok=True)
     blob = {
         "machine": machine,
+        **record("process" if "process" in scopes else None),
         "wall_seconds": wall,
+        "peak_rss_mib_workers": peak_workers,
         "workers": args.workers,
         "T": T,
         "C": C,
@@ -216,7 +230,8 @@ def main():
         f"`means_init = stream.means + shift`, shift 0.3 and 1.0, seeds {seeds} "
         f"({2 * len(seeds)} runs per cell); 100 evaluation points per client and step. "
         f"{len(jobs)} streams, {len(rows)} learner runs in {wall / 60:.0f} min with {args.workers} worker "
-        "processes (`python benchmarks/fem_omd_defaults.py`; `--quick`: T = 150, one seed).",
+        f"processes (peak RSS of a worker during a job, the largest: {fmt_mib(peak_workers)} MiB) "
+        "(`python benchmarks/fem_omd_defaults.py`; `--quick`: T = 150, one seed).",
         "",
         "Cell: median log-log slope (max) / median `R_T` (max) / sub-linear runs. Slope and `R_t / t` as "
         "`growth` computes them; a run whose `R_T <= 0` (better than the best fixed weights in hindsight: "
@@ -269,6 +284,11 @@ def main():
             f"| {name} | {n} | {_fmt(s['slope_median'])} ({_fmt(s['slope_max'])}) | "
             f"{_fmt(s['regret_T_mean'], 1)} ({_fmt(s['regret_T_max'], 1)}) | {s['sublinear']}/{s['runs']} |"
         )
+    lines += [
+        "",
+        f"{rss_note(blob['peak_rss_scope'])} Here: of the worker process running a job (one stream). Written "
+        f"{blob['written']} on {blob['machine_details']}.",
+    ]
     (RESULTS / f"fem_omd_defaults{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -9,8 +9,9 @@ For a few federations, in one run:
 
 then seconds per federated round, total times and their ratio, and the final objective of
 both (the federated fit uses minibatches and a fixed budget of rounds, so it stops above the
-centralised optimum; the gap is reported). Writes ``benchmarks/results/fgpr.json`` and
-``.md`` (``fgpr_<device>.json`` for ``--device cuda``).
+centralised optimum; the gap is reported), and the peak resident memory of each fit (and, with
+``--device cuda``, the peak CUDA memory torch allocated). Writes ``benchmarks/results/fgpr.json``
+and ``.md`` (``fgpr_cuda.*`` for ``--device cuda``, ``fgpr_quick*`` with ``--quick``).
 
     python benchmarks/fgpr.py [--quick] [--device cpu|cuda]
 """
@@ -21,11 +22,11 @@ import argparse
 import json
 import os
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _measure import fmt_mib, machine, measure, mib, record, rss_note
 
 from fedstats.data import FederatedData
 from fedstats.gp import FGPR
@@ -45,14 +46,17 @@ def gp_clients(K, n, d, seed=0, ls=0.3, noise=0.05):
     return FederatedData.from_arrays(Xs, ys)
 
 
-def timed(f):
+def timed(f, cuda=False):
+    """The result, its measurement (wall time, peak RSS) and, with ``cuda``, torch's peak CUDA MiB."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = f()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
+        torch.cuda.reset_peak_memory_stats()
+    with measure() as m:
+        out = f()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    cuda_mib = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
+    return out, m, cuda_mib
 
 
 def main():
@@ -76,9 +80,11 @@ def main():
     for name, data, opts in cases:
         model = FGPR(**{"lr": 0.01, **opts}, device=a.device)
         model.fit(data, seed=0, progress=False)  # warm-up (kernels, CUDA context)
-        fed, t_fed = timed(lambda: model.fit(data, seed=0, progress=False))
-        _, t_loop = timed(lambda: model.fit(data, seed=0, progress=False, batched=False))
-        cen, t_cen = timed(lambda: model.fit_centralised(data, seed=0))
+        cuda = a.device == "cuda"
+        fed, m_fed, g_fed = timed(lambda: model.fit(data, seed=0, progress=False), cuda)
+        _, m_loop, g_loop = timed(lambda: model.fit(data, seed=0, progress=False, batched=False), cuda)
+        cen, m_cen, g_cen = timed(lambda: model.fit_centralised(data, seed=0), cuda)
+        t_fed, t_loop, t_cen = m_fed.seconds, m_loop.seconds, m_cen.seconds
         r = opts["rounds"]
         f_fed, f_cen = fed.objective(), cen.objective()
         rows.append(
@@ -93,6 +99,11 @@ def main():
                     "federated_batched": round(t_fed, 3),
                     "federated_looped": round(t_loop, 3),
                     "centralised_lbfgs": round(t_cen, 3),
+                },
+                "peak_rss_mib": {
+                    "federated_batched": mib(m_fed),
+                    "federated_looped": mib(m_loop),
+                    "centralised_lbfgs": mib(m_cen),
                 },
                 "seconds_per_round": {
                     "federated_batched": round(t_fed / r, 5),
@@ -111,6 +122,12 @@ def main():
                 },
             }
         )
+        if cuda:
+            rows[-1]["peak_cuda_mib"] = {
+                "federated_batched": g_fed,
+                "federated_looped": g_loop,
+                "centralised_lbfgs": g_cen,
+            }
         print(json.dumps(rows[-1]), flush=True)
     dev = (
         torch.cuda.get_device_name(0)
@@ -121,10 +138,13 @@ def main():
         "machine": dev,
         "device": a.device,
         "dtype": "float64",
+        **record(),
         "note": "single wall times after a warm-up fit; objective = sum_k p_k L_k / N_k (mean NLL per point) on "
         "each client's full standardised data",
         "results": rows,
     }
+    if a.device == "cuda":
+        out["machine_details"] = f"{machine()}, {dev}"
     RESULTS.mkdir(exist_ok=True)
     stem = "fgpr" + ("_quick" if a.quick else "") + ("_cuda" if a.device == "cuda" else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2))
@@ -132,8 +152,9 @@ def main():
         f"# FGPR: federated against the centralised exact fit of the same objective ({dev})",
         "",
         "| federation | rounds | s/round federated (batched) | looped | total federated | centralised L-BFGS "
-        "| federated / centralised | looped / batched | objective federated | centralised | gap |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| federated / centralised | looped / batched | objective federated | centralised | gap "
+        "| peak RSS MiB batched / looped / centralised |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s, o = r["seconds_per_round"], r["objective"]
@@ -141,9 +162,22 @@ def main():
             f"| {r['federation']} | {r['rounds']} | {s['federated_batched']:.4f} | {s['federated_looped']:.4f} "
             f"| {r['seconds']['federated_batched']:.2f} | {r['seconds']['centralised_lbfgs']:.2f} "
             f"| {r['federated_over_centralised']} | {r['looped_over_batched']} | {o['federated']:.4f} "
-            f"| {o['centralised']:.4f} | {o['gap']:+.4f} |"
+            f"| {o['centralised']:.4f} | {o['gap']:+.4f} | "
+            + " / ".join(
+                fmt_mib(r["peak_rss_mib"][k]) for k in ("federated_batched", "federated_looped", "centralised_lbfgs")
+            )
+            + " |"
         )
-    md += ["", out["note"] + "."]
+    md += ["", out["note"] + ".", "", rss_note(out["peak_rss_scope"])]
+    if a.device == "cuda":
+        md[-1] += (
+            " Peak CUDA memory torch allocated (MiB), batched / looped / centralised: "
+            + "; ".join(
+                f"{r['federation']}: " + " / ".join(fmt_mib(v) for v in r["peak_cuda_mib"].values()) for r in rows
+            )
+            + "."
+        )
+    md[-1] += f" Written {out['written']} on {out['machine_details']}."
     (RESULTS / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -8,7 +8,9 @@ For K = 10 and 100 clients (synthetic, 200 rows each):
 * Flower: a ``FlowerSession`` with K SuperNodes on Ray, started once (its start-up is
   reported separately), then the same fit with ``backend=session``;
 * reported: seconds per fit and per EM/EP round (median of the run's rounds), the ratio
-  Flower / in-process, and the largest difference between the two results (they must agree).
+  Flower / in-process, and the largest difference between the two results (they must agree);
+* next to each time, the peak resident memory of this (the driver's) process during it; the
+  SuperLink, SuperNodes and Ray workers run in other processes and are not counted.
 
 Usage: ``python benchmarks/flower_overhead.py`` (writes ``results/flower_overhead.{json,md}``).
 """
@@ -17,10 +19,10 @@ from __future__ import annotations
 
 import json
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
+from _measure import fmt_mib, measure, mib, record, rss_note
 
 from fedstats import HierarchicalLinearModel
 from fedstats.datasets.synthetic import gmm_federation, hm2_federation
@@ -44,9 +46,9 @@ def models(K):
 
 
 def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
+    with measure() as m:
+        out = fn()
+    return out, m
 
 
 def main():
@@ -55,11 +57,13 @@ def main():
         cases = models(K)
         session = FlowerSession(num_supernodes=K)
         warm = gmm_federation(n_clients=K, n_components=2, d=2, n_obs=20, seed=1)[0]
-        _, startup = timed(lambda: FederatedGaussianMixture(2, rounds=1).fit(warm, backend=session))
+        _, m_start = timed(lambda: FederatedGaussianMixture(2, rounds=1).fit(warm, backend=session))
+        startup = m_start.seconds
         try:
             for name, model, data, param in cases:
-                local, t_local = timed(lambda: model.fit(data, seed=0))
-                flower, t_flower = timed(lambda: model.fit(data, seed=0, backend=session))
+                local, m_local = timed(lambda: model.fit(data, seed=0))
+                flower, m_flower = timed(lambda: model.fit(data, seed=0, backend=session))
+                t_local, t_flower = m_local.seconds, m_flower.seconds
                 per_local = float(np.median([r.seconds for r in local.history]))
                 per_flower = float(np.median([r.seconds for r in flower.history]))
                 rows.append(
@@ -75,27 +79,35 @@ def main():
                         round_ratio=per_flower / per_local,
                         max_abs_diff=float(np.abs(param(local) - param(flower)).max()),
                         session_start_s=startup,
+                        peak_rss_mib_inprocess=mib(m_local),
+                        peak_rss_mib_flower=mib(m_flower),
+                        peak_rss_mib_session_start=mib(m_start),
                     )
                 )
                 print(rows[-1])
         finally:
             session.close()
     RESULTS.mkdir(exist_ok=True)
-    meta = {"machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU only", "rows": rows}
+    meta = {
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU only",
+        **record(),
+        "rows": rows,
+    }
     (RESULTS / "flower_overhead.json").write_text(json.dumps(meta, indent=1))
     lines = [
         f"# fedstats on Flower's simulation engine against in-process ({meta['machine']})",
         "",
         "| model | clients | rounds | fit in-process (s) | fit Flower (s) | ratio | s/round in-process | "
-        "s/round Flower | ratio | max abs diff | session start (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "s/round Flower | ratio | max abs diff | session start (s) | peak RSS MiB in-process / Flower / start |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['clients']} | {r['rounds']} | {r['fit_inprocess_s']:.3f} | "
             f"{r['fit_flower_s']:.2f} | {r['fit_ratio']:.0f} | {r['round_inprocess_s']:.4f} | "
             f"{r['round_flower_s']:.3f} | {r['round_ratio']:.0f} | {r['max_abs_diff']:.1e} | "
-            f"{r['session_start_s']:.1f} |"
+            f"{r['session_start_s']:.1f} | {fmt_mib(r['peak_rss_mib_inprocess'])} / "
+            f"{fmt_mib(r['peak_rss_mib_flower'])} / {fmt_mib(r['peak_rss_mib_session_start'])} |"
         )
     lines += [
         "",
@@ -104,6 +116,9 @@ def main():
         "polling interval of the in-memory SuperLink, one Ray task per client message, the node's "
         "algorithm, data and state unpickled per message), not by the model's arithmetic. The session "
         "start (Ray, K SuperNodes, the first fit) is paid once per session.",
+        "",
+        f"{rss_note(meta['peak_rss_scope'])} With Flower, that is the driver's process only: the SuperLink, the "
+        f"SuperNodes and Ray's workers are other processes. Written {meta['written']} on {meta['machine_details']}.",
     ]
     (RESULTS / "flower_overhead.md").write_text("\n".join(lines) + "\n")
 

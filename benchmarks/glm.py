@@ -5,8 +5,9 @@ per family: statsmodels ``GLM(...).fit()`` on the pooled rows (the rows concaten
 not timed) and ``FederatedGLM(...).fit`` over the clients in process (every exchange
 counted), each the best of ``--repeats`` runs; then the wall-time ratio federated / pooled,
 the largest differences in coefficients, standard errors and deviance, the rounds against
-statsmodels' iterations, and the bytes sent up. Writes ``benchmarks/results/glm.json`` and
-``.md``.
+statsmodels' iterations, the bytes sent up, and the peak resident memory of each side (the largest
+over its runs). Writes ``benchmarks/results/glm.json`` and ``.md`` (``glm_quick.*`` with
+``--quick``).
 
     python benchmarks/glm.py [--quick] [--repeats R] [--seed S]
 """
@@ -17,12 +18,12 @@ import argparse
 import json
 import os
 import platform
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import statsmodels.api as sm
+from _measure import fmt_mib, measured, mib, record, rss_note
 
 from fedstats.data import FederatedData
 from fedstats.glm import FederatedGLM
@@ -44,12 +45,8 @@ def federation(family, K, n, d, seed):
 
 
 def best(f, repeats):
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = f()
-        times.append(time.perf_counter() - t0)
-    return out, min(times)
+    """The result, the best wall time and the largest peak RSS of ``repeats`` runs."""
+    return measured(f, repeats)
 
 
 def main(argv=None):
@@ -67,8 +64,9 @@ def main(argv=None):
         fam = sm.families.Binomial() if family == "binomial" else sm.families.Poisson()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ref, t_pool = best(lambda: sm.GLM(y, X, family=fam).fit(), a.repeats)
-        res, t_fed = best(lambda: FederatedGLM(family).fit(data, progress=False), a.repeats)
+            ref, m_pool = best(lambda: sm.GLM(y, X, family=fam).fit(), a.repeats)
+        res, m_fed = best(lambda: FederatedGLM(family).fit(data, progress=False), a.repeats)
+        t_pool, t_fed = m_pool.seconds, m_fed.seconds
         rows.append(
             {
                 "family": family,
@@ -77,6 +75,8 @@ def main(argv=None):
                 "predictors": d,
                 "pooled_s": round(t_pool, 3),
                 "federated_s": round(t_fed, 3),
+                "peak_rss_mib_pooled": mib(m_pool),
+                "peak_rss_mib_federated": mib(m_fed),
                 "ratio": round(t_fed / t_pool, 3),
                 "max_abs_coef_diff": float(np.max(np.abs(res.params.to_numpy() - ref.params))),
                 "max_abs_se_diff": float(np.max(np.abs(res.bse.to_numpy() - ref.bse))),
@@ -95,6 +95,7 @@ def main(argv=None):
         "quick": a.quick,
         "repeats": a.repeats,
         "seed": a.seed,
+        **record(),
     }
     RESULTS.mkdir(exist_ok=True)
     stem = "glm_quick" if a.quick else "glm"
@@ -106,16 +107,21 @@ def main(argv=None):
         "exchange. Ratio: federated / pooled wall time." % a.repeats,
         "",
         "| family | clients x rows x predictors | pooled s | federated s | ratio | max coef diff | max se diff "
-        "| rounds / sm iterations | MB up |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| rounds / sm iterations | MB up | peak RSS MiB pooled / federated |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['family']} | {r['clients']} x {r['rows_per_client']} x {r['predictors']} | "
             f"{r['pooled_s']:.2f} | {r['federated_s']:.2f} | {r['ratio']:.2f} | {r['max_abs_coef_diff']:.1e} | "
             f"{r['max_abs_se_diff']:.1e} | {r['rounds']} / {r['statsmodels_iterations']} | "
-            f"{r['bytes_up'] / 1e6:.2f} |"
+            f"{r['bytes_up'] / 1e6:.2f} | {fmt_mib(r['peak_rss_mib_pooled'])} / {fmt_mib(r['peak_rss_mib_federated'])} |"
         )
+    lines += [
+        "",
+        f"{rss_note(meta['peak_rss_scope'])} Both include the pooled rows, built before either fit. "
+        f"Written {meta['written']} on {meta['machine_details']}.",
+    ]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -8,8 +8,8 @@ For a few federations, in one run:
   federated fit equals to 1e-12 (``tests/linear/test_structural.py``);
 
 then seconds per round, the ratios to the centralised reference, the largest difference of
-the coefficients, and the bytes each device sends and receives. Writes
-``benchmarks/results/hm1.json`` and ``.md``.
+the coefficients, the bytes each device sends and receives, and the peak resident memory of
+each. Writes ``benchmarks/results/hm1.json`` and ``.md`` (``hm1_quick.*`` with ``--quick``).
 
     python benchmarks/hm1.py [--quick]
 """
@@ -20,10 +20,10 @@ import argparse
 import json
 import os
 import platform
-import time
 from pathlib import Path
 
 import numpy as np
+from _measure import fmt_mib, measured, mib, record, rss_note
 
 from fedstats.data import FederatedData
 from fedstats.datasets.synthetic import hm1_case
@@ -34,12 +34,8 @@ DATA = Path(os.environ.get("FEDSTATS_DATA") or Path(__file__).resolve().parents[
 
 
 def timed(f, repeats=3):
-    best, out = np.inf, None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = f()
-        best = min(best, time.perf_counter() - t0)
-    return out, best
+    """The result, the best wall time and the largest peak RSS of ``repeats`` runs."""
+    return measured(f, repeats)
 
 
 def big(K, d=8, n=50, seed=0):
@@ -72,9 +68,10 @@ def main():
     for name, data, opts in cases:
         model = StructuralCovarianceModel(**opts)
         reps = 1 if data.n_clients > 500 else 3
-        fed, t_fed = timed(lambda: model.fit(data, seed=0, progress=False, uncertainty=False), reps)
-        loop, t_loop = timed(lambda: model.fit(data, seed=0, progress=False, batched=False, uncertainty=False), reps)
-        cen, t_cen = timed(lambda: model.fit_centralised(data, seed=0), reps)
+        fed, m_fed = timed(lambda: model.fit(data, seed=0, progress=False, uncertainty=False), reps)
+        loop, m_loop = timed(lambda: model.fit(data, seed=0, progress=False, batched=False, uncertainty=False), reps)
+        cen, m_cen = timed(lambda: model.fit_centralised(data, seed=0), reps)
+        t_fed, t_loop, t_cen = m_fed.seconds, m_loop.seconds, m_cen.seconds
         r = opts["rounds"]
         rows.append(
             {
@@ -86,6 +83,11 @@ def main():
                     "federated_batched": round(t_fed / r, 5),
                     "federated_looped": round(t_loop / r, 5),
                     "centralised": round(t_cen / r, 5),
+                },
+                "peak_rss_mib": {
+                    "federated_batched": mib(m_fed),
+                    "federated_looped": mib(m_loop),
+                    "centralised": mib(m_cen),
                 },
                 "federated_over_centralised": round(t_fed / t_cen, 2),
                 "looped_over_batched": round(t_loop / t_fed, 2),
@@ -99,6 +101,7 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
     out = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only",
+        **record(),
         "note": "best of 3 (1 for K=1000) wall times, initialisation included",
         "results": rows,
     }
@@ -109,8 +112,9 @@ def main():
         f"# HM1: federated runtime against the same iteration on pooled arrays ({out['machine']})",
         "",
         "| federation | rounds | s/round federated (batched) | looped | centralised | federated / centralised "
-        "| looped / batched | max \\|theta diff\\| | bytes down / up per device and round |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| looped / batched | max \\|theta diff\\| | bytes down / up per device and round "
+        "| peak RSS MiB batched / looped / centralised |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s = r["seconds_per_round"]
@@ -118,9 +122,18 @@ def main():
             f"| {r['federation']} | {r['rounds']} | {s['federated_batched']:.4f} | {s['federated_looped']:.4f} "
             f"| {s['centralised']:.4f} | {r['federated_over_centralised']} | {r['looped_over_batched']} "
             f"| {r['max_abs_theta_diff']:.1e} | {r['bytes_per_device_per_round']['down']} / "
-            f"{r['bytes_per_device_per_round']['up']} |"
+            f"{r['bytes_per_device_per_round']['up']} | "
+            + " / ".join(
+                fmt_mib(r["peak_rss_mib"][k]) for k in ("federated_batched", "federated_looped", "centralised")
+            )
+            + " |"
         )
-    md += ["", out["note"] + "."]
+    md += [
+        "",
+        out["note"] + "; peak RSS: the largest of those runs.",
+        "",
+        f"{rss_note(out['peak_rss_scope'])} Written {out['written']} on {out['machine_details']}.",
+    ]
     (RESULTS / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

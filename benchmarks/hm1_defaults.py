@@ -15,8 +15,9 @@ data-poor clients of
 * the oracle posterior mean with the true Omega and noise variance (``PooledOracle``),
 
 each divided by the RMSE of the clients' own least squares (1.0 = no better than alone),
-averaged over the seeds, with the standard error of that average.
-Writes ``benchmarks/results/hm1_defaults.json`` and ``.md``.
+averaged over the seeds, with the standard error of that average; and the run's wall time and peak
+resident memory. Writes ``benchmarks/results/hm1_defaults.json`` (``{"machine", ..., "rows": [...]}``;
+before the run time was recorded, the file was the list of rows alone) and ``.md``.
 
     python benchmarks/hm1_defaults.py
 """
@@ -25,11 +26,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import platform
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from _measure import fmt_mib, measure, mib, record, rss_note
 
 from fedstats.datasets.synthetic import hm1_clusters
 from fedstats.linear import StructuralCovarianceModel
@@ -44,6 +48,48 @@ def rmse(est, theta, rows):
 
 
 def main():
+    with measure() as m_run:
+        rows = study()
+    df = pd.DataFrame(rows)
+    OUT.mkdir(exist_ok=True)
+    meta = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, CPU only",
+        **record(m_run.scope),
+        "seeds": SEEDS,
+        "seconds": round(m_run.seconds, 1),
+        "peak_rss_mib": mib(m_run),
+    }
+    (OUT / "hm1_defaults.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    lines = [
+        f"# HM1 defaults on data-poor clients (coefficient RMSE / own least squares; {SEEDS} seeds)",
+        "",
+        "d = 4, data-poor clients 8 rows, data-rich 100, two clusters; `StructuralCovarianceModel()` defaults.",
+        "",
+        "| " + " | ".join(df.columns) + " |",
+        "|" + "---|" * len(df.columns),
+        *("| " + " | ".join(f"{v:.3g}" for v in r) + " |" for r in df.itertuples(index=False)),
+        "",
+        f"Worst: default (posterior mean) {df.default.max():.3f}, Algorithm 1 {df.algorithm1.max():.3f}, "
+        f"oracle {df.oracle.max():.3f}. Federations where the default exceeds 1.0: "
+        + (
+            ", ".join(
+                f"K={r.K}, rho={r.rho:g}, sigma={r.sigma:g}, mean={r.mean:g} ({r.default:.3f} +- "
+                f"{r.default_se:.3f}; oracle {r.oracle:.3f})"
+                for r in df[df.default > 1].itertuples()
+            )
+            or "none"
+        )
+        + ".",
+        "",
+        f"Run time {meta['seconds']:.0f} s, peak RSS {fmt_mib(meta['peak_rss_mib'])} MiB ({meta['machine']}). "
+        f"{rss_note(meta['peak_rss_scope'])} Written {meta['written']} on {meta['machine_details']}.",
+    ]
+    (OUT / "hm1_defaults.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def study():
+    """The table's rows: every federation, averaged over the seeds."""
     rows = []
     for K, rho, sigma, mean in itertools.product((4, 20), (0.0, 0.95), (0.5, 2.0), (0.0, 2.0)):
         ratios = []
@@ -81,32 +127,7 @@ def main():
                 "oracle_se": se[2],
             }
         )
-    df = pd.DataFrame(rows)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "hm1_defaults.json").write_text(json.dumps(rows, indent=1))
-    lines = [
-        f"# HM1 defaults on data-poor clients (coefficient RMSE / own least squares; {SEEDS} seeds)",
-        "",
-        "d = 4, data-poor clients 8 rows, data-rich 100, two clusters; `StructuralCovarianceModel()` defaults.",
-        "",
-        "| " + " | ".join(df.columns) + " |",
-        "|" + "---|" * len(df.columns),
-        *("| " + " | ".join(f"{v:.3g}" for v in r) + " |" for r in df.itertuples(index=False)),
-        "",
-        f"Worst: default (posterior mean) {df.default.max():.3f}, Algorithm 1 {df.algorithm1.max():.3f}, "
-        f"oracle {df.oracle.max():.3f}. Federations where the default exceeds 1.0: "
-        + (
-            ", ".join(
-                f"K={r.K}, rho={r.rho:g}, sigma={r.sigma:g}, mean={r.mean:g} ({r.default:.3f} +- "
-                f"{r.default_se:.3f}; oracle {r.oracle:.3f})"
-                for r in df[df.default > 1].itertuples()
-            )
-            or "none"
-        )
-        + ".",
-    ]
-    (OUT / "hm1_defaults.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return rows
 
 
 if __name__ == "__main__":

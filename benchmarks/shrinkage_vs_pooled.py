@@ -13,7 +13,9 @@ K = 20, d = 30, 40 points per device; noise sd 0.05). In one run, per case and p
 then the wall-time ratios (compilation included everywhere) and the agreement with pooled
 NUTS: the largest |mean difference| / NUTS sd over phi and every device coefficient, the
 range of sd ratios, and the share of (device, predictor) selection decisions at 90% that
-agree. Writes ``benchmarks/results/shrinkage_vs_pooled.json`` and ``.md``.
+agree, and the peak resident memory of each fit. Writes
+``benchmarks/results/shrinkage_vs_pooled.json`` and ``.md`` (``shrinkage_vs_pooled_quick.*`` with
+``--quick``).
 
     python benchmarks/shrinkage_vs_pooled.py [--quick] [--seed S]
 """
@@ -24,12 +26,12 @@ import argparse
 import json
 import os
 import platform
-import time
 import warnings
 from pathlib import Path
 
 import jax
 import numpy as np
+from _measure import fmt_mib, measure, mib, record, rss_note
 
 from fedstats.datasets.synthetic import selection_case
 from fedstats.linear import BayesianShrinkage
@@ -57,21 +59,22 @@ def agreement(fed, ref, clients) -> dict:
 
 
 def timed(f):
-    t0 = time.perf_counter()
-    out = f()
-    return out, time.perf_counter() - t0
+    with measure() as m:
+        out = f()
+    return out, m
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="Case I only, fewer NUTS draws (CI smoke run)")
     ap.add_argument("--seed", type=int, default=1000)
-    ap.add_argument("--out", default=str(RESULTS / "shrinkage_vs_pooled"))
+    ap.add_argument("--out", help="path stem of the results (default: results/shrinkage_vs_pooled[_quick])")
     # Case III ridge is left out by default: pooled NUTS of the ridge (a centred prior on 620
     # coefficients) had not finished after 20 minutes on a 2-core CPU.
     ap.add_argument("--pairs", default="I:lasso,I:ridge,III:lasso", help="case:penalty pairs to run")
     ap.add_argument("--rows-from", help="a log of an earlier run's printed JSON lines: rewrite the results from it")
     a = ap.parse_args(argv)
+    a.out = a.out or str(RESULTS / ("shrinkage_vs_pooled_quick" if a.quick else "shrinkage_vs_pooled"))
     warnings.filterwarnings("ignore", module="tqdm")
     pairs = [p.split(":") for p in (["I:lasso", "I:ridge"] if a.quick else a.pairs.split(","))]
     nw, ns = (300, 500) if a.quick else (1000, 1000)
@@ -82,12 +85,13 @@ def main(argv=None) -> dict:
     for case, penalty in pairs:
         train, _, _ = selection_case(case, seed=a.seed)
         model = BayesianShrinkage(penalty, damping=1.0, standardize=False)
-        fed, t_fed = timed(lambda: model.fit(train, seed=a.seed, progress=False))
-        ref, t_ref = timed(
+        fed, m_fed = timed(lambda: model.fit(train, seed=a.seed, progress=False))
+        ref, m_ref = timed(
             lambda: model.fit_centralised(
                 train, seed=a.seed, per_client=True, num_warmup=nw, num_samples=ns, num_chains=4
             )
         )
+        t_fed, t_ref = m_fed.seconds, m_ref.seconds
         row = {
             "case": case,
             "penalty": penalty,
@@ -97,6 +101,7 @@ def main(argv=None) -> dict:
                 "estimator": repr(fed.algorithm.estimator),
                 "rounds": fed.rounds,
                 "seconds": round(t_fed, 2),
+                "peak_rss_mib": mib(m_fed),
                 "bytes_up": fed.communication.bytes_up,
                 "bytes_down": fed.communication.bytes_down,
             },
@@ -105,6 +110,7 @@ def main(argv=None) -> dict:
                 "warmup": nw,
                 "samples": ns,
                 "seconds": round(t_ref, 2),
+                "peak_rss_mib": mib(m_ref),
                 **{k: round(v, 3) for k, v in ref.diagnostics.items()},
             },
             "pooled_over_federated": round(t_ref / t_fed, 2),
@@ -112,11 +118,13 @@ def main(argv=None) -> dict:
         }
         if penalty == "lasso" and case == "I":
             nuts_model = BayesianShrinkage(penalty, damping=1.0, estimator="nuts", standardize=False)
-            fn, t_n = timed(lambda: nuts_model.fit(train, seed=a.seed, progress=False))
+            fn, m_n = timed(lambda: nuts_model.fit(train, seed=a.seed, progress=False))
+            t_n = m_n.seconds
             row["federated_nuts_tilted"] = {
                 "estimator": repr(fn.algorithm.estimator),
                 "rounds": fn.rounds,
                 "seconds": round(t_n, 2),
+                "peak_rss_mib": mib(m_n),
                 "over_gibbs": round(t_n / t_fed, 2),
                 "agreement": agreement(fn, ref, train.clients),
             }
@@ -126,8 +134,11 @@ def main(argv=None) -> dict:
     out = {
         "example": f"Table 2 simulation cases {cases}, noise sd 0.05, seed {a.seed}",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax backend {jax.default_backend()}",
+        **record(),
         "runs": rows,
     }
+    if a.rows_from:  # the rows ran earlier, perhaps elsewhere: this run only rewrote them
+        out["machine_details"] = "not recorded (rows rebuilt from a log)"
     path = Path(a.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(out, indent=2))
@@ -137,8 +148,8 @@ def main(argv=None) -> dict:
         f"Machine: {out['machine']}. Times include compilation.",
         "",
         "| case | penalty | federated EP | seconds | pooled NUTS seconds | NUTS / EP | max \\|mean diff\\| / sd "
-        "| sd ratio range | same selection at 90% |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| sd ratio range | same selection at 90% | peak RSS MiB EP / NUTS |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         f, p, g = r["federated"], r["pooled_nuts"], r["agreement"]
@@ -146,7 +157,7 @@ def main(argv=None) -> dict:
             f"| {r['case']} (K={r['K']}, d={r['d']}) | {r['penalty']} | {f['estimator'].split('(')[0]}, "
             f"{f['rounds']} rounds | {f['seconds']:.1f} | {p['seconds']:.1f} | {r['pooled_over_federated']:.1f} "
             f"| {g['max_abs_mean_diff_over_sd']} | [{g['sd_ratio_min']}, {g['sd_ratio_max']}] "
-            f"| {g['selection_agreement']:.3f} |"
+            f"| {g['selection_agreement']:.3f} | {fmt_mib(f.get('peak_rss_mib'))} / {fmt_mib(p.get('peak_rss_mib'))} |"
         )
     for r in rows:
         if "federated_nuts_tilted" in r:
@@ -156,7 +167,8 @@ def main(argv=None) -> dict:
                 f"Case {r['case']} lasso with NUTS tilted moments: {n['seconds']:.1f} s "
                 f"({n['rounds']} rounds), {n['over_gibbs']:.1f}x the Gibbs estimator's time; against pooled "
                 f"NUTS max |mean diff| / sd {n['agreement']['max_abs_mean_diff_over_sd']}, sd ratios "
-                f"[{n['agreement']['sd_ratio_min']}, {n['agreement']['sd_ratio_max']}].",
+                f"[{n['agreement']['sd_ratio_min']}, {n['agreement']['sd_ratio_max']}]; peak RSS "
+                f"{fmt_mib(n.get('peak_rss_mib'))} MiB.",
             ]
     md += [
         "",
@@ -173,6 +185,7 @@ def main(argv=None) -> dict:
             "coefficients) had not finished after 20 minutes on this machine.",
             "",
         ]
+    md += [f"{rss_note(out['peak_rss_scope'])} Written {out['written']} on {out['machine_details']}.", ""]
     path.with_suffix(".md").write_text("\n".join(md))
     print("\n".join(md))
     return out
