@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/hm1.py
 	$(BIN)/python benchmarks/hm1_defaults.py
 	$(BIN)/python benchmarks/fgpr.py
+	$(BIN)/python benchmarks/fgpr_large.py
 	$(BIN)/python benchmarks/fedem.py
 	$(BIN)/python benchmarks/fem_omd.py
 	$(BIN)/python benchmarks/glm.py

@@ -7,7 +7,8 @@ the optimisers work on GPyTorch's raw parameters: ``value = softplus(raw) + floo
 (:class:`gpytorch.constraints.GreaterThan`), the parameterisation of the published code.
 
 Every computation that the acceptance checks compare to closed forms uses an explicit
-Cholesky factorisation (never conjugate gradients), whatever the size.
+Cholesky factorisation (never conjugate gradients), whatever the size; prediction for clients
+above a few thousand rows factorises in tiles (:mod:`._tiled`) to hold half the matrix.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from scipy import stats as sst
 
 from ..results import prediction_frame, register
+from . import _tiled
 
 KERNELS = ("rbf", "matern")
 MEANS = ("zero", "constant")
@@ -292,20 +294,52 @@ def sgd_lr(lr: float, decay, t: torch.Tensor) -> torch.Tensor:
 
 
 def posterior(
-    spec: HyperSpec, hyper: dict, X: np.ndarray, y: np.ndarray, Xs: np.ndarray, *, device, dtype, chunk: int = 4096
+    spec: HyperSpec,
+    hyper: dict,
+    X: np.ndarray,
+    y: np.ndarray,
+    Xs: np.ndarray,
+    *,
+    device,
+    dtype,
+    chunk: int = 4096,
+    dense_max: int | None = None,
+    tile: int | None = None,
+    progress: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Mean and latent variance of f at ``Xs`` given ``(X, y)`` under ``hyper`` (the GP predictive):
     ``mu = m + K*^T (K + s I)^{-1} (y - m)``, ``var_f = k** - K*^T (K + s I)^{-1} K*``.
-    Exact (Cholesky); ``Xs`` is processed in chunks."""
+
+    Exact (Cholesky) on all rows at every size. Up to ``dense_max`` rows (default
+    :data:`._tiled.DENSE_MAX`, 4096) one dense factorisation, ``Xs`` in chunks of ``chunk``;
+    above, the tiled factorisation of :func:`._tiled.tiled_posterior` (tiles of ``tile`` rows,
+    default 2048), which holds half the matrix, checks the host memory first and shows a
+    progress bar (``progress``: True, False, or None for "when stderr is a terminal")."""
     model = single_model(spec, hyper, device, dtype)
-    with torch.no_grad(), small_work(device, len(y)):
+    n = len(y)
+    limit = _tiled.DENSE_MAX if dense_max is None else dense_max
+    with torch.no_grad(), small_work(device, n):
         Xt = torch.as_tensor(np.array(X, dtype=float), device=device, dtype=dtype).unsqueeze(0)
         yt = torch.as_tensor(np.array(y, dtype=float), device=device, dtype=dtype).unsqueeze(0)
         vals = model.values()
         noise, os_ = vals["noise"][0, 0], vals["outputscale"][0, 0]
         m0 = vals["mean"][0, 0] if "mean" in vals else torch.zeros((), dtype=dtype, device=device)
+        if n > limit:
+            return _tiled.tiled_posterior(
+                lambda A, B: model.covariance(A.unsqueeze(0), B.unsqueeze(0))[0],
+                Xt[0],
+                yt[0] - m0,
+                Xs,
+                noise=noise,
+                prior_var=os_,
+                mean=m0,
+                tile=_tiled.TILE if tile is None else tile,
+                progress=progress,
+            )
         K = model.covariance(Xt)[0]
-        L = psd_safe_cholesky(K + noise * torch.eye(len(y), dtype=dtype, device=device))
+        K.diagonal().add_(noise)  # in place: no second N x N matrix for the noise
+        L = psd_safe_cholesky(K)
+        del K
         alpha = torch.cholesky_solve((yt[0] - m0).unsqueeze(-1), L).squeeze(-1)
         means, vars_ = [], []
         for s in range(0, len(Xs), chunk):

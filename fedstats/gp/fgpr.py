@@ -121,9 +121,13 @@ class FGPR(Estimator):
         ``"auto"`` uses CUDA when present.
     dtype : "float64" or "float32"
     condition_limit : int or None
-        A client with more points than this conditions its predictions on a random subset
-        of this size (default 2000; a warning says so); None always conditions on all of them
-        (exact conditioning costs O(N_k^3)).
+        None (default): every client conditions its predictions on all of its points, by
+        the exact Cholesky formulas (above 4,096 points the factor is computed in tiles that
+        hold half the matrix: about 2 GB and 40 s on two CPU cores at 20,000 points;
+        the cost grows as N_k^3 in time and N_k^2 in memory). An int opts in to
+        conditioning a larger client on a random subset of this size instead (a warning says
+        so). Results saved by versions whose default was 2000 keep that value, and its
+        subsets, when loaded; set ``result.options["condition_limit"] = None`` to use all rows.
 
     Examples
     --------
@@ -164,7 +168,7 @@ class FGPR(Estimator):
         standardize: bool = True,
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "float64",
-        condition_limit: int | None = 2000,
+        condition_limit: int | None = None,
     ) -> None:
         self.kernel, self.nu, self.ard, self.mean = kernel, nu, ard, mean
         self.rounds, self.local_steps, self.batch_size, self.sampler = rounds, local_steps, batch_size, sampler

@@ -128,6 +128,7 @@ class FGPRResult(FederatedResult):
         level: float = 0.95,
         scale: str = "original",
         seed: int = 0,
+        progress: bool | None = None,
     ) -> pd.DataFrame:
         """Personal prediction of ``client`` at the rows of ``X``.
 
@@ -139,6 +140,14 @@ class FGPRResult(FederatedResult):
         ``standardize=True`` the targets are standardised by the client's own mean and sd
         and the results mapped back (``scale="original"``) or left standardised
         (``scale="standardized"``, the multi-fidelity metric's scale).
+
+        All of the client's rows are used, by the exact (Cholesky) formulas at every size:
+        above 4,096 rows the factor is computed and held in tiles, half of the dense matrix
+        (about 2 GB at 20,000 rows; the host memory is checked first), with a progress bar
+        (``progress``: True, False, or None for "when stderr is a terminal"). Only when the
+        fit's ``condition_limit`` is set (an opt-in, also kept by results saved with it,
+        including those of versions whose default was 2000) does a larger client condition on
+        a random subset of that size drawn with ``seed``, with a warning.
         """
         level = check_level(level)
         if scale not in ("original", "standardized"):
@@ -163,14 +172,16 @@ class FGPRResult(FederatedResult):
         if limit is not None and len(yk) > limit:
             warnings.warn(
                 f"client has {len(yk)} points; conditioning on a random subset of {limit} "
-                f"(condition_limit) instead of the exact formula",
+                f"(condition_limit, an opt-in; set it to None to use all rows) instead of the exact formula",
                 UserWarning,
                 stacklevel=2,
             )
             keep = np.sort(np.random.default_rng(seed).choice(len(yk), size=limit, replace=False))
             Xk, yk = Xk[keep], yk[keep]
         dtype = resolve_dtype(self.options.get("dtype", "float64"))
-        mean, var_f = posterior(self.spec, self.hyperparameters, Xk, yk, Xs, device=self._device(), dtype=dtype)
+        mean, var_f = posterior(
+            self.spec, self.hyperparameters, Xk, yk, Xs, device=self._device(), dtype=dtype, progress=progress
+        )
         var_y = var_f + float(self.hyperparameters["noise"][0])
         if scale == "original":
             mean, var_f, var_y = mu_y + sd_y * mean, var_f * sd_y**2, var_y * sd_y**2
