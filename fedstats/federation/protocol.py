@@ -285,7 +285,9 @@ def validate_messages(
     ok = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.keys() == want]
     columns = [[messages[i][k] for i in ok] for k in keys]
     common = all(
-        all(type(a) is np.ndarray for a in arrays) and len({(a.shape, a.dtype) for a in arrays}) == 1
+        all(type(a) is np.ndarray for a in arrays)
+        and len({(a.shape, a.dtype) for a in arrays}) == 1
+        and arrays[0].dtype.kind in "biuf"
         for arrays in columns
     )
     if not ok or not common or len(ok) < len(messages):  # some message is odd: one at a time, for its error
@@ -298,8 +300,6 @@ def validate_messages(
     rows = []
     bad: dict[int, str] = {}
     for k, arrays in zip(keys, columns):
-        if arrays[0].dtype.kind not in "biuf":
-            _check_array(arrays[0], k, who[ok[0]])
         stack = np.stack(arrays)
         if stack.dtype.kind == "f":
             for j in np.flatnonzero(~np.isfinite(stack.reshape(len(ok), -1)).all(axis=1)).tolist():

@@ -1122,7 +1122,9 @@ def test_batched_validation_equals_one_message_at_a_time():
         {**good(), "c": np.array([np.inf, 1.0])[:1]},
     ]
     keys = ("a", "b", "c")
-    for mix in ([good() for _ in range(5)], [good(), *bad, good()], [{**good(), "a": np.zeros((3, 3))}, good()]):
+    every_complex = [{**good(), "a": np.zeros((2, 3), dtype=complex)} for _ in range(3)]
+    mixes = ([good() for _ in range(5)], [good(), *bad, good()], [{**good(), "a": np.zeros((3, 3))}, good()])
+    for mix in (*mixes, every_complex):
         who = [f"client {i}" for i in range(len(mix))]
         batched = validate_messages(mix, keys, who)
         for m, w, got in zip(mix, who, batched):
