@@ -136,50 +136,41 @@ def shrinkage_vs_pooled(j):
     return out
 
 
-def hm1(j):
+def _batched_vs_centralised(j, central_key: str, against: str, looped: str):
+    """The two ratios of the runtime benchmarks (hm1, fgpr): batched federated against the
+    centralised reference, and looped against batched clients."""
     out = []
     for r in j["results"]:
         p = r.get("peak_rss_mib")
         out += [
             (
                 r["federation"],
-                "federated (batched) / centralised, s per round",
+                against,
                 num(r["federated_over_centralised"]),
                 pk(p, "federated_batched"),
-                pk(p, "centralised"),
+                pk(p, central_key),
             ),
             (
                 r["federation"],
-                "federated looped / batched, s per round",
+                looped,
                 num(r["looped_over_batched"]),
                 pk(p, "federated_looped"),
                 pk(p, "federated_batched"),
             ),
         ]
     return out
+
+
+def hm1(j):
+    return _batched_vs_centralised(
+        j, "centralised", "federated (batched) / centralised, s per round", "federated looped / batched, s per round"
+    )
 
 
 def fgpr(j):
-    out = []
-    for r in j["results"]:
-        p = r.get("peak_rss_mib")
-        out += [
-            (
-                r["federation"],
-                "federated (batched) time / centralised L-BFGS time",
-                num(r["federated_over_centralised"]),
-                pk(p, "federated_batched"),
-                pk(p, "centralised_lbfgs"),
-            ),
-            (
-                r["federation"],
-                "federated looped / batched time",
-                num(r["looped_over_batched"]),
-                pk(p, "federated_looped"),
-                pk(p, "federated_batched"),
-            ),
-        ]
-    return out
+    return _batched_vs_centralised(
+        j, "centralised_lbfgs", "federated (batched) time / centralised L-BFGS time", "federated looped / batched time"
+    )
 
 
 def fgpr_large(j):

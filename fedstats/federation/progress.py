@@ -88,6 +88,16 @@ class _LinePrinter:
             )
 
 
+def progress_bar(progress: bool | None, *, total: int, desc: str, unit: str, initial: int = 0) -> Any:
+    """A tqdm bar on stderr when ``progress`` is True, or None with stderr a terminal; else None."""
+    show = progress if progress is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
 class RoundDisplay:
     """A run's progress display: plain lines inside a :func:`round_lines` block (when the run
     left ``progress`` to ``None``), else a tqdm bar (``progress=True``, or ``None`` with stderr
@@ -98,13 +108,12 @@ class RoundDisplay:
     ) -> None:
         cfg = _ROUND_LINES.get() if progress is None else None
         self.lines = _LinePrinter(cfg, name, rounds) if cfg is not None else None
-        show = progress if progress is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())
-        self.bar = None
         self.n_failed = failed_so_far
-        if self.lines is None and show and active:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=rounds, initial=start, desc=name, unit="round", file=sys.stderr, dynamic_ncols=True)
+        self.bar = (
+            progress_bar(progress, total=rounds, initial=start, desc=name, unit="round")
+            if self.lines is None and active
+            else None
+        )
 
     def round(self, rec: RoundRecord, final: bool) -> None:
         """Show a completed round (``final``: the run stops after it)."""

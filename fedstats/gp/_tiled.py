@@ -19,7 +19,6 @@ factorisation, and LOVE's low-rank variances miss 1e-4 on harder cases
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 from collections.abc import Callable
 
@@ -28,6 +27,8 @@ import torch
 from linear_operator import settings as lo_settings
 from linear_operator.utils.errors import NanError, NotPSDError
 from linear_operator.utils.warnings import NumericalWarning
+
+from ..federation.progress import progress_bar
 
 #: clients with more rows than this are conditioned by the tiled factorisation
 DENSE_MAX = 4096
@@ -77,15 +78,6 @@ def check_memory(n: int, need: int, device: torch.device) -> None:
             f"kernel matrix) and {avail / 2**30:.1f} GiB are available: free memory, predict on a GPU, "
             "or condition on fewer rows (FGPR's condition_limit opts in to a random subset)"
         )
-
-
-def _bar(progress: bool | None, total: int, n: int):
-    show = progress if progress is not None else bool(getattr(sys.stderr, "isatty", lambda: False)())
-    if not show:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=f"exact GP on {n} rows", unit="tile", file=sys.stderr, dynamic_ncols=True)
 
 
 class TiledCholesky:
@@ -202,7 +194,9 @@ def tiled_posterior(
     T = len(tile_bounds(n, tile))
     chunks = range(0, len(Xs), chunk)
     per_chunk = max(1, round(T * T * min(chunk, len(Xs)) / tile))  # n^2 n* flops in tile^3 units
-    bar = _bar(progress, TiledCholesky.units(T) + per_chunk * len(chunks), n)
+    bar = progress_bar(
+        progress, total=TiledCholesky.units(T) + per_chunk * len(chunks), desc=f"exact GP on {n} rows", unit="tile"
+    )
     try:
         chol = TiledCholesky(kernel, X, float(noise), tile=tile, bar=bar)
         alpha = chol.solve(r.reshape(-1, 1))

@@ -238,11 +238,12 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
         ml = bool(message["ml_start"][0])
         return np.stack([(uniform if ml else s.log_weights) + message["offset"] for s in states])
 
-    def _updated(self, state, N):
-        """The client's new ``alpha_c = alpha_0 + N_c`` and its Dirichlet term ``log C(alpha_c)``
-        of the ELBO (0 with shared weights: the server's)."""
+    def _updated_many(self, states, N):
+        """Every client's new ``alpha_c = alpha_0 + N_c`` and its Dirichlet term ``log C(alpha_c)``
+        of the ELBO (0 with shared weights: the server's), ``N`` stacked ``(C, M)``."""
         alpha = self.prior["alpha0"] + N + _EPS10
-        return VBClientState(alpha=alpha, n=state.n), 0.0 if self.shared else float(log_dirichlet_norm(alpha))
+        terms = np.zeros(len(states)) if self.shared else log_dirichlet_norm(alpha)
+        return [VBClientState(alpha=alpha[i].copy(), n=s.n) for i, s in enumerate(states)], terms
 
 
 # ====================================================================== the model

@@ -280,17 +280,9 @@ class FedEMAlgorithm(FederatedAlgorithm):
         """The E-step's log-weights: the broadcast ones (M,), or every client's own (C, M)."""
         return message["log_weights"] if self.shared else np.stack([s.log_weights for s in states])
 
-    def _updated(self, state, N):
-        """A client's new private state (weights ``pi_c = N_c / n_c``) and its weight term
-        ``sum_j N_cj log pi_cj`` (0 with shared weights: the server's)."""
-        lw = _log_weights(N / state.n)
-        return ClientMixtureState(log_weights=lw, n=state.n), 0.0 if self.shared else float(np.sum(N * lw))
-
     def _updated_many(self, states, N):
-        """:meth:`_updated` for every client (``N`` stacked ``(C, M)``): new states and weight terms."""
-        if type(self)._updated is not FedEMAlgorithm._updated:  # a subclass's own update, one by one
-            out = [self._updated(s, n) for s, n in zip(states, N)]
-            return [o[0] for o in out], np.array([o[1] for o in out], dtype=float)
+        """Every client's new private state (weights ``pi_c = N_c / n_c``) and its weight term
+        ``sum_j N_cj log pi_cj`` (0 with shared weights: the server's), ``N`` stacked ``(C, M)``."""
         lw = _log_weights(N / np.array([s.n for s in states], dtype=float)[:, None])
         terms = np.zeros(len(states)) if self.shared else np.sum(N * lw, axis=1)
         return [ClientMixtureState(log_weights=lw[i].copy(), n=s.n) for i, s in enumerate(states)], terms

@@ -205,16 +205,15 @@ def estep_statistics(X, starts, means, prec_chol, log_weights, cov_type, ref=Non
     about the component means, or, given ``ref = (g, X - g)`` (a fixed point ``g`` (d,) and
     the rows centred on it, computed once), about ``g`` itself: no per-round centring, no move.
     """
-    if ref is not None:
+    if ref is None:
+        Xg, mg, _ = centre(X, means)
+        shift = mg  # the moments moved to each component's mean
+    else:
         g, Xg = ref
-        mg = means - g
-        ld = log_gaussian(Xg, mg, prec_chol, cov_type)
-        resp, ll, ra = e_step(ld, _row_weights(log_weights, starts, X.shape[0]))
-        return segment_statistics(Xg, resp, ll, ra, starts, None, cov_type)
-    Xg, mg, _ = centre(X, means)
+        mg, shift = means - g, None  # the moments left about g
     ld = log_gaussian(Xg, mg, prec_chol, cov_type)
     resp, ll, ra = e_step(ld, _row_weights(log_weights, starts, X.shape[0]))
-    return segment_statistics(Xg, resp, ll, ra, starts, mg, cov_type)
+    return segment_statistics(Xg, resp, ll, ra, starts, shift, cov_type)
 
 
 def _row_weights(log_weights, starts, n):
