@@ -131,6 +131,16 @@ def measured(f: Callable[[], T], repeats: int = 1) -> tuple[T, Measurement]:
     return out, best  # type: ignore[return-value]
 
 
+def start_jax() -> None:
+    """Pay the process's jax start-up (its CPU client, numpyro's import) before the first
+    timed block, which would otherwise carry it alone (about 2 s here): the comparisons are
+    of fits, each with its own compilation, not of process starts."""
+    import jax
+    import numpyro  # noqa: F401
+
+    jax.jit(lambda x: x + 1)(jax.numpy.zeros(1)).block_until_ready()
+
+
 def mib(m: Measurement | float) -> float | None:
     """A peak for a JSON file: MiB to 0.1, None where it could not be measured."""
     v = m.peak_rss_mib if isinstance(m, Measurement) else m

@@ -52,6 +52,7 @@ class EPServerState:
     clients: tuple = ()
     quiet: frozenset = frozenset()  # devices that answered since the last round that moved q by >= tol
     stage: int = 0  # which of the algorithm's estimators the devices use
+    stage_round: int = 0  # the round in which that stage began
 
 
 @register
@@ -92,6 +93,10 @@ class FederatedEP(FederatedAlgorithm):
     max_backoff : int
         Halvings of the server's step ``gamma`` for the PD repair before the round's
         update is dropped altogether.
+    stage_tol, stage_rounds : float, int or None
+        The stages before the last end when they have converged by ``stage_tol`` (default
+        ``tol``) or after ``stage_rounds`` rounds (default: no limit): a warm-up stage has
+        to bring EP near the fixed point, which the last stage then reaches.
     """
 
     reply_keys = ("dr", "dQ")
@@ -107,6 +112,8 @@ class FederatedEP(FederatedAlgorithm):
         damping: float = 1.0,
         tol: float = 1e-3,
         max_backoff: int = 20,
+        stage_tol: float | None = None,
+        stage_rounds: int | None = None,
     ) -> None:
         if not (0.0 < damping <= 1.0):
             raise ValueError(f"damping must lie in (0, 1], got {damping}")
@@ -120,6 +127,10 @@ class FederatedEP(FederatedAlgorithm):
         # the estimator of the fit's final stage (device posteriors after the fit use it)
         self.model, self.prior, self.estimator = model, prior, self.stages[-1]
         self.damping, self.tol, self.max_backoff = float(damping), float(tol), int(max_backoff)
+        self.stage_tol = self.tol if stage_tol is None else float(stage_tol)
+        if stage_rounds is not None and int(stage_rounds) < 1:
+            raise ValueError(f"stage_rounds must be >= 1, got {stage_rounds}")
+        self.stage_rounds = None if stage_rounds is None else int(stage_rounds)
 
     # ---------------------------------------------------------------- server side
     def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> EPServerState:
@@ -156,22 +167,33 @@ class FederatedEP(FederatedAlgorithm):
             "max_log_sd_change": float(np.max(np.abs(np.log(sd1 / sd0)))),
             "gamma": gamma,
         }
+        stage = state.stage
+        last_stage = stage + 1 >= len(self.stages)
         small = (
             state.round >= 1
             and gamma == 1.0
-            and max(metrics["max_mean_change_sd"], metrics["max_log_sd_change"]) < self.tol
+            and max(metrics["max_mean_change_sd"], metrics["max_log_sd_change"])
+            < (self.tol if last_stage else self.stage_tol)
         )
         # With partial participation a quiet round says little about the devices that sat
         # it out: converged only once every device has answered in quiet rounds.
         quiet = state.quiet | frozenset(replies) if small else frozenset()
         done = small and quiet.issuperset(state.clients)
-        stage = state.stage
+        stage_round = state.stage_round
         if len(self.stages) > 1:
             metrics["stage"] = stage
-        if done and stage + 1 < len(self.stages):  # this stage has converged: the next starts from here
-            stage, done, quiet = stage + 1, False, frozenset()
+        out_of_rounds = self.stage_rounds is not None and state.round + 1 - stage_round >= self.stage_rounds
+        if not last_stage and (done or out_of_rounds):  # this stage is over: the next starts from here
+            stage, done, quiet, stage_round = stage + 1, False, frozenset(), state.round + 1
         return replace(
-            state, q=q, round=state.round + 1, converged=bool(done), accept=accept, quiet=quiet, stage=stage
+            state,
+            q=q,
+            round=state.round + 1,
+            converged=bool(done),
+            accept=accept,
+            quiet=quiet,
+            stage=stage,
+            stage_round=stage_round,
         ), metrics
 
     def converged(self, state: EPServerState, metrics: Mapping[str, float]) -> bool:

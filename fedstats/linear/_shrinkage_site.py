@@ -29,6 +29,7 @@ Collapsed likelihood, with ``D`` the prior variances and ``R = diag(sqrt(D))``:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -123,43 +124,61 @@ class ShrinkageSite:
         return beta, np.asarray(z, dtype=float)
 
     # ------------------------------------------------------------------ parameters (jax)
+    def _log_variances(self, phi, z, xp=None):
+        """(log sigma^2, log prior variances of all coefficients, log p(z)) at (phi, z), or
+        at a batch of them along leading axes; ``xp`` is the array module (jax.numpy inside
+        kernels, numpy for batches of draws outside them)."""
+        if xp is None:
+            import jax.numpy as xp
+
+        log_lam = phi[..., 0]
+        lp = 0.0
+        if self.noise == "shared":
+            log_s2 = phi[..., 1]
+            u = z
+        else:
+            m, s = self.log_sigma2_prior
+            log_s2 = z[..., 0]
+            lp = lp - 0.5 * ((log_s2 - m) / s) ** 2 - np.log(s) - 0.5 * np.log(2 * np.pi)
+            u = z[..., 1:]
+        if self.penalty == "ridge":
+            log_D = (log_s2 - log_lam)[..., None] * xp.ones(self.d, dtype=phi.dtype)
+        else:
+            # log b = log sigma - log lambda (sd) or log sigma^2 - log lambda (variance)
+            log_b = (0.5 if self.scale == "sd" else 1.0) * log_s2 - log_lam
+            log_D = 2 * log_b[..., None] + u
+            lp = lp + xp.sum(u - xp.exp(u) / 2 - np.log(2.0), axis=-1)  # e ~ Exp(rate 1/2), u = log e
+        if self.intercept:
+            first = xp.full(log_D.shape[:-1] + (1,), 2 * np.log(self.intercept_sd), dtype=log_D.dtype)
+            log_D = xp.concatenate([first, log_D], axis=-1)
+        return log_s2, log_D, lp
+
     def _variances(self, phi, z):
         """(sigma^2, prior variances D of all coefficients, log p(z)) at one (phi, z)."""
         import jax.numpy as jnp
 
-        log_lam = phi[0]
-        lp = 0.0
-        if self.noise == "shared":
-            log_s2 = phi[1]
-            u = z
-        else:
-            m, s = self.log_sigma2_prior
-            log_s2 = z[0]
-            lp = lp - 0.5 * ((log_s2 - m) / s) ** 2 - jnp.log(s) - 0.5 * jnp.log(2 * jnp.pi)
-            u = z[1:]
-        if self.penalty == "ridge":
-            D = jnp.exp(log_s2 - log_lam) * jnp.ones(self.d, dtype=phi.dtype)
-        else:
-            # log b = log sigma - log lambda (sd) or log sigma^2 - log lambda (variance)
-            log_b = (0.5 if self.scale == "sd" else 1.0) * log_s2 - log_lam
-            D = jnp.exp(2 * log_b + u)
-            lp = lp + jnp.sum(u - jnp.exp(u) / 2 - jnp.log(2.0))  # e ~ Exp(rate 1/2), u = log e
-        if self.intercept:
-            D = jnp.concatenate([jnp.full((1,), self.intercept_sd**2, dtype=phi.dtype), D])
-        return jnp.exp(log_s2), D, lp
+        log_s2, log_D, lp = self._log_variances(phi, z)
+        return jnp.exp(log_s2), jnp.exp(log_D), lp
 
     def log_collapsed(self, phi, z, stats):
         """log p(y_k | phi, z) + log p(z), every coefficient integrated out."""
-        import jax.numpy as jnp
-        from jax.scipy.linalg import solve_triangular
+        return self.collapsed_factor(phi, z, stats)[0]
 
-        s2, D, lp = self._variances(phi, z)
-        A, b, c, n = stats["A"], stats["b"], stats["c"], stats["n"]
-        r = jnp.sqrt(D)
-        P = jnp.eye(D.size, dtype=phi.dtype) + (r[:, None] * A * r[None, :]) / s2
-        L = jnp.linalg.cholesky(P)
-        v = solve_triangular(L, r * b, lower=True) / s2
-        return -0.5 * n * jnp.log(2 * jnp.pi * s2) - 0.5 * c / s2 - jnp.sum(jnp.log(jnp.diag(L))) + 0.5 * v @ v + lp
+    def collapsed_factor(self, phi, z, stats):
+        """``(log_collapsed(phi, z, stats), factor)``: ``factor`` = (R, L, L^-1 R b / sigma^2)
+        with ``L L^T = P`` is what :meth:`draw_theta` needs, so that a sampler pays for one
+        Cholesky factor per (phi, z). The factor carries no gradient; the value's gradient is
+        written out (:func:`gaussian_evidence`)."""
+        import jax
+
+        log_s2, log_D, lp = self._log_variances(phi, z)
+        value, factor = gaussian_evidence()(log_s2, log_D, stats["A"], stats["b"], stats["c"], stats["n"])
+        return value + lp, jax.lax.stop_gradient(factor)
+
+    def log_locals_prior(self, phi, z):
+        """``log p(z)``: the part of :meth:`log_collapsed` that changes along
+        :meth:`invariant_direction` (the likelihood does not)."""
+        return self._log_variances(phi, z)[2]
 
     def log_augmented(self, phi, theta, z, stats):
         raise NotImplementedError("the shrinkage site is sampled collapsed (target='collapsed')")
@@ -171,18 +190,14 @@ class ShrinkageSite:
         per-device noise); the rest (the lasso's u) are drawn by :meth:`draw_locals`."""
         return int(self.noise == "device")
 
-    def draw_theta(self, phi, z, stats, key):
-        """One draw of all coefficients from their Gaussian conditional given (phi, z)."""
+    def draw_theta(self, factor, key):
+        """One draw of all coefficients from their Gaussian conditional given (phi, z), from
+        that point's ``factor`` (:meth:`collapsed_factor`)."""
         import jax
-        import jax.numpy as jnp
         from jax.scipy.linalg import solve_triangular
 
-        s2, D, _ = self._variances(phi, z)
-        r = jnp.sqrt(D)
-        P = jnp.eye(D.size, dtype=phi.dtype) + (r[:, None] * stats["A"] * r[None, :]) / s2
-        L = jnp.linalg.cholesky(P)
-        w = solve_triangular(L, r * stats["b"], lower=True) / s2
-        eps = jax.random.normal(key, D.shape, dtype=phi.dtype)
+        r, L, w = factor
+        eps = jax.random.normal(key, r.shape, dtype=r.dtype)
         # P^-1 = L^-T L^-1: mean R P^-1 R b / s2, noise R L^-T eps ~ N(0, R P^-1 R).
         return r * solve_triangular(L.T, w + eps, lower=False)
 
@@ -220,13 +235,9 @@ class ShrinkageSite:
 
     # ------------------------------------------------------------------ numpy, batches of draws
     def _batch_variances(self, phi, z):
-        import jax
-
-        with jax.enable_x64(True):
-            s2, D, _ = jax.vmap(self._variances)(
-                jax.numpy.asarray(phi, dtype=float), jax.numpy.asarray(z, dtype=float).reshape(len(phi), -1)
-            )
-            return np.asarray(s2), np.asarray(D)
+        phi = np.asarray(phi, dtype=float)
+        log_s2, log_D, _ = self._log_variances(phi, np.asarray(z, dtype=float).reshape(len(phi), -1), xp=np)
+        return np.exp(log_s2), np.exp(log_D)
 
     def theta_conditional(self, phi: np.ndarray, z: np.ndarray, stats) -> tuple[np.ndarray, np.ndarray]:
         """Mean (M, p) and covariance (M, p, p) of the coefficients given each draw of (phi, z)."""
@@ -257,3 +268,57 @@ class ShrinkageSite:
         s2, D = self._batch_variances(phi, z)
         beta = np.sqrt(D) * rng.standard_normal(D.shape)
         return beta, np.sqrt(s2)
+
+
+@cache
+def gaussian_evidence():
+    """``f(log sigma^2, log D, A, b, c, n) -> (log N(y; 0, sigma^2 I + X D X^T), (R, L, w))``
+    from the statistics (module docstring), a jax function whose gradient is written out:
+    with ``P = L L^T``, ``w = L^-1 R b / sigma^2`` and ``g = L^-T w`` (``R g`` is the
+    conditional mean of the coefficients),
+
+    * d/d log D_i = (-1 + (P^-1)_ii + g_i^2) / 2,
+    * d/d log sigma^2 = (-n + c / sigma^2 + k - tr P^-1 - |w|^2 - |g|^2) / 2 (k coefficients),
+    * d/dA = -R (P^-1 + g g^T) R / (2 sigma^2), d/db = R g / sigma^2, d/dc = -1 / (2 sigma^2),
+      d/dn = -log(2 pi sigma^2) / 2,
+
+    one triangular inverse where autodiff of the Cholesky factor takes about ten times as
+    long (the control variates need the score at every kept draw). The factor's cotangent is
+    ignored: callers stop its gradient."""
+    import jax
+    import jax.numpy as jnp
+    from jax.scipy.linalg import solve_triangular
+
+    def parts(log_s2, log_D, A, b, c, n):
+        s2, r = jnp.exp(log_s2), jnp.exp(0.5 * log_D)
+        P = jnp.eye(r.size, dtype=r.dtype) + (r[:, None] * A * r[None, :]) / s2
+        L = jnp.linalg.cholesky(P)
+        w = solve_triangular(L, r * b, lower=True) / s2
+        value = -0.5 * n * jnp.log(2 * jnp.pi * s2) - 0.5 * c / s2 - jnp.sum(jnp.log(jnp.diag(L))) + 0.5 * w @ w
+        return value, (r, L, w)
+
+    @jax.custom_vjp
+    def evidence(log_s2, log_D, A, b, c, n):
+        return parts(log_s2, log_D, A, b, c, n)
+
+    def fwd(log_s2, log_D, A, b, c, n):
+        out = parts(log_s2, log_D, A, b, c, n)
+        return out, (log_s2, out[1], c, n)
+
+    def bwd(res, cotangents):
+        log_s2, (r, L, w), c, n = res
+        gv = cotangents[0]
+        s2 = jnp.exp(log_s2)
+        Linv = solve_triangular(L, jnp.eye(r.size, dtype=r.dtype), lower=True)
+        Pinv = Linv.T @ Linv
+        g = solve_triangular(L.T, w, lower=False)
+        d_log_s2 = 0.5 * (-n + c / s2 + r.size - jnp.trace(Pinv) - w @ w - g @ g)
+        d_log_D = 0.5 * (-1.0 + jnp.diag(Pinv) + g * g)
+        d_A = -0.5 * (r[:, None] * (Pinv + jnp.outer(g, g)) * r[None, :]) / s2
+        d_b = r * g / s2
+        d_c = jnp.broadcast_to(-0.5 / s2, jnp.shape(c)).astype(r.dtype)
+        d_n = jnp.broadcast_to(-0.5 * jnp.log(2 * jnp.pi * s2), jnp.shape(n)).astype(r.dtype)
+        return tuple(gv * t for t in (d_log_s2, d_log_D, d_A, d_b, d_c, d_n))
+
+    evidence.defvjp(fwd, bwd)
+    return evidence

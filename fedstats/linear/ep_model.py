@@ -87,7 +87,7 @@ def fit_ep(
     data,
     site,
     prior: NaturalGaussian,
-    est: TiltedEstimator,
+    est: TiltedEstimator | tuple[TiltedEstimator, ...],
     *,
     names,
     sigma=None,
@@ -100,14 +100,27 @@ def fit_ep(
     checkpoint,
     resume,
     batched: bool,
+    stage_tol: float | None = None,
+    stage_rounds: int | None = None,
 ):
     """Run federated EP for ``site`` on ``data`` and wrap the outcome in ``result_cls``; with
     ``model.standardize`` on the standardised scale (:mod:`fedstats.linear.scaling`), after
     one counted round of federated moments."""
-    est.check_model(site)
+    for stage in est if isinstance(est, tuple) else (est,):
+        stage.check_model(site)
     scaling = federated_scaling(data, model.fit_intercept, seed=seed) if model.standardize else None
     devices = Devices(data, model.fit_intercept, sigma, scaling)
-    alg = LinearEP(site, prior, est, damping=damping, tol=float(tol), names=list(names), scaling=scaling)
+    alg = LinearEP(
+        site,
+        prior,
+        est,
+        damping=damping,
+        tol=float(tol),
+        stage_tol=stage_tol,
+        stage_rounds=stage_rounds,
+        names=list(names),
+        scaling=scaling,
+    )
     t0 = time.perf_counter()
     out = run(
         alg,
@@ -258,8 +271,10 @@ def coefficient_posterior(site, tilted: TiltedResult, stats, names, rng) -> Gaus
     if tilted.draws is None:  # exact estimator: the site is Gaussian, the coefficients linear in phi
         m, C = site.theta_given_gaussian_mu(tilted.mean, tilted.cov, stats)
         return GaussianPosterior(m, C, names=names)
-    m, V = site.theta_conditional(tilted.draws["phi"], tilted.draws["z"], stats)
-    theta = m + np.einsum("mij,mj->mi", np.linalg.cholesky(V), rng.standard_normal(m.shape))
+    theta = tilted.draws.get("theta_draw")  # the sampler's own draws of the conditional, when it kept them
+    if theta is None:
+        m, V = site.theta_conditional(tilted.draws["phi"], tilted.draws["z"], stats)
+        theta = m + np.einsum("mij,mj->mi", np.linalg.cholesky(V), rng.standard_normal(m.shape))
     return SamplePosterior(theta, names=names, weights=tilted.weights)
 
 
@@ -291,7 +306,7 @@ class EPLinearResult(FederatedResult):
     round history and communication. Subclasses name phi's components (``phi_names``)
     and say what a device that took no part in the fit looks like (``_population_draws``)."""
 
-    _transient = {"_device_cache": {}, "_global_cache": {}}
+    _transient = {"_device_cache": {}, "_global_cache": {}, "_posterior_cache": {}}
 
     model: Any
     site: Any
@@ -309,6 +324,9 @@ class EPLinearResult(FederatedResult):
     noise_sd: dict | None = None  # the known noise sd of each device (data scale), if given
     _device_cache: dict = field(default_factory=dict, repr=False)
     _global_cache: dict = field(default_factory=dict, repr=False)
+    _posterior_cache: dict = field(
+        default_factory=dict, repr=False
+    )  # client -> its posterior (seeded: the same every call)
 
     @property
     def phi_names(self) -> list[str]:
@@ -403,12 +421,14 @@ class EPLinearResult(FederatedResult):
         released = self._released(client)
         if released is not None:
             return released.coefficients
-        # Each device draws its own normals (the seed folds in the device's index).
-        rng = streams.stream(self.seed, streams.DEVICE_POSTERIOR, self.clients.index(client))
-        post = coefficient_posterior(
-            self.site, self._device_results()[client], self.client_states[client].stats, self.feature_names, rng
-        )
-        return self._coef_back(post)
+        if client not in self._posterior_cache:
+            # Each device draws its own normals (the seed folds in the device's index).
+            rng = streams.stream(self.seed, streams.DEVICE_POSTERIOR, self.clients.index(client))
+            post = coefficient_posterior(
+                self.site, self._device_results()[client], self.client_states[client].stats, self.feature_names, rng
+            )
+            self._posterior_cache[client] = self._coef_back(post)
+        return self._posterior_cache[client]
 
     def _coef_back(self, post: GaussianPosterior | SamplePosterior) -> GaussianPosterior | SamplePosterior:
         """A coefficient posterior on the fit's scale -> the data's scale (exact affine map)."""

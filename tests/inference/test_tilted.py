@@ -241,3 +241,15 @@ def test_importance_batch_equals_each_device_alone_with_an_unusable_laplace():
     # the cavity-only device is still consistent (its tilted is Gaussian here)
     em, ec = exact[2]
     assert np.all(np.abs(batch[2].mean - em) / np.sqrt(np.diag(ec)) < 0.1)
+
+
+def test_least_squares_equals_lstsq_also_when_rank_deficient():
+    from fedstats.inference.tilted.chains import least_squares
+
+    rng = np.random.default_rng(0)
+    H, Y = rng.normal(size=(500, 20)) * np.logspace(-3, 3, 20), rng.normal(size=(500, 3))
+    np.testing.assert_allclose(least_squares(H, Y), np.linalg.lstsq(H, Y, rcond=None)[0], rtol=1e-9)
+    H[:, 5] = H[:, 4]  # collinear: the minimum-norm solution, as lstsq
+    np.testing.assert_allclose(least_squares(H, Y), np.linalg.lstsq(H, Y, rcond=None)[0], rtol=1e-9, atol=1e-12)
+    H[:, 6] = 0.0
+    np.testing.assert_allclose(least_squares(H, Y), np.linalg.lstsq(H, Y, rcond=None)[0], rtol=1e-9, atol=1e-12)

@@ -84,13 +84,20 @@ class ExactSite(SiteModel, Protocol):
 
 @runtime_checkable
 class GibbsSite(SiteModel, Protocol):
-    """A site with conditionals to sample ``theta_k`` and the locals exactly (``GibbsTilted``);
-    optionally ``invariant_direction()``, a direction of ``(phi, locals)`` along which the
-    target changes slowly, for an extra Metropolis move."""
+    """A site with conditionals to sample ``theta_k`` and the locals exactly (``GibbsTilted``).
+
+    ``collapsed_factor(phi, z, stats)`` returns ``log_collapsed`` and a factor of
+    ``theta_k``'s Gaussian conditional at that point (e.g. its Cholesky factor), which
+    ``draw_theta`` reuses: one factorisation per point visited. Optionally
+    ``invariant_direction()``, a direction of ``(phi, locals)`` along which the likelihood is
+    constant, with ``log_locals_prior(phi, z)`` (the part of ``log_collapsed`` that changes
+    along it), for an extra Metropolis move that factorises nothing."""
 
     mh_locals: int
 
-    def draw_theta(self, phi: Any, z: Any, stats: Stats, key: Any) -> Any: ...
+    def collapsed_factor(self, phi: Any, z: Any, stats: Stats) -> tuple[Any, Any]: ...
+
+    def draw_theta(self, factor: Any, key: Any) -> Any: ...
 
     def draw_locals(self, phi: Any, theta: Any, z: Any, stats: Stats, key: Any) -> Any: ...
 
