@@ -236,14 +236,54 @@ class BatchGP(torch.nn.Module):
         (GPyTorch's ``psd_safe_cholesky``, which adds jitter only if the plain one fails).
         """
         M = X.shape[-2]
-        K = self.covariance(X)
+        base = self.kernel.base_kernel.forward(X, X)
+        base = base.to_dense() if hasattr(base, "to_dense") else base
         noise = self.spec.from_raw("noise", self.raw_noise)
-        K = K + noise[:, None, None] * torch.eye(M, dtype=K.dtype, device=K.device)
         r = y if self.raw_mean is None else y - self.raw_mean[:, None]
+        return _GaussianNLL.apply(base, self.kernel.outputscale, noise, r) + 0.5 * M * math.log(2 * math.pi)
+
+
+class _GaussianNLL(torch.autograd.Function):
+    """``0.5 r^T K^{-1} r + 0.5 log det K`` with ``K = s B + v I``, for a batch of base kernel
+    matrices ``B`` ``[G, M, M]``, outputscales ``s`` and noise variances ``v`` ``[G]`` and
+    residuals ``r`` ``[G, M]``, by a Cholesky factorisation of ``K``.
+
+    The backward pass uses the closed form ``dL/dK = (K^{-1} - a a^T) / 2`` (``a = K^{-1} r``),
+    hence ``dL/dB = s dL/dK``, ``dL/ds = <dL/dK, B>``, ``dL/dv = tr dL/dK`` and ``dL/dr = a``:
+    the gradients of differentiating through the factorisation, at a fraction of the cost (one
+    ``cholesky_inverse`` instead of the generic Cholesky and triangular-solve backward passes,
+    and no elementwise passes for the scale and the noise)."""
+
+    @staticmethod
+    def forward(ctx, base, scale, noise, r):
+        K = base * scale[:, None, None]
+        K.diagonal(dim1=-2, dim2=-1).add_(noise[:, None])
         L = psd_safe_cholesky(K)
-        alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
+        del K
         logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-        return 0.5 * (r * alpha).sum(-1) + logdet + 0.5 * M * math.log(2 * math.pi)
+        if any(ctx.needs_input_grad):  # K^{-1} is needed below: a = K^{-1} r from it
+            Kinv = torch.cholesky_inverse(L)
+            alpha = (Kinv @ r.unsqueeze(-1)).squeeze(-1)
+            ctx.save_for_backward(base, scale, Kinv, alpha)
+        else:
+            alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
+        return 0.5 * (r * alpha).sum(-1) + logdet
+
+    @staticmethod
+    def backward(ctx, grad):
+        base, scale, Kinv, alpha = ctx.saved_tensors
+        W = torch.baddbmm(Kinv, alpha.unsqueeze(-1), alpha.unsqueeze(-2), alpha=-1.0)  # dL/dK = grad W / 2
+        half = 0.5 * grad
+        g_base = g_scale = g_noise = g_r = None
+        if ctx.needs_input_grad[0]:
+            g_base = W * (half * scale)[:, None, None]
+        if ctx.needs_input_grad[1]:
+            g_scale = half * (W.reshape(len(W), 1, -1) @ base.reshape(len(W), -1, 1)).reshape(-1)
+        if ctx.needs_input_grad[2]:
+            g_noise = half * torch.diagonal(W, dim1=-2, dim2=-1).sum(-1)
+        if ctx.needs_input_grad[3]:
+            g_r = alpha * grad[:, None]
+        return g_base, g_scale, g_noise, g_r
 
 
 def raw_tensors(spec: HyperSpec, hypers: list[dict], device, dtype) -> dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from scipy.spatial import cKDTree
 
 from .. import streams
 from ..federation import FederatedAlgorithm, Message
-from ._core import BatchGP, HyperSpec, adam_update, hyper_to_numpy, raw_tensors, sgd_lr
+from ._core import BatchGP, HyperSpec, adam_update, raw_tensors, sgd_lr
 
 __all__ = ["FGPRAlgorithm", "draw_participants", "average_hypers", "to_average_space", "from_average_space"]
 
@@ -217,7 +217,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
         )
 
     def broadcast(self, server_state, client, round):
-        msg = {n: v.copy() for n, v in server_state.hyper.items()}
+        msg = dict(server_state.hyper)  # the same arrays for every client: the runtime checks them once
         if self.participants is not None:  # the client's weight: how often it was drawn
             msg["weight"] = np.array([float(self.multiplicity(round)[self._index[client]])])
         return msg
@@ -288,74 +288,132 @@ class FGPRAlgorithm(FederatedAlgorithm):
         centre = view.X[rng.integers(state.n)]
         return np.sort(view.tree.query(centre, k=state.m)[1])
 
+    def __getstate__(self) -> dict:
+        # the caches of one process (batched models, clients' data views, stacked tensors)
+        # are never pickled: a copy of the algorithm carries no client's data
+        return {k: v for k, v in self.__dict__.items() if k not in ("_models", "_view_cache", "_stack_cache")}
+
+    def _views(self, states, datas) -> list[_View]:
+        """Each client's :class:`_View`, built once per fit (a client's data and sizes do not
+        change between rounds) and reused while its data object is the same."""
+        cache = self.__dict__.setdefault("_view_cache", {})
+        if len(cache) > 2 * len(self._index) + 16:  # data objects that come and go (remote clients)
+            cache.clear()
+        out = []
+        for s, d in zip(states, datas):
+            hit = cache.get(id(d))
+            if hit is None or hit[0] is not d:
+                hit = cache[id(d)] = (d, self._view(s, d))
+            out.append(hit[1])
+        return out
+
+    def _stacked(self, states, datas, views) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's inputs ``[G, N_max, d]`` and targets ``[G, N_max]`` (zero padded), stacked
+        once per fit for a group of the same data objects."""
+        cache = self.__dict__.setdefault("_stack_cache", {})
+        key = tuple(id(d) for d in datas)
+        hit = cache.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], datas)):
+            return hit[1], hit[2]
+        if len(cache) > 8:
+            cache.clear()
+        G, nmax = len(states), max(s.n for s in states)
+        Xpad = torch.zeros((G, nmax, self.spec.d), device=self.device, dtype=self.dtype)
+        ypad = torch.zeros((G, nmax), device=self.device, dtype=self.dtype)
+        for g, (s, v) in enumerate(zip(states, views)):
+            Xpad[g, : s.n], ypad[g, : s.n] = v.Xt, v.yt
+        cache[key] = (list(datas), Xpad, ypad)
+        return Xpad, ypad
+
+    def _draws(self, states, views, rngs, E: int) -> np.ndarray:
+        """Every local step's batch indices ``[E, G, M]``: each client draws its E batches from
+        its own stream in step order, as it would step by step."""
+        if self.sampler == "uniform":
+            M = states[0].m
+            return np.stack(
+                [np.stack([r.choice(s.n, size=M, replace=False) for _ in range(E)]) for s, r in zip(states, rngs)],
+                axis=1,
+            )
+        return np.stack(
+            [np.stack([self._batch_indices(s, v, r) for _ in range(E)]) for s, v, r in zip(states, views, rngs)], axis=1
+        )
+
     def _update(self, messages, states, datas, rngs) -> list:
         """E local steps of G clients with equal (M, E) as one batched GP."""
         spec, G = self.spec, len(states)
-        views = [self._view(s, d) for s, d in zip(states, datas)]
+        names = spec.names
+        views = self._views(states, datas)
         dev, dt = self.device, self.dtype
         M, E = states[0].m, states[0].e
         model = self._model(G)
-        raw = raw_tensors(spec, messages, dev, dt)
-        zeros = {n: torch.zeros_like(raw[n][0]) for n in spec.names}
+        # all hyperparameters as one [G, P] tensor (Adam and SGD act element by element)
+        sizes = [spec.size(n) for n in names]
+        raw = torch.cat(list(raw_tensors(spec, messages, dev, dt).values()), dim=1)
         keep = self.optimizer_state == "persistent"
-        saved = lambda s, k, n: torch.as_tensor(s.opt[k][n], device=dev, dtype=dt)  # noqa: E731
-        mom = {n: torch.stack([saved(s, "m", n) if keep and s.opt else zeros[n] for s in states]) for n in spec.names}
-        vel = {n: torch.stack([saved(s, "v", n) if keep and s.opt else zeros[n] for s in states]) for n in spec.names}
+        mom, vel = (
+            (self._moments(states, "m"), self._moments(states, "v"))
+            if keep and any(s.opt for s in states)
+            else (torch.zeros_like(raw), torch.zeros_like(raw))
+        )
         # Adam's step counter restarts with a fresh state; SGD's schedule counts across rounds
         restart = self.optimizer == "adam" and not keep
         t0 = torch.tensor([0 if restart else s.steps for s in states], device=dev)
-        full = all(s.m == s.n for s in states)
-        if full:
-            Xb, yb = torch.stack([v.Xt for v in views]), torch.stack([v.yt for v in views])
-        else:
-            nmax = max(s.n for s in states)
-            Xpad = torch.zeros((G, nmax, spec.d), device=dev, dtype=dt)
-            ypad = torch.zeros((G, nmax), device=dev, dtype=dt)
-            for g, (s, v) in enumerate(zip(states, views)):
-                Xpad[g, : s.n], ypad[g, : s.n] = v.Xt, v.yt
-        leaves = model.leaves()
+        Xpad, ypad = self._stacked(states, datas, views)
+        batches = None
+        if not all(s.m == s.n for s in states):
+            nmax = Xpad.shape[1]
+            idx = torch.as_tensor(self._draws(states, views, rngs, E), device=dev)
+            idx = idx + (torch.arange(G, device=dev) * nmax)[:, None]  # rows of the flattened [G * N_max]
+            batches = (Xpad.reshape(G * nmax, -1)[idx], ypad.reshape(-1)[idx])  # [E, G, M, d], [E, G, M]
+        leaves = list(model.leaves().values())
         for step in range(E):
-            if not full:
-                idx = torch.as_tensor(
-                    np.stack([self._batch_indices(s, v, r) for s, v, r in zip(states, views, rngs)]), device=dev
-                )
-                Xb = torch.take_along_dim(Xpad, idx[:, :, None], dim=1)
-                yb = torch.take_along_dim(ypad, idx, dim=1)
-            model.set_raw(raw)
+            Xb, yb = (Xpad, ypad) if batches is None else (batches[0][step], batches[1][step])
+            model.set_raw(dict(zip(names, raw.split(sizes, dim=1))))
             loss = model.nll(Xb, yb)
             if self.loss_normalization == "mean":
                 loss = loss / M
-            grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
-            bad = ~torch.isfinite(loss)
-            for g_ in grads:
-                bad |= ~torch.isfinite(g_.reshape(G, -1)).all(-1)
-            if bool(bad.any()):
+            grads = torch.autograd.grad(loss.sum(), leaves)
+            g_ = torch.cat([g.reshape(G, -1) for g in grads], dim=1)
+            if not (bool(torch.isfinite(loss).all()) and bool(torch.isfinite(g_).all())):
                 raise FloatingPointError(
                     f"non-finite marginal likelihood or gradient in local step {step} (lr={self.lr:g})"
                 )
             t = t0 + step
-            for n, g_ in zip(leaves, grads):
-                g_ = g_.reshape(G, -1)
-                if self.optimizer == "adam":
-                    raw[n], mom[n], vel[n] = adam_update(raw[n], g_, mom[n], vel[n], t + 1, self.lr, self.betas)
-                else:
-                    raw[n] = raw[n] - sgd_lr(self.lr, self.lr_decay, t).to(dt).reshape(-1, 1) * g_
-        model.set_raw(raw)
-        values = model.values()
+            if self.optimizer == "adam":
+                raw, mom, vel = adam_update(raw, g_, mom, vel, t + 1, self.lr, self.betas)
+            else:
+                raw = raw - sgd_lr(self.lr, self.lr_decay, t).to(dt).reshape(-1, 1) * g_
+        model.set_raw(dict(zip(names, raw.split(sizes, dim=1))))
+        values = {n: v.detach().to(torch.float64).cpu().numpy() for n, v in model.values().items()}
+        if not all(np.all(np.isfinite(v)) for v in values.values()):
+            raise FloatingPointError(f"hyperparameters overflowed (lr={self.lr:g})")
+        if type(self).weighted_term is FGPRAlgorithm.weighted_term:  # every client's term at once
+            w = np.array([float(m["weight"][0]) if "weight" in m else float(s.n) for m, s in zip(messages, states)])
+            terms = {n: w[:, None] * v for n, v in to_average_space(spec, values, self.average_space).items()}
+            reply = lambda g, msg, s: {n: terms[n][g].copy() for n in names}  # noqa: E731
+        else:  # a subclass's own term, client by client
+            reply = lambda g, msg, s: self.weighted_term({n: values[n][g].copy() for n in names}, msg, s.n)  # noqa: E731
+        if keep:
+            cut = np.cumsum(sizes)[:-1]
+            cpu = lambda x: x.detach().to(torch.float64).cpu().numpy()  # noqa: E731
+            mo, ve = (dict(zip(names, np.split(cpu(x), cut, axis=1))) for x in (mom, vel))
         out = []
         for g, (msg, s) in enumerate(zip(messages, states)):
-            hyper = hyper_to_numpy(spec, values, g)
-            if not all(np.all(np.isfinite(v)) for v in hyper.values()):
-                raise FloatingPointError(f"hyperparameters overflowed (lr={self.lr:g})")
-            reply = self.weighted_term(hyper, msg, s.n)
-            cpu = lambda t: t.detach().to(torch.float64).cpu().numpy().copy()  # noqa: E731
-            opt = (
-                {"m": {n: cpu(mom[n][g]) for n in spec.names}, "v": {n: cpu(vel[n][g]) for n in spec.names}}
-                if self.optimizer_state == "persistent"
-                else None
-            )
-            out.append((reply, replace(s, opt=opt, steps=s.steps + E)))
+            opt = {"m": {n: mo[n][g].copy() for n in names}, "v": {n: ve[n][g].copy() for n in names}} if keep else None
+            out.append((reply(g, msg, s), _Client(s.n, s.m, s.e, opt, s.steps + E)))
         return out
+
+    def _moments(self, states, k: str) -> torch.Tensor:
+        """The persistent Adam moments ``k`` (``"m"`` or ``"v"``) as one ``[G, P]`` tensor (zeros
+        for a client without a state yet)."""
+        P = sum(self.spec.size(n) for n in self.spec.names)
+        rows = [
+            np.concatenate([np.asarray(s.opt[k][n], dtype=float).reshape(-1) for n in self.spec.names])
+            if s.opt
+            else np.zeros(P)
+            for s in states
+        ]
+        return torch.as_tensor(np.stack(rows), device=self.device, dtype=self.dtype)
 
     def server_step(self, server_state, replies, round):
         old = server_state.hyper
