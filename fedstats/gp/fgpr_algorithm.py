@@ -328,12 +328,6 @@ class FGPRAlgorithm(FederatedAlgorithm):
     def _draws(self, states, views, rngs, E: int) -> np.ndarray:
         """Every local step's batch indices ``[E, G, M]``: each client draws its E batches from
         its own stream in step order, as it would step by step."""
-        if self.sampler == "uniform":
-            M = states[0].m
-            return np.stack(
-                [np.stack([r.choice(s.n, size=M, replace=False) for _ in range(E)]) for s, r in zip(states, rngs)],
-                axis=1,
-            )
         return np.stack(
             [np.stack([self._batch_indices(s, v, r) for _ in range(E)]) for s, v, r in zip(states, views, rngs)], axis=1
         )

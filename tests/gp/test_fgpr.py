@@ -308,39 +308,9 @@ def test_partial_participation_draws_are_unbiased():
     assert abs(est.mean() - target) < 3 * est.std() / math.sqrt(len(est))
 
 
-def test_partial_participation_counts_duplicates():
-    data = toy(K=4, n=(20, 20, 20, 20))
-    res = FGPR(rounds=30, participation=2, batch_size=100).fit(data, seed=2)
-    assert all(1 <= len(r.participants) <= 2 for r in res.history)
-    alg = FGPRAlgorithm(
-        HyperSpec(d=1),
-        init=HyperSpec(d=1).default(),
-        counts=data.n_obs,
-        local_steps=1,
-        batch_size=10,
-        sampler="uniform",
-        optimizer="adam",
-        lr=0.01,
-        lr_decay=None,
-        betas=(0.9, 0.999),
-        optimizer_state="fresh",
-        loss_normalization="mean",
-        average_space="constrained",
-        participants=2,
-        seed=2,
-        standardize=True,
-        device="cpu",
-        dtype=torch.float64,
-    )
-    dup = [r for r in range(30) if alg.multiplicity(r).max() == 2]
-    assert dup and all(len(res.history[r].participants) == 1 for r in dup)
-
-
-def test_server_weights_duplicates_by_their_multiplicity():
-    data = toy(K=4, n=(20, 20, 20, 20))
-    spec = HyperSpec(d=1)
-    alg = FGPRAlgorithm(
-        spec,
+def uniform_adam(spec, data, **options):
+    """An FGPRAlgorithm with Adam, uniform batches of 10 and one local step (overridable)."""
+    opts = dict(
         init=spec.default(),
         counts=data.n_obs,
         local_steps=1,
@@ -353,12 +323,26 @@ def test_server_weights_duplicates_by_their_multiplicity():
         optimizer_state="fresh",
         loss_normalization="mean",
         average_space="constrained",
-        participants=3,
-        seed=5,
         standardize=True,
         device="cpu",
         dtype=torch.float64,
     )
+    return FGPRAlgorithm(spec, **{**opts, **options})
+
+
+def test_partial_participation_counts_duplicates():
+    data = toy(K=4, n=(20, 20, 20, 20))
+    res = FGPR(rounds=30, participation=2, batch_size=100).fit(data, seed=2)
+    assert all(1 <= len(r.participants) <= 2 for r in res.history)
+    alg = uniform_adam(HyperSpec(d=1), data, participants=2, seed=2)
+    dup = [r for r in range(30) if alg.multiplicity(r).max() == 2]
+    assert dup and all(len(res.history[r].participants) == 1 for r in dup)
+
+
+def test_server_weights_duplicates_by_their_multiplicity():
+    data = toy(K=4, n=(20, 20, 20, 20))
+    spec = HyperSpec(d=1)
+    alg = uniform_adam(spec, data, participants=3, seed=5)
     r = next(r for r in range(200) if sorted(alg.multiplicity(r)) == [0, 0, 1, 2])
     mult = alg.multiplicity(r)
     twice, once = int(np.argmax(mult)), int(np.flatnonzero(mult == 1)[0])
@@ -688,26 +672,7 @@ def test_algorithm_pickles_without_its_caches_of_client_data():
 
     data = toy(K=3, n=(20, 20, 20))
     spec = HyperSpec(d=1)
-    alg = FGPRAlgorithm(
-        spec,
-        init=spec.default(),
-        counts=data.n_obs,
-        local_steps=2,
-        batch_size=10,
-        sampler="uniform",
-        optimizer="adam",
-        lr=0.01,
-        lr_decay=None,
-        betas=(0.9, 0.999),
-        optimizer_state="persistent",
-        loss_normalization="mean",
-        average_space="constrained",
-        participants=None,
-        seed=1,
-        standardize=True,
-        device="cpu",
-        dtype=torch.float64,
-    )
+    alg = uniform_adam(spec, data, participants=None, seed=1, local_steps=2, optimizer_state="persistent")
     rng = np.random.default_rng(0)
     clients = list(data.clients)
     states = [alg.init_client(c, data[c], rng) for c in clients]
