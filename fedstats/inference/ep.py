@@ -35,7 +35,7 @@ import numpy as np
 
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message, Replies, SkipRound
 from ..results import register
-from .gaussian import NaturalGaussian
+from .gaussian import NaturalGaussian, NotPositiveDefinite, symmetrize
 from .tilted import SiteModel, TiltedEstimator, TiltedResult
 
 
@@ -218,53 +218,65 @@ class FederatedEP(FederatedAlgorithm):
         datas: Sequence[Any],
         rngs: Sequence[np.random.Generator],
     ) -> list[tuple[Message, EPClientState] | BaseException]:
-        """All participating devices at once: one vectorised tilted-moment call."""
+        """All participating devices at once: one vectorised tilted-moment call, and the
+        cavities and site updates as stacked arrays (one device's failure is its own)."""
         results: list[Any] = [None] * len(states)
-        todo, cav_means, cav_covs = [], [], []
         states = [self._commit(m, st) for m, st in zip(messages, states)]
-        for i, (msg, st) in enumerate(zip(messages, states)):
-            cavity = NaturalGaussian.from_message(msg) / st.site
-            if not cavity.is_proper():
-                results[i] = SkipRound("cavity precision is not positive definite")
-                continue
-            m, c = cavity.moments()
-            todo.append(i)
-            cav_means.append(m)
-            cav_covs.append(c)
-        if todo:
-            seeds = np.array([rngs[i].integers(2**63 - 1) for i in todo])
+        # cavity = q / site_k, in natural parameters
+        cav_r = np.stack([np.asarray(m["r"], dtype=float) - st.site.r for m, st in zip(messages, states)])
+        cav_Q = symmetrize(np.stack([np.asarray(m["Q"], dtype=float) - st.site.Q for m, st in zip(messages, states)]))
+        proper, cav_means, cav_covs = _moments(cav_r, cav_Q)
+        todo = np.flatnonzero(proper)
+        for i in np.flatnonzero(~proper):
+            results[i] = SkipRound("cavity precision is not positive definite")
+        if len(todo):
+            seeds = np.array([rngs[int(i)].integers(2**63 - 1) for i in todo])
             # every device of a round gets the same broadcast stage (one estimator per call)
             est = self.stages[min(int(messages[todo[0]].get("stage", 0)), len(self.stages) - 1)]
             # A skipped device's place is filled with a copy of the first (its result dropped),
             # as the estimators pad a batch: the batch keeps the round's size, so a round in
             # which some cavities are improper reuses the compiled kernels (a new batch size
             # is a new compilation).
-            fill = len(states) - len(todo)
-            stats = [states[i].stats for i in todo]
+            batch = np.r_[todo, np.full(len(states) - len(todo), todo[0])]
             try:
-                tilted = est.estimate(
+                tilted: list[Any] = est.estimate(
                     self.model,
-                    np.stack(cav_means + cav_means[:1] * fill),
-                    np.stack(cav_covs + cav_covs[:1] * fill),
-                    stats + stats[:1] * fill,
-                    np.r_[seeds, seeds[:1].repeat(fill)],
+                    cav_means[batch],
+                    cav_covs[batch],
+                    [states[i].stats for i in batch],
+                    np.r_[seeds, np.full(len(batch) - len(todo), seeds[0])],
                 )[: len(todo)]
             except Exception as exc:  # noqa: BLE001 - reported per device by the runtime
                 tilted = [exc] * len(todo)
-            for i, t in zip(todo, tilted):
-                try:
-                    results[i] = t if isinstance(t, BaseException) else self._update_site(messages[i], states[i], t)
-                except Exception as exc:  # noqa: BLE001 - one device's failure is its own
-                    results[i] = exc
+            good = [k for k, t in enumerate(tilted) if not isinstance(t, BaseException) and t.ok]
+            for k, t in enumerate(tilted):
+                if isinstance(t, BaseException):
+                    results[todo[k]] = t
+                elif not t.ok:
+                    results[todo[k]] = SkipRound(t.message or "tilted moments unavailable")
+            if good:
+                idx = todo[good]
+                pd, t_r, t_Q = _naturals(
+                    np.stack([tilted[k].mean for k in good]), np.stack([tilted[k].cov for k in good])
+                )
+                for j, i in enumerate(idx):
+                    if not pd[j]:
+                        results[i] = NotPositiveDefinite("the tilted covariance is not positive definite")
+                        continue
+                    try:
+                        results[i] = self._update_site(states[i], t_r[j] - cav_r[i], t_Q[j] - cav_Q[i], tilted[good[j]])
+                    except Exception as exc:  # noqa: BLE001 - one device's failure is its own
+                        results[i] = exc
         return results
 
-    def _update_site(self, msg: Message, state: EPClientState, tilted: TiltedResult) -> tuple[Message, EPClientState]:
-        if not tilted.ok:
-            raise SkipRound(tilted.message or "tilted moments unavailable")
-        cavity = NaturalGaussian.from_message(msg) / state.site
-        proposed = tilted.natural() / cavity
-        new_site = state.site.interpolate(proposed, self.damping)
-        change = new_site / state.site
+    def _update_site(
+        self, state: EPClientState, prop_r: np.ndarray, prop_Q: np.ndarray, tilted: TiltedResult
+    ) -> tuple[Message, EPClientState]:
+        """Move the site towards ``tilted / cavity`` (natural parameters ``prop_r, prop_Q``)
+        by the damping factor; the reply is the change."""
+        d = self.damping
+        site = state.site
+        change = NaturalGaussian(((1 - d) * site.r + d * prop_r) - site.r, ((1 - d) * site.Q + d * prop_Q) - site.Q)
         reply = {"dr": change.r, "dQ": change.Q}
         new_state = replace(state, pending=change, n_updates=state.n_updates + 1, diagnostics=dict(tilted.diagnostics))
         return reply, new_state
@@ -341,6 +353,41 @@ class RowsEP(FederatedEP):
         full = [replace(s, stats=self.model.client_stats(d)) for s, d in zip(states, datas)]
         out = super().client_steps(messages, full, datas, rngs)
         return [o if isinstance(o, BaseException) else (o[0], replace(o[1], stats={})) for o in out]
+
+
+def _moments(r: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For stacked natural parameters (B, p), (B, p, p): which are proper, and the means and
+    covariances (NaN where not proper)."""
+    proper, Linv = _inverse_factors(Q)
+    cov = symmetrize(np.swapaxes(Linv, 1, 2) @ Linv)
+    return proper, (cov @ r[:, :, None])[:, :, 0], cov
+
+
+def _naturals(mean: np.ndarray, cov: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For stacked moments (B, p), (B, p, p): which covariances are PD, and the natural
+    parameters ``(Q mean, Q)`` (NaN where not PD)."""
+    pd, Linv = _inverse_factors(symmetrize(cov))
+    Q = symmetrize(np.swapaxes(Linv, 1, 2) @ Linv)
+    return pd, (Q @ mean[:, :, None])[:, :, 0], Q
+
+
+def _inverse_factors(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which of the stacked symmetric matrices (B, p, p) are positive definite, and ``L^-1``
+    for their Cholesky factors ``L`` (NaN for the others)."""
+    ok = np.all(np.isfinite(M), axis=(1, 2))
+    L = np.full_like(M, np.nan)
+    try:
+        L[ok] = np.linalg.cholesky(M[ok])
+    except np.linalg.LinAlgError:  # some are not PD: one at a time
+        for b in np.flatnonzero(ok):
+            try:
+                L[b] = np.linalg.cholesky(M[b])
+            except np.linalg.LinAlgError:
+                ok[b] = False
+    Linv = np.full_like(M, np.nan)
+    if ok.any():
+        Linv[ok] = np.linalg.inv(L[ok])
+    return ok, Linv
 
 
 def fractional_cavity(

@@ -63,6 +63,11 @@ class HM2Site:
     def local_dim(self) -> int:
         return 0 if self.sigma_known else 1
 
+    @property
+    def gaussian_dim(self) -> int:
+        """phi's leading block ``mu``: given tau and sigma_k the site is Gaussian in it."""
+        return self.d
+
     def cache_key(self) -> tuple:
         return ("HM2Site", self.d, self.tau_kind, self.tau_known, self.sigma_known, self.log_sigma_prior)
 
@@ -150,6 +155,52 @@ class HM2Site:
         return ll + lp + lp_z
 
     # ------------------------------------------------------------------ numpy closed forms
+    def gaussian_given(self, x: np.ndarray, stats) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``log_collapsed`` as ``-mu' P mu / 2 + mu' h + c`` at each point ``x = (log tau,
+        log sigma_k)`` (the unknown ones), x (D, B, M), stats stacked (B, ...): see
+        :class:`~fedstats.inference.tilted.ConditionallyGaussianSite`.
+
+        With ``Dinv = diag(1 / tau)`` and ``Q = A / s2 + Dinv`` (theta_k's conditional
+        precision): ``P = Dinv - Dinv Q^-1 Dinv``, ``h = Dinv Q^-1 b / s2`` (the form whose
+        subtraction cancels only where the prior outweighs the data).
+        """
+        from ..inference.tilted import batched as bt
+
+        d, nt = self.d, self.n_log_tau
+        B, M = x.shape[1:]
+        if self.tau_kind == "diag":
+            log_tau = x[:d]
+        elif self.tau_kind == "iso":
+            log_tau = np.broadcast_to(x[:1], (d, B, M))
+        else:
+            log_tau = np.broadcast_to(np.log(np.asarray(self.tau_known, dtype=float))[:, None, None], (d, B, M))
+        dinv = np.exp(-log_tau)
+        if self.sigma_known:
+            s2, lp_z = np.asarray(stats["sigma2"], dtype=float)[:, None], 0.0
+        else:
+            z = x[nt]
+            m, s = self.log_sigma_prior
+            s2, lp_z = np.exp(2 * z), -0.5 * ((z - m) / s) ** 2 - np.log(s) - 0.5 * np.log(2 * np.pi)
+        A = np.moveaxis(np.asarray(stats["A"], dtype=float), 0, -1)[..., None]  # (d, d, B, 1)
+        bs = np.moveaxis(np.asarray(stats["b"], dtype=float), 0, -1)[..., None] / s2  # (d, B, M or 1)
+        c, n = np.asarray(stats["c"], dtype=float)[:, None], np.asarray(stats["n"], dtype=float)[:, None]
+        Q = A / s2
+        Q = Q + np.eye(d)[:, :, None, None] * dinv[None]
+        L = bt.cholesky(Q)
+        Qinv = bt.inv_from_cholesky(L)
+        P = np.eye(d)[:, :, None, None] * dinv[None] - dinv[:, None] * Qinv * dinv[None]
+        Qb = bt.matvec(Qinv, bs)
+        h = dinv * Qb
+        const = (
+            -0.5 * n * np.log(2 * np.pi * s2)
+            - 0.5 * c / s2
+            - 0.5 * np.sum(log_tau, axis=0)
+            - 0.5 * bt.logdet_from_cholesky(L)
+            + 0.5 * np.sum(bs * Qb, axis=0)
+            + lp_z
+        )
+        return P, h, const
+
     def theta_conditional(self, phi: np.ndarray, z: np.ndarray, stats) -> tuple[np.ndarray, np.ndarray]:
         """Mean and covariance of theta_k | phi, sigma_k, y_k for a batch of draws.
 

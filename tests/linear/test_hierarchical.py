@@ -340,12 +340,12 @@ def test_bad_options_raise(bad, match):
 
 
 def test_fit_raises_when_no_device_ever_answers(monkeypatch):
-    from fedstats.inference.tilted import ImportanceTilted
+    from fedstats.inference.tilted import RaoBlackwellTilted  # the default here
 
     def broken(self, *a, **k):
         raise FloatingPointError("sampler exploded")
 
-    monkeypatch.setattr(ImportanceTilted, "estimate", broken)
+    monkeypatch.setattr(RaoBlackwellTilted, "estimate", broken)
     with pytest.raises(RuntimeError, match="no device answered.*sampler exploded"):
         HierarchicalLinearModel(rounds=2).fit(make_data())
 

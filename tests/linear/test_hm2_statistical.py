@@ -66,6 +66,36 @@ def test_nuts_mode_on_the_uncertainty_example_matches_pooled_nuts():
     assert all(st.diagnostics["rhat_max"] < 1.1 for st in res.client_states.values())
 
 
+def test_default_fit_of_the_uncertainty_example_matches_pooled_nuts_many_times_faster():
+    """Issue 22's EP item on the paper's K = 100 example with the defaults (Rao-Blackwellised
+    moments, 256 quasi-random draws of log tau per device, no compilation): within 0.1
+    posterior sd of pooled NUTS and sd ratios in [0.9, 1.1], and many times faster. The
+    benchmark (benchmarks/results/ep_vs_pooled.md) measures the ratio against 4 x (1000 +
+    1000) draws; here 2 x (1000 + 1000), so the ratio is about half the benchmark's, asserted
+    with room for a busy machine. NUTS's own Monte Carlo error (about 0.02-0.03 sd) is part of
+    the measured difference."""
+    import time
+
+    import jax
+
+    from fedstats.reference.hierarchical import pooled_nuts
+
+    jax.jit(lambda x: x + 1)(jax.numpy.zeros(1)).block_until_ready()  # jax's start-up, paid by neither side
+    data, truth = hm2_federation(seed=1, sigma=0.05)
+    t0 = time.perf_counter()
+    res = HierarchicalLinearModel(standardize=False, fit_intercept=False, sigma=0.05).fit(data, seed=1, progress=False)
+    t_ep = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ref = pooled_nuts(data, sigma=0.05, fit_intercept=False, num_warmup=1000, num_samples=1000, num_chains=2, seed=1)
+    t_nuts = time.perf_counter() - t0
+    assert res.converged and type(res.algorithm.estimator).__name__ == "RaoBlackwellTilted"
+    g = res.global_posterior()
+    rm, rs = ref["phi"].mean(0), ref["phi"].std(0)
+    assert np.max(np.abs(g.mean - rm) / rs) < 0.1, np.abs(g.mean - rm) / rs
+    assert np.all((g.sd / rs > 0.9) & (g.sd / rs < 1.1)), g.sd / rs
+    assert t_nuts / t_ep > 5.0, (t_ep, t_nuts)
+
+
 @pytest.mark.parametrize("K, seed", [(10, 0), (10, 1), (20, 1), (20, 3), (50, 2)])
 def test_default_fit_converges_across_federations(K, seed):
     """Regression: with defaults EP converges (no lock-up where every device skips, no divergence).
@@ -100,6 +130,7 @@ def iso_federation():
 @pytest.mark.parametrize(
     "estimator, options",
     [
+        ("rao_blackwell", {}),
         ("importance", {}),
         ("laplace", {}),
         ("nuts", dict(num_warmup=300, num_samples=1000, num_chains=2, target="augmented")),

@@ -22,6 +22,9 @@ Estimators, one module each
     NumPyro NUTS over the device's target (``augmented``: phi, theta_k and local
     nuisances; or ``collapsed``: theta_k integrated out), several chains, vectorised over
     devices and chains, keeping the phi draws (plus R-hat and ESS of every run).
+``RaoBlackwellTilted`` (:mod:`.rao_blackwell`)
+    Importance sampling of the coordinates that are not conditionally Gaussian, the
+    Gaussian block of phi integrated in closed form; numpy only (nothing to compile).
 ``GibbsTilted`` (:mod:`.gibbs`)
     Metropolis within Gibbs for sites whose ``theta_k`` and locals have exact conditionals.
 
@@ -32,13 +35,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import AugmentedSite, ExactSite, GibbsSite, PreparedSite, SiteModel, Stats, TiltedEstimator, TiltedResult
+from .base import (
+    AugmentedSite,
+    ConditionallyGaussianSite,
+    ExactSite,
+    GibbsSite,
+    PreparedSite,
+    SiteModel,
+    Stats,
+    TiltedEstimator,
+    TiltedResult,
+)
 from .chains import zero_variance_moments
 from .exact import ExactTilted
 from .gibbs import GibbsTilted
 from .importance import ImportanceTilted
 from .laplace import LaplaceTilted
 from .nuts import NUTSTilted
+from .rao_blackwell import RaoBlackwellTilted
 
 ESTIMATORS = {
     "exact": ExactTilted,
@@ -46,12 +60,13 @@ ESTIMATORS = {
     "importance": ImportanceTilted,
     "nuts": NUTSTilted,
     "gibbs": GibbsTilted,
+    "rao_blackwell": RaoBlackwellTilted,
 }
 
 
 def make_estimator(spec: str | TiltedEstimator, **options: Any) -> TiltedEstimator:
     """An estimator from its name (``exact``, ``laplace``, ``importance``, ``nuts``,
-    ``gibbs``) or as given."""
+    ``gibbs``, ``rao_blackwell``) or as given."""
     if isinstance(spec, TiltedEstimator):
         if options:
             raise ValueError("options can only be given with an estimator name")
@@ -66,6 +81,7 @@ def make_estimator(spec: str | TiltedEstimator, **options: Any) -> TiltedEstimat
 __all__ = [
     "SiteModel",
     "AugmentedSite",
+    "ConditionallyGaussianSite",
     "ExactSite",
     "GibbsSite",
     "PreparedSite",
@@ -77,6 +93,7 @@ __all__ = [
     "ImportanceTilted",
     "NUTSTilted",
     "GibbsTilted",
+    "RaoBlackwellTilted",
     "make_estimator",
     "ESTIMATORS",
     "zero_variance_moments",

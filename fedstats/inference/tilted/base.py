@@ -83,6 +83,30 @@ class ExactSite(SiteModel, Protocol):
 
 
 @runtime_checkable
+class ConditionallyGaussianSite(SiteModel, Protocol):
+    """A site whose ``log_collapsed`` is Gaussian in the first ``gaussian_dim`` entries of
+    ``phi`` (``beta``) given the rest (``psi``) and the locals ``z`` (``RaoBlackwellTilted``):
+    ``log_collapsed(phi, z) = -beta' P beta / 2 + beta' h + c`` with ``(P, h, c)`` functions
+    of ``x = (psi, z)``.
+
+    ``gaussian_given(x, stats)`` (numpy) takes ``x`` of shape ``(D, B, M)`` (coordinates
+    leading; B devices, M points each) and the devices' statistics stacked along a leading
+    axis (arrays ``(B, ...)``), and returns ``P`` (g, g, B, M), ``h`` (g, B, M) and ``c``
+    (B, M), ``g = gaussian_dim``. ``P`` need not be positive definite (only ``P`` plus the
+    cavity's conditional precision is)."""
+
+    if TYPE_CHECKING:  # read only: a site may compute it (property)
+
+        @property
+        def gaussian_dim(self) -> int: ...
+
+    else:
+        gaussian_dim: int
+
+    def gaussian_given(self, x: np.ndarray, stats: Stats) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+@runtime_checkable
 class GibbsSite(SiteModel, Protocol):
     """A site with conditionals to sample ``theta_k`` and the locals exactly (``GibbsTilted``).
 

