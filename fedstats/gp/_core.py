@@ -1,5 +1,5 @@
 """Shared pieces of the GP code: the hyperparameter layout, the batched exact negative log
-marginal likelihood on GPyTorch kernels, closed-form prediction, and the optimiser updates.
+marginal likelihood on GPyTorch kernels (and its gradient written out), closed-form prediction.
 
 Hyperparameters travel as *constrained* values (lengthscale, outputscale and noise
 variance, and a constant mean when there is one), each a float64 numpy vector. Inside,
@@ -13,6 +13,7 @@ above a few thousand rows factorises in tiles (:mod:`._tiled`) to hold half the 
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -166,12 +167,26 @@ class HyperSpec:
         return None if fl is None else gpytorch.constraints.GreaterThan(fl)
 
     def to_raw(self, name: str, value: torch.Tensor) -> torch.Tensor:
-        c = self.constraint(name)
-        return value if c is None else c.inverse_transform(value)
+        fl = self.floor(name)
+        return value if fl is None else _bound(fl).inverse_transform(value)
 
     def from_raw(self, name: str, raw: torch.Tensor) -> torch.Tensor:
-        c = self.constraint(name)
-        return raw if c is None else c.transform(raw)
+        fl = self.floor(name)
+        return raw if fl is None else _bound(fl).transform(raw)
+
+    def slope(self, name: str, raw: torch.Tensor) -> torch.Tensor:
+        """``d from_raw / d raw``: softplus's slope ``sigmoid(raw)`` (1 above its threshold 20,
+        where softplus is the identity), 1 for the mean."""
+        if self.floor(name) is None:
+            return torch.ones_like(raw)
+        return torch.where(raw > 20, 1.0, torch.sigmoid(raw))
+
+
+@functools.lru_cache(maxsize=None)
+def _bound(floor: float) -> gpytorch.constraints.GreaterThan:
+    """The constraint of :meth:`HyperSpec.from_raw` / ``to_raw``, built once (0.2 ms each time);
+    a module gets its own (:meth:`HyperSpec.constraint`): ``.to()`` converts its buffers."""
+    return gpytorch.constraints.GreaterThan(floor)
 
 
 class BatchGP(torch.nn.Module):
@@ -256,18 +271,10 @@ class _GaussianNLL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, base, scale, noise, r):
-        K = base * scale[:, None, None]
-        K.diagonal(dim1=-2, dim2=-1).add_(noise[:, None])
-        L = psd_safe_cholesky(K)
-        del K
-        logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-        if any(ctx.needs_input_grad):  # K^{-1} is needed below: a = K^{-1} r from it
-            Kinv = torch.cholesky_inverse(L)
-            alpha = (Kinv @ r.unsqueeze(-1)).squeeze(-1)
+        value, Kinv, alpha = _factor(base, scale, noise, r, any(ctx.needs_input_grad))
+        if Kinv is not None:
             ctx.save_for_backward(base, scale, Kinv, alpha)
-        else:
-            alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
-        return 0.5 * (r * alpha).sum(-1) + logdet
+        return value
 
     @staticmethod
     def backward(ctx, grad):
@@ -286,6 +293,102 @@ class _GaussianNLL(torch.autograd.Function):
         return g_base, g_scale, g_noise, g_r
 
 
+def _buffer(work: dict | None, name: str, like: torch.Tensor, shape, column_major: bool = False) -> torch.Tensor | None:
+    """``work[name]``, a ``[G, M, M]`` buffer kept between calls (None without ``work``): fresh
+    tensors of that size every local step cost more in page faults than in arithmetic."""
+    if work is None:
+        return None
+    t = work.get(name)
+    if t is None or t.shape != shape or t.dtype != like.dtype or t.device != like.device:
+        t = work[name] = like.new_empty(shape).mT if column_major else like.new_empty(shape)
+    return t
+
+
+def _factor(base, scale, noise, r, inverse: bool, work: dict | None = None):
+    """``0.5 r^T K^{-1} r + 0.5 log det K`` (``[G]``) with ``K = s B + v I`` by GPyTorch's
+    ``psd_safe_cholesky`` (jitter only if the plain Cholesky fails), ``K^{-1}`` (``inverse``;
+    else None) and ``a = K^{-1} r``, in the buffers of ``work`` (:func:`_buffer`) if given."""
+    K = torch.mul(base, scale[:, None, None], out=_buffer(work, "K", base, base.shape))
+    K.diagonal(dim1=-2, dim2=-1).add_(noise[:, None])
+    # K is symmetric (LAPACK reads one triangle): its transpose is column-major, as LAPACK needs
+    L = psd_safe_cholesky(K.mT, out=_buffer(work, "L", base, base.shape, True))
+    del K
+    logdet = torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+    alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
+    Kinv = None
+    if inverse:  # K^{-1} is symmetric (exactly, from LAPACK): its transpose is it, row-major
+        Kinv = torch.cholesky_inverse(L, out=_buffer(work, "Kinv", base, base.shape, True)).mT
+    return 0.5 * (r * alpha).sum(-1) + logdet, Kinv, alpha
+
+
+def _sq_dist(Z: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """GPyTorch's ``sq_dist(Z, Z, x1_eq_x2=True)`` (the same operations), into ``out``."""
+    Z = Z - Z.mean(-2, keepdim=True)
+    norm = Z.pow(2).sum(dim=-1, keepdim=True)
+    pad = torch.ones_like(norm)
+    res = torch.matmul(torch.cat([-2.0 * Z, norm, pad], dim=-1), torch.cat([Z, pad, norm], dim=-1).mT, out=out)
+    res.diagonal(dim1=-2, dim2=-1).fill_(0)
+    return res.clamp_min_(0)
+
+
+def _base_kernel(spec: HyperSpec, X: torch.Tensor, ls: torch.Tensor, work: dict | None = None):
+    """The unit-outputscale kernel ``B`` (``[G, M, M]``) at inputs ``X`` (``[G, M, d]``) with
+    lengthscales ``ls`` (``[G, 1, 1]``, or ``[G, 1, d]`` with ARD), by the arithmetic of
+    GPyTorch's RBF and Matern covariance functions; with it ``D`` and the scaled inputs ``Z``.
+    One lengthscale: ``dB/dl = D / l``. ARD: ``dB/dl_j = D * (z_j - z_j^T)^2 / l_j`` elementwise
+    (``z_j``: column j of ``Z``, a column vector). ``work``: see :func:`_buffer` (``"K"`` is
+    scratch space here)."""
+    shape = X.shape[:-1] + X.shape[-2:-1]
+    buf = lambda name: _buffer(work, name, X, shape)  # noqa: E731
+    if spec.kernel == "rbf":
+        Z = X.div(ls)
+        D2 = _sq_dist(Z, buf("D"))
+        B = torch.div(D2, -2.0, out=buf("B")).exp_()
+        return B, (B if spec.ard else D2.mul_(B)), Z
+    Z = (X - X.mean(dim=-2, keepdim=True)).div(ls)
+    S = _sq_dist(Z, buf("D")).clamp_min_(1e-30).sqrt_().mul_(math.sqrt(2 * spec.nu))  # sqrt(2 nu) r
+    E = torch.neg(S, out=buf("E")).exp_()
+    if spec.nu == 0.5:  # B = exp(-S)
+        return E, (torch.div(E, S, out=S) if spec.ard else S.mul_(E)), Z
+    B = torch.add(S, 1, out=buf("B"))
+    if spec.nu == 1.5:  # B = (1 + S) exp(-S)
+        return B.mul_(E), (E.mul_(3) if spec.ard else S.square_().mul_(E)), Z
+    quad = torch.square(S, out=buf("K")).div_(3)  # nu = 2.5: B = (1 + S + S^2 / 3) exp(-S)
+    D = torch.mul(B, E, out=S).mul_(5 / 3 if spec.ard else quad)
+    return B.add_(quad).mul_(E), D, Z
+
+
+def nll_grad(
+    spec: HyperSpec, raw: torch.Tensor, X: torch.Tensor, y: torch.Tensor, work: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`BatchGP.nll` of G data sets (``X`` ``[G, M, d]``, ``y`` ``[G, M]``) at the raw
+    hyperparameters ``raw`` (``[G, P]``: the names of ``spec.names`` in order), and its gradient
+    with respect to ``raw``, written out (no autograd graph): with ``W = K^{-1} - a a^T``,
+    ``dL/dK = W / 2`` contracted with each hyperparameter's ``dK`` (:func:`_base_kernel`),
+    times the slope of the raw transform. ``work``: a dict that keeps its buffers between calls."""
+    G, M = y.shape
+    raws = raw.split([spec.size(n) for n in spec.names], dim=1)
+    val = {n: spec.from_raw(n, p) for n, p in zip(spec.names, raws)}
+    ls, s, v = val["lengthscale"], val["outputscale"][:, 0], val["noise"][:, 0]
+    r = y - val["mean"] if "mean" in val else y
+    B, D, Z = _base_kernel(spec, X, ls[:, None, :], work)
+    value, W, a = _factor(B, s, v, r, True, work)
+    W.addcmul_(a.unsqueeze(-1), a.unsqueeze(-2), value=-1.0)  # K^{-1} - a a^T, in place
+    scratch = _buffer(work, "K", X, W.shape)  # K itself is no longer needed
+    grad = {"outputscale": 0.5 * torch.mul(W, B, out=scratch).sum((-2, -1)), "mean": -a.sum(-1)}
+    grad["noise"] = 0.5 * torch.diagonal(W, dim1=-2, dim2=-1).sum(-1)
+    if spec.ard:  # sum_ik P_ik (z_ij - z_kj)^2 = 2 sum_i z_ij^2 sum_k P_ik - 2 z_j^T P z_j (P symmetric)
+        P = W.mul_(D)
+        P.diagonal(dim1=-2, dim2=-1).zero_()  # z_ij - z_ij = 0: the diagonal adds nothing
+        Zc = Z - Z.mean(dim=-2, keepdim=True)
+        q = 2 * (P.sum(-1, keepdim=True) * Zc - P @ Zc).mul_(Zc).sum(-2)
+    else:
+        q = torch.mul(W, D, out=scratch).sum((-2, -1))[:, None]
+    grad["lengthscale"] = 0.5 * s[:, None] * q / ls
+    g = torch.cat([(grad[n].reshape(G, -1) * spec.slope(n, p)) for n, p in zip(spec.names, raws)], dim=1)
+    return value + 0.5 * M * math.log(2 * math.pi), g
+
+
 def raw_tensors(spec: HyperSpec, hypers: list[dict], device, dtype) -> dict[str, torch.Tensor]:
     """Stack the constrained values of G hyperparameter sets into raw ``[G, size]`` tensors."""
     out = {}
@@ -300,34 +403,6 @@ def single_model(spec: HyperSpec, hyper: dict, device, dtype) -> BatchGP:
     m = BatchGP(spec, 1, device, dtype)
     m.set_raw(raw_tensors(spec, [hyper], device, dtype))
     return m
-
-
-# --------------------------------------------------------------------------- optimisers
-
-
-def adam_update(p, g, m, v, t, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
-    """One Adam step, element by element, with a step counter ``t`` per batch member.
-
-    The arithmetic of :class:`torch.optim.Adam` (single-tensor, no weight decay): returns
-    ``(new_p, new_m, new_v)``; ``t`` (``[G]``, the step number starting at 1) broadcasts
-    over the trailing dimensions of ``p``.
-    """
-    b1, b2 = betas
-    m = m * b1 + (1 - b1) * g
-    v = v * b2 + (1 - b2) * g * g
-    shape = (-1,) + (1,) * (p.dim() - 1)
-    tt = t.to(p.dtype).reshape(shape)
-    step_size = lr / (1 - b1**tt)
-    denom = v.sqrt() / torch.sqrt(1 - b2**tt) + eps
-    return p - step_size * m / denom, m, v
-
-
-def sgd_lr(lr: float, decay, t: torch.Tensor) -> torch.Tensor:
-    """``lr / (1 + t / decay)`` (``decay`` = t0 in steps) or the constant ``lr``; ``t`` counts
-    the steps a client took before this one (0 for its first)."""
-    if decay is None:
-        return torch.full_like(t, lr, dtype=torch.float64)
-    return lr / (1 + t.to(torch.float64) / decay)
 
 
 # --------------------------------------------------------------------------- prediction

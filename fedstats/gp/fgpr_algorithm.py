@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,9 +16,12 @@ from scipy.spatial import cKDTree
 
 from .. import streams
 from ..federation import FederatedAlgorithm, Message
-from ._core import BatchGP, HyperSpec, adam_update, raw_tensors, sgd_lr
+from ._core import HyperSpec, nll_grad, raw_tensors
 
 __all__ = ["FGPRAlgorithm", "draw_participants", "average_hypers", "to_average_space", "from_average_space"]
+
+#: the fewest clients in a part of a group that :meth:`FGPRAlgorithm.client_steps` runs on a thread
+PART = 32
 
 
 # --------------------------------------------------------------------------- server helpers
@@ -145,7 +149,9 @@ class FGPRAlgorithm(FederatedAlgorithm):
     holds itself (their ``N_k`` from :class:`CountShare`, or the multiplicities it drew),
     and maps back. :meth:`client_steps` runs all clients with equal ``(M_k, E_k)`` as one
     batched GP (``batch_shape=[G]``), which gives what :meth:`client_step` gives client by
-    client. See :class:`FGPR` for the options.
+    client; a round of at least ``2 PART`` clients shares its groups among up to ``workers``
+    threads (a group in parts of at least :data:`PART` clients; :class:`FGPR` passes torch's
+    thread count on the CPU). See :class:`FGPR` for the options.
     """
 
     def __init__(
@@ -169,6 +175,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
         standardize: bool,
         device,
         dtype,
+        workers: int = 1,
     ):
         self.spec, self.init, self.counts = spec, init, counts
         self.local_steps, self.batch_size, self.sampler = local_steps, batch_size, sampler
@@ -179,7 +186,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
             average_space,
         )
         self.participants, self.seed, self.standardize = participants, seed, standardize
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.workers = device, dtype, workers
         self.reply_keys = spec.names
         self.summed_keys = spec.names  # the server uses the weighted terms only through their sum
         clients = list(counts)
@@ -245,26 +252,41 @@ class FGPRAlgorithm(FederatedAlgorithm):
         datas: Sequence[Any],
         rngs: Sequence[np.random.Generator],
     ) -> list[tuple[Message, Any] | BaseException]:
-        out: list = [None] * len(states)
         groups: dict = {}
         for i, s in enumerate(states):
             groups.setdefault((s.m, s.e, s.m == s.n), []).append(i)
-        for idx in groups.values():
-            saved = [rngs[i].bit_generator.state for i in idx]
-            try:
-                res = self._update(
-                    [messages[i] for i in idx],
-                    [states[i] for i in idx],
-                    [datas[i] for i in idx],
-                    [rngs[i] for i in idx],
-                )
-            except Exception:  # noqa: BLE001 - isolate the failing client: redo this group one by one
-                for i, st in zip(idx, saved):  # with the batch draws it would have made on its own
-                    rngs[i].bit_generator.state = st
-                res = [self._one(messages[i], states[i], datas[i], rngs[i]) for i in idx]
-            for i, r in zip(idx, res):
+        # a group of 2 PART clients or more in up to `workers` parts of PART clients at least; in
+        # a round of 2 PART clients or more, the groups and parts run on up to `workers` threads
+        # (torch releases the GIL in its operations). A client's result does not depend on the
+        # clients batched with it.
+        parts = [
+            list(part)
+            for idx in groups.values()
+            for part in np.array_split(idx, max(1, min(self.workers, len(idx) // PART)))
+        ]
+        pick = lambda xs, part: [xs[i] for i in part]  # noqa: E731
+        run = lambda part: self._group(*(pick(xs, part) for xs in (messages, states, datas, rngs)))  # noqa: E731
+        if self.workers > 1 and len(parts) > 1 and len(states) >= 2 * PART:
+            with ThreadPoolExecutor(min(self.workers, len(parts))) as pool:
+                results = list(pool.map(run, parts))
+        else:
+            results = [run(part) for part in parts]
+        out: list = [None] * len(states)
+        for part, res in zip(parts, results):
+            for i, r in zip(part, res):
                 out[i] = r
         return out
+
+    def _group(self, messages, states, datas, rngs) -> list:
+        """:meth:`_update` of clients with equal ``(M_k, E_k)``; if it fails, client by client
+        (each with the batch draws it would have made on its own), to isolate the failure."""
+        saved = [rng.bit_generator.state for rng in rngs]
+        try:
+            return self._update(messages, states, datas, rngs)
+        except Exception:  # noqa: BLE001 - the runtime records a failing client's exception
+            for rng, st in zip(rngs, saved):
+                rng.bit_generator.state = st
+            return [self._one(*a) for a in zip(messages, states, datas, rngs)]
 
     def _one(self, message, state, data, rng):
         try:
@@ -272,26 +294,10 @@ class FGPRAlgorithm(FederatedAlgorithm):
         except Exception as exc:  # noqa: BLE001 - the runtime records it
             return exc
 
-    def _model(self, G: int) -> BatchGP:
-        # one module per group size, reused across rounds (its values are overwritten each step)
-        cache = self.__dict__.setdefault("_models", {})
-        if G not in cache:
-            cache[G] = BatchGP(self.spec, G, self.device, self.dtype)
-        return cache[G]
-
-    def _batch_indices(self, state: _Client, view: _View, rng) -> np.ndarray:
-        if state.m == state.n:
-            return np.arange(state.n)
-        if self.sampler == "uniform":
-            return rng.choice(state.n, size=state.m, replace=False)
-        assert view.tree is not None  # _view builds it for "nearest" whenever m < n
-        centre = view.X[rng.integers(state.n)]
-        return np.sort(view.tree.query(centre, k=state.m)[1])
-
     def __getstate__(self) -> dict:
-        # the caches of one process (batched models, clients' data views, stacked tensors)
-        # are never pickled: a copy of the algorithm carries no client's data
-        return {k: v for k, v in self.__dict__.items() if k not in ("_models", "_view_cache", "_stack_cache")}
+        # the caches of one process (clients' data views, stacked tensors, the local steps'
+        # buffers) are never pickled: a copy of the algorithm carries no client's data
+        return {k: v for k, v in self.__dict__.items() if k not in ("_view_cache", "_stack_cache")}
 
     def _views(self, states, datas) -> list[_View]:
         """Each client's :class:`_View`, built once per fit (a client's data and sizes do not
@@ -307,14 +313,15 @@ class FGPRAlgorithm(FederatedAlgorithm):
             out.append(hit[1])
         return out
 
-    def _stacked(self, states, datas, views) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stacked(self, states, datas, views) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """The group's inputs ``[G, N_max, d]`` and targets ``[G, N_max]`` (zero padded), stacked
-        once per fit for a group of the same data objects."""
+        once per fit for a group of the same data objects, and the buffers of its local steps
+        (:func:`~._core.nll_grad`'s ``work``)."""
         cache = self.__dict__.setdefault("_stack_cache", {})
         key = tuple(id(d) for d in datas)
         hit = cache.get(key)
         if hit is not None and all(a is b for a, b in zip(hit[0], datas)):
-            return hit[1], hit[2]
+            return hit[1], hit[2], hit[3]
         if len(cache) > 8:
             cache.clear()
         G, nmax = len(states), max(s.n for s in states)
@@ -322,15 +329,33 @@ class FGPRAlgorithm(FederatedAlgorithm):
         ypad = torch.zeros((G, nmax), device=self.device, dtype=self.dtype)
         for g, (s, v) in enumerate(zip(states, views)):
             Xpad[g, : s.n], ypad[g, : s.n] = v.Xt, v.yt
-        cache[key] = (list(datas), Xpad, ypad)
-        return Xpad, ypad
+        cache[key] = (list(datas), Xpad, ypad, {})
+        return Xpad, ypad, cache[key][3]
 
     def _draws(self, states, views, rngs, E: int) -> np.ndarray:
-        """Every local step's batch indices ``[E, G, M]``: each client draws its E batches from
-        its own stream in step order, as it would step by step."""
+        """Every local step's batch indices ``[E, G, M]`` (each batch in increasing row order),
+        each client's from its own stream alone, so a client draws the same batches in a group
+        as on its own.
+
+        ``uniform``: the rows of the M smallest of N_k uniform keys, for each step: M rows
+        uniformly without replacement, as ``rng.choice(N_k, M, replace=False)`` draws them but
+        from another use of the stream (one ``rng.random((E, N_k))`` per client and round, and
+        one partition for the whole group). ``nearest``: the M nearest neighbours of a row
+        drawn uniformly, step by step."""
+        M = states[0].m
+        if self.sampler == "uniform":
+            keys = np.full((E, len(states), max(s.n for s in states)), np.inf)  # padding is never drawn
+            for g, (s, rng) in enumerate(zip(states, rngs)):
+                keys[:, g, : s.n] = rng.random((E, s.n))
+            return np.sort(np.argpartition(keys, M - 1, axis=-1)[..., :M], axis=-1)
         return np.stack(
-            [np.stack([self._batch_indices(s, v, r) for _ in range(E)]) for s, v, r in zip(states, views, rngs)], axis=1
+            [np.stack([self._nearest(s, v, rng) for _ in range(E)]) for s, v, rng in zip(states, views, rngs)], axis=1
         )
+
+    @staticmethod
+    def _nearest(state: _Client, view: _View, rng) -> np.ndarray:
+        assert view.tree is not None  # _view builds it for "nearest" whenever M < N_k
+        return np.sort(view.tree.query(view.X[rng.integers(state.n)], k=state.m)[1])
 
     def _update(self, messages, states, datas, rngs) -> list:
         """E local steps of G clients with equal (M, E) as one batched GP."""
@@ -339,7 +364,6 @@ class FGPRAlgorithm(FederatedAlgorithm):
         views = self._views(states, datas)
         dev, dt = self.device, self.dtype
         M, E = states[0].m, states[0].e
-        model = self._model(G)
         # all hyperparameters as one [G, P] tensor (Adam and SGD act element by element)
         sizes = [spec.size(n) for n in names]
         raw = torch.cat(list(raw_tensors(spec, messages, dev, dt).values()), dim=1)
@@ -352,22 +376,18 @@ class FGPRAlgorithm(FederatedAlgorithm):
         # Adam's step counter restarts with a fresh state; SGD's schedule counts across rounds
         restart = self.optimizer == "adam" and not keep
         t0 = torch.tensor([0 if restart else s.steps for s in states], device=dev)
-        Xpad, ypad = self._stacked(states, datas, views)
+        Xpad, ypad, work = self._stacked(states, datas, views)
         batches = None
         if not all(s.m == s.n for s in states):
             nmax = Xpad.shape[1]
             idx = torch.as_tensor(self._draws(states, views, rngs, E), device=dev)
             idx = idx + (torch.arange(G, device=dev) * nmax)[:, None]  # rows of the flattened [G * N_max]
             batches = (Xpad.reshape(G * nmax, -1)[idx], ypad.reshape(-1)[idx])  # [E, G, M, d], [E, G, M]
-        leaves = list(model.leaves().values())
         for step in range(E):
             Xb, yb = (Xpad, ypad) if batches is None else (batches[0][step], batches[1][step])
-            model.set_raw(dict(zip(names, raw.split(sizes, dim=1))))
-            loss = model.nll(Xb, yb)
+            loss, g_ = nll_grad(spec, raw, Xb, yb, work)
             if self.loss_normalization == "mean":
-                loss = loss / M
-            grads = torch.autograd.grad(loss.sum(), leaves)
-            g_ = torch.cat([g.reshape(G, -1) for g in grads], dim=1)
+                loss, g_ = loss / M, g_ / M
             if not (bool(torch.isfinite(loss).all()) and bool(torch.isfinite(g_).all())):
                 raise FloatingPointError(
                     f"non-finite marginal likelihood or gradient in local step {step} (lr={self.lr:g})"
@@ -377,8 +397,9 @@ class FGPRAlgorithm(FederatedAlgorithm):
                 raw, mom, vel = adam_update(raw, g_, mom, vel, t + 1, self.lr, self.betas)
             else:
                 raw = raw - sgd_lr(self.lr, self.lr_decay, t).to(dt).reshape(-1, 1) * g_
-        model.set_raw(dict(zip(names, raw.split(sizes, dim=1))))
-        values = {n: v.detach().to(torch.float64).cpu().numpy() for n, v in model.values().items()}
+        values = {
+            n: spec.from_raw(n, v).to(torch.float64).cpu().numpy() for n, v in zip(names, raw.split(sizes, dim=1))
+        }
         if not all(np.all(np.isfinite(v)) for v in values.values()):
             raise FloatingPointError(f"hyperparameters overflowed (lr={self.lr:g})")
         if type(self).weighted_term is FGPRAlgorithm.weighted_term:  # every client's term at once
@@ -424,6 +445,31 @@ class FGPRAlgorithm(FederatedAlgorithm):
             for j, v in enumerate(new[n]):
                 out[n if len(new[n]) == 1 else f"{n}[{j}]"] = float(v)
         return out
+
+
+def adam_update(p, g, m, v, t, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+    """One Adam step, element by element, with a step counter ``t`` per batch member.
+
+    The arithmetic of :class:`torch.optim.Adam` (single-tensor, no weight decay): returns
+    ``(new_p, new_m, new_v)``; ``t`` (``[G]``, the step number starting at 1) broadcasts
+    over the trailing dimensions of ``p``.
+    """
+    b1, b2 = betas
+    m = m * b1 + (1 - b1) * g
+    v = v * b2 + (1 - b2) * g * g
+    shape = (-1,) + (1,) * (p.dim() - 1)
+    tt = t.to(p.dtype).reshape(shape)
+    step_size = lr / (1 - b1**tt)
+    denom = v.sqrt() / torch.sqrt(1 - b2**tt) + eps
+    return p - step_size * m / denom, m, v
+
+
+def sgd_lr(lr: float, decay, t: torch.Tensor) -> torch.Tensor:
+    """``lr / (1 + t / decay)`` (``decay`` = t0 in steps) or the constant ``lr``; ``t`` counts
+    the steps a client took before this one (0 for its first)."""
+    if decay is None:
+        return torch.full_like(t, lr, dtype=torch.float64)
+    return lr / (1 + t.to(torch.float64) / decay)
 
 
 def batch_for(batch_size, n: int) -> int:
