@@ -72,10 +72,11 @@ def test_importance_consistent_for_any_defensive_weight(defensive):
 
 
 def test_importance_stratum_sizes():
-    est = ImportanceTilted(num_draws=1000, defensive=0.2)
-    assert est._stratum_sizes([0.2, 0.8]) == [200, 800]
-    assert est._stratum_sizes([1.0]) == [1000]
-    assert est._stratum_sizes([0.001, 0.999]) == [2, 998]
+    from fedstats.inference.tilted.importance import stratum_sizes
+
+    assert stratum_sizes([0.2, 0.8], 1000) == [200, 800]
+    assert stratum_sizes([1.0], 1000) == [1000]
+    assert stratum_sizes([0.001, 0.999], 1000) == [2, 998]
 
 
 def test_importance_exact_when_cavity_is_broad():

@@ -102,20 +102,6 @@ class ImportanceTilted(LaplaceTilted):
             )
         return KERNELS[key]
 
-    def _proposals(self, model, cav_mean, cav_cov, mode, negH, stats):
-        return defensive_proposals(
-            cav_mean, cav_cov, mode, negH, lambda b: model.init_local(stats[b])[1], self.defensive
-        )
-
-    def _stratum_sizes(self, weights):
-        return stratum_sizes(weights, self.num_draws)
-
-    def _draw(self, groups, seeds, B, D):
-        return mixture_draws(groups, seeds, B, D, self.num_draws, self.qmc)
-
-    def _moments(self, groups, draws, logw, B):
-        return weighted_moments(groups, draws, logw, B)
-
     def estimate(
         self,
         model: SiteModel,
@@ -131,8 +117,10 @@ class ImportanceTilted(LaplaceTilted):
         x, negH, _ = self._modes(model, cavity_mean, cavity_cov, stats)
         B, D = x.shape
         p, M = model.phi_dim, self.num_draws
-        groups = self._proposals(model, cavity_mean, cavity_cov, x, negH, stats)
-        draws, logq = self._draw(groups, seeds, B, D)
+        groups = defensive_proposals(
+            cavity_mean, cavity_cov, x, negH, lambda b: model.init_local(stats[b])[1], self.defensive
+        )
+        draws, logq = mixture_draws(groups, seeds, B, D, M, self.qmc)
         Bp = bucket(B)
         args = (
             pad_batch(draws, Bp),
@@ -142,7 +130,7 @@ class ImportanceTilted(LaplaceTilted):
         )
         with jax.enable_x64(True):
             logp = np.asarray(self._logw_fn(model)(*args))[:B]
-        w, ess, mw, cov = self._moments(groups, draws, logp - logq, B)
+        w, ess, mw, cov = weighted_moments(groups, draws, logp - logq, B)
         where = {int(b): (k, i) for k, grp in enumerate(groups) for i, b in enumerate(grp[0])}
         out = []
         for b in range(B):
