@@ -363,7 +363,7 @@ class Recorder:
 @pytest.mark.parametrize("model", ["glm", "hm2"])
 def test_secure_aggregation_equals_plain_and_hides_every_client(session, monkeypatch, model):
     """Declared sums through Flower's SecAgg+: the fit equals the plain in-process fit (here
-    to 1e-10: the fixed point is exact to 2**-44 per value), and no array the server receives
+    to 1e-10 for the GLM, 1e-8 for HM2's sampled EP: the fixed point is exact to 2**-44 per value), and no array the server receives
     equals one client's declared-sum array, raw or encoded."""
     from fedstats.federation.flower.secure import SecureAggregation
     from fedstats.glm import FederatedGLM
@@ -382,8 +382,11 @@ def test_secure_aggregation_equals_plain_and_hides_every_client(session, monkeyp
     if model == "glm":
         close(np.r_[plain.params, plain.bse, plain.deviance], np.r_[secure.params, secure.bse, secure.deviance])
     else:
-        close(plain.global_posterior().mean, secure.global_posterior().mean)
-        close(plain.global_posterior().sd, secure.global_posterior().sd)
+        # HM2's sampled moments sit on a Laplace proposal found with finite differences, whose
+        # round-off passes the 2**-44 of the encoding on: measured 2.4e-10 on this fit for a
+        # 1e-13 change of the prior (importance sampling through jax: 5e-13)
+        close(plain.global_posterior().mean, secure.global_posterior().mean, tol=1e-8)
+        close(plain.global_posterior().sd, secure.global_posterior().sd, tol=1e-8)
     assert [r.answered for r in secure.history] == [r.answered for r in plain.history]
     rec.check_no_client_value(SecureAggregation())
 
