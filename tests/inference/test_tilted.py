@@ -203,7 +203,14 @@ def test_every_site_of_the_package_meets_the_site_protocol():
     ``SiteModel`` that the estimators and the EP engine call, and the optional capabilities
     their estimators use (runtime protocol checks: member presence)."""
     from fedstats.glm.sites import HierarchicalSite, SharedSite
-    from fedstats.inference.tilted import AugmentedSite, ExactSite, GibbsSite, PreparedSite, SiteModel
+    from fedstats.inference.tilted import (
+        AugmentedSite,
+        ConditionallyGaussianSite,
+        ExactSite,
+        GibbsSite,
+        PreparedSite,
+        SiteModel,
+    )
     from fedstats.linear._hm2_site import HM2Site
     from fedstats.linear._shrinkage_site import ShrinkageSite
 
@@ -211,6 +218,8 @@ def test_every_site_of_the_package_meets_the_site_protocol():
     glm, hier = SharedSite("binomial", "logit", 1.0, 3, 16), HierarchicalSite("binomial", "logit", 1.0, 3, 16)
     assert all(isinstance(s, SiteModel) for s in (hm2, lasso, glm, hier))
     assert isinstance(hm2, ExactSite) and isinstance(hm2, AugmentedSite)  # exact, NUTS on (phi, theta)
+    assert isinstance(hm2, ConditionallyGaussianSite)  # the Rao-Blackwellised moments
+    assert not any(isinstance(s, ConditionallyGaussianSite) for s in (lasso, glm, hier))
     assert isinstance(lasso, GibbsSite) and isinstance(lasso, AugmentedSite)
     assert isinstance(hier, PreparedSite) and not isinstance(glm, PreparedSite)
     assert not isinstance(glm, ExactSite) and not isinstance(object(), SiteModel)
