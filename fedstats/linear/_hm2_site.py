@@ -184,11 +184,10 @@ class HM2Site:
         A = np.moveaxis(np.asarray(stats["A"], dtype=float), 0, -1)[..., None]  # (d, d, B, 1)
         bs = np.moveaxis(np.asarray(stats["b"], dtype=float), 0, -1)[..., None] / s2  # (d, B, M or 1)
         c, n = np.asarray(stats["c"], dtype=float)[:, None], np.asarray(stats["n"], dtype=float)[:, None]
-        Q = A / s2
-        Q = Q + np.eye(d)[:, :, None, None] * dinv[None]
-        L = bt.cholesky(Q)
+        Dinv = np.eye(d)[:, :, None, None] * dinv[None]  # diag(1 / tau), (d, d, B, M)
+        L = bt.cholesky(A / s2 + Dinv)
         Qinv = bt.inv_from_cholesky(L)
-        P = np.eye(d)[:, :, None, None] * dinv[None] - dinv[:, None] * Qinv * dinv[None]
+        P = Dinv - dinv[:, None] * Qinv * dinv[None]
         Qb = bt.matvec(Qinv, bs)
         h = dinv * Qb
         const = (

@@ -9,7 +9,7 @@ from ...results import register
 from ..gaussian import is_pd, symmetrize
 from . import batched as bt
 from .base import ConditionallyGaussianSite, SiteModel, TiltedEstimator, TiltedResult
-from .importance import defensive_proposals, mixture_draws, weighted_moments
+from .importance import _t, defensive_proposals, mixture_draws, weighted_moments
 from .kernels import stack_stats
 
 
@@ -103,9 +103,7 @@ class RaoBlackwellTilted(TiltedEstimator):
         groups = defensive_proposals(
             cavity_mean[:, g:], cavity_cov[:, g:, g:], mode, negH, lambda b: z0[b], self.defensive
         )
-        draw_seeds, beta_seeds = (
-            np.array([np.random.default_rng([int(s), k]).integers(2**63 - 1) for s in seeds]) for k in (0, 1)
-        )
+        draw_seeds = np.array([np.random.default_rng([int(s), 0]).integers(2**63 - 1) for s in seeds])
         x, logq = mixture_draws(groups, draw_seeds, B, x0.shape[1], self.num_draws, "shift")
         logp, m, L = target.logp(x, conditional=True)
         # (a device whose draws all have zero density gives NaN here, and ok=False below)
@@ -144,7 +142,8 @@ class RaoBlackwellTilted(TiltedEstimator):
                 diagnostics={"ess": float(ess[b]), "max_weight": float(w[b].max()), "laplace_ok": float(where[b])},
             )
             if keep_draws:  # beta drawn from its conditional at each draw of x, same weights
-                e = np.random.default_rng(int(beta_seeds[b])).standard_normal((g, self.num_draws))
+                beta_seed = np.random.default_rng([int(seeds[b]), 1]).integers(2**63 - 1)
+                e = np.random.default_rng(int(beta_seed)).standard_normal((g, self.num_draws))
                 beta = m[:, b] + bt.solve_upper_t(L[:, :, b], e)
                 res.draws = {"phi": np.concatenate([beta, x[b, :q]]).T, "z": x[b, q:].T}
                 res.weights = w[b]
@@ -230,10 +229,6 @@ def _newton_steps(f, x0, scale0, steps):
     bad = ~(ok & np.all(np.isfinite(x), axis=1))
     x[bad], negH[bad] = np.nan, np.nan
     return x, negH
-
-
-def _t(a: np.ndarray) -> np.ndarray:
-    return np.swapaxes(a, -1, -2)
 
 
 class _Target:
