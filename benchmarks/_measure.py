@@ -115,6 +115,16 @@ def measure() -> Iterator[Measurement]:
                 outer._seen_kib = max(outer._seen_kib, kib)
 
 
+def _best(runs: list[Measurement]) -> Measurement:
+    """The best time and the largest peak of ``runs``."""
+    peaks = [r.peak_rss_mib for r in runs]
+    return Measurement(
+        seconds=min(r.seconds for r in runs),
+        peak_rss_mib=max(peaks) if all(p == p for p in peaks) else float("nan"),
+        scope=runs[-1].scope,
+    )
+
+
 def measured(f: Callable[[], T], repeats: int = 1) -> tuple[T, Measurement]:
     """Run ``f`` ``repeats`` times: its last result, the best time and the largest peak."""
     runs, out = [], None
@@ -122,13 +132,21 @@ def measured(f: Callable[[], T], repeats: int = 1) -> tuple[T, Measurement]:
         with measure() as m:
             out = f()
         runs.append(m)
-    peaks = [r.peak_rss_mib for r in runs]
-    best = Measurement(
-        seconds=min(r.seconds for r in runs),
-        peak_rss_mib=max(peaks) if all(p == p for p in peaks) else float("nan"),
-        scope=runs[-1].scope,
-    )
-    return out, best  # type: ignore[return-value]
+    return out, _best(runs)  # type: ignore[return-value]
+
+
+def interleaved(fs: dict[str, Callable[[], object]], repeats: int = 3) -> tuple[dict, dict, dict]:
+    """Run the functions of ``fs`` in turn, ``repeats`` rounds of all of them (a slow spell of a
+    shared machine then touches every one, not only the one that happened to run in it): each
+    one's last result, its best time with its largest peak, and every run's seconds."""
+    out: dict = {}
+    runs: dict[str, list[Measurement]] = {k: [] for k in fs}
+    for _ in range(max(1, repeats)):
+        for k, f in fs.items():
+            with measure() as m:
+                out[k] = f()
+            runs[k].append(m)
+    return out, {k: _best(r) for k, r in runs.items()}, {k: [r.seconds for r in v] for k, v in runs.items()}
 
 
 def start_jax() -> None:

@@ -7,9 +7,11 @@ For a few federations, in one run:
 * ``FGPR.fit_centralised``: the same objective ``sum_k p_k L_k / N_k`` on pooled data,
   maximised by L-BFGS (full data, exact Cholesky);
 
-then seconds per federated round, total times and their ratio, and the final objective of
-both (the federated fit uses minibatches and a fixed budget of rounds, so it stops above the
-centralised optimum; the gap is reported), and the peak resident memory of each fit (and, with
+then seconds per federated round, total times and their ratio (the batched and centralised fits
+run in turn, ``--repeats`` times, best of each: a shared machine's speed can drift by 20-30%
+from one minute to the next), and the final objective of both (the federated fit uses
+minibatches and a fixed budget of rounds, so it stops above the centralised optimum; the gap is
+reported), and the peak resident memory of each fit (and, with
 ``--device cuda``, the peak CUDA memory torch allocated). Writes ``benchmarks/results/fgpr.json``
 and ``.md`` (``fgpr_cuda.*`` for ``--device cuda``, ``fgpr_quick*`` with ``--quick``).
 
@@ -17,7 +19,7 @@ On the CPU, a federated round of 64 or more clients shares their local steps amo
 ``torch.get_num_threads()`` threads (``--threads``; torch's default: one per core); the
 centralised fit factorises its clients' matrices one after the other.
 
-    python benchmarks/fgpr.py [--quick] [--device cpu|cuda] [--threads N]
+    python benchmarks/fgpr.py [--quick] [--device cpu|cuda] [--threads N] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _measure import fmt_mib, machine, measure, mib, record, rss_note
+from _measure import fmt_mib, interleaved, machine, measure, mib, record, rss_note
 
 from fedstats.data import FederatedData
 from fedstats.gp import FGPR
@@ -50,17 +52,22 @@ def gp_clients(K, n, d, seed=0, ls=0.3, noise=0.05):
     return FederatedData.from_arrays(Xs, ys)
 
 
-def timed(f, cuda=False):
-    """The result, its measurement (wall time, peak RSS) and, with ``cuda``, torch's peak CUDA MiB."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    with measure() as m:
+def synced(f, peaks: list | None = None):
+    """``f`` that waits for the GPU's work before it returns (with CUDA), and appends torch's
+    peak CUDA MiB during it to ``peaks``."""
+
+    def run():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         out = f()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-    cuda_mib = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
-    return out, m, cuda_mib
+            if peaks is not None:
+                peaks.append(round(torch.cuda.max_memory_allocated() / 2**20, 1))
+        return out
+
+    return run
 
 
 def main():
@@ -68,6 +75,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small federations only (smoke run)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of the batched and centralised fits, in turn")
     a = ap.parse_args()
     if a.threads is not None:
         torch.set_num_threads(a.threads)
@@ -88,9 +96,19 @@ def main():
         model = FGPR(**{"lr": 0.01, **opts}, device=a.device)
         model.fit(data, seed=0, progress=False)  # warm-up (kernels, CUDA context)
         cuda = a.device == "cuda"
-        fed, m_fed, g_fed = timed(lambda: model.fit(data, seed=0, progress=False), cuda)
-        _, m_loop, g_loop = timed(lambda: model.fit(data, seed=0, progress=False, batched=False), cuda)
-        cen, m_cen, g_cen = timed(lambda: model.fit_centralised(data, seed=0), cuda)
+        gpu: dict = {"fed": [], "loop": [], "cen": []}
+        # the batched and centralised fits in turn, best of each; the looped one once (it is slow)
+        res, best, every = interleaved(
+            {
+                "fed": synced(lambda: model.fit(data, seed=0, progress=False), gpu["fed"]),
+                "cen": synced(lambda: model.fit_centralised(data, seed=0), gpu["cen"]),
+            },
+            a.repeats,
+        )
+        fed, cen, m_fed, m_cen = res["fed"], res["cen"], best["fed"], best["cen"]
+        with measure() as m_loop:
+            synced(lambda: model.fit(data, seed=0, progress=False, batched=False), gpu["loop"])()
+        g_fed, g_loop, g_cen = (max(gpu[k]) if cuda else None for k in ("fed", "loop", "cen"))
         t_fed, t_loop, t_cen = m_fed.seconds, m_loop.seconds, m_cen.seconds
         r = opts["rounds"]
         f_fed, f_cen = fed.objective(), cen.objective()
@@ -117,6 +135,10 @@ def main():
                     "federated_looped": round(t_loop / r, 5),
                 },
                 "federated_over_centralised": round(t_fed / t_cen, 2),
+                "every_run_seconds": {
+                    k: [round(t, 3) for t in every[j]]
+                    for k, j in (("federated_batched", "fed"), ("centralised_lbfgs", "cen"))
+                },
                 "looped_over_batched": round(t_loop / t_fed, 2),
                 "objective": {
                     "federated": round(f_fed, 5),
@@ -147,7 +169,8 @@ def main():
         "dtype": "float64",
         "torch_threads": torch.get_num_threads(),
         **record(),
-        "note": "single wall times after a warm-up fit; objective = sum_k p_k L_k / N_k (mean NLL per point) on "
+        "note": f"after a warm-up fit, the best of {a.repeats} wall times of the batched federated fit and of the "
+        "centralised fit, run in turn (a slow spell of the machine touches both), the looped fit once; objective = sum_k p_k L_k / N_k (mean NLL per point) on "
         f"each client's full standardised data; torch threads: {torch.get_num_threads()} (a federated round of "
         "64 or more clients shares them; the centralised fit factorises its clients one after the other)",
         "results": rows,
