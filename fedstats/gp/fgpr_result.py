@@ -165,19 +165,7 @@ class FGPRResult(FederatedResult):
                 UserWarning,
                 stacklevel=2,
             )
-        mu_y, sd_y = 0.0, 1.0
-        if self.options.get("standardize", True):
-            yk, mu_y, sd_y = standardise(yk)
-        limit = self.options.get("condition_limit")
-        if limit is not None and len(yk) > limit:
-            warnings.warn(
-                f"client has {len(yk)} points; conditioning on a random subset of {limit} "
-                f"(condition_limit, an opt-in; set it to None to use all rows) instead of the exact formula",
-                UserWarning,
-                stacklevel=2,
-            )
-            keep = np.sort(np.random.default_rng(seed).choice(len(yk), size=limit, replace=False))
-            Xk, yk = Xk[keep], yk[keep]
+        Xk, yk, mu_y, sd_y = self._conditioning(Xk, yk, seed)
         dtype = resolve_dtype(self.options.get("dtype", "float64"))
         mean, var_f = posterior(
             self.spec, self.hyperparameters, Xk, yk, Xs, device=self._device(), dtype=dtype, progress=progress
@@ -188,6 +176,43 @@ class FGPRResult(FederatedResult):
         out = band_frame(mean, var_f, level, var_y)
         out.attrs["predicted_for"] = "client" if data is None else "new client"
         return out
+
+    def _conditioning(self, Xk: np.ndarray, yk: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """The rows a client's predictions condition on (standardised when the fit standardised,
+        with the mean and sd that map back; a random subset of ``condition_limit`` rows only
+        when that opt-in is set and exceeded, with a warning)."""
+        mu_y, sd_y = 0.0, 1.0
+        if self.options.get("standardize", True):
+            yk, mu_y, sd_y = standardise(yk)
+        limit = self.options.get("condition_limit")
+        if limit is not None and len(yk) > limit:
+            warnings.warn(
+                f"client has {len(yk)} points; conditioning on a random subset of {limit} "
+                f"(condition_limit, an opt-in; set it to None to use all rows) instead of the exact formula",
+                UserWarning,
+                stacklevel=3,
+            )
+            keep = np.sort(np.random.default_rng(seed).choice(len(yk), size=limit, replace=False))
+            Xk, yk = Xk[keep], yk[keep]
+        return Xk, yk, mu_y, sd_y
+
+    def to_botorch(
+        self, client: Hashable | None = None, *, data: tuple[ArrayLike, ArrayLike] | None = None, seed: int = 0
+    ):
+        """``client``'s personal predictor as a BoTorch model (the optional extra
+        ``fedstats[bo]``): a ``SingleTaskGP`` conditioned on the same rows as :meth:`predict`
+        (the client's own, or ``data`` = (X_k, y_k) for a new client), on the targets'
+        original scale, with the shared hyperparameters fixed (:func:`fedstats.gp.bo.exact_gp`:
+        a client that standardises ``y = mu + sd z`` has constant mean ``mu``, outputscale
+        ``sd^2 s`` and noise ``sd^2 v``). Its posterior mean and variance of f equal
+        :meth:`predict`'s; BoTorch's acquisition functions and ``optimize_acqf`` take it as
+        it is. Float64 on the CPU (``.to(device)`` moves it); above 4,096 rows BoTorch's
+        settings solve by conjugate gradients (see :mod:`fedstats.gp.bo`)."""
+        from .bo import exact_gp
+
+        Xk, yk = self._client_data(client, data)
+        Xk, yk, mu_y, sd_y = self._conditioning(Xk, yk, seed)
+        return exact_gp(self.spec, self.hyperparameters, Xk, yk, offset=mu_y, scale=sd_y)
 
     def rmse(self, test: FederatedData, train: FederatedData | None = None, *, scale: str = "original") -> pd.Series:
         """RMSE of each client of ``test``, predicting by conditioning on that client's data in

@@ -209,6 +209,30 @@ class AR1CoKriging:
     def rho(self) -> list[float]:
         return [r for _, _, r in self.fits_[1:]]
 
+    def to_botorch(self):
+        """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
+        ``fedstats[bo]``) on the highest level's original scale: ``posterior(X)`` is the joint
+        normal of f over the query batch, mean ``rho_T m_{T-1} + m_T`` and covariance
+        ``rho_T^2 S_{T-1} + S_T`` level by level (each level an exact ``SingleTaskGP`` on its
+        residuals with its fitted hyperparameters, :mod:`fedstats.gp.bo`), differentiable in
+        ``X``: ``optimize_acqf`` and BoTorch's analytic and Monte-Carlo acquisition functions
+        work on it. ``observation_noise=True`` adds the highest level's noise."""
+        from .bo import chain, exact_gp, joint_model, latent, natural
+
+        gps = [exact_gp(spec, hyper, X, resid) for (X, resid, _, _), (spec, hyper, _) in zip(self.levels_, self.fits_)]
+        rhos = [0.0] + self.rho
+        _, _, mu, sd = self.levels_[-1]
+        noise = float(self.fits_[-1][1]["noise"][0])
+
+        def answer(X, observation_noise: bool):
+            out = None
+            for gp, rho in zip(gps, rhos):
+                out = chain(out, rho, latent(gp, X))
+            assert out is not None  # at least two levels
+            return natural(out[0], out[1], mu, sd, noise if observation_noise else None)
+
+        return joint_model(answer)
+
     def predict(self, X, *, level: float = 0.95, scale: str = "standardized") -> pd.DataFrame:
         """Highest-fidelity prediction: mean, sd of f and the credible band; ``scale``
         ``"standardized"`` (the highest level's training scale) or ``"original"``."""
@@ -239,6 +263,30 @@ class _LevelClient:
     def answer(self, Xq, lower=None):
         m, v = posterior(self.spec, self.hyper, self.X, self.resid, Xq, device=torch.device("cpu"), dtype=torch.float64)
         return (m, v) if lower is None else (self.rho * lower[0] + m, self.rho**2 * lower[1] + v)
+
+    def ask(self, X: torch.Tensor, lower, final: bool, noise: bool):
+        """The joint version of :meth:`answer` for a BoTorch query batch ``X`` (``[..., q, d]``):
+        ``(rho m + m_t, rho^2 S + S_t)`` given the level below's ``(m, S)`` (``lower``; None at
+        the lowest level), on the original scale at the highest level (``final``, with its
+        noise if ``noise``); and ``vjp``, which maps the gradients of a loss with respect to
+        that answer to those with respect to ``X`` and ``lower``. The graph between them stays
+        here, as the client's outputs, residuals and hyperparameters do."""
+        from .bo import chain, exact_gp, latent, natural
+
+        if getattr(self, "_gp", None) is None:
+            self._gp = exact_gp(self.spec, self.hyper, self.X, self.resid)
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in (X, *(lower or ()))]
+        with torch.enable_grad():
+            out = chain(None if lower is None else (leaves[1], leaves[2]), self.rho, latent(self._gp, leaves[0]))
+            if final:
+                out = natural(out[0], out[1], self.mu, self.sd, float(self.hyper["noise"][0]) if noise else None)
+
+        def vjp(dm: torch.Tensor, dS: torch.Tensor) -> tuple:
+            need = [t for t in leaves if t.requires_grad]
+            got = iter(torch.autograd.grad(out, need, (dm, dS), allow_unused=True) if need else ())
+            return tuple(next(got) if t.requires_grad else None for t in leaves)
+
+        return out[0].detach(), out[1].detach(), vjp
 
 
 class FederatedAR1:
@@ -290,6 +338,27 @@ class FederatedAR1:
     def rho(self) -> list[float]:
         return [c.rho for c in self.clients_[1:]]
 
+    def to_botorch(self):
+        """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
+        ``fedstats[bo]``), equal to :meth:`AR1CoKriging.to_botorch` of the same fits, and as
+        federated as :meth:`predict`: each ``posterior(X)`` sends the query batch down the
+        chain of levels (each adds its term to the joint mean and covariance from below, the
+        highest maps them to its original scale), and when an acquisition function is
+        differentiated, the gradients with respect to each answer go back down and the
+        gradients with respect to the queries come up (each level keeps its own graph:
+        :meth:`_LevelClient.ask`). Outputs, residuals, rho and hyperparameters stay on their
+        clients; ``communication`` counts every array either way."""
+        from .bo import joint_model
+
+        def answer(X, observation_noise: bool):
+            lower: tuple = (None, None)
+            for t, client in enumerate(self.clients_):
+                final = t == len(self.clients_) - 1
+                lower = _Ask.apply(X, *lower, client, final, observation_noise and final, self.communication)
+            return lower
+
+        return joint_model(answer)
+
     def predict(self, X, *, level: float = 0.95, scale: str = "standardized") -> pd.DataFrame:
         """Highest-fidelity prediction (same columns and scales as :meth:`AR1CoKriging.predict`)."""
         Xs = np.asarray(X, dtype=float)
@@ -299,3 +368,26 @@ class FederatedAR1:
         if scale == "original":
             mean, var = top.mu + top.sd * mean, var * top.sd**2
         return band_frame(mean, var, level)
+
+
+class _Ask(torch.autograd.Function):
+    """One level's answer to a BoTorch query as one exchange with its client: the query batch
+    and the level below's joint mean and covariance go down, the client's go up; backward sends
+    the gradients with respect to the client's answer down and brings up those with respect to
+    the query and the answer below (the client computes them on its own graph)."""
+
+    @staticmethod
+    def forward(ctx, X, lm, lS, client, final, noise, comm):
+        lower = None if lm is None else (lm, lS)
+        m, S, ctx.vjp = client.ask(X, lower, final, noise)
+        ctx.comm = comm
+        comm["bytes_down"] += sum(t.numel() * t.element_size() for t in (X, lm, lS) if t is not None)
+        comm["bytes_up"] += (m.numel() + S.numel()) * m.element_size()
+        return m, S
+
+    @staticmethod
+    def backward(ctx, dm, dS):
+        ctx.comm["bytes_down"] += (dm.numel() + dS.numel()) * dm.element_size()
+        grads = ctx.vjp(dm, dS)
+        ctx.comm["bytes_up"] += sum(g.numel() * g.element_size() for g in grads if g is not None)
+        return (*grads, *((None,) * (3 - len(grads))), None, None, None, None)

@@ -91,8 +91,10 @@ def test_against_botorch_when_installed():
     X = tf.problem("branin").sample(20, rng)
     np.testing.assert_allclose(tf.branin_hf(X), bt.Branin()(torch.as_tensor(X)).numpy(), rtol=1e-10)
     H = rng.uniform(size=(20, 3))
+    # BoTorch keeps Hartmann's constants in torch's default float32 (ALPHA's 1.2 is 1.2000000477):
+    # equal to its rounding of them
     np.testing.assert_allclose(
-        tf.hartmann3(H, 3, code_compat=True), bt.Hartmann(dim=3)(torch.as_tensor(H)).numpy(), rtol=1e-10
+        tf.hartmann3(H, 3, code_compat=True), bt.Hartmann(dim=3)(torch.as_tensor(H)).numpy(), rtol=1e-6
     )
 
 
