@@ -4,7 +4,8 @@ Process: Convergence, Automatic Personalization and Multi-fidelity Modeling").
 * :class:`FGPR`: one GP prior learned by federated averaging of hyperparameters; each
   client predicts by conditioning it on its own data.
 * :mod:`fedstats.gp.multifidelity`: fidelity levels as clients, AR1 co-kriging centralised and
-  federated.
+  federated; :mod:`fedstats.gp.nargp`: the nonlinear autoregressive GP (NARGP), centralised
+  and federated.
 * :mod:`fedstats.gp.bo`: these surrogates as BoTorch models (``FGPRResult.to_botorch``,
   ``AR1CoKriging.to_botorch``, ``FederatedAR1.to_botorch``; the optional extra ``fedstats[bo]``).
 """
