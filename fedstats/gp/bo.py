@@ -29,12 +29,15 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ._core import HyperSpec
+
+if TYPE_CHECKING:  # the optional extra fedstats[bo]
+    from botorch.models import SingleTaskGP
 
 
 def require_botorch():
@@ -60,7 +63,9 @@ def _kernel(spec: HyperSpec, hyper: dict, scale: float, dtype):
     return kernel
 
 
-def exact_gp(spec: HyperSpec, hyper: dict, X, y, *, offset: float = 0.0, scale: float = 1.0, dtype=torch.float64):
+def exact_gp(
+    spec: HyperSpec, hyper: dict, X, y, *, offset: float = 0.0, scale: float = 1.0, dtype=torch.float64
+) -> SingleTaskGP:
     """A BoTorch ``SingleTaskGP`` of ``offset + scale * f``, where ``f`` is the GP of ``spec``
     with hyperparameters ``hyper`` (constrained values, :class:`~._core.HyperSpec`'s names)
     conditioned on ``(X, y)`` (``y`` on ``f``'s scale): training targets ``offset + scale * y``,
@@ -90,7 +95,8 @@ def exact_gp(spec: HyperSpec, hyper: dict, X, y, *, offset: float = 0.0, scale: 
         )
     for p in model.parameters():
         p.requires_grad_(False)
-    return model.eval()
+    model.eval()
+    return model
 
 
 def latent(model, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -17,6 +17,9 @@ from ..federation import Communication, History
 from ..results import FederatedResult, UnknownClientError, check_level, register
 from ._core import HyperSpec, band_frame, posterior, resolve_device, resolve_dtype, single_model
 from .fgpr_algorithm import standardise
+
+if TYPE_CHECKING:  # the optional extra fedstats[bo]
+    from botorch.models import SingleTaskGP
 
 # --------------------------------------------------------------------------- the result
 
@@ -198,7 +201,7 @@ class FGPRResult(FederatedResult):
 
     def to_botorch(
         self, client: Hashable | None = None, *, data: tuple[ArrayLike, ArrayLike] | None = None, seed: int = 0
-    ):
+    ) -> SingleTaskGP:
         """``client``'s personal predictor as a BoTorch model (the optional extra
         ``fedstats[bo]``): a ``SingleTaskGP`` conditioned on the same rows as :meth:`predict`
         (the client's own, or ``data`` = (X_k, y_k) for a new client), on the targets'

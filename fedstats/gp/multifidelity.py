@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -209,7 +210,7 @@ class AR1CoKriging:
     def rho(self) -> list[float]:
         return [r for _, _, r in self.fits_[1:]]
 
-    def to_botorch(self):
+    def to_botorch(self) -> Any:
         """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
         ``fedstats[bo]``) on the highest level's original scale: ``posterior(X)`` is the joint
         normal of f over the query batch, mean ``rho_T m_{T-1} + m_T`` and covariance
@@ -338,7 +339,7 @@ class FederatedAR1:
     def rho(self) -> list[float]:
         return [c.rho for c in self.clients_[1:]]
 
-    def to_botorch(self):
+    def to_botorch(self) -> Any:
         """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
         ``fedstats[bo]``), equal to :meth:`AR1CoKriging.to_botorch` of the same fits, and as
         federated as :meth:`predict`: each ``posterior(X)`` sends the query batch down the
