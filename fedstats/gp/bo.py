@@ -15,7 +15,12 @@
   ``rho_T^2 S_{T-1} + S_T`` over the batch (:func:`chain`):
   :meth:`AR1CoKriging.to_botorch <fedstats.gp.AR1CoKriging.to_botorch>` computes it from
   every level in one place, :meth:`FederatedAR1.to_botorch
-  <fedstats.gp.FederatedAR1.to_botorch>` asks each level's client in turn.
+  <fedstats.gp.FederatedAR1.to_botorch>` asks each level's client in turn. These models have
+  no fantasies (``fantasize``, ``condition_on_observations``): acquisition functions built on
+  them (``qKnowledgeGradient``, the analytic ``LogNoisyExpectedImprovement``) do not apply;
+  the analytic and Monte-Carlo ones that only ask for posteriors (``LogExpectedImprovement``,
+  ``UpperConfidenceBound``, ``qLogExpectedImprovement``, ``qLogNoisyExpectedImprovement``,
+  ``qUpperConfidenceBound``) do.
 
 BoTorch computes posteriors with GPyTorch's settings, which importing BoTorch changes for the
 whole process: Cholesky factorisations up to 4,096 training rows (``max_cholesky_size``;
@@ -121,6 +126,7 @@ def _joint_class():
     import gpytorch
     from botorch.models.model import Model
     from botorch.posteriors.gpytorch import GPyTorchPosterior
+    from linear_operator.operators import DenseLinearOperator
 
     class JointModel(Model):
         """A BoTorch ``Model`` of one output from a function of the query batch (see
@@ -144,7 +150,9 @@ def _joint_class():
             if isinstance(observation_noise, torch.Tensor):
                 raise NotImplementedError("observation_noise: True or False (the model's own noise)")
             mean, cov = self._answer(X, bool(observation_noise))
-            post = GPyTorchPosterior(gpytorch.distributions.MultivariateNormal(mean, cov))
+            # as a linear operator, the covariance is factorised with GPyTorch's jitter when it
+            # is nearly singular (a batch that repeats a point, candidates on the baseline)
+            post = GPyTorchPosterior(gpytorch.distributions.MultivariateNormal(mean, DenseLinearOperator(cov)))
             return post if posterior_transform is None else posterior_transform(post)
 
     return JointModel

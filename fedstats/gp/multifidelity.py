@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..data import FederatedData, require_target
 from ._core import HyperSpec, band_frame, fit_mle, posterior
@@ -216,8 +217,9 @@ class AR1CoKriging:
         normal of f over the query batch, mean ``rho_T m_{T-1} + m_T`` and covariance
         ``rho_T^2 S_{T-1} + S_T`` level by level (each level an exact ``SingleTaskGP`` on its
         residuals with its fitted hyperparameters, :mod:`fedstats.gp.bo`), differentiable in
-        ``X``: ``optimize_acqf`` and BoTorch's analytic and Monte-Carlo acquisition functions
-        work on it. ``observation_noise=True`` adds the highest level's noise."""
+        ``X``: ``optimize_acqf`` and the acquisition functions that only ask for posteriors
+        work on it (not those that need fantasies: see :mod:`fedstats.gp.bo`).
+        ``observation_noise=True`` adds the highest level's noise."""
         from .bo import chain, exact_gp, joint_model, latent, natural
 
         gps = [exact_gp(spec, hyper, X, resid) for (X, resid, _, _), (spec, hyper, _) in zip(self.levels_, self.fits_)]
@@ -283,8 +285,9 @@ class _LevelClient:
                 out = natural(out[0], out[1], self.mu, self.sd, float(self.hyper["noise"][0]) if noise else None)
 
         def vjp(dm: torch.Tensor, dS: torch.Tensor) -> tuple:
+            # the graph is kept: a caller may differentiate the same posterior twice
             need = [t for t in leaves if t.requires_grad]
-            got = iter(torch.autograd.grad(out, need, (dm, dS), allow_unused=True) if need else ())
+            got = iter(torch.autograd.grad(out, need, (dm, dS), allow_unused=True, retain_graph=True) if need else ())
             return tuple(next(got) if t.requires_grad else None for t in leaves)
 
         return out[0].detach(), out[1].detach(), vjp
@@ -387,6 +390,7 @@ class _Ask(torch.autograd.Function):
         return m, S
 
     @staticmethod
+    @once_differentiable  # first derivatives only: a clear error for second ones
     def backward(ctx, dm, dS):
         ctx.comm["bytes_down"] += (dm.numel() + dS.numel()) * dm.element_size()
         grads = ctx.vjp(dm, dS)

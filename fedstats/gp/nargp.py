@@ -5,9 +5,11 @@ modelling", Proc. R. Soc. A 2017), centralised (:class:`NARGP`) and with one lev
 
 Level 1 is an exact GP on its own data. Level t > 1 is an exact GP on the augmented input
 ``(x, f_{t-1}(x))``: the lower level's prediction enters as an extra input, so the link between
-levels can be any smooth function, where AR1 allows only ``rho f_{t-1}(x) + delta(x)``. Kernels
-are ARD (one lengthscale for x's columns and one for the lower level's value). Each level's
-targets are standardised by their own mean and sd.
+levels can be any smooth function, where AR1 allows only ``rho f_{t-1}(x) + delta(x)``. The
+kernel is a simplification of the paper's ``k_rho(x, x') k_f(f, f') + k_delta(x, x')``: one ARD
+kernel on ``(x, f)`` (a lengthscale for each column of x and one for the lower level's value),
+which is the paper's product term without the additive ``k_delta``. Each level's targets are
+standardised by their own mean and sd.
 
 Training: level t's extra input at its design points is the lower level's predictive mean there.
 Prediction: uncertainty is propagated by sampling. Level 1's predictive normal at the query
@@ -55,7 +57,9 @@ class _Level:
         if lower is None:
             return Xq
         M, V = lower
-        eps = np.random.default_rng([seed, NARGP_DRAWS, self.t]).standard_normal((samples, len(Xq)))
+        # point i's draws are the i-th block of ``samples`` normals of the stream: the same for
+        # a point whatever follows it in the batch
+        eps = np.random.default_rng([seed, NARGP_DRAWS, self.t]).standard_normal((len(Xq), samples)).T
         f = M + np.sqrt(np.maximum(V, 0.0)) * eps  # (samples, n): one path per row
         return np.column_stack([np.tile(Xq, (samples, 1)), f.reshape(-1)])
 

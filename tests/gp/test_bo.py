@@ -197,3 +197,27 @@ def test_optimize_acqf_runs_on_each_model(which):
         assert cand.shape == (q, 2) and bool(((cand >= 0) & (cand <= 1)).all())
         with torch.no_grad():
             assert float(value) > float(acq(starts).max()) + 1e-6
+
+
+def test_ar1_models_take_batches_that_repeat_a_point_and_a_second_backward_pass():
+    # a q-batch that repeats a point has a singular joint covariance: GPyTorch's jittered
+    # factorisation handles it, as it does for a SingleTaskGP; so do candidates on the baseline
+    from botorch.acquisition import qLogNoisyExpectedImprovement
+
+    mf, cen, fed = fitted_ar1()
+    best = float(np.max(mf.train["HF"].y))
+    X = torch.as_tensor(mf.X_test[:3])
+    Xrep = torch.stack([X[[0, 0, 1]], X[[1, 2, 2]]])  # 2 batches of q = 3, each with a repeat
+    for model in (cen.to_botorch(), fed.to_botorch()):
+        sampler = SobolQMCNormalSampler(torch.Size([64]), seed=0)
+        with torch.no_grad():
+            assert bool(torch.isfinite(qLogExpectedImprovement(model, best, sampler=sampler)(Xrep)).all())
+            nei = qLogNoisyExpectedImprovement(model, X_baseline=X, sampler=sampler, prune_baseline=False)
+            assert bool(torch.isfinite(nei(Xrep)).all())
+    # the federated model differentiates the same posterior twice, as the centralised one does
+    Xg = X[None].clone().requires_grad_(True)
+    post = fed.to_botorch().posterior(Xg)
+    post.mean.sum().backward(retain_graph=True)
+    first = Xg.grad.clone()
+    post.mean.sum().backward()
+    torch.testing.assert_close(Xg.grad, 2 * first)
