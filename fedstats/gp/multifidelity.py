@@ -248,6 +248,16 @@ class AR1CoKriging:
         return band_frame(mean, var, level)
 
 
+def chain_order(data: FederatedData, order, model: str) -> list:
+    """``order`` as a list, checked: at least two clients of ``data`` (which must have targets),
+    from the lowest fidelity to the highest, for a model with one level per client."""
+    require_target(data, model)
+    order = list(order)
+    if len(order) < 2 or any(c not in data.clients for c in order):
+        raise ValueError(f"order must name at least two clients of the data, got {order!r}")
+    return order
+
+
 class _LevelClient:
     """One fidelity level in :class:`FederatedAR1`: holds its own (X, y), its fitted GP and
     its link rho; none of them leaves it. It answers queries ``(X*, mean and variance of the
@@ -256,6 +266,7 @@ class _LevelClient:
     def __init__(self, X, y, spec: HyperSpec, restarts: int, seed: int):
         self.X, self.spec, self.restarts, self.seed = np.asarray(X, dtype=float), spec, restarts, seed
         self.y, self.mu, self.sd = standardise(np.asarray(y, dtype=float))
+        self._gp: Any = None  # its BoTorch model, built on the first query of :meth:`ask`
 
     def fit(self, lower_mean=None) -> None:
         self.hyper, self.rho, _ = fit_mle(
@@ -276,7 +287,7 @@ class _LevelClient:
         here, as the client's outputs, residuals and hyperparameters do."""
         from .bo import chain, exact_gp, latent, natural
 
-        if getattr(self, "_gp", None) is None:
+        if self._gp is None:
             self._gp = exact_gp(self.spec, self.hyper, self.X, self.resid)
         leaves = [t.detach().requires_grad_(t.requires_grad) for t in (X, *(lower or ()))]
         with torch.enable_grad():
@@ -312,10 +323,7 @@ class FederatedAR1:
 
     def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedAR1:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
-        require_target(data, "FederatedAR1")
-        order = list(order)
-        if len(order) < 2 or any(c not in data.clients for c in order):
-            raise ValueError(f"order must name at least two clients of the data, got {order!r}")
+        order = chain_order(data, order, "FederatedAR1")
         self.order_ = order
         self.communication = {"bytes_down": 0, "bytes_up": 0}
         self.clients_ = []

@@ -27,9 +27,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..data import FederatedData, require_target
+from ..data import FederatedData
 from ._core import HyperSpec, band_frame, fit_mle, posterior
 from .fgpr_algorithm import standardise
+from .multifidelity import chain_order
 
 __all__ = ["NARGP", "FederatedNARGP"]
 
@@ -96,9 +97,7 @@ class NARGP:
     """
 
     def __init__(self, *, kernel: str = "rbf", restarts: int = 5, samples: int = 200):
-        if int(samples) < 2:
-            raise ValueError(f"samples must be at least 2, got {samples!r}")
-        self.kernel, self.restarts, self.samples = kernel, int(restarts), int(samples)
+        self.kernel, self.restarts, self.samples = _options(kernel, restarts, samples)
 
     def fit(self, levels: list[tuple[np.ndarray, np.ndarray]], *, seed: int = 0) -> NARGP:
         """``levels``: ``(X, y)`` per fidelity, lowest first, highest last."""
@@ -142,20 +141,15 @@ class FederatedNARGP:
     shape of every array sent and ``communication`` counts the bytes."""
 
     def __init__(self, *, kernel: str = "rbf", restarts: int = 5, samples: int = 200):
-        NARGP(kernel=kernel, restarts=restarts, samples=samples)  # the same checks
-        self.kernel, self.restarts, self.samples = kernel, int(restarts), int(samples)
+        self.kernel, self.restarts, self.samples = _options(kernel, restarts, samples)
 
     def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedNARGP:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
-        require_target(data, "FederatedNARGP")
-        order = list(order)
-        if len(order) < 2 or any(c not in data.clients for c in order):
-            raise ValueError(f"order must name at least two clients of the data, got {order!r}")
-        self.order_, self.seed_ = order, seed
+        self.order_, self.seed_ = chain_order(data, order, "FederatedNARGP"), seed
         self.communication = {"bytes_down": 0, "bytes_up": 0}
         self.messages: list[tuple[str, str, tuple]] = []  # (direction, what, shape)
         self.clients_: list[_Level] = []
-        for t, c in enumerate(order):
+        for t, c in enumerate(self.order_):
             level = _Level(data[c].X, data[c].y, t, self.kernel, self.restarts, seed + t)
             level.fit(None if t == 0 else mixture(self._chain(level.X, t))[0])
             self.clients_.append(level)
@@ -188,6 +182,12 @@ class FederatedNARGP:
         if scale == "original":
             mean, var = top.mu + top.sd * mean, var * top.sd**2
         return band_frame(mean, var, level)
+
+
+def _options(kernel: str, restarts: int, samples: int) -> tuple[str, int, int]:
+    if int(samples) < 2:
+        raise ValueError(f"samples must be at least 2, got {samples!r}")
+    return kernel, int(restarts), int(samples)
 
 
 def _queries(X, d: int) -> np.ndarray:
