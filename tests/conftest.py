@@ -91,7 +91,7 @@ def fit_all(out, data, gm, df):
         out["fedavg"] = FedAvg().fit(data)
         out["ditto"] = Ditto(lam=1.0).fit(data)
         out["distributed-ridge"] = DistributedRidge().fit(data)
-        out["fgpr"] = FGPR(rounds=3).fit(data, seed=0, progress=False)
+        out["fgpr"] = FGPR(rounds=3, newton_steps=5).fit(data, seed=0, progress=False)
         out["glm"] = FederatedGLM("gaussian").fit(data, seed=0, progress=False)
         binary = FederatedData.from_dataframe(
             df.assign(y=(df["y"] > df["y"].median()).astype(float)), by="site", target="y"

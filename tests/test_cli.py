@@ -312,9 +312,12 @@ def test_fgpr_writes_hyperparameters_and_personal_predictions(tmp_path, capsys):
     assert "FGPR (rbf): 40 rounds, 2 clients" in capsys.readouterr().out
     j = json.loads(out.read_text())
     assert j["model"] == "fgpr" and [g["name"] for g in j["global"]] == ["lengthscale", "outputscale", "noise"]
-    assert all(g["mean"] > 0 and g["sd"] is None for g in j["global"])  # maximum likelihood: no distribution
+    # the estimate with its Laplace sd and interval (the CLI takes Newton steps to the maximum)
+    assert all(g["sd"] > 0 and g["lower"] < g["estimate"] < g["upper"] for g in j["global"])
     assert j["client"] == {"A": [], "B": []} and j["n_obs"] == {"A": 40, "B": 40} and j["rounds"] == 40
-    assert j["communication"]["bytes_up"] == 40 * 2 * 3 * 8 + 2 * 8
+    curvature = j["communication"]["by_kind"]["hyperparameter curvature"]
+    assert curvature["bytes_up"] == curvature["rounds"] * 2 * (1 + 3 + 9) * 8  # value, gradient, Hessian
+    assert j["communication"]["bytes_up"] == 40 * 2 * 3 * 8 + 2 * 8 + curvature["bytes_up"]
     truth = 3 + np.array([1, -1, 1]) * np.sin(test["x"].to_numpy())
     for r, y in zip(j["predictions"], truth):
         assert r["lower"] < y < r["upper"] and abs(r["mean"] - y) < 0.1

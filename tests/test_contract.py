@@ -33,7 +33,7 @@ POSTERIORS = {
     "fedavg": (False, False),
     "ditto": (False, False),
     "distributed-ridge": (False, False),
-    "fgpr": (False, False),
+    "fgpr": (True, False),  # the Laplace approximation of its hyperparameters
     "glm": (False, False),
     "bglm": (True, False),
     "hglm": (True, True),

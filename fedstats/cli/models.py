@@ -32,7 +32,8 @@ def estimator(args):
     if args.model == "fgpr":
         from ..gp import FGPR
 
-        return FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard), {}
+        # Newton steps after the rounds: the hyperparameters' intervals belong at the likelihood's maximum
+        return FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard, newton_steps=5), {}
     if args.model in GLMS:
         from ..glm import BayesianGLM, FederatedGLM, HierarchicalGLM
 

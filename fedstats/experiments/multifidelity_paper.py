@@ -32,8 +32,10 @@ def paper_protocol(
     """FGPR with the published code's multi-fidelity settings:
     nearest-neighbour batches of ``M = min_k N_k`` (``batch_size`` overrides, e.g. 0.2 for the
     1-D examples' ``N_k / 5``), one local epoch ``E_k = floor(N_k / M_k)``, Adam with a fresh
-    state each round, 200 rounds plus the initial one, log 2 start."""
+    state each round, 200 rounds plus the initial one, log 2 start; no hyperparameter curvature
+    (``laplace=False``: the paper reports predictions only) unless ``laplace`` is passed."""
     M = int(min(data.n_obs.values())) if batch_size is None else batch_size
+    kw.setdefault("laplace", False)
     return FGPR(
         kernel=kernel,
         ard=ard,

@@ -120,6 +120,19 @@ def _dp(kind: str, algorithm: str, when: str, arrays: str) -> Exchange:
     return _x(kind, algorithm, when, tuple(_A(k, what.format(w), _DP_REVEALS) for k, w in pairs), "all")
 
 
+_FGPR_CURVATURE = _x(
+    "hyperparameter curvature",
+    "HessianShare",
+    "once after the rounds (unless laplace=False), and once per Newton step (newton_steps)",
+    (
+        _A(
+            "nll", "its negative log marginal likelihood at the broadcast hyperparameters", "how well they fit its rows"
+        ),
+        _A("gradient", "its gradient in the log hyperparameters", "its own pull on them"),
+        _A("hessian", "its Hessian in the log hyperparameters (p x p)", "how precisely its rows determine them"),
+    ),
+    "all",
+)
 _GLM_DP = (
     _dp("design check", "DPDesignCheck", "once, before the rounds", "n: frequency weights; sum_y: weighted outcomes"),
     _dp("IRLS rounds", "DPIRLS", "every round (dp_rounds)", "xtwx: information w x x'; score: scores"),
@@ -376,6 +389,7 @@ MODELS.update(
                     ),
                     "all",
                 ),
+                _FGPR_CURVATURE,
             ),
             "sizes, step count, optimiser moments.",
             note="With ARD the lengthscale has `d` entries; a constant mean adds one more array.",
@@ -575,25 +589,3 @@ MODELS.update(
         ),
     }
 )
-
-
-BEGIN, END = "<!-- generated: threat_model_tables -->", "<!-- end generated -->"
-
-
-def write_tables(page: str) -> None:
-    """Replace the text between the markers ``BEGIN`` and ``END`` of the markdown file ``page``
-    with :func:`threat_model_tables`."""
-    with open(page, encoding="utf-8") as f:
-        text = f.read()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{page} has no {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    with open(page, "w", encoding="utf-8") as f:
-        f.write(f"{head}{BEGIN}\n\n{threat_model_tables().strip()}\n\n{END}{tail}")
-
-
-if __name__ == "__main__":  # python -m fedstats.federation.disclosure docs/threat-model.md
-    import sys
-
-    write_tables(sys.argv[1])

@@ -36,8 +36,9 @@ from ..federation.backend import accepts_backend
 from ..inference.ep import PosteriorRound, RowsEP, check_invariants, posterior_round
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
+from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
-from ..linear.ep_model import check_participation, log_scale_rows, no_p_value
+from ..linear.ep_model import check_participation
 from ..linear.scaling import LinearScaling, federated_scaling
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
 from ._design import SPECIAL, GLMDesign, prediction_rows

@@ -19,8 +19,11 @@ is shared by all clients and learned by federated averaging of hyperparameters:
 Each client then predicts by conditioning the shared prior on its *own* data,
 which personalises automatically; a client that took no part in training does the same
 with no training. What crosses the network: the hyperparameters down and the weighted terms
-up every round (and a drawn client's multiplicity under partial participation), and each
-client's ``N_k`` once, before the first round. Never data, gradients or predictions.
+up every round (and a drawn client's multiplicity under partial participation), each
+client's ``N_k`` once, before the first round, and, after the rounds (``laplace``), each
+client's likelihood value, gradient and Hessian in the log hyperparameters, summed
+(:mod:`fedstats.gp.laplace`; once, and once per Newton step with ``newton_steps``). Never
+data or predictions.
 
 The objective is ``sum_k p_k L_k``: clients are independent draws from one prior, so FGPR
 with several clients is *not* an exact GP on the pooled data.
@@ -43,6 +46,7 @@ from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import run
 from ..federation.backend import accepts_backend
 from ..results import counted
+from . import laplace
 from ._core import SMALL, HyperSpec, fit_mle_sum, resolve_device, resolve_dtype, small_work
 from .fgpr_algorithm import CountShare, FGPRAlgorithm, average_hypers, batch_for, draw_participants, standardise
 from .fgpr_result import FGPRResult
@@ -128,6 +132,19 @@ class FGPR(Estimator):
         conditioning a larger client on a random subset of this size instead (a warning says
         so). Results saved by versions whose default was 2000 keep that value, and its
         subsets, when loaded; set ``result.options["condition_limit"] = None`` to use all rows.
+    newton_steps : int
+        0 (default) or up to this many Newton steps on the exact federated objective after the
+        rounds, from the clients' summed gradient and Hessian (one exchange each, with step
+        halving; it stops once a step is below 1e-3 posterior sd): the rounds' point moved to
+        the likelihood's maximum, where the Laplace approximation belongs. Needs ``laplace``.
+    laplace : bool or None
+        Uncertainty of the shared hyperparameters (:mod:`fedstats.gp.laplace`): after the
+        rounds, each client sends the gradient and Hessian of its full-data marginal likelihood
+        at the fitted hyperparameters once (both summed), and the result holds the Laplace
+        approximation ``N(theta_hat, H^{-1})`` on the log scale: ``summary`` gets sds and
+        intervals, ``global_posterior`` the approximation, ``predict(hyper_draws=S)`` a
+        mixture over hyperparameter draws. None (default): when no client has more than
+        4,096 rows (each client factorises all its rows once); True: always; False: never.
 
     Examples
     --------
@@ -169,6 +186,8 @@ class FGPR(Estimator):
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "float64",
         condition_limit: int | None = None,
+        newton_steps: int = 0,
+        laplace: bool | None = None,
     ) -> None:
         self.kernel, self.nu, self.ard, self.mean = kernel, nu, ard, mean
         self.rounds, self.local_steps, self.batch_size, self.sampler = rounds, local_steps, batch_size, sampler
@@ -181,6 +200,7 @@ class FGPR(Estimator):
             outputscale_floor,
         )
         self.standardize, self.device, self.dtype, self.condition_limit = standardize, device, dtype, condition_limit
+        self.newton_steps, self.laplace = newton_steps, laplace
 
     _OPTIONS = (
         "kernel",
@@ -207,6 +227,8 @@ class FGPR(Estimator):
         "device",
         "dtype",
         "condition_limit",
+        "newton_steps",
+        "laplace",
     )
 
     def _options(self) -> dict:
@@ -251,6 +273,8 @@ class FGPR(Estimator):
             "two numbers in [0, 1)",
         ),
         "condition_limit": NONE | Int(1),
+        "laplace": NONE | BOOL,
+        "newton_steps": Int(0),
         "participation": Int(1) | Real(0, 1, closed=(False, True)),
     }
 
@@ -259,6 +283,8 @@ class FGPR(Estimator):
         if not isinstance(data, FederatedData):
             raise TypeError(f"data must be a fedstats.FederatedData, got {type(data).__name__}")
         spec = self.spec(data.n_features)
+        if self.newton_steps and self.laplace is False:
+            raise ValueError("FGPR: newton_steps uses the clients' curvature, which laplace=False switches off")
         if self.lr_decay is not None and self.optimizer != "sgd":
             raise ValueError("FGPR: lr_decay applies to optimizer='sgd' only")
         b = tuple(float(x) for x in self.betas)
@@ -360,21 +386,51 @@ class FGPR(Estimator):
                 RuntimeWarning,
                 stacklevel=2,
             )
-        comm = out.communication
+        hyper, curv = self._curvature(spec, out.server_state.hyper, data, counts, seed)
         return FGPRResult(
             spec=spec,
-            hyperparameters=out.server_state.hyper,
+            hyperparameters=hyper,
             feature_names=list(data.feature_names),
             clients=list(data.clients),
             n_obs=dict(counts),
             options=self._options(),
             history=out.history,
-            communication=comm,
+            communication=out.communication,
             converged=out.converged,
             seconds=time.perf_counter() - t0,
             seed=seed,
             data=data,
+            laplace=curv,
         )
+
+    def _curvature(self, spec: HyperSpec, hyper: dict, data: FederatedData, counts: dict, seed: int):
+        """After the rounds: the Newton steps and the hyperparameters' curvature exchange (under
+        ``laplace`` and ``newton_steps``), with a warning where the result is off the maximum."""
+        why = laplace.wanted(self.laplace, counts)
+        if why is not None:
+            return hyper, why
+        std = bool(self.standardize)
+        hyper, curv = laplace.federated_curvature(
+            spec, hyper, data, standardize=std, seed=seed, newton_steps=int(self.newton_steps)
+        )
+        if isinstance(curv, str):
+            warnings.warn(curv, RuntimeWarning, stacklevel=3)
+            return hyper, curv
+        off = laplace.newton_offset(curv)
+        if not off <= 1:
+            where = (
+                "not at a maximum (its Hessian is not positive definite)"
+                if np.isnan(off)
+                else (f"{off:.1f} posterior sd from the likelihood's maximum (a Newton step would move it that far)")
+            )
+            warnings.warn(
+                f"FGPR: the fitted hyperparameters are {where}: too few rounds, or the drift of the clients' "
+                "local steps. FGPR(newton_steps=5) (a few exchanges of one small matrix each) moves them there; "
+                "summary's intervals are centred at the fitted point",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return hyper, curv
 
     def fit_centralised(
         self, data: FederatedData, *, restarts: int = 1, seed: int = 0, max_iter: int = 500
@@ -382,7 +438,8 @@ class FGPR(Estimator):
         """The centralised reference: the same objective ``sum_k p_k L_k / N_k`` (every client's
         full data, standardised as in :meth:`fit`) maximised by L-BFGS on pooled data, from
         ``init`` and ``restarts - 1`` random starts. Same result API; predictions still
-        condition each client on its own data."""
+        condition each client on its own data; the hyperparameters' Laplace approximation (under
+        ``laplace``) is computed from the pooled objective."""
         spec, o = self._validate(data)
         if self.loss_normalization != "mean":
             raise ValueError(
@@ -403,6 +460,7 @@ class FGPR(Estimator):
             device=o["device"],
             dtype=o["dtype"],
         )
+        why = laplace.wanted(self.laplace, data.n_obs)
         return FGPRResult(
             spec=spec,
             hyperparameters=hyper,
@@ -413,6 +471,7 @@ class FGPR(Estimator):
             seconds=time.perf_counter() - t0,
             seed=seed,
             data=data,
+            laplace=why or laplace.pooled_curvature(spec, hyper, data, standardize=bool(self.standardize)),
         )
 
 

@@ -14,9 +14,12 @@ from numpy.typing import ArrayLike
 
 from ..data import DataError, FederatedData
 from ..federation import Communication, History
-from ..results import FederatedResult, UnknownClientError, check_level, register
+from ..inference.posterior import GaussianPosterior
+from ..inference.posterior.tables import log_scale_rows
+from ..results import FederatedResult, NoPosteriorError, UnknownClientError, check_level, register
 from ._core import HyperSpec, band_frame, posterior, resolve_device, resolve_dtype, single_model
 from .fgpr_algorithm import standardise
+from .laplace import from_theta, theta_names, to_theta
 
 if TYPE_CHECKING:  # the optional extra fedstats[bo]
     from botorch.models import SingleTaskGP
@@ -33,9 +36,15 @@ class FGPRResult(FederatedResult):
     the shared prior on one client's own data; in this in-process simulation the result
     keeps a reference to the training data for that (a real deployment predicts on the
     client). :meth:`save` writes the hyperparameters and history only, never data.
+
+    ``laplace`` holds the summed ``gradient`` and ``hessian`` of the clients' negative log
+    marginal likelihoods at the fit, in ``theta`` (:mod:`fedstats.gp.laplace`), or a sentence
+    saying why there are none; from it :meth:`global_posterior` (the Laplace approximation on
+    the log scale), :meth:`summary`'s sds and intervals, and ``predict(hyper_draws=S)``.
     """
 
     _transient = {"_data": None}  # the training data of an in-process fit: never written
+    laplace: dict[str, np.ndarray] | str | None = None  # None: a result saved before it existed
 
     def __init__(
         self,
@@ -52,7 +61,13 @@ class FGPRResult(FederatedResult):
         seconds: float = 0.0,
         seed: int = 0,
         data: FederatedData | None = None,
+        laplace: Mapping[str, ArrayLike] | str | None = None,
     ) -> None:
+        self.laplace = (
+            laplace
+            if laplace is None or isinstance(laplace, str)
+            else {k: np.asarray(v, dtype=float) for k, v in laplace.items()}
+        )
         self.spec, self.hyperparameters = spec, {k: np.asarray(v, dtype=float) for k, v in hyperparameters.items()}
         self.feature_names, self.clients, self.n_obs = list(feature_names), list(clients), dict(n_obs)
         self.options, self.history, self.communication = options, history, communication
@@ -65,21 +80,66 @@ class FGPRResult(FederatedResult):
     def rounds(self) -> int:
         return 0 if self.history is None else len(self.history)
 
+    def global_posterior(self) -> GaussianPosterior:
+        """The Laplace approximation of the shared hyperparameters' posterior (flat prior on
+        ``theta``): ``N(theta_hat, H^{-1})`` over ``log_lengthscale``..., ``log_outputscale``,
+        ``log_noise`` (and ``mean``), ``H`` the summed Hessian of the clients' negative log
+        marginal likelihoods at the fit. :class:`NoPosteriorError` where the fit has none."""
+        cov = np.linalg.inv(self._hessian())
+        names = theta_names(self.spec, self.feature_names)
+        return GaussianPosterior(to_theta(self.spec, self.hyperparameters), 0.5 * (cov + cov.T), names=names)
+
+    def _hessian(self) -> np.ndarray:
+        if not isinstance(self.laplace, dict):
+            raise NoPosteriorError(self._no_posterior("global"))
+        H = np.asarray(self.laplace["hessian"], dtype=float)
+        if not np.all(np.isfinite(H)) or np.linalg.eigvalsh(H).min() <= 0:
+            raise NoPosteriorError(
+                "the summed Hessian of the clients' negative log marginal likelihoods is not positive definite at "
+                "the fitted hyperparameters (not a maximum: more rounds?), so FGPR has no Laplace approximation"
+            )
+        return H
+
+    def newton_step(self) -> pd.Series:
+        """How far one Newton step ``-H^{-1} g`` from the fitted ``theta`` would move each
+        component, in posterior sds: near 0 when the rounds reached the maximum of the
+        likelihood; beyond about 1 the intervals are centred off the maximum."""
+        H = self._hessian()
+        g = np.asarray(self.laplace["gradient"], dtype=float)  # type: ignore[index]
+        sd = np.sqrt(np.diag(np.linalg.inv(H)))
+        return pd.Series(-np.linalg.solve(H, g) / sd, index=theta_names(self.spec, self.feature_names))
+
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
-        """One row per hyperparameter scalar (``lengthscale[x0]``... under ARD): its
-        maximum-likelihood value in ``mean``, no distribution (NaN sd and interval)."""
+        """One row per hyperparameter scalar (``lengthscale[x0]``... under ARD), on its natural
+        scale: from the Laplace approximation (log-normal mean and sd, interval mapped from the
+        log scale; the constant mean normal) where the fit has one, else the estimate only (NaN
+        sd and interval); ``estimate`` is the fitted (maximum-likelihood) value."""
+        labels = self.spec.labels(self.feature_names)
         vals = np.concatenate([self.hyperparameters[n] for n in self.spec.names])
-        return pd.DataFrame({"mean": vals}, index=pd.Index(self.spec.labels(self.feature_names), name="parameter"))
+        try:
+            g = self.global_posterior()
+        except NoPosteriorError:
+            return pd.DataFrame({"mean": vals, "estimate": vals}, index=pd.Index(labels, name="parameter"))
+        rows = log_scale_rows(g, "log_", level, "")
+        if "mean" in g.names:
+            rows = pd.concat([rows, g.marginal(["mean"]).summary(level=level, kind=kind)])
+        return rows.loc[labels].assign(estimate=vals).rename_axis("parameter")
 
     def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         # FGPR's parameters are all shared: a client has none of its own
         return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
     def _no_posterior(self, what: str) -> str:
+        if what != "global":
+            return (
+                "FGPR's clients have no parameters of their own; its predictions carry credible and predictive "
+                "bands: predict(X, client)"
+            )
+        if isinstance(self.laplace, str):
+            return f"this FGPR fit has no Laplace approximation of its hyperparameters: {self.laplace}"
         return (
-            "FGPR estimates its shared hyperparameters by maximum marginal likelihood and has no posterior over "
-            "them (nor client parameters); its predictions carry credible and predictive bands: "
-            "predict(X, client)"
+            "this FGPR result has no Laplace approximation of its hyperparameters (saved before FGPR computed one: "
+            "fit it again)"
         )
 
     def _device(self) -> torch.device:
@@ -132,6 +192,7 @@ class FGPRResult(FederatedResult):
         scale: str = "original",
         seed: int = 0,
         progress: bool | None = None,
+        hyper_draws: int = 0,
     ) -> pd.DataFrame:
         """Personal prediction of ``client`` at the rows of ``X``.
 
@@ -151,6 +212,12 @@ class FGPRResult(FederatedResult):
         fit's ``condition_limit`` is set (an opt-in, also kept by results saved with it,
         including those of versions whose default was 2000) does a larger client condition on
         a random subset of that size drawn with ``seed``, with a warning.
+
+        ``hyper_draws=S > 0`` adds the hyperparameters' uncertainty: the prediction is the
+        mixture over ``S`` draws (seeded by ``seed``) from their Laplace approximation
+        (:meth:`global_posterior`), one exact conditioning per draw; its mean and variance
+        (``mean_s m_s``, ``mean_s v_s + var_s m_s``) give the columns, with normal bands. 0
+        (default) plugs in the fitted hyperparameters.
         """
         level = check_level(level)
         if scale not in ("original", "standardized"):
@@ -168,12 +235,21 @@ class FGPRResult(FederatedResult):
                 UserWarning,
                 stacklevel=2,
             )
+        if not isinstance(hyper_draws, (int, np.integer)) or isinstance(hyper_draws, bool) or hyper_draws < 0:
+            raise ValueError(f"hyper_draws must be an int >= 0, got {hyper_draws!r}")
+        hypers = [self.hyperparameters]
+        if hyper_draws:
+            draws = self.global_posterior().sample(int(hyper_draws), seed=np.random.default_rng((seed, 23)))
+            hypers = [from_theta(self.spec, t) for t in draws]
         Xk, yk, mu_y, sd_y = self._conditioning(Xk, yk, seed)
         dtype = resolve_dtype(self.options.get("dtype", "float64"))
-        mean, var_f = posterior(
-            self.spec, self.hyperparameters, Xk, yk, Xs, device=self._device(), dtype=dtype, progress=progress
-        )
-        var_y = var_f + float(self.hyperparameters["noise"][0])
+        paths = [
+            posterior(self.spec, h, Xk, yk, Xs, device=self._device(), dtype=dtype, progress=progress) for h in hypers
+        ]
+        means = np.array([m for m, _ in paths])
+        mean, spread = means.mean(0), means.var(0)
+        var_f = np.mean([v for _, v in paths], axis=0) + spread
+        var_y = np.mean([v + float(h["noise"][0]) for (_, v), h in zip(paths, hypers)], axis=0) + spread
         if scale == "original":
             mean, var_f, var_y = mu_y + sd_y * mean, var_f * sd_y**2, var_y * sd_y**2
         out = band_frame(mean, var_f, level, var_y)

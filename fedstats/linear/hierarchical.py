@@ -42,10 +42,11 @@ from ..federation.backend import accepts_backend
 from ..inference.ep import EPClientState
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
+from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import TiltedEstimator, make_estimator
 from ..results import NoPosteriorError, counted, register
 from ._hm2_site import HM2Site
-from .ep_model import EPLinearResult, ParticipationSpec, coefficient_posterior, fit_ep, log_scale_rows, no_p_value
+from .ep_model import EPLinearResult, ParticipationSpec, coefficient_posterior, fit_ep
 from .ep_model import normal_pair as _normal_pair
 
 if TYPE_CHECKING:

@@ -35,20 +35,12 @@ from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
+from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import LaplaceTilted, TiltedEstimator, make_estimator
 from ..results import FederatedResult, NoPosteriorError, check_level, counted, register
 from ._selection import _Selection
 from ._shrinkage_site import ShrinkageSite
-from .ep_model import (
-    EPLinearResult,
-    ParticipationSpec,
-    design_matrix,
-    draws_prediction,
-    fit_ep,
-    log_scale_rows,
-    no_p_value,
-    normal_pair,
-)
+from .ep_model import EPLinearResult, ParticipationSpec, design_matrix, draws_prediction, fit_ep, normal_pair
 
 
 @register

@@ -112,7 +112,7 @@ def test_the_docs_page_holds_the_generated_tables():
     body = text.split(begin, 1)[1].split(end, 1)[0].strip()
     assert body == threat_model_tables().strip(), (
         "docs/threat-model.md is out of date: paste fedstats.federation.disclosure.threat_model_tables() "
-        "between its markers (python -m fedstats.federation.disclosure docs/threat-model.md)"
+        "between its markers (python -m fedstats.federation.threat_page docs/threat-model.md)"
     )
 
 

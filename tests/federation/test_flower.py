@@ -241,10 +241,15 @@ def test_hm1_equals_inprocess(session):
 
 
 def test_fgpr_equals_inprocess(session):
-    data, _ = hm2_federation(n_clients=4, n_obs=25, seed=4)
-    model = FGPR(rounds=4, local_steps=3)
+    rng = np.random.default_rng(4)
+    Xs = [rng.uniform(0, 1, (25, 4)) for _ in range(4)]
+    data = FederatedData.from_arrays(Xs, [np.sin(4 * X[:, 0]) + 0.2 * rng.standard_normal(25) for X in Xs])
+    model = FGPR(rounds=4, local_steps=3, newton_steps=5)  # with the curvature exchanges and Newton steps
     a, b = model.fit(data, seed=5), model.fit(data, seed=5, backend=session)
-    close(a.summary()["mean"].to_numpy(), b.summary()["mean"].to_numpy(), tol=1e-9)
+    cols = ["mean", "sd", "lower", "upper"]
+    assert np.isfinite(a.summary()[cols].to_numpy()).all()
+    close(a.summary()[cols].to_numpy(), b.summary()[cols].to_numpy(), tol=1e-9)
+    assert a.communication.by_kind["hyperparameter curvature"] == b.communication.by_kind["hyperparameter curvature"]
     X = np.random.default_rng(0).normal(size=(5, 4))
     c = data.clients[0]
     close(a.predict(X, client=c)["mean"], b.predict(X, client=c)["mean"], tol=1e-9)

@@ -496,14 +496,20 @@ def test_rmse_on_the_standardised_scale_uses_the_clients_own_scale():
     np.testing.assert_allclose(std, orig / np.std(y[:40]), rtol=1e-10)
 
 
-def test_only_hyperparameters_and_counts_cross_the_network():
+def test_only_hyperparameters_counts_and_curvature_cross_the_network():
     data = toy(K=3, n=(20, 25, 30), d=2)
     for ard, per in ((False, 3), (True, 4)):
         res = FGPR(rounds=4, ard=ard, batch_size=16).fit(data)
         kinds = res.communication.by_kind
         assert kinds["row counts"]["bytes_up"] == 3 * 8  # N_k once
         assert kinds["FGPR rounds"]["bytes_up"] == kinds["FGPR rounds"]["bytes_down"] == 4 * 3 * per * 8
-        assert res.communication.bytes_up == 3 * 8 + 4 * 3 * per * 8
+        # once after the rounds: the hyperparameters down, value + gradient + Hessian up
+        assert kinds["hyperparameter curvature"]["bytes_down"] == 3 * per * 8
+        assert kinds["hyperparameter curvature"]["bytes_up"] == 3 * (1 + per + per * per) * 8
+        assert res.communication.bytes_up == 3 * 8 + 4 * 3 * per * 8 + 3 * (1 + per + per * per) * 8
+        off = FGPR(rounds=4, ard=ard, batch_size=16, laplace=False).fit(data).communication
+        assert "hyperparameter curvature" not in off.by_kind
+        assert off.bytes_up == 3 * 8 + 4 * 3 * per * 8
 
 
 # --------------------------------------------------------------------------- (9), (10)
