@@ -143,8 +143,9 @@ class FGPR(Estimator):
         at the fitted hyperparameters once (both summed), and the result holds the Laplace
         approximation ``N(theta_hat, H^{-1})`` on the log scale: ``summary`` gets sds and
         intervals, ``global_posterior`` the approximation, ``predict(hyper_draws=S)`` a
-        mixture over hyperparameter draws. None (default): when no client has more than
-        4,096 rows (each client factorises all its rows once); True: always; False: never.
+        mixture over hyperparameter draws. None (default): when each client's share needs at
+        most 2 GiB (it factorises and inverts its full kernel matrix once: about 5,400 rows
+        with one lengthscale, 3,000 with ARD over 20 inputs); True: always; False: never.
 
     Examples
     --------
@@ -406,8 +407,10 @@ class FGPR(Estimator):
     def _curvature(self, spec: HyperSpec, hyper: dict, data: FederatedData, counts: dict, seed: int):
         """After the rounds: the Newton steps and the hyperparameters' curvature exchange (under
         ``laplace`` and ``newton_steps``), with a warning where the result is off the maximum."""
-        why = laplace.wanted(self.laplace, counts)
+        why = laplace.wanted(self.laplace, counts, spec)
         if why is not None:
+            if self.newton_steps:
+                warnings.warn(f"FGPR: newton_steps={self.newton_steps} not taken: {why}", RuntimeWarning, stacklevel=3)
             return hyper, why
         std = bool(self.standardize)
         hyper, curv = laplace.federated_curvature(
@@ -460,7 +463,7 @@ class FGPR(Estimator):
             device=o["device"],
             dtype=o["dtype"],
         )
-        why = laplace.wanted(self.laplace, data.n_obs)
+        why = laplace.wanted(self.laplace, data.n_obs, spec)
         return FGPRResult(
             spec=spec,
             hyperparameters=hyper,

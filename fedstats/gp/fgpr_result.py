@@ -113,7 +113,8 @@ class FGPRResult(FederatedResult):
         """One row per hyperparameter scalar (``lengthscale[x0]``... under ARD), on its natural
         scale: from the Laplace approximation (log-normal mean and sd, interval mapped from the
         log scale; the constant mean normal) where the fit has one, else the estimate only (NaN
-        sd and interval); ``estimate`` is the fitted (maximum-likelihood) value."""
+        sd and interval); ``estimate`` is the fitted (maximum-likelihood) value. The positive
+        hyperparameters' intervals are equal-tailed whatever ``kind`` (it applies to the mean's)."""
         labels = self.spec.labels(self.feature_names)
         vals = np.concatenate([self.hyperparameters[n] for n in self.spec.names])
         try:

@@ -17,7 +17,7 @@ and the intervals are centred at a point that is not the maximum (a warning says
 
 Derivatives are in closed form (:func:`curvature`), in float64: the cost is one Cholesky
 factorisation and inverse of the client's ``N_k x N_k`` kernel matrix, one matrix product per
-lengthscale, and memory for about ``p + 4`` such matrices.
+lengthscale, and memory for about ``n_l + 8`` such matrices (``n_l`` lengthscales).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from ._core import HyperSpec
 from .fgpr_algorithm import standardise
 
 __all__ = [
-    "LAPLACE_ROWS",
+    "LAPLACE_BYTES",
+    "memory",
     "theta_names",
     "to_theta",
     "from_theta",
@@ -47,8 +48,8 @@ __all__ = [
 
 #: the longest Newton step on the log scale (a factor e in a hyperparameter)
 MAX_STEP = 1.0
-#: the largest client for which ``laplace=None`` (FGPR's default) computes the curvature
-LAPLACE_ROWS = 4096
+#: the most memory a client's curvature may need for ``laplace=None`` (FGPR's default) to compute it
+LAPLACE_BYTES = 2 * 2**30
 
 
 def theta_names(spec: HyperSpec, feature_names: Sequence[str] | None = None) -> list[str]:
@@ -120,8 +121,10 @@ def curvature(
     ``alpha = K^{-1} r`` and ``A_i = K^{-1} K_i``:
     ``dL_i = -alpha' K_i alpha / 2 + tr(A_i) / 2`` and
     ``d2L_ij = alpha' K_i K^{-1} K_j alpha - alpha' K_ij alpha / 2 + tr(K^{-1} K_ij) / 2 - tr(A_i A_j) / 2``;
-    the constant mean enters through ``r = y - m``. Memory: about ``p + 4`` matrices of
-    ``n x n``; time: one factorisation and one product per lengthscale."""
+    the constant mean enters through ``r = y - m``. The outputscale's and noise's terms use
+    ``K_s = K - v I`` and ``K_v = v I`` in closed form, so the memory is about ``n_l + 8``
+    matrices of ``n x n`` (:func:`memory`; ``n_l`` lengthscales) and the time one
+    factorisation, one inverse and one product per lengthscale."""
     h = {n: np.asarray(hyper[n], dtype=float).reshape(-1) for n in spec.names}
     dt = torch.float64
     Xt = torch.as_tensor(np.array(X, dtype=float), dtype=dt).reshape(len(y), -1)
@@ -129,37 +132,47 @@ def curvature(
     n, nl = len(yt), spec.size("lengthscale")
     s, v = float(h["outputscale"][0]), float(h["noise"][0])
     B, g1, g2, w = _kernel_terms(spec, Xt, torch.as_tensor(h["lengthscale"], dtype=dt))
-    K = s * B
+    K = B.mul_(s)  # B is not needed again
     K.diagonal().add_(v)
     L = torch.linalg.cholesky(K)
-    del K
+    del K, B
     Kinv = torch.cholesky_inverse(L)
     logdet = 2 * torch.log(torch.diagonal(L)).sum()
     del L
     r = yt - float(h["mean"][0]) if "mean" in h else yt
     alpha = Kinv @ r
-    eye = torch.eye(n, dtype=dt)
-    # first derivatives K_i (lengthscales, outputscale, noise) and A_i = K^{-1} K_i
-    Ks = [-s * g1 * w(j) for j in range(nl)] + [s * B, v * eye]
-    As = [Kinv @ Ki for Ki in Ks[:nl]] + [eye - v * Kinv, v * Kinv]
+    trK, sKK = torch.trace(Kinv), torch.sum(Kinv * Kinv)
+    # lengthscales: K_j dense, A_j = K^{-1} K_j kept; outputscale S and noise V in closed form
+    As, b, trA, tAK = [], [], [], []
+    for j in range(nl):
+        Kj = -s * g1 * w(j)
+        b.append(Kj @ alpha)
+        As.append(Kinv @ Kj)
+        del Kj
+        trA.append(torch.trace(As[j]))
+        tAK.append(torch.sum(As[j] * Kinv))  # tr(A_j K^{-1})
+    S = nl  # the outputscale; the noise is nl + 1
+    b += [r - v * alpha, v * alpha]  # K_s alpha = r - v alpha, K_v alpha = v alpha
+    trA += [n - v * trK, v * trK]
     p = nl + 2 + int("mean" in h)
     grad, hess = torch.zeros(p, dtype=dt), torch.zeros((p, p), dtype=dt)
-    b = [Ki @ alpha for Ki in Ks]
     for i in range(nl + 2):
-        grad[i] = -0.5 * alpha @ b[i] + 0.5 * torch.trace(As[i])
+        grad[i] = -0.5 * alpha @ b[i] + 0.5 * trA[i]
         for j in range(i + 1):
-            if i < nl and j < nl:  # K_ij = s d2B / dlog l_i dlog l_j
+            if i < nl:  # two lengthscales: tr(A_i A_j), and K_ij = s d2B / dlog l_i dlog l_j
+                tAA = torch.sum(As[i] * As[j].mT)
                 Kij = s * (g2 - g1) * w(i) * w(j) + (2 * s * g1 * w(i) if i == j else 0.0)
-            elif i == nl and j < nl:  # outputscale and a lengthscale: K_ij = K_j
-                Kij = Ks[j]
-            elif i == j:  # outputscale or noise twice: K_ii = K_i
-                Kij = Ks[i]
-            else:  # noise with anything else
-                Kij = None
-            hij = b[i] @ (Kinv @ b[j]) - 0.5 * torch.sum(As[i] * As[j].mT)
-            if Kij is not None:
-                hij = hij - 0.5 * alpha @ (Kij @ alpha) + 0.5 * torch.sum(Kinv * Kij)
-            hess[i, j] = hess[j, i] = hij
+                second = alpha @ (Kij @ alpha) - torch.sum(Kinv * Kij)
+                del Kij
+            elif j < nl:  # outputscale or noise with a lengthscale; K_sj = K_j, K_vj = 0
+                tAA = trA[j] - v * tAK[j] if i == S else v * tAK[j]
+                second = alpha @ b[j] - trA[j] if i == S else 0.0
+            elif i == j:  # K_ss = K_s, K_vv = K_v
+                tAA = n - 2 * v * trK + v * v * sKK if i == S else v * v * sKK
+                second = alpha @ b[i] - trA[i]
+            else:  # noise and outputscale: K_sv = 0
+                tAA, second = v * trK - v * v * sKK, 0.0
+            hess[i, j] = hess[j, i] = b[i] @ (Kinv @ b[j]) - 0.5 * tAA - 0.5 * second
     if "mean" in h:  # dr/dm = -1
         c = Kinv.sum(1)
         grad[-1] = -alpha.sum()
@@ -205,18 +218,24 @@ class HessianShare(FederatedAlgorithm):
         return {k: np.asarray(replies.sums[k]) for k in self.summed_keys}, {}
 
 
-def wanted(option: bool | None, counts: Mapping[Any, int]) -> str | None:
+def memory(spec: HyperSpec, n: int) -> int:
+    """Bytes :func:`curvature` holds at its peak for a client of ``n`` rows: about
+    ``n_l + 8`` float64 matrices of ``n x n`` (``n_l`` lengthscales)."""
+    return (spec.size("lengthscale") + 8) * n * n * 8
+
+
+def wanted(option: bool | None, counts: Mapping[Any, int], spec: HyperSpec) -> str | None:
     """``None`` when the curvature is to be computed under FGPR's ``laplace`` option, else
-    why not (``laplace=None`` computes it when no client has more than :data:`LAPLACE_ROWS`
-    rows)."""
+    why not (``laplace=None`` computes it when every client's :func:`memory` is at most
+    :data:`LAPLACE_BYTES`: about 5,400 rows with one lengthscale, 3,000 with ARD over 20 inputs)."""
     if option is False:
         return "the fit was run with laplace=False"
     big = max(counts.values())
-    if option is None and big > LAPLACE_ROWS:
+    if option is None and memory(spec, big) > LAPLACE_BYTES:
         return (
-            f"a client has {big} rows: above {LAPLACE_ROWS}, laplace=None skips the curvature "
-            f"(one exact factorisation of each client's rows, about (p + 4) N_k^2 numbers of memory); "
-            "set laplace=True to compute it"
+            f"a client has {big} rows: its curvature (one exact factorisation of its rows) would hold about "
+            f"{memory(spec, big) / 2**30:.1f} GiB, above the {LAPLACE_BYTES / 2**30:g} GiB up to which laplace=None "
+            "computes it; set laplace=True to compute it anyway"
         )
     return None
 
@@ -245,13 +264,15 @@ def federated_curvature(
 
     ``newton_steps`` > 0 first moves the hyperparameters to the maximum of the exact
     likelihood by up to that many Newton steps ``theta <- theta - t H^{-1} g``, each one
-    exchange (``t`` halved until the summed negative log likelihood does not increase; where
+    exchange (``t`` halved until the summed negative log likelihood decreases; where
     ``H`` is not positive definite it is shifted by a multiple of the identity until it is,
     Levenberg-Marquardt's way, and no step changes a hyperparameter by more than a factor e);
     it stops when a step is below 1e-3 posterior sd."""
     start = dict(hyper)
-    if at_boundary(spec, start) is not None:  # a value rounded onto its floor: just above it
-        start = from_theta(spec, to_theta(spec, start))
+    if at_boundary(spec, start) is not None:
+        if newton_steps == 0:  # no intervals at a boundary: nothing to ask the clients
+            return start, at_boundary(spec, start)  # type: ignore[return-value]
+        start = from_theta(spec, to_theta(spec, start))  # a value rounded onto its floor: just above it
     theta = to_theta(spec, start)
     cur = _exchange(spec, theta, data, standardize, seed)
     for _ in range(newton_steps):
@@ -266,9 +287,11 @@ def federated_curvature(
         accepted = None
         for t in 0.5 ** np.arange(8):
             cand = to_theta(spec, from_theta(spec, theta + t * step))
+            if np.array_equal(cand, theta):  # the step is clipped away at the floors
+                break
             new = _exchange(spec, cand, data, standardize, seed)
             # a client that fails at a candidate (a factorisation that breaks) counts as a worse point
-            if not isinstance(new, str) and new["nll"][0] <= cur["nll"][0] + 1e-9 * abs(cur["nll"][0]):
+            if not isinstance(new, str) and new["nll"][0] < cur["nll"][0]:
                 accepted = (cand, new)
                 break
         if accepted is None:  # no step length decreased the objective: keep the point
@@ -313,7 +336,10 @@ def pooled_curvature(spec: HyperSpec, hyper: Mapping[str, Any], data: Any, *, st
     parts = []
     for c in data.clients:
         y = np.array(data[c].y, dtype=float)
-        parts.append(curvature(spec, hyper, np.asarray(data[c].X), standardise(y)[0] if standardize else y))
+        try:
+            parts.append(curvature(spec, hyper, np.asarray(data[c].X), standardise(y)[0] if standardize else y))
+        except (RuntimeError, np.linalg.LinAlgError) as exc:  # torch's LinAlgError is a RuntimeError
+            return f"the curvature of client {c!r} failed ({type(exc).__name__}: {exc}): no hyperparameter intervals"
     return {
         "nll": np.array([sum(f for f, _, _ in parts)]),
         "gradient": np.sum([g for _, g, _ in parts], axis=0),

@@ -221,12 +221,30 @@ def test_a_client_that_fails_its_curvature_leaves_the_fit_without_intervals(monk
         res.global_posterior()
 
 
-def test_big_clients_skip_the_curvature_by_default_unless_asked():
-    assert laplace.wanted(None, {"a": 10, "b": laplace.LAPLACE_ROWS}) is None
-    why = laplace.wanted(None, {"a": 10, "b": laplace.LAPLACE_ROWS + 1})
-    assert "laplace=True" in why
-    assert laplace.wanted(True, {"a": 10**6}) is None
-    assert "laplace=False" in laplace.wanted(False, {"a": 10})
+def test_big_clients_skip_the_curvature_by_default_unless_asked(monkeypatch):
+    one, ard = HyperSpec(d=20), HyperSpec(d=20, ard=True)
+    assert laplace.wanted(None, {"a": 10, "b": 5400}, one) is None
+    assert "laplace=True" in laplace.wanted(None, {"a": 10, "b": 5500}, one)
+    assert laplace.wanted(None, {"b": 2900}, ard) is None and laplace.wanted(None, {"b": 3100}, ard)
+    assert laplace.wanted(True, {"a": 10**6}, one) is None
+    assert "laplace=False" in laplace.wanted(False, {"a": 10}, one)
+    # a fit that skips it says so, and that its Newton steps were not taken
+    monkeypatch.setattr(laplace, "LAPLACE_BYTES", laplace.memory(HyperSpec(d=2), 30))
+    with pytest.warns(RuntimeWarning, match="newton_steps=3 not taken: a client has 40 rows"):
+        res = FGPR(rounds=3, newton_steps=3).fit(toy(), seed=0)
+    with pytest.raises(NoPosteriorError, match="laplace=True"):
+        res.global_posterior()
+
+
+def test_a_boundary_maximum_gives_no_intervals_and_asks_the_clients_nothing():
+    rng = np.random.default_rng(5)
+    Xs = [rng.uniform(0, 1, (30, 1)) for _ in range(3)]
+    data = FederatedData.from_arrays(Xs, [2 * X[:, 0] + 1 for X in Xs])  # noiseless and linear
+    cen = FGPR().fit_centralised(data)
+    assert "noise is at its floor" in cen.laplace
+    hyper = {**cen.hyperparameters, "noise": np.array([cen.spec.noise_floor])}
+    out, why = laplace.federated_curvature(cen.spec, hyper, data, standardize=True, seed=0)
+    assert "noise is at its floor" in why and out is not None
 
 
 def test_predictions_mix_over_hyperparameter_draws():
