@@ -35,7 +35,7 @@ import torch
 from _measure import fmt_mib, interleaved, machine, measure, mib, record, rss_note
 
 from fedstats.data import FederatedData
-from fedstats.gp import FGPR
+from fedstats.gp import FGPR, laplace
 
 RESULTS = Path(__file__).parent / "results"
 DATA = Path(os.environ.get("FEDSTATS_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -113,6 +113,19 @@ def main():
         t_fed, t_loop, t_cen = m_fed.seconds, m_loop.seconds, m_cen.seconds
         r = opts["rounds"]
         f_fed, f_cen = fed.objective(), cen.objective()
+        # the hyperparameters' curvature (issue 23): one exchange at the centralised optimum, against
+        # the same sums computed on pooled data
+        std = model.standardize
+        with measure() as m_curv:
+            _, curv = laplace.federated_curvature(
+                model.spec(data.n_features), cen.hyperparameters, data, standardize=std, seed=0
+            )
+        pooled = laplace.pooled_curvature(model.spec(data.n_features), cen.hyperparameters, data, standardize=std)
+        same = (
+            None
+            if isinstance(curv, str)
+            else float(np.abs(curv["hessian"] - pooled["hessian"]).max() / np.abs(pooled["hessian"]).max())
+        )
         rows.append(
             {
                 "federation": name,
@@ -141,6 +154,13 @@ def main():
                     for k, j in (("federated_batched", "fed"), ("centralised_lbfgs", "cen"))
                 },
                 "looped_over_batched": round(t_loop / t_fed, 2),
+                "curvature_exchange": {
+                    "seconds": round(m_curv.seconds, 3),
+                    "over_the_rounds": round(m_curv.seconds / t_fed, 3),
+                    "peak_rss_mib": mib(m_curv),
+                    "hessian_vs_pooled_relative": same,
+                    "why_none": curv if isinstance(curv, str) else None,
+                },
                 "objective": {
                     "federated": round(f_fed, 5),
                     "centralised": round(f_cen, 5),
@@ -200,6 +220,21 @@ def main():
                 fmt_mib(r["peak_rss_mib"][k]) for k in ("federated_batched", "federated_looped", "centralised_lbfgs")
             )
             + " |"
+        )
+    md += [
+        "",
+        "The hyperparameters' curvature exchange (one round after the rounds: each client's value, gradient and "
+        "Hessian of its full-data likelihood, summed; `laplace=False` above, so the times exclude it), at the "
+        "centralised optimum:",
+        "",
+        "| federation | seconds | / the batched rounds | peak RSS MiB | summed Hessian vs pooled (relative) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        c = r["curvature_exchange"]
+        md.append(
+            f"| {r['federation']} | {c['seconds']:.3f} | {c['over_the_rounds']:.3f} | {fmt_mib(c['peak_rss_mib'])} "
+            f"| {'none: ' + c['why_none'] if c['why_none'] else format(c['hessian_vs_pooled_relative'], '.1e')} |"
         )
     md += ["", out["note"] + ".", "", rss_note(out["peak_rss_scope"])]
     if a.device == "cuda":

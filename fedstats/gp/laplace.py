@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..federation import FederatedAlgorithm, Message
-from ._core import HyperSpec
+from ._core import HyperSpec, small_work
 from .fgpr_algorithm import standardise
 
 __all__ = [
@@ -125,6 +125,11 @@ def curvature(
     ``K_s = K - v I`` and ``K_v = v I`` in closed form, so the memory is about ``n_l + 8``
     matrices of ``n x n`` (:func:`memory`; ``n_l`` lengthscales) and the time one
     factorisation, one inverse and one product per lengthscale."""
+    with small_work("cpu", len(y)):  # one thread for small clients (a second costs more than it saves)
+        return _curvature(spec, hyper, X, y)
+
+
+def _curvature(spec: HyperSpec, hyper: Mapping[str, Any], X: np.ndarray, y: np.ndarray):
     h = {n: np.asarray(hyper[n], dtype=float).reshape(-1) for n in spec.names}
     dt = torch.float64
     Xt = torch.as_tensor(np.array(X, dtype=float), dtype=dt).reshape(len(y), -1)
