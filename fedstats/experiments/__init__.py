@@ -8,5 +8,7 @@ packages hold only models and results); each returns tidy tables.
   under the published code's protocol;
 * :mod:`~fedstats.experiments.fgpr_case_studies`: the FGPR paper's SARCOS and C-MAPSS studies;
 * :mod:`~fedstats.experiments.regret`: streams of federated mixtures and the regret of online
-  learners (FEM-OMD).
+  learners (FEM-OMD);
+* :mod:`~fedstats.experiments.mfbo`: cost-aware multi-fidelity Bayesian optimisation with the
+  federated AR1 surrogate, a pooled multi-fidelity GP and a single-fidelity GP (notebook 08).
 """

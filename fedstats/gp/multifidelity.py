@@ -148,6 +148,7 @@ class SeparateGP:
                 lr=self.lr,
                 optimizer_state="persistent",
                 device="cpu",
+                laplace=False,  # the paper's protocol: predictions only
             ).fit(data, seed=seed, progress=False)
         spec = HyperSpec(d=X.shape[1], kernel=self.kernel, nu=self.nu, ard=self.ard)
         hyper, _, _ = fit_mle(spec, X, standardise(np.asarray(y, dtype=float))[0], restarts=self.restarts, seed=seed)
@@ -210,6 +211,11 @@ class AR1CoKriging:
     @property
     def rho(self) -> list[float]:
         return [r for _, _, r in self.fits_[1:]]
+
+    def level_moments(self, X, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance of level ``t`` (0: the lowest) at ``X``, on its standardised scale."""
+        Xs = np.asarray(X, dtype=float)
+        return self._predict(Xs[:, None] if Xs.ndim == 1 else Xs, t + 1)
 
     def to_botorch(self) -> Any:
         """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
@@ -349,6 +355,12 @@ class FederatedAR1:
     @property
     def rho(self) -> list[float]:
         return [c.rho for c in self.clients_[1:]]
+
+    def level_moments(self, X, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance of level ``t`` (0: the lowest) at ``X``, on its standardised scale:
+        the query goes down the chain of levels 0..t, their moments come up (counted)."""
+        Xs = np.asarray(X, dtype=float)
+        return self._chain(Xs[:, None] if Xs.ndim == 1 else Xs, t + 1)
 
     def to_botorch(self) -> Any:
         """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
