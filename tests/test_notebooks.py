@@ -14,6 +14,7 @@ EXPECT = {
     "05_fedem.ipynb": "FedEM notebook checks pass: True",
     "06_fem_omd.ipynb": "FEM-OMD notebook checks pass: True",
     "07_glm.ipynb": "GLM notebook checks pass: True",
+    "08_multifidelity_bo.ipynb": "MF-BO notebook checks pass: True",
 }
 
 
