@@ -426,10 +426,15 @@ class FGPR(Estimator):
                 if np.isnan(off)
                 else (f"{off:.1f} posterior sd from the likelihood's maximum (a Newton step would move it that far)")
             )
+            fix = (
+                f"{self.newton_steps} Newton steps did not get there (more newton_steps or rounds)"
+                if self.newton_steps
+                else "too few rounds, or the drift of the clients' local steps. FGPR(newton_steps=5) (a few "
+                "exchanges of one small matrix each) moves them there"
+            )
             warnings.warn(
-                f"FGPR: the fitted hyperparameters are {where}: too few rounds, or the drift of the clients' "
-                "local steps. FGPR(newton_steps=5) (a few exchanges of one small matrix each) moves them there; "
-                "summary's intervals are centred at the fitted point",
+                f"FGPR: the fitted hyperparameters are {where}: {fix}; summary's intervals are centred at the "
+                "fitted point",
                 RuntimeWarning,
                 stacklevel=3,
             )
