@@ -164,22 +164,26 @@ def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None
     """One seeded run of the loop (see the module's docs) on task ``name`` with surrogate
     ``method``: a row for the initial design, then one per evaluation (``cost`` spent so far,
     ``level`` evaluated, ``regret`` of the best highest-level evaluation so far).
-    The single-fidelity loop starts from as many highest-level points as the multi-fidelity
-    initial design's cost buys (at least ``d + 1``)."""
+    Each level's initial design is drawn from its own stream of ``seed``; the single-fidelity
+    loop starts from as many highest-level points as the multi-fidelity initial design's cost
+    buys (at least ``d + 1``), the first of them those of the others' design."""
     from botorch.optim import optimize_acqf
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     task = TASKS[name]
     budget = task.budget if budget is None else float(budget)
-    d, rng = task.problem.d, np.random.default_rng(seed)
+    d = task.problem.d
     init = dict(task.init)
     if method == "single":
         cost0 = sum(task.costs[lv] * n for lv, n in init.items())
         init = {"HF": max(d + 1, int(cost0 // task.costs["HF"]))}
     data = {}
-    for lv, n in init.items():
-        U = rng.uniform(size=(n, d))
+    for (
+        lv,
+        n,
+    ) in init.items():  # each level's design from its own stream: single-fidelity's starts with the others' HF points
+        U = np.random.default_rng([seed, task.levels.index(lv)]).uniform(size=(n, d))
         data[lv] = (U, task.g(lv, U))
     spent = sum(task.costs[lv] * len(data[lv][0]) for lv in data)
     g_min, rows, last, cheap = optimum(name), [], "init", 0.0

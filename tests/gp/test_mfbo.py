@@ -65,6 +65,13 @@ def test_a_short_run_spends_its_budget_level_by_level(method):
         assert set(run["level"].iloc[1:]) == {"HF"}
 
 
+def test_single_fidelity_starts_from_the_multi_fidelity_designs_hf_points():
+    # 36 of cost buys 3 HF points; with a budget below that, the runs stop at their designs
+    mf, sf = bo_run("nonlinear_1d", "federated", seed=5, budget=1), bo_run("nonlinear_1d", "single", seed=5, budget=1)
+    assert sf["cost"].iloc[0] == 30 and mf["cost"].iloc[0] == 36
+    assert sf["regret"].iloc[0] == mf["regret"].iloc[0]  # the same 3 HF points, so the same best value
+
+
 @pytest.mark.parametrize("name, budget", [("nonlinear_1d", 70), ("branin", 75)])
 def test_the_federated_loop_is_the_pooled_ar1_loop(name, budget):
     # the same model, one level per client or all in one place: the same choices, the same regret
