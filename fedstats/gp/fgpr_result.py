@@ -14,12 +14,13 @@ from numpy.typing import ArrayLike
 
 from ..data import DataError, FederatedData
 from ..federation import Communication, History
+from ..inference.gaussian import is_pd
 from ..inference.posterior import GaussianPosterior
 from ..inference.posterior.tables import log_scale_rows
 from ..results import FederatedResult, NoPosteriorError, UnknownClientError, check_level, register
 from ._core import HyperSpec, band_frame, posterior, resolve_device, resolve_dtype, single_model
 from .fgpr_algorithm import standardise
-from .laplace import from_theta, theta_names, to_theta
+from .laplace import from_theta, newton_sds, theta_names, to_theta
 
 if TYPE_CHECKING:  # the optional extra fedstats[bo]
     from botorch.models import SingleTaskGP
@@ -93,7 +94,7 @@ class FGPRResult(FederatedResult):
         if not isinstance(self.laplace, dict):
             raise NoPosteriorError(self._no_posterior("global"))
         H = np.asarray(self.laplace["hessian"], dtype=float)
-        if not np.all(np.isfinite(H)) or np.linalg.eigvalsh(H).min() <= 0:
+        if not is_pd(H):
             raise NoPosteriorError(
                 "the summed Hessian of the clients' negative log marginal likelihoods is not positive definite at "
                 "the fitted hyperparameters (not a maximum: more rounds?), so FGPR has no Laplace approximation"
@@ -104,10 +105,8 @@ class FGPRResult(FederatedResult):
         """How far one Newton step ``-H^{-1} g`` from the fitted ``theta`` would move each
         component, in posterior sds: near 0 when the rounds reached the maximum of the
         likelihood; beyond about 1 the intervals are centred off the maximum."""
-        H = self._hessian()
-        g = np.asarray(self.laplace["gradient"], dtype=float)  # type: ignore[index]
-        sd = np.sqrt(np.diag(np.linalg.inv(H)))
-        return pd.Series(-np.linalg.solve(H, g) / sd, index=theta_names(self.spec, self.feature_names))
+        self._hessian()  # NoPosteriorError where there is no approximation
+        return pd.Series(newton_sds(self.laplace), index=theta_names(self.spec, self.feature_names))  # type: ignore[arg-type]
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         """One row per hyperparameter scalar (``lengthscale[x0]``... under ARD), on its natural
@@ -247,10 +246,12 @@ class FGPRResult(FederatedResult):
         paths = [
             posterior(self.spec, h, Xk, yk, Xs, device=self._device(), dtype=dtype, progress=progress) for h in hypers
         ]
-        means = np.array([m for m, _ in paths])
-        mean, spread = means.mean(0), means.var(0)
-        var_f = np.mean([v for _, v in paths], axis=0) + spread
-        var_y = np.mean([v + float(h["noise"][0]) for (_, v), h in zip(paths, hypers)], axis=0) + spread
+        from .nargp import mixture  # (nargp imports this module)
+
+        means, var = np.array([m for m, _ in paths]), np.array([v for _, v in paths])
+        noise = np.array([float(h["noise"][0]) for h in hypers])[:, None]
+        mean, var_f = mixture((means, var))
+        var_y = mixture((means, var + noise))[1]
         if scale == "original":
             mean, var_f, var_y = mu_y + sd_y * mean, var_f * sd_y**2, var_y * sd_y**2
         out = band_frame(mean, var_f, level, var_y)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..federation import FederatedAlgorithm, Message
+from ..inference.gaussian import is_pd
 from ._core import HyperSpec, small_work
 from .fgpr_algorithm import standardise
 
@@ -43,6 +44,7 @@ __all__ = [
     "HessianShare",
     "federated_curvature",
     "pooled_curvature",
+    "newton_sds",
     "newton_offset",
 ]
 
@@ -274,9 +276,10 @@ def federated_curvature(
     Levenberg-Marquardt's way, and no step changes a hyperparameter by more than a factor e);
     it stops when a step is below 1e-3 posterior sd."""
     start = dict(hyper)
-    if at_boundary(spec, start) is not None:
+    boundary = at_boundary(spec, start)
+    if boundary is not None:
         if newton_steps == 0:  # no intervals at a boundary: nothing to ask the clients
-            return start, at_boundary(spec, start)  # type: ignore[return-value]
+            return start, boundary
         start = from_theta(spec, to_theta(spec, start))  # a value rounded onto its floor: just above it
     theta = to_theta(spec, start)
     cur = _exchange(spec, theta, data, standardize, seed)
@@ -306,18 +309,18 @@ def federated_curvature(
     return start, at_boundary(spec, start) or cur
 
 
+def newton_sds(curv: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The Newton step ``-H^{-1} g`` in posterior sds, component by component (NaN where ``H``
+    is not positive definite): how far the point is from the likelihood's maximum."""
+    H, g = np.asarray(curv["hessian"], dtype=float), np.asarray(curv["gradient"], dtype=float)
+    if not is_pd(H):
+        return np.full(len(g), np.nan)
+    return -np.linalg.solve(H, g) / np.sqrt(np.diag(np.linalg.inv(H)))
+
+
 def newton_offset(curv: Mapping[str, np.ndarray]) -> float:
-    """The longest component of the Newton step ``-H^{-1} g`` in posterior sds (NaN where
-    ``H`` is not positive definite): how far the point is from the likelihood's maximum."""
-    H = np.asarray(curv["hessian"], dtype=float)
-    if not _is_pd(H):
-        return float("nan")
-    step = np.linalg.solve(H, np.asarray(curv["gradient"], dtype=float))
-    return float(np.max(np.abs(step) / np.sqrt(np.diag(np.linalg.inv(H)))))
-
-
-def _is_pd(H: np.ndarray) -> bool:
-    return bool(np.all(np.isfinite(H)) and np.linalg.eigvalsh(H).min() > 0)
+    """The longest component of :func:`newton_sds` (NaN where ``H`` is not positive definite)."""
+    return float(np.max(np.abs(newton_sds(curv))))
 
 
 def _exchange(spec: HyperSpec, theta: np.ndarray, data: Any, standardize: bool, seed: int):
