@@ -175,6 +175,18 @@ class ShrinkageSite:
         value, factor = gaussian_evidence()(log_s2, log_D, stats["A"], stats["b"], stats["c"], stats["n"])
         return value + lp, jax.lax.stop_gradient(factor)
 
+    def collapsed_score(self, phi, z, stats, factor):
+        """The gradient of :meth:`log_collapsed` at (phi, z), as ``(d/d phi, d/d z)``, from
+        the ``factor`` of :meth:`collapsed_factor` at a point with the same sigma^2 and prior
+        variances (e.g. (phi, z) itself): no second factorisation."""
+        import jax
+        import jax.numpy as jnp
+
+        parts = lambda phi, z: tuple(jnp.asarray(a) for a in self._log_variances(phi, z))  # noqa: E731
+        (log_s2, _, lp), pullback = jax.vjp(parts, phi, z)
+        d_log_s2, d_log_D, _, _ = evidence_score(log_s2, factor, stats["c"], stats["n"])
+        return pullback((d_log_s2, d_log_D, jnp.ones_like(lp)))
+
     def log_locals_prior(self, phi, z):
         """``log p(z)``: the part of :meth:`log_collapsed` that changes along
         :meth:`invariant_direction` (the likelihood does not)."""
@@ -270,6 +282,23 @@ class ShrinkageSite:
         return beta, np.sqrt(s2)
 
 
+def evidence_score(log_s2, factor, c, n):
+    """``(d/d log sigma^2, d/d log D, L^-1, g)`` of the Gaussian evidence (see
+    :func:`gaussian_evidence`) from its factor ``(R, L, w)``: one triangular inverse, no
+    factorisation."""
+    import jax.numpy as jnp
+    from jax.scipy.linalg import solve_triangular
+
+    r, L, w = factor
+    s2 = jnp.exp(log_s2)
+    Linv = solve_triangular(L, jnp.eye(r.size, dtype=r.dtype), lower=True)
+    g = solve_triangular(L.T, w, lower=False)
+    diag = jnp.sum(Linv * Linv, axis=0)  # of P^-1 = L^-T L^-1
+    d_log_s2 = 0.5 * (-n + c / s2 + r.size - jnp.sum(diag) - w @ w - g @ g)
+    d_log_D = 0.5 * (-1.0 + diag + g * g)
+    return d_log_s2, d_log_D, Linv, g
+
+
 @cache
 def gaussian_evidence():
     """``f(log sigma^2, log D, A, b, c, n) -> (log N(y; 0, sigma^2 I + X D X^T), (R, L, w))``
@@ -309,11 +338,8 @@ def gaussian_evidence():
         log_s2, (r, L, w), c, n = res
         gv = cotangents[0]
         s2 = jnp.exp(log_s2)
-        Linv = solve_triangular(L, jnp.eye(r.size, dtype=r.dtype), lower=True)
+        d_log_s2, d_log_D, Linv, g = evidence_score(log_s2, (r, L, w), c, n)
         Pinv = Linv.T @ Linv
-        g = solve_triangular(L.T, w, lower=False)
-        d_log_s2 = 0.5 * (-n + c / s2 + r.size - jnp.trace(Pinv) - w @ w - g @ g)
-        d_log_D = 0.5 * (-1.0 + jnp.diag(Pinv) + g * g)
         d_A = -0.5 * (r[:, None] * (Pinv + jnp.outer(g, g)) * r[None, :]) / s2
         d_b = r * g / s2
         d_c = jnp.broadcast_to(-0.5 / s2, jnp.shape(c)).astype(r.dtype)

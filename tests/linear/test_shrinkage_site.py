@@ -184,6 +184,17 @@ def test_collapsed_gradient_is_that_of_the_dense_marginal(penalty, scale, noise,
             np.testing.assert_allclose(got, ref, rtol=1e-8, atol=1e-9)
         for got, ref in zip(jax.grad(mine, (2, 3, 4, 5))(*args), jax.grad(plain, (2, 3, 4, 5))(*args)):
             np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+        # the score from a point's factor (the Gibbs sampler's control variates), without
+        # factorising again; also at a point moved along the invariant direction, whose
+        # factor is the same
+        _, factor = site.collapsed_factor(phi, z, stats)
+        v = site.invariant_direction()
+        for t in [0.0] + ([0.3] if v is not None else []):
+            x = jnp.concatenate([phi, z]) + t * (jnp.asarray(v) if v is not None else 0.0)
+            ph, zz = x[: site.phi_dim], x[site.phi_dim :]
+            got = site.collapsed_score(ph, zz, stats, factor)
+            for g_, r_ in zip(got, jax.grad(dense, (0, 1))(ph, zz)):
+                np.testing.assert_allclose(g_, r_, rtol=1e-8, atol=1e-9)
         # second derivatives (the Laplace estimator's Hessian) differentiate the written-out gradient
         x = jnp.concatenate([phi, z])
         f = lambda x: mine(x[: site.phi_dim], x[site.phi_dim :], *args[2:])  # noqa: E731

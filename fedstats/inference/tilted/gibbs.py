@@ -39,8 +39,9 @@ class GibbsTilted(TiltedEstimator):
     Steps 1-3 are a blocked Gibbs sampler of (phi, z_mh, theta) | z_rest and z_rest | rest,
     so (phi, z) keeps the collapsed tilted target of NUTS, and the moments of phi come out
     the same way: zero-variance control variates from the scores of that target at the
-    kept draws (computed inside the loop, where the batch is small), R-hat and ESS from
-    the chains. With ``keep_draws`` the coefficients drawn in step 2 come back as
+    kept draws (computed inside the loop, where the batch is small, from the factor the
+    iteration already has where the site can: ``model.collapsed_score``, 15% of the
+    kernel's time at 30 predictors), R-hat and ESS from the chains. With ``keep_draws`` the coefficients drawn in step 2 come back as
     ``draws["theta_draw"]``: draws of the device's coefficient posterior, paired with the
     kept (phi, z). NUTS in lockstep waits for the longest trajectory of the batch; these
     steps do not. One call runs at most ``CHAINS_PER_CALL`` chains (devices in equal
@@ -117,6 +118,14 @@ class GibbsTilted(TiltedEstimator):
         def log_target(x, *args):
             return target(x, *args)[0]
 
+        def score_at(x, factor, cav_mean, cav_prec, stats):
+            """The gradient of the log target at x, whose factor (or that of a point with the
+            same prior variances, such as x before step 4) is ``factor``."""
+            if not hasattr(model, "collapsed_score"):
+                return jax.grad(log_target)(x, cav_mean, cav_prec, stats)
+            d_phi, d_z = model.collapsed_score(x[:p], x[p:], stats, factor)
+            return jnp.concatenate([d_phi - cav_prec @ (x[:p] - cav_mean), d_z])
+
         def accept(key, lt, lty):
             a = jnp.exp(jnp.minimum(0.0, jnp.nan_to_num(lty - lt, nan=-jnp.inf)))
             return jax.random.uniform(key, dtype=lt.dtype) < a, a
@@ -164,7 +173,7 @@ class GibbsTilted(TiltedEstimator):
             # the score of a kept draw (for the control variates), here where the batch is
             # small; ``i`` is the same for every chain, so this stays a branch under vmap
             kept = (i >= W) & ((i - W) % T == T - 1)
-            score = jax.lax.cond(kept, lambda x: jax.grad(log_target)(x, *args), jnp.zeros_like, x)
+            score = jax.lax.cond(kept, lambda x: score_at(x, factor, *args), jnp.zeros_like, x)
             return (x, lt, factor, n, s1, s2, log_scale, log_step), (x, theta, score, a)
 
         def one_chain(key, x0, cav_mean, cav_prec, cav_cov, stats):
