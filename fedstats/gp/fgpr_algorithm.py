@@ -16,7 +16,8 @@ from scipy.spatial import cKDTree
 
 from .. import streams
 from ..federation import FederatedAlgorithm, Message
-from ._core import HyperSpec, nll_grad, raw_tensors
+from ._core import HyperSpec, raw_tensors
+from ._local import nll_grad
 
 __all__ = ["FGPRAlgorithm", "draw_participants", "average_hypers", "to_average_space", "from_average_space"]
 
@@ -316,7 +317,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
     def _stacked(self, states, datas, views) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """The group's inputs ``[G, N_max, d]`` and targets ``[G, N_max]`` (zero padded), stacked
         once per fit for a group of the same data objects, and the buffers of its local steps
-        (:func:`~._core.nll_grad`'s ``work``)."""
+        (:func:`~._local.nll_grad`'s ``work``)."""
         cache = self.__dict__.setdefault("_stack_cache", {})
         key = tuple(id(d) for d in datas)
         hit = cache.get(key)

@@ -757,7 +757,8 @@ def test_batched_nll_and_its_written_out_gradients_equal_autodiff_through_choles
     # rounding, except that GPyTorch's ARD Matern kernel leaves distances of about 1e-8 (roots of
     # rounding errors) on its diagonal (nll_grad: 0), whose derivative is large for nu = 0.5:
     # there the gradients agree to 1e-7 of their largest component (and nll_grad's value to 1e-9)
-    from fedstats.gp._core import BatchGP, nll_grad
+    from fedstats.gp._core import BatchGP
+    from fedstats.gp._local import nll_grad
 
     G, M = 3, 30
     gen = torch.Generator().manual_seed(0)
