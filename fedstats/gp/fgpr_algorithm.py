@@ -389,7 +389,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
             loss, g_ = nll_grad(spec, raw, Xb, yb, work)
             if self.loss_normalization == "mean":
                 loss, g_ = loss / M, g_ / M
-            if not (bool(torch.isfinite(loss).all()) and bool(torch.isfinite(g_).all())):
+            if not bool(torch.isfinite(loss.sum() + g_.sum())):  # one synchronisation: inf or NaN anywhere
                 raise FloatingPointError(
                     f"non-finite marginal likelihood or gradient in local step {step} (lr={self.lr:g})"
                 )
@@ -456,8 +456,11 @@ def adam_update(p, g, m, v, t, lr: float, betas=(0.9, 0.999), eps: float = 1e-8)
     over the trailing dimensions of ``p``.
     """
     b1, b2 = betas
-    m = m * b1 + (1 - b1) * g
-    v = v * b2 + (1 - b2) * g * g
+    m = torch.lerp(m, g, 1 - b1)  # m b1 + (1 - b1) g
+    v = (v * b2).addcmul_(g, g, value=1 - b2)
+    if bool((t == t[0]).all()):  # one step number (a group's usual case): scalar corrections
+        k = int(t[0])
+        return p.addcdiv(m, (v.sqrt() / math.sqrt(1 - b2**k)).add_(eps), value=-lr / (1 - b1**k)), m, v
     shape = (-1,) + (1,) * (p.dim() - 1)
     tt = t.to(p.dtype).reshape(shape)
     step_size = lr / (1 - b1**tt)

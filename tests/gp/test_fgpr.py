@@ -136,6 +136,14 @@ def test_adam_update_is_torch_adam():
         opt.step()
         q, m, v = adam_update(q, g, m, v, torch.tensor([t]), 0.03)
     np.testing.assert_allclose(q.numpy(), p.detach().numpy(), rtol=1e-14, atol=1e-15)
+    # members at different step numbers (the general path) step as each would on its own
+    p2, g2 = torch.as_tensor(rng.standard_normal((2, 3))), torch.as_tensor(rng.standard_normal((2, 3)))
+    m2, v2 = torch.as_tensor(rng.random((2, 3))), torch.as_tensor(rng.random((2, 3)))
+    both = adam_update(p2, g2, m2, v2, torch.tensor([3, 9]), 0.03)
+    for i, t in enumerate((3, 9)):
+        alone = adam_update(p2[i : i + 1], g2[i : i + 1], m2[i : i + 1], v2[i : i + 1], torch.tensor([t]), 0.03)
+        for a, b in zip(both, alone):
+            np.testing.assert_allclose(a[i : i + 1].numpy(), b.numpy(), rtol=1e-13, atol=1e-15)
 
 
 def test_single_client_converges_to_exact_gp_maximum_likelihood():
