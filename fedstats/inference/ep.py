@@ -65,6 +65,8 @@ class EPClientState:
     pending: NaturalGaussian | None = None  # last change sent, until the server says how much it took
     n_updates: int = 0
     diagnostics: dict[str, float] = field(default_factory=dict)
+    #: where the device's sampler stopped in its last round (a resumable estimator's state)
+    tilted_state: dict[str, np.ndarray] | None = None
 
 
 @register
@@ -238,6 +240,11 @@ class FederatedEP(FederatedAlgorithm):
             # which some cavities are improper reuses the compiled kernels (a new batch size
             # is a new compilation).
             batch = np.r_[todo, np.full(len(states) - len(todo), todo[0])]
+            resume = (
+                {"resume": [getattr(states[i], "tilted_state", None) for i in batch]}
+                if getattr(est, "resumable", False)
+                else {}
+            )
             try:
                 tilted: list[Any] = est.estimate(
                     self.model,
@@ -245,6 +252,7 @@ class FederatedEP(FederatedAlgorithm):
                     cav_covs[batch],
                     [states[i].stats for i in batch],
                     np.r_[seeds, np.full(len(batch) - len(todo), seeds[0])],
+                    **resume,
                 )[: len(todo)]
             except Exception as exc:  # noqa: BLE001 - reported per device by the runtime
                 tilted = [exc] * len(todo)
@@ -278,7 +286,13 @@ class FederatedEP(FederatedAlgorithm):
         site = state.site
         change = NaturalGaussian(((1 - d) * site.r + d * prop_r) - site.r, ((1 - d) * site.Q + d * prop_Q) - site.Q)
         reply = {"dr": change.r, "dQ": change.Q}
-        new_state = replace(state, pending=change, n_updates=state.n_updates + 1, diagnostics=dict(tilted.diagnostics))
+        new_state = replace(
+            state,
+            pending=change,
+            n_updates=state.n_updates + 1,
+            diagnostics=dict(tilted.diagnostics),
+            tilted_state=tilted.state,
+        )
         return reply, new_state
 
     @staticmethod
@@ -304,6 +318,7 @@ class FederatedEP(FederatedAlgorithm):
         seeds: Sequence[int],
         *,
         use_cavity: bool = True,
+        resume: Sequence[dict[str, np.ndarray] | None] | None = None,
     ) -> list[TiltedResult]:
         """Each device's tilted distribution at the final ``q``, from the devices' final
         states (with the in-process runtime, or a Flower run that returned them: on Flower a
@@ -312,7 +327,8 @@ class FederatedEP(FederatedAlgorithm):
         ``sites`` are the committed sites (:meth:`committed_sites`). With
         ``use_cavity=True`` (correct) the device combines its likelihood with the cavity
         ``q / site_k``. ``use_cavity=False`` combines it with ``q`` itself, counting the
-        device's data twice; it exists only to demonstrate that error in tests.
+        device's data twice; it exists only to demonstrate that error in tests. ``resume``:
+        the devices' last ``tilted_state`` (a resumable estimator continues from there).
         """
         cavs = [fractional_cavity(q, s) if use_cavity else (q, 0.0) for s in sites]
         partial = sum(1 for _, a in cavs if a < 1.0) if use_cavity else 0
@@ -331,6 +347,7 @@ class FederatedEP(FederatedAlgorithm):
             list(stats),
             np.asarray(seeds),
             keep_draws=True,
+            **({"resume": list(resume)} if resume is not None and getattr(self.estimator, "resumable", False) else {}),
         )
 
 

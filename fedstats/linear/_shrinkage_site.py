@@ -213,6 +213,14 @@ class ShrinkageSite:
         # P^-1 = L^-T L^-1: mean R P^-1 R b / s2, noise R L^-T eps ~ N(0, R P^-1 R).
         return r * solve_triangular(L.T, w + eps, lower=False)
 
+    def theta_mean(self, factor):
+        """The mean of the coefficients' Gaussian conditional, from the ``factor`` of
+        :meth:`collapsed_factor` (what :meth:`draw_theta` draws around)."""
+        from jax.scipy.linalg import solve_triangular
+
+        r, L, w = factor
+        return r * solve_triangular(L.T, w, lower=False)
+
     def draw_locals(self, phi, theta, z, stats, key):
         """z with its lasso scales redrawn given (phi, theta): ``1 / e_ki`` is inverse
         Gaussian with mean ``b / |beta_ki|`` and shape 1 (Park & Casella 2008), drawn by

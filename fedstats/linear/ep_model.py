@@ -226,7 +226,13 @@ class LinearEP(FederatedEP):
     def client_result(self, message: Any, state: Any, data: Any, index: int, seed: int) -> DevicePosterior:
         committed = self._commit(message, state)
         q = NaturalGaussian(np.asarray(message["r"]), np.asarray(message["Q"]))
-        tilted = self.local_tilted(q, [committed.site], [committed.stats], [final_tilted_seed(seed, index)])[0]
+        tilted = self.local_tilted(
+            q,
+            [committed.site],
+            [committed.stats],
+            [final_tilted_seed(seed, index)],
+            resume=[getattr(committed, "tilted_state", None)],
+        )[0]
         rng = streams.stream(seed, streams.DEVICE_POSTERIOR, index)
         coef, noise = device_posterior(self.model, tilted, committed.stats, self.names, self.scaling, rng)
         return DevicePosterior(coef, noise, dict(tilted.diagnostics), dict(state.diagnostics))
@@ -336,6 +342,7 @@ class EPLinearResult(FederatedResult):
                 [sites[c] for c in here],
                 [self.client_states[c].stats for c in here],
                 [final_tilted_seed(self.seed, self.clients.index(c)) for c in here],
+                resume=[getattr(self.client_states[c], "tilted_state", None) for c in here],
             )
             self._device_cache.update(zip(here, res))
             bad = [

@@ -210,6 +210,15 @@ def test_lasso_with_many_predictors_warms_up_with_laplace_rounds():
     stages = [rec.metrics["stage"] for rec in staged.history]
     assert stages[0] == 0 and stages[-1] == 1 and stages == sorted(stages) and stages.count(0) <= 4
     assert staged.converged and type(staged.algorithm.estimator).__name__ == "GibbsTilted"
+    # each device keeps where its chains stopped (its EP state): its Gibbs rounds after the first
+    # and its posterior after the fit continue from there, with a short warm-up
+    est = staged.algorithm.estimator
+    assert stages.count(1) > 1
+    for c in data.clients:
+        state = staged.client_states[c]
+        assert state.tilted_state["x"].shape == (est.num_chains, 2 + 16)
+        assert state.diagnostics["warmup"] == est.resume_warmup < est.num_warmup
+        assert staged._device_results()[c].diagnostics["warmup"] == est.resume_warmup
     alone = BayesianLasso(damping=1.0, standardize=False, estimator="gibbs").fit(data, seed=0, progress=False)
     assert alone.converged and all("stage" not in rec.metrics for rec in alone.history)
     g, r = staged.global_posterior(), alone.global_posterior()

@@ -203,9 +203,11 @@ def test_collapsed_gradient_is_that_of_the_dense_marginal(penalty, scale, noise,
 
 
 def test_gibbs_keeps_its_coefficient_draws_for_the_device_posterior():
-    # draws["theta_draw"]: the coefficients step 2 drew, one per kept (phi, z); their mean
-    # and sd are those of the Gaussian conditionals at the kept draws (Rao-Blackwellised),
-    # to Monte-Carlo error
+    # draws["theta_draw"]: the coefficients step 2 drew, one per kept (phi, z), and their
+    # reflections through the conditional mean (antithetic pairs, each with its (phi, z)):
+    # each pair averages to the Gaussian conditional's mean at its draw (numpy's
+    # theta_conditional, the oracle), so the draws' mean is the Rao-Blackwellised mean
+    # exactly, and their sd is that of the mixture of conditionals, to Monte-Carlo error
     from fedstats.inference.tilted import GibbsTilted
 
     site = ShrinkageSite(d=4, penalty="lasso")
@@ -214,8 +216,41 @@ def test_gibbs_keeps_its_coefficient_draws_for_the_device_posterior():
     res = GibbsTilted().estimate(site, cm, cc, stats, np.array([7, 8]), keep_draws=True)
     for r, s in zip(res, stats):
         th = r.draws["theta_draw"]
+        n = len(th) // 2
         assert th.shape == (len(r.draws["phi"]), site.theta_dim) and np.all(np.isfinite(th))
-        m, V = site.theta_conditional(r.draws["phi"], r.draws["z"], s)
+        np.testing.assert_array_equal(r.draws["phi"][:n], r.draws["phi"][n:])
+        m, V = site.theta_conditional(r.draws["phi"][:n], r.draws["z"][:n], s)
+        np.testing.assert_allclose((th[:n] + th[n:]) / 2, m, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(th.mean(axis=0), m.mean(axis=0), rtol=1e-8, atol=1e-10)
         sd = np.sqrt(m.var(axis=0) + np.diagonal(V, axis1=1, axis2=2).mean(axis=0))
-        np.testing.assert_array_less(np.abs(th.mean(axis=0) - m.mean(axis=0)) / sd, 0.1)
         np.testing.assert_allclose(th.std(axis=0) / sd, 1.0, atol=0.1)
+
+
+def test_gibbs_resumes_each_device_from_where_its_chains_stopped():
+    # A device's result carries its chains' end state; given back (``resume``) its chains
+    # continue from there with resume_warmup adaptation iterations (the same compiled
+    # kernel), and its moments agree with a cold start's. A state that does not fit (other
+    # chain count or dimensions), or none, starts that device cold, in the same call.
+    from fedstats.inference.tilted import GibbsTilted
+
+    site = ShrinkageSite(d=4, penalty="lasso")
+    stats = [site.stats_from(*design(seed=s)) for s in (0, 1, 2)]
+    cm, cc = np.tile([0.5, np.log(0.1)], (3, 1)), np.tile(np.eye(2) * 0.5, (3, 1, 1))
+    est = GibbsTilted(num_samples=1000)
+    cold = est.estimate(site, cm, cc, stats, np.array([7, 8, 9]))
+    for r in cold:
+        assert r.diagnostics["warmup"] == est.num_warmup
+        assert r.state["x"].shape == (est.num_chains, site.phi_dim + site.local_dim)
+        assert r.state["L"].shape == (est.num_chains, site.phi_dim, site.phi_dim)
+    bad = {k: v[:2] for k, v in cold[2].state.items()}  # two chains' state for a four-chain estimator
+    warm = est.estimate(site, cm, cc, stats, np.array([4, 5, 6]), resume=[cold[0].state, cold[1].state, bad])
+    assert [r.diagnostics["warmup"] for r in warm] == [est.resume_warmup, est.resume_warmup, est.num_warmup]
+    for a, b in zip(cold, warm):
+        sd = np.sqrt(np.diag(a.cov))
+        np.testing.assert_array_less(np.abs(a.mean - b.mean) / sd, 0.1)
+        np.testing.assert_allclose(np.sqrt(np.diag(b.cov)) / sd, 1.0, atol=0.1)
+    # the chains really continue: the first kept draw follows the end state
+    again = est.estimate(site, cm, cc, stats[:1], np.array([3]), resume=[warm[0].state], keep_draws=True)
+    assert np.all(np.isfinite(again[0].draws["phi"]))
+    with pytest.raises(ValueError, match="resume_warmup"):
+        GibbsTilted(resume_warmup=-1)

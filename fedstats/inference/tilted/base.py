@@ -141,7 +141,9 @@ class TiltedResult:
 
     ``draws`` (when the estimator samples) maps ``"phi"``, ``"z"`` and possibly
     ``"theta"`` to arrays with a leading draw axis; ``weights`` are normalised importance
-    weights (``None`` for equally weighted MCMC draws).
+    weights (``None`` for equally weighted MCMC draws). ``state``: where a resumable
+    estimator's chains stopped (:attr:`TiltedEstimator.resumable`), kept by the device for
+    its next call.
     """
 
     mean: np.ndarray
@@ -151,6 +153,7 @@ class TiltedResult:
     diagnostics: dict[str, float] = field(default_factory=dict)
     draws: dict[str, np.ndarray] | None = None
     weights: np.ndarray | None = None
+    state: dict[str, np.ndarray] | None = None
 
     def natural(self) -> NaturalGaussian:
         """Natural parameters of N(mean, cov)."""
@@ -164,6 +167,10 @@ class TiltedEstimator(ABC):
 
     name: str = "?"
     sampled: bool = False  # whether results carry draws (and Monte-Carlo noise)
+    #: whether ``estimate`` takes ``resume``: per device, the ``state`` of its previous result
+    #: (or None), from which its chains continue (a warm start: a short warm-up instead of a
+    #: full one)
+    resumable: bool = False
 
     @abstractmethod
     def estimate(
