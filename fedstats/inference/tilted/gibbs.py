@@ -149,23 +149,25 @@ class GibbsTilted(TiltedEstimator):
             a = jnp.exp(jnp.minimum(0.0, jnp.nan_to_num(lty - lt, nan=-jnp.inf)))
             return jax.random.uniform(key, dtype=lt.dtype) < a, a
 
-        def step(carry, key, i, args, L, adapt, adapted=0.0):
-            """One iteration: the proposal factor ``L`` is given (sampling) or, with ``adapt``
-            (warm-up), made from the running moments; then ``i`` counts warm-up iterations."""
+        def step(carry, key, i, args, L0, n_warm, adapted):
+            """One iteration; the first ``n_warm`` adapt the proposal (after them it is fixed)."""
             x, lt, factor, n, s1, s2, log_scale, log_step = carry
             ks = jax.random.split(key, 6)
+            warm = i < n_warm
             rate = (1.0 + adapted + i) ** -0.6  # Robbins-Monro, continued over a chain's calls
             # 1. (phi, z_mh) by adaptive random-walk Metropolis, theta integrated out
-            if adapt:
-                L = jnp.linalg.cholesky(proposal_cov(n, s1, s2, L, adapted))
+            L = jnp.linalg.cholesky(proposal_cov(n, s1, s2, L0, adapted))
             y = x.at[:q].add(jnp.exp(log_scale) * L @ jax.random.normal(ks[0], (q,), dtype=x.dtype))
             lty, factor_y = target(y, *args)
             acc, a = accept(ks[1], lt, lty)
             x, lt = jnp.where(acc, y, x), jnp.where(acc, lty, lt)
             factor = jax.tree_util.tree_map(lambda new, old: jnp.where(acc, new, old), factor_y, factor)
-            if adapt:
-                log_scale = log_scale + rate * (a - 0.3)
-                n, s1, s2 = n + 1, s1 + x[:q], s2 + jnp.outer(x[:q], x[:q])
+            log_scale = jnp.where(warm, log_scale + rate * (a - 0.3), log_scale)
+            n, s1, s2 = (
+                jnp.where(warm, n + 1, n),
+                jnp.where(warm, s1 + x[:q], s1),
+                jnp.where(warm, s2 + jnp.outer(x[:q], x[:q]), s2),
+            )
             # 2-3. theta from its conditional at the current point (its factor is at hand),
             # then the other locals given theta
             theta = model.draw_theta(factor, ks[2])
@@ -184,8 +186,7 @@ class GibbsTilted(TiltedEstimator):
                 )
                 acc2, a2 = accept(ks[5], lt, lty)
                 x, lt = jnp.where(acc2, y, x), jnp.where(acc2, lty, lt)
-                if adapt:
-                    log_step = log_step + rate * (a2 - 0.44)
+                log_step = jnp.where(warm, log_step + rate * (a2 - 0.44), log_step)
             return (x, lt, factor, n, s1, s2, log_scale, log_step), a
 
         def proposal_cov(n, s1, s2, L0, adapted):
@@ -198,53 +199,58 @@ class GibbsTilted(TiltedEstimator):
 
         def one_chain(key, x0, cav_mean, cav_prec, stats, log_scale, log_step, L0, n_warm, adapted):
             """A chain from x0 and the proposal (scale, step, factor L0): ``n_warm`` adapting
-            iterations (a traced count: a warm start runs fewer with the same compiled
-            kernel), then ``S * T`` with the proposal frozen, every T-th kept."""
+            iterations (traced, the same for every chain of a call: a warm start runs fewer
+            with the same compiled kernel), then ``S * T`` more, every T-th kept."""
             args = (cav_mean, cav_prec, prepare_stats(model, stats))
             lt0, factor0 = target(x0, *args)
             zero = jnp.zeros((), x0.dtype)
-            carry = (x0, lt0, factor0, zero, jnp.zeros(q, x0.dtype), jnp.zeros((q, q), x0.dtype), log_scale, log_step)
-            k_warm, k_draw = jax.random.split(key)
-            carry = jax.lax.fori_loop(
-                0,
-                n_warm,
-                lambda i, c: step(c, jax.random.fold_in(k_warm, i), i, args, L0, adapt=True, adapted=adapted)[0],
-                carry,
+            chain = (x0, lt0, factor0, zero, jnp.zeros(q, x0.dtype), jnp.zeros((q, q), x0.dtype), log_scale, log_step)
+            D = x0.shape[0]
+            kept = (jnp.zeros((S, D), x0.dtype), jnp.zeros((S, d), x0.dtype), jnp.zeros((S, d), x0.dtype))
+            kept = (*kept, jnp.zeros((S, D), x0.dtype))
+
+            def at_kept(x, factor, k_theta):
+                """At a kept draw x: the score of the target (control variates), and the
+                coefficients drawn from their conditional given x, with its mean (the factor
+                of x's prior variances is at hand: step 4 keeps them)."""
+                centre = model.theta_mean(factor) if hasattr(model, "theta_mean") else jnp.zeros(d, x.dtype)
+                return score_at(x, factor, *args), model.draw_theta(factor, k_theta), centre
+
+            def skipped(x, factor, k_theta):
+                return jnp.zeros_like(x), jnp.zeros(d, x.dtype), jnp.zeros(d, x.dtype)
+
+            def body(i, c):
+                chain, kept, acc = c
+                k_step, k_theta = jax.random.split(jax.random.fold_in(key, i))
+                chain, a = step(chain, k_step, i, args, L0, n_warm, adapted)
+                j = i - n_warm  # sampling iteration
+                # ``i`` and ``n_warm`` are the same for every chain: a branch under vmap
+                score, theta, centre = jax.lax.cond(
+                    (j >= 0) & (j % T == T - 1), at_kept, skipped, chain[0], chain[2], k_theta
+                )
+                # every iteration writes its block's slot, and a block's last (kept) one stays
+                slot = jnp.clip(j // T, 0, S - 1)
+                kept = tuple(b.at[slot].set(val) for b, val in zip(kept, (chain[0], theta, centre, score)))
+                return chain, kept, acc + jnp.where(j >= 0, a, 0.0)
+
+            chain, (path, thetas, centres, scores), acc = jax.lax.fori_loop(
+                0, n_warm + S * T, body, (chain, kept, jnp.zeros((), x0.dtype))
             )
-            x, lt, factor, n, s1, s2, log_scale, log_step = carry
-            L = jnp.linalg.cholesky(proposal_cov(n, s1, s2, L0, adapted))
-
-            def sample(c, inp):
-                key, i = inp
-                key, k_theta = jax.random.split(key)
-                c, a = step(c, key, 0, args, L, adapt=False)
-
-                def at_kept(x, factor):
-                    """At a kept draw x: the score of the target (control variates), and the
-                    coefficients drawn from their conditional given x, with its mean (the
-                    factor of x's prior variances is at hand: step 4 keeps them)."""
-                    centre = model.theta_mean(factor) if hasattr(model, "theta_mean") else jnp.zeros(d, x.dtype)
-                    return score_at(x, factor, *args), model.draw_theta(factor, k_theta), centre
-
-                def skipped(x, factor):
-                    return jnp.zeros_like(x), jnp.zeros(d, x.dtype), jnp.zeros(d, x.dtype)
-
-                # ``i`` is the same for every chain, so this stays a branch under vmap
-                score, theta, centre = jax.lax.cond(i % T == T - 1, at_kept, skipped, c[0], c[2])
-                return c, (c[0], theta, centre, score, a)
-
-            carry, (path, thetas, centres, scores, acc) = jax.lax.scan(
-                sample, carry, (jax.random.split(k_draw, S * T), jnp.arange(S * T))
-            )
-            kept = slice(T - 1, None, T)
-            end = {"x": carry[0], "log_scale": carry[6], "log_step": carry[7], "L": L, "adapted": adapted + n_warm}
-            return path[kept], thetas[kept], centres[kept], scores[kept], jnp.mean(acc), end
+            L = jnp.linalg.cholesky(proposal_cov(*chain[3:6], L0, adapted))
+            end = {"x": chain[0], "log_scale": chain[6], "log_step": chain[7], "L": L, "adapted": adapted + n_warm}
+            return path, thetas, centres, scores, acc / (S * T), end
 
         # one batch axis over (device, chain) pairs: half the tracing of a vmap over chains
         # inside a vmap over devices
-        fn = jit_kernel(jax.vmap(one_chain))
+        fn = jit_kernel(jax.vmap(one_chain, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None, 0)))
         KERNELS[key] = fn
         return fn
+
+    def _chunk(self, B: int) -> int:
+        """Devices per call of the kernel for a batch of ``B``: at most ``CHAINS_PER_CALL``
+        chains, in equal chunks."""
+        per_call = max(1, CHAINS_PER_CALL // self.num_chains)
+        return -(-B // -(-B // per_call))
 
     def _starts(self, model, cavity_mean, cavity_cov, stats, seeds, resume):
         """Per device and chain: the key, the start, the proposal (log scale, log step along
@@ -255,7 +261,7 @@ class GibbsTilted(TiltedEstimator):
         D, q = p + model.local_dim, p + int(model.mh_locals)
         x0, keys = np.empty((B, C, D)), np.empty((B, C, 2), dtype=np.uint32)
         log_scale, log_step = np.full((B, C), np.log(2.38 / np.sqrt(q))), np.full((B, C), np.log(0.1))
-        L0, n_warm = np.empty((B, C, q, q)), np.full((B, C), self.num_warmup, dtype=np.int32)
+        L0, warm = np.empty((B, C, q, q)), np.zeros(B, dtype=bool)
         adapted = np.zeros((B, C))  # adaptation iterations before this call
         for b in range(B):
             rng = np.random.default_rng(int(seeds[b]))
@@ -263,7 +269,7 @@ class GibbsTilted(TiltedEstimator):
             st = resume[b] if resume is not None else None
             if st is not None and np.shape(st["x"]) == (C, D) and np.shape(st["L"]) == (C, q, q) and "adapted" in st:
                 x0[b], log_scale[b], log_step[b], L0[b] = st["x"], st["log_scale"], st["log_step"], st["L"]
-                n_warm[b], adapted[b] = self.resume_warmup, st["adapted"]
+                warm[b], adapted[b] = True, st["adapted"]
                 continue
             _, z0 = model.init_local(stats[b])
             L = np.linalg.cholesky(symmetrize(cavity_cov[b]))
@@ -272,7 +278,7 @@ class GibbsTilted(TiltedEstimator):
             init = np.eye(q) * 0.01
             init[:p, :p] = 0.25 * cavity_cov[b]
             L0[b] = np.linalg.cholesky(symmetrize(init))
-        return keys, x0, log_scale, log_step, L0, n_warm, adapted
+        return (keys, x0, log_scale, log_step, L0, adapted), warm
 
     def estimate(
         self,
@@ -288,35 +294,39 @@ class GibbsTilted(TiltedEstimator):
         import jax
 
         B, p, C = len(stats), model.phi_dim, self.num_chains
-        starts = self._starts(model, cavity_mean, np.asarray(cavity_cov), stats, seeds, resume)
+        starts, warm = self._starts(model, cavity_mean, np.asarray(cavity_cov), stats, seeds, resume)
         fn = self._compiled(model)
         cav_prec = cavity_precision(cavity_cov)
-        parts = []
-        per_call = max(1, CHAINS_PER_CALL // C)
-        size = -(-B // -(-B // per_call))
-        for lo in range(0, B, size):
-            sl = slice(lo, min(lo + size, B))
-            nb = sl.stop - lo
-            per_chain = lambda a: np.repeat(pad_batch(a, size), C, axis=0)  # noqa: E731
-            chains = lambda a: pad_batch(a[sl], size).reshape(size * C, *a.shape[2:])  # noqa: E731
-            keys, x0, log_scale, log_step, L0, n_warm, adapted = (chains(a) for a in starts)
-            with jax.enable_x64(True):
-                out = fn(
-                    keys,
-                    x0,
-                    per_chain(cavity_mean[sl]),
-                    per_chain(cav_prec[sl]),
-                    {k: np.repeat(v, C, axis=0) for k, v in stack_stats(stats[sl], size).items()},
-                    log_scale,
-                    log_step,
-                    L0,
-                    n_warm,
-                    adapted,
-                )
-                out = jax.tree_util.tree_map(lambda a: np.asarray(a).reshape(size, C, *a.shape[1:])[:nb], out)
-                parts.append(out)
-        zs, thetas, centres, scores, acc = (np.concatenate([pt[i] for pt in parts]) for i in range(5))
-        ends = {k: np.concatenate([pt[5][k] for pt in parts]) for k in parts[0][5]}
+        size = self._chunk(B)  # devices per call, the same for cold and warm calls (one compiled shape)
+        got: list = [None] * B
+        # cold devices and warm ones in separate calls: each call's warm-up length is one
+        # number, and a device's result does not depend on the others of its batch
+        for is_warm in (False, True):
+            todo = np.flatnonzero(warm == is_warm)
+            for lo in range(0, len(todo), size):
+                sel = todo[lo : lo + size]
+                per_chain = lambda a: np.repeat(pad_batch(a[sel], size), C, axis=0)  # noqa: E731
+                chains = lambda a: pad_batch(a[sel], size).reshape(size * C, *a.shape[2:])  # noqa: E731
+                keys, x0, log_scale, log_step, L0, adapted = (chains(a) for a in starts)
+                with jax.enable_x64(True):
+                    out = fn(
+                        keys,
+                        x0,
+                        per_chain(cavity_mean),
+                        per_chain(cav_prec),
+                        {k: np.repeat(v, C, axis=0) for k, v in stack_stats([stats[i] for i in sel], size).items()},
+                        log_scale,
+                        log_step,
+                        L0,
+                        np.int32(self.resume_warmup if is_warm else self.num_warmup),
+                        adapted,
+                    )
+                    out = jax.tree_util.tree_map(lambda a: np.asarray(a).reshape(size, C, *a.shape[1:]), out)
+                for j, b in enumerate(sel):
+                    got[b] = jax.tree_util.tree_map(lambda a: a[j], out)  # noqa: B023
+        zs, thetas, centres, scores, acc = (np.stack([g[i] for g in got]) for i in range(5))
+        ends = {k: np.stack([g[5][k] for g in got]) for k in got[0][5]}
+        n_warm = np.where(warm, self.resume_warmup, self.num_warmup).astype(float)
         out = chain_results(
             zs,
             scores,
@@ -325,7 +335,7 @@ class GibbsTilted(TiltedEstimator):
             control_variates=self.control_variates,
             precision_correction=self.precision_correction,
             keep_draws=keep_draws,
-            extra={"acceptance": acc.mean(axis=-1), "warmup": starts[5][:, 0].astype(float)},
+            extra={"acceptance": acc.mean(axis=-1), "warmup": n_warm},
             label="Gibbs",
         )
         for b, r in enumerate(out):  # where each device's chains stopped: its next call continues there
