@@ -206,8 +206,7 @@ class GibbsTilted(TiltedEstimator):
             zero = jnp.zeros((), x0.dtype)
             chain = (x0, lt0, factor0, zero, jnp.zeros(q, x0.dtype), jnp.zeros((q, q), x0.dtype), log_scale, log_step)
             D = x0.shape[0]
-            kept = (jnp.zeros((S, D), x0.dtype), jnp.zeros((S, d), x0.dtype), jnp.zeros((S, d), x0.dtype))
-            kept = (*kept, jnp.zeros((S, D), x0.dtype))
+            kept = tuple(jnp.zeros((S, k), x0.dtype) for k in (D, d, d, D))  # state, theta, its mean, score
 
             def at_kept(x, factor, k_theta):
                 """At a kept draw x: the score of the target (control variates), and the
