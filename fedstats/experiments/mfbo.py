@@ -179,10 +179,8 @@ def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None
         cost0 = sum(task.costs[lv] * n for lv, n in init.items())
         init = {"HF": max(d + 1, int(cost0 // task.costs["HF"]))}
     data = {}
-    for (
-        lv,
-        n,
-    ) in init.items():  # each level's design from its own stream: single-fidelity's starts with the others' HF points
+    # each level's design from its own stream: single-fidelity's starts with the others' HF points
+    for lv, n in init.items():
         U = np.random.default_rng([seed, task.levels.index(lv)]).uniform(size=(n, d))
         data[lv] = (U, task.g(lv, U))
     spent = sum(task.costs[lv] * len(data[lv][0]) for lv in data)

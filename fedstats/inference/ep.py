@@ -240,11 +240,7 @@ class FederatedEP(FederatedAlgorithm):
             # which some cavities are improper reuses the compiled kernels (a new batch size
             # is a new compilation).
             batch = np.r_[todo, np.full(len(states) - len(todo), todo[0])]
-            resume = (
-                {"resume": [getattr(states[i], "tilted_state", None) for i in batch]}
-                if getattr(est, "resumable", False)
-                else {}
-            )
+            resume = _resume(est, [getattr(states[i], "tilted_state", None) for i in batch])
             try:
                 tilted: list[Any] = est.estimate(
                     self.model,
@@ -347,7 +343,7 @@ class FederatedEP(FederatedAlgorithm):
             list(stats),
             np.asarray(seeds),
             keep_draws=True,
-            **({"resume": list(resume)} if resume is not None and getattr(self.estimator, "resumable", False) else {}),
+            **_resume(self.estimator, resume),
         )
 
 
@@ -370,6 +366,12 @@ class RowsEP(FederatedEP):
         full = [replace(s, stats=self.model.client_stats(d)) for s, d in zip(states, datas)]
         out = super().client_steps(messages, full, datas, rngs)
         return [o if isinstance(o, BaseException) else (o[0], replace(o[1], stats={})) for o in out]
+
+
+def _resume(estimator: Any, states: Sequence[Any] | None) -> dict[str, Any]:
+    """``estimate``'s ``resume`` argument: the devices' last sampler states, for an estimator
+    that takes them (:attr:`TiltedEstimator.resumable`; duck-typed estimators may lack it)."""
+    return {"resume": list(states)} if states is not None and getattr(estimator, "resumable", False) else {}
 
 
 def _moments(r: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
