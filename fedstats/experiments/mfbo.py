@@ -4,9 +4,10 @@
 Each fidelity level of a test problem (:mod:`fedstats.gp.testfunctions`) is held by a different
 client; an evaluation at level t costs ``costs[t]``. Four surrogates run the same loop:
 
-* ``"federated"``: :class:`~fedstats.gp.multifidelity.FederatedAR1` (ARD RBF kernels), one
-  level per client (queries go down the chain of levels, predictive moments come up; outputs
-  never move), its highest level as a BoTorch model (``to_botorch``);
+* ``"federated"``: :class:`~fedstats.gp.multifidelity.FederatedAR1` (ARD Matern-5/2 kernels,
+  the family of BoTorch's multi-fidelity GP, and a noise floor of 1e-6 for the noise-free
+  simulators), one level per client (queries go down the chain of levels, predictive moments
+  come up; outputs never move), its highest level as a BoTorch model (``to_botorch``);
 * ``"pooled_ar1"``: the same AR1 model with every level's data in one place
   (:class:`~fedstats.gp.multifidelity.AR1CoKriging`): what federating it changes;
 * ``"pooled_mfgp"``: BoTorch's ``SingleTaskMultiFidelityGP`` on every level's data pooled in
@@ -21,6 +22,11 @@ rule of MF-GP-UCB, Kandasamy et al. 2016, because the AR1 models have no fantasi
 knowledge gradient, and the pooled multi-fidelity GP follows the same rule so that only the
 surrogate differs); the lower levels may spend at most one highest-level evaluation's cost in
 a row before the highest is evaluated (MF-GP-UCB raises its thresholds for the same reason).
+By default a point chosen for a level is first evaluated, and paid for, at the lower levels
+that have not run there, so the designs grow nested: AR1's recursive fit is the full
+co-kriging model on nested designs (Le Gratiet 2013), and an evaluated point is known at every
+level below it (without that, AR1 keeps the lower levels' uncertainty, and so HF's, at a point
+HF has run).
 The regret after each evaluation is that of the best highest-level evaluation so far (the
 simulators are noise-free: a point is only known to be good once the highest level has run
 there), minus the optimum. All problems are minimised (``sense=-1`` maximises the problem's own function).
@@ -29,8 +35,11 @@ there), minus the optimum. All problems are minimised (``sense=-1`` maximises th
 from __future__ import annotations
 
 import functools
+import time
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,9 +50,11 @@ from ..data import FederatedData
 from ..gp.multifidelity import AR1CoKriging, FederatedAR1
 from ..gp.testfunctions import Problem, problem
 
-__all__ = ["Task", "TASKS", "METHODS", "optimum", "bo_run"]
+__all__ = ["Task", "TASKS", "METHODS", "AR1_OPTIONS", "optimum", "bo_run", "bo_study"]
 
 METHODS = ("federated", "pooled_ar1", "pooled_mfgp", "single")
+# the AR1 surrogates' options: the kernel of SingleTaskMultiFidelityGP, a noise floor for noise-free simulators
+AR1_OPTIONS: dict[str, Any] = {"kernel": "matern", "nu": 2.5, "ard": True, "restarts": 2, "noise_floor": 1e-6}
 
 
 @dataclass(frozen=True)
@@ -114,13 +125,11 @@ class _Surrogate:
         if method == "federated":
             Xs = [data[lv][0] for lv in self.levels]
             fed = FederatedData.from_arrays(Xs, [data[lv][1] for lv in self.levels], clients=self.levels)
-            self.ar1: FederatedAR1 | AR1CoKriging = FederatedAR1(ard=True, restarts=2).fit(
-                fed, order=self.levels, seed=seed
-            )
+            self.ar1: FederatedAR1 | AR1CoKriging = FederatedAR1(**AR1_OPTIONS).fit(fed, order=self.levels, seed=seed)
             self.model = self.ar1.to_botorch()
             return
         if method == "pooled_ar1":
-            self.ar1 = AR1CoKriging(ard=True, restarts=2).fit([data[lv] for lv in self.levels], seed=seed)
+            self.ar1 = AR1CoKriging(**AR1_OPTIONS).fit([data[lv] for lv in self.levels], seed=seed)
             self.model = self.ar1.to_botorch()
             return
         if method == "single":
@@ -160,13 +169,21 @@ class _Surrogate:
             return float(self.model.posterior(X).variance.sqrt()) / self.sd[level]
 
 
-def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None) -> pd.DataFrame:
+def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None, nested: bool = True) -> pd.DataFrame:
     """One seeded run of the loop (see the module's docs) on task ``name`` with surrogate
     ``method``: a row for the initial design, then one per evaluation (``cost`` spent so far,
-    ``level`` evaluated, ``regret`` of the best highest-level evaluation so far).
+    ``level`` evaluated, ``regret`` of the best highest-level evaluation so far, ``nested``:
+    whether it was made only to keep the design nested, ``x`` the point in the unit box).
     Each level's initial design is drawn from its own stream of ``seed``; the single-fidelity
     loop starts from as many highest-level points as the multi-fidelity initial design's cost
-    buys (at least ``d + 1``), the first of them those of the others' design."""
+    buys (at least ``d + 1``), the first of them those of the others' design.
+
+    ``nested`` (default): a point chosen for a level is first evaluated, and paid for, at every
+    lower level that has not been evaluated there, so every point added to a level's design is
+    in each lower level's too (nested designs, under which AR1's recursive fit is the full
+    co-kriging model, Le Gratiet 2013; the initial designs are drawn independently); these
+    evaluations do not count against the lower levels' allowance. ``False``: each point only
+    at its own level (the study's first design)."""
     from botorch.optim import optimize_acqf
 
     if method not in METHODS:
@@ -184,11 +201,11 @@ def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None
         U = np.random.default_rng([seed, task.levels.index(lv)]).uniform(size=(n, d))
         data[lv] = (U, task.g(lv, U))
     spent = sum(task.costs[lv] * len(data[lv][0]) for lv in data)
-    g_min, rows, last, cheap = optimum(name), [], "init", 0.0
-    while True:
-        rows.append({"cost": spent, "level": last, "regret": float(data["HF"][1].min() - g_min)})
-        if spent >= budget:
-            break
+    g_min, cheap = optimum(name), 0.0
+    rows: list[dict[str, Any]] = [
+        {"cost": spent, "level": "init", "regret": float(data["HF"][1].min() - g_min), "nested": False, "x": None}
+    ]
+    while spent < budget:
         model = _Surrogate(method, task, data, seed)
         torch.manual_seed(seed + len(rows))
         with warnings.catch_warnings():
@@ -206,7 +223,45 @@ def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None
             allowed = [lv for lv in task.levels[:-1] if cheap + task.costs[lv] <= task.costs["HF"]]
             level = next((lv for lv in allowed if model.level_sd(u, lv) > task.gamma), "HF")
         cheap = 0.0 if level == "HF" else cheap + task.costs[level]
-        X, y = data[level]
-        data[level] = (np.vstack([X, u]), np.concatenate([y, task.g(level, u)]))
-        spent, last = spent + task.costs[level], level
+        below = task.levels[: task.levels.index(level)] if nested and method != "single" else []
+        for lv in [*(lv for lv in below if not (data[lv][0] == u).all(1).any()), level]:
+            X, y = data[lv]
+            data[lv] = (np.vstack([X, u]), np.concatenate([y, task.g(lv, u)]))
+            spent += task.costs[lv]
+            regret = float(data["HF"][1].min() - g_min)
+            rows.append({"cost": spent, "level": lv, "regret": regret, "nested": lv != level, "x": tuple(u[0])})
     return pd.DataFrame(rows).assign(task=name, method=method, seed=seed)
+
+
+def _timed_run(args: tuple) -> pd.DataFrame:
+    name, method, seed, budget, nested = args
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # every run on one thread, whatever the number of workers
+    try:
+        t = time.perf_counter()
+        run = bo_run(name, method, seed, budget=budget, nested=nested)
+        return run.assign(seconds=time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def bo_study(
+    budgets: dict[str, float],
+    seeds: Iterable[int],
+    methods: Sequence[str] = METHODS,
+    *,
+    nested: bool = True,
+    workers: int = 1,
+) -> pd.DataFrame:
+    """Every run of the study: each task of ``budgets`` (name: budget), seed and method, one
+    :func:`bo_run` each (with its ``seconds``), in ``workers`` processes (each on one thread;
+    the runs are independent, so the result does not depend on ``workers``)."""
+    jobs = [(name, m, int(s), float(b), nested) for name, b in budgets.items() for s in seeds for m in methods]
+    if workers <= 1:
+        runs = [_timed_run(job) for job in jobs]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers) as pool:
+            runs = list(pool.map(_timed_run, jobs))
+    return pd.concat(runs, ignore_index=True)

@@ -164,7 +164,21 @@ class SeparateGP:
         )
 
 
-class AR1CoKriging:
+class _AR1Options:
+    """The options both AR1 models share (see :class:`AR1CoKriging`), checked at construction."""
+
+    def __init__(
+        self, *, kernel: str = "rbf", nu: float = 1.5, ard: bool = False, restarts: int = 5, noise_floor: float = 1e-4
+    ):
+        self.kernel, self.nu, self.ard, self.restarts, self.noise_floor = kernel, nu, ard, restarts, noise_floor
+        self.level_spec(1)  # refuses bad options now, not at fit
+
+    def level_spec(self, d: int) -> HyperSpec:
+        """The GP prior of every level, on ``d`` inputs."""
+        return HyperSpec(d=d, kernel=self.kernel, nu=self.nu, ard=self.ard, noise_floor=self.noise_floor)
+
+
+class AR1CoKriging(_AR1Options):
     """Autoregressive co-kriging (Kennedy & O'Hagan 2000), recursive form (Le Gratiet):
     ``f_t(x) = rho_t f_{t-1}(x) + delta_t(x)``.
 
@@ -173,10 +187,14 @@ class AR1CoKriging:
     the GP delta_t jointly by maximum likelihood on ``y_t - rho_t mu_{t-1}(X_t)``, where
     ``mu_{t-1}`` is the previous level's posterior mean. Prediction: mean
     ``rho_t mu_{t-1}(x) + mu_delta(x)``, variance ``rho_t^2 var_{t-1}(x) + var_delta(x)``.
-    """
+    The recursion is the full co-kriging model when each level's design contains the next
+    one's (nested designs, Le Gratiet 2013).
 
-    def __init__(self, *, kernel: str = "rbf", ard: bool = False, restarts: int = 5):
-        self.kernel, self.ard, self.restarts = kernel, ard, restarts
+    Options: each level's kernel (``kernel`` ``"rbf"`` or ``"matern"`` with smoothness ``nu``,
+    ``ard``), the maximum-likelihood starts per level (``restarts``), and ``noise_floor``, the
+    smallest noise variance on each level's standardised scale (default 1e-4; lower it for a
+    deterministic simulator, whose levels are otherwise smoothed by at least that much noise).
+    """
 
     def fit(self, levels: list[tuple[np.ndarray, np.ndarray]], *, seed: int = 0) -> AR1CoKriging:
         """``levels``: ``(X, y)`` per fidelity, lowest first, highest last."""
@@ -187,7 +205,7 @@ class AR1CoKriging:
             X = np.asarray(X, dtype=float)
             X = X[:, None] if X.ndim == 1 else X
             ys, mu, sd = standardise(np.asarray(y, dtype=float))
-            spec = HyperSpec(d=X.shape[1], kernel=self.kernel, ard=self.ard)
+            spec = self.level_spec(X.shape[1])
             feature = None if t == 0 else self._predict(X, t)[0]
             hyper, rho, _ = fit_mle(spec, X, ys, feature=feature, restarts=self.restarts, seed=seed + t)
             resid = ys if feature is None else ys - rho * feature
@@ -310,7 +328,7 @@ class _LevelClient:
         return out[0].detach(), out[1].detach(), vjp
 
 
-class FederatedAR1:
+class FederatedAR1(_AR1Options):
     """AR1 co-kriging with one fidelity level per client, beyond the paper.
 
     Each client keeps its outputs, its GP and its link ``rho_t``. To fit level t, its client
@@ -320,12 +338,9 @@ class FederatedAR1:
     of :class:`AR1CoKriging`). A prediction at ``X*`` travels the same chain. What is shared:
     input locations (the higher levels' design points and the query points) downwards, and
     predictive means and variances at them upwards; never outputs or hyperparameters. The
-    result equals the centralised :class:`AR1CoKriging` (same fits), which the tests check;
-    ``communication`` counts the bytes.
+    result equals the centralised :class:`AR1CoKriging` (same fits and options), which the
+    tests check; ``communication`` counts the bytes.
     """
-
-    def __init__(self, *, kernel: str = "rbf", ard: bool = False, restarts: int = 5):
-        self.kernel, self.ard, self.restarts = kernel, ard, restarts
 
     def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedAR1:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
@@ -335,9 +350,7 @@ class FederatedAR1:
         self.clients_ = []
         for t, c in enumerate(order):
             X = np.asarray(data[c].X, dtype=float)
-            client = _LevelClient(
-                X, data[c].y, HyperSpec(d=X.shape[1], kernel=self.kernel, ard=self.ard), self.restarts, seed + t
-            )
+            client = _LevelClient(X, data[c].y, self.level_spec(X.shape[1]), self.restarts, seed + t)
             client.fit(None if t == 0 else self._chain(X, t)[0])
             self.clients_.append(client)
         return self

@@ -115,16 +115,28 @@ def test_fgpr_to_botorch_for_a_new_client_and_the_errors():
         res.to_botorch("nobody")
 
 
-def fitted_ar1():
+# the defaults, and the options of the MF-BO study (Matern-5/2, a noise floor for noise-free simulators)
+AR1_OPTIONS = [{}, {"kernel": "matern", "nu": 2.5, "ard": True, "noise_floor": 1e-6}]
+
+
+def fitted_ar1(**options):
     mf = fidelity_data("branin", seed=1, sizes={"LF": 40, "MF": 25, "HF": 12})
     order = ["LF", "MF", "HF"]
-    cen = AR1CoKriging(restarts=1).fit([mf.level_data(lv) for lv in order], seed=3)
-    fed = FederatedAR1(restarts=1).fit(mf.train, order=order, seed=3)
+    cen = AR1CoKriging(restarts=1, **options).fit([mf.level_data(lv) for lv in order], seed=3)
+    fed = FederatedAR1(restarts=1, **options).fit(mf.train, order=order, seed=3)
     return mf, cen, fed
 
 
-def test_ar1_models_equal_predict_and_each_other_with_gradients_through_the_federated_chain():
-    mf, cen, fed = fitted_ar1()
+@pytest.mark.parametrize("options", AR1_OPTIONS)
+def test_ar1_models_equal_predict_and_each_other_with_gradients_through_the_federated_chain(options):
+    mf, cen, fed = fitted_ar1(**options)
+    spec = cen.fits_[-1][0]
+    assert (spec.kernel, spec.nu, spec.ard, spec.noise_floor) == (
+        options.get("kernel", "rbf"),
+        options.get("nu", 1.5),
+        options.get("ard", False),
+        options.get("noise_floor", 1e-4),
+    )
     m_cen, m_fed = cen.to_botorch(), fed.to_botorch()
     Xq = torch.as_tensor(mf.X_test[:12].reshape(3, 4, 2))
     with torch.no_grad():

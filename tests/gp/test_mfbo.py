@@ -5,12 +5,13 @@ moments against the centralised AR1, and a short seeded run of each surrogate.""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 pytest.importorskip("botorch")
 
 from fedstats.data import FederatedData  # noqa: E402
-from fedstats.experiments.mfbo import TASKS, bo_run, optimum  # noqa: E402
+from fedstats.experiments.mfbo import TASKS, bo_run, bo_study, optimum  # noqa: E402
 from fedstats.gp.multifidelity import AR1CoKriging, FederatedAR1  # noqa: E402
 
 
@@ -42,19 +43,37 @@ def test_the_federated_chain_gives_each_levels_moments_as_the_centralised_ar1():
     assert a.communication["bytes_down"] > before  # the query went down the chain, counted
 
 
-def check_run(run, name: str, budget: float) -> None:
-    """Costs add up level by level, the budget is spent, the regret never rises; the cheap
-    levels never spend more than one HF evaluation's cost in a row."""
+def check_run(run, name: str, budget: float, nested: bool = True) -> None:
+    """Costs add up level by level, the budget is spent (the last choice made below it), the
+    regret never rises; the cheap levels never spend more than one HF evaluation's cost in a row
+    (the evaluations that keep the design nested aside); with ``nested``, every point chosen
+    for a level was also evaluated at each lower level, before it."""
     task = TASKS[name]
-    assert list(run.columns[:3]) == ["cost", "level", "regret"] and run["level"].iloc[0] == "init"
+    assert list(run.columns[:4]) == ["cost", "level", "regret", "nested"] and run["level"].iloc[0] == "init"
     steps = run["cost"].diff().iloc[1:].to_numpy()
     np.testing.assert_allclose(steps, [task.costs[lv] for lv in run["level"].iloc[1:]])
-    assert run["cost"].iloc[-2] < budget <= run["cost"].iloc[-1]
     assert (np.diff(run["regret"]) <= 0).all() and (run["regret"] >= -1e-9).all()  # the best HF value so far
+    chosen = run.iloc[1:].query("not nested")
     spent = 0.0
-    for lv in run["level"].iloc[1:]:
+    for lv in chosen["level"]:
         spent = 0.0 if lv == "HF" else spent + task.costs[lv]
         assert spent <= task.costs["HF"]
+    # each choice's rows: its nested evaluations at lower levels, lowest first, then the chosen one
+    groups, group, before = [], [], [run["cost"].iloc[0]]
+    for _, row in run.iloc[1:].iterrows():
+        group.append(task.levels.index(row["level"]))
+        if not row["nested"]:
+            groups.append(group)
+            group = []
+            before.append(row["cost"])
+    assert not group and all(g == sorted(set(g)) for g in groups)
+    assert before[-2] < budget <= run["cost"].iloc[-1]  # the last choice was made below the budget
+    if nested and run["method"].iloc[0] != "single":  # every point chosen for a level is in each lower level's design
+        points = {lv: {tuple(x) for x in run.query("level == @lv")["x"]} for lv in task.levels}
+        for lo, hi in zip(task.levels[:-1], task.levels[1:]):
+            assert points[hi] <= points[lo]
+    else:
+        assert not run["nested"].any()
 
 
 @pytest.mark.parametrize("method", ["pooled_mfgp", "single"])
@@ -79,7 +98,21 @@ def test_the_federated_loop_is_the_pooled_ar1_loop(name, budget):
     pooled = bo_run(name, "pooled_ar1", seed=3, budget=budget)
     check_run(fed, name, budget)
     assert fed["level"].tolist() == pooled["level"].tolist() and set(fed["level"].iloc[1:]) != {"HF"}
+    assert fed["nested"].any()  # some point chosen for a higher level was first run below it
     np.testing.assert_allclose(fed["regret"], pooled["regret"], rtol=1e-9, atol=1e-12)
+
+
+def test_without_nesting_each_point_runs_at_its_own_level_only():
+    run = bo_run("branin", "pooled_ar1", seed=3, budget=75, nested=False)
+    check_run(run, "branin", 75, nested=False)
+    assert (run["level"].iloc[1:] == "HF").any() and (run["level"].iloc[1:] != "HF").any()
+
+
+def test_a_study_in_two_workers_is_the_study_in_one():
+    kw = {"budgets": {"nonlinear_1d": 50}, "seeds": [1], "methods": ("federated", "single")}
+    one, two = bo_study(**kw), bo_study(**kw, workers=2)
+    assert len(one) > 4 and set(one["method"]) == {"federated", "single"}
+    pd.testing.assert_frame_equal(one.drop(columns="seconds"), two.drop(columns="seconds"))
 
 
 def test_unknown_methods_are_refused():

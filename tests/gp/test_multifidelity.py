@@ -182,3 +182,25 @@ def test_federated_ar1_equals_centralised_ar1_and_shares_only_inputs_and_predict
     down = (n_mf * 2 + n_hf * 2 * 2 + 200 * 2 * 2) * 8 + (n_hf * 2 + 200 * 2) * 8
     up = (n_mf * 2 + n_hf * 2 * 2 + 200 * 2 * 2) * 8
     assert fed.communication == {"bytes_down": down, "bytes_up": up}
+
+
+def test_ar1_options_reach_every_level_and_bad_ones_are_refused_at_construction():
+    from fedstats.gp.multifidelity import FederatedAR1
+
+    mf = fidelity_data("branin", seed=1)
+    order = ["LF", "MF", "HF"]
+    opts = {"kernel": "matern", "nu": 2.5, "noise_floor": 1e-8, "restarts": 2}
+    cen = AR1CoKriging(**opts).fit([mf.level_data(lv) for lv in order], seed=0)
+    fed = FederatedAR1(**opts).fit(mf.train, order=order, seed=0)
+    for spec in [f[0] for f in cen.fits_] + [c.spec for c in fed.clients_]:
+        assert (spec.kernel, spec.nu, spec.noise_floor) == ("matern", 2.5, 1e-8)
+    # the noise-free simulator's smooth lowest level: a noise variance below the default floor of 1e-4
+    assert float(cen.fits_[0][1]["noise"][0]) < 1e-4
+    np.testing.assert_allclose(fed.predict(mf.X_test)["mean"], cen.predict(mf.X_test)["mean"], atol=1e-8)
+    for cls in (AR1CoKriging, FederatedAR1):
+        with pytest.raises(ValueError, match="kernel must be one of"):
+            cls(kernel="cubic")
+        with pytest.raises(ValueError, match="nu must be one of"):
+            cls(kernel="matern", nu=2.0)
+        with pytest.raises(ValueError, match="noise_floor must be a non-negative number"):
+            cls(noise_floor=-1.0)
