@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from linear_operator.utils.warnings import NumericalWarning
 from scipy.optimize import minimize
 
 from ..data import FederatedData
@@ -206,22 +207,26 @@ def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None
         {"cost": spent, "level": "init", "regret": float(data["HF"][1].min() - g_min), "nested": False, "x": None}
     ]
     while spent < budget:
-        model = _Surrogate(method, task, data, seed)
-        torch.manual_seed(seed + len(rows))
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # optimiser restarts that stop early
-            x, _ = optimize_acqf(
-                model.acquisition(float(data["HF"][1].min())),
-                bounds=_unit_bounds(d),
-                q=1,
-                num_restarts=4,
-                raw_samples=128,
-            )
-        u = x.detach().numpy().reshape(1, d)
-        level = "HF"
-        if method != "single":  # the cheapest level still uncertain at u that the cheap allowance pays for
-            allowed = [lv for lv in task.levels[:-1] if cheap + task.costs[lv] <= task.costs["HF"]]
-            level = next((lv for lv in allowed if model.level_sd(u, lv) > task.gamma), "HF")
+            # GPyTorch's notes that it added jitter to a factorisation (frequent with noise-free
+            # levels) and the acquisition optimiser's restarts that stop early
+            warnings.simplefilter("ignore", NumericalWarning)
+            model = _Surrogate(method, task, data, seed)
+            torch.manual_seed(seed + len(rows))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                x, _ = optimize_acqf(
+                    model.acquisition(float(data["HF"][1].min())),
+                    bounds=_unit_bounds(d),
+                    q=1,
+                    num_restarts=4,
+                    raw_samples=128,
+                )
+            u = x.detach().numpy().reshape(1, d)
+            level = "HF"
+            if method != "single":  # the cheapest level still uncertain at u that the cheap allowance pays for
+                allowed = [lv for lv in task.levels[:-1] if cheap + task.costs[lv] <= task.costs["HF"]]
+                level = next((lv for lv in allowed if model.level_sd(u, lv) > task.gamma), "HF")
         cheap = 0.0 if level == "HF" else cheap + task.costs[level]
         below = task.levels[: task.levels.index(level)] if nested and method != "single" else []
         for lv in [*(lv for lv in below if not (data[lv][0] == u).all(1).any()), level]:
