@@ -208,13 +208,12 @@ def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None
     ]
     while spent < budget:
         with warnings.catch_warnings():
-            # GPyTorch's notes that it added jitter to a factorisation (frequent with noise-free
-            # levels) and the acquisition optimiser's restarts that stop early
+            # GPyTorch's notes that it added jitter to a factorisation (frequent with noise-free levels)
             warnings.simplefilter("ignore", NumericalWarning)
             model = _Surrogate(method, task, data, seed)
             torch.manual_seed(seed + len(rows))
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+                warnings.simplefilter("ignore")  # the acquisition optimiser's restarts that stop early
                 x, _ = optimize_acqf(
                     model.acquisition(float(data["HF"][1].min())),
                     bounds=_unit_bounds(d),
