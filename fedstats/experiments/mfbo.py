@@ -48,6 +48,7 @@ from linear_operator.utils.warnings import NumericalWarning
 from scipy.optimize import minimize
 
 from ..data import FederatedData
+from ..gp._core import small_work
 from ..gp.multifidelity import AR1CoKriging, FederatedAR1
 from ..gp.testfunctions import Problem, problem
 
@@ -239,14 +240,10 @@ def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None
 
 def _timed_run(args: tuple) -> pd.DataFrame:
     name, method, seed, budget, nested = args
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # every run on one thread, whatever the number of workers
-    try:
+    with small_work("cpu", 0):  # every run on one thread, whatever the number of workers
         t = time.perf_counter()
         run = bo_run(name, method, seed, budget=budget, nested=nested)
         return run.assign(seconds=time.perf_counter() - t)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def bo_study(
