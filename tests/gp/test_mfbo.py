@@ -118,3 +118,42 @@ def test_a_study_in_two_workers_is_the_study_in_one():
 def test_unknown_methods_are_refused():
     with pytest.raises(ValueError, match="method must be one of"):
         bo_run("branin", "pooled")
+
+
+def regret_at_budget(runs, budgets: dict) -> pd.DataFrame:
+    """Per task, seed (rows) and method (columns): the regret of the last evaluation paid for
+    within the budget (the notebook's measure)."""
+    out = runs.groupby(["task", "method", "seed"]).apply(
+        lambda r: r.loc[r["cost"] <= budgets[r.name[0]], "regret"].iloc[-1], include_groups=False
+    )
+    return out.unstack("method")
+
+
+def test_federated_beats_single_fidelity_on_hartmann_at_equal_cost():
+    # the fast version of the study's claim (notebook 08: lower in 10 of 10 seeds, by 6x to 10^5x)
+    budgets = {"hartmann": 250.0}
+    runs = bo_study(budgets, seeds=[0, 1], methods=("federated", "single"), workers=2)
+    final = regret_at_budget(runs, budgets)
+    assert (final["federated"] <= final["single"] / 2).all(), final
+
+
+@pytest.mark.slow
+def test_the_study_federated_level_with_the_pooled_mfgp_and_below_single_fidelity_on_hartmann():
+    """Issue 23's acceptance, as notebook 08 measures it (10 seeds, 2 workers on 2
+    cores: 12 minutes): paired by seed in log10 regret at the budget, the federated loop is not
+    distinguishable from the pooled multi-fidelity GP on any problem (paired t test, 5%
+    two-sided), and is below single-fidelity BO on Hartmann-3."""
+    from scipy import stats
+
+    budgets = {name: task.budget for name, task in TASKS.items()}
+    runs = bo_study(budgets, seeds=range(10), methods=("federated", "pooled_mfgp", "single"), workers=2)
+    log_final = np.log10(np.maximum(regret_at_budget(runs, budgets), 1e-6))
+    cut = stats.t.ppf(0.975, 9)
+
+    def t(a, b):
+        diff = (log_final[a] - log_final[b]).groupby("task")
+        return diff.mean() / diff.sem()
+
+    level, versus_single = t("federated", "pooled_mfgp"), t("federated", "single")
+    assert (level.abs() < cut).all(), level
+    assert versus_single["hartmann"] < -cut, versus_single
