@@ -30,6 +30,8 @@ __all__ = [
     "borehole",
     "linear_1d",
     "nonlinear_1d",
+    "forrester",
+    "FORRESTER_DESIGN",
 ]
 
 
@@ -143,6 +145,26 @@ def linear_1d_lf(X):
     return 0.5 * linear_1d_hf(X) + 10 * (x - 0.5) + 5
 
 
+def forrester_hf(X):
+    """Forrester, Sobester and Keane's one-dimensional high fidelity on [0, 1] ("Multi-fidelity
+    optimization via surrogate modelling", Proc. R. Soc. A 2007): ``(6x - 2)^2 sin(12x - 4)``,
+    the same function as :func:`linear_1d_hf`."""
+    return linear_1d_hf(X)
+
+
+def forrester_lf(X):
+    """Forrester et al.'s low fidelity ``A f_h(x) + B (x - 0.5) + C`` with their ``A = 0.5``,
+    ``B = 10``, ``C = -5`` (:func:`linear_1d_lf` is Cutajar et al.'s variant, ``C = +5``)."""
+    (x,) = _cols(X, 1)
+    return 0.5 * forrester_hf(X) + 10 * (x - 0.5) - 5
+
+
+#: the nested design of Forrester, Sobester and Keane ("Engineering Design via Surrogate
+#: Modelling", 2008, Section 8.5): 11 equally spaced low-fidelity points and 4 high-fidelity
+#: points among them
+FORRESTER_DESIGN = {"HF": np.array([0.0, 0.4, 0.6, 1.0]), "LF": np.linspace(0.0, 1.0, 11)}
+
+
 def nonlinear_1d_lf(X):
     (x,) = _cols(X, 1)
     return np.cos(15 * x)
@@ -248,11 +270,15 @@ def problem(name: str, code_compat: bool = False) -> Problem:
             {"HF": 20, "LF": 100},
             grid=True,
         )
+    if key == "forrester":  # fidelity_data spaces each level evenly; FORRESTER_DESIGN is the book's
+        return Problem(
+            "Forrester", _box((0, 1)), {"HF": forrester_hf, "LF": forrester_lf}, {"HF": 4, "LF": 11}, grid=True
+        )
     raise ValueError(f"unknown problem {name!r}; choose one of {PROBLEMS}")
 
 
-PROBLEMS = ("currin", "park", "branin", "hartmann", "borehole", "linear_1d", "nonlinear_1d")
+PROBLEMS = ("currin", "park", "branin", "hartmann", "borehole", "linear_1d", "nonlinear_1d", "forrester")
 
 # short aliases of the high-fidelity functions
 currin, park, branin, borehole = currin_hf, park_hf, branin_hf, borehole_hf
-linear_1d, nonlinear_1d = linear_1d_hf, nonlinear_1d_hf
+linear_1d, nonlinear_1d, forrester = linear_1d_hf, nonlinear_1d_hf, forrester_hf

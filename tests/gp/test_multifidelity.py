@@ -83,6 +83,17 @@ def test_correlations_between_levels_match_the_spec():
     assert abs(np.corrcoef(p.levels["HF"](X), p.levels["MF"](X))[0, 1]) < 0.4  # strongly non-linear
 
 
+def test_the_forrester_pair():
+    # its published minimum, -6.02074 at x = 0.75725 (Forrester et al. 2008), and the low fidelity's formula
+    x = np.linspace(0, 1, 200_001)
+    f = tf.forrester_hf(x)
+    assert f.min() == pytest.approx(-6.02074, abs=1e-5) and x[f.argmin()] == pytest.approx(0.75725, abs=1e-4)
+    np.testing.assert_allclose(tf.forrester_lf(x), 0.5 * f + 10 * (x - 0.5) - 5)
+    np.testing.assert_allclose(tf.linear_1d_lf(x) - tf.forrester_lf(x), 10.0)  # Cutajar et al.'s C = +5
+    mf = fidelity_data("forrester")
+    assert mf.train.n_obs == {"HF": 4, "LF": 11}
+
+
 def test_against_botorch_when_installed():
     bt = pytest.importorskip("botorch.test_functions")
     import torch
