@@ -49,6 +49,7 @@ from scipy.optimize import minimize
 
 from ..data import FederatedData
 from ..gp._core import small_work
+from ..gp.ar1_result import AR1Result
 from ..gp.multifidelity import AR1CoKriging, FederatedAR1
 from ..gp.testfunctions import Problem, problem
 
@@ -127,7 +128,7 @@ class _Surrogate:
         if method == "federated":
             Xs = [data[lv][0] for lv in self.levels]
             fed = FederatedData.from_arrays(Xs, [data[lv][1] for lv in self.levels], clients=self.levels)
-            self.ar1: FederatedAR1 | AR1CoKriging = FederatedAR1(**AR1_OPTIONS).fit(fed, order=self.levels, seed=seed)
+            self.ar1: AR1Result = FederatedAR1(**AR1_OPTIONS).fit(fed, order=self.levels, seed=seed)
             self.model = self.ar1.to_botorch()
             return
         if method == "pooled_ar1":
@@ -165,7 +166,7 @@ class _Surrogate:
     def level_sd(self, U: np.ndarray, level: str) -> float:
         """The level's posterior sd at ``U`` (one point) relative to its output sd."""
         if self.method in ("federated", "pooled_ar1"):
-            return float(np.sqrt(self.ar1.level_moments(U, self.levels.index(level))[1][0]))
+            return float(np.sqrt(self.ar1.level_moments(U, self.levels.index(level), scale="standardized")[1][0]))
         X = torch.as_tensor(np.column_stack([U, [[self.s[level]]]]))
         with torch.no_grad():
             return float(self.model.posterior(X).variance.sqrt()) / self.sd[level]

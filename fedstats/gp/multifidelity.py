@@ -15,21 +15,24 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
-import torch
-from torch.autograd.function import once_differentiable
 
 from ..data import FederatedData, require_target
-from ._core import HyperSpec, band_frame, fit_mle, posterior
+from ..federation import Communication
+from ..federation.records import record
+from ..results import counted
+from ._core import HyperSpec, fit_mle
+from .ar1_result import AR1Level, AR1Result, FederatedAR1Result, ar1_chain
+from .chain_result import Wire, check_levels
 from .fgpr import FGPR, FGPRResult
 from .fgpr_algorithm import standardise
 from .testfunctions import Problem, problem
 
-__all__ = ["MFData", "fidelity_data", "SeparateGP", "AR1CoKriging", "FederatedAR1"]
+__all__ = ["MFData", "fidelity_data", "SeparateGP", "AR1CoKriging", "FederatedAR1", "AR1Result", "FederatedAR1Result"]
 
 
 @dataclass
@@ -173,6 +176,16 @@ class _AR1Options:
         self.kernel, self.nu, self.ard, self.restarts, self.noise_floor = kernel, nu, ard, restarts, noise_floor
         self.level_spec(1)  # refuses bad options now, not at fit
 
+    def options(self) -> dict[str, Any]:
+        """The options as given (kept in the result)."""
+        return {
+            "kernel": self.kernel,
+            "nu": self.nu,
+            "ard": self.ard,
+            "restarts": self.restarts,
+            "noise_floor": self.noise_floor,
+        }
+
     def level_spec(self, d: int) -> HyperSpec:
         """The GP prior of every level, on ``d`` inputs."""
         return HyperSpec(d=d, kernel=self.kernel, nu=self.nu, ard=self.ard, noise_floor=self.noise_floor)
@@ -188,88 +201,47 @@ class AR1CoKriging(_AR1Options):
     ``mu_{t-1}`` is the previous level's posterior mean. Prediction: mean
     ``rho_t mu_{t-1}(x) + mu_delta(x)``, variance ``rho_t^2 var_{t-1}(x) + var_delta(x)``.
     The recursion is the full co-kriging model when each level's design contains the next
-    one's (nested designs, Le Gratiet 2013).
+    one's (nested designs, Le Gratiet 2013). :meth:`fit` returns an
+    :class:`~fedstats.gp.ar1_result.AR1Result`: predictions, ``rho`` and ``summary()`` on the
+    data's scale (the mapping from the standardised fit is in :mod:`fedstats.gp.ar1_result`).
 
     Options: each level's kernel (``kernel`` ``"rbf"`` or ``"matern"`` with smoothness ``nu``,
     ``ard``), the maximum-likelihood starts per level (``restarts``), and ``noise_floor``, the
     smallest noise variance on each level's standardised scale (default 1e-4; lower it for a
     deterministic simulator, whose levels are otherwise smoothed by at least that much noise).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from fedstats.gp.multifidelity import AR1CoKriging
+    >>> from fedstats.gp.testfunctions import FORRESTER_DESIGN, forrester_hf, forrester_lf
+    >>> x_lo, x_hi = FORRESTER_DESIGN["LF"], FORRESTER_DESIGN["HF"]
+    >>> res = AR1CoKriging(restarts=2).fit({"LF": (x_lo, forrester_lf(x_lo)), "HF": (x_hi, forrester_hf(x_hi))})
+    >>> res.predict(np.array([0.1, 0.75]))[["mean", "lower", "upper"]].round(1)  # truth -0.66, -6.0
+       mean  lower  upper
+    0  -0.6   -0.8   -0.4
+    1  -6.0   -6.1   -5.8
+    >>> round(res.rho[0], 1)  # the data's scale: f_HF = 2 f_LF - 20 (x - 0.5) + 10
+    2.0
     """
 
-    def fit(self, levels: list[tuple[np.ndarray, np.ndarray]], *, seed: int = 0) -> AR1CoKriging:
-        """``levels``: ``(X, y)`` per fidelity, lowest first, highest last."""
-        if len(levels) < 2:
-            raise ValueError("AR1 co-kriging needs at least two fidelity levels")
-        self.levels_, self.fits_ = [], []
-        for t, (X, y) in enumerate(levels):
-            X = np.asarray(X, dtype=float)
-            X = X[:, None] if X.ndim == 1 else X
-            ys, mu, sd = standardise(np.asarray(y, dtype=float))
-            spec = self.level_spec(X.shape[1])
-            feature = None if t == 0 else self._predict(X, t)[0]
-            hyper, rho, _ = fit_mle(spec, X, ys, feature=feature, restarts=self.restarts, seed=seed + t)
-            resid = ys if feature is None else ys - rho * feature
-            self.levels_.append((X, resid, mu, sd))
-            self.fits_.append((spec, hyper, rho))
-        return self
-
-    def _predict(self, Xs, upto: int):
-        """Mean and variance of the standardised level ``upto - 1`` at ``Xs``."""
-        mean = var = None
-        for t in range(upto):
-            X, resid, _, _ = self.levels_[t]
-            spec, hyper, rho = self.fits_[t]
-            m, v = posterior(spec, hyper, X, resid, Xs, device=torch.device("cpu"), dtype=torch.float64)
-            if mean is None or var is None:  # the first level (t == 0)
-                mean, var = m, v
-            else:
-                mean, var = rho * mean + m, rho**2 * var + v
-        return mean, var
-
-    @property
-    def rho(self) -> list[float]:
-        return [r for _, _, r in self.fits_[1:]]
-
-    def level_moments(self, X, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and variance of level ``t`` (0: the lowest) at ``X``, on its standardised scale."""
-        Xs = np.asarray(X, dtype=float)
-        return self._predict(Xs[:, None] if Xs.ndim == 1 else Xs, t + 1)
-
-    def to_botorch(self) -> Any:
-        """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
-        ``fedstats[bo]``) on the highest level's original scale: ``posterior(X)`` is the joint
-        normal of f over the query batch, mean ``rho_T m_{T-1} + m_T`` and covariance
-        ``rho_T^2 S_{T-1} + S_T`` level by level (each level an exact ``SingleTaskGP`` on its
-        residuals with its fitted hyperparameters, :mod:`fedstats.gp.bo`), differentiable in
-        ``X``: ``optimize_acqf`` and the acquisition functions that only ask for posteriors
-        work on it (not those that need fantasies: see :mod:`fedstats.gp.bo`).
-        ``observation_noise=True`` adds the highest level's noise."""
-        from .bo import chain, exact_gp, joint_model, latent, natural
-
-        gps = [exact_gp(spec, hyper, X, resid) for (X, resid, _, _), (spec, hyper, _) in zip(self.levels_, self.fits_)]
-        rhos = [0.0] + self.rho
-        _, _, mu, sd = self.levels_[-1]
-        noise = float(self.fits_[-1][1]["noise"][0])
-
-        def answer(X, observation_noise: bool):
-            out = None
-            for gp, rho in zip(gps, rhos):
-                out = chain(out, rho, latent(gp, X))
-            assert out is not None  # at least two levels
-            return natural(out[0], out[1], mu, sd, noise if observation_noise else None)
-
-        return joint_model(answer)
-
-    def predict(self, X, *, level: float = 0.95, scale: str = "standardized") -> pd.DataFrame:
-        """Highest-fidelity prediction: mean, sd of f and the credible band; ``scale``
-        ``"standardized"`` (the highest level's training scale) or ``"original"``."""
-        Xs = np.asarray(X, dtype=float)
-        Xs = Xs[:, None] if Xs.ndim == 1 else Xs
-        mean, var = self._predict(Xs, len(self.levels_))
-        if scale == "original":
-            _, _, mu, sd = self.levels_[-1]
-            mean, var = mu + sd * mean, var * sd**2
-        return band_frame(mean, var, level)
+    def fit(self, levels, *, seed: int = 0) -> AR1Result:
+        """``levels``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
+        ``name -> (X, y)`` that names them; a list's levels are ``level0``, ``level1``, ...)."""
+        t0 = time.perf_counter()
+        names, pairs = check_levels(levels, "AR1 co-kriging")
+        fitted: list[AR1Level] = []
+        for t, (X, y) in enumerate(pairs):
+            lv = AR1Level(X, y, self.level_spec(X.shape[1]), restarts=self.restarts, seed=seed + t)
+            fitted.append(lv.fit(None if t == 0 else ar1_chain(fitted, lv.X, t)[0]))
+        return AR1Result(
+            levels=fitted,
+            names=names,
+            feature_names=[f"x{j}" for j in range(pairs[0][0].shape[1])],
+            options=self.options(),
+            seed=seed,
+            seconds=time.perf_counter() - t0,
+        )
 
 
 def chain_order(data: FederatedData, order, model: str) -> list:
@@ -282,52 +254,6 @@ def chain_order(data: FederatedData, order, model: str) -> list:
     return order
 
 
-class _LevelClient:
-    """One fidelity level in :class:`FederatedAR1`: holds its own (X, y), its fitted GP and
-    its link rho; none of them leaves it. It answers queries ``(X*, mean and variance of the
-    level below at X*)`` with its own predictive mean and variance at ``X*``."""
-
-    def __init__(self, X, y, spec: HyperSpec, restarts: int, seed: int):
-        self.X, self.spec, self.restarts, self.seed = np.asarray(X, dtype=float), spec, restarts, seed
-        self.y, self.mu, self.sd = standardise(np.asarray(y, dtype=float))
-        self._gp: Any = None  # its BoTorch model, built on the first query of :meth:`ask`
-
-    def fit(self, lower_mean=None) -> None:
-        self.hyper, self.rho, _ = fit_mle(
-            self.spec, self.X, self.y, feature=lower_mean, restarts=self.restarts, seed=self.seed
-        )
-        self.resid = self.y if lower_mean is None else self.y - self.rho * lower_mean
-
-    def answer(self, Xq, lower=None):
-        m, v = posterior(self.spec, self.hyper, self.X, self.resid, Xq, device=torch.device("cpu"), dtype=torch.float64)
-        return (m, v) if lower is None else (self.rho * lower[0] + m, self.rho**2 * lower[1] + v)
-
-    def ask(self, X: torch.Tensor, lower, final: bool, noise: bool):
-        """The joint version of :meth:`answer` for a BoTorch query batch ``X`` (``[..., q, d]``):
-        ``(rho m + m_t, rho^2 S + S_t)`` given the level below's ``(m, S)`` (``lower``; None at
-        the lowest level), on the original scale at the highest level (``final``, with its
-        noise if ``noise``); and ``vjp``, which maps the gradients of a loss with respect to
-        that answer to those with respect to ``X`` and ``lower``. The graph between them stays
-        here, as the client's outputs, residuals and hyperparameters do."""
-        from .bo import chain, exact_gp, latent, natural
-
-        if self._gp is None:
-            self._gp = exact_gp(self.spec, self.hyper, self.X, self.resid)
-        leaves = [t.detach().requires_grad_(t.requires_grad) for t in (X, *(lower or ()))]
-        with torch.enable_grad():
-            out = chain(None if lower is None else (leaves[1], leaves[2]), self.rho, latent(self._gp, leaves[0]))
-            if final:
-                out = natural(out[0], out[1], self.mu, self.sd, float(self.hyper["noise"][0]) if noise else None)
-
-        def vjp(dm: torch.Tensor, dS: torch.Tensor) -> tuple:
-            # the graph is kept: a caller may differentiate the same posterior twice
-            need = [t for t in leaves if t.requires_grad]
-            got = iter(torch.autograd.grad(out, need, (dm, dS), allow_unused=True, retain_graph=True) if need else ())
-            return tuple(next(got) if t.requires_grad else None for t in leaves)
-
-        return out[0].detach(), out[1].detach(), vjp
-
-
 class FederatedAR1(_AR1Options):
     """AR1 co-kriging with one fidelity level per client, beyond the paper.
 
@@ -335,97 +261,38 @@ class FederatedAR1(_AR1Options):
     sends its *inputs* down the chain: level 1 answers with its predictive mean and variance
     there, level 2 adds its own term, and so on up to level t - 1; the client then fits
     ``rho_t`` and its GP ``delta_t`` by maximum likelihood on its own data (the recursive AR1
-    of :class:`AR1CoKriging`). A prediction at ``X*`` travels the same chain. What is shared:
-    input locations (the higher levels' design points and the query points) downwards, and
-    predictive means and variances at them upwards; never outputs or hyperparameters. The
-    result equals the centralised :class:`AR1CoKriging` (same fits and options), which the
-    tests check; ``communication`` counts the bytes.
+    of :class:`AR1CoKriging`). A prediction at ``X*`` travels the same chain. What is shared
+    during the fit: input locations (the higher levels' design points) downwards, and
+    predictive means and variances at them upwards, never outputs; at its end each level
+    releases its fitted parameters (hyperparameters and link on its standardised scale, and the
+    mean and sd of its outputs: a few numbers per level) so that the result reports the model on
+    the data's scale (``summary``, ``rho``). The result equals the centralised
+    :class:`AR1CoKriging` (same fits and options), which the tests check; its
+    ``communication`` counts the bytes of the fit, ``query_communication`` those of later
+    queries (see :class:`~fedstats.gp.ar1_result.FederatedAR1Result`, also for what a result
+    loaded from a file can do).
     """
 
-    def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedAR1:
+    @counted
+    def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedAR1Result:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
         order = chain_order(data, order, "FederatedAR1")
-        self.order_ = order
-        self.communication = {"bytes_down": 0, "bytes_up": 0}
-        self.clients_ = []
+        wire = Wire()
+        clients: list[AR1Level] = []
         for t, c in enumerate(order):
             X = np.asarray(data[c].X, dtype=float)
-            client = _LevelClient(X, data[c].y, self.level_spec(X.shape[1]), self.restarts, seed + t)
-            client.fit(None if t == 0 else self._chain(X, t)[0])
-            self.clients_.append(client)
-        return self
-
-    def _chain(self, Xq, upto: int):
-        """Mean and variance of level ``upto - 1`` at ``Xq``: the query goes to each of the
-        clients below in turn (inputs down, mean and variance up)."""
-        lower = None
-        for client in self.clients_[:upto]:
-            self.communication["bytes_down"] += Xq.nbytes + (0 if lower is None else 2 * lower[0].nbytes)
-            lower = client.answer(Xq, lower)
-            self.communication["bytes_up"] += 2 * lower[0].nbytes
-        return lower
-
-    @property
-    def rho(self) -> list[float]:
-        return [c.rho for c in self.clients_[1:]]
-
-    def level_moments(self, X, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and variance of level ``t`` (0: the lowest) at ``X``, on its standardised scale:
-        the query goes down the chain of levels 0..t, their moments come up (counted)."""
-        Xs = np.asarray(X, dtype=float)
-        return self._chain(Xs[:, None] if Xs.ndim == 1 else Xs, t + 1)
-
-    def to_botorch(self) -> Any:
-        """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
-        ``fedstats[bo]``), equal to :meth:`AR1CoKriging.to_botorch` of the same fits, and as
-        federated as :meth:`predict`: each ``posterior(X)`` sends the query batch down the
-        chain of levels (each adds its term to the joint mean and covariance from below, the
-        highest maps them to its original scale), and when an acquisition function is
-        differentiated, the gradients with respect to each answer go back down and the
-        gradients with respect to the queries come up (each level keeps its own graph:
-        :meth:`_LevelClient.ask`). Outputs, residuals, rho and hyperparameters stay on their
-        clients; ``communication`` counts every array either way."""
-        from .bo import joint_model
-
-        def answer(X, observation_noise: bool):
-            lower: tuple = (None, None)
-            for t, client in enumerate(self.clients_):
-                final = t == len(self.clients_) - 1
-                lower = _Ask.apply(X, *lower, client, final, observation_noise and final, self.communication)
-            return lower
-
-        return joint_model(answer)
-
-    def predict(self, X, *, level: float = 0.95, scale: str = "standardized") -> pd.DataFrame:
-        """Highest-fidelity prediction (same columns and scales as :meth:`AR1CoKriging.predict`)."""
-        Xs = np.asarray(X, dtype=float)
-        Xs = Xs[:, None] if Xs.ndim == 1 else Xs
-        top = self.clients_[-1]  # the highest level asks; its own term is computed locally
-        mean, var = top.answer(Xs, self._chain(Xs, len(self.clients_) - 1))
-        if scale == "original":
-            mean, var = top.mu + top.sd * mean, var * top.sd**2
-        return band_frame(mean, var, level)
-
-
-class _Ask(torch.autograd.Function):
-    """One level's answer to a BoTorch query as one exchange with its client: the query batch
-    and the level below's joint mean and covariance go down, the client's go up; backward sends
-    the gradients with respect to the client's answer down and brings up those with respect to
-    the query and the answer below (the client computes them on its own graph)."""
-
-    @staticmethod
-    def forward(ctx, X, lm, lS, client, final, noise, comm):
-        lower = None if lm is None else (lm, lS)
-        m, S, ctx.vjp = client.ask(X, lower, final, noise)
-        ctx.comm = comm
-        comm["bytes_down"] += sum(t.numel() * t.element_size() for t in (X, lm, lS) if t is not None)
-        comm["bytes_up"] += (m.numel() + S.numel()) * m.element_size()
-        return m, S
-
-    @staticmethod
-    @once_differentiable  # first derivatives only: a clear error for second ones
-    def backward(ctx, dm, dS):
-        ctx.comm["bytes_down"] += (dm.numel() + dS.numel()) * dm.element_size()
-        grads = ctx.vjp(dm, dS)
-        ctx.comm["bytes_up"] += sum(g.numel() * g.element_size() for g in grads if g is not None)
-        return (*grads, *((None,) * (3 - len(grads))), None, None, None, None)
+            lv = AR1Level(X, np.asarray(data[c].y), self.level_spec(X.shape[1]), restarts=self.restarts, seed=seed + t)
+            # the client's inputs go down the chain below it; the moments there come back
+            clients.append(lv.fit(None if t == 0 else ar1_chain(clients, lv.X, t, wire, order, "chain", asker=t)[0]))
+        for t, (c, lv) in enumerate(zip(order, clients)):
+            wire.release(c, lv.hyper, {"mu": lv.mu, "sd": lv.sd, **({"rho": lv.rho} if t else {})})
+        record(wire.comm)
+        return FederatedAR1Result(
+            clients=clients,
+            messages=wire.messages,
+            names=order,
+            feature_names=list(data.feature_names),
+            options=self.options(),
+            seed=seed,
+            communication=Communication.combine([wire.comm]),
+        )

@@ -19,71 +19,51 @@ draws ``f_t`` for the level above. The highest level's prediction is the mixture
 mean ``mean_s m_s``, variance ``mean_s v_s + var_s m_s``. Level t's standard normals come from
 its own stream (``[seed, NARGP_DRAWS, t]``), so the federated model, which draws on each
 level's client, gives the centralised answer given the same hyperparameters.
+
+``fit`` returns a result that keeps the result contract (:mod:`fedstats.gp.nargp_result`):
+predictions, ``level_moments`` and ``summary()`` on the data's scale by default.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
-import pandas as pd
-import torch
 
 from ..data import FederatedData
-from ._core import HyperSpec, band_frame, fit_mle, posterior
-from .fgpr_algorithm import standardise
+from ..federation import Communication
+from ..federation.records import record
+from ..results import counted
+from ._core import HyperSpec
+from .chain_result import Wire, check_levels
 from .multifidelity import chain_order
+from .nargp_result import NARGP_DRAWS, FederatedNARGPResult, NARGPLevel, NARGPResult, mixture, nargp_chain
 
-__all__ = ["NARGP", "FederatedNARGP"]
-
-#: the stream tag of a level's standard normals (``[seed, NARGP_DRAWS, level]``)
-NARGP_DRAWS = 0x4E41
-
-Paths = tuple[np.ndarray, np.ndarray]  # means and variances, (paths, points) each
+__all__ = ["NARGP", "FederatedNARGP", "NARGPResult", "FederatedNARGPResult", "NARGP_DRAWS", "mixture"]
 
 
-class _Level:
-    """One fidelity level: its data, its GP and how it answers a query. In :class:`NARGP` the
-    levels sit together; in :class:`FederatedNARGP` each is a client, and its outputs and
-    hyperparameters never leave it."""
+class _NARGPOptions:
+    """The options both NARGP models share (see :class:`NARGP`), checked at construction."""
 
-    def __init__(self, X, y, t: int, kernel: str, restarts: int, seed: int):
-        self.X = np.asarray(X, dtype=float)
-        self.X = self.X[:, None] if self.X.ndim == 1 else self.X
-        self.y, self.mu, self.sd = standardise(np.asarray(y, dtype=float))
-        self.t, self.kernel, self.restarts, self.seed = t, kernel, restarts, seed
-        self.spec = HyperSpec(d=self.X.shape[1] + (t > 0), kernel=kernel, ard=True)
+    def __init__(self, *, kernel: str = "rbf", restarts: int = 5, samples: int = 200):
+        if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 2:
+            raise ValueError(f"samples must be an integer of at least 2, got {samples!r}")
+        if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 1:
+            raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
+        self.kernel, self.restarts, self.samples = kernel, int(restarts), int(samples)
+        self.level_spec(1, 0)  # refuses a bad kernel now, not at fit
 
-    def inputs(self, Xq: np.ndarray, lower: Paths | None, samples: int, seed: int) -> np.ndarray:
-        """The GP's inputs at the queries: ``Xq`` itself at level 1; above, ``Xq`` with one draw
-        of the lower level per path appended (``(paths * n, d + 1)``, path by path)."""
-        if lower is None:
-            return Xq
-        M, V = lower
-        # point i's draws are the i-th block of ``samples`` normals of the stream: the same for
-        # a point whatever follows it in the batch
-        eps = np.random.default_rng([seed, NARGP_DRAWS, self.t]).standard_normal((len(Xq), samples)).T
-        f = M + np.sqrt(np.maximum(V, 0.0)) * eps  # (samples, n): one path per row
-        return np.column_stack([np.tile(Xq, (samples, 1)), f.reshape(-1)])
+    def options(self) -> dict:
+        """The options as given (kept in the result)."""
+        return {"kernel": self.kernel, "restarts": self.restarts, "samples": self.samples}
 
-    def fit(self, lower_mean: np.ndarray | None) -> None:
-        Z = self.X if lower_mean is None else np.column_stack([self.X, lower_mean])
-        self.Z = Z
-        self.hyper, _, _ = fit_mle(self.spec, Z, self.y, restarts=self.restarts, seed=self.seed)
-
-    def answer(self, Xq: np.ndarray, lower: Paths | None, samples: int, seed: int) -> Paths:
-        """This level's predictive means and variances along each path, ``(paths, n)`` each (one
-        path at level 1, whose predictive is exact)."""
-        Zq = self.inputs(Xq, lower, samples, seed)
-        m, v = posterior(self.spec, self.hyper, self.Z, self.y, Zq, device=torch.device("cpu"), dtype=torch.float64)
-        return m.reshape(-1, len(Xq)), v.reshape(-1, len(Xq))
+    def level_spec(self, d: int, t: int) -> HyperSpec:
+        """Level ``t``'s GP prior on ``d`` inputs (and the level below's value above the lowest):
+        an ARD kernel."""
+        return HyperSpec(d=d + (t > 0), kernel=self.kernel, ard=True)
 
 
-def mixture(paths: Paths) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and variance of the mixture over paths: ``mean_s m_s``, ``mean_s v_s + var_s m_s``."""
-    M, V = paths
-    return M.mean(0), V.mean(0) + M.var(0)
-
-
-class NARGP:
+class NARGP(_NARGPOptions):
     """NARGP (see the module's docs), centralised: every level's data in one place.
 
     Parameters
@@ -94,105 +74,76 @@ class NARGP:
         Random restarts of each level's maximum-likelihood fit (L-BFGS, the best kept).
     samples : int
         Paths drawn to propagate the lower levels' uncertainty (the paper uses 100 or more).
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from fedstats.gp.nargp import NARGP
+    >>> x_lo, x_hi = np.linspace(0, 2, 40), np.linspace(0, 2, 8)
+    >>> lo = lambda x: np.cos(15 * x)
+    >>> res = NARGP(restarts=2, samples=50).fit([(x_lo, lo(x_lo)), (x_hi, x_hi * np.exp(lo(2 * x_hi - 0.2)) - 1)])
+    >>> list(res.predict(np.array([0.5, 1.5])).columns[:5])  # on the data's scale
+    ['mean', 'lower', 'upper', 'pred_lower', 'pred_upper']
     """
 
-    def __init__(self, *, kernel: str = "rbf", restarts: int = 5, samples: int = 200):
-        self.kernel, self.restarts, self.samples = _options(kernel, restarts, samples)
-
-    def fit(self, levels: list[tuple[np.ndarray, np.ndarray]], *, seed: int = 0) -> NARGP:
-        """``levels``: ``(X, y)`` per fidelity, lowest first, highest last."""
-        if len(levels) < 2:
-            raise ValueError("NARGP needs at least two fidelity levels")
-        self.seed_, self.levels_ = seed, []
-        for t, (X, y) in enumerate(levels):
-            level = _Level(X, y, t, self.kernel, self.restarts, seed + t)
-            level.fit(None if t == 0 else mixture(self._paths(level.X, t))[0])
-            self.levels_.append(level)
-        return self
-
-    def _paths(self, Xq: np.ndarray, upto: int) -> Paths:
-        """The paths of level ``upto - 1`` at ``Xq``."""
-        lower = None
-        for level in self.levels_[:upto]:
-            lower = level.answer(Xq, lower, self.samples, self.seed_)
-        assert lower is not None
-        return lower
-
-    def predict(self, X, *, level: float = 0.95, scale: str = "standardized") -> pd.DataFrame:
-        """Highest-fidelity prediction: mean, sd of f and the credible band (a normal with the
-        mixture's mean and variance); ``scale`` ``"standardized"`` (the highest level's training
-        scale) or ``"original"``."""
-        Xs = _queries(X, self.levels_[0].X.shape[1])
-        mean, var = mixture(self._paths(Xs, len(self.levels_)))
-        top = self.levels_[-1]
-        if scale == "original":
-            mean, var = top.mu + top.sd * mean, var * top.sd**2
-        return band_frame(mean, var, level)
+    def fit(self, levels, *, seed: int = 0) -> NARGPResult:
+        """``levels``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
+        ``name -> (X, y)`` that names them; a list's levels are ``level0``, ``level1``, ...)."""
+        t0 = time.perf_counter()
+        names, pairs = check_levels(levels, "NARGP")
+        fitted: list[NARGPLevel] = []
+        for t, (X, y) in enumerate(pairs):
+            lv = NARGPLevel(X, y, t, self.level_spec(X.shape[1], t), restarts=self.restarts, seed=seed + t)
+            lower = None if t == 0 else mixture(nargp_chain(fitted, lv.X, t, self.samples, seed))[0]
+            fitted.append(lv.fit(lower))
+        return NARGPResult(
+            levels=fitted,
+            names=names,
+            feature_names=[f"x{j}" for j in range(pairs[0][0].shape[1])],
+            options=self.options(),
+            seed=seed,
+            seconds=time.perf_counter() - t0,
+        )
 
 
-class FederatedNARGP:
+class FederatedNARGP(_NARGPOptions):
     """NARGP with one fidelity level per client, as :class:`~.multifidelity.FederatedAR1` is
     for AR1: each client keeps its outputs and its GP. To fit level t, its client sends its
     design points down the chain; level 1 answers with its predictive means and variances
     there, each level above draws its paths from what comes up and answers with its own means
     and variances along them, and level t takes the mixture mean as its extra input. A
-    prediction travels the same chain. Shared: input locations downwards, predictive means and
-    variances (per path) upwards; never outputs or hyperparameters. ``messages`` records the
-    shape of every array sent and ``communication`` counts the bytes."""
+    prediction travels the same chain. Shared during the fit: input locations downwards,
+    predictive means and variances (per path) upwards, never outputs; at its end each level
+    releases its hyperparameters and the mean and sd of its outputs, from which the result
+    reports the model on the data's scale. The result
+    (:class:`~fedstats.gp.nargp_result.FederatedNARGPResult`) records the shape of every array
+    sent (``messages``), counts the fit's bytes (``communication``) and those of later queries
+    (``query_communication``)."""
 
-    def __init__(self, *, kernel: str = "rbf", restarts: int = 5, samples: int = 200):
-        self.kernel, self.restarts, self.samples = _options(kernel, restarts, samples)
-
-    def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedNARGP:
+    @counted
+    def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedNARGPResult:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
-        self.order_, self.seed_ = chain_order(data, order, "FederatedNARGP"), seed
-        self.communication = {"bytes_down": 0, "bytes_up": 0}
-        self.messages: list[tuple[str, str, tuple]] = []  # (direction, what, shape)
-        self.clients_: list[_Level] = []
-        for t, c in enumerate(self.order_):
-            level = _Level(data[c].X, data[c].y, t, self.kernel, self.restarts, seed + t)
-            level.fit(None if t == 0 else mixture(self._chain(level.X, t))[0])
-            self.clients_.append(level)
-        return self
-
-    def _send(self, direction: str, what: str, a: np.ndarray) -> None:
-        self.messages.append((direction, what, a.shape))
-        self.communication["bytes_down" if direction == "down" else "bytes_up"] += a.nbytes
-
-    def _chain(self, Xq: np.ndarray, upto: int) -> Paths:
-        """The paths of level ``upto - 1`` at ``Xq``, level by level (inputs down, moments up)."""
-        lower = None
-        for client in self.clients_[:upto]:
-            self._send("down", "queries", Xq)
-            if lower is not None:
-                for a in lower:
-                    self._send("down", "moments from below", a)
-            lower = client.answer(Xq, lower, self.samples, self.seed_)
-            for a in lower:
-                self._send("up", "moments", a)
-        assert lower is not None
-        return lower
-
-    def predict(self, X, *, level: float = 0.95, scale: str = "standardized") -> pd.DataFrame:
-        """Highest-fidelity prediction (same columns and scales as :meth:`NARGP.predict`); the
-        highest level asks, and computes its own term and the mixture locally."""
-        Xs = _queries(X, self.clients_[0].X.shape[1])
-        top = self.clients_[-1]
-        mean, var = mixture(top.answer(Xs, self._chain(Xs, len(self.clients_) - 1), self.samples, self.seed_))
-        if scale == "original":
-            mean, var = top.mu + top.sd * mean, var * top.sd**2
-        return band_frame(mean, var, level)
-
-
-def _options(kernel: str, restarts: int, samples: int) -> tuple[str, int, int]:
-    if int(samples) < 2:
-        raise ValueError(f"samples must be at least 2, got {samples!r}")
-    return kernel, int(restarts), int(samples)
-
-
-def _queries(X, d: int) -> np.ndarray:
-    Xs = np.asarray(X, dtype=float)
-    Xs = Xs[:, None] if Xs.ndim == 1 else Xs
-    if Xs.ndim != 2 or Xs.shape[1] != d or not np.all(np.isfinite(Xs)):
-        raise ValueError(f"X must be finite with {d} column(s), got shape {np.shape(Xs)}")
-    return Xs
+        order = chain_order(data, order, "FederatedNARGP")
+        wire = Wire()
+        clients: list[NARGPLevel] = []
+        for t, c in enumerate(order):
+            X = np.asarray(data[c].X, dtype=float)
+            lv = NARGPLevel(
+                X, np.asarray(data[c].y), t, self.level_spec(X.shape[1], t), restarts=self.restarts, seed=seed + t
+            )
+            lower = None
+            if t:  # the client's inputs go down the chain below it; the paths there come back
+                lower = mixture(nargp_chain(clients, lv.X, t, self.samples, seed, wire, order, "chain", t))[0]
+            clients.append(lv.fit(lower))
+        for c, lv in zip(order, clients):
+            wire.release(c, lv.hyper, {"mu": lv.mu, "sd": lv.sd})
+        record(wire.comm)
+        return FederatedNARGPResult(
+            clients=clients,
+            messages=wire.messages,
+            names=order,
+            feature_names=list(data.feature_names),
+            options=self.options(),
+            seed=seed,
+            communication=Communication.combine([wire.comm]),
+        )

@@ -38,9 +38,9 @@ def test_the_federated_chain_gives_each_levels_moments_as_the_centralised_ar1():
     for t in range(3):
         for x, y in zip(a.level_moments(Uq, t), b.level_moments(Uq, t)):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
-    before = a.communication["bytes_down"]
+    before = a.query_communication.bytes_down
     a.level_moments(Uq, 1)
-    assert a.communication["bytes_down"] > before  # the query went down the chain, counted
+    assert a.query_communication.bytes_down > before  # the query went down the chain, counted
 
 
 def check_run(run, name: str, budget: float, nested: bool = True) -> None:

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from fedstats.experiments.multifidelity_paper import mf_run
-from fedstats.gp._core import posterior
+from fedstats.gp._core import HyperSpec, posterior
+from fedstats.gp.chain_result import Wire
 from fedstats.gp.multifidelity import fidelity_data
-from fedstats.gp.nargp import NARGP, FederatedNARGP, _Level, mixture
+from fedstats.gp.nargp import NARGP, FederatedNARGP, mixture
+from fedstats.gp.nargp_result import NARGPLevel
 
 
 def test_nargp_is_at_least_3x_better_than_ar1_on_the_nonlinear_pair():
@@ -25,24 +27,36 @@ def test_federated_nargp_equals_centralised_and_sends_only_queries_and_moments(m
     mf = fidelity_data("branin", seed=1, sizes={"LF": 40, "MF": 25, "HF": 12})
     order = ["LF", "MF", "HF"]
     sent: list[np.ndarray] = []
-    send = FederatedNARGP._send
-    monkeypatch.setattr(FederatedNARGP, "_send", lambda self, d, w, a: (sent.append(a.copy()), send(self, d, w, a)))
+    send = Wire.send
+    monkeypatch.setattr(
+        Wire, "send", lambda self, c, d, w, a, k: (sent.append(np.array(a, copy=True)), send(self, c, d, w, a, k))
+    )
     cen = NARGP(restarts=1, samples=50).fit([mf.level_data(lv) for lv in order], seed=3)
     fed = FederatedNARGP(restarts=1, samples=50).fit(mf.train, order=order, seed=3)
-    for a, b in zip(cen.levels_, fed.clients_):
+    for a, b in zip(cen.levels, fed.levels):
         for k in a.hyper:
             np.testing.assert_allclose(b.hyper[k], a.hyper[k], rtol=1e-10)
     Xs = mf.X_test[:100]
-    n0 = fed.communication["bytes_down"] + fed.communication["bytes_up"]
     p, q = cen.predict(Xs, scale="original"), fed.predict(Xs, scale="original")
     np.testing.assert_allclose(q["mean"], p["mean"], rtol=1e-8)
     np.testing.assert_allclose(q["sd"], p["sd"], rtol=1e-8)
     # a prediction of 100 points: the two lower levels get the queries, the middle one level 1's
     # moments too (1 path), and each answers with its moments (1 path, then 50 paths)
-    sent_bytes = fed.communication["bytes_down"] + fed.communication["bytes_up"] - n0
-    assert sent_bytes == (2 * 100 * 2 + 2 * 100 + 2 * 100 + 2 * 50 * 100) * 8
-    # what crossed: queries down, moments up and down; no row of any array is a client's outputs
-    assert {w for _, w, _ in fed.messages} == {"queries", "moments", "moments from below"}
+    assert fed.query_communication.bytes_total == (2 * 100 * 2 + 2 * 100 + 2 * 100 + 2 * 50 * 100) * 8
+    # what crossed: queries down, moments up and down; at the end of the fit each level's
+    # hyperparameters and its outputs' mean and sd (one number each, three lengthscales above
+    # LF); no row of any array is a client's outputs
+    assert {w for _, _, w, _ in fed.messages} == {
+        "queries",
+        "moments",
+        "moments from below",
+        "lengthscale",
+        "outputscale",
+        "noise",
+        "mu",
+        "sd",
+    }
+    assert all(np.prod(s) <= 3 for _, _, w, s in fed.messages if w not in ("queries", "moments", "moments from below"))
     outputs = [np.asarray(mf.train[c].y) for c in order]
     outputs += [(y - y.mean()) / y.std() for y in outputs]
     rows = [r for a in sent for r in np.atleast_2d(a)] + [a.reshape(-1) for a in sent]
@@ -56,10 +70,10 @@ def test_the_paths_give_the_mixture_that_quadrature_gives():
     import torch
 
     X1 = np.linspace(0, 1, 30)[:, None]
-    lo = _Level(X1, np.sin(6 * X1[:, 0]), 0, "rbf", 1, 0)
+    lo = NARGPLevel(X1, np.sin(6 * X1[:, 0]), 0, HyperSpec(d=1, ard=True))
     lo.fit(None)
     X2 = np.linspace(0, 1, 12)[:, None]
-    hi = _Level(X2, np.exp(np.sin(6 * X2[:, 0])), 1, "rbf", 1, 0)
+    hi = NARGPLevel(X2, np.exp(np.sin(6 * X2[:, 0])), 1, HyperSpec(d=2, ard=True))
     hi.fit(lo.answer(X2, None, 2, 0)[0][0])
     Xq = np.random.default_rng(0).uniform(size=(15, 1))
     m1, v1 = lo.answer(Xq, None, 4000, 0)
@@ -71,7 +85,7 @@ def test_the_paths_give_the_mixture_that_quadrature_gives():
     weights = weights / weights.sum()
     f = m1[0][None, :] + np.sqrt(v1[0])[None, :] * nodes[:, None]  # (40, 15)
     Z = np.column_stack([np.tile(Xq, (40, 1)), f.reshape(-1)])
-    m, v = posterior(hi.spec, hi.hyper, hi.Z, hi.y, Z, device=torch.device("cpu"), dtype=torch.float64)
+    m, v = posterior(hi.spec, hi.hyper, hi.Z, hi.z, Z, device=torch.device("cpu"), dtype=torch.float64)
     m, v = m.reshape(40, 15), v.reshape(40, 15)
     q_mean = weights @ m
     q_var = weights @ v + weights @ (m - q_mean) ** 2

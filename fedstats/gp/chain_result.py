@@ -1,0 +1,298 @@
+"""What the four multi-fidelity results share (:mod:`fedstats.gp.ar1_result`,
+:mod:`fedstats.gp.nargp_result`): a chain of fidelity levels, lowest first, each a GP fitted on
+its own standardised outputs, reported and predicted on the data's scale.
+
+* :class:`ChainResult`: the result contract for a chain (``summary`` of every level's
+  parameters on the data's scale, ``predict`` of any level with credible and predictive bands,
+  ``save``/``load``); the models fill in how a level's moments are computed.
+* :class:`Wire`: the in-process accounting of a federated chain's exchanges (every array sent
+  to or from a level's client, by kind and by client, as a
+  :class:`~fedstats.federation.Communication`), with a log of what crossed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from numpy.typing import ArrayLike
+
+from ..data import DataError
+from ..federation import Communication
+from ..federation.records import record
+from ..results import FederatedResult, UnknownClientError, check_level
+from ._core import band_frame
+
+__all__ = ["ChainResult", "Wire", "check_queries", "check_levels"]
+
+SCALES = ("original", "standardized")
+
+
+def check_queries(X: ArrayLike, d: int) -> np.ndarray:
+    """``X`` as a finite float array of shape ``(n, d)`` (a 1-D ``X`` is one column)."""
+    Xs = np.asarray(X, dtype=float)
+    Xs = Xs[:, None] if Xs.ndim == 1 else Xs
+    if Xs.ndim != 2 or Xs.shape[1] != d or len(Xs) == 0 or not np.all(np.isfinite(Xs)):
+        raise DataError(f"X must be finite with at least one row and {d} column(s), got shape {np.shape(Xs)}")
+    return Xs
+
+
+def check_scale(scale: str) -> str:
+    if scale not in SCALES:
+        raise ValueError(f"scale must be 'original' or 'standardized', got {scale!r}")
+    return scale
+
+
+def check_levels(levels: Any, model: str) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
+    """The fidelity levels of a centralised fit, lowest first: a list of ``(X, y)`` (named
+    ``level0``, ``level1``, ...) or a dict ``name -> (X, y)`` in that order; checked (at least
+    two levels, finite, matching rows, the same inputs on every level, two rows or more)."""
+    if isinstance(levels, Mapping):
+        names, pairs = [str(k) for k in levels], list(levels.values())
+    else:
+        pairs = list(levels)
+        names = [f"level{t}" for t in range(len(pairs))]
+    if len(pairs) < 2:
+        raise ValueError(f"{model} needs at least two fidelity levels, got {len(pairs)}")
+    out, d = [], None
+    for name, pair in zip(names, pairs):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise DataError(f"level {name!r}: expected a pair (X, y)")
+        X = np.asarray(pair[0], dtype=float)
+        X = X[:, None] if X.ndim == 1 else X
+        y = np.asarray(pair[1], dtype=float).reshape(-1)
+        if X.ndim != 2 or len(X) != len(y) or len(y) < 2:
+            raise DataError(
+                f"level {name!r}: X must be (n, d) with n >= 2 rows matching y, got {X.shape} and {y.shape}"
+            )
+        if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
+            raise DataError(f"level {name!r}: X or y contains NaN or inf")
+        if d is not None and X.shape[1] != d:
+            raise DataError(f"level {name!r} has {X.shape[1]} input column(s), the levels below {d}")
+        d = X.shape[1]
+        out.append((X, y))
+    return names, out
+
+
+class Wire:
+    """The exchanges of a federated chain, in process: :meth:`send` counts an array to
+    (``"down"``) or from (``"up"``) a level's client under a kind (bytes by client and kind, as
+    :class:`~fedstats.federation.Communication`: ``comm``), :meth:`exchange` counts one
+    exchange (a round: one client asked and answering), and ``messages`` logs each array's
+    ``(client, direction, what, shape)``."""
+
+    def __init__(self) -> None:
+        self.comm = Communication()
+        self.messages: list[tuple[Hashable, str, str, tuple]] = []
+
+    def _kind(self, kind: str) -> dict[str, int]:
+        return self.comm.by_kind.setdefault(kind, {"bytes_up": 0, "bytes_down": 0, "rounds": 0, "runs": 0})
+
+    def exchange(self, client: Hashable, kind: str) -> None:
+        self.comm.rounds += 1
+        b = self._kind(kind)
+        b["rounds"] += 1
+        b["runs"] += 1
+        self.comm.per_client.setdefault(client, {"bytes_up": 0, "bytes_down": 0})
+
+    def send(self, client: Hashable, direction: str, what: str, a: Any, kind: str) -> None:
+        nbytes = int(a.numel() * a.element_size()) if isinstance(a, torch.Tensor) else int(np.asarray(a).nbytes)
+        key = "bytes_down" if direction == "down" else "bytes_up"
+        setattr(self.comm, key, getattr(self.comm, key) + nbytes)
+        self.comm.per_client.setdefault(client, {"bytes_up": 0, "bytes_down": 0})[key] += nbytes
+        self._kind(kind)[key] += nbytes
+        self.messages.append((client, direction, what, tuple(a.shape)))
+
+    def release(self, client: Hashable, hyper: Mapping[str, np.ndarray], scalars: Mapping[str, float]) -> None:
+        """A level's release at the end of a federated fit, one exchange (kind ``"parameters"``):
+        its hyperparameters and the ``scalars`` (its outputs' mean and sd, its link), sent up."""
+        self.exchange(client, "parameters")
+        for k, v in hyper.items():
+            self.send(client, "up", k, np.asarray(v, dtype=float), "parameters")
+        for k, x in scalars.items():
+            self.send(client, "up", k, np.array([x], dtype=float), "parameters")
+
+
+class ChainResult(FederatedResult):
+    """A fitted multi-fidelity chain (see the module docs): ``levels`` (one fitted state per
+    fidelity, lowest first, named ``names``), on each level's standardised scale as fitted;
+    tables and predictions on the data's scale.
+
+    Subclasses give ``model``, ``_moments(Xs, t, kind)`` (the mean and latent variance of
+    level ``t`` at ``Xs`` on its standardised scale) and ``_level_rows(t)`` (level ``t``'s
+    parameters: ``(label, value on the data's scale, value as fitted)``).
+
+    Contract attributes: ``history`` None (no rounds of a federated optimiser),
+    ``converged`` True (a one-pass fit: each level's maximum likelihood by L-BFGS, the best of
+    its starts), ``rounds`` the exchanges of the fit, ``communication`` the bytes of the fit
+    (zero for a centralised fit), ``query_communication`` those of the queries answered after
+    it (federated models only: their predictions travel the chain).
+    """
+
+    model = "multi-fidelity chain"
+    federated = False
+
+    def __init__(
+        self,
+        *,
+        levels: Sequence[Any],
+        names: Sequence[str],
+        feature_names: Sequence[str],
+        options: Mapping[str, Any],
+        seed: int,
+        communication: Communication | None = None,
+        seconds: float = 0.0,
+    ) -> None:
+        self.levels, self.names = list(levels), [str(n) for n in names]
+        self.feature_names = [str(f) for f in feature_names]
+        self.n_obs = {n: int(lv.n) for n, lv in zip(self.names, self.levels)}
+        self.options, self.seed = dict(options), int(seed)
+        self.communication = Communication() if communication is None else communication
+        self.query_communication = Communication()
+        self.history = None
+        self.converged, self.seconds = True, float(seconds)
+
+    @property
+    def rounds(self) -> int:
+        """The exchanges of the fit with a level's client (0 for a centralised fit)."""
+        return int(self.communication.rounds)
+
+    @property
+    def clients(self) -> list[str]:
+        """The level clients of a federated fit; none for a centralised one."""
+        return list(self.names) if self.federated else []
+
+    @property
+    def d(self) -> int:
+        return len(self.feature_names)
+
+    # ------------------------------------------------------------------ queries
+    def _moments(self, Xs: np.ndarray, t: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _level_of(self, client: Hashable | None) -> int:
+        if client is None:
+            return len(self.levels) - 1
+        if self.federated and client in self.names:
+            return self.names.index(str(client))
+        if self.federated:
+            raise UnknownClientError(f"unknown client {client!r}: the levels' clients are {self.names}")
+        raise UnknownClientError(
+            f"{self.model} is centralised and has no clients (got client={client!r}): client=None predicts "
+            "the highest fidelity, level_moments(X, t) a lower level"
+        )
+
+    def _to_scale(self, t: int, scale: str, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if check_scale(scale) == "standardized":
+            return mean, var
+        lv = self.levels[t]
+        return lv.mu + lv.sd * mean, var * lv.sd**2
+
+    def level_moments(self, X: ArrayLike, t: int, *, scale: str = "original") -> tuple[np.ndarray, np.ndarray]:
+        """Mean and latent variance of fidelity level ``t`` (0: the lowest) at the rows of ``X``,
+        on that level's data scale (``scale="original"``) or on its standardised training
+        scale (``"standardized"``: its outputs' own mean and sd)."""
+        if not (isinstance(t, (int, np.integer)) and 0 <= t < len(self.levels)):
+            raise ValueError(f"t must be a level index in 0..{len(self.levels) - 1}, got {t!r}")
+        check_scale(scale)
+        mean, var = self._moments(check_queries(X, self.d), int(t), "level moments")
+        return self._to_scale(int(t), scale, mean, var)
+
+    def predict(
+        self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95, scale: str = "original"
+    ) -> pd.DataFrame:
+        """The highest fidelity at the rows of ``X`` (a federated fit: ``client`` may name a
+        lower level's client for that level): ``mean``, ``lower``/``upper`` (the ``level``
+        credible band of f), ``pred_lower``/``pred_upper`` (the predictive band of a new
+        observation, adding the level's fitted noise), then ``sd`` and ``pred_sd``; on the
+        data's scale (``scale="original"``, default) or on the level's standardised training
+        scale (``"standardized"``, the FGPR paper's metric)."""
+        level, scale = check_level(level), check_scale(scale)
+        t = self._level_of(client)
+        Xs = check_queries(X, self.d)
+        mean, var = self._moments(Xs, t, "predict")
+        var_y = var + float(self.levels[t].hyper["noise"][0])  # a new observation: the level's noise added
+        _, var_y = self._to_scale(t, scale, mean, var_y)
+        mean, var = self._to_scale(t, scale, mean, var)
+        out = band_frame(mean, var, level, var_y)
+        out.attrs["predicted_for"] = "client"
+        out.attrs["scale"] = scale
+        return out
+
+    # ------------------------------------------------------------------ tables
+    def _level_rows(self, t: int) -> list[tuple[str, float, float]]:
+        raise NotImplementedError
+
+    def _lengthscale_labels(self, t: int, extra: str | None = None) -> list[str]:
+        name, spec = self.names[t], self.levels[t].spec
+        if not spec.ard:
+            return [f"lengthscale[{name}]"]
+        return [f"lengthscale[{name}, {f}]" for f in self.feature_names] + (
+            [f"lengthscale[{name}, {extra}]"] * (extra is not None)
+        )
+
+    def _global_table(self, level: float, kind: str) -> pd.DataFrame:
+        """Every level's parameters, lowest level first (see the model's ``summary``): ``mean``
+        and ``estimate`` the maximum-likelihood value on the data's scale, ``standardized`` the
+        same parameter on the level's standardised scale, as fitted; no sd or interval (the
+        fit has no distribution for them)."""
+        rows = [r for t in range(len(self.levels)) for r in self._level_rows(t)]
+        labels = [r[0] for r in rows]
+        values = np.array([r[1] for r in rows], dtype=float)
+        fitted = np.array([r[2] for r in rows], dtype=float)
+        return pd.DataFrame(
+            {"mean": values, "estimate": values, "standardized": fitted}, index=pd.Index(labels, name="parameter")
+        )
+
+    def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
+        # every parameter belongs to the one chain (summary); a level's client has none of its own
+        return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
+
+    def _no_posterior(self, what: str) -> str:
+        if what != "global":
+            return (
+                f"{self.model}'s levels have no parameters of their own beyond the chain's (summary()); "
+                "predictions carry credible and predictive bands: predict(X)"
+            )
+        return (
+            f"{self.model} has no posterior of its hyperparameters and links (maximum-likelihood estimates: "
+            "summary() lists them); its predictions carry credible and predictive bands: predict(X)"
+        )
+
+
+class FederatedChain:
+    """Mixin of the federated chain results: the level clients (``_clients``, in process: each
+    holds its own rows and fitted level; never written to a file), the queries' accounting
+    (``query_communication``, ``messages``) and :meth:`attach`."""
+
+    names: list[str]
+    query_communication: Communication
+    messages: list
+    _clients: list | None
+    model: str
+
+    @contextmanager
+    def _query(self) -> Iterator[Wire]:
+        """A query after the fit: its exchanges are added to ``query_communication`` and
+        ``messages``, and to every open :func:`~fedstats.federation.counting` ledger."""
+        wire = Wire()
+        try:
+            yield wire
+        finally:
+            if wire.messages or wire.comm.rounds:
+                parts = [c for c in (self.query_communication, wire.comm) if c.by_kind]  # none "unlabelled"
+                self.query_communication = Communication.combine(parts)
+                self.messages.extend(wire.messages)
+                record(wire.comm)
+
+    def _live(self) -> list:
+        if self._clients is None:
+            raise ValueError(
+                f"this {self.model} result holds no level's rows (loaded from a file?): its predictions need each "
+                "level's client; attach the federation it was fitted on with result.attach(data)"
+            )
+        return self._clients

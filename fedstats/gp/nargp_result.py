@@ -1,0 +1,245 @@
+"""The results of the NARGP models (:class:`NARGPResult` of :class:`~fedstats.gp.nargp.NARGP`,
+:class:`FederatedNARGPResult` of :class:`~fedstats.gp.nargp.FederatedNARGP`), their levels
+(:class:`NARGPLevel`) and the propagation of paths through them (see :mod:`fedstats.gp.nargp`).
+
+The scales. Level t is a GP fitted on its outputs standardised by their own mean and sd,
+``z_t = (y_t - m_t) / s_t``; above the lowest level its inputs are ``(x, z_{t-1})``, the level
+below's prediction on *its* standardised scale. On the data's scale that is a GP of mean
+``m_t``, outputscale ``s_t^2 a_t`` and noise ``s_t^2 v_t`` in ``(x, f_{t-1})``, with the
+lengthscales of ``x`` as fitted and that of ``f_{t-1} = m_{t-1} + s_{t-1} z_{t-1}`` multiplied by
+``s_{t-1}`` (a stationary kernel only sees differences): what ``summary()`` reports (the values
+as fitted in the column ``standardized``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike
+
+from ..data import DataError, FederatedData
+from ..results import register
+from ._core import HyperSpec, fit_mle, posterior
+from .ar1_result import _client_rows
+from .chain_result import ChainResult, FederatedChain, Wire
+from .fgpr_algorithm import standardise
+
+__all__ = ["NARGP_DRAWS", "NARGPLevel", "NARGPResult", "FederatedNARGPResult", "mixture", "nargp_chain"]
+
+#: the stream tag of a level's standard normals (``[seed, NARGP_DRAWS, level]``)
+NARGP_DRAWS = 0x4E41
+
+Paths = tuple[np.ndarray, np.ndarray]  # means and variances, (paths, points) each
+
+
+def mixture(paths: Paths) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of the mixture over paths: ``mean_s m_s``, ``mean_s v_s + var_s m_s``."""
+    M, V = paths
+    return M.mean(0), V.mean(0) + M.var(0)
+
+
+@register
+class NARGPLevel:
+    """One fidelity level of a NARGP fit: its GP's prior (``spec``, on ``(x, z_{t-1})`` above
+    the lowest level) and hyperparameters (``hyper``) on its standardised scale, the mean and
+    sd that standardise its outputs (``mu``, ``sd``), its index ``t`` and number of rows ``n``,
+    and, where the holder keeps them, its inputs ``X``, the GP's inputs ``Z`` (``X`` with the
+    level below's mean there) and its standardised outputs ``z``. A released level
+    (:meth:`released`) has no ``X``, ``Z`` or ``z``."""
+
+    def __init__(
+        self, X: ArrayLike, y: ArrayLike, t: int, spec: HyperSpec, *, restarts: int = 1, seed: int = 0
+    ) -> None:
+        X = np.asarray(X, dtype=float)
+        self.X: np.ndarray = X[:, None] if X.ndim == 1 else X  # None once released
+        z, self.mu, self.sd = standardise(np.asarray(y, dtype=float).reshape(-1))
+        self.z: np.ndarray = z  # None once released
+        self.n, self.t, self.spec = len(z), int(t), spec
+        self.restarts, self.seed = int(restarts), int(seed)
+        self.hyper: dict[str, np.ndarray] = {}
+        self.Z: np.ndarray | None = None
+
+    def _inputs_at_design(self, lower_mean: np.ndarray | None) -> np.ndarray:
+        Z = self.X if lower_mean is None else np.column_stack([self.X, lower_mean])
+        self.Z = Z
+        return Z
+
+    def fit(self, lower_mean: np.ndarray | None) -> NARGPLevel:
+        """Maximum likelihood of the level's GP on ``(x, lower_mean)`` (the level below's
+        mixture mean at its inputs; ``x`` alone at the lowest level)."""
+        Z = self._inputs_at_design(lower_mean)
+        self.hyper, _, _ = fit_mle(self.spec, Z, self.z, restarts=self.restarts, seed=self.seed)
+        return self
+
+    def released(self) -> NARGPLevel:
+        """What the level's client releases: everything but its rows (``X``, ``Z``, ``z``)."""
+        out = object.__new__(NARGPLevel)
+        out.__dict__.update({**self.__dict__, "X": None, "Z": None, "z": None})
+        out.hyper = {k: np.array(v, copy=True) for k, v in self.hyper.items()}
+        return out
+
+    def check_rows(self, released: NARGPLevel, name: Hashable) -> NARGPLevel:
+        """Refuse rows that are not the fit's (another count, mean or sd than ``released``'s):
+        the client checks its own rows against its release before anything is exchanged."""
+        if (self.n, self.mu, self.sd) != (released.n, released.mu, released.sd):
+            raise DataError(
+                f"client {name!r} holds other rows than the fit's: {self.n} rows of mean {self.mu:.6g} and sd "
+                f"{self.sd:.6g}, the fit had {released.n} of mean {released.mu:.6g} and sd {released.sd:.6g}"
+            )
+        return self
+
+    def restore(self, released: NARGPLevel, lower_mean: np.ndarray | None, name: Hashable) -> NARGPLevel:
+        """The fitted level again from its own rows (this level, checked by :meth:`check_rows`)
+        and its release: no refit, the same GP inputs as in the fit (``lower_mean``, the
+        level below's mean at its inputs)."""
+        self.check_rows(released, name)
+        self.hyper = {k: np.array(v, copy=True) for k, v in released.hyper.items()}
+        self._inputs_at_design(lower_mean)
+        return self
+
+    def inputs(self, Xq: np.ndarray, lower: Paths | None, samples: int, seed: int) -> np.ndarray:
+        """The GP's inputs at the queries: ``Xq`` itself at level 1; above, ``Xq`` with one draw
+        of the lower level per path appended (``(paths * n, d + 1)``, path by path)."""
+        if lower is None:
+            return Xq
+        M, V = lower
+        # point i's draws are the i-th block of ``samples`` normals of the stream: the same for
+        # a point whatever follows it in the batch
+        eps = np.random.default_rng([seed, NARGP_DRAWS, self.t]).standard_normal((len(Xq), samples)).T
+        f = M + np.sqrt(np.maximum(V, 0.0)) * eps  # (samples, n): one path per row
+        return np.column_stack([np.tile(Xq, (samples, 1)), f.reshape(-1)])
+
+    def answer(self, Xq: np.ndarray, lower: Paths | None, samples: int, seed: int) -> Paths:
+        """This level's predictive means and variances along each path, ``(paths, n)`` each (one
+        path at level 1, whose predictive is exact), on its standardised scale."""
+        if self.Z is None or self.z is None:
+            raise ValueError("a released level holds no rows: it cannot answer queries")
+        Zq = self.inputs(Xq, lower, samples, seed)
+        m, v = posterior(self.spec, self.hyper, self.Z, self.z, Zq, device=torch.device("cpu"), dtype=torch.float64)
+        return m.reshape(-1, len(Xq)), v.reshape(-1, len(Xq))
+
+
+def nargp_chain(
+    levels: Sequence[NARGPLevel],
+    Xq: np.ndarray,
+    upto: int,
+    samples: int,
+    seed: int,
+    wire: Wire | None = None,
+    names: Sequence[Hashable] = (),
+    kind: str = "",
+    asker: int | None = None,
+) -> Paths:
+    """The paths of level ``upto - 1`` at ``Xq``, the levels ``0..upto-1`` in turn. With
+    ``wire`` (a federated chain), each level but the asking one (``asker``) is an exchange with
+    its client: the queries and the paths from below go down, its paths come up."""
+    lower: Paths | None = None
+    for t, lv in enumerate(levels[:upto]):
+        if wire is not None and t != asker:
+            wire.exchange(names[t], kind)
+            wire.send(names[t], "down", "queries", Xq, kind)
+            for a in lower or ():
+                wire.send(names[t], "down", "moments from below", a, kind)
+        lower = lv.answer(Xq, lower, samples, seed)
+        if wire is not None and t != asker:
+            for a in lower:
+                wire.send(names[t], "up", "moments", a, kind)
+    assert lower is not None
+    return lower
+
+
+@register
+class NARGPResult(ChainResult):
+    """A fitted :class:`~fedstats.gp.nargp.NARGP` (centralised): every level's fitted state with
+    its rows (:class:`NARGPLevel`), so :meth:`save` writes every level's inputs and standardised
+    outputs (the file holds the training data's information, as a pooled fit's does).
+    ``predict`` (the highest fidelity: the mixture over ``samples`` paths, as a normal with its
+    mean and variance), ``level_moments`` and ``summary`` are on the data's scale by default.
+
+    ``summary()``: one row per parameter, lowest level first: each level's ``mean[L]``, its
+    ``lengthscale[L, x]`` per input column (and ``lengthscale[L, f(K)]`` of the level below's
+    value, in its data units), ``outputscale[L]`` and ``noise[L]`` (variances on the data's
+    scale); ``mean``/``estimate`` on the data's scale, ``standardized`` as fitted, no sd or
+    interval.
+
+    Example
+    -------
+    >>> import numpy as np
+    >>> from fedstats.gp.nargp import NARGP
+    >>> x_lo, x_hi = np.linspace(0, 1, 11), np.linspace(0, 1, 6)
+    >>> f = lambda x: (6 * x - 2) ** 2 * np.sin(12 * x - 4)
+    >>> res = NARGP(restarts=2, samples=50).fit({"LF": (x_lo, 0.5 * f(x_lo) + 10 * x_lo), "HF": (x_hi, f(x_hi))})
+    >>> list(res.summary().index[:3])
+    ['mean[LF]', 'lengthscale[LF, x0]', 'outputscale[LF]']
+    """
+
+    model = "NARGP"
+
+    @property
+    def samples(self) -> int:
+        return int(self.options["samples"])
+
+    def _moments(self, Xs: np.ndarray, t: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        return mixture(nargp_chain(self.levels, Xs, t + 1, self.samples, self.seed))
+
+    def _level_rows(self, t: int) -> list[tuple[str, float, float]]:
+        name, lv = self.names[t], self.levels[t]
+        rows = [(f"mean[{name}]", lv.mu, 0.0)]
+        ls = np.asarray(lv.hyper["lengthscale"], dtype=float).reshape(-1)
+        labels = self._lengthscale_labels(t, None if t == 0 else f"f({self.names[t - 1]})")
+        # the last lengthscale above the lowest level is that of the level below's value
+        units = [1.0] * len(self.feature_names) + ([self.levels[t - 1].sd] if t else [])
+        rows += [(label, float(u * v), float(v)) for label, u, v in zip(labels, units, ls)]
+        for p in ("outputscale", "noise"):
+            v = float(lv.hyper[p][0])
+            rows.append((f"{p}[{name}]", lv.sd**2 * v, v))
+        return rows
+
+
+@register
+class FederatedNARGPResult(FederatedChain, NARGPResult):
+    """A fitted :class:`~fedstats.gp.nargp.FederatedNARGP`: one level per client. What it
+    holds, how its queries travel and are counted, and what a result loaded from a file can do
+    (:meth:`attach`) are as for :class:`~fedstats.gp.ar1_result.FederatedAR1Result`: each
+    level's release (hyperparameters on its standardised scale, the mean and sd of its outputs)
+    is in the result; its rows, GP inputs and outputs stay with its client; each level draws its
+    paths from its own stream, so the answers equal the centralised :class:`NARGPResult`'s."""
+
+    model = "FederatedNARGP"
+    federated = True
+    _transient = {"_clients": None, "messages": []}
+
+    def __init__(self, *, clients: Sequence[NARGPLevel], messages: Sequence = (), **kwargs: Any) -> None:
+        super().__init__(levels=[c.released() for c in clients], **kwargs)
+        self._clients: list[NARGPLevel] | None = list(clients)
+        self.messages = list(messages)
+
+    def _moments(self, Xs: np.ndarray, t: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        clients = self._live()
+        with self._query() as wire:
+            paths = nargp_chain(clients, Xs, t + 1, self.samples, self.seed, wire, self.names, kind, len(clients) - 1)
+        return mixture(paths)
+
+    def attach(self, data: FederatedData) -> FederatedNARGPResult:
+        """Hand the result the federation it was fitted on: each level rebuilds its GP from its
+        own rows and its release (its GP inputs from the chain below, as in the fit; counted as
+        ``"rebuild"`` in ``query_communication``), so a loaded result predicts again exactly as
+        before it was saved. Rows other than the fit's are refused. Returns the result."""
+        rows = [_client_rows(data, name, self.d) for name in self.names]
+        own = [
+            NARGPLevel(X, y, t, rel.spec, restarts=rel.restarts, seed=rel.seed).check_rows(rel, name)
+            for t, ((X, y), name, rel) in enumerate(zip(rows, self.names, self.levels))
+        ]
+        clients: list[NARGPLevel] = []
+        with self._query() as wire:
+            for t, (name, rel, lv) in enumerate(zip(self.names, self.levels, own)):
+                lower = None
+                if t:
+                    paths = nargp_chain(clients, lv.X, t, self.samples, self.seed, wire, self.names, "rebuild", t)
+                    lower = mixture(paths)[0]
+                clients.append(lv.restore(rel, lower, name))
+        self._clients = clients
+        return self
