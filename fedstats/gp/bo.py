@@ -13,9 +13,10 @@
   autoregressive multi-fidelity predictor ``f_T = rho_T f_{T-1} + delta_T`` (each level's
   ``delta_t`` an exact GP on its residuals) has mean ``rho_T m_{T-1} + m_T`` and covariance
   ``rho_T^2 S_{T-1} + S_T`` over the batch (:func:`chain`):
-  :meth:`AR1CoKriging.to_botorch <fedstats.gp.AR1CoKriging.to_botorch>` computes it from
-  every level in one place, :meth:`FederatedAR1.to_botorch
-  <fedstats.gp.FederatedAR1.to_botorch>` asks each level's client in turn. These models have
+  :meth:`AR1Result.to_botorch <fedstats.gp.ar1_result.AR1Result.to_botorch>` (a fitted
+  ``AR1CoKriging``) computes it from every level in one place,
+  :meth:`FederatedAR1Result.to_botorch <fedstats.gp.ar1_result.FederatedAR1Result.to_botorch>`
+  (a fitted ``FederatedAR1``) asks each level's client in turn. These models have
   no fantasies (``fantasize``, ``condition_on_observations``): acquisition functions built on
   them (``qKnowledgeGradient``, the analytic ``LogNoisyExpectedImprovement``) do not apply;
   the analytic and Monte-Carlo ones that only ask for posteriors (``LogExpectedImprovement``,

@@ -8,6 +8,8 @@ rows; it predicts again once the federation is attached)."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -260,3 +262,22 @@ def test_a_federated_result_file_holds_no_rows_and_predicts_again_once_attached(
     assert equal_frames(back.predict(GRID), res.predict(GRID))
     assert equal_frames(back.predict(GRID, client="LF"), res.predict(GRID, client="LF"))
     assert back.query_communication.by_kind["rebuild"]["rounds"] == 1  # HF's inputs went to LF once
+
+
+def test_each_result_class_loads_its_files_in_a_fresh_interpreter(fits, tmp_path):
+    # the level classes a file names are registered by importing the result's module alone
+    central, federated = fits["AR1CoKriging"][0], fits["FederatedNARGP"][0]
+    central.save(tmp_path / "ar1.fedstats")
+    federated.save(tmp_path / "nargp.fedstats")
+    np.save(tmp_path / "grid.npy", GRID[::50])
+    code = f"""
+import numpy as np
+from fedstats.gp.ar1_result import AR1Result
+from fedstats.gp.nargp_result import FederatedNARGPResult
+grid = np.load({str(tmp_path / "grid.npy")!r})
+np.save({str(tmp_path / "mean.npy")!r}, AR1Result.load({str(tmp_path / "ar1.fedstats")!r}).predict(grid)["mean"].to_numpy())
+FederatedNARGPResult.load({str(tmp_path / "nargp.fedstats")!r}).summary().to_pickle({str(tmp_path / "s.pkl")!r})
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=300)
+    assert np.array_equal(np.load(tmp_path / "mean.npy"), central.predict(GRID[::50])["mean"].to_numpy())
+    pd.testing.assert_frame_equal(pd.read_pickle(tmp_path / "s.pkl"), federated.summary())
