@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data import FederatedData, require_target
+from ..data import DataError, FederatedData, require_target
 from ..federation import Communication
 from ..federation.records import record
 from ..results import counted
@@ -251,6 +251,11 @@ def chain_order(data: FederatedData, order, model: str) -> list:
     order = list(order)
     if len(order) < 2 or any(c not in data.clients for c in order):
         raise ValueError(f"order must name at least two clients of the data, got {order!r}")
+    if len(set(order)) != len(order):
+        raise ValueError(f"order names a client twice: {order!r}")
+    few = {c: data.n_obs[c] for c in order if data.n_obs[c] < 2}
+    if few:  # every level is needed: a chain cannot leave one out
+        raise DataError(f"every fidelity level needs at least 2 rows; too few at {few} ({model} needs each level)")
     return order
 
 

@@ -281,3 +281,24 @@ FederatedNARGPResult.load({str(tmp_path / "nargp.fedstats")!r}).summary().to_pic
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=300)
     assert np.array_equal(np.load(tmp_path / "mean.npy"), central.predict(GRID[::50])["mean"].to_numpy())
     pd.testing.assert_frame_equal(pd.read_pickle(tmp_path / "s.pkl"), federated.summary())
+
+
+def test_every_level_is_needed_and_bad_levels_are_refused_naming_them():
+    data = forrester(tf.FORRESTER_DESIGN)
+    one_row = FederatedData.from_arrays(
+        [np.asarray(data["LF"].X), np.asarray(data["HF"].X)[:1]],
+        [np.asarray(data["LF"].y), np.asarray(data["HF"].y)[:1]],
+        clients=["LF", "HF"],
+    )
+    for model in (FederatedAR1(restarts=1), FederatedNARGP(restarts=1)):
+        with pytest.raises(DataError, match=r"too few at \{'HF': 1\}"):
+            model.fit(one_row, ["LF", "HF"])
+        with pytest.raises(ValueError, match="twice"):
+            model.fit(data, ["LF", "LF"])
+    for model in (AR1CoKriging(restarts=1), NARGP(restarts=1)):
+        with pytest.raises(DataError, match="level 'HF'.*n >= 2"):
+            model.fit({"LF": levels(data)["LF"], "HF": (np.zeros((1, 1)), np.zeros(1))})
+        with pytest.raises(DataError, match="level 'HF' has 2 input column"):
+            model.fit({"LF": levels(data)["LF"], "HF": (np.zeros((3, 2)), np.zeros(3))})
+        with pytest.raises(DataError, match="level 'LF'.*NaN"):
+            model.fit({"LF": (np.array([0.0, 1.0]), np.array([0.0, np.nan])), "HF": levels(data)["HF"]})
