@@ -238,6 +238,18 @@ TABLE1_SETTINGS = {
     "init": "normal",
     "eig_floor": 0.0,
 }
+#: Algorithm 1 as the paper runs it, where HM1's defaults differ: 30 rounds, all run, alpha 0.1,
+#: no eigenvalue floor, the data's own units and no intercept (the paper's designs carry their
+#: own columns). The studies pass these explicitly, so their recorded numbers do not move with
+#: the model's defaults.
+HM1_PAPER = {
+    "rounds": 30,
+    "alpha": 0.1,
+    "eig_floor": 0.0,
+    "stop_early": False,
+    "standardize": False,
+    "fit_intercept": False,
+}
 
 
 def a_rmse(res, test, clients=None) -> float:
@@ -267,7 +279,7 @@ def table1_run(case: str, seed: int, *, n_test: int = 1000, trace: bool = False,
     )
     t0 = time.perf_counter()
     # the paper's HM1 is Algorithm 1's point (what a_rmse scores): no posterior round
-    hm1 = StructuralCovarianceModel(**opts).fit(train, seed=seed, callback=callback, uncertainty=False)
+    hm1 = StructuralCovarianceModel(**{**HM1_PAPER, **opts}).fit(train, seed=seed, callback=callback, uncertainty=False)
     seconds = time.perf_counter() - t0
     gd = {k: opts[k] for k in ("rounds", "local_steps", "lr", "grad_reduction", "batch_size", "init")}
     out = {
@@ -369,7 +381,7 @@ def cmapss_run(
     gd = {k: s[k] for k in ("rounds", "local_steps", "init")}
 
     def hm1(lr, eig_floor):
-        return StructuralCovarianceModel(lr=lr, alpha=s["alpha"], eig_floor=eig_floor, **gd)
+        return StructuralCovarianceModel(**{**HM1_PAPER, **gd, "lr": lr, "alpha": s["alpha"], "eig_floor": eig_floor})
 
     def separate(lr):
         return Separate(lr=lr, **gd)

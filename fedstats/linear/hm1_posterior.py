@@ -107,3 +107,78 @@ def exchangeable_target(A: np.ndarray) -> tuple[float, float, np.ndarray]:
     rho = float((A.sum() - np.trace(A)) / (K * (K - 1)) / tau2)
     rho = min(max(rho, -1.0 / (K - 1)), 1.0)
     return tau2, rho, tau2 * ((1 - rho) * np.eye(K) + rho * np.ones((K, K)))
+
+
+def integrate_noise(
+    mean: np.ndarray,
+    cov: np.ndarray,
+    information: np.ndarray,
+    score: np.ndarray,
+    noise_var: np.ndarray,
+    n_obs: np.ndarray,
+    estimated: np.ndarray,
+    *,
+    points: int = 200,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Client posteriors with each estimated noise variance integrated out instead of plugged in.
+
+    ``mean`` (K, d) and ``cov`` (K, d, d) are the posteriors given Omega with every client's
+    noise variance at its estimate ``s_k^2 = noise_var[k]`` (``information`` and ``score``
+    are ``X'X / s^2`` and ``X'y / s^2``). For each client with ``estimated[k]``, given Omega
+    and the other clients' noise variances, its coefficients' prior from Omega and the other
+    clients is the cavity ``N(Q^-1 b, Q^-1)`` with ``Q = cov_k^-1 - information_k`` and
+    ``b = cov_k^-1 mean_k - score_k``, and with ``w = s^2 / sigma^2`` and the Jeffreys prior
+    (flat in ``log w``) the exact marginal posterior of the noise variance is
+
+        log p(w | y) = (n / 2) log w - w c / 2 - log|w I_k + Q| / 2
+                       + (w u + b)' (w I_k + Q)^-1 (w u + b) / 2 + const    (per unit of log w),
+
+    ``I_k, u`` the information and score, ``c = y'y / s^2 = (n - rank) + u' I_k^+ u``
+    (the residual and fitted sums of squares, from the shared statistics and the row count
+    ``n``). Given ``w`` the coefficients are ``N((w I_k + Q)^-1 (w u + b), (w I_k + Q)^-1)``; the
+    result is that Gaussian mixture over ``points`` points of ``log w`` spanning where the
+    density is above ``exp(-30)`` of its maximum, summarised by its mean and covariance,
+    and the noise variance's posterior mean ``E[sigma^2 | y]``. Clients with a known noise
+    variance keep theirs. Returns ``(mean, cov, noise_var)``; deterministic (no draws).
+    """
+    mean, cov, noise_var = mean.copy(), cov.copy(), np.asarray(noise_var, dtype=float).copy()
+    K, d = mean.shape
+    for k in np.flatnonzero(estimated):
+        I, u, s2 = information[k], score[k], noise_var[k]
+        L, _ = jittered_cholesky(cov[k], 1e-12)
+        P = sla.cho_solve((L, True), np.eye(d))
+        P = (P + P.T) / 2
+        lam, V = np.linalg.eigh(P - I)
+        # the cavity precision is positive definite; the difference can round below 0
+        Q = (V * np.clip(lam, 1e-12 * float(np.mean(np.diag(P))), None)) @ V.T
+        b = P @ mean[k] - u
+        rank = np.linalg.matrix_rank(I)
+        fitted = float(u @ np.linalg.lstsq(I, u, rcond=None)[0])
+        c = (float(n_obs[k]) - rank) + fitted
+
+        def logp(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            w = np.exp(t)[:, None, None]
+            A = w * I + Q  # (G, d, d)
+            r = w[:, :, 0] * u + b  # (G, d)
+            Lg = np.linalg.cholesky(A)
+            z = np.linalg.solve(Lg, r[:, :, None])[:, :, 0]
+            logdet = 2 * np.log(np.diagonal(Lg, axis1=1, axis2=2)).sum(axis=1)
+            lp = 0.5 * float(n_obs[k]) * t - 0.5 * np.exp(t) * c - 0.5 * logdet + 0.5 * np.sum(z**2, axis=1)
+            return lp, A, r
+
+        coarse = np.linspace(-40.0, 40.0, 801)
+        lp, _, _ = logp(coarse)
+        keep = coarse[lp > lp.max() - 30.0]
+        step = coarse[1] - coarse[0]
+        t = np.linspace(keep[0] - step, keep[-1] + step, points)
+        lp, A, r = logp(t)
+        p = np.exp(lp - lp.max())
+        p /= p.sum()
+        Li = np.linalg.solve(np.linalg.cholesky(A), np.broadcast_to(np.eye(d), A.shape))
+        Vg = np.einsum("gki,gkj->gij", Li, Li)  # (w I + Q)^-1 = L^-T L^-1
+        mg = np.einsum("gij,gj->gi", Vg, r)
+        m = p @ mg
+        C = np.einsum("g,gij->ij", p, Vg) + np.einsum("g,gi,gj->ij", p, mg, mg) - np.outer(m, m)
+        mean[k], cov[k] = m, (C + C.T) / 2
+        noise_var[k] = float(p @ (s2 / np.exp(t)))
+    return mean, cov, noise_var

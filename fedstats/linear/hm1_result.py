@@ -18,8 +18,9 @@ from ..federation.records import record
 from ..inference.posterior import GaussianPosterior
 from ..results import NoPosteriorError, check_level, prediction_frame, register
 from .hm1_algorithm import CannotShareError, InformationShare
-from .hm1_posterior import conditional_posterior, em_omega, exchangeable_target, noise_vars
+from .hm1_posterior import conditional_posterior, em_omega, exchangeable_target, integrate_noise, noise_vars
 from .local import PointResult
+from .scaling import LinearScaling
 
 # --------------------------------------------------------------------------- result
 
@@ -57,6 +58,7 @@ class StructuralResult(PointResult):
     noise_var: np.ndarray | None = None
     posterior_omega_: np.ndarray | None = None
     posterior_info: dict = field(default_factory=dict)
+    scaling: LinearScaling | None = None  # the standardisation the iteration ran on (None: the data's own scale)
 
     @property
     def omega(self) -> pd.DataFrame:
@@ -159,11 +161,28 @@ class StructuralResult(PointResult):
 
 
 def add_posteriors(
-    res: StructuralResult, devices: Any, noise_sd, *, seed: int, jitter: float, how: str = "em", prior_rows=None
+    res: StructuralResult,
+    devices: Any,
+    noise_sd,
+    *,
+    seed: int,
+    jitter: float,
+    how: str = "em",
+    prior_rows=None,
+    y_scale: float = 1.0,
+    noise: str = "integrate",
 ) -> None:
     """Run the one-off information share on ``devices`` and set ``res``'s posteriors given
-    Omega (``how``: the EM estimate or Algorithm 1's Omega)."""
-    alg = InformationShare(noise_vars(noise_sd, res.clients))
+    Omega (``how``: the EM estimate or Algorithm 1's Omega). ``devices`` and ``res`` are on
+    the scale the iteration ran on, where the target is the data's divided by ``y_scale``
+    (known noise sds, given on the data's scale, are divided by it too). ``noise``:
+    ``"integrate"`` integrates each estimated noise variance out of its client's posterior
+    (:func:`~fedstats.linear.hm1_posterior.integrate_noise`, with the row counts the server
+    knows), ``"plug-in"`` conditions on the estimates."""
+    known = noise_vars(noise_sd, res.clients)
+    if known is not None:
+        known = {c: v / y_scale**2 for c, v in known.items()}
+    alg = InformationShare(known)
     out = run(alg, devices, kind="information share", rounds=1, seed=seed, progress=False)
     replies = out.server_state
     missing = [c for c in res.clients if c not in replies]
@@ -195,8 +214,13 @@ def add_posteriors(
                 RuntimeWarning,
                 stacklevel=4,
             )
-    res.posterior_omega_, res.posterior_info = omega, details
-    res.posterior_mean, res.posterior_cov = conditional_posterior(omega, info, score, jitter)
+    mean, cov = conditional_posterior(omega, info, score, jitter)
+    if noise == "integrate":
+        estimated = np.array([known is None or c not in known for c in res.clients])
+        n_obs = np.array([devices.data.n_obs[c] for c in res.clients], dtype=float)
+        mean, cov, res.noise_var = integrate_noise(mean, cov, info, score, res.noise_var, n_obs, estimated)
+    res.posterior_omega_, res.posterior_info = omega, {**details, "noise": noise}
+    res.posterior_mean, res.posterior_cov = mean, cov
     # the server returns each device the mean and covariance of its own block
     back = {c: {"bytes_up": 0, "bytes_down": 8 * (d + d * d)} for c in res.clients}
     record(
@@ -206,3 +230,24 @@ def add_posteriors(
             by_kind={"posterior blocks": {"bytes_up": 0, "bytes_down": 8 * (d + d * d) * K, "rounds": 0, "runs": 1}},
         )
     )
+
+
+def to_data_scale(res: StructuralResult, scaling: LinearScaling | None) -> None:
+    """Map a result fitted on the standardised scale of ``scaling`` to the data's scale, in
+    place and exactly: coefficient vectors by the affine map ``theta = A theta' + c``
+    (:meth:`~fedstats.linear.scaling.LinearScaling.coef_map`; Algorithm 1's estimate and the
+    posterior means), the posterior covariances by ``A Sigma A'``, the noise variances by
+    ``y_sd^2``. Omega (Algorithm 1's and the posteriors') stays the covariance between
+    clients of the standardised coefficients (on the data's scale the prior covariance of
+    ``vec(Theta)`` is ``Omega kron A A'``: no K x K matrix alone). ``None``: nothing to map."""
+    res.scaling = scaling
+    if scaling is None:
+        return
+    A, c = scaling.coef_map()
+    res.theta = A @ res.theta + c[:, None]
+    if res.posterior_mean is not None:
+        assert res.posterior_cov is not None and res.noise_var is not None  # set together
+        res.posterior_mean = res.posterior_mean @ A.T + c
+        cov = np.einsum("ij,kjl,ml->kim", A, res.posterior_cov, A)
+        res.posterior_cov = (cov + np.swapaxes(cov, 1, 2)) / 2
+        res.noise_var = res.noise_var * scaling.y_sd**2

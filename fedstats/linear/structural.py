@@ -22,14 +22,32 @@ with its real noise. The joint MAP of (Theta, Omega) is degenerate, so the resul
 alpha, the rounds, the learning rate and the initialisation: the damped update is a
 heuristic, and the history records how well-conditioned Omega stays.
 
+Natural units (``standardize=True``, the default): the prior ``N(0, Omega)`` and the shared
+step size assume coefficients of comparable size, which data in natural units (dollars,
+kelvin, thousands of rows) do not have: on Grunfeld's firms the automatic step is 1e-9 and
+every intercept stays at 0. The fit therefore first learns the federation's mean and sd of
+every predictor and of the target (:func:`~fedstats.linear.scaling.federated_scaling`, one
+counted exchange of sums as HM2's), each client scales its own rows
+``x' = (x - m) / s``, ``y' = (y - m_y) / s_y``, and Algorithm 1, the information share and the
+posteriors run on that scale. Every reported number is mapped back exactly: coefficient vectors
+by the affine map ``theta = A theta' + c`` (:meth:`~fedstats.linear.scaling.LinearScaling.coef_map`),
+posterior covariances by ``A Sigma A'``, noise variances by ``s_y^2``, so predictions and both
+bands are on the data's scale too. Omega stays the covariance between clients of the
+standardised coefficients (units-free; on the data's scale the prior covariance of
+``vec(Theta)`` is ``Omega kron A A'``, no K x K matrix alone), and so do ``omega_init`` and
+``lr``; ``theta_init``, ``noise_sd`` and what ``callback`` receives are on the data's scale.
+
 Convergence: a round has converged when the relative changes of Theta and of Omega in it,
 ``||Theta_new - Theta||_F / max(||Theta_new||_F, ||Theta||_F)`` and the same for Omega, are
 both below ``tol``; ``StructuralResult.converged`` says whether the last round did, and a fit
-that did not converge warns (by default all ``rounds`` run, as in the paper;
-``stop_early=True`` stops at the first converged round). When K > d and ``eig_floor = 0`` the iteration has no fixed point
-(Omega drifts towards the singular ``Theta^T Theta / d``, and after enough rounds Theta
-oscillates), so such fits do not converge; an eigenvalue floor (``eig_floor`` 0.01 to 0.1)
-makes them converge in the tests' simulations.
+that did not converge warns (by default the fit stops at the first converged round, at most
+``rounds = 1000``; ``stop_early=False`` runs all ``rounds``, as the paper). When K > d and
+``eig_floor = 0`` the iteration has no fixed point (Omega drifts towards the singular
+``Theta^T Theta / d``, and after enough rounds Theta oscillates), so such fits do not
+converge; an eigenvalue floor (``eig_floor`` 0.01 to 0.1; default 0.1) makes them converge in
+the tests' simulations. With the defaults the README's example converges in 13 rounds and
+Grunfeld's 11 firms in 478 (each firm's small range of its predictors makes its design
+ill-conditioned on the federation's scale, which slows gradient descent).
 
 Uncertainty (not in the paper, opt-in): each device sends the server, once, its information
 matrix ``X_k^T X_k / sigma_k^2`` (d x d) and ``X_k^T y_k / sigma_k^2`` (d), the sufficient
@@ -60,11 +78,22 @@ component shared by similar clients. ``S`` includes the posterior covariance, so
 is positive definite whatever K and d; ``nu = omega_prior_rows`` defaults to K, which puts the
 weight ``K / (K + d)`` on T (much when Omega is poorly determined, K >> d; little when
 d >> K). The reported posteriors condition on this estimate (``StructuralResult.posterior_omega``)
-and on the noise variances: the uncertainty of Omega and of estimated noise variances is not
-propagated (with few residual degrees of freedom per device the intervals are then somewhat
-narrow). They do not depend on Algorithm 1's tuning or convergence; Algorithm 1's estimate
+and on the other clients' noise variances: the uncertainty of Omega is not propagated. They do not depend on Algorithm 1's tuning or convergence; Algorithm 1's estimate
 (``coef``, column ``estimate``) is a different point and is reported beside the posterior,
 never as its centre. ``posterior_omega="learned"`` conditions on Algorithm 1's Omega.
+
+A client's estimated noise variance (``noise_variance="integrate"``, the default): plugged in,
+an estimate from few residual degrees of freedom gives too narrow intervals (8 rows for 4
+coefficients leave 4). Given Omega and the other clients' noise variances, client k's
+coefficients have the prior ``N(Q^-1 b, Q^-1)`` from Omega and the others (the cavity, read off
+the posterior above), and with the Jeffreys prior on its noise variance the marginal posterior
+of ``sigma_k^2`` is a one-dimensional density computable from what the client shared and its
+row count (:func:`~fedstats.linear.hm1_posterior.integrate_noise`); the client's posterior is
+the Gaussian mixture over it (evaluated on a grid, no draws), reported by its mean and
+covariance, and ``noise_var`` is the posterior mean of ``sigma_k^2``. With a flat prior this is
+the least-squares fit with its Student-t covariance ``s^2 (X'X)^-1 (n - p) / (n - p - 2)``
+(``n - p > 2``).
+The EM estimate of Omega uses the estimates themselves.
 """
 
 from __future__ import annotations
@@ -80,7 +109,7 @@ from numpy.typing import ArrayLike
 from ..data import DataLike, FederatedData, as_federated, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import run
-from ..federation.backend import accepts_backend
+from ..federation.backend import accepts_backend, use_backend
 from ..results import counted
 from .ep_model import ParticipationSpec
 from .hm1_algorithm import (
@@ -93,7 +122,7 @@ from .hm1_algorithm import (
     round_converged,
     shrink_for,
 )
-from .hm1_result import StructuralResult, add_posteriors
+from .hm1_result import StructuralResult, add_posteriors, to_data_scale
 from .local import (
     INITS,
     LR,
@@ -105,10 +134,30 @@ from .local import (
     initial_theta,
     resolve_lr,
 )
+from .scaling import LinearScaling, federated_scaling
 
 # --------------------------------------------------------------------------- model
 
+
+class ScaledDesign(DeviceDesign):
+    """What the runtime hands each client: ``(X, y)`` on the standardised scale of ``scaling``
+    (each client scales its own rows with the federation's moments, :mod:`fedstats.linear.scaling`),
+    with the intercept column prepended when asked; ``scaling=None``: the data's own scale."""
+
+    def __init__(self, data, intercept: bool, scaling: LinearScaling | None = None):
+        super().__init__(data, intercept)
+        self.scaling = scaling
+
+    def __getitem__(self, client):
+        if self.scaling is None:
+            return super().__getitem__(client)
+        cd = self.data[client]
+        X, y = self.scaling.transform_X(cd.X), self.scaling.transform_y(cd.y)
+        return (np.column_stack([np.ones(cd.n), X]) if self.intercept else X), y
+
+
 POSTERIOR_OMEGAS = ("em", "learned")
+NOISE_VARIANCES = ("integrate", "plug-in")
 
 
 class StructuralCovarianceModel(Estimator):
@@ -118,15 +167,18 @@ class StructuralCovarianceModel(Estimator):
     Parameters
     ----------
     rounds : int
-        Communication rounds C (paper: 30; 100 for the recovery figure).
+        Communication rounds C, at most (default 1000; the fit stops at the first converged
+        round, ``stop_early``); the paper runs 30 (100 for the recovery figure), all of them.
     local_steps : int
         Gradient steps T per device and round (paper: 20).
     lr : float or "auto"
-        The shared step size eta_2. ``"auto"`` takes ``0.5 / max_k lambda_max`` of the
+        The shared step size eta_2, on the scale the iteration runs on (the standardised one
+        with ``standardize``). ``"auto"`` takes ``0.5 / max_k lambda_max`` of the
         devices' per-step loss curvature (each device shares that one scalar), which keeps
         local gradient descent stable; the paper grid-searches it.
     alpha : float in [0, 1]
-        Damping of the Omega update (paper: 0.1; 0.9 for the turbofan study). ``0`` freezes
+        Damping of the Omega update (default 0.5; paper: 0.1, and 0.9 for the turbofan
+        study; 0.5 reaches the fixed point in about half the rounds of 0.1). ``0`` freezes
         Omega at ``omega_init``.
     batch_size : int or None
         Rows per local step; ``None`` (default) is full-batch gradient descent.
@@ -142,10 +194,19 @@ class StructuralCovarianceModel(Estimator):
     init : "normal" or "zeros"
         Initial Theta: i.i.d. N(0, 1) entries drawn from the seed (paper) or zeros (its code).
     omega_init : array (K, K) or None
-        Initial Omega (default the identity).
+        Initial Omega (default the identity), on the scale the iteration runs on.
     fit_intercept : bool
-        Prepend a column of ones (its coefficient is shrunk like the others). Default False:
-        the paper's designs carry their own constant column.
+        Prepend a column of ones (its coefficient is shrunk like the others). Default True;
+        the paper's designs carry their own constant column (``False``).
+    standardize : bool
+        Run the iteration and the posteriors on standardised data (default True): the
+        federation's mean and sd of every predictor and of the target, from one counted
+        exchange of sums (:func:`fedstats.linear.scaling.federated_scaling`, as HM2's), each
+        client scaling its own rows; every reported number is mapped back to the data's
+        scale exactly (module docs). ``False``: the data's own units (the paper's
+        algorithm), where the prior ``N(0, Omega)`` and the step size see columns of very
+        different scales (on Grunfeld's firms, ``lr="auto"`` is 1e-9 and every intercept stays
+        at 0).
     participation : float, int, callable or schedule
         Who takes part in a round (see :func:`fedstats.federation.run`); default everyone.
         The paper's recommendation for partial participation is a fraction drawn uniformly
@@ -155,7 +216,8 @@ class StructuralCovarianceModel(Estimator):
         part decays geometrically over the rounds).
     eig_floor : float
         If positive, Omega's eigenvalues are raised to at least ``eig_floor * mean(diag)``
-        after every update (off by default, as in the paper).
+        after every update (default 0.1: with more clients than coefficients the iteration has
+        no fixed point without it; the paper has none, 0).
     tol : float
         Convergence tolerance (default 1e-4): a round has converged when the relative changes
         of Theta and of Omega in it (Frobenius norms, ``||new - old|| / max(||new||, ||old||)``)
@@ -164,7 +226,8 @@ class StructuralCovarianceModel(Estimator):
         converged, no warning). A small change in one round is not a proof that the fixed
         point is near when gradient descent is slow (ill-conditioned designs, tiny ``lr``).
     stop_early : bool
-        Stop at the first converged round (default False: run all ``rounds``, as the paper).
+        Stop at the first converged round (default True; ``False`` runs all ``rounds``, as
+        the paper).
     posterior_omega : "em" or "learned"
         The Omega that ``fit(..., uncertainty=True)`` conditions on (module docs). ``"em"``
         (default): re-estimated on the server from the shared information matrices by EM
@@ -177,6 +240,15 @@ class StructuralCovarianceModel(Estimator):
         d rows of Theta, T the exchangeable covariance with Omega's average variance and
         correlation (an inverse-Wishart prior with K + 1 + nu degrees of freedom and mean T).
         ``None`` (default): K. ``0`` is the maximum-likelihood EM, singular when K > d.
+    noise_variance : "integrate" or "plug-in"
+        How the posteriors treat a noise variance the client estimated (no ``noise_sd``):
+        ``"integrate"`` (default) integrates it out of the client's posterior, given Omega
+        and the other clients' estimates (module docs), which widens the intervals of
+        clients with few residual degrees of freedom as a t interval is wider than a normal
+        one; ``"plug-in"`` conditions on the estimate (too narrow intervals on data-poor
+        clients: on 8-row clients with 4 coefficients 90% intervals covered 0.81 in the
+        natural-units simulations of ``tests/linear/test_hm1_natural_units.py``, 0.86
+        integrated).
 
     Examples
     --------
@@ -184,39 +256,45 @@ class StructuralCovarianceModel(Estimator):
     >>> from fedstats.data import FederatedData
     >>> from fedstats.linear import StructuralCovarianceModel
     >>> rng = np.random.default_rng(0)
-    >>> Xs = [rng.standard_normal((30, 3)) for _ in range(4)]
-    >>> ys = [X @ np.ones(3) + 0.1 * rng.standard_normal(30) for X in Xs]
-    >>> res = StructuralCovarianceModel(rounds=100, eig_floor=0.1).fit(FederatedData.from_arrays(Xs, ys))
-    >>> res.omega.shape, res.converged, bool(np.allclose(res.coef(0), 1, atol=0.1))
-    ((4, 4), True, True)
+    >>> Xs = [rng.normal(1000, 100, (30, 2)) for _ in range(4)]  # natural units
+    >>> ys = [50 + X @ [0.02, -0.01] + 0.1 * rng.standard_normal(30) for X in Xs]
+    >>> res = StructuralCovarianceModel().fit(FederatedData.from_arrays(Xs, ys))
+    >>> res.omega.shape, res.converged, res.feature_names
+    ((4, 4), True, ['intercept', 'x0', 'x1'])
+    >>> bool(np.allclose(res.client_posterior(0).mean[1:], [0.02, -0.01], atol=0.002))
+    True
     """
 
     def __init__(
         self,
         *,
-        rounds: int = 30,
+        rounds: int = 1000,
         local_steps: int = 20,
         lr: float | str = "auto",
-        alpha: float = 0.1,
+        alpha: float = 0.5,
         batch_size: int | None = None,
         grad_reduction: str = "sum",
         shrink_scale: float | str = 1.0,
         init: str = "normal",
         omega_init: ArrayLike | None = None,
-        fit_intercept: bool = False,
+        fit_intercept: bool = True,
+        standardize: bool = True,
         participation: ParticipationSpec | Sequence[Sequence[Hashable]] = 1.0,
         jitter: float = 1e-8,
-        eig_floor: float = 0.0,
+        eig_floor: float = 0.1,
         tol: float = 1e-4,
-        stop_early: bool = False,
+        stop_early: bool = True,
         posterior_omega: str = "em",
         omega_prior_rows: float | None = None,
+        noise_variance: str = "integrate",
     ) -> None:
         self.rounds, self.local_steps, self.lr, self.alpha = rounds, local_steps, lr, alpha
         self.batch_size, self.grad_reduction, self.shrink_scale = batch_size, grad_reduction, shrink_scale
         self.init, self.omega_init, self.fit_intercept = init, omega_init, fit_intercept
+        self.standardize = standardize
         self.participation, self.jitter, self.eig_floor, self.tol = participation, jitter, eig_floor, tol
         self.stop_early, self.posterior_omega, self.omega_prior_rows = stop_early, posterior_omega, omega_prior_rows
+        self.noise_variance = noise_variance
 
     _constraints = {
         "rounds": Int(1),
@@ -228,12 +306,14 @@ class StructuralCovarianceModel(Estimator):
         "shrink_scale": OneOf("noise") | Real(0),
         "init": OneOf(*INITS),
         "fit_intercept": BOOL,
+        "standardize": BOOL,
         "jitter": Real(0),
         "eig_floor": Real(0),
         "tol": Real(0),
         "stop_early": BOOL,
         "posterior_omega": OneOf(*POSTERIOR_OMEGAS),
         "omega_prior_rows": NONE | Real(0),
+        "noise_variance": OneOf(*NOISE_VARIANCES),
     }
 
     def _validated(self, K: int) -> dict:
@@ -256,7 +336,8 @@ class StructuralCovarianceModel(Estimator):
         if len(clients) < 2:
             raise ValueError("HM1 learns a covariance between clients: it needs at least 2 clients")
         opts = self._validated(len(clients))
-        return clients, opts, DeviceDesign(data, self.fit_intercept), coefficient_names(data, self.fit_intercept)
+        names = coefficient_names(data, self.fit_intercept)
+        return clients, opts, ScaledDesign(data, bool(self.fit_intercept)), names
 
     @counted
     @accepts_backend
@@ -282,17 +363,21 @@ class StructuralCovarianceModel(Estimator):
         EM estimate from those matrices, not Algorithm 1's Omega); their mean is the
         reported estimate (``mean`` of ``client_summary`` and ``predict``; Algorithm 1's point
         stays beside it as ``estimate``, ``coef``, ``theta``, and is what ``rmse`` scores).
-        ``noise_sd`` (a float, or a dict client -> float) gives known noise sds, else each
-        device uses its least-squares residual variance (which needs more rows than
-        coefficients). ``uncertainty="auto"`` (default): posteriors whenever every device
+        ``noise_sd`` (a float, or a dict client -> float, on the data's scale) gives known
+        noise sds, else each device uses its least-squares residual variance (which needs
+        more rows than coefficients), integrated out of its posterior by default
+        (``noise_variance``). ``uncertainty="auto"`` (default): posteriors whenever every device
         can share (a warning otherwise, and the result then holds Algorithm 1's point only);
         ``True``: posteriors or an error; ``False``: Algorithm 1 only. Why the posterior mean
         is the default estimate: on data-poor devices it is the better point (README,
         ``benchmarks/results/hm1_defaults.md``). The
         result's ``converged`` says whether Algorithm 1's last round changed Theta and Omega
         by less than ``tol`` (relative); if not, a :class:`RuntimeWarning` says so.
-        ``theta_init`` (d x K) overrides ``init``. ``callback(round, Theta, Omega)`` is called
-        on the server after every round (copies; e.g. to trace parameter recovery).
+        ``theta_init`` (d x K, on the data's scale) overrides ``init``.
+        ``callback(round, Theta, Omega)`` is called on the server after every round (copies;
+        Theta on the data's scale, Omega on the fit's; e.g. to trace parameter recovery).
+        With ``standardize`` (default) the fit starts with one exchange of sums for the
+        federation's moments (module docs), counted in ``communication``.
         """
         data = as_federated(data)  # as given: counted converted it
         require_target(data, "StructuralCovarianceModel")
@@ -300,12 +385,10 @@ class StructuralCovarianceModel(Estimator):
             raise ValueError(
                 f"StructuralCovarianceModel.fit: uncertainty must be True, False or 'auto', got {uncertainty!r}"
             )
-        clients, opts, devices, names = self._prepare(data)
+        clients, opts, _, names = self._prepare(data)
         K, d = len(clients), len(names)
-        if theta_init is not None:
-            theta_init = np.asarray(theta_init, dtype=float)
-            if theta_init.shape != (d, K) or not np.all(np.isfinite(theta_init)):
-                raise ValueError(f"theta_init must be a finite {d} x {K} matrix, got shape {theta_init.shape}")
+        scaling, devices = self._scaled(data, seed)
+        start, callback = self._on_fit_scale(scaling, self._theta_init(theta_init, d, K), callback)
         lr = federated_lr(self.lr, devices, self.batch_size, self.grad_reduction, seed=seed)
         alg = HM1Algorithm(
             d,
@@ -317,7 +400,7 @@ class StructuralCovarianceModel(Estimator):
             shrink_scale=self.shrink_scale,
             init=self.init,
             omega_init=opts["omega"],
-            theta_init=theta_init,
+            theta_init=start,
             jitter=float(self.jitter),
             eig_floor=float(self.eig_floor),
             tol=float(self.tol),
@@ -380,6 +463,8 @@ class StructuralCovarianceModel(Estimator):
                     jitter=float(self.jitter),
                     how=self.posterior_omega,
                     prior_rows=self.omega_prior_rows,
+                    y_scale=1.0 if scaling is None else scaling.y_sd,
+                    noise=self.noise_variance,
                 )
             except CannotShareError as exc:
                 if uncertainty is True:
@@ -389,7 +474,40 @@ class StructuralCovarianceModel(Estimator):
                     RuntimeWarning,
                     stacklevel=3,
                 )
+        to_data_scale(res, scaling)
         return res
+
+    def _theta_init(self, theta_init: ArrayLike | None, d: int, K: int) -> np.ndarray | None:
+        if theta_init is None:
+            return None
+        theta_init = np.asarray(theta_init, dtype=float)
+        if theta_init.shape != (d, K) or not np.all(np.isfinite(theta_init)):
+            raise ValueError(f"theta_init must be a finite {d} x {K} matrix, got shape {theta_init.shape}")
+        return theta_init
+
+    def _scaled(self, data: FederatedData, seed: int) -> tuple[LinearScaling | None, ScaledDesign]:
+        """The federation's scaling (one counted exchange of sums, as HM2's; ``None`` without
+        ``standardize``) and the clients' view of their rows on that scale."""
+        scaling = federated_scaling(data, bool(self.fit_intercept), seed=seed) if self.standardize else None
+        return scaling, ScaledDesign(data, bool(self.fit_intercept), scaling)
+
+    @staticmethod
+    def _on_fit_scale(
+        scaling: LinearScaling | None, theta_init: np.ndarray | None, callback: Callable | None
+    ) -> tuple[np.ndarray | None, Callable | None]:
+        """``theta_init`` (data scale) on the scale the iteration runs on, and a callback that
+        receives Theta on the data's scale."""
+        if scaling is None:
+            return theta_init, callback
+        if theta_init is not None:
+            theta_init = scaling.coef_forward(theta_init.T).T
+        if callback is not None:
+            user = callback
+
+            def callback(r: int, theta: np.ndarray, omega: np.ndarray) -> object:
+                return user(r, scaling.coef_back(theta.T).T, omega)
+
+        return theta_init, callback
 
     def _warn_unconverged(
         self, rounds: int, converged: bool, metrics: Mapping, K: int, d: int, *, stacklevel: int
@@ -424,9 +542,12 @@ class StructuralCovarianceModel(Estimator):
 
         if self.batch_size is not None or self.participation != 1.0:
             raise ValueError("fit_centralised runs full-batch steps with every device taking part")
-        clients, opts, devices, names = self._prepare(data)
+        clients, opts, _, names = self._prepare(data)
         K = len(clients)
         t0 = time.perf_counter()
+        with use_backend("inprocess"):
+            scaling, devices = self._scaled(data, seed)
+        start, _ = self._on_fit_scale(scaling, self._theta_init(theta_init, len(names), K), None)
         Xs = [devices[c] for c in clients]
         lr = resolve_lr(self.lr, [X for X, _ in Xs], self.batch_size, self.grad_reduction)
         XtX = np.stack([X.T @ X for X, _ in Xs])
@@ -440,9 +561,7 @@ class StructuralCovarianceModel(Estimator):
             ]
         )
         theta = (
-            np.array(theta_init, dtype=float)
-            if theta_init is not None
-            else initial_theta(self.init, len(names), K, streams.stream(seed, streams.INIT))
+            start if start is not None else initial_theta(self.init, len(names), K, streams.stream(seed, streams.INIT))
         )
         omega = np.eye(K) if opts["omega"] is None else opts["omega"]
         metrics, done = {}, 0
@@ -475,6 +594,7 @@ class StructuralCovarianceModel(Estimator):
             model="StructuralCovarianceModel",
         )
         self._warn_unconverged(done, res.converged, metrics, K, len(names), stacklevel=3)
+        to_data_scale(res, scaling)
         return res
 
     def _options(self) -> dict:
@@ -490,6 +610,7 @@ class StructuralCovarianceModel(Estimator):
                 "shrink_scale",
                 "init",
                 "fit_intercept",
+                "standardize",
                 "participation",
                 "jitter",
                 "eig_floor",
@@ -497,5 +618,6 @@ class StructuralCovarianceModel(Estimator):
                 "stop_early",
                 "posterior_omega",
                 "omega_prior_rows",
+                "noise_variance",
             )
         }

@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 
 from fedstats.data import FederatedData
+from fedstats.experiments.linear_paper import HM1_PAPER
 from fedstats.linear import StructuralCovarianceModel
 from fedstats.linear.hm1_algorithm import HM1Algorithm, aggregates, jittered_cholesky, omega_update
+
+
+def paper_model(**options):
+    """:class:`StructuralCovarianceModel` as the paper runs Algorithm 1 (``HM1_PAPER``: the
+    data's own units, no intercept, alpha 0.1, no eigenvalue floor, every round run) unless
+    overridden: the tests of its exact behaviour."""
+    return StructuralCovarianceModel(**{**HM1_PAPER, **options})
 
 
 def random_spd(K, rng, lo=1.0, hi=10.0):
@@ -55,7 +63,7 @@ def oracle_mean(data, omega, sigma2):
 
 
 def frozen(omega, lr, T=5, rounds=4000, s=1.0, **kw):
-    return StructuralCovarianceModel(
+    return paper_model(
         rounds=rounds,
         local_steps=T,
         lr=lr,
@@ -108,11 +116,11 @@ def test_true_omega_and_matched_shrink_scale_tend_to_the_oracle_posterior_mean()
 def test_omega_update_invariants():
     data, _, _ = simulate(K=5, d=3, seed=4)
     # alpha = 1, one round: Omega = Theta^T Theta / d with the Theta after the round
-    res = StructuralCovarianceModel(rounds=1, alpha=1.0, lr=1e-3, eig_floor=0.0).fit(data, seed=1)
+    res = paper_model(rounds=1, alpha=1.0, lr=1e-3, eig_floor=0.0).fit(data, seed=1)
     np.testing.assert_allclose(res.omega_, res.theta.T @ res.theta / 3, rtol=0, atol=1e-14)
     # alpha in (0, 1) from the identity: symmetric, lambda_min >= (1 - alpha)^c
     alpha = 0.3
-    res = StructuralCovarianceModel(rounds=8, alpha=alpha, lr=1e-3).fit(data, seed=1)
+    res = paper_model(rounds=8, alpha=alpha, lr=1e-3).fit(data, seed=1)
     lam = np.array(res.history.metric("omega_min_eig"))
     assert np.all(lam >= (1 - alpha) ** np.arange(1, 9) * (1 - 1e-12))
     np.testing.assert_array_equal(res.omega_, res.omega_.T)
@@ -180,7 +188,7 @@ def test_partial_participation_and_what_a_device_receives():
 @pytest.mark.parametrize("batch_size,reduction", [(None, "sum"), (None, "mean"), (8, "sum"), (8, "mean")])
 def test_batched_equals_looped_and_runs_are_seeded(batch_size, reduction):
     data, _, _ = simulate(K=6, d=3, n=[20, 30, 25, 40, 12, 50], seed=8)
-    model = StructuralCovarianceModel(rounds=10, batch_size=batch_size, grad_reduction=reduction)
+    model = paper_model(rounds=10, batch_size=batch_size, grad_reduction=reduction)
     a, b = model.fit(data, seed=3, batched=True), model.fit(data, seed=3, batched=False)
     np.testing.assert_allclose(a.theta, b.theta, rtol=0, atol=1e-12)
     np.testing.assert_allclose(a.omega_, b.omega_, rtol=0, atol=1e-12)
@@ -199,15 +207,15 @@ def test_borrowing_strength_beats_separate_fits_when_devices_are_alike(seed):
     K, d, T = 5, 10, 20
     omega = 0.95 * np.ones((K, K)) + 0.05 * np.eye(K)
     data, truth, _ = simulate(K=K, d=d, n=8, sigma=np.sqrt(1 / T), seed=seed, omega=omega)
-    hm1 = StructuralCovarianceModel(rounds=30, local_steps=T, init="zeros").fit(data, seed=0)
-    sep = Separate(rounds=30, local_steps=T, init="zeros", lr=hm1.lr).fit(data, seed=0)
+    hm1 = paper_model(rounds=30, local_steps=T, init="zeros").fit(data, seed=0)
+    sep = Separate(rounds=30, local_steps=T, init="zeros", lr=hm1.lr, fit_intercept=False).fit(data, seed=0)
     err_hm1, err_sep = np.linalg.norm(hm1.theta - truth), np.linalg.norm(sep.theta - truth)
     assert err_hm1 < 0.75 * err_sep
 
 
 def test_uncertainty_intervals_and_prediction():
     data, _, _ = simulate(K=4, d=3, seed=10)
-    res = StructuralCovarianceModel(rounds=20).fit(data, uncertainty=True)
+    res = paper_model(rounds=20).fit(data, uncertainty=True)
     post = res.client_posterior(2)
     assert post.mean.shape == (3,) and np.all(post.sd > 0)
     X = np.random.default_rng(0).standard_normal((5, 3))
@@ -225,7 +233,7 @@ def test_uncertainty_intervals_and_prediction():
     s = res.client_summary(0.9)
     assert list(s.columns) == ["client", "parameter", "mean", "sd", "lower", "upper", "p_value", "estimate"]
     with pytest.raises(RuntimeError, match="uncertainty=True"):
-        StructuralCovarianceModel(rounds=2).fit(data, uncertainty=False).client_posterior(0)
+        paper_model(rounds=2).fit(data, uncertainty=False).client_posterior(0)
 
 
 def test_conditional_posterior_equals_the_dense_oracle():
@@ -247,7 +255,7 @@ def test_conditional_posterior_equals_the_dense_oracle():
 
 def test_save_load_roundtrip(tmp_path):
     data, _, _ = simulate(seed=12)
-    res = StructuralCovarianceModel(rounds=3).fit(data, uncertainty=True)
+    res = paper_model(rounds=3).fit(data, uncertainty=True)
     res.save(tmp_path / "hm1.fedstats")
     back = type(res).load(tmp_path / "hm1.fedstats")
     np.testing.assert_array_equal(back.theta, res.theta)
@@ -257,33 +265,33 @@ def test_save_load_roundtrip(tmp_path):
 def test_bad_input_and_options():
     data, _, _ = simulate(K=3, seed=13)
     with pytest.raises(ValueError, match="at least 2 clients"):
-        StructuralCovarianceModel().fit(data.subset([0]))
+        paper_model().fit(data.subset([0]))
     with pytest.raises(ValueError, match="omega_init"):
-        StructuralCovarianceModel(omega_init=np.eye(2)).fit(data)
+        paper_model(omega_init=np.eye(2)).fit(data)
     with pytest.raises(ValueError, match="positive definite"):
-        StructuralCovarianceModel(omega_init=-np.eye(3)).fit(data)
+        paper_model(omega_init=-np.eye(3)).fit(data)
     with pytest.raises(ValueError, match="grad_reduction"):
-        StructuralCovarianceModel(grad_reduction="avg").fit(data)
+        paper_model(grad_reduction="avg").fit(data)
     with pytest.raises(ValueError, match="alpha"):
-        StructuralCovarianceModel(alpha=1.5).fit(data)
+        paper_model(alpha=1.5).fit(data)
     with pytest.raises(ValueError, match="shrink_scale"):
-        StructuralCovarianceModel(shrink_scale="big").fit(data)
+        paper_model(shrink_scale="big").fit(data)
     with pytest.raises(ValueError, match="lr"):
-        StructuralCovarianceModel(lr=-1).fit(data)
+        paper_model(lr=-1).fit(data)
     with pytest.raises(FloatingPointError, match="lower lr"):
-        StructuralCovarianceModel(lr=10.0, rounds=50).fit(data)
+        paper_model(lr=10.0, rounds=50).fit(data)
     small = FederatedData.from_arrays([np.ones((2, 3)) * [[1, 2, 3]], np.eye(3)], [np.ones(2), np.ones(3)])
     with pytest.raises(ValueError, match="noise_sd"):
-        StructuralCovarianceModel(rounds=2).fit(small, uncertainty=True)
-    res = StructuralCovarianceModel(rounds=2).fit(small, uncertainty=True, noise_sd=0.5)
+        paper_model(rounds=2).fit(small, uncertainty=True)
+    res = paper_model(rounds=2).fit(small, uncertainty=True, noise_sd=0.5)
     assert np.all(np.isfinite(res.posterior_mean))
     # the default ("auto"): posteriors where every device can share, else Algorithm 1 with a warning
     with pytest.warns(RuntimeWarning, match="Algorithm 1's point estimates only.*noise_sd"):
-        point = StructuralCovarianceModel(rounds=2).fit(small)
+        point = paper_model(rounds=2).fit(small)
     assert not point.has_uncertainty and point.client_summary()["sd"].isna().all()
-    assert StructuralCovarianceModel(rounds=2).fit(small, noise_sd=0.5).has_uncertainty
+    assert paper_model(rounds=2).fit(small, noise_sd=0.5).has_uncertainty
     with pytest.raises(ValueError, match="uncertainty must be True, False or 'auto'"):
-        StructuralCovarianceModel(rounds=2).fit(small, uncertainty="yes")
+        paper_model(rounds=2).fit(small, uncertainty="yes")
     with pytest.raises(KeyError, match="unknown client"):
         res.coef("nope")
     with pytest.raises(ValueError, match="columns"):
@@ -295,8 +303,8 @@ def test_separate_gd_starts_where_hm1_starts():
 
     data, _, _ = simulate(K=3, d=3, seed=14)
     # with no shrinkage (shrink_scale=0) HM1 is exactly the separate fits with the same budget
-    hm1 = StructuralCovarianceModel(rounds=5, local_steps=4, lr=1e-3, shrink_scale=0.0).fit(data, seed=2)
-    sep = Separate(rounds=5, local_steps=4, lr=1e-3).fit(data, seed=2)
+    hm1 = paper_model(rounds=5, local_steps=4, lr=1e-3, shrink_scale=0.0).fit(data, seed=2)
+    sep = Separate(rounds=5, local_steps=4, lr=1e-3, fit_intercept=False).fit(data, seed=2)
     np.testing.assert_allclose(hm1.theta, sep.theta, rtol=0, atol=1e-12)
 
 
@@ -310,12 +318,12 @@ def test_conditional_intervals_cover_at_the_nominal_level_where_omega_is_learnab
     for r in range(30):
         omega = random_spd(K, np.random.default_rng(100 + r), 0.05, 1.0)
         data, truth, _ = simulate(K=K, d=d, n=100, sigma=3.0, seed=100 + r, omega=omega)
-        res = StructuralCovarianceModel(rounds=30).fit(data, seed=r, uncertainty=True)
+        res = paper_model(rounds=30).fit(data, seed=r, uncertainty=True)
         for k, c in enumerate(data.clients):
             lo, hi = res.client_posterior(c).credible_interval(0.9)
             hits.extend((lo <= truth[:, k]) & (truth[:, k] <= hi))
         err_post.append(np.sqrt(np.mean((res.posterior_mean.T - truth) ** 2)))
-        err_ols.append(np.sqrt(np.mean((Separate(method="ols").fit(data).theta - truth) ** 2)))
+        err_ols.append(np.sqrt(np.mean((Separate(method="ols", fit_intercept=False).fit(data).theta - truth) ** 2)))
     assert abs(np.mean(hits) - 0.9) <= 0.07, np.mean(hits)  # measured 0.880 (0.891 with posterior_omega="learned")
     assert np.mean(err_post) < 0.95 * np.mean(err_ols)  # measured 0.311 vs 0.363
 
@@ -331,21 +339,21 @@ def test_conditional_intervals_cover_at_the_nominal_level_where_omega_is_learnab
 )
 def test_federated_equals_centralised(opts):
     data, _, _ = simulate(K=7, d=3, n=[20, 30, 25, 40, 12, 50, 9], seed=15)
-    model = StructuralCovarianceModel(rounds=25, **opts)
+    model = paper_model(rounds=25, **opts)
     fed, cen = model.fit(data, seed=5), model.fit_centralised(data, seed=5)
     np.testing.assert_allclose(fed.theta, cen.theta, rtol=0, atol=1e-12)
     np.testing.assert_allclose(fed.omega_, cen.omega_, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="full-batch"):
-        StructuralCovarianceModel(batch_size=4).fit_centralised(data)
+        paper_model(batch_size=4).fit_centralised(data)
 
 
 def test_noise_estimates_need_residual_degrees_of_freedom():
     X = np.random.default_rng(0).standard_normal((5, 2))
     exact = FederatedData.from_arrays([X, X], [X @ [1.0, 2.0], X @ [1.0, 2.0] + 0.1])
     with pytest.raises(ValueError, match="fits its data exactly"):
-        StructuralCovarianceModel(rounds=2, shrink_scale="noise").fit(exact)
+        paper_model(rounds=2, shrink_scale="noise").fit(exact)
     with pytest.raises(ValueError, match="fits its data exactly.*noise_sd"):
-        StructuralCovarianceModel(rounds=2).fit(exact, uncertainty=True)
+        paper_model(rounds=2).fit(exact, uncertainty=True)
 
 
 # --------------------------------------------------------------------------- calibration, consistency, convergence
@@ -367,9 +375,7 @@ def coverage(K, d, n, sigma, make_omega, reps, level=0.9, seed=0, **opts):
         Xs = [rng.standard_normal((n, d)) for _ in range(K)]
         ys = [X @ theta[k] + sigma * rng.standard_normal(n) for k, X in enumerate(Xs)]
         with pytest.warns(RuntimeWarning, match="did not converge"):  # 30 rounds: Omega still moving
-            res = StructuralCovarianceModel(rounds=30, **opts).fit(
-                FederatedData.from_arrays(Xs, ys), seed=r, uncertainty=True
-            )
+            res = paper_model(rounds=30, **opts).fit(FederatedData.from_arrays(Xs, ys), seed=r, uncertainty=True)
         s = res.client_summary(level)  # client-major rows, as theta.ravel()
         hits.append((s["lower"].to_numpy() <= theta.ravel()) & (theta.ravel() <= s["upper"].to_numpy()))
     return float(np.mean(np.concatenate(hits)))
@@ -430,9 +436,7 @@ def test_why_the_plug_in_of_algorithm_1s_omega_was_over_confident():
     fits = {}
     for how in ("learned", "em"):
         with pytest.warns(RuntimeWarning, match="K = 10 > d = 5.*eig_floor"):
-            fits[how] = StructuralCovarianceModel(rounds=30, posterior_omega=how).fit(
-                data, uncertainty=True, noise_sd=sigma
-            )
+            fits[how] = paper_model(rounds=30, posterior_omega=how).fit(data, uncertainty=True, noise_sd=sigma)
     learned, em = fits["learned"], fits["em"]
     np.testing.assert_allclose(np.linalg.eigvalsh(learned.omega_)[: K - d], 0.9**30, rtol=1e-4)
     np.testing.assert_array_equal(learned.posterior_omega_, learned.omega_)
@@ -482,7 +486,7 @@ def test_reported_points_are_the_centres_of_their_intervals():
     ys = [3 + X @ [1.0 + 0.1 * k, -0.5 + 0.05 * k] + rng.standard_normal(150) for k, X in enumerate(Xs)]
     data = FederatedData.from_arrays(Xs, ys)
     with pytest.warns(RuntimeWarning, match="did not converge in 30 rounds"):
-        res = StructuralCovarianceModel(rounds=30, fit_intercept=True).fit(data, uncertainty=True)
+        res = paper_model(rounds=30, fit_intercept=True).fit(data, uncertainty=True)
     assert not res.converged
     s = res.client_summary(0.9)
     assert list(s.columns) == ["client", "parameter", "mean", "sd", "lower", "upper", "p_value", "estimate"]
@@ -500,7 +504,7 @@ def test_reported_points_are_the_centres_of_their_intervals():
         np.testing.assert_allclose(p["estimate"], res.point_predict(X, c))
     # the posterior does not depend on Algorithm 1's rounds (the EM Omega uses the shared statistics)
     with pytest.warns(RuntimeWarning, match="did not converge in 300 rounds"):
-        longer = StructuralCovarianceModel(rounds=300, fit_intercept=True).fit(data, uncertainty=True)
+        longer = paper_model(rounds=300, fit_intercept=True).fit(data, uncertainty=True)
     np.testing.assert_allclose(longer.posterior_mean, res.posterior_mean, rtol=1e-6)
     np.testing.assert_allclose(longer.posterior_cov, res.posterior_cov, rtol=1e-6)
 
@@ -515,16 +519,16 @@ def test_converged_means_small_relative_changes_of_theta_and_omega():
         match=r"did not converge in 40 rounds: in the last round Theta changed by "
         r".* and Omega by .* \(relative; tol=0.0001\).*eig_floor",
     ):
-        res = StructuralCovarianceModel(rounds=40).fit(data)
+        res = paper_model(rounds=40).fit(data)
     assert not res.converged
     last = res.history[-1].metrics
     assert last["omega_rel_change"] > 1e-4
     # with an eigenvalue floor it converges; stop_early stops at the first converged round
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        full = StructuralCovarianceModel(rounds=300, eig_floor=1e-2).fit(data)
-        early = StructuralCovarianceModel(rounds=300, eig_floor=1e-2, stop_early=True).fit(data)
-        cen = StructuralCovarianceModel(rounds=300, eig_floor=1e-2, stop_early=True).fit_centralised(data)
+        full = paper_model(rounds=300, eig_floor=1e-2).fit(data)
+        early = paper_model(rounds=300, eig_floor=1e-2, stop_early=True).fit(data)
+        cen = paper_model(rounds=300, eig_floor=1e-2, stop_early=True).fit_centralised(data)
     assert full.converged and full.rounds == 300
     # every round's record says whether it met the rule; the run went on (stop_early=False)
     flags = [r.converged for r in full.history]
@@ -536,8 +540,8 @@ def test_converged_means_small_relative_changes_of_theta_and_omega():
     np.testing.assert_allclose(cen.theta, early.theta, rtol=0, atol=1e-12)
     # the relative changes are those of the iterates
     traces = []
-    StructuralCovarianceModel(rounds=3, eig_floor=1e-2, tol=0).fit(data, callback=lambda r, t, o: traces.append((t, o)))
-    rec = StructuralCovarianceModel(rounds=3, eig_floor=1e-2, tol=0).fit(data).history[-1].metrics
+    paper_model(rounds=3, eig_floor=1e-2, tol=0).fit(data, callback=lambda r, t, o: traces.append((t, o)))
+    rec = paper_model(rounds=3, eig_floor=1e-2, tol=0).fit(data).history[-1].metrics
     (t1, o1), (t2, o2) = traces[1], traces[2]
     assert rec["theta_rel_change"] == pytest.approx(
         np.linalg.norm(t2 - t1) / max(np.linalg.norm(t2), np.linalg.norm(t1))
@@ -548,35 +552,36 @@ def test_converged_means_small_relative_changes_of_theta_and_omega():
     # tol = 0: convergence is not judged, no warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert not StructuralCovarianceModel(rounds=3, tol=0).fit(data).converged
+        assert not paper_model(rounds=3, tol=0).fit(data).converged
     # not converged because of a poor learning rate on a K <= d federation: "run more rounds"
     small, _, _ = simulate(K=3, d=4, seed=23)
     with pytest.warns(RuntimeWarning, match="did not converge in 2 rounds.*run more rounds"):
-        assert not StructuralCovarianceModel(rounds=2).fit(small).converged
+        assert not paper_model(rounds=2).fit(small).converged
 
 
 def test_new_options_are_checked():
     data, _, _ = simulate(K=3, seed=24)
     with pytest.raises(ValueError, match="posterior_omega"):
-        StructuralCovarianceModel(posterior_omega="true").fit(data)
+        paper_model(posterior_omega="true").fit(data)
     with pytest.raises(ValueError, match="omega_prior_rows"):
-        StructuralCovarianceModel(omega_prior_rows=-1).fit(data)
+        paper_model(omega_prior_rows=-1).fit(data)
     with pytest.raises(ValueError, match="stop_early"):
-        StructuralCovarianceModel(stop_early="yes").fit(data)
+        paper_model(stop_early="yes").fit(data)
     with pytest.raises(RuntimeError, match="uncertainty=True"):
-        StructuralCovarianceModel(rounds=2, tol=0).fit(data, uncertainty=False).posterior_omega
-    res = StructuralCovarianceModel(rounds=2, tol=0, omega_prior_rows=0.5).fit(data, uncertainty=True)
+        paper_model(rounds=2, tol=0).fit(data, uncertainty=False).posterior_omega
+    res = paper_model(rounds=2, tol=0, omega_prior_rows=0.5).fit(data, uncertainty=True)
     assert res.posterior_info["omega"] == "em" and res.posterior_info["prior_rows"] == 0.5
     assert res.posterior_omega.shape == (3, 3) and list(res.posterior_omega.index) == data.clients
 
 
 def test_default_estimate_helps_data_poor_clients_and_costs_little_where_nothing_can_be_borrowed():
     # Issue 18 item 6 (benchmarks/results/hm1_defaults.md, 20 seeds): coefficient RMSE on the
-    # data-poor clients (8 rows, 4 predictors) over their own least squares. The issue's
-    # federation (K = 20, two clusters of correlation 0.95, noise sd 0.5): the default
-    # estimate (posterior mean) 0.876 +- 0.020, Algorithm 1 0.993. Where nothing can be
-    # borrowed (K = 4 independent clients, precise local fits; the oracle with the true Omega
-    # is 0.997 there) the default costs 1.032 +- 0.032.
+    # data-poor clients (8 rows, 4 predictors) over their own least squares, both with an
+    # intercept (the defaults fit one; its true value is 0). The issue's federation (K = 20,
+    # two clusters of correlation 0.95, noise sd 0.5): the default estimate (posterior mean)
+    # 0.819 +- 0.022. Where nothing can be borrowed (K = 4 independent clients, precise local
+    # fits) it costs 1.038 +- 0.059. Changed with issue 40's defaults (standardised, with an
+    # intercept, converging: no warning); before, 0.876 and 1.032 without an intercept.
     import warnings
 
     from fedstats.datasets.synthetic import hm1_clusters
@@ -586,19 +591,21 @@ def test_default_estimate_helps_data_poor_clients_and_costs_little_where_nothing
         for seed in seeds:
             data, theta, poor, _ = hm1_clusters(n_clients=K, rho=rho, sigma=0.5, seed=seed)
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # Algorithm 1 does not converge at K > d
+                warnings.simplefilter("error")  # the defaults converge
                 res = StructuralCovarianceModel().fit(data, seed=seed)
-            assert res.has_uncertainty  # every client has more rows than coefficients
+            assert res.has_uncertainty and res.converged  # every client has more rows than coefficients
             cs = res.client_summary()
             default = np.stack([cs.loc[cs["client"] == c, "mean"].to_numpy() for c in data.clients])
-            ols = np.stack([np.linalg.lstsq(data[c].X, data[c].y, rcond=None)[0] for c in data.clients])
-            err = lambda est: np.sqrt(np.mean((est[poor] - theta[poor]) ** 2))  # noqa: E731
-            out.append((err(default) / err(ols), err(res.theta.T) / err(ols)))
-        return np.mean(out, axis=0)
+            ols = np.stack(
+                [np.linalg.lstsq(np.c_[np.ones(data[c].n), data[c].X], data[c].y, rcond=None)[0] for c in data.clients]
+            )
+            truth = np.c_[np.zeros(K), theta]
+            err = lambda est: np.sqrt(np.mean((est[poor] - truth[poor]) ** 2))  # noqa: E731
+            out.append(err(default) / err(ols))
+        return np.mean(out)
 
-    default, algorithm1 = ratios(20, 0.95)
-    assert default < 0.93 and default < algorithm1 - 0.05
-    assert ratios(4, 0.0)[0] < 1.10
+    assert ratios(20, 0.95) < 0.90
+    assert ratios(4, 0.0) < 1.15
 
 
 def test_a_clients_posterior_needs_the_others_information():
