@@ -25,8 +25,19 @@ def estimator(args):
     if args.model == "hm1":
         from ..linear import StructuralCovarianceModel
 
+        # the model's defaults (at most 1000 rounds, stopping when converged; lr "auto"; eig_floor
+        # 0.1) unless given
+        given = {
+            "rounds": args.rounds,
+            "eig_floor": hm1_option(args, "eig_floor"),
+            "lr": hm1_option(args, "learning_rate"),
+        }
         return (
-            StructuralCovarianceModel(rounds=args.rounds, fit_intercept=args.intercept),
+            StructuralCovarianceModel(
+                fit_intercept=args.intercept,
+                standardize=args.standardize,
+                **{k: v for k, v in given.items() if v is not None},
+            ),
             {"uncertainty": True if args.uncertainty else "auto"},
         )
     if args.model == "fgpr":
@@ -58,6 +69,34 @@ def estimator(args):
     )
 
 
+HM1_OPTIONS = ("eig_floor", "learning_rate")
+
+
+def add_arguments(parser) -> None:
+    """HM1's own options on the ``fit`` parser: ``--eig-floor`` and ``--learning-rate``
+    (``StructuralCovarianceModel``'s ``eig_floor`` and ``lr``)."""
+    parser.add_argument(
+        "--eig-floor",
+        type=float,
+        default=None,
+        help="hm1 only: raise Omega's eigenvalues to at least this fraction of its mean variance after every "
+        "round (default 0.1; 0 is the paper's algorithm, which has no fixed point with more clients than "
+        "coefficients)",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="hm1 only: Algorithm 1's step size on the standardised scale (default: half the largest stable "
+        "step, from one scalar per client)",
+    )
+
+
+def hm1_option(args, name: str):
+    """The value of one of HM1's options, ``None`` when not given (or not on this parser)."""
+    return getattr(args, name, None)
+
+
 # Models without a prediction for a client that took no part in the fit (checked before the
 # fit, so that nobody waits for a fit that then cannot predict); the others predict such a
 # client from the population (hm2, lasso, ridge) or from its own rows' weights (gmm).
@@ -79,7 +118,11 @@ def header(args, res, runtime: float) -> str:
             f"{runtime:.1f} s"
         )
     if args.model == "hm1":
-        return f"HM1 (Algorithm 1): {res.rounds} rounds ({conv}), learning rate {res.lr:.3g}, {runtime:.1f} s"
+        scale = "standardised scale" if res.scaling is not None else "the data's units"
+        return (
+            f"HM1 (Algorithm 1): {res.rounds} rounds ({conv}), learning rate {res.lr:.3g} ({scale}), "
+            f"eigenvalue floor {res.options['eig_floor']:g}, {runtime:.1f} s"
+        )
     if args.model == "fgpr":
         return (
             f"FGPR ({args.kernel}{', ARD' if args.ard else ''}): {res.rounds} rounds, {len(res.clients)} clients, "
@@ -183,8 +226,16 @@ def check_args(args) -> None:
             raise CLIError(f"--model {args.model} needs --target")
         if args.components is not None or args.bayesian or args.covariance_type != "full":
             raise CLIError("--components, --bayesian and --covariance-type apply to --model gmm only")
-    if not args.standardize and args.model not in REGRESSIONS:
-        raise CLIError("--no-standardize applies to --model hm2, lasso and ridge only")
+    if not args.standardize and args.model not in (*REGRESSIONS, "hm1"):
+        raise CLIError("--no-standardize applies to --model hm2, lasso, ridge and hm1 only")
+    hm1_given = [f"--{o.replace('_', '-')}" for o in HM1_OPTIONS if hm1_option(args, o) is not None]
+    if hm1_given and args.model != "hm1":
+        raise CLIError(f"{', '.join(hm1_given)}: for --model hm1 only")
+    eig_floor, lr = hm1_option(args, "eig_floor"), hm1_option(args, "learning_rate")
+    if eig_floor is not None and not (eig_floor >= 0 and eig_floor < float("inf")):
+        raise CLIError(f"--eig-floor must be a number >= 0, got {eig_floor}")
+    if lr is not None and not (lr > 0 and lr < float("inf")):
+        raise CLIError(f"--learning-rate must be a positive number, got {lr}")
     if not args.intercept and args.model not in (*REGRESSIONS, "hm1", *GLMS):
         raise CLIError("--no-intercept applies to the regressions (hm2, lasso, ridge, hm1, glm, bglm, hglm) only")
     glm_only = [
@@ -217,9 +268,9 @@ def check_args(args) -> None:
         used = [c for c in (getattr(args, r) for r in GLM_ROLES) if c is not None]
         if args.features and any(c not in args.features for c in used):
             args.features = [*args.features, *(c for c in used if c not in args.features)]
-    if args.rounds is None:
-        args.rounds = {"hm1": 30, "fgpr": 100, "gmm": 200, "glm": 100, "hglm": 30}.get(args.model, 15)
-    if args.rounds < 1:
+    if args.rounds is None and args.model != "hm1":  # hm1: the model's default (at most 1000, until converged)
+        args.rounds = {"fgpr": 100, "gmm": 200, "glm": 100, "hglm": 30}.get(args.model, 15)
+    if args.rounds is not None and args.rounds < 1:
         raise CLIError(f"--rounds must be at least 1, got {args.rounds}")
     if args.uncertainty and args.model not in ("hm1", "gmm"):
         raise CLIError("--uncertainty applies to --model hm1 and gmm only (the Bayesian models always give intervals)")
