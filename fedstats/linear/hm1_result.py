@@ -204,7 +204,7 @@ def add_posteriors(
         start = (S0 + w * exchangeable_target(S0 / d)[2]) / (d + w)
         if np.linalg.eigvalsh(start)[0] <= 0:
             start = exchangeable_target(S0 / d)[0] * np.eye(K)
-        omega, details = em_omega(info, score, prior_rows=nu, start=start, jitter=jitter)
+        omega, details = em_omega(info, score, prior_rows=nu, start=start, jitter=jitter, max_iter=2000)
         details = {"omega": "em", **details}
         if not details["converged"]:
             warnings.warn(
