@@ -55,7 +55,7 @@ import math
 import time
 import warnings
 import zipfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
@@ -103,6 +103,32 @@ _REGISTRY: dict[str, type] = {}
 class NoPosteriorError(RuntimeError):
     """The result has no posterior distribution for what was asked; the message names the
     option or the model that gives one."""
+
+
+class ExcludedClientError(NoPosteriorError):
+    """A client of the data that is not in the fit (it never answered, was refused by its
+    node, failed or was lost): it has no numbers, and the message says why."""
+
+
+def excluded_message(client: ClientId, reason: str) -> str:
+    """The one sentence every model uses for a client that is not in the fit."""
+    return f"client {client!r} is not in the fit, so it has no estimates or predictions: {reason}"
+
+
+def warn_excluded(excluded: Mapping[ClientId, str], *, stacklevel: int = 3) -> None:
+    """Warn that the clients of ``excluded`` (client -> reason) are not in the fit, naming
+    each with its reason (at most five, then a count)."""
+    if not excluded:
+        return
+    items = list(excluded.items())
+    named = "; ".join(f"{c!r}: {why}" for c, why in items[:5])
+    more = f"; and {len(items) - 5} more (see result.excluded)" if len(items) > 5 else ""
+    warnings.warn(
+        f"{len(items)} client(s) are not in the fit and have no estimates (NaN rows in "
+        f"client_summary, predict refuses them): {named}{more}",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def check_level(level: float) -> float:
@@ -367,6 +393,14 @@ class FederatedResult:
     #: a :class:`~fedstats.privacy.PrivacySpent` for a differentially private fit (the spent
     #: ``(epsilon, delta)`` and every release); ``None`` otherwise
     privacy: Any = None
+    #: the clients of the data that are not in the fit, each with the reason (client ->
+    #: reason: it never answered, its node refused or was lost, its steps failed). They have
+    #: NaN rows in :meth:`client_summary` (column ``excluded``) and no posterior or prediction
+    #: (:class:`ExcludedClientError`)
+    excluded: Mapping[ClientId, str] = {}
+    #: how the fit's feature columns were encoded (:mod:`fedstats.data.encoding`): ``predict``
+    #: reads a data frame's columns by name through it (``None``: by the feature names)
+    encoding: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._transient}
@@ -408,12 +442,36 @@ class FederatedResult:
         self._check_client(client)
         raise NoPosteriorError(self._no_posterior("client"))
 
-    def _fitted_clients(self) -> Sequence[ClientId]:
-        # a result with client parameters has ``clients``, an attribute or a property by
-        # subclass, so this base class declares none
-        return getattr(self, "clients")
+    def _feature_rows(self, X: Any, names: Sequence[str] | None = None) -> Any:
+        """``X`` as the float array of the fit's features ``names`` (default: every feature of
+        its encoding): a data frame by column name, categories encoded as in the fit, unknown
+        or missing columns refused by name (:func:`~fedstats.data.encoding.encode_rows`); an
+        array as it is (by position)."""
+        from .data.encoding import encode_rows
+
+        enc = self.encoding
+        if names is None:
+            names = enc["names"] if enc is not None else getattr(self, "feature_names")
+        return encode_rows(X, enc, names)
+
+    def _all_clients(self) -> list[ClientId]:
+        """Every client of the data: those of ``clients`` (an attribute or a property by
+        subclass: this base class declares none), then any :attr:`excluded` client a model
+        leaves out of ``clients``."""
+        clients = list(getattr(self, "clients"))
+        return clients + [c for c in (self.excluded or {}) if c not in clients]
+
+    def _fitted_clients(self) -> list[ClientId]:
+        """The clients in the fit: every client but the :attr:`excluded` ones."""
+        excluded = self.excluded or {}
+        return [c for c in self._all_clients() if c not in excluded]
 
     def _check_client(self, client: ClientId) -> None:
+        """Raise for a client the fit has not seen (:class:`UnknownClientError`) or that is not
+        in it (:class:`ExcludedClientError`, with the reason)."""
+        excluded = self.excluded or {}
+        if isinstance(client, Hashable) and client in excluded:
+            raise ExcludedClientError(excluded_message(client, excluded[client]))
         known = list(getattr(self, "clients", []) or [])
         if client not in known:
             raise UnknownClientError(
@@ -440,16 +498,30 @@ class FederatedResult:
 
     def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
         """Every client's own parameters in one long table: ``client, parameter, mean, sd,
-        lower, upper, p_value`` (as in :meth:`summary`), then model-specific columns."""
+        lower, upper, p_value`` (as in :meth:`summary`), then model-specific columns. A client
+        that is not in the fit (:attr:`excluded`) keeps its rows with every number NaN, and the
+        last column ``excluded`` (present only then) says why; it is ``None`` for the others."""
         level, kind = check_level(level), check_kind(kind)
-        frames = []
+        excluded = dict(self.excluded or {})
+        tables: dict[ClientId, pd.DataFrame] = {}
         for c in self._fitted_clients():
             t = self._client_table(c, level, kind)
-            t = contract_frame(t, SUMMARY_COLUMNS).rename_axis("parameter").reset_index()
-            t.insert(0, "client", c)
-            frames.append(t)
-        if not frames or all(len(f) == 0 for f in frames):
+            tables[c] = contract_frame(t, SUMMARY_COLUMNS).rename_axis("parameter").reset_index()
+        if not tables or all(len(f) == 0 for f in tables.values()):
             return _empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True)
+        frames = []
+        template = next(iter(tables.values()))
+        for c in self._all_clients():
+            if c in tables:
+                t = tables[c]
+            else:  # not in the fit: its parameters' rows, every number NaN, and why
+                t = template[["parameter"]].copy()
+                for col in template.columns[1:]:
+                    t[col] = np.nan if pd.api.types.is_numeric_dtype(template[col]) else None
+            t.insert(0, "client", c)
+            if excluded:
+                t["excluded"] = excluded.get(c)
+            frames.append(t)
         return contract_frame(pd.concat(frames, ignore_index=True), CLIENT_SUMMARY_COLUMNS)
 
     def to_arviz(self, n: int = 4000, seed: int = 0) -> InferenceData:
@@ -525,6 +597,18 @@ def counted(fit: _F) -> _F:
             warnings.warn(w.message, w.category, stacklevel=2)
         if ledger.parts and hasattr(res, "communication"):
             res.communication = ledger.communication()
+        if isinstance(res, FederatedResult):
+            data = args[0] if args else kwargs.get("data")
+            if res.encoding is None and data is not None:  # to read new rows by name
+                res.encoding = getattr(data, "encoding", None)
+            # the clients that dropped out anywhere in the fit (its runs recorded them), then
+            # those the model itself found not in it
+            excluded = {
+                **ledger.excluded,
+                **{c: w for c, w in (res.excluded or {}).items() if c not in ledger.excluded},
+            }
+            res.excluded = excluded
+            warn_excluded(excluded, stacklevel=3)
         res.seconds = time.perf_counter() - t0
         return res
 

@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 
 from fedstats import FederatedData
+from fedstats.federation.client_side import InProcessClients, Outcome, client_list
+from fedstats.federation.protocol import describe_exc
 
 SITES = os.path.join(os.path.dirname(__file__), "..", "examples", "sites.csv")
 
@@ -61,7 +63,79 @@ def fit_with_spy():
     return dict(out), data, runs
 
 
-def fit_all(out, data, gm, df):
+# --------------------------------------------------------------------------- dropouts
+# A backend for tests: the in-process simulation, except that some clients drop out the ways
+# they do in a deployment. A node whose policy refuses the run (too few rows) and a node that
+# stops answering are *lost* (as on Flower: failed in every round after, their private state
+# missing from the run's final states); a client whose every step raises is recorded as failed.
+# ``lost_after``: the node stops answering after that many rounds, counted over every run of
+# the fit (its one-off exchanges included), so it answers the first exchanges only.
+
+
+class Dropouts:
+    def __init__(self, refused=None, broken=(), lost_after=None):
+        self.refused = dict(refused or {})  # client -> its row count (the node's policy refuses)
+        self.broken = set(broken)
+        self.lost_after = dict(lost_after or {})
+        self.rounds = 0  # rounds run so far, over every run of the fit
+
+    def client_side(self, algorithm, ids, data, seed):
+        _, get = client_list(data)
+        return _Side(self, InProcessClients(algorithm, ids, get, seed), ids)
+
+
+class _Side:
+    def __init__(self, backend, inner, ids):
+        self.backend, self.inner, self.ids = backend, inner, ids
+        self.lost = {}
+        for c, rows in backend.refused.items():
+            if c in ids:
+                self.lost[c] = (
+                    f"refused by the node's policy (rule min_rows): this client has {rows} rows; the node "
+                    "releases nothing from fewer than 5"
+                )
+
+    def init_states(self, skip=frozenset()):
+        self.inner.init_states(skip)
+
+    def load_states(self, states):
+        self.inner.load_states(states)
+
+    def states(self):
+        return self.inner.states()
+
+    def final_states(self, final=None):
+        return {c: s for c, s in self.inner.final_states(final).items() if c not in self.lost}
+
+    def close(self):
+        pass
+
+    def run_round(self, rnd, idx, messages, batched):
+        b = self.backend
+        for c, after in b.lost_after.items():
+            if c in self.ids and b.rounds >= after:
+                self.lost.setdefault(c, f"no reply within 3.0 s at round {rnd}")
+        b.rounds += 1
+        out: dict[int, Outcome] = {}
+        run = []
+        for i in idx:
+            c = self.ids[i]
+            if c in self.lost:
+                out[i] = Outcome(failed=f"ClientDisconnected: {self.lost[c]}")
+            elif c in b.broken:
+                out[i] = Outcome(failed=describe_exc(OSError(f"client {c!r}: the disk holding its rows failed")))
+            else:
+                run.append(i)
+        fallback = None
+        if run:
+            got, fallback = self.inner.run_round(rnd, run, messages, batched)
+            out.update(zip(run, got))
+        return [out[i] for i in idx], fallback
+
+
+def fits(data, gm, df):
+    """``(name, thunk)`` of a small fit of every model, in ``MODELS`` order (FEM-OMD's thunk
+    returns the online model, whose result is ``"fem-omd-result"``)."""
     from fedstats import HierarchicalLinearModel
     from fedstats.experiments.regret import MixtureStream
     from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
@@ -76,37 +150,99 @@ def fit_all(out, data, gm, df):
         ring_graph,
     )
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out["hm2"] = HierarchicalLinearModel(rounds=3).fit(data, seed=0, progress=False)
-        out["hm2-nuts"] = HierarchicalLinearModel(
-            rounds=1, estimator="nuts", estimator_options={"num_warmup": 50, "num_samples": 50, "num_chains": 1}
-        ).fit(data, seed=0, progress=False)
-        out["lasso"] = BayesianLasso(rounds=2).fit(data, seed=0, progress=False)
-        out["ridge"] = BayesianRidge(rounds=2).fit(data, seed=0, progress=False)
-        out["lasso-centralised"] = BayesianLasso().fit_centralised(data, seed=0, num_warmup=100, num_samples=100)
-        out["hm1"] = StructuralCovarianceModel(rounds=5).fit(data, seed=0, uncertainty=True, progress=False)
-        out["hm1-point"] = StructuralCovarianceModel(rounds=5).fit(data, seed=0, progress=False, uncertainty=False)
-        out["separate"] = Separate().fit(data)
-        out["fedavg"] = FedAvg().fit(data)
-        out["ditto"] = Ditto(lam=1.0).fit(data)
-        out["distributed-ridge"] = DistributedRidge().fit(data)
-        out["fgpr"] = FGPR(rounds=3, newton_steps=5).fit(data, seed=0, progress=False)
-        out["glm"] = FederatedGLM("gaussian").fit(data, seed=0, progress=False)
-        binary = FederatedData.from_dataframe(
-            df.assign(y=(df["y"] > df["y"].median()).astype(float)), by="site", target="y"
-        )
-        out["bglm"] = BayesianGLM("binomial", rounds=3, num_draws=400).fit(binary, seed=0, progress=False)
-        out["hglm"] = HierarchicalGLM("binomial", rounds=2, num_draws=400).fit(binary, seed=0, progress=False)
-        out["fedem"] = FederatedGaussianMixture(3).fit(gm, seed=0)
-        out["vb-fedem"] = VariationalGaussianMixture(3).fit(gm, seed=0)
-        out["d-fedem"] = DecentralizedGaussianMixture(3, graph=ring_graph(gm.n_clients)).fit(gm, seed=0)
+    binary = FederatedData.from_dataframe(
+        df.assign(y=(df["y"] > df["y"].median()).astype(float)), by="site", target="y"
+    )
+    nuts = {"num_warmup": 50, "num_samples": 50, "num_chains": 1}
+
+    def fem_omd():
         stream = MixtureStream(n_clients=5, n=30, d=3, n_components=2, process="fixed", seed=0)
         m = FEMOMD(2, means_init=stream.means + 0.3, horizon=3)
         for t in range(1, 3):
             m.partial_fit(stream.batch(t))
-        out["fem-omd-result"] = m.result()
-        out["fem-omd"] = m
+        return m
+
+    return [
+        ("hm2", lambda: HierarchicalLinearModel(rounds=3).fit(data, seed=0, progress=False)),
+        (
+            "hm2-nuts",
+            lambda: HierarchicalLinearModel(rounds=1, estimator="nuts", estimator_options=nuts).fit(
+                data, seed=0, progress=False
+            ),
+        ),
+        ("lasso", lambda: BayesianLasso(rounds=2).fit(data, seed=0, progress=False)),
+        ("ridge", lambda: BayesianRidge(rounds=2).fit(data, seed=0, progress=False)),
+        ("lasso-centralised", lambda: BayesianLasso().fit_centralised(data, seed=0, num_warmup=100, num_samples=100)),
+        ("hm1", lambda: StructuralCovarianceModel(rounds=5).fit(data, seed=0, uncertainty=True, progress=False)),
+        ("hm1-point", lambda: StructuralCovarianceModel(rounds=5).fit(data, seed=0, progress=False, uncertainty=False)),
+        ("separate", lambda: Separate().fit(data)),
+        ("fedavg", lambda: FedAvg().fit(data)),
+        ("ditto", lambda: Ditto(lam=1.0).fit(data)),
+        ("distributed-ridge", lambda: DistributedRidge().fit(data)),
+        ("fgpr", lambda: FGPR(rounds=3, newton_steps=5).fit(data, seed=0, progress=False)),
+        ("glm", lambda: FederatedGLM("gaussian").fit(data, seed=0, progress=False)),
+        ("bglm", lambda: BayesianGLM("binomial", rounds=3, num_draws=400).fit(binary, seed=0, progress=False)),
+        ("hglm", lambda: HierarchicalGLM("binomial", rounds=2, num_draws=400).fit(binary, seed=0, progress=False)),
+        ("fedem", lambda: FederatedGaussianMixture(3).fit(gm, seed=0)),
+        ("vb-fedem", lambda: VariationalGaussianMixture(3).fit(gm, seed=0)),
+        ("d-fedem", lambda: DecentralizedGaussianMixture(3, graph=ring_graph(gm.n_clients)).fit(gm, seed=0)),
+        ("fem-omd", fem_omd),
+    ]
+
+
+#: model name -> the messages of the warnings its fit in ``fit_all`` gave
+FIT_WARNINGS: dict = {}
+
+
+def fit_all(out, data, gm, df):
+    for name, thunk in fits(data, gm, df):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = thunk()
+            if name == "fem-omd":
+                out["fem-omd-result"] = res.result()
+        FIT_WARNINGS[name] = [str(w.message) for w in caught]
+        out[name] = res
+
+
+#: how the three extra clients of ``dropout_data`` drop out of every fit of ``fit_with_dropouts``:
+#: "tiny" (2 rows) is refused by its node's policy, every step of "bad" raises, and the node of
+#: "gone" is lost after the fit's first round (it answers the first exchange only)
+DROPOUTS = {"refused": {"tiny": 2}, "broken": {"bad"}, "lost_after": {"gone": 1}}
+#: words each dropped client's reason must contain
+DROPOUT_REASONS = {"tiny": "rule min_rows", "bad": "disk holding its rows failed", "gone": "no reply within"}
+
+
+def dropout_data(df):
+    """``df`` with the three clients of ``DROPOUTS`` added (rows drawn from the others)."""
+    extra = [
+        df.sample(n, random_state=k).assign(site=c) for k, (c, n) in enumerate((("tiny", 2), ("bad", 30), ("gone", 30)))
+    ]
+    return pd.concat([df, *extra], ignore_index=True)
+
+
+def fit_with_dropouts(names):
+    """The models ``names`` of :func:`fits` on ``dropout_data``, each on its own
+    :class:`Dropouts` backend: ``({name: (result or the exception it raised, its
+    warnings, its backend)}, data)``."""
+    from fedstats.federation import use_backend
+
+    df = dropout_data(pd.read_csv(SITES))
+    data = FederatedData.from_dataframe(df, by="site", target="y")
+    gm = FederatedData.from_dataframe(df[["site", "x1", "x2"]], by="site")
+    out = {}
+    for name, thunk in fits(data, gm, df):
+        if name not in names:
+            continue
+        backend = Dropouts(**DROPOUTS)
+        with warnings.catch_warnings(record=True) as caught, use_backend(backend):
+            warnings.simplefilter("always")
+            try:
+                res = thunk()
+            except Exception as exc:  # noqa: BLE001 - the test of this model reports it
+                res = exc
+        out[name] = (res, list(caught), backend)
+    return out, data
 
 
 MODELS = [
@@ -146,6 +282,30 @@ def fitted():
     return fit_with_spy()
 
 
+#: the results of the dropout battery: every federated result (the pooled lasso has no clients
+#: that could drop out; FEM-OMD's online steps are tested on their own)
+DROPPED = [m for m in RESULTS if m not in ("lasso-centralised", "fem-omd-result")]
+
+
+@pytest.fixture(scope="session")
+def dropped_fits():
+    """``({name: (result or exception, warnings, backend)}, data)``: every model of ``DROPPED``
+    fitted with three clients more, which drop out as ``DROPOUTS`` says."""
+    return fit_with_dropouts(DROPPED)
+
+
+@pytest.fixture(scope="session")
+def dropout_reasons():
+    """Client -> words its reason for not being in a fit of ``dropped_fits`` must contain."""
+    return dict(DROPOUT_REASONS)
+
+
+@pytest.fixture(params=DROPPED)
+def dropped_name(request):
+    """Each name of ``DROPPED`` in turn."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def record_exchanges():
     """A context manager: ``with record_exchanges() as seen:`` appends ``exchange_of`` of every
@@ -169,6 +329,12 @@ def record_exchanges():
             runner._run = real
 
     return recording
+
+
+@pytest.fixture(scope="session")
+def fit_warnings(fitted):
+    """Model name -> the messages of the warnings its fit in ``fitted`` gave."""
+    return {**FIT_WARNINGS, "fem-omd-result": FIT_WARNINGS.get("fem-omd", [])}
 
 
 @pytest.fixture(scope="session")

@@ -626,11 +626,12 @@ def test_csv_defects_are_refused_or_read_correctly(tmp_path, capsys):
     assert [r["name"] for r in j["client"]["A"]] == ["intercept", "x"]  # numeric, not x[2,5] categories
     assert abs(j["client"]["A"][1]["mean"] - 2) < 0.3
 
+    # a duplicated column is refused by name (the model's design check), never fitted
     dup = df.assign(x2=df["x"])
     dup.to_csv(p, index=False)
-    assert main(["fit", str(p), "--by", "site", "--target", "y", "--quiet", "--rounds", "3"]) == 0
+    assert main(["fit", str(p), "--by", "site", "--target", "y", "--quiet", "--rounds", "3"]) == 2
     err = capsys.readouterr().err
-    assert "columns 'x' and 'x2' are identical" in err and "linearly dependent at every client" in err
+    assert "predictor 'x2' duplicates 'x' (up to a constant)" in err and "drop it" in err
 
     ids = df.assign(code=[f"id{i}" for i in range(45)])
     ids.to_csv(p, index=False)

@@ -169,6 +169,19 @@ def test_nan_in_X_names_client_feature_and_rows():
     assert isinstance(ei.value, ValueError)
 
 
+def test_every_client_with_a_nan_is_named():
+    Xs = [np.ones((3, 2)) for _ in range(4)]
+    ys = [np.ones(3) for _ in range(4)]
+    Xs[1][0, 0], ys[2][1], Xs[3][2, 1] = np.nan, np.inf, np.nan
+    with pytest.raises(DataError) as ei:
+        FederatedData.from_arrays(Xs, ys, feature_names=["u", "v"])
+    msg = str(ei.value)
+    assert "client 1: non-finite values (NaN or inf) in X: feature 'u' in 1 row(s)" in msg
+    assert "client 2: non-finite values (NaN or inf) in target 'y' in 1 row(s)" in msg
+    assert "client 3: non-finite values (NaN or inf) in X: feature 'v' in 1 row(s)" in msg
+    assert "client 0" not in msg
+
+
 def test_nonfinite_y_names_client_target_and_rows():
     y = np.array([1.0, np.nan, np.inf, 2.0])
     with pytest.raises(DataError, match=r"client 7: .*target 'resp' in 2 row\(s\)"):
@@ -201,9 +214,16 @@ def test_from_dataframe_explicit_features_and_int_clients(frame):
 
 def test_from_dataframe_categorical_error_names_column(frame):
     with pytest.raises(DataError) as ei:
-        FederatedData.from_dataframe(frame, by="site", target="y")
+        FederatedData.from_dataframe(frame, by="site", target="y", categorical="error")
     msg = str(ei.value)
     assert "'sex'" in msg and "categorical='onehot'" in msg and "client 'b'" in msg
+
+
+def test_from_dataframe_encodes_categories_by_default_as_the_command_line(frame):
+    fd = FederatedData.from_dataframe(frame, by="site", target="y")
+    assert fd.feature_names == ["age", "smoker", "sex[m]", "sex[x]"]
+    assert fd.encoding["features"][2] == {"column": "sex", "levels": ["f", "m", "x"], "used": ["m", "x"]}
+    assert fd.encoding["ignore"] == ["site", "y"] and fd.subset(["a"]).encoding == fd.encoding
 
 
 def test_from_dataframe_onehot_consistent_columns(frame):
@@ -229,7 +249,7 @@ def test_from_dataframe_pandas_categorical_order_and_numeric_levels():
         }
     )
     with pytest.raises(DataError, match="'lvl'.*onehot"):
-        FederatedData.from_dataframe(df, by="g", target="y")
+        FederatedData.from_dataframe(df, by="g", target="y", categorical="error")
     fd = FederatedData.from_dataframe(df, by="g", target="y", categorical="onehot")
     # category order kept, the unused category gives no all-zero column
     assert fd.feature_names == ["lvl[mid]", "lvl[hi]", "k[2]", "k[3]"]

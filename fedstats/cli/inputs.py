@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +32,10 @@ DECIMAL_COMMA = r"^\s*[-+]?\d+,\d+(?:[eE][-+]?\d+)?\s*$"
 
 
 def check_columns(df: pd.DataFrame, features: list[str], target: str | None, by: str, path: str) -> None:
-    """Refuse what would be fitted as silent nonsense, and warn about what may be: numbers
-    written with decimal commas, text with so many levels that one-hot encoding would fit one
-    coefficient per few rows, values too large to square in float64; duplicated columns and
-    columns that are linearly dependent at every client. (Missing columns and values are
-    reported by :func:`data_from`.)"""
+    """Refuse what would be fitted as silent nonsense: numbers written with decimal commas, text
+    with so many levels that one-hot encoding would fit one coefficient per few rows, values too
+    large to square in float64. (Missing columns and values are reported by :func:`data_from`;
+    constant, duplicated and dependent predictors by the models' own design checks, by name.)"""
     cols = [*features, *([target] if target else [])]
     if by not in df.columns or any(c not in df.columns for c in cols):
         return
@@ -70,32 +68,6 @@ def check_columns(df: pd.DataFrame, features: list[str], target: str | None, by:
                     f"{path}: column {c!r} has a value ({v.iloc[int(np.nanargmax(big))]:g}) too large to "
                     "square in float64: rescale it or check for a sentinel value"
                 )
-    numeric = [c for c in features if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
-    for i, a in enumerate(numeric):
-        for b in numeric[i + 1 :]:
-            if df[a].equals(df[b]):
-                print(
-                    f"warning: columns {a!r} and {b!r} are identical (a duplicated column?): their coefficients "
-                    "cannot be told apart",
-                    file=sys.stderr,
-                )
-    if len(numeric) > 1:
-        dependent = True
-        for _, g in df.groupby(by, sort=False):
-            X = g[numeric].to_numpy(dtype=float)
-            if not np.all(np.isfinite(X)):
-                dependent = False
-                break
-            X = X - X.mean(axis=0)
-            if len(g) <= len(numeric) or np.linalg.matrix_rank(X) == len(numeric):
-                dependent = False
-                break
-        if dependent:
-            print(
-                f"warning: the predictors {numeric} are linearly dependent at every client: their coefficients "
-                "are not identified by the data (the prior decides how an effect is split between them)",
-                file=sys.stderr,
-            )
 
 
 def data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: str):

@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import pandas as pd
 
+from .encoding import numeric_encoding
 from .frames import frame_of, frame_to_arrays
 from .scaling import FederatedScaler, fit_scaler
 from .validation import (
@@ -20,14 +21,15 @@ from .validation import (
     UnknownClientError,
     as_float_array,
     check_feature_names,
-    check_finite_X,
-    check_finite_y,
     cname,
     duplicates,
     missing_target,
+    nonfinite_X,
+    nonfinite_y,
     normalise_id,
     pair_up,
     preview,
+    raise_nonfinite,
     readonly,
 )
 
@@ -85,13 +87,14 @@ class FederatedData:
     (['a', 'b'], {'a': 3, 'b': 2}, ['x0', 'x1'])
     """
 
-    __slots__ = ("_X", "_y", "_clients", "_feature_names", "_target_name")
+    __slots__ = ("_X", "_y", "_clients", "_feature_names", "_target_name", "_encoding")
 
     _X: dict[ClientId, np.ndarray]
     _y: dict[ClientId, np.ndarray | None]
     _clients: list[ClientId]
     _feature_names: list[str]
     _target_name: str | None
+    _encoding: dict[str, Any] | None
 
     def __init__(
         self,
@@ -136,7 +139,7 @@ class FederatedData:
                 raise DataError(f"{cname(cid)} has {X.shape[0]} row(s), fewer than min_rows={min_rows}")
             if d is None:
                 d, first = X.shape[1], cid
-                if d == 0:
+                if d == 0 and ys is None:  # with a target, no column is an intercept-only model
                     raise DataError(f"{cname(cid)}: X has no columns (d == 0)")
             elif X.shape[1] != d:
                 raise DataError(
@@ -147,13 +150,15 @@ class FederatedData:
 
         assert d is not None
         names = check_feature_names(feature_names, d, target)
+        reports = []  # every client with a non-finite value is named, not only the first
         for cid in clients:
-            check_finite_X(Xd[cid], cid, names)
+            reports.append(nonfinite_X(Xd[cid], cid, names))
             readonly(Xd[cid])
             y_cid = yd[cid]
             if y_cid is not None:
-                check_finite_y(y_cid, cid, target)
+                reports.append(nonfinite_y(y_cid, cid, target))
                 readonly(y_cid)
+        raise_nonfinite([r for r in reports if r is not None])
 
         self._X = Xd
         self._y = yd
@@ -220,7 +225,7 @@ class FederatedData:
         by: Hashable,
         target: Hashable | None = None,
         features: Sequence[Hashable] | None = None,
-        categorical: str = "error",
+        categorical: str = "onehot",
         drop_first: bool = True,
         min_rows: int = 1,
     ) -> FederatedData:
@@ -228,8 +233,9 @@ class FederatedData:
 
         Clients come in order of first appearance in ``by``. Numeric columns are used as
         they are, bool columns become 0/1. Other columns (strings, objects, categoricals)
-        are an error unless ``categorical="onehot"``, which one-hot encodes them into
-        dummies named ``col[level]``. The levels are taken from the whole frame (the
+        are one-hot encoded into dummies named ``col[level]`` (``categorical="onehot"``, the
+        default, as on the command line), or refused (``categorical="error"``). A fitted
+        model keeps the encoding and encodes a data frame's rows the same way at ``predict``. The levels are taken from the whole frame (the
         shared schema, not pooled data) so every client gets the same columns, even when a
         level never occurs at that client.
 
@@ -243,7 +249,7 @@ class FederatedData:
             unsupervised models (every column but ``by`` is then a feature by default).
         features : sequence of column labels, optional
             Default: every column except ``by`` and ``target``, in frame order.
-        categorical : {"error", "onehot"}, default "error"
+        categorical : {"onehot", "error"}, default "onehot"
         drop_first : bool, default True
             With ``"onehot"``, drop the first level (the reference): k-1 dummies. Levels are
             sorted (a pandas categorical keeps its category order).
@@ -265,16 +271,17 @@ class FederatedData:
         >>> from fedstats.data import FederatedData
         >>> df = pd.DataFrame({"site": ["a", "a", "b", "b"], "age": [30, 40, 50, 60],
         ...                    "sex": ["f", "m", "f", "f"], "y": [1.0, 2.0, 3.0, 4.0]})
-        >>> fd = FederatedData.from_dataframe(df, by="site", target="y", categorical="onehot")
+        >>> fd = FederatedData.from_dataframe(df, by="site", target="y")
         >>> fd.feature_names, fd.n_obs
         (['age', 'sex[m]'], {'a': 2, 'b': 2})
         """
-        return cls(
-            **frame_to_arrays(
-                df, by=by, target=target, features=features, categorical=categorical, drop_first=drop_first
-            ),
-            min_rows=min_rows,
+        parts = frame_to_arrays(
+            df, by=by, target=target, features=features, categorical=categorical, drop_first=drop_first
         )
+        encoding = parts.pop("encoding")
+        fd = cls(**parts, min_rows=min_rows)
+        fd._encoding = encoding
+        return fd
 
     # ------------------------------------------------------------------ accessors
     @property
@@ -291,6 +298,14 @@ class FederatedData:
     def n_features(self) -> int:
         """Number of features d (columns of every X)."""
         return len(self._feature_names)
+
+    @property
+    def encoding(self) -> dict[str, Any]:
+        """How the feature columns came from the data (:mod:`fedstats.data.encoding`): numeric
+        columns, and each categorical column's levels; fitted models keep it to read new rows
+        by name."""
+        enc = getattr(self, "_encoding", None)
+        return numeric_encoding(self._feature_names) if enc is None else enc
 
     @property
     def feature_names(self) -> list[str]:
@@ -387,7 +402,7 @@ class FederatedData:
         if not ids:
             raise DataError("subset needs at least one client")
         return checked_data(
-            {c: self._X[c] for c in ids}, {c: self._y[c] for c in ids}, self._feature_names, self._target_name
+            {c: self._X[c] for c in ids}, {c: self._y[c] for c in ids}, self._feature_names, self._target_name, self
         )
 
     def train_test_split(
@@ -457,8 +472,8 @@ class FederatedData:
             Xte[c], yte[c] = self._X[c][te_idx], None if y is None else y[te_idx]
         make = checked_data
         return (
-            make(Xtr, ytr, self._feature_names, self._target_name),
-            make(Xte, yte, self._feature_names, self._target_name),
+            make(Xtr, ytr, self._feature_names, self._target_name, self),
+            make(Xte, yte, self._feature_names, self._target_name, self),
         )
 
     # ------------------------------------------------------------------ statistics
@@ -561,11 +576,13 @@ def checked_data(
     yd: dict[ClientId, np.ndarray | None],
     feature_names: Sequence[str],
     target_name: str | None,
+    source: FederatedData | None = None,
 ) -> FederatedData:
     """A :class:`FederatedData` of arrays derived from an already validated one (same features,
     finite values), without checking them again: for the data's own derived objects (a subset,
-    a split, a scaled copy)."""
+    a split, a scaled copy), which keep the ``source``'s encoding."""
     fd = object.__new__(FederatedData)
+    fd._encoding = None if source is None else getattr(source, "_encoding", None)
     fd._X = {c: readonly(X) for c, X in Xd.items()}
     fd._y = {c: None if y is None else readonly(y) for c, y in yd.items()}
     fd._clients = list(Xd.keys())

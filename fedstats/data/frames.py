@@ -51,7 +51,7 @@ def frame_to_arrays(
         clash = [c for c in features if c == by or c == target]
         if clash:
             raise DataError(f"features must not include the by/target column(s): {preview(clash)}")
-    if not features:
+    if not features and target is None:  # with a target, features=[] is an intercept-only model
         raise DataError("no feature columns")
     dup_cols = sorted({c for c in [by, target, *features] if cols.count(c) > 1}, key=str)
     if dup_cols:
@@ -73,12 +73,14 @@ def frame_to_arrays(
 
     blocks: list[np.ndarray] = []
     names: list[str] = []
+    encoded: list[dict[str, Any]] = []  # how each column became features (fedstats.data.encoding)
     for col in features:
         s = df[col]
         kind = _column_kind(s)
         if kind == "numeric":
             blocks.append(_numeric_column(s)[:, None])
             names.append(str(col))
+            encoded.append({"column": str(col), "levels": None})
         elif kind == "unsupported":
             raise DataError(
                 f"feature column {col!r} has dtype {s.dtype}, which fedstats does not "
@@ -108,6 +110,9 @@ def frame_to_arrays(
                     stacklevel=2,
                 )
             values = s.to_numpy(dtype=object)
+            encoded.append(
+                {"column": str(col), "levels": [_plain(v) for v in levels], "used": [_plain(v) for v in used]}
+            )
             for lev in used:
                 blocks.append((values == lev).astype(np.float64)[:, None])
                 names.append(f"{col}[{lev}]")
@@ -118,17 +123,23 @@ def frame_to_arrays(
         if _column_kind(t) != "numeric":
             raise DataError(f"target column {target!r} is not numeric (dtype {t.dtype}); encode it as numbers")
         y_all = _numeric_column(t)
-    if not blocks:
+    if not blocks and (features or target is None):
         raise DataError("no feature columns left after encoding")
     # one (n, d) array of the frame the caller already holds, split straight back per client
-    X_all = np.hstack(blocks)
+    X_all = np.hstack(blocks) if blocks else np.empty((len(df), 0))
     return {
         "Xs": [X_all[r] for r in rows],
         "ys": None if y_all is None else [y_all[r] for r in rows],
         "clients": client_ids,
         "feature_names": names,
         "target_name": str(target) if target is not None else "y",
+        "encoding": {"features": encoded, "names": names, "ignore": [str(c) for c in (by, target) if c is not None]},
     }
+
+
+def _plain(v: Any) -> Any:
+    """A level as a plain Python value (numpy scalars become Python ones: the encoding is saved as JSON)."""
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def frame_of(fd: FederatedData, client_col: str) -> pd.DataFrame:

@@ -418,7 +418,7 @@ class FederatedScaler:
             yd[c] = self.transform_y(cd.y) if self.has_target and cd.y is not None else cd.y
         from .container import checked_data
 
-        return checked_data(Xd, yd, fd.feature_names, fd.target_name)
+        return checked_data(Xd, yd, fd.feature_names, fd.target_name, fd)
 
     def transform_X(self, X: np.ndarray) -> np.ndarray:
         """``(X - mean) / sd`` for an ``(n, d)`` array (e.g. new points to predict at)."""

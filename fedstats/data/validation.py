@@ -66,28 +66,35 @@ def as_float_array(a: Any, what: str, client: ClientId) -> np.ndarray:
     raise DataError(f"{cname(client)}: {what} is not numeric (dtype {arr.dtype}); encode it as numbers first")
 
 
-def check_finite_X(X: np.ndarray, client: ClientId, feature_names: Sequence[str]) -> None:
+def nonfinite_X(X: np.ndarray, client: ClientId, feature_names: Sequence[str]) -> str | None:
+    """What is not finite in client ``client``'s ``X``, per feature (``None``: nothing)."""
     bad = ~np.isfinite(X)
     if not bad.any():
-        return
+        return None
     per_col = bad.sum(axis=0)
     cols = [f"feature {feature_names[int(j)]!r} in {int(per_col[j])} row(s)" for j in np.flatnonzero(per_col)]
     n_rows = int(bad.any(axis=1).sum())
-    raise DataError(
+    return (
         f"{cname(client)}: non-finite values (NaN or inf) in X: {'; '.join(cols[:SHOW])}"
-        f"{'; ...' if len(cols) > SHOW else ''} ({n_rows} row(s) affected). "
-        "Rows are never dropped silently: remove or impute them before building the data."
+        f"{'; ...' if len(cols) > SHOW else ''} ({n_rows} row(s) affected)"
     )
 
 
-def check_finite_y(y: np.ndarray, client: ClientId, target_name: str | None) -> None:
+def nonfinite_y(y: np.ndarray, client: ClientId, target_name: str | None) -> str | None:
+    """What is not finite in client ``client``'s target (``None``: nothing)."""
     bad = ~np.isfinite(y)
-    if bad.any():
-        raise DataError(
-            f"{cname(client)}: non-finite values (NaN or inf) in target {target_name!r} "
-            f"in {int(bad.sum())} row(s). Rows are never dropped silently: remove or impute "
-            "them before building the data."
-        )
+    if not bad.any():
+        return None
+    return f"{cname(client)}: non-finite values (NaN or inf) in target {target_name!r} in {int(bad.sum())} row(s)"
+
+
+def raise_nonfinite(reports: Sequence[str]) -> None:
+    """One :class:`DataError` naming every client with non-finite values (``reports`` of
+    :func:`nonfinite_X` / :func:`nonfinite_y`), if any."""
+    if not reports:
+        return
+    shown = " | ".join(reports[:SHOW]) + (f" | and {len(reports) - SHOW} more" if len(reports) > SHOW else "")
+    raise DataError(f"{shown}. Rows are never dropped silently: remove or impute them before building the data.")
 
 
 def missing_target(what: str) -> DataError:

@@ -33,7 +33,7 @@ from .protocol import (
     message_nbytes,
     validate_message,
 )
-from .records import Communication, History, Ledger, RoundRecord, RunResult, counting
+from .records import Communication, History, Ledger, RoundRecord, RunResult, counting, not_in_fit
 from .runner import run
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "run",
     "round_lines",
     "counting",
+    "not_in_fit",
     "Ledger",
     "RunResult",
     "History",

@@ -25,11 +25,12 @@ from .protocol import (
 
 class Outcome:
     """What one client's step gave the server side: a validated ``reply``, or why it
-    ``failed``, or that it ``skipped`` the round (:class:`SkipRound`)."""
+    ``failed``, or that it ``skipped`` the round (:class:`SkipRound`; ``skipped`` is then its
+    message, the reason the client gave, ``""`` if none)."""
 
     __slots__ = ("reply", "failed", "skipped")
 
-    def __init__(self, reply: Message | None = None, failed: str | None = None, skipped: bool = False) -> None:
+    def __init__(self, reply: Message | None = None, failed: str | None = None, skipped: str | None = None) -> None:
         self.reply, self.failed, self.skipped = reply, failed, skipped
 
 
@@ -41,8 +42,9 @@ class ClientSide(Protocol):
     #: clients whose node stopped answering (client -> why); empty in process
     lost: dict[ClientId, str]
 
-    def init_states(self) -> None:
-        """Run ``init_client`` on every client (a fresh run)."""
+    def init_states(self, skip: frozenset = frozenset()) -> None:
+        """Run ``init_client`` on every client but those of ``skip``, which the run never asks
+        (a fresh run)."""
 
     def load_states(self, states: Mapping[ClientId, Any]) -> None:
         """Give every client its private state back (a run resumed from a checkpoint)."""
@@ -112,9 +114,10 @@ class InProcessClients:
         self._data = {c: get(c) for c in ids}
         self._states: dict[ClientId, Any] = {}
 
-    def init_states(self) -> None:
+    def init_states(self, skip: frozenset = frozenset()) -> None:
         for i, c in enumerate(self.ids):
-            self._states[c] = self.algorithm.init_client(c, self._data[c], client_rng(self.seed, 0, i, init=True))
+            if c not in skip:
+                self._states[c] = self.algorithm.init_client(c, self._data[c], client_rng(self.seed, 0, i, init=True))
 
     def close(self) -> None:
         pass
@@ -136,7 +139,9 @@ class InProcessClients:
         for j, (i, result) in enumerate(zip(idx, results)):
             if isinstance(result, BaseException):
                 outcomes[j] = (
-                    Outcome(skipped=True) if isinstance(result, SkipRound) else Outcome(failed=describe_exc(result))
+                    Outcome(skipped=str(result))
+                    if isinstance(result, SkipRound)
+                    else Outcome(failed=describe_exc(result))
                 )
                 continue
             try:

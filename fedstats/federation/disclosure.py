@@ -183,8 +183,20 @@ CURVATURE = _x(
     "once, with lr='auto' (the default)",
     (_A("curvature", "the largest eigenvalue of the client's scaled X'X", "a scale of its predictors"),),
 )
-LASSO_CHECK = _x(
+DESIGN = _x(
     "design check",
+    "OneShotSums",
+    "once, before the rounds",
+    (
+        _A("n", "row count", "its row count"),
+        _A("sx", "each predictor's sum", "its predictors' means"),
+        _A("xtx", "X'X of its predictors", "its predictors' second moments"),
+        _A("within", "its predictors' scatter about its own means", "how its predictors vary together"),
+    ),
+    "all",
+)
+LASSO_CHECK = _x(
+    "per-client design report",
     "OneShot",
     "once, before the rounds",
     (
@@ -205,8 +217,9 @@ GLM_CHECK = _x(
         _A("col_min", "each column's minimum", "its columns' ranges (the extremes are rows' values)"),
         _A("col_max", "each column's maximum", "see `col_min`"),
         _A("xtx", "X'X of its design", "its design's second moments (with `sum_y`: not its outcome)"),
+        _A("non_integer", "how many of its counts are not whole numbers", "whether its outcome has fractions"),
     ),
-    ("sum_y", "wnobs", "xtx"),
+    ("sum_y", "wnobs", "xtx", "non_integer"),
 )
 MIX_STATS = (
     _A(
@@ -273,10 +286,10 @@ _NODE_POSTERIOR = (
 MODELS.update(
     {
         "HierarchicalLinearModel (HM2)": ModelDisclosure(
-            (SCALING, EP_ROUNDS), _NODE_POSTERIOR, fits=("hm2", "hm2-nuts")
+            (DESIGN, SCALING, EP_ROUNDS), _NODE_POSTERIOR, fits=("hm2", "hm2-nuts")
         ),
         "BayesianLasso, BayesianRidge": ModelDisclosure(
-            (LASSO_CHECK, SCALING, EP_ROUNDS), _NODE_POSTERIOR, fits=("lasso", "ridge", "lasso-centralised")
+            (LASSO_CHECK, DESIGN, SCALING, EP_ROUNDS), _NODE_POSTERIOR, fits=("lasso", "ridge", "lasso-centralised")
         ),
         "StructuralCovarianceModel (HM1)": ModelDisclosure(
             (
@@ -397,6 +410,7 @@ MODELS.update(
         ),
         "FedAvg, Ditto": ModelDisclosure(
             (
+                DESIGN,
                 CURVATURE,
                 _x(
                     "rounds",
@@ -411,6 +425,7 @@ MODELS.update(
         ),
         "Separate": ModelDisclosure(
             (
+                DESIGN,
                 CURVATURE,
                 _x(
                     "local fits",
@@ -424,6 +439,7 @@ MODELS.update(
         ),
         "DistributedRidge": ModelDisclosure(
             (
+                DESIGN,
                 _x(
                     "ridge statistics",
                     "_OneShotRidge",

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from .protocol import ClientId, FederatedAlgorithm, Message, Replies
-from .records import RoundRecord
+from .records import RoundRecord, in_fit
 from .runner import run
 
-__all__ = ["OneShot", "one_shot", "run_once", "raise_failures"]
+__all__ = ["OneShot", "OneShotSums", "one_shot", "one_shot_sums", "run_once", "raise_failures"]
 
 
 class OneShot(FederatedAlgorithm):
@@ -62,6 +62,39 @@ class OneShot(FederatedAlgorithm):
         return Replies(dict(replies), getattr(replies, "sums", {})), {}
 
 
+class OneShotSums(OneShot):
+    """A :class:`OneShot` round whose reply arrays named in ``summed`` reach the server only as
+    their sum over the clients (``replies.sums``); its server state is the
+    :class:`~fedstats.federation.Replies` (the other arrays per client)."""
+
+    def __init__(
+        self,
+        keys: Iterable[str],
+        summed: Iterable[str],
+        payload: Message,
+        client_fn: Callable[..., Any],
+        private: Mapping[ClientId, Any] | None = None,
+    ) -> None:
+        super().__init__(tuple(keys), payload, client_fn, private)
+        self.summed_keys = tuple(summed)
+
+
+def one_shot_sums(
+    data: Any,
+    keys: Iterable[str],
+    summed: Iterable[str],
+    payload: Message,
+    client_fn: Callable[..., Any],
+    *,
+    seed: int,
+    what: str,
+    private: Mapping[ClientId, Any] | None = None,
+) -> tuple[Replies, dict[ClientId, Any]]:
+    """:func:`one_shot` with the ``summed`` keys declared summed: returns ``(replies,
+    client_states)``, the sums in ``replies.sums``."""
+    return run_once(OneShotSums(keys, summed, payload, client_fn, private), data, seed=seed, what=what)
+
+
 def one_shot(
     data: Any,
     keys: Iterable[str],
@@ -71,19 +104,19 @@ def one_shot(
     seed: int,
     what: str,
     private: Mapping[ClientId, Any] | None = None,
-) -> tuple[dict[ClientId, Message], dict[ClientId, Any]]:
-    """Run a :class:`OneShot` round that every client must answer.
+) -> tuple[Replies, dict[ClientId, Any]]:
+    """Run a :class:`OneShot` round that every client of the fit must answer.
 
     Returns ``(replies, client_states)`` (its bytes are in the ledger of the fit, like every
-    exchange); raises ``RuntimeError`` naming the first
-    client that failed (a one-off aggregate over part of the federation would be wrong).
+    exchange). Inside a model's fit, a client that fails drops out of the fit (it is not asked
+    again, and the result names it with the reason: :func:`~fedstats.federation.records.exclude`),
+    so that the fit's aggregates all come from the same clients; outside a fit, or when no
+    client answered, it raises ``RuntimeError`` naming the first client that failed.
     """
     return run_once(OneShot(tuple(keys), payload, client_fn, private), data, seed=seed, what=what)
 
 
-def run_once(
-    algorithm: OneShot, data: Any, *, seed: int, what: str
-) -> tuple[dict[ClientId, Message], dict[ClientId, Any]]:
+def run_once(algorithm: OneShot, data: Any, *, seed: int, what: str) -> tuple[Replies, dict[ClientId, Any]]:
     """Run the one-off round ``algorithm`` (labelled ``what`` without a leading "the"), which
     every client must answer: ``(replies, client_states)``, as :func:`one_shot`."""
     r = run(algorithm, data, rounds=1, seed=seed, progress=False, batched=False, kind=what.removeprefix("the "))
@@ -92,8 +125,12 @@ def run_once(
 
 
 def raise_failures(history: Iterable[RoundRecord], what: str) -> None:
-    """Raise ``RuntimeError`` with the first client error recorded in ``history``, if any."""
+    """Raise ``RuntimeError`` with the first client error recorded in ``history``, if any,
+    unless a fit is in progress and some client answered: the failed clients have then
+    dropped out of the fit (:func:`~fedstats.federation.run` recorded them)."""
+    history = list(history)
     failed = {c: why for rec in history for c, why in rec.failed.items()}
-    if failed:
+    answered = any(rec.answered for rec in history)
+    if failed and not (in_fit() and answered):
         c, why = next(iter(failed.items()))
         raise RuntimeError(f"{what}: {len(failed)} client(s) failed; client {c!r}: {why}")

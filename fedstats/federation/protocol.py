@@ -366,6 +366,9 @@ class Replies(dict):
         super().__init__(replies or {})
         #: key -> the sum of that array over the clients that answered
         self.sums: dict[str, np.ndarray] = dict(sums or {})
+        #: the clients asked this round that did not answer (client -> why: they skipped it,
+        #: failed or were lost); the runtime fills it in
+        self.declined: dict[ClientId, str] = {}
 
     @classmethod
     def summing(cls, keys: Sequence[str], replies: Mapping[ClientId, Message]) -> Replies:

@@ -4,7 +4,7 @@ every run of a fit (:func:`counting`, :func:`record`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -26,7 +26,8 @@ class RoundRecord:
 
     ``participants`` were sent the broadcast; ``answered`` had their reply accepted and
     handed to ``server_step``; ``failed`` maps a client to ``"ExcType: message"``;
-    ``skipped`` raised :class:`SkipRound`. All lists follow the client-list order.
+    ``skipped`` raised :class:`SkipRound`, with the reason each gave in ``skip_reasons``
+    (client -> message). All lists follow the client-list order.
     ``batch_fallback`` is ``"ExcType: message"`` when the batched ``client_steps`` call
     failed as a whole and the round fell back to one ``client_step`` per client.
     ``seconds`` (wall time) is excluded from equality comparisons.
@@ -43,6 +44,7 @@ class RoundRecord:
     converged: bool = False
     batch_fallback: str | None = None
     seconds: float = field(default=0.0, compare=False)
+    skip_reasons: dict[ClientId, str] = field(default_factory=dict)
 
 
 @register
@@ -93,6 +95,7 @@ class History(Sequence[RoundRecord]):
         """One row per round (indexed by ``round``), as a :class:`pandas.DataFrame`.
 
         Columns: ``participants``, ``answered``, ``failed``, ``skipped`` (the lists/dict),
+        ``skip_reasons`` (skipped client -> its reason),
         their counts ``n_participants``, ``n_answered``, ``n_failed``, ``n_skipped``,
         ``bytes_up``, ``bytes_down``, ``converged``, ``batch_fallback``, ``seconds``,
         then one column per metric (prefixed ``metric:`` if its name clashes).
@@ -105,6 +108,7 @@ class History(Sequence[RoundRecord]):
             "answered",
             "failed",
             "skipped",
+            "skip_reasons",
             "n_participants",
             "n_answered",
             "n_failed",
@@ -128,6 +132,7 @@ class History(Sequence[RoundRecord]):
                 "answered": list(r.answered),
                 "failed": dict(r.failed),
                 "skipped": list(r.skipped),
+                "skip_reasons": dict(getattr(r, "skip_reasons", {})),
                 "n_participants": len(r.participants),
                 "n_answered": len(r.answered),
                 "n_failed": len(r.failed),
@@ -237,15 +242,51 @@ class RunResult:
         )
 
 
+def not_in_fit(
+    history: Iterable[RoundRecord], clients: Iterable[ClientId], lost: Mapping[ClientId, str] | None = None
+) -> dict[ClientId, str]:
+    """The clients of ``clients`` that are not in a run's fit, each with the reason: its node
+    left the run (``lost``, also a node whose policy refused the run), or it never answered a
+    round of ``history`` (every step it was asked for failed or was skipped, or it was never
+    asked). Models report these clients without numbers (``FederatedResult.excluded``)."""
+    lost = dict(lost or {})
+    answered: set[ClientId] = set()
+    asked: dict[ClientId, int] = {}
+    last: dict[ClientId, str] = {}
+    for rec in history:
+        answered.update(rec.answered)
+        for c in rec.participants:
+            asked[c] = asked.get(c, 0) + 1
+        reasons = getattr(rec, "skip_reasons", {})  # records written before reasons were kept have none
+        for c in rec.skipped:
+            last[c] = f"its step was skipped ({reasons.get(c) or 'no reason given'})"
+        for c, why in rec.failed.items():
+            last[c] = f"its step failed ({why})"
+    out: dict[ClientId, str] = {}
+    for c in clients:
+        if c in lost:
+            out[c] = f"its node left the run ({lost[c]})"
+        elif c not in answered:
+            n = asked.get(c, 0)
+            if not n:
+                out[c] = "it was never asked to take part"
+            else:
+                rounds = "the one round" if n == 1 else f"the {n} rounds"
+                out[c] = f"it answered none of {rounds} it was asked to take part in: {last.get(c, 'no answer')}"
+    return out
+
+
 _LEDGERS: ContextVar[tuple[Ledger, ...]] = ContextVar("fedstats_ledgers", default=())
 
 
 class Ledger:
     """The exchanges of every :func:`run` inside a :func:`counting` block, in order:
-    ``parts`` is a list of :class:`Communication` (each with its ``by_kind``)."""
+    ``parts`` is a list of :class:`Communication` (each with its ``by_kind``); and the clients
+    that dropped out of the fit so far, ``excluded`` (client -> reason, see :func:`exclude`)."""
 
     def __init__(self) -> None:
         self.parts: list[Communication] = []
+        self.excluded: dict[ClientId, str] = {}
 
     def communication(self) -> Communication:
         """Everything counted so far, as one :class:`Communication`."""
@@ -257,6 +298,28 @@ def record(communication: Communication) -> None:
     shared statistics) to every open :func:`counting` ledger."""
     for ledger in _LEDGERS.get():
         ledger.parts.append(communication)
+
+
+def exclude(clients: Mapping[ClientId, str]) -> None:
+    """Record that the clients of ``clients`` (client -> reason) dropped out of the fit in
+    progress: every open :func:`counting` ledger keeps them, and the later exchanges of the
+    fit do not ask them again (:func:`excluded_now`). Outside a fit this does nothing."""
+    for ledger in _LEDGERS.get():
+        for c, why in clients.items():
+            ledger.excluded.setdefault(c, why)
+
+
+def excluded_now() -> dict[ClientId, str]:
+    """The clients that dropped out of the fit in progress (the innermost open
+    :func:`counting` ledger), each with its reason; empty outside a fit."""
+    ledgers = _LEDGERS.get()
+    return dict(ledgers[-1].excluded) if ledgers else {}
+
+
+def in_fit() -> bool:
+    """Whether a fit's ledger is open (:func:`counting`): failed clients then drop out of the
+    fit with a reason instead of stopping it."""
+    return bool(_LEDGERS.get())
 
 
 @contextmanager

@@ -32,6 +32,11 @@ Decisions a caller must know
   state in place before raising is on its own). :class:`SkipRound` is recorded in
   ``RoundRecord.skipped`` instead. Errors on the server side (``init_server``,
   ``broadcast``, an invalid broadcast, ``server_step``, ``converged``) propagate.
+* Inside a model's fit (a :func:`~fedstats.federation.records.counting` ledger is open), a
+  client that answers no round of a run, or whose node is lost, drops out of the fit: the
+  ledger records it with the reason (:func:`~fedstats.federation.records.not_in_fit`), the
+  fit's later runs do not ask it, and the result names it (``FederatedResult.excluded``).
+  A differentially private run still asks every client (its noise shares count on them).
 * ``server_step`` is called every round, also when no client answered (with an empty
   mapping), so that every round has its metrics.
 * Communication: ``bytes_down`` counts the broadcast sent to every participant (failed
@@ -62,7 +67,7 @@ from .client_side import ClientSide, InProcessClients, client_list
 from .participation import Participation, is_int, round_rng
 from .progress import RoundDisplay
 from .protocol import ClientId, FederatedAlgorithm, Message, ProtocolError, Replies, message_nbytes, validate_message
-from .records import Communication, History, RoundRecord, RunResult, record
+from .records import Communication, History, RoundRecord, RunResult, exclude, excluded_now, in_fit, not_in_fit, record
 
 __all__ = ["run", "RunResult", "History", "RoundRecord", "Communication"]
 
@@ -89,6 +94,7 @@ def run(
     min_rounds: int = 1,
     kind: str | None = None,
     privacy_ledger: Any = None,
+    drop_silent: bool = True,
 ) -> RunResult:
     """Run ``algorithm`` over the clients of ``data`` for up to ``rounds`` rounds.
 
@@ -132,6 +138,10 @@ def run(
         a :class:`~fedstats.privacy.PrivacyLedger` that collects the releases of this run
         when ``algorithm.privacy`` is set (a fit passes one ledger to all its runs); the
         run's own releases are also in ``RunResult.privacy``.
+    drop_silent:
+        inside a model's fit, whether a client that answers none of this run's rounds drops
+        out of the fit (``False`` for an exchange whose failures say nothing about the client,
+        e.g. a candidate point at which its computation breaks); a lost node always does.
     """
     t_start = time.perf_counter()
 
@@ -214,8 +224,14 @@ def run(
                 resume=resume,
                 t_start=t_start,
                 kind=kind or type(algorithm).__name__,
+                # clients that dropped out of the fit in progress are not asked again (a
+                # differentially private run asks everyone: its noise shares count on it)
+                skip=frozenset() if dp is not None else frozenset(excluded_now()) & frozenset(ids),
             )
         )
+        if in_fit():  # who is not in this exchange drops out of the fit, with the reason
+            gone = not_in_fit(out.history, [c for c in ids if c not in excluded_now()], out.lost)
+            exclude(gone if drop_silent else {c: why for c, why in gone.items() if c in out.lost})
         if privacy_ledger is not None and out.privacy is not None:
             privacy_ledger.extend(out.privacy)
     finally:
@@ -252,6 +268,8 @@ class _Run:
     t_start: float
     #: the exchange's label in ``communication.by_kind``
     kind: str
+    #: clients never asked in this run (they dropped out of the fit before it)
+    skip: frozenset = frozenset()
 
     @cached_property
     def fingerprint(self) -> dict:
@@ -302,7 +320,7 @@ def _start(r: _Run) -> _State:
         state.stopped = bool(history and history[-1].converged and completed >= r.min_rounds)
         return state
     server = r.algorithm.init_server(list(r.ids), streams.stream(r.seed, streams.INIT))
-    r.devices.init_states()
+    r.devices.init_states(r.skip)
     comm = Communication(per_client={c: {"bytes_up": 0, "bytes_down": 0} for c in r.ids})
     return _State(server, History(), comm, 0, 0, privacy=_new_ledger(r))
 
@@ -371,6 +389,8 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
     """One round: broadcast, client steps, validated replies to the server step."""
     t0 = time.perf_counter()
     idx = r.plan.select(rnd, round_rng(r.seed, rnd))
+    if r.skip:
+        idx = [i for i in idx if r.ids[i] not in r.skip]
     messages, bytes_down = _broadcast(r, s, rnd, idx)
     # clients (the only place data and private states are touched)
     outcomes, fallback = r.devices.run_round(rnd, idx, messages, r.batched)
@@ -378,6 +398,7 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
     replies: dict[ClientId, Message] = {}
     failed: dict[ClientId, str] = {}
     skipped: list[ClientId] = []
+    skip_reasons: dict[ClientId, str] = {}
     bytes_up = 0
     for i, out in zip(idx, outcomes):
         c = r.ids[i]
@@ -386,8 +407,9 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
             nb = message_nbytes(out.reply)
             bytes_up += nb
             s.comm.per_client[c]["bytes_up"] += nb
-        elif out.skipped:
+        elif out.skipped is not None:
             skipped.append(c)
+            skip_reasons[c] = out.skipped
         else:
             failed[c] = out.failed or "unknown failure"
     secure_sums = getattr(r.devices, "secure_sums", None) if getattr(r.devices, "summed_securely", False) else None
@@ -403,6 +425,7 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         summed = Replies(replies, sums)
     else:
         summed = Replies.summing(r.algorithm.summed_keys, replies)
+    summed.declined = {**{c: f"skipped: {skip_reasons[c]}" for c in skipped}, **failed}
     dp = r.algorithm.privacy
     if dp is not None and replies:
         # the Gaussian mechanism on this round's sums: central noise added here, and the noise
@@ -429,6 +452,7 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         converged=is_converged,
         batch_fallback=fallback,
         seconds=time.perf_counter() - t0,
+        skip_reasons=skip_reasons,
     )
     return rec, fallback
 

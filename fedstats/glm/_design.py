@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from ..data import DataError
 
@@ -124,6 +125,22 @@ def check_rows(rows: Rows, family, trials_given: bool) -> Rows:
     if trials_given:
         return Rows(rows.X, rows.y / rows.n, rows.n, rows.f, rows.offset, rows.client, rows.target, rows.columns)
     return rows
+
+
+def frame_rows(result, X, offset=None, exposure=None):
+    """``(X, offset, exposure)`` for :func:`prediction_rows` from what ``predict`` got: a data
+    frame is read by column name (the result's ``_feature_rows``), and its offset or exposure
+    column, where the fit had one, is used when ``offset=`` / ``exposure=`` is not given."""
+    if isinstance(X, pd.DataFrame):
+        cols = [str(c) for c in X.columns]
+        given = {"offset": offset, "exposure": exposure}
+        for role in given:
+            col = result.roles.get(role)
+            if given[role] is None and col is not None and str(col) in cols:
+                given[role] = X.iloc[:, cols.index(str(col))].to_numpy(dtype=float)
+        offset, exposure = given["offset"], given["exposure"]
+        X = result._feature_rows(X, result.predictors)
+    return X, offset, exposure
 
 
 def prediction_rows(X, predictors, fit_intercept: bool, roles: dict, offset=None, exposure=None):

@@ -3,7 +3,9 @@
 * :class:`DesignCheck`: one round; every client checks its rows against the family (a bad
   outcome raises there, naming the client and column) and sends its row count, the sum of
   its outcomes (statsmodels' starting mean), its weighted row count, per-column minima and
-  maxima and ``X'X`` (to name constant or collinear predictors before any fit).
+  maxima and ``X'X`` (to name constant or collinear predictors before any fit), and how many
+  of its counts are not whole numbers (warned about). An outcome at the edge of the family's
+  range on every row (all 0, or all 1 for binomial) is refused before any round.
 * :class:`IRLS`: round 0 starts from statsmodels' starting means; round ``r`` evaluates the
   broadcast coefficients ``beta_r`` on every client, which sends the weighted cross-products
   ``X'WX``, ``X'Wz`` at ``beta_r``, its deviance, Pearson statistic and log-likelihood sums,
@@ -32,10 +34,13 @@ contributions, clipped on the client and carrying Gaussian noise
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..data import DataError
 from ..federation import FederatedAlgorithm, run
+from ..federation.records import in_fit
 from ._design import check_rows
 
 #: a fitted mean closer than this to the edge of its range (0, or 1 for binomial) on a row
@@ -43,10 +48,14 @@ from ._design import check_rows
 EDGE = 1e-8
 
 
+#: families whose outcome is a count (a non-integer one is warned about, as R does)
+COUNTS = ("poisson", "negative_binomial")
+
+
 class DesignCheck(FederatedAlgorithm):
-    reply_keys = ("n_rows", "sum_y", "wnobs", "col_min", "col_max", "xtx")
+    reply_keys = ("n_rows", "sum_y", "wnobs", "col_min", "col_max", "xtx", "non_integer")
     # the server sees each client's row count and column ranges, the rest only summed
-    summed_keys = ("sum_y", "wnobs", "xtx")
+    summed_keys = ("sum_y", "wnobs", "xtx", "non_integer")
 
     def __init__(self, family, trials_given: bool):
         self.family, self.trials_given = family, trials_given
@@ -63,6 +72,9 @@ class DesignCheck(FederatedAlgorithm):
     def client_step(self, message, state, data, rng):
         r = check_rows(data, self.family, self.trials_given)
         X = r.X
+        counts = r.y * r.n if self.trials_given else r.y  # binomial with trials: the successes
+        count_family = self.family.name in COUNTS or (self.family.name == "binomial" and self.trials_given)
+        non_integer = float(np.sum(np.abs(counts - np.round(counts)) > 1e-8)) if count_family else 0.0
         return {
             "n_rows": np.array([float(len(r.y))]),
             "sum_y": np.array([r.y.sum()]),
@@ -70,19 +82,22 @@ class DesignCheck(FederatedAlgorithm):
             "col_min": X.min(axis=0),
             "col_max": X.max(axis=0),
             "xtx": X.T @ X,
+            "non_integer": np.array([non_integer]),
         }, None
 
     def server_step(self, server_state, replies, round):
         return replies, {}
 
 
-def design_check(family, design, trials_given: bool, seed: int) -> dict:
+def design_check(family, design, trials_given: bool, seed: int, *, mle: bool = True) -> dict:
     """Run :class:`DesignCheck` (one counted round) and the server's checks of its sums.
 
     Returns ``n_obs`` (rows per client), ``n_rows``, ``wnobs`` (rows counted by their
     weights), ``ybar`` (the mean outcome over rows, statsmodels' start) and ``xtx``. Raises
-    :class:`~fedstats.data.DataError` with the first client's message for a bad outcome, and
-    naming the predictor that is constant at every client or collinear with others."""
+    :class:`~fedstats.data.DataError` with the first client's message for a bad outcome,
+    naming the predictor that is constant at every client or collinear with others, and
+    (``mle``: a maximum likelihood fit) for an outcome at the edge of the family's range on
+    every row; warns when counts are not whole numbers."""
     check = run(
         DesignCheck(family, trials_given),
         design,
@@ -93,12 +108,30 @@ def design_check(family, design, trials_given: bool, seed: int) -> dict:
         kind="design check",
     )
     failed = [(c, why) for rec in check.history for c, why in rec.failed.items()]
-    if failed:
-        c, why = failed[0]
+    for c, why in failed:  # a client's bad data stops the fit, naming the client and the column
         if why.split(":", 1)[0] in ("DataError", "ValueError"):
             raise DataError(why.split(": ", 1)[1])
+    if failed and not (in_fit() and check.server_state):
+        c, why = failed[0]
         raise DataError(f"client {c!r}: {why}")
+    # in a fit, a client whose node failed otherwise (lost, refused by its policy) drops out
     reps = check.server_state
+    if not reps:
+        raise DataError("no client is left in the fit to answer the design check (see the warnings)")
+    n_obs = {c: int(r["n_rows"][0]) for c, r in reps.items()}
+    n_rows = sum(n_obs.values())
+    ybar = float(reps.sums["sum_y"][0]) / n_rows
+    if mle:  # a prior keeps the intercept finite: only the maximum likelihood fit has no answer
+        check_outcome_varies(family, ybar, design)
+    non_integer = int(reps.sums["non_integer"][0])
+    if non_integer:
+        warnings.warn(
+            f"{non_integer} row(s) of outcome {design.data.target_name!r} are not whole numbers, which the "
+            f"{family.name} family counts: the fit goes on (a quasi-likelihood, as R's glm does), but check the "
+            "outcome column",
+            UserWarning,
+            stacklevel=4,
+        )
     xtx = np.array(reps.sums["xtx"], dtype=float)
     check_identified(
         design.names,
@@ -107,15 +140,25 @@ def design_check(family, design, trials_given: bool, seed: int) -> dict:
         np.max([r["col_max"] for r in reps.values()], axis=0),
         design.intercept,
     )
-    n_obs = {c: int(r["n_rows"][0]) for c, r in reps.items()}
-    n_rows = sum(n_obs.values())
-    return {
-        "n_obs": n_obs,
-        "n_rows": n_rows,
-        "wnobs": float(reps.sums["wnobs"][0]),
-        "ybar": float(reps.sums["sum_y"][0]) / n_rows,
-        "xtx": xtx,
-    }
+    return {"n_obs": n_obs, "n_rows": n_rows, "wnobs": float(reps.sums["wnobs"][0]), "ybar": ybar, "xtx": xtx}
+
+
+def check_outcome_varies(family, ybar: float, design) -> None:
+    """Refuse an outcome that sits at the edge of the family's range on every row (every count
+    0, every binomial outcome 0 or every one 1): the fitted mean would have to reach the edge,
+    so the intercept (or the coefficients) diverge and the maximum likelihood estimate does
+    not exist. Named as that, not as separation by a predictor."""
+    edges = {0.0: ("0", "-inf")} if family.name in COUNTS else {}
+    if family.name == "binomial":
+        edges = {0.0: ("0", "-inf"), 1.0: ("1", "+inf")}
+    for edge, (value, inf) in edges.items():
+        if ybar == edge:
+            what = f"the intercept diverges to {inf}" if design.intercept else "the coefficients diverge"
+            raise DataError(
+                f"every outcome {design.data.target_name!r} is {value} at every client: the fitted mean would have "
+                f"to be exactly {value}, so {what} and the maximum likelihood estimate does not exist (BayesianGLM's "
+                "prior keeps it finite)"
+            )
 
 
 def check_identified(names, xtx, lo, hi, intercept) -> None:

@@ -33,15 +33,21 @@ from ..data import DataLike, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
-from ..inference.ep import PosteriorRound, RowsEP, check_invariants, posterior_round
+from ..inference.ep import (
+    PosteriorRound,
+    RowsEP,
+    check_invariants,
+    check_participation,
+    posterior_round,
+    warn_unconverged,
+)
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
-from ..linear.ep_model import check_participation
 from ..linear.scaling import LinearScaling, federated_scaling
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
-from ._design import SPECIAL, GLMDesign, prediction_rows
+from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
 from ._irls import design_check
 from .families import Family, family_of
 from .frequentist import _COLUMN
@@ -83,7 +89,7 @@ class _BayesBase(Estimator):
         fam = self._family()
         roles = {r: getattr(self, r) for r in SPECIAL}
         raw = GLMDesign(data, self.fit_intercept, roles)
-        chk = design_check(fam, raw, self.trials is not None, seed)
+        chk = design_check(fam, raw, self.trials is not None, seed, mle=False)
         n_rows, ybar = chk["n_obs"], chk["ybar"]
         scaling = None
         if self.standardize:
@@ -117,8 +123,10 @@ class _BayesBase(Estimator):
             min_rounds=min(2, int(self.rounds)),
             batched=batched,
         )
-        check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
-        check_participation(out.history, list(design.clients))
+        if not out.lost:  # a lost client's site is in q but nowhere else
+            check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
+        check_participation(out.history, list(design.clients), out.lost)
+        warn_unconverged(out, alg, int(self.rounds), stacklevel=5)
         return alg, out, list(out.history)
 
 
@@ -272,6 +280,7 @@ class _GLMPosteriorMixin:
     def _eta_draws(
         self, X: ArrayLike, beta: np.ndarray, offset: ArrayLike | None, exposure: ArrayLike | None
     ) -> np.ndarray:
+        X, offset, exposure = frame_rows(self, X, offset, exposure)
         D, off = prediction_rows(X, self.predictors, self.fit_intercept, self.roles, offset, exposure)
         return beta @ D.T + off
 

@@ -90,9 +90,10 @@ from ..data import DataError, DataLike, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
+from ..federation.records import exclude
 from ..privacy import DifferentialPrivacy
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
-from ._design import SPECIAL, GLMDesign, prediction_rows
+from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
 from ._irls import IRLS, Sandwich, design_check
 from ._private import fit_private
 from .families import FAMILIES, LINKS, Family, family_of
@@ -219,17 +220,30 @@ class FederatedGLM(Estimator):
         if self.dp is not None:
             return self._fit_private(design, fam, roles, trials, seed, progress)
         names = design.names
-        chk = design_check(fam, design, trials, seed)
-        n_rows, wnobs = float(chk["n_rows"]), chk["wnobs"]
         p = len(names)
-        if wnobs <= p:
-            raise DataError(f"{wnobs:g} weighted rows for {p} coefficients: nothing left to estimate the fit from")
-        alg = IRLS(fam, trials, p, chk["ybar"], float(self.tol), wnobs - p)
-        out = run(alg, design, rounds=int(self.rounds) + 1, seed=seed, progress=progress, kind="IRLS rounds")
-        failed = {c: why for rec in out.history for c, why in rec.failed.items()}
-        if failed:
-            c, why = next(iter(failed.items()))
-            raise RuntimeError(f"FederatedGLM: client {c!r} failed: {why}")
+        while True:
+            chk = design_check(fam, design, trials, seed)
+            n_rows, wnobs = float(chk["n_rows"]), chk["wnobs"]
+            if wnobs <= p:
+                raise DataError(f"{wnobs:g} weighted rows for {p} coefficients: nothing left to estimate the fit from")
+            alg = IRLS(fam, trials, p, chk["ybar"], float(self.tol), wnobs - p)
+            out = run(alg, design, rounds=int(self.rounds) + 1, seed=seed, progress=progress, kind="IRLS rounds")
+            failed = {c: (rec.round, why) for rec in out.history for c, why in rec.failed.items()}
+            if not failed:
+                break
+            # the model or the data failed, not the node: stop, naming every client that failed
+            model = {c: rw for c, rw in failed.items() if rw[1].split(":", 1)[0] in MODEL_FAILURES}
+            if model:
+                named = "; ".join(f"client {c!r} in round {r}: {why}" for c, (r, why) in list(model.items())[:5])
+                raise RuntimeError(f"FederatedGLM: {len(model)} client(s) failed: {named}")
+            # A client that failed in some round left the sums of the others: the fit is
+            # redone without it, so that every number comes from one set of clients.
+            exclude({c: f"its step failed in IRLS round {r} ({why})" for c, (r, why) in failed.items()})
+            warnings.warn(
+                f"FederatedGLM: client(s) {list(failed)[:5]} failed during the IRLS rounds; fitting again without them",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         s = out.server_state
         if s["singular"] is not None:
             raise DataError(
@@ -256,7 +270,7 @@ class FederatedGLM(Estimator):
                 )
             )
         if self.cov_type == "HC0":
-            sw = run(
+            sw_run = run(
                 Sandwich(fam, trials, beta),
                 design,
                 rounds=1,
@@ -264,7 +278,12 @@ class FederatedGLM(Estimator):
                 progress=False,
                 batched=False,
                 kind="sandwich round",
-            ).server_state
+            )
+            lost = {c: why for rec in sw_run.history for c, why in rec.failed.items()}
+            if lost:  # a sandwich without a client's meat is not the fit's covariance
+                c, why = next(iter(lost.items()))
+                raise RuntimeError(f"FederatedGLM: client {c!r} failed in the sandwich round: {why}")
+            sw = sw_run.server_state
             h_inv = np.linalg.inv(sw["hessian"])
             cov = h_inv @ sw["meat"] @ h_inv
             cov = (cov + cov.T) / 2
@@ -320,6 +339,11 @@ class FederatedGLM(Estimator):
             cov_type=self.cov_type,
             **fields,
         )
+
+
+#: failures of a client's step that come from the model or the data (a mean outside the family's
+#: range, non-finite statistics), not from its node: the fit stops instead of leaving it out
+MODEL_FAILURES = ("DataError", "ValueError", "FloatingPointError", "LinAlgError", "ProtocolError")
 
 
 def _moving(names, betas, rms_x, intercept) -> str:
@@ -478,8 +502,9 @@ class GLMResult(FederatedResult):
         offset: ArrayLike | None = None,
         exposure: ArrayLike | None = None,
     ) -> pd.DataFrame:
-        """The mean response (probabilities, rates, ...) at the rows of ``X`` (the
-        predictors, in the order of ``predictors``), with its Wald band (``lower``,
+        """The mean response (probabilities, rates, ...) at the rows of ``X`` (a data frame,
+        read by column name, categories encoded as in the fit; or an array of the predictors
+        in the order of ``predictors``), with its Wald band (``lower``,
         ``upper``: the linear predictor's interval mapped through the inverse link). The
         predictive band of a new observation is given for the gaussian identity model only
         (NaN otherwise). ``offset``/``exposure``: per row, where the fit had them.
@@ -487,6 +512,7 @@ class GLMResult(FederatedResult):
         q = stats.norm.ppf(0.5 + check_level(level) / 2)
         if client is not None:
             self._check_client(client)
+        X, offset, exposure = frame_rows(self, X, offset, exposure)
         D, off = prediction_rows(X, self.predictors, self.fit_intercept, self.roles, offset, exposure)
         eta = D @ self.coef + off
         se = np.sqrt(np.einsum("ij,jk,ik->i", D, self.cov, D))

@@ -45,6 +45,8 @@ from ..data import DataError, DataLike, FederatedData, as_federated, require_tar
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import run
 from ..federation.backend import accepts_backend
+from ..federation.oneshot import raise_failures
+from ..federation.records import excluded_now
 from ..results import counted
 from . import laplace
 from ._core import SMALL, HyperSpec, fit_mle_sum, resolve_device, resolve_dtype, small_work
@@ -335,9 +337,11 @@ class FGPR(Estimator):
         t0 = time.perf_counter()
         counts_run = run(CountShare(), data, kind="row counts", rounds=1, seed=seed, progress=False)
         counts = counts_run.server_state
-        missing = [c for c in data.clients if c not in counts]
-        if missing:
-            raise RuntimeError(f"client {missing[0]!r} did not report its number of points")
+        # in a fit, a client that did not report has dropped out of it (the run recorded why)
+        raise_failures(counts_run.history, "FGPR's row counts")
+        missing = [c for c in data.clients if c not in counts and c not in excluded_now()]
+        if missing or not counts:
+            raise RuntimeError(f"client {(missing or data.clients)[0]!r} did not report its number of points")
         biggest = max(batch_for(self.batch_size, n) for n in counts.values())
         # local steps this small run on one torch thread (small_work): clients share the cores instead
         small = o["device"].type == "cpu" and biggest <= SMALL
@@ -380,6 +384,8 @@ class FGPR(Estimator):
         if failed and all(len(rec.answered) == 0 for rec in out.history):
             c, why = next(iter(failed.items()))
             raise RuntimeError(f"no client completed a round; e.g. {c!r}: {why}")
+        # those that never answered have dropped out of the fit (the result names them)
+        failed = {c: why for c, why in failed.items() if c not in excluded_now()}
         if failed:
             c, why = next(iter(failed.items()))
             warnings.warn(

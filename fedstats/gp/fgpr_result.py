@@ -172,6 +172,8 @@ class FGPRResult(FederatedResult):
                 "FGPR predicts for a client from that client's data: give a fitted client, or the new "
                 "client's own points as data=(X, y)"
             )
+        if client in (self.excluded or {}):
+            self._check_client(client)  # not in the fit: refused with the reason
         if client not in self.clients:
             raise UnknownClientError(
                 f"unknown client {client!r}: the fit has not seen it; pass its own data as "
@@ -223,7 +225,7 @@ class FGPRResult(FederatedResult):
         if scale not in ("original", "standardized"):
             raise ValueError(f"scale must be 'original' or 'standardized', got {scale!r}")
         Xk, yk = self._client_data(client, data)
-        Xs = np.asarray(X, dtype=float)
+        Xs = np.asarray(self._feature_rows(X, self.feature_names), dtype=float)
         Xs = Xs[:, None] if Xs.ndim == 1 else Xs
         if Xs.ndim != 2 or Xs.shape[1] != self.spec.d or len(Xs) == 0:
             raise DataError(f"X must have at least one row and {self.spec.d} column(s), got shape {Xs.shape}")

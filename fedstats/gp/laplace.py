@@ -325,11 +325,16 @@ def newton_offset(curv: Mapping[str, np.ndarray]) -> float:
 
 def _exchange(spec: HyperSpec, theta: np.ndarray, data: Any, standardize: bool, seed: int):
     from ..federation import run
+    from ..federation.records import excluded_now
 
     algorithm = HessianShare(spec, from_theta(spec, theta), standardize)
-    out = run(algorithm, data, kind="hyperparameter curvature", rounds=1, seed=seed, progress=False)
+    # a client that fails here stays in the fit (its data chose the hyperparameters): only the
+    # intervals are lost
+    out = run(algorithm, data, kind="hyperparameter curvature", rounds=1, seed=seed, progress=False, drop_silent=False)
     failed = {c: why for rec in out.history for c, why in rec.failed.items()}
-    missing = [c for c in data.clients if c not in out.history[-1].answered] if out.history else list(data.clients)
+    gone = excluded_now()  # clients that dropped out of the fit before: not asked, not missed
+    asked = [c for c in data.clients if c not in gone]
+    missing = [c for c in asked if c not in out.history[-1].answered] if out.history else asked
     if failed or missing or out.server_state is None:
         c = next(iter(failed)) if failed else missing[0]
         return f"client {c!r} did not send its curvature ({failed.get(c, 'no reply')}): no hyperparameter intervals"

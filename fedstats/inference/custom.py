@@ -321,7 +321,8 @@ def federated_ep(
 
     from ..data import as_federated, require_target
     from ..federation import counting, run
-    from .ep import RowsEP, check_invariants, posterior_round
+    from ..results import warn_excluded
+    from .ep import RowsEP, check_invariants, check_participation, posterior_round, warn_unconverged
 
     data = as_federated(data)
     require_target(data, "federated_ep")
@@ -346,7 +347,10 @@ def federated_ep(
             batched=batched,
         )
         sites = alg.committed_sites(out.server_state, out.client_states)
-        check_invariants(out.server_state, list(sites.values()))
+        if not out.lost:  # a lost client's site is in q but nowhere else
+            check_invariants(out.server_state, list(sites.values()))
+        check_participation(out.history, list(data.clients), out.lost)
+        warn_unconverged(out, alg, int(rounds), what="federated_ep", stacklevel=3)
         posts = {}
         if local:
             posts = posterior_round(
@@ -368,6 +372,8 @@ def federated_ep(
         local_names=_names(local),
         local=posts,
     )
+    res.excluded = dict(ledger.excluded)
+    warn_excluded(res.excluded, stacklevel=3)
     res.seconds = time.perf_counter() - t0
     return res
 

@@ -34,9 +34,55 @@ from typing import Any, cast
 import numpy as np
 
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message, Replies, SkipRound
+from ..federation.records import in_fit, not_in_fit
 from ..results import register
 from .gaussian import NaturalGaussian, NotPositiveDefinite, symmetrize
 from .tilted import SiteModel, TiltedEstimator, TiltedResult
+
+
+def check_participation(history, clients, lost=None) -> dict:
+    """The clients that are not in the fit, with the reason (:func:`~fedstats.federation.not_in_fit`;
+    the fit's entry, :func:`~fedstats.results.counted`, warns about them); raises if no client
+    ever answered (q would be the prior)."""
+    excluded = not_in_fit(history, clients, lost)
+    if len(excluded) == len(list(clients)):
+        first = next(iter(excluded.items()), None)
+        detail = f"; e.g. client {first[0]!r}: {first[1]}" if first else ""
+        raise RuntimeError(f"no client answered in {len(history)} round(s), the fit is the prior{detail}")
+    return excluded
+
+
+def warn_unconverged(run: Any, algorithm: FederatedEP, rounds: int, *, what: str = "EP", stacklevel: int = 4) -> None:
+    """Warn when an EP run stopped without converging, saying which criterion was not met
+    (the last round's changes against ``tol``, a repaired step, clients that never settled)
+    and what to try. ``run`` is the :class:`~fedstats.federation.RunResult`."""
+    if run.converged or not len(run.history):
+        return
+    last = run.history[-1].metrics
+    state = run.server_state
+    parts = []
+    mean_sd, log_sd = last.get("max_mean_change_sd"), last.get("max_log_sd_change")
+    stage_tol = algorithm.tol if state.stage + 1 >= len(algorithm.stages) else algorithm.stage_tol
+    if mean_sd is not None and log_sd is not None:
+        parts.append(
+            f"in the last round the global mean moved by {mean_sd:.3g} posterior sd and a log sd by {log_sd:.3g} "
+            f"(tol={stage_tol:g} for both)"
+        )
+    if last.get("gamma", 1.0) < 1.0:
+        parts.append(f"the server had to shrink the last step to {last['gamma']:.3g} to keep q proper")
+    waiting = sorted(set(state.clients) - set(state.quiet) - set(state.declining), key=repr)
+    if mean_sd is not None and max(mean_sd, log_sd or 0.0) < stage_tol and waiting:
+        parts.append(f"{len(waiting)} client(s) had not answered since the last large change (e.g. {waiting[:3]})")
+    if len(algorithm.stages) > 1 and state.stage + 1 < len(algorithm.stages):
+        parts.append(f"it was still in stage {state.stage + 1} of {len(algorithm.stages)}")
+    detail = "; ".join(parts) or "the convergence rule was not met"
+    warnings.warn(
+        f"{what} did not converge in {rounds} rounds: {detail}. Its numbers are those of the last round; "
+        "try more rounds, damping=0.5 (slower, steadier steps), a larger tol, or more draws for a sampled "
+        "estimator (its Monte Carlo noise keeps the changes above tol)",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
 
 
 @register
@@ -51,6 +97,9 @@ class EPServerState:
     accept: dict = field(default_factory=dict)  # client -> accepted fraction of its pending change
     clients: tuple = ()
     quiet: frozenset = frozenset()  # devices that answered since the last round that moved q by >= tol
+    #: clients whose last answer to a broadcast was a refusal (a skipped or failed step): the
+    #: fit can converge without them, since their site no longer moves
+    declining: frozenset = frozenset()
     stage: int = 0  # which of the algorithm's estimators the devices use
     stage_round: int = 0  # the round in which that stage began
 
@@ -91,7 +140,8 @@ class FederatedEP(FederatedAlgorithm):
     tol : float
         Convergence: the largest change of a component of the global mean, in units of
         its posterior sd, and of a log sd, must fall below ``tol`` in consecutive rounds
-        in which every device has answered at least once.
+        in which every device has answered at least once (a client whose last answer was a
+        refusal, a skipped or failed step, is not waited for).
     max_backoff : int
         Halvings of the server's step ``gamma`` for the PD repair before the round's
         update is dropped altogether.
@@ -148,8 +198,10 @@ class FederatedEP(FederatedAlgorithm):
         self, state: EPServerState, replies: Mapping[ClientId, Message], round: int
     ) -> tuple[EPServerState, dict[str, float]]:
         old = state.q
+        declined = frozenset(getattr(replies, "declined", {}))
+        declining = (state.declining | declined) - frozenset(replies)
         if not replies:
-            return replace(state, round=state.round + 1), {}
+            return replace(state, round=state.round + 1, declining=declining), {}
         sums = cast(Replies, replies).sums  # the runtime's sums of the declared summed keys
         dr, dQ = np.asarray(sums["dr"]), np.asarray(sums["dQ"])
         gamma = 1.0
@@ -179,8 +231,10 @@ class FederatedEP(FederatedAlgorithm):
         )
         # With partial participation a quiet round says little about the devices that sat
         # it out: converged only once every device has answered in quiet rounds.
+        # A client that declines every broadcast (it cannot form its tilted moments) would
+        # otherwise keep the fit from converging: the others converge without it.
         quiet = state.quiet | frozenset(replies) if small else frozenset()
-        done = small and quiet.issuperset(state.clients)
+        done = small and quiet.issuperset(frozenset(state.clients) - declining)
         stage_round = state.stage_round
         if len(self.stages) > 1:
             metrics["stage"] = stage
@@ -196,6 +250,7 @@ class FederatedEP(FederatedAlgorithm):
             quiet=quiet,
             stage=stage,
             stage_round=stage_round,
+            declining=declining,
         ), metrics
 
     def converged(self, state: EPServerState, metrics: Mapping[str, float]) -> bool:
@@ -493,7 +548,7 @@ def posterior_round(
 
     out = run(algorithm, data, rounds=1, seed=seed, progress=False, batched=batched, kind="client posteriors")
     failed = {c: why for rec in out.history for c, why in rec.failed.items()}
-    if failed:
+    if failed and not (in_fit() and out.server_state):  # in a fit, such a client drops out of it
         c, why = next(iter(failed.items()))
         raise RuntimeError(f"{who}: client {c!r} could not form its posterior: {why}")
     return {c: (np.asarray(r["mean"]), np.asarray(r["cov"])) for c, r in out.server_state.items()}

@@ -92,8 +92,10 @@ class HM2Site:
         theta = np.linalg.solve(A + 1e-6 * (np.trace(A) / self.d + 1.0) * np.eye(self.d), b)
         if self.sigma_known:
             return theta, np.zeros(0)
+        if n <= self.d:  # the fit interpolates: no residual to start from, start at the prior's mean
+            return theta, np.array([float(self.log_sigma_prior[0])])
         rss = max(c - 2 * b @ theta + theta @ A @ theta, 1e-12 * max(c, 1.0))
-        return theta, np.array([0.5 * np.log(rss / max(n - self.d, 1.0))])
+        return theta, np.array([0.5 * np.log(rss / (n - self.d))])
 
     # ------------------------------------------------------------------ parameters
     def split_phi(self, phi):

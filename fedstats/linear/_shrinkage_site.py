@@ -116,9 +116,11 @@ class ShrinkageSite:
         p = self.theta_dim
         beta = np.linalg.solve(A + 1e-3 * (np.trace(A) / p + 1.0) * np.eye(p), b)
         z = []
-        if self.noise == "device":
+        if self.noise == "device" and n <= p:  # the fit interpolates: start at the prior's mean
+            z.append(float(self.log_sigma2_prior[0]))
+        elif self.noise == "device":
             rss = max(c - 2 * b @ beta + beta @ A @ beta, 1e-6 * max(c, 1.0))
-            z.append(np.log(rss / max(n - p, 1.0)))
+            z.append(np.log(rss / (n - p)))
         if self.penalty == "lasso":
             z.extend([np.log(2.0)] * self.d)
         return beta, np.asarray(z, dtype=float)

@@ -19,6 +19,7 @@ API (:class:`~fedstats.linear.local.PointResult`: ``coef``, ``coefficients``, ``
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
@@ -27,7 +28,9 @@ from ..data import require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
+from ..federation.oneshot import raise_failures
 from ..results import counted
+from .design import check_design
 from .local import (
     INITS,
     LR,
@@ -40,6 +43,7 @@ from .local import (
     full_batch_steps,
     initial_theta,
     local_steps,
+    without_excluded,
 )
 
 
@@ -47,6 +51,7 @@ def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
     model._validate_params()
     if data.n_clients < 1:
         raise ValueError("no clients")
+    check_design(data, data.feature_names, model.fit_intercept, per_client=not isinstance(model, FedAvg))
     devices = DeviceDesign(data, model.fit_intercept)
     clients = list(data.clients)
     lr = federated_lr(model.lr, devices, model.batch_size, model.grad_reduction)
@@ -140,13 +145,11 @@ class Separate(_GDOptions):
             reduction=self.grad_reduction,
         )
         out = run(alg, devices, kind="local fits", rounds=1, seed=seed, progress=False)
-        failed = out.history[0].failed
-        if failed:
-            c, why = next(iter(failed.items()))
-            if why.startswith("FloatingPointError"):
-                raise FloatingPointError(f"local gradient descent diverged with lr={lr:.3g}: lower lr")
-            raise RuntimeError(f"Separate: {len(failed)} device(s) failed; {c!r}: {why}")
-        theta = np.column_stack([out.server_state["theta"][c] for c in clients])
+        if any(why.startswith("FloatingPointError") for why in out.history[0].failed.values()):
+            raise FloatingPointError(f"local gradient descent diverged with lr={lr:.3g}: lower lr")
+        raise_failures(out.history, "Separate")  # in a fit, a failed client drops out
+        nan = np.full(d, np.nan)
+        theta = without_excluded(np.column_stack([out.server_state["theta"].get(c, nan) for c in clients]), clients)
         return PointResult(
             names,
             clients,
@@ -306,21 +309,35 @@ def _run_averaging(model, data, seed, progress, lam=None):
     diverged = [why for rec in out.history for why in rec.failed.values() if why.startswith("FloatingPointError")]
     if diverged:
         raise FloatingPointError(f"{type(model).__name__} diverged with lr={lr:.3g}: lower lr")
+    # converged: the last round moved the global coefficients by less than tol (relative)
+    moved = float(out.history[-1].metrics.get("theta_change", np.nan)) / max(
+        float(np.linalg.norm(out.server_state)), 1e-12
+    )
+    converged = bool(moved < float(model.tol))
+    if not converged:
+        noisy = "" if model.batch_size is None else "; with minibatches (batch_size) the steps' noise keeps them moving"
+        warnings.warn(
+            f"{type(model).__name__} did not converge in {model.rounds} rounds: the last round moved the global "
+            f"coefficients by {moved:.3g} of their norm (tol={float(model.tol):g}); raise rounds or lower lr{noisy}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     if lam is None:
         theta = np.repeat(out.server_state[:, None], len(clients), axis=1)
     else:
-        # a device that never took part has no personal model: it uses the global one
+        # every client in the fit has taken part, so it has its personal model
         theta = np.column_stack(
-            [out.client_states[c] if out.client_states[c] is not None else out.server_state for c in clients]
+            [out.server_state if out.client_states.get(c) is None else out.client_states[c] for c in clients]
         )
+    theta = without_excluded(theta, clients)  # a client that dropped out has no coefficients
     return PointResult(
         names,
         clients,
         theta,
-        model._options(lr_used=lr, **({} if lam is None else {"lam": lam})),
+        model._options(lr_used=lr, tol=model.tol, **({} if lam is None else {"lam": lam})),
         history=out.history,
         communication=out.communication,
-        converged=out.converged,
+        converged=converged,
         seconds=time.perf_counter() - t0,
         seed=seed,
         model=type(model).__name__,
@@ -331,7 +348,36 @@ def _run_averaging(model, data, seed, progress, lam=None):
 class FedAvg(_GDOptions):
     """FedAvg for linear regression (the paper's version): each round the participants take
     ``local_steps`` gradient steps from the global coefficients and the server takes their
-    unweighted average; every device predicts with the final average."""
+    unweighted average; every device predicts with the final average. All ``rounds`` run (the
+    paper's budget); the fit has ``converged`` when the last round moved the global
+    coefficients by less than ``tol`` relative to their norm, and warns otherwise."""
+
+    _constraints = {**_GDOptions._constraints, "tol": Real(0)}
+
+    def __init__(
+        self,
+        *,
+        rounds=30,
+        local_steps=20,
+        lr="auto",
+        batch_size=None,
+        grad_reduction="sum",
+        init="normal",
+        fit_intercept=False,
+        participation=1.0,
+        tol=1e-4,
+    ):
+        super().__init__(
+            rounds=rounds,
+            local_steps=local_steps,
+            lr=lr,
+            batch_size=batch_size,
+            grad_reduction=grad_reduction,
+            init=init,
+            fit_intercept=fit_intercept,
+            participation=participation,
+        )
+        self.tol = tol
 
     @counted
     @accepts_backend
@@ -347,7 +393,7 @@ class Ditto(_GDOptions):
     received that round). Devices predict with ``v_k``. ``lam`` is searched over
     {0.01, 0.1, 1, 10} in the studies (the paper gives no grid)."""
 
-    _constraints = {**_GDOptions._constraints, "lam": Real(0)}
+    _constraints = {**_GDOptions._constraints, "lam": Real(0), "tol": Real(0)}
 
     def __init__(
         self,
@@ -361,6 +407,7 @@ class Ditto(_GDOptions):
         init="normal",
         fit_intercept=False,
         participation=1.0,
+        tol=1e-4,
     ):
         super().__init__(
             rounds=rounds,
@@ -372,7 +419,7 @@ class Ditto(_GDOptions):
             fit_intercept=fit_intercept,
             participation=participation,
         )
-        self.lam = lam
+        self.lam, self.tol = lam, tol
 
     @counted
     @accepts_backend
@@ -427,11 +474,11 @@ class DistributedRidge(Estimator):
         self._validate_params()
         lam = float(self.lam)
         t0 = time.perf_counter()
+        check_design(data, data.feature_names, self.fit_intercept, seed=seed, per_client=False)
         devices, clients = DeviceDesign(data, self.fit_intercept), list(data.clients)
         out = run(_OneShotRidge(lam), devices, kind="ridge statistics", rounds=1, seed=seed, progress=False)
-        if out.server_state is None or out.history[0].failed:
-            raise RuntimeError(f"distributed ridge failed on some client: {out.history[0].failed}")
-        theta = np.repeat(out.server_state[:, None], len(clients), axis=1)
+        raise_failures(out.history, "distributed ridge")  # in a fit, a failed client drops out
+        theta = without_excluded(np.repeat(out.server_state[:, None], len(clients), axis=1), clients)
         return PointResult(
             coefficient_names(data, self.fit_intercept),
             clients,

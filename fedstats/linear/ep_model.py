@@ -22,12 +22,13 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from .. import streams
-from ..federation import ClientDisconnected, ClientRelease, run
-from ..inference.ep import EPClientState, FederatedEP, check_invariants
+from ..federation import ClientRelease, run
+from ..inference.ep import EPClientState, FederatedEP, check_invariants, check_participation, warn_unconverged
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
 from ..results import FederatedResult, NoPosteriorError, check_level, prediction_frame, register
+from .design import check_design
 from .scaling import LinearScaling, federated_scaling
 
 #: who takes part in each round: a fraction of the clients, a count or a callable
@@ -66,21 +67,6 @@ class Devices:
         return (X, y, sig)
 
 
-def check_participation(history, clients) -> None:
-    """Raise if no device ever answered (q would be the prior); warn about silent devices."""
-    answered = {c for rec in history for c in rec.answered}
-    if not answered:
-        reasons = {c: why for rec in history for c, why in rec.failed.items()}
-        first = next(iter(reasons.items()), None)
-        detail = f"; e.g. client {first[0]!r}: {first[1]}" if first else ""
-        raise RuntimeError(f"no device answered in {len(history)} round(s), the fit is the prior{detail}")
-    silent = [c for c in clients if c not in answered]
-    if silent:
-        warnings.warn(
-            f"{len(silent)} device(s) never answered and are not in the fit: {silent[:5]}", RuntimeWarning, stacklevel=4
-        )
-
-
 def fit_ep(
     result_cls,
     model,
@@ -108,6 +94,10 @@ def fit_ep(
     one counted round of federated moments."""
     for stage in est if isinstance(est, tuple) else (est,):
         stage.check_model(site)
+    # predictors the data cannot tell apart are named and refused before anything is fitted
+    check_design(
+        data, data.feature_names, model.fit_intercept, seed=seed, strict=getattr(model, "strict_design", False)
+    )
     scaling = federated_scaling(data, model.fit_intercept, seed=seed) if model.standardize else None
     devices = Devices(data, model.fit_intercept, sigma, scaling)
     alg = LinearEP(
@@ -135,16 +125,14 @@ def fit_ep(
         batched=batched,
         min_rounds=min(2, int(rounds)),
     )
-    if out.lost:
-        c, why = next(iter(out.lost.items()))
-        raise ClientDisconnected(
-            f"client(s) {list(out.lost)[:5]} were lost during the fit (client {c!r}: {why}); "
-            "EP's result needs every client's site, which stayed on its node"
-        )
-    if all(isinstance(st, EPClientState) for st in out.client_states.values()):  # else they stayed on the nodes
+    # q = prior * prod sites, checked where every site is here (on Flower they stay on the
+    # nodes; a lost client's last site is in q, but no longer anywhere else)
+    if not out.lost and all(isinstance(st, EPClientState) for st in out.client_states.values()):
         check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
-    check_participation(out.history, list(data.clients))
+    excluded = check_participation(out.history, list(data.clients), out.lost)
+    warn_unconverged(out, alg, int(rounds), stacklevel=4)
     return result_cls(
+        excluded=excluded,
         model=model,
         site=site,
         algorithm=alg,
@@ -294,6 +282,8 @@ class EPLinearResult(FederatedResult):
     converged: bool
     seconds: float
     seed: int = 0
+    excluded: dict = field(default_factory=dict)  # client -> why it is not in the fit
+    encoding: dict | None = None  # how the fit's columns were encoded (predict reads frames by name)
     scaling: LinearScaling | None = None  # the standardisation the fit ran on (None: the data's own scale)
     noise_sd: dict | None = None  # the known noise sd of each device (data scale), if given
     _device_cache: dict = field(default_factory=dict, repr=False)
@@ -333,7 +323,7 @@ class EPLinearResult(FederatedResult):
         state (in-process; on Flower from the state each device returned at the end of the fit)."""
         if not self._device_cache:
             alg = self.algorithm
-            here = [c for c in self.clients if isinstance(self.client_states[c], EPClientState)]
+            here = [c for c in self._fitted_clients() if isinstance(self.client_states[c], EPClientState)]
             if not here:
                 return self._device_cache
             sites = alg.committed_sites(self.server, {c: self.client_states[c] for c in here})
@@ -366,7 +356,7 @@ class EPLinearResult(FederatedResult):
         EP round (``stage="last round"``) and one for the run behind its device posterior
         (``stage="device posterior"``). Empty columns for exact estimators."""
         rows, final = [], []
-        for c in self.clients:
+        for c in self._fitted_clients():
             st = self.client_states[c]
             if isinstance(st, EPClientState):
                 rows.append({"client": c, "stage": "last round", **st.diagnostics})
@@ -440,12 +430,14 @@ class EPLinearResult(FederatedResult):
 
     # -------------------------------------------------------------- prediction
     def _design(self, X: ArrayLike) -> np.ndarray:
+        X = self._feature_rows(X, self.feature_names[int(self.model.fit_intercept) :])
         return design_matrix(X, self.feature_names, self.model.fit_intercept)
 
     def predict(
         self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95, n: int = 4000, seed: int = 0
     ) -> pd.DataFrame:
-        """Predictions for the rows of ``X`` (features as in the training data).
+        """Predictions for the rows of ``X``: a data frame (read by column name, categories
+        encoded as in the fit) or an array of the features in the fit's order.
 
         With ``client`` one of the fitted devices, its posterior is used; with
         ``client=None``, the population-level predictive of a new device

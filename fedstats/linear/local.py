@@ -10,8 +10,8 @@ devices run as one batched matrix product (:func:`full_batch_steps`).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +20,8 @@ from numpy.typing import ArrayLike
 
 from ..estimator import OneOf, Real
 from ..federation import FederatedAlgorithm, run
+from ..federation.oneshot import raise_failures
+from ..federation.records import excluded_now
 from ..results import FederatedResult, check_level, prediction_frame, register
 
 if TYPE_CHECKING:
@@ -140,11 +142,19 @@ def federated_lr(lr, devices, batch_size, reduction: str, *, seed: int = 0) -> f
     out = run(
         _CurvatureShare(batch_size, reduction), devices, kind="step-size curvature", rounds=1, seed=seed, progress=False
     )
-    failed = out.history[0].failed
-    if failed:
-        c, why = next(iter(failed.items()))
-        raise RuntimeError(f"lr='auto': {len(failed)} device(s) could not report their curvature; {c!r}: {why}")
+    raise_failures(out.history, "lr='auto' (the clients' curvatures)")  # in a fit, a failed client drops out
     return _lr_for(out.server_state["lam"])
+
+
+def without_excluded(theta: np.ndarray, clients: Sequence[Hashable]) -> np.ndarray:
+    """``theta`` (d, K) with NaN in the columns of the clients that dropped out of the fit in
+    progress (:func:`~fedstats.federation.records.excluded_now`): they have no coefficients."""
+    out = np.array(theta, dtype=float)
+    gone = excluded_now()
+    for k, c in enumerate(clients):
+        if c in gone:
+            out[:, k] = np.nan
+    return out
 
 
 class DeviceDesign:
@@ -212,6 +222,8 @@ class PointResult(FederatedResult):
     seed: int = 0
     model: str | None = None  # the estimator's class name
     shared: bool = False  # every client predicts with one shared model
+    excluded: dict = field(default_factory=dict)  # client -> why it is not in the fit
+    encoding: dict | None = None  # how the fit's columns were encoded (predict reads frames by name)
 
     @property
     def rounds(self) -> int:
@@ -245,8 +257,9 @@ class PointResult(FederatedResult):
         return pd.DataFrame(self.theta.T, index=pd.Index(self.clients, name="client"), columns=self.feature_names)
 
     def _design(self, X: ArrayLike) -> np.ndarray:
-        X = np.atleast_2d(np.asarray(X, dtype=float))
         intercept = bool(self.options.get("fit_intercept"))
+        X = self._feature_rows(X, self.feature_names[int(intercept) :])
+        X = np.atleast_2d(np.asarray(X, dtype=float))
         k = len(self.feature_names) - int(intercept)
         if X.shape[1] != k:
             raise ValueError(f"X has {X.shape[1]} columns, the model was fitted on {k} features")

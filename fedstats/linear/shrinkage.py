@@ -163,6 +163,10 @@ class BayesianShrinkage(Estimator):
             raise ValueError(f"estimator {spec!r} is not reliable for the lasso's {site.d} local scales; use 'nuts'")
         return make_estimator(spec, **opts)
 
+    #: predictors that no client's data can tell apart are refused, not only warned about:
+    #: selecting between them would be meaningless (:mod:`fedstats.linear.design`)
+    strict_design = True
+
     _constraints = {
         "penalty": OneOf("lasso", "ridge"),
         "scale": OneOf("sd", "variance"),
@@ -361,18 +365,20 @@ def _design_report(msg, X, rng, _private=None):
 
 
 def _check_design(data: FederatedData) -> None:
-    """Refuse designs that would give a silently wrong answer; warn about weak ones. Each
-    client reports a few integers about its design in one federated round.
+    """Warn about weak designs, client by client. Each client reports a few integers about its
+    design in one federated round (predictors the data cannot tell apart at all, or within
+    every client, are refused by the models' shared design check, :mod:`fedstats.linear.design`).
 
     The replies stay per client (no sum over clients would do): every check is a statement
     about one client, which the warnings name (its constant columns, its few rows, its
-    dependent columns: ``rank < varying`` at that client), and the refusal needs each
-    client's own rank (dependent at *every* client, listing their ranks)."""
+    dependent columns: ``rank < varying`` at that client)."""
     import warnings
 
     d = data.n_features
-    reps, _ = one_shot(data, ("n", "const", "rank", "varying"), {}, _design_report, seed=0, what="the design check")
-    for c in data.clients:
+    reps, _ = one_shot(
+        data, ("n", "const", "rank", "varying"), {}, _design_report, seed=0, what="the per-client design report"
+    )
+    for c in reps:  # the clients that answered (one that failed has dropped out of the fit)
         n = int(reps[c]["n"][0])
         const = [data.feature_names[j] for j in np.flatnonzero(reps[c]["const"])]
         if const:
@@ -389,16 +395,9 @@ def _check_design(data: FederatedData) -> None:
                 RuntimeWarning,
                 stacklevel=4,
             )
-    # Collinearity is checked client by client (never on pooled rows): columns that are
-    # linearly dependent at every client carry one effect under two names, and selecting
-    # between them would be meaningless.
-    ranks = {c: int(reps[c]["rank"][0]) for c in data.clients}
-    if d and all(r < d for r in ranks.values()) and any(data.n_obs[c] > d for c in data.clients):
-        raise ValueError(
-            f"the {d} predictors are linearly dependent at every client (ranks {sorted(set(ranks.values()))}); "
-            "drop the redundant columns"
-        )
+
     # (a constant column is reported above; here only dependence among the varying ones)
+    ranks = {c: int(reps[c]["rank"][0]) for c in reps}
     deficient = [c for c, r in ranks.items() if r < int(reps[c]["varying"][0]) and data.n_obs[c] > d]
     if deficient:
         warnings.warn(
@@ -520,6 +519,7 @@ class CentralisedShrinkageResult(_Selection, FederatedResult):
         return self.beta[client] if client in self.beta else self.beta["pooled"]
 
     def _design(self, X: ArrayLike) -> np.ndarray:
+        X = self._feature_rows(X, self.feature_names[int(self.model.fit_intercept) :])
         return design_matrix(X, self.feature_names, self.model.fit_intercept)
 
     def predict(

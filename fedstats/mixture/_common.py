@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from ..data import DataError, FederatedData, as_federated
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
+from ..federation.records import excluded_now, in_fit
 from .gmm import cov_shape, precision_cholesky
 
 __all__ = [
@@ -25,7 +26,7 @@ __all__ = [
     "as_federated",
     "initial_weights",
     "check_failures",
-    "without_lost",
+    "still_in_fit",
     "norm",
     "log_weights",
 ]
@@ -53,15 +54,18 @@ def initial_weights(weights_init, client, M) -> np.ndarray:
 
 
 def check_failures(history, seen, clients, what):
-    """Clients that failed: an error if one never contributed statistics, else a warning
+    """Clients that failed in some round: an error if one never contributed statistics outside
+    a fit (inside one it has dropped out of the fit, which names it), else a warning
     (incremental EM used its last statistics in the rounds it missed)."""
-    failed = {c: why for rec in history for c, why in rec.failed.items()}
+    gone = excluded_now()
+    failed = {c: why for rec in history for c, why in rec.failed.items() if c not in gone}
+    never = [c for c, s in zip(clients, seen) if not s and c not in gone]
+    if never and not in_fit():
+        c, why = next(iter(failed.items()), (never[0], "no answer"))
+        raise RuntimeError(f"{what}: client(s) {never[:5]} never answered; client {c!r} failed with {why}")
     if not failed:
         return
-    never = [c for c, s in zip(clients, seen) if not s]
     c, why = next(iter(failed.items()))
-    if never:
-        raise RuntimeError(f"{what}: client(s) {never[:5]} never answered; client {c!r} failed with {why}")
     warnings.warn(
         f"{what}: {len(failed)} client(s) failed in some round and counted with their last statistics; "
         f"client {c!r}: {why}",
@@ -70,20 +74,15 @@ def check_failures(history, seen, clients, what):
     )
 
 
-def without_lost(data: FederatedData, lost: Mapping[Hashable, str], what: str) -> FederatedData:
-    """The data of the clients still there: a node that stopped answering (remote backends)
-    leaves its last statistics in the components, and its weights, which never left it, out
-    of the result."""
-    if not lost:
+def still_in_fit(data: FederatedData) -> FederatedData:
+    """The data of the clients still in the fit in progress: one that dropped out (its node
+    was lost or refused, its steps failed: :func:`~fedstats.federation.records.excluded_now`)
+    is not asked again, and its weights are not in the result, which names it with the reason.
+    A node lost during the rounds leaves its last statistics in the components."""
+    gone = excluded_now()
+    if not any(c in gone for c in data.clients):
         return data
-    c, why = next(iter(lost.items()))
-    warnings.warn(
-        f"{what}: client(s) {list(lost)[:5]} were lost during the fit (client {c!r}: {why}); their last "
-        "statistics stay in the components, their weights are not in the result",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-    return data.subset([c for c in data.clients if c not in lost])
+    return data.subset([c for c in data.clients if c not in gone])
 
 
 class MixtureEstimator(Estimator):

@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import streams
 from ..data import DataError
-from ..federation.oneshot import OneShot, one_shot, run_once
+from ..federation.oneshot import one_shot, one_shot_sums
 from ..federation.protocol import client_function
 from .gmm import COV_TYPES, centre, e_step, log_gaussian, m_step, precision_cholesky, reshift, segment_statistics
 
@@ -74,22 +74,6 @@ def lloyd(X: np.ndarray, centres: np.ndarray, weights: np.ndarray | None = None,
 
 def kmeans(X, k, rng, weights=None, iters=50):
     return lloyd(X, kmeans_pp(X, k, rng, weights), weights, iters)
-
-
-class OneShotSums(OneShot):
-    """A :class:`~fedstats.federation.oneshot.OneShot` round whose reply arrays named in
-    ``summed`` reach the server only as their sum over the clients (``replies.sums``); its
-    server state is the :class:`~fedstats.federation.Replies` (the other arrays per client)."""
-
-    def __init__(self, keys, summed, payload, client_fn, private=None):
-        super().__init__(tuple(keys), payload, client_fn, private)
-        self.summed_keys = tuple(summed)
-
-
-def one_shot_sums(data, keys, summed, payload, client_fn, *, seed, what, private=None):
-    """:func:`~fedstats.federation.oneshot.one_shot` with the ``summed`` keys declared summed:
-    returns ``(replies, client_states)``, the sums in ``replies.sums``."""
-    return run_once(OneShotSums(keys, summed, payload, client_fn, private), data, seed=seed, what=what)
 
 
 # ------------------------------------------------------------------ client functions
@@ -152,7 +136,7 @@ def federated_loglik(data, means, cov, cov_type, log_weights, seed=0):
     _, held = one_shot_sums(
         data, ("loglik",), ("loglik",), payload, _score, seed=seed, what="the scoring round", private=log_weights
     )
-    return {c: float(held[c][0]) for c in data.clients}
+    return {c: float(held[c][0]) for c in data.clients if c in held}
 
 
 def hard_covariances(data, means, cov_type, reg_covar, seed=0):
@@ -209,8 +193,9 @@ def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed)
             seed=seed,
             what="the k-means initialisation",
         )
-        centres = np.concatenate([reps[c]["centres"] for c in data.clients])
-        sizes = np.concatenate([reps[c]["sizes"] for c in data.clients])
+        # the clients that answered, in the data's order (in a fit, one that failed has dropped out)
+        centres = np.concatenate([reps[c]["centres"] for c in data.clients if c in reps])
+        sizes = np.concatenate([reps[c]["sizes"] for c in data.clients if c in reps])
         if centres.shape[0] >= M:
             break
     if centres.shape[0] < M:

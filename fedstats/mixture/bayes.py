@@ -43,7 +43,7 @@ from ..estimator import MAPPING, NONE, Real
 from ..federation import client_function, run
 from ..federation.backend import accepts_backend
 from ..results import counted
-from ._common import SERVER_CONSTRAINTS, MixtureEstimator, as_federated, check_failures, without_lost
+from ._common import SERVER_CONSTRAINTS, MixtureEstimator, as_federated, check_failures, still_in_fit
 from .bayes_result import BayesianMixtureResult
 from .fedem import FedEMAlgorithm, SentStatistics
 from .gmm import cov_shape, m_step, precision_cholesky
@@ -429,12 +429,12 @@ class VariationalGaussianMixture(MixtureEstimator):
         )
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "variational FedEM")
-        data = without_lost(data, res.lost, "variational FedEM")
+        data = still_in_fit(data)
         hy = st["hyper"]
         conc = (
             {c: st["alpha_shared"] for c in data.clients}
             if self.shared_weights
-            else {c: s.alpha for c, s in res.client_states.items()}
+            else {c: s.alpha for c, s in res.client_states.items() if c in data.clients}
         )
         if not res.converged and self.tol:
             warnings.warn(
@@ -487,12 +487,13 @@ def federated_priors(data, cov_type, *, seed=0):
     reps, _ = one_shot_sums(
         data, ("n", "s", "ss"), ("ss",), {"go": np.array([1])}, _prior_moments, seed=seed, what="the prior round"
     )
-    n = sum(reps[c]["n"][0] for c in data.clients)
-    mean = sum(reps[c]["s"] for c in data.clients) / n
+    answered = [c for c in data.clients if c in reps]  # in a fit, one that failed has dropped out
+    n = sum(reps[c]["n"][0] for c in answered)
+    mean = sum(reps[c]["s"] for c in answered) / n
     # Chan et al.'s parallel combination: within-client scatter + between-client term
     scatter = reps.sums["ss"] + sum(
         reps[c]["n"][0] * np.outer(reps[c]["s"] / reps[c]["n"][0] - mean, reps[c]["s"] / reps[c]["n"][0] - mean)
-        for c in data.clients
+        for c in answered
     )
     cov = scatter / (n - 1)
     cov0 = {"full": cov, "tied": cov, "diag": np.diag(cov).copy(), "spherical": float(np.diag(cov).mean())}[cov_type]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Hashable, Mapping
 from typing import NoReturn
 
@@ -32,12 +33,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..data import DataLike
-from ..estimator import NONE, Int, OneOf
+from ..estimator import NONE, Int, OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
-from ..federation.oneshot import raise_failures
 from ..results import counted, register
-from ._common import WEIGHTS, MixtureEstimator, as_federated, initial_weights
+from ._common import WEIGHTS, MixtureEstimator, as_federated, initial_weights, still_in_fit
 from ._common import log_weights as _log_weights
 from ._common import norm as _norm
 from .gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
@@ -286,8 +286,11 @@ class DecentralizedGaussianMixture(MixtureEstimator):
     ----------
     n_components, covariance_type, reg_covar, rounds, n_init, means_init, covariances_init, weights_init
         As in :class:`~fedstats.mixture.fedem.FederatedGaussianMixture`. (Every node gossips in
-        every round, so there is no ``participation``; no node sees the global objective, so
-        there is no ``tol``: it runs ``rounds`` rounds; the weights are each node's own.)
+        every round, so there is no ``participation``; the weights are each node's own.)
+    tol : float, default 1e-6
+        No node sees the global objective, so every one of the ``rounds`` runs; the fit has
+        ``converged`` when the log-likelihood per point (the nodes' sum, which a monitor of the
+        run sees) changed by less than ``tol`` in the last round, and warns otherwise.
     graph : "complete", "ring", or a symmetric (C, C) adjacency matrix of a connected graph
     gossip_steps : int, default 1
         Gossip steps ``G`` per round.
@@ -312,6 +315,7 @@ class DecentralizedGaussianMixture(MixtureEstimator):
         "weights_init": NONE | WEIGHTS,
         "gossip_steps": Int(1),
         "mixing": OneOf("metropolis", "fast"),
+        "tol": Real(0),
     }
 
     def __init__(
@@ -328,6 +332,7 @@ class DecentralizedGaussianMixture(MixtureEstimator):
         graph: str | ArrayLike = "complete",
         gossip_steps: int = 1,
         mixing: str = "metropolis",
+        tol: float = 1e-6,
     ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
@@ -340,8 +345,12 @@ class DecentralizedGaussianMixture(MixtureEstimator):
         self.graph = graph
         self.gossip_steps = gossip_steps
         self.mixing = mixing
+        self.tol = tol
 
-    def mixing_matrix(self, n_clients: int) -> np.ndarray:
+    def mixing_matrix(self, n_clients: int, keep: ArrayLike | None = None) -> np.ndarray:
+        """The gossip weights over the graph of ``n_clients`` nodes; with ``keep`` (the indices
+        of the nodes still in the fit) over the graph those nodes span: the links of a node
+        that dropped out are gone (an error if the rest is not connected)."""
         g = self.graph
         if isinstance(g, str):
             if g == "complete":
@@ -354,6 +363,9 @@ class DecentralizedGaussianMixture(MixtureEstimator):
             A = np.asarray(g)
             if A.shape != (n_clients, n_clients):
                 raise ValueError(f"the adjacency matrix must be {n_clients} x {n_clients}, got {A.shape}")
+        if keep is not None:
+            keep = np.asarray(keep, dtype=int)
+            A, n_clients = A[np.ix_(keep, keep)], len(keep)
         if n_clients == 1:
             return np.ones((1, 1))
         if self.mixing == "metropolis":
@@ -378,6 +390,10 @@ class DecentralizedGaussianMixture(MixtureEstimator):
         G = self.gossip_steps
         W = self.mixing_matrix(data.n_clients)
         means, cov, info = self._start(data, seed)
+        start = list(data.clients)
+        data = still_in_fit(data)  # a node that dropped out of the start takes its links with it
+        if data.n_clients < len(start):
+            W = self.mixing_matrix(len(start), keep=[start.index(c) for c in data.clients])
         algo = DFedEMAlgorithm(
             means,
             cov,
@@ -397,7 +413,14 @@ class DecentralizedGaussianMixture(MixtureEstimator):
             checkpoint=checkpoint,
             resume=resume,
         )
-        raise_failures(res.history, "D-FedEM")  # a silent node would leave its neighbours' averages stale
+        # a node silent in a gossip round leaves its neighbours' averages stale: no result
+        failed = {c: why for rec in res.history for c, why in rec.failed.items()}
+        if failed:
+            c, why = next(iter(failed.items()))
+            raise RuntimeError(
+                f"D-FedEM: {len(failed)} node(s) failed during the gossip rounds, which leaves their neighbours' "
+                f"averages stale; client {c!r}: {why}"
+            )
         # each node's last local M-step, from the statistics of the last gossip
         N, S1, S2 = res.server_state["mixed"]
         cm, cc, weights = {}, {}, {}
@@ -405,6 +428,16 @@ class DecentralizedGaussianMixture(MixtureEstimator):
             s = res.client_states[c]
             cm[c], cc[c] = algo.local_params(N[i], S1[i], S2[i], s["means"], s["cov"])
             weights[c] = _norm(np.exp(s["log_w"]))
+        ll = [r.metrics.get("loglik", np.nan) for r in res.history[-2:]]
+        change = abs(ll[-1] - ll[0]) / data.n_total if len(ll) == 2 else np.nan
+        converged = bool(change < float(self.tol))
+        if not converged:
+            warnings.warn(
+                f"D-FedEM did not converge in {self.rounds} rounds: the log-likelihood per point changed by "
+                f"{change:.3g} in the last round (tol={float(self.tol):g}); raise rounds or gossip_steps",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         out = DecentralizedMixtureResult(
             means=np.mean([cm[c] for c in data.clients], 0),
             covariances=np.mean([cc[c] for c in data.clients], 0),
@@ -415,7 +448,7 @@ class DecentralizedGaussianMixture(MixtureEstimator):
             history=res.history,
             communication=res.communication,
             rounds=res.rounds,
-            converged=False,
+            converged=converged,
             shared_weights=False,
             init_info=info,
             reg_covar=self.reg_covar,

@@ -72,7 +72,7 @@ from ._common import (
     initial_weights,
     log_weights,
     norm,
-    without_lost,
+    still_in_fit,
 )
 from ._init import federated_loglik
 from .gmm import check_cov_type, estep_statistics, expected_loglik_terms, m_step, precision_cholesky, reshift, s2_shape
@@ -524,11 +524,11 @@ class FederatedGaussianMixture(MixtureEstimator):
         )
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "FedEM")
-        data = without_lost(data, res.lost, "FedEM")
+        data = still_in_fit(data)
         weights = (
             {c: np.exp(st["log_w"]) / np.exp(st["log_w"]).sum() for c in data.clients}
             if self.shared_weights
-            else {c: norm(np.exp(s.log_weights)) for c, s in res.client_states.items()}
+            else {c: norm(np.exp(s.log_weights)) for c, s in res.client_states.items() if c in data.clients}
         )
         # one more round: the log-likelihood at the final parameters (for bic, the CLI, ...)
         ll = federated_loglik(

@@ -377,7 +377,16 @@ class FEMOMD(Estimator):
         t0 = time.perf_counter()
         step_seed = int(np.random.SeedSequence([seed, t]).generate_state(1)[0])
         res = run(algo, data, kind="FEM-OMD step", rounds=self.inner_rounds + 1, seed=step_seed, progress=progress)
-        raise_failures(res.history, f"FEM-OMD step {t}")
+        raise_failures(res.history, f"FEM-OMD step {t}")  # no client answered: no step
+        failed = {c: why for rec in res.history for c, why in rec.failed.items()}
+        if failed:  # a client absent from a step keeps its weights (and is asked again next step)
+            c, why = next(iter(failed.items()))
+            warnings.warn(
+                f"FEM-OMD step {t}: {len(failed)} client(s) failed and sit this step out (they keep their "
+                f"weights; the components come from the others); client {c!r}: {why}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         st = res.server_state
         self.inner_means_ = st["tilde_means"]  # this step's federated EM estimate
         self.inner_covariances_ = st["tilde_cov"]
@@ -496,7 +505,7 @@ class FEMOMD(Estimator):
             history=[],
             communication=self.communication,
             rounds=self.t_,
-            converged=False,
+            converged=None,  # an online learner has no stopping rule
             shared_weights=self.shared_weights,
             init_info={},
             reg_covar=self.reg_covar,

@@ -31,7 +31,8 @@ class MixtureResult(FederatedResult):
     Attributes (scikit-learn names): ``means_`` (M, d), ``covariances_`` (layout of
     ``covariance_type``), ``weights_`` (dict client -> (M,); the weights never move during
     the fit: each client returns its final ones once, at the end, for this object),
-    ``history``, ``communication``, ``rounds``, ``converged``.
+    ``history``, ``communication``, ``rounds``, ``converged`` (``None`` for FEM-OMD's online
+    mixture, which has no stopping rule).
 
     A differentially private fit (``dp=``) also has ``privacy`` (the spent ``(epsilon, delta)``,
     :class:`~fedstats.privacy.PrivacySpent`), ``dp_noise_sd`` (the sd of the DP noise in the means,
@@ -55,7 +56,7 @@ class MixtureResult(FederatedResult):
         history: Sequence[RoundRecord],
         communication: Communication | None,
         rounds: int,
-        converged: bool,
+        converged: bool | None,
         shared_weights: bool,
         init_info: Mapping[str, Any],
         reg_covar: float,
@@ -98,12 +99,14 @@ class MixtureResult(FederatedResult):
             return w
         if client is None:
             raise ValueError("give client=<a fitted client> or weights=... (for a new client: new_client_weights(X))")
+        if client in (self.excluded or {}):
+            self._check_client(client)  # not in the fit: refused with the reason
         if client not in self.weights_:
             raise KeyError(f"unknown client {client!r}; fitted clients: {self.clients[:10]}")
         return self.weights_[client]
 
     def _X(self, X: ArrayLike) -> np.ndarray:
-        X = np.asarray(X, dtype=float)
+        X = np.asarray(self._feature_rows(X, self.feature_names), dtype=float)
         if X.ndim == 1:
             X = X[None, :] if self.means_.shape[1] > 1 else X[:, None]
         if X.ndim != 2 or X.shape[1] != self.means_.shape[1]:

@@ -386,3 +386,74 @@ def test_save_and_load_keep_everything(tmp_path):
     pd.testing.assert_frame_equal(res.summary(), back.summary())
     assert back.llf == res.llf and back.family_.alpha == ALPHA
     pd.testing.assert_frame_equal(res.predict(Xs[0][:3]), back.predict(Xs[0][:3]))
+
+
+# --------------------------------------------------------------------------- diagnostics that name the culprit
+def _frame(y, seed=0):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"site": np.repeat(list("abc"), 40), "x": rng.normal(size=120), "y": y})
+
+
+@pytest.mark.parametrize(
+    ("family", "value", "inf"), [("poisson", 0.0, "-inf"), ("binomial", 0.0, "-inf"), ("binomial", 1.0, "+inf")]
+)
+def test_an_outcome_at_the_edge_everywhere_is_explained(family, value, inf):
+    """Every outcome 0 (or every binomial outcome 1): the intercept diverges and the MLE does
+    not exist; said as that (not blamed on a predictor or on client 0), while the Bayesian GLM,
+    whose prior keeps the intercept finite, fits it."""
+    from fedstats.glm import BayesianGLM
+
+    data = FederatedData.from_dataframe(_frame(np.full(120, value)), by="site", target="y")
+    with pytest.raises(
+        DataError, match=f"every outcome 'y' is {value:g} at every client.*intercept diverges to \\{inf}"
+    ):
+        FederatedGLM(family).fit(data)
+    res = BayesianGLM(family, rounds=3).fit(data, seed=0, progress=False)
+    assert np.isfinite(res.summary()["mean"]).all()
+
+
+def test_an_intercept_only_glm_equals_statsmodels():
+    rng = np.random.default_rng(4)
+    df = _frame(rng.poisson(3, 120).astype(float))
+    data = FederatedData.from_dataframe(df, by="site", target="y", features=[])
+    assert data.feature_names == []
+    res = FederatedGLM("poisson").fit(data)
+    ref = sm.GLM(df["y"], np.ones((120, 1)), family=sm.families.Poisson()).fit()
+    np.testing.assert_allclose(res.summary()["mean"], ref.params, rtol=1e-10)
+    np.testing.assert_allclose(res.summary()["sd"], ref.bse, rtol=1e-8)
+    np.testing.assert_allclose(
+        res.predict(pd.DataFrame(index=range(2)))["mean"], np.exp(ref.params.iloc[0]), rtol=1e-10
+    )
+
+
+def test_non_integer_counts_are_warned_about():
+    rng = np.random.default_rng(5)
+    data = FederatedData.from_dataframe(_frame(rng.poisson(3, 120) + 0.5), by="site", target="y")
+    with pytest.warns(UserWarning, match="120 row.* of outcome 'y' are not whole numbers.*poisson"):
+        FederatedGLM("poisson").fit(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # whole counts: no warning
+        FederatedGLM("poisson").fit(
+            FederatedData.from_dataframe(_frame(rng.poisson(3, 120).astype(float)), by="site", target="y")
+        )
+
+
+def test_a_model_failure_names_every_client_that_failed(monkeypatch):
+    """Non-finite statistics from the IRLS rounds stop the fit naming every client that sent
+    them, not the first one alone."""
+    from fedstats.glm import _irls
+
+    real = _irls.evaluate
+
+    def broken(family, r, beta, start, ybar):
+        out = real(family, r, beta, start, ybar)
+        if r.client in ("b", "c") and not start:
+            out["xtwx"] = out["xtwx"] * np.nan
+        return out
+
+    monkeypatch.setattr(_irls, "evaluate", broken)
+    data = FederatedData.from_dataframe(
+        _frame(np.random.default_rng(6).poisson(3, 120).astype(float)), by="site", target="y"
+    )
+    with pytest.raises(RuntimeError, match=r"2 client.*failed: client 'b' in round \d+.*NaN.*client 'c' in round \d+"):
+        FederatedGLM("poisson").fit(data)

@@ -346,7 +346,7 @@ def test_fit_raises_when_no_device_ever_answers(monkeypatch):
         raise FloatingPointError("sampler exploded")
 
     monkeypatch.setattr(RaoBlackwellTilted, "estimate", broken)
-    with pytest.raises(RuntimeError, match="no device answered.*sampler exploded"):
+    with pytest.raises(RuntimeError, match="no client answered.*sampler exploded"):
         HierarchicalLinearModel(rounds=2).fit(make_data())
 
 

@@ -12,9 +12,8 @@ from scipy.special import digamma, gammaln, logsumexp
 from sklearn.mixture import BayesianGaussianMixture
 
 from fedstats.datasets.synthetic import gmm_federation
-from fedstats.federation.oneshot import OneShot
+from fedstats.federation.oneshot import OneShot, OneShotSums
 from fedstats.mixture import FederatedGaussianMixture, VariationalGaussianMixture
-from fedstats.mixture._init import OneShotSums
 from fedstats.mixture.bayes import VBFedEMAlgorithm
 from fedstats.mixture.wald import free_weights, information_blocks
 

@@ -319,16 +319,21 @@ def test_client_failures_are_reported(monkeypatch):
     with pytest.warns(RuntimeWarning, match="disk full"):
         res = FederatedGaussianMixture(2, n_init=2, rounds=10, tol=0).fit(data, seed=0)
     assert bad in res.history[2].failed and all(not r.failed for i, r in enumerate(res.history) if i != 2)
-    calls.update(n=0, fail=set(range(1, 100)))  # fails every round: the fit never saw its statistics
-    with pytest.raises(RuntimeError, match="never answered.*disk full"):
-        FederatedGaussianMixture(2, n_init=2, rounds=10, tol=0).fit(data, seed=0)
+    # fails every round: the fit never saw its statistics, so the client is not in it (named, with
+    # the reason, no weights and no numbers), and the others are fitted as without it
+    calls.update(n=0, fail=set(range(1, 100)))
+    with pytest.warns(RuntimeWarning, match=f"not in the fit.*{bad!r}.*disk full"):
+        res = FederatedGaussianMixture(2, n_init=2, rounds=10, tol=0).fit(data, seed=0)
+    assert list(res.excluded) == [bad] and "disk full" in res.excluded[bad] and bad not in res.weights_
+    rows = res.client_summary()
+    assert rows.loc[rows["client"] == bad, "mean"].isna().all()
 
     import fedstats.mixture._init as init
 
     def broken(msg, X, rng, _p=None):
         raise OSError("no space")
 
-    monkeypatch.setattr(init, "_local_centres", broken)
+    monkeypatch.setattr(init, "_local_centres", broken)  # every client fails the start: no fit
     with pytest.raises(RuntimeError, match="k-means initialisation.*no space"):
         FederatedGaussianMixture(2).fit(data, seed=0)
 
@@ -600,8 +605,8 @@ def test_the_server_steps_see_only_sums_and_the_fit_equals_pooled_em(server_step
     and scores and the final scoring round's log-likelihoods (only the local centres stay per
     client: the server seeds k-means++ with them): no server step can read one client's
     value, and the fit still equals textbook EM on the pooled rows from the same start."""
-    from fedstats.federation.oneshot import OneShot
-    from fedstats.mixture._init import OneShotSums, federated_kmeans_init
+    from fedstats.federation.oneshot import OneShot, OneShotSums
+    from fedstats.mixture._init import federated_kmeans_init
 
     data, _ = gmm_federation(n_clients=6, n_components=3, d=2, min_separation=3.0, covariance="random", seed=7)
     seen = server_steps(FedEMAlgorithm, OneShotSums, OneShot)

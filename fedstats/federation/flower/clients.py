@@ -66,6 +66,7 @@ class FlowerClients:
         self.secure = session.secure_aggregation if algorithm.summed_keys else None
         self._shapes: dict[ClientId, str] = {}  # this round: each client's summed arrays' shapes
         self._pending: dict[ClientId, bytes | None] = {}  # not started on its node yet (-> resume state)
+        self._skip: frozenset = frozenset()  # never asked in this run (they dropped out of the fit before it)
         self._started: set = set()
         self._dropped = False
         # clients whose last step the secure sum left out: their node undoes it at the next message
@@ -167,14 +168,15 @@ class FlowerClients:
             )
 
     # ---- the client side of run()
-    def init_states(self) -> None:
-        self._pending = {c: None for c in self.ids}
+    def init_states(self, skip: frozenset = frozenset()) -> None:
+        self._skip = frozenset(skip)
+        self._pending = {c: None for c in self.ids if c not in skip}
 
     def load_states(self, states: Mapping) -> None:
         self._pending = {c: dumps(states[c]) for c in self.ids}
 
     def _states(self, drop: bool, final: Mapping | None = None, got: dict | None = None) -> dict:
-        clients = [c for c in self.ids if c not in self.lost]
+        clients = [c for c in self.ids if c not in self.lost and c not in self._skip]
         final = final or {}
         if got is None:
             got = self._exchange({c: ({"send": True, "drop": drop}, final.get(c)) for c in clients})
@@ -190,7 +192,7 @@ class FlowerClients:
     def states(self) -> dict:
         """The states now, for a checkpoint (a node sends its client's only where its policy
         says ``release_statistics = true``; else the checkpoint fails with the node's reason)."""
-        clients = [c for c in self.ids if c not in self.lost]
+        clients = [c for c in self.ids if c not in self.lost and c not in self._skip]
         got = self._exchange({c: ({"send": True, "drop": False}, None) for c in clients})
         refused = {c: r["error"] for c, r in got.items() if isinstance(r, dict) and r["status"] != "ok"}
         if refused:
@@ -228,7 +230,7 @@ class FlowerClients:
             if isinstance(reply, str):
                 outcomes.append(Outcome(failed=reply))
             elif reply["status"] == "skipped":
-                outcomes.append(Outcome(skipped=True))
+                outcomes.append(Outcome(skipped=str(reply.get("error", ""))))
             elif reply["status"] != "ok":
                 outcomes.append(Outcome(failed=str(reply.get("error", "failed"))))
             else:

@@ -241,8 +241,8 @@ class _Node:
             )
             reply, new_state = checked_step(algorithm, client, out)
             new_state = dumps(new_state)
-        except SkipRound:
-            return "skipped", "", None, None
+        except SkipRound as exc:  # its message is the reason the server records
+            return "skipped", str(exc), None, None
         except Exception as exc:  # noqa: BLE001 - a failing client is recorded, its state unchanged
             return "failed", describe_exc(exc), None, None
         rec["state"] = new_state
