@@ -58,7 +58,7 @@ def test_defaults_converge_on_grunfeld_and_keep_every_firms_intercept(grunfeld, 
     rc, j = fit(p, tmp_path)
     printed, err = capsys.readouterr()
     assert rc == 0 and j["converged"] and "did not converge" not in err and "NOT converged" not in printed
-    assert "learning rate 0.00216 (standardised scale), eigenvalue floor 0.1" in printed
+    assert "learning rate 0.00216 (standardised scale), eigenvalue floor 0.3" in printed
     assert j["learning_rate"] == pytest.approx(0.0021587, rel=1e-4)
     for firm, (b, se) in ols.items():
         rec = {r["name"]: r for r in j["client"][firm]}["intercept"]

@@ -44,7 +44,7 @@ def estimator(args):
         from ..gp import FGPR
 
         # Newton steps after the rounds: the hyperparameters' intervals belong at the likelihood's maximum
-        return FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard, newton_steps=5), {}
+        return FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard), {}
     if args.model in GLMS:
         from ..glm import BayesianGLM, FederatedGLM, HierarchicalGLM
 
@@ -80,7 +80,7 @@ def add_arguments(parser) -> None:
         type=float,
         default=None,
         help="hm1 only: raise Omega's eigenvalues to at least this fraction of its mean variance after every "
-        "round (default 0.1; 0 is the paper's algorithm, which has no fixed point with more clients than "
+        "round (default 0.3; 0 is the paper's algorithm, which has no fixed point with more clients than "
         "coefficients)",
     )
     parser.add_argument(
@@ -216,6 +216,8 @@ def check_args(args) -> None:
         raise CLIError(f"unknown model {args.model!r}; choose one of: {', '.join(MODELS)}")
     if not 0 < args.level < 1:
         raise CLIError(f"--level must lie in (0, 1), got {args.level}")
+    if args.min_rows < 1:
+        raise CLIError(f"--min-rows must be at least 1, got {args.min_rows}")
     if args.model == "gmm":
         if args.target is not None:
             raise CLIError("--model gmm takes no --target (a mixture models all feature columns)")
