@@ -7,10 +7,11 @@ fgpr, gmm, glm) goes through one path, the result contract of :mod:`fedstats.res
 printed tables and the JSON's ``"global"`` and ``"client"`` are ``summary(level)`` and
 ``client_summary(level)`` (records ``name, mean, sd, lower, upper, p_value``, ``null`` where
 the model has no distribution, then the model's own columns such as HM1's ``estimate``,
-the lasso's ``selected`` or the GLM's ``z`` and ``se``), ``"predictions"`` come from ``predict`` (regressions: ``mean``,
-the predictive band ``lower``/``upper``, the credible band of the mean
-``mean_lower``/``mean_upper``; mixtures, with scikit-learn's meaning: ``component``,
-``proba``, ``logdensity``), and ``"communication"`` is the fit's one ledger with its
+the lasso's ``selected`` or the GLM's ``z`` and ``se``), ``"predictions"`` come from ``predict`` (regressions: its
+columns with their Python names and meanings, ``mean``, the credible band of the mean
+``lower``/``upper``, the predictive band of a new observation ``pred_lower``/``pred_upper``;
+mixtures, with scikit-learn's meaning: ``component``, ``proba``, ``logdensity``; printed as a
+table when there is no ``--output``), and ``"communication"`` is the fit's one ledger with its
 per-kind breakdown. What differs per model is only the estimator's construction
 (:func:`.models.estimator`), the header line and a few model-specific JSON fields
 (:func:`.models.extras`). A client not in the fit is predicted as a new client (``new_client``)
@@ -137,8 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a progress line per round on stderr even when it is not a terminal (default: only on a terminal)",
     )
+    f.add_argument(
+        "--min-rows",
+        type=int,
+        default=3,
+        help="the fewest rows a client may have (default 3); a client with fewer is an error naming it",
+    )
     f.add_argument("--output", help="write the results as JSON here")
-    f.add_argument("--predict", help="CSV of rows to predict (same client and feature columns)")
+    f.add_argument(
+        "--predict",
+        help="CSV of rows to predict (same client and feature columns); printed as a table unless --output is given",
+    )
     d = sub.add_parser("demo", help="simulate a federation, fit it, compare with the pooled gold standard")
     d.add_argument("--seed", type=int, default=0)
     return p

@@ -16,7 +16,7 @@ import pandas as pd
 from .errors import CLIError
 from .inputs import check_columns, data_columns, data_from, id_key, read_csv, read_test
 from .models import GLMS, NO_NEW_CLIENTS, check_args, estimator, extras, header
-from .output import communication, json_ready, nonfinite_warning, print_tables, records
+from .output import communication, json_ready, nonfinite_warning, print_predictions, print_tables, records
 
 
 def command(args) -> None:
@@ -37,6 +37,8 @@ def command(args) -> None:
     out, nonfinite = json_ready(out)
     if nonfinite and args.output:
         print(nonfinite_warning(args.model, nonfinite), file=sys.stderr)
+    if args.predict and not args.output:  # the predictions are printed, not discarded
+        print_predictions(out["predictions"], args)
     if args.output:
         try:
             Path(args.output).write_text(json.dumps(out, indent=2, allow_nan=False))
@@ -57,7 +59,7 @@ def fit(args) -> dict:
     check_args(args)
     df = read_csv(args.data, args.decimal)
     check_columns(df, data_columns(df, args), args.target, args.by, args.data)
-    data = data_from(df, args.by, args.target, args.features, path=args.data)
+    data = data_from(df, args.by, args.target, args.features, path=args.data, min_rows=args.min_rows)
     if args.model == "hm1" and data.n_clients < 2:
         raise CLIError("--model hm1 learns a covariance between clients: it needs at least 2 clients")
     # schema errors of the prediction file come before the fit
@@ -116,10 +118,15 @@ def fit(args) -> dict:
 
 
 def predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
-    """One record per row of ``test``, in its order. Regressions: ``mean``, ``lower``/``upper``
-    (predictive band of a new observation), ``mean_lower``/``mean_upper`` (credible band of the
-    mean), then the model's own columns. Mixtures (scikit-learn's meaning of predict): the most
-    probable ``component``, ``proba`` and ``logdensity``. Every record says ``new_client``."""
+    """One record per row of ``test``, in its order. Regressions: the columns of the result's
+    ``predict``, with the same names and meanings as in Python: ``mean``, ``lower``/``upper``
+    (credible band of the mean), ``pred_lower``/``pred_upper`` (predictive band of a new
+    observation), then the model's own columns. Mixtures (scikit-learn's meaning of predict):
+    the most probable ``component``, ``proba`` and ``logdensity``. Every record says
+    ``new_client``; a client that is not in the fit gets ``null`` numbers and ``excluded``, the
+    reason."""
+    from ..results import PREDICT_COLUMNS
+
     ids = test[args.by]
     # Ids are matched as text, so 3, 3.0 and "3" name the same client whatever the column types.
     known = {id_key(c): c for c in data.clients}
@@ -127,9 +134,14 @@ def predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
     rows: list[dict] = [{} for _ in range(len(test))]
     mixture = hasattr(res, "predict_proba")
     seed = {"seed": args.seed} if "seed" in inspect.signature(res.predict).parameters else {}
+    excluded = {id_key(c): why for c, why in (res.excluded or {}).items()}
     for key in pd.unique(keys):
         idx = np.flatnonzero(keys == key)
         client = known.get(key)
+        if key in excluded:  # no numbers for a client that is not in the fit, and why
+            for i in idx:
+                rows[i] = {"client": key, "excluded": excluded[key], "new_client": False}
+            continue
         if mixture:  # an unseen client: its weights from its own rows, the components frozen
             kw = {"client": client} if client is not None else {"weights": res.new_client_weights(X[idx])}
             for i, p_, l_ in zip(idx, res.predict_proba(X[idx], **kw), res.score_samples(X[idx], **kw)):
@@ -149,15 +161,11 @@ def predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
             )
         else:
             p = res.predict(X[idx], client=client, level=args.level, **seed)
-        extra = [c for c in p.columns if c not in ("mean", "lower", "upper", "pred_lower", "pred_upper")]
+        extra = [c for c in p.columns if c not in PREDICT_COLUMNS]
         for i, (_, r) in zip(idx, p.iterrows()):
             rows[i] = {
                 "client": key,
-                "mean": r["mean"],
-                "lower": r["pred_lower"],
-                "upper": r["pred_upper"],
-                "mean_lower": r["lower"],
-                "mean_upper": r["upper"],
+                **{c: r[c] for c in PREDICT_COLUMNS},
                 **{c: r[c] for c in extra},
                 "new_client": client is None,
             }

@@ -10,7 +10,7 @@ import pandas as pd
 
 from .errors import CLIError
 
-#: the fewest rows a client may have
+#: the fewest rows a client may have unless ``--min-rows`` says otherwise
 MIN_ROWS = 3
 
 
@@ -70,7 +70,7 @@ def check_columns(df: pd.DataFrame, features: list[str], target: str | None, by:
                 )
 
 
-def data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: str):
+def data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: str, min_rows: int = MIN_ROWS):
     from ..data import DataError, FederatedData
 
     missing = [c for c in [by, *([target] if target else []), *(features or [])] if c not in df.columns]
@@ -80,7 +80,7 @@ def data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: 
         )
     try:
         return FederatedData.from_dataframe(
-            df, by=by, target=target, features=features or None, categorical="onehot", min_rows=MIN_ROWS
+            df, by=by, target=target, features=features or None, categorical="onehot", min_rows=min_rows
         )
     except DataError as exc:
         raise CLIError(f"{path}: {exc}") from None
@@ -90,23 +90,18 @@ def data_columns(df, args) -> list[str]:
     return list(args.features) if args.features else [c for c in df.columns if c not in (args.by, args.target)]
 
 
-def design(test: pd.DataFrame, names: list[str], path: str) -> np.ndarray:
-    """Rows of ``test`` encoded with the training schema (numeric columns and ``col[level]`` dummies)."""
-    cols = []
-    for name in names:
-        if name in test.columns:
-            v = pd.to_numeric(test[name], errors="coerce")
-            if v.isna().any():
-                raise CLIError(f"{path}: column {name!r} has missing or non-numeric values")
-            cols.append(v.to_numpy(dtype=float))
-        elif name.endswith("]") and "[" in name:
-            col, level = name[:-1].split("[", 1)
-            if col not in test.columns:
-                raise CLIError(f"{path}: column not found: {col}")
-            cols.append((test[col].astype(str) == level).to_numpy(dtype=float))
-        else:
-            raise CLIError(f"{path}: column not found: {name}")
-    return np.column_stack(cols) if cols else np.empty((len(test), 0))
+def design(test: pd.DataFrame, data, path: str) -> np.ndarray:
+    """Rows of ``test`` encoded as the training data were (its encoding: numeric columns and
+    ``col[level]`` dummies over the levels it had, :func:`fedstats.data.encoding.encode_rows`),
+    the feature columns read by name."""
+    from ..data import DataError
+    from ..data.encoding import encode_rows
+
+    columns = [f["column"] for f in data.encoding["features"]]
+    try:
+        return np.asarray(encode_rows(test[columns], data.encoding, data.feature_names), dtype=float)
+    except DataError as exc:
+        raise CLIError(f"{path}: {exc}") from None
 
 
 def id_key(value) -> str:
@@ -131,4 +126,4 @@ def read_test(args, df, data, refuse_new: str | None = None):
     unknown = sorted({id_key(v) for v in tdf[args.by]} - known)
     if unknown and refuse_new:
         raise CLIError(f"{args.predict}: {refuse_new}; client(s) not in the fit: {', '.join(unknown[:5])}")
-    return tdf, design(tdf, list(data.feature_names), args.predict)
+    return tdf, design(tdf, data, args.predict)

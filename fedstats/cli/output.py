@@ -89,6 +89,23 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
+def print_predictions(rows: list[dict[str, Any]], args) -> None:
+    """The prediction records as a table on stdout, one line per row of ``--predict`` in its
+    order (the JSON's ``"predictions"``; a mixture's ``proba`` shown rounded)."""
+    frame = pd.DataFrame(rows)
+    if "proba" in frame.columns:
+        frame["proba"] = [None if p is None else [round(float(v), 3) for v in p] for p in frame["proba"]]
+    frame = frame[[c for c in frame.columns if frame[c].notna().any()]]
+    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.max_rows", 200):
+        print(
+            f"\nPredictions for {args.predict} ({100 * args.level:g}% bands: lower/upper of the mean, "
+            "pred_lower/pred_upper of a new observation)"
+            if "pred_lower" in frame.columns
+            else f"\nPredictions for {args.predict}"
+        )
+        print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
 def print_tables(g, tables, res, args, runtime, header: str) -> None:
     def shown(t):  # the columns with a value somewhere
         return t[[c for c in t.columns if t[c].notna().any()]]
@@ -117,8 +134,11 @@ def print_tables(g, tables, res, args, runtime, header: str) -> None:
             )
         if len(g):
             print(table(shown(g)))
+        excluded = dict(getattr(res, "excluded", None) or {})
         for c, s in tables.items():
-            if len(s):
+            if c in excluded:
+                print(f"\nClient {c}: not in the fit, no numbers: {excluded[c]}")
+            elif len(s):
                 print(f"\nClient {c}")
                 print(
                     table(

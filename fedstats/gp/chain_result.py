@@ -205,7 +205,8 @@ class ChainResult(FederatedResult):
     def predict(
         self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95, scale: str = "original"
     ) -> pd.DataFrame:
-        """The highest fidelity at the rows of ``X`` (a federated fit: ``client`` may name a
+        """The highest fidelity at the rows of ``X`` (an array by position, or a data frame by
+        column name; a federated fit: ``client`` may name a
         lower level's client for that level): ``mean``, ``lower``/``upper`` (the ``level``
         credible band of f), ``pred_lower``/``pred_upper`` (the predictive band of a new
         observation, adding the level's fitted noise), then ``sd`` and ``pred_sd``; on the
@@ -213,7 +214,7 @@ class ChainResult(FederatedResult):
         scale (``"standardized"``, the FGPR paper's metric)."""
         level, scale = check_level(level), check_scale(scale)
         t = self._level_of(client)
-        Xs = check_queries(X, self.d)
+        Xs = check_queries(self._feature_rows(X, self.feature_names), self.d)  # a data frame by column name
         mean, var = self._moments(Xs, t, "predict")
         var_y = var + float(self.levels[t].hyper["noise"][0])  # a new observation: the level's noise added
         _, var_y = self._to_scale(t, scale, mean, var_y)

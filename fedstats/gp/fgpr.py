@@ -63,6 +63,12 @@ SPACES = ("constrained", "raw", "log")
 # --------------------------------------------------------------------------- the model
 
 
+#: the Newton steps after the rounds when ``newton_steps=None`` (the default) and the Laplace
+#: approximation is computed: enough to reach the maximum from the rounds' point in the tests'
+#: federations (each one exchange of the summed gradient and Hessian)
+NEWTON_STEPS = 5
+
+
 class FGPR(Estimator):
     """Federated Gaussian process regression: one GP prior learned by federated averaging
     of hyperparameters, personal predictions by conditioning on each client's own data.
@@ -134,11 +140,13 @@ class FGPR(Estimator):
         conditioning a larger client on a random subset of this size instead (a warning says
         so). Results saved by versions whose default was 2000 keep that value, and its
         subsets, when loaded; set ``result.options["condition_limit"] = None`` to use all rows.
-    newton_steps : int
-        0 (default) or up to this many Newton steps on the exact federated objective after the
-        rounds, from the clients' summed gradient and Hessian (one exchange each, with step
-        halving; it stops once a step is below 1e-3 posterior sd): the rounds' point moved to
-        the likelihood's maximum, where the Laplace approximation belongs. Needs ``laplace``.
+    newton_steps : int or None
+        Up to this many Newton steps on the exact federated objective after the rounds, from
+        the clients' summed gradient and Hessian (one exchange each, with step halving; it
+        stops once a step is below 1e-3 posterior sd): the rounds' point moved to the
+        likelihood's maximum, where the Laplace approximation belongs. None (default): 5
+        whenever the Laplace approximation is computed (so its intervals come without a
+        warning that the point is off the maximum), none otherwise; 0: none. Needs ``laplace``.
     laplace : bool or None
         Uncertainty of the shared hyperparameters (:mod:`fedstats.gp.laplace`): after the
         rounds, each client sends the gradient and Hessian of its full-data marginal likelihood
@@ -189,7 +197,7 @@ class FGPR(Estimator):
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "float64",
         condition_limit: int | None = None,
-        newton_steps: int = 0,
+        newton_steps: int | None = None,
         laplace: bool | None = None,
     ) -> None:
         self.kernel, self.nu, self.ard, self.mean = kernel, nu, ard, mean
@@ -277,7 +285,7 @@ class FGPR(Estimator):
         ),
         "condition_limit": NONE | Int(1),
         "laplace": NONE | BOOL,
-        "newton_steps": Int(0),
+        "newton_steps": NONE | Int(0),
         "participation": Int(1) | Real(0, 1, closed=(False, True)),
     }
 
@@ -286,7 +294,7 @@ class FGPR(Estimator):
         if not isinstance(data, FederatedData):
             raise TypeError(f"data must be a fedstats.FederatedData, got {type(data).__name__}")
         spec = self.spec(data.n_features)
-        if self.newton_steps and self.laplace is False:
+        if self.newton_steps is not None and self.newton_steps > 0 and self.laplace is False:
             raise ValueError("FGPR: newton_steps uses the clients' curvature, which laplace=False switches off")
         if self.lr_decay is not None and self.optimizer != "sgd":
             raise ValueError("FGPR: lr_decay applies to optimizer='sgd' only")
@@ -415,13 +423,12 @@ class FGPR(Estimator):
         ``laplace`` and ``newton_steps``), with a warning where the result is off the maximum."""
         why = laplace.wanted(self.laplace, counts, spec)
         if why is not None:
-            if self.newton_steps:
+            if self.newton_steps:  # asked for by name
                 warnings.warn(f"FGPR: newton_steps={self.newton_steps} not taken: {why}", RuntimeWarning, stacklevel=3)
             return hyper, why
         std = bool(self.standardize)
-        hyper, curv = laplace.federated_curvature(
-            spec, hyper, data, standardize=std, seed=seed, newton_steps=int(self.newton_steps)
-        )
+        steps = NEWTON_STEPS if self.newton_steps is None else int(self.newton_steps)
+        hyper, curv = laplace.federated_curvature(spec, hyper, data, standardize=std, seed=seed, newton_steps=steps)
         if isinstance(curv, str):
             warnings.warn(curv, RuntimeWarning, stacklevel=3)
             return hyper, curv
@@ -433,8 +440,8 @@ class FGPR(Estimator):
                 else (f"{off:.1f} posterior sd from the likelihood's maximum (a Newton step would move it that far)")
             )
             fix = (
-                f"{self.newton_steps} Newton steps did not get there (more newton_steps or rounds)"
-                if self.newton_steps
+                f"{steps} Newton steps did not get there (more newton_steps or rounds)"
+                if steps
                 else "too few rounds, or the drift of the clients' local steps. FGPR(newton_steps=5) (a few "
                 "exchanges of one small matrix each) moves them there"
             )

@@ -80,7 +80,7 @@ class _GDOptions(Estimator):
         batch_size=None,
         grad_reduction="sum",
         init="normal",
-        fit_intercept=False,
+        fit_intercept=True,
         participation=1.0,
     ):
         self.rounds, self.local_steps, self.lr, self.batch_size = rounds, local_steps, lr, batch_size
@@ -108,7 +108,7 @@ class Separate(_GDOptions):
         batch_size=None,
         grad_reduction="sum",
         init="normal",
-        fit_intercept=False,
+        fit_intercept=True,
         participation=1.0,
     ):
         super().__init__(
@@ -363,7 +363,7 @@ class FedAvg(_GDOptions):
         batch_size=None,
         grad_reduction="sum",
         init="normal",
-        fit_intercept=False,
+        fit_intercept=True,
         participation=1.0,
         tol=1e-4,
     ):
@@ -405,7 +405,7 @@ class Ditto(_GDOptions):
         batch_size=None,
         grad_reduction="sum",
         init="normal",
-        fit_intercept=False,
+        fit_intercept=True,
         participation=1.0,
         tol=1e-4,
     ):
@@ -464,7 +464,7 @@ class DistributedRidge(Estimator):
 
     _constraints = {"lam": Real(0, closed=(False, True)), "fit_intercept": BOOL}
 
-    def __init__(self, *, lam: float = 1e-3, fit_intercept: bool = False):
+    def __init__(self, *, lam: float = 1e-3, fit_intercept: bool = True):
         self.lam, self.fit_intercept = lam, fit_intercept
 
     @counted

@@ -97,7 +97,10 @@ def test_single_client_full_batch_sgd_equals_centralised_gradient_descent():
     data = toy(K=1, n=(40,))
     X, y = (torch.as_tensor(np.array(a)) for a in (data[0].X, data[0].y))
     R, E, lr = 6, 4, 0.05
-    res = FGPR(rounds=R, local_steps=E, batch_size=1000, optimizer="sgd", lr=lr, standardize=False).fit(data)
+    # the rounds alone (no Newton steps after them): their arithmetic is what is compared
+    res = FGPR(rounds=R, local_steps=E, batch_size=1000, optimizer="sgd", lr=lr, standardize=False, newton_steps=0).fit(
+        data
+    )
     oracle = OracleGP(X, y)
     oracle.set_values(LOG2, LOG2, LOG2)
     opt = torch.optim.SGD(oracle.parameters(), lr=lr)
@@ -112,7 +115,9 @@ def test_single_client_fresh_adam_equals_centralised_adam_restarted_every_round(
     data = toy(K=1, n=(40,))
     X, y = (torch.as_tensor(np.array(a)) for a in (data[0].X, data[0].y))
     R, E, lr = 5, 3, 0.05
-    res = FGPR(rounds=R, local_steps=E, batch_size=1000, optimizer="adam", lr=lr, standardize=False).fit(data)
+    res = FGPR(
+        rounds=R, local_steps=E, batch_size=1000, optimizer="adam", lr=lr, standardize=False, newton_steps=0
+    ).fit(data)
     oracle = OracleGP(X, y)
     oracle.set_values(LOG2, LOG2, LOG2)
     for _ in range(R):
@@ -189,7 +194,14 @@ def test_one_full_batch_round_is_a_gradient_step_on_the_weighted_objective():
     data = toy(K=3, n=(20, 35, 50), d=2)
     eta = 0.1
     res = FGPR(
-        rounds=1, local_steps=1, batch_size=1000, optimizer="sgd", lr=eta, average_space="raw", standardize=False
+        rounds=1,
+        local_steps=1,
+        batch_size=1000,
+        optimizer="sgd",
+        lr=eta,
+        average_space="raw",
+        standardize=False,
+        newton_steps=0,  # the round alone
     ).fit(data)
     N = sum(data.n_obs.values())
     total = {}
@@ -507,7 +519,7 @@ def test_rmse_on_the_standardised_scale_uses_the_clients_own_scale():
 def test_only_hyperparameters_counts_and_curvature_cross_the_network():
     data = toy(K=3, n=(20, 25, 30), d=2)
     for ard, per in ((False, 3), (True, 4)):
-        res = FGPR(rounds=4, ard=ard, batch_size=16).fit(data)
+        res = FGPR(rounds=4, ard=ard, batch_size=16, newton_steps=0).fit(data)  # one curvature exchange
         kinds = res.communication.by_kind
         assert kinds["row counts"]["bytes_up"] == 3 * 8  # N_k once
         assert kinds["FGPR rounds"]["bytes_up"] == kinds["FGPR rounds"]["bytes_down"] == 4 * 3 * per * 8

@@ -139,10 +139,15 @@ def test_the_fits_laplace_approximation_equals_autograd_on_the_pooled_objective(
 
 def test_newton_steps_reach_the_pooled_maximum_and_short_rounds_warn():
     data = toy()
-    model = FGPR(rounds=3, lr=0.05, batch_size=64, ard=True)
+    model = FGPR(rounds=3, lr=0.05, batch_size=64, ard=True, newton_steps=0)
     with pytest.warns(RuntimeWarning, match="posterior sd from the likelihood's maximum|not at a maximum"):
         short = model.fit(data, seed=0)
     assert not short.newton_step().abs().max() <= 1
+    # the default takes 5 Newton steps: the same short rounds, intervals without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        default = model.set_params(newton_steps=None).fit(data, seed=0)
+    assert default.newton_step().abs().max() <= 1
     model.set_params(newton_steps=10)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)

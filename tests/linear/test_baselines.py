@@ -25,19 +25,19 @@ def gd(theta, X, y, steps, lr, anchor=None, lam=0.0):
 
 def test_fedavg_is_the_unweighted_average_of_local_steps():
     data = federation()
-    res = FedAvg(rounds=3, local_steps=5, lr=2e-3, init="zeros").fit(data)
+    res = FedAvg(rounds=3, local_steps=5, lr=2e-3, init="zeros", fit_intercept=False).fit(data)
     g = np.zeros(3)
     for _ in range(3):
         g = np.mean([gd(g, data[c].X, data[c].y, 5, 2e-3) for c in data.clients], axis=0)
     for c in data.clients:
         np.testing.assert_allclose(res.coef(c), g, atol=1e-12)
-    assert res.communication.bytes_up == 3 * 4 * 3 * 8
+    assert res.communication.by_kind["rounds"]["bytes_up"] == 3 * 4 * 3 * 8  # (and the design check before)
 
 
 def test_ditto_personal_models_follow_the_proximal_steps():
     data = federation(seed=1)
     lam, lr = 0.5, 2e-3
-    res = Ditto(rounds=3, local_steps=5, lr=lr, init="zeros", lam=lam).fit(data)
+    res = Ditto(rounds=3, local_steps=5, lr=lr, init="zeros", lam=lam, fit_intercept=False).fit(data)
     g = np.zeros(3)
     v = {c: None for c in data.clients}
     for _ in range(3):
@@ -55,9 +55,9 @@ def test_distributed_ridge_and_separate_ols_and_pooled_oracle():
         np.linalg.solve(data[c].X.T @ data[c].X / data[c].n + lam * np.eye(3), data[c].X.T @ data[c].y / data[c].n)
         for c in data.clients
     ]
-    res = DistributedRidge(lam=lam).fit(data)
+    res = DistributedRidge(lam=lam, fit_intercept=False).fit(data)
     np.testing.assert_allclose(res.coef(0), np.mean(sols, axis=0), atol=1e-12)
-    ols = Separate(method="ols").fit(data)
+    ols = Separate(method="ols", fit_intercept=False).fit(data)
     np.testing.assert_allclose(ols.coef(1), np.linalg.lstsq(data[1].X, data[1].y, rcond=None)[0], atol=1e-12)
     # the oracle with a huge prior variance is least squares, with a tiny one it is zero
     big = PooledOracle(omega=1e8 * np.eye(4), noise_var=0.01).fit(data)
@@ -70,8 +70,8 @@ def test_distributed_ridge_and_separate_ols_and_pooled_oracle():
 
 def test_separate_gd_converges_to_least_squares_and_rejects_bad_options():
     data = federation(seed=3)
-    sep = Separate(rounds=200, local_steps=20).fit(data)
-    ols = Separate(method="ols").fit(data)
+    sep = Separate(rounds=200, local_steps=20, fit_intercept=False).fit(data)
+    ols = Separate(method="ols", fit_intercept=False).fit(data)
     np.testing.assert_allclose(sep.theta, ols.theta, atol=1e-8)
     with pytest.raises(ValueError, match="method"):
         Separate(method="svd").fit(data)
@@ -104,10 +104,10 @@ def test_averaging_servers_see_only_sums_of_the_coefficients(monkeypatch):
         monkeypatch.setattr(cls, "server_step", spy)
     data = federation(seed=3)
     lr = 2e-3
-    res = FedAvg(rounds=4, local_steps=5, lr=lr, init="zeros", participation=2).fit(data, seed=1)
-    ditto = Ditto(rounds=2, local_steps=5, lr=lr, init="zeros", lam=0.5).fit(data)
-    ridge = DistributedRidge(lam=0.1).fit(data)
-    Separate(method="ols").fit(data)
+    res = FedAvg(rounds=4, local_steps=5, lr=lr, init="zeros", participation=2, fit_intercept=False).fit(data, seed=1)
+    ditto = Ditto(rounds=2, local_steps=5, lr=lr, init="zeros", lam=0.5, fit_intercept=False).fit(data)
+    ridge = DistributedRidge(lam=0.1, fit_intercept=False).fit(data)
+    Separate(method="ols", fit_intercept=False).fit(data)
     monkeypatch.undo()
     # the oracle: the plain average of the participants' local steps, round by round
     g = np.zeros(3)
