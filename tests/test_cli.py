@@ -204,9 +204,10 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
     )
     assert rc == 0
     printed, err = capsys.readouterr()
-    assert "HM1 (Algorithm 1): 30 rounds" in printed and "omega[A, B]" in printed
+    # the model's default rounds: until converged (at most 1000), not a fixed 30
+    assert "HM1 (Algorithm 1): 13 rounds (converged)" in printed and "omega[A, B]" in printed
     j = json.loads(out.read_text())
-    assert j["model"] == "hm1" and j["rounds"] == 30
+    assert j["model"] == "hm1" and j["rounds"] == 13 and j["converged"] is True
     # the global parameters are Omega's distinct entries (estimates, no distribution)
     assert [g["name"] for g in j["global"]] == [
         "omega[A, A]",

@@ -144,7 +144,8 @@ def test_single_client_is_valid():
         (dict(Xs=[np.ones((2, 1))], ys=[np.array(["a", "b"])], clients=["s"]), "client 's': target 'y' is not numeric"),
         (dict(Xs=[np.ones((2, 1, 1))], ys=[np.ones(2)], clients=["s"]), "client 's': X must be 2-D"),
         (dict(Xs=[np.ones((2, 1))], ys=[np.ones((2, 2))], clients=["s"]), "client 's': y must be 1-D"),
-        (dict(Xs=[np.ones((2, 0))], ys=[np.ones(2)], clients=["s"]), "client 's': X has no columns"),
+        # no columns: an error without a target (with one, an intercept-only model)
+        (dict(Xs=[np.ones((2, 0))], clients=["s"]), "client 's': X has no columns"),
         (dict(Xs=[np.ones((2, 1))], ys=[np.ones(2)], clients=[["unhashable"]]), "hashable"),
     ],
 )
@@ -281,7 +282,7 @@ def test_from_dataframe_bool_target_and_nullable_ints():
         (None, dict(by="site", target="y", features=["age", "zz", "ww"]), "'zz', 'ww'"),
         (None, dict(by="site", target="y", features=["age", "site"]), "by/target"),
         (None, dict(by="site", target="y", features="age"), "not a single str"),
-        (None, dict(by="site", target="y", features=[]), "no feature columns"),
+        (None, dict(by="site", features=[]), "no feature columns"),  # with a target: intercept only
         (None, dict(by="site", target="y", categorical="dummies"), "'error' or 'onehot'"),
         (None, dict(by="site", target="y", features=["age"], min_rows=3), "client 'a' has 2 row"),
         (

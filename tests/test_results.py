@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedstats.results import _REGISTRY, ResultFileError, load_result, save_result
+from fedstats.result_file import _REGISTRY
+from fedstats.results import ResultFileError, load_result, save_result
 
 
 def same(a, b, where="state"):

@@ -103,7 +103,7 @@ def fit(args) -> dict:
         "global": records(g),
         "client": {id_key(c): records(t) for c, t in tables.items()},
         "rounds": res.rounds,
-        "converged": bool(res.converged),
+        "converged": None if res.converged is None else bool(res.converged),
         "communication": communication(res),
         "runtime_s": round(runtime, 3),
         **extras(args, res, data, scaler),

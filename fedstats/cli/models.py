@@ -107,6 +107,8 @@ NO_NEW_CLIENTS = {
 
 
 def converged_text(res) -> str:
+    if res.converged is None:  # e.g. FGPR without its curvature exchange: nothing to tell it by
+        return "convergence not assessed"
     return "converged" if res.converged else "NOT converged: stopped at the round limit (raise --rounds)"
 
 

@@ -19,18 +19,14 @@ from .validation import (
     ClientId,
     DataError,
     UnknownClientError,
-    as_float_array,
-    check_feature_names,
     cname,
     duplicates,
     missing_target,
-    nonfinite_X,
-    nonfinite_y,
     normalise_id,
     pair_up,
     preview,
-    raise_nonfinite,
     readonly,
+    validated_arrays,
 )
 
 
@@ -115,51 +111,7 @@ class FederatedData:
         if ys is None:  # unsupervised data (e.g. for mixture models): no target at all
             target = None
 
-        Xd: dict[ClientId, np.ndarray] = {}
-        yd: dict[ClientId, np.ndarray | None] = {}
-        d: int | None = None
-        first: ClientId = None
-        for cid, X, y in zip(clients, X_list, y_list):
-            X = as_float_array(X, "X", cid)
-            if X.ndim == 1:  # a single feature given as a vector
-                X = X[:, None]
-            if X.ndim != 2:
-                raise DataError(f"{cname(cid)}: X must be 2-D (n, d), got shape {X.shape}")
-            if y is not None:
-                y = as_float_array(y, f"target {target!r}", cid)
-                if y.ndim == 2 and y.shape[1] == 1:  # a column vector is unambiguous
-                    y = y[:, 0]
-                if y.ndim != 1:
-                    raise DataError(f"{cname(cid)}: y must be 1-D (n,), got shape {y.shape}")
-            if y is not None and X.shape[0] != y.shape[0]:
-                raise DataError(f"{cname(cid)}: X has {X.shape[0]} rows but y has {y.shape[0]} entries")
-            if X.shape[0] == 0:
-                raise DataError(f"{cname(cid)} has no rows (empty client)")
-            if X.shape[0] < min_rows:
-                raise DataError(f"{cname(cid)} has {X.shape[0]} row(s), fewer than min_rows={min_rows}")
-            if d is None:
-                d, first = X.shape[1], cid
-                if d == 0 and ys is None:  # with a target, no column is an intercept-only model
-                    raise DataError(f"{cname(cid)}: X has no columns (d == 0)")
-            elif X.shape[1] != d:
-                raise DataError(
-                    f"{cname(cid)}: X has {X.shape[1]} columns but {cname(first)} has {d}; "
-                    "all clients must share the same features"
-                )
-            Xd[cid], yd[cid] = X, y
-
-        assert d is not None
-        names = check_feature_names(feature_names, d, target)
-        reports = []  # every client with a non-finite value is named, not only the first
-        for cid in clients:
-            reports.append(nonfinite_X(Xd[cid], cid, names))
-            readonly(Xd[cid])
-            y_cid = yd[cid]
-            if y_cid is not None:
-                reports.append(nonfinite_y(y_cid, cid, target))
-                readonly(y_cid)
-        raise_nonfinite([r for r in reports if r is not None])
-
+        Xd, yd, names = validated_arrays(clients, X_list, y_list, target, feature_names, min_rows)
         self._X = Xd
         self._y = yd
         self._clients = list(clients)

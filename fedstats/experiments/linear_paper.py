@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -254,7 +255,7 @@ HM1_PAPER = {
 
 #: the baselines as the paper runs them (Separate, FedAvg, Ditto, distributed ridge), where their
 #: defaults differ: no intercept (the paper's designs carry their own columns)
-BASELINE_PAPER = {"fit_intercept": False}
+BASELINE_PAPER: dict[str, Any] = {"fit_intercept": False}
 
 
 def a_rmse(res, test, clients=None) -> float:

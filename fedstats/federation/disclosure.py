@@ -5,8 +5,8 @@ label (``communication.by_kind``), an algorithm and the algorithm's declared rep
 of them declared summed (:attr:`~fedstats.federation.FederatedAlgorithm.summed_keys`: the
 server step receives only their sum over the clients that answered). :data:`MODELS` lists, for
 each model, every such exchange with what each array is and what one client's copy tells
-whoever reads it; :func:`threat_model_tables` renders them as the tables of the docs'
-threat-model page. A test fits every model, records each run the runtime makes (its label,
+whoever reads it; :func:`fedstats.federation.threat_page.threat_model_tables` renders them as the tables of the
+docs' threat-model page. A test fits every model, records each run the runtime makes (its label,
 algorithm, reply keys and summed keys) and checks that this module lists exactly those, so the
 page cannot drift from the code.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Array", "Exchange", "ModelDisclosure", "MODELS", "threat_model_tables"]
+__all__ = ["Array", "Exchange", "ModelDisclosure", "MODELS"]
 
 
 @dataclass(frozen=True)
@@ -76,31 +76,6 @@ class ModelDisclosure:
 
 
 MODELS: dict[str, ModelDisclosure] = {}
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def threat_model_tables() -> str:
-    """The markdown of the threat-model page's model-by-model tables (one per model)."""
-    out = []
-    for name, m in MODELS.items():
-        out.append(f"### {name}\n")
-        if m.note:
-            out.append(m.note + "\n")
-        out.append(
-            "| exchange | when | array | the server step gets | one client's copy reveals (without secure aggregation) |"
-        )
-        out.append("|---|---|---|---|---|")
-        for e in m.exchanges:
-            for i, a in enumerate(e.arrays):
-                head = [f"{e.kind} (`{e.algorithm}`)", _cell(e.when)] if i == 0 else ["", ""]
-                gets = "the sum over the clients" if a.key in e.summed else "each client's"
-                cells = head + [f"`{a.key}`: {_cell(a.what)}", gets, _cell(a.reveals)]
-                out.append("| " + " | ".join(cells) + " |")
-        out.append(f"\nOn Flower, at the end of a run, the client's final state: {m.final_state}\n")
-    return "\n".join(out)
 
 
 def _x(kind: str, algorithm: str, when: str, arrays: tuple[Array, ...], summed: tuple[str, ...] | str = ()) -> Exchange:

@@ -33,14 +33,7 @@ from ..data import DataLike, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
-from ..inference.ep import (
-    PosteriorRound,
-    RowsEP,
-    check_invariants,
-    check_participation,
-    posterior_round,
-    warn_unconverged,
-)
+from ..inference.ep import PosteriorRound, RowsEP, check_run, posterior_round
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value
@@ -51,15 +44,9 @@ from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
 from ._irls import design_check
 from .families import Family, family_of
 from .frequentist import _COLUMN
-from .sites import BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite
+from .sites import AUTO_QUADRATURE, BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite, n_pad
 
 __all__ = ["BayesianGLM", "HierarchicalGLM", "BayesianGLMResult", "HierarchicalGLMResult"]
-
-
-def _n_pad(n: int) -> int:
-    """Rows per client as the kernels see them: the largest client's, rounded up to a
-    multiple of 32, so that fits of similar data share compilations."""
-    return -(-n // 32) * 32
 
 
 class _BayesBase(Estimator):
@@ -123,10 +110,7 @@ class _BayesBase(Estimator):
             min_rounds=min(2, int(self.rounds)),
             batched=batched,
         )
-        if not out.lost:  # a lost client's site is in q but nowhere else
-            check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
-        check_participation(out.history, list(design.clients), out.lost)
-        warn_unconverged(out, alg, int(self.rounds), stacklevel=5)
+        check_run(out, alg, list(design.clients), int(self.rounds))
         return alg, out, list(out.history)
 
 
@@ -222,7 +206,7 @@ class BayesianGLM(_BayesBase):
         vectorised tilted-moment call for all clients (False: one per client, as on Flower)."""
         fam, roles, design, scaling, n_rows, ybar, y_sd = self._setup(data, seed)
         p = len(design.names)
-        site = SharedSite(fam.name, fam.link.name, float(self.alpha), p, _n_pad(max(n_rows.values())))
+        site = SharedSite(fam.name, fam.link.name, float(self.alpha), p, n_pad(max(n_rows.values())))
         s = self.prior_scale * (y_sd if fam.name == "gaussian" else 1.0)
         mean, sd = np.zeros(p), np.full(p, s)
         if self.fit_intercept:
@@ -378,6 +362,10 @@ class HierarchicalGLM(_BayesBase):
     0.5 (every client's site moves at once from the prior, and the sites of tau interact),
     512 importance draws, and ``tilted="laplace+importance"`` (``benchmarks/glm_hierarchical.py``:
     the importance answer in about half its time).
+    ``quadrature``: nodes per coefficient of the adaptive Gauss-Hermite rule that integrates a
+    client's coefficients out of its site (lme4's ``nAGQ``); ``"auto"``: 7 for one coefficient, 3
+    for two, 1 (Laplace) for more. On 15 clients of 1-20 Bernoulli rows Laplace puts ``log tau``
+    0.13-0.17 posterior sd below the exact posterior, 7 nodes 0.03-0.07 (0.01-0.02 at tol 0.01).
     """
 
     _families = ("binomial", "poisson", "negative_binomial")
@@ -386,6 +374,7 @@ class HierarchicalGLM(_BayesBase):
         **_COMMON,
         "prior_mu_sd": Real(0, closed=(False, True)),
         "prior_log_tau_sd": Real(0, closed=(False, True)),
+        "quadrature": OneOf("auto") | Int(1),
     }
 
     def __init__(
@@ -407,12 +396,13 @@ class HierarchicalGLM(_BayesBase):
         damping: float = 0.5,
         num_draws: int = 512,
         tilted: str = "laplace+importance",
+        quadrature: int | str = "auto",
     ) -> None:
         self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
         self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
         self.prior_mu_sd, self.prior_log_tau_sd, self.standardize = prior_mu_sd, prior_log_tau_sd, standardize
         self.rounds, self.tol, self.damping, self.num_draws = rounds, tol, damping, num_draws
-        self.tilted = tilted
+        self.tilted, self.quadrature = tilted, quadrature
 
     @counted
     @accepts_backend
@@ -423,7 +413,10 @@ class HierarchicalGLM(_BayesBase):
         :class:`HierarchicalGLMResult`. ``batched`` as :meth:`BayesianGLM.fit`."""
         fam, roles, design, scaling, n_rows, ybar, _ = self._setup(data, seed)
         p = len(design.names)
-        site = HierarchicalSite(fam.name, fam.link.name, float(self.alpha), p, _n_pad(max(n_rows.values())))
+        nodes = AUTO_QUADRATURE.get(p, 1) if self.quadrature == "auto" else int(self.quadrature)
+        site = HierarchicalSite(
+            fam.name, fam.link.name, float(self.alpha), p, n_pad(max(n_rows.values())), quadrature=nodes
+        )
         sd = np.r_[np.full(p, self.prior_mu_sd), np.full(p, self.prior_log_tau_sd)]
         prior = NaturalGaussian.from_moments(np.zeros(2 * p), np.diag(sd**2))
         alg, out, history = self._run_ep(site, prior, design, seed, progress, batched)

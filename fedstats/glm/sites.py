@@ -9,10 +9,12 @@ server, holds its site only.
 * :class:`SharedSite` (``BayesianGLM``): ``phi = beta`` (then ``log sigma`` for gaussian,
   ``log shape`` for gamma), the client's full likelihood;
 * :class:`HierarchicalSite` (``HierarchicalGLM``): ``phi = (mu, log tau)``, the client's own
-  coefficients ``theta_k ~ N(mu, diag(tau))`` integrated out by a Laplace approximation
-  (a few Newton iterations from a start built from the client's own estimate, each step
-  capped; the last step is differentiated, which gives the exact gradient and Hessian of the
-  profile part at the optimum).
+  coefficients ``theta_k ~ N(mu, diag(tau))`` integrated out by adaptive Gauss-Hermite
+  quadrature (``quadrature`` nodes per coefficient, centred at the mode of theta_k and
+  scaled by the curvature there; 1 node is the Laplace approximation). The mode comes from a
+  few Newton iterations from a start built from the client's own estimate, each step capped;
+  the last step is differentiated, which gives the exact gradient and Hessian of the profile
+  part at the optimum.
 """
 
 from __future__ import annotations
@@ -152,7 +154,9 @@ class SharedSite:
 @dataclass(frozen=True)
 class HierarchicalSite:
     """A client's likelihood of ``phi = (mu, log tau)`` with its own coefficients
-    ``theta_k ~ N(mu, diag(tau))`` integrated out (Laplace; at most ``max_steps`` Newton steps)."""
+    ``theta_k ~ N(mu, diag(tau))`` integrated out (at most ``max_steps`` Newton steps to the
+    mode, then adaptive Gauss-Hermite quadrature with ``quadrature`` nodes per coefficient,
+    a product rule of ``quadrature ** p`` nodes; 1: the Laplace approximation)."""
 
     family: str
     link: str
@@ -160,6 +164,7 @@ class HierarchicalSite:
     p: int
     n_pad: int
     max_steps: int = 15
+    quadrature: int = 1
 
     theta_dim = 0
     local_dim = 0
@@ -169,7 +174,7 @@ class HierarchicalSite:
         return 2 * self.p
 
     def cache_key(self) -> tuple:
-        return ("GLMHier", self.family, self.link, self.alpha, self.p, self.n_pad, self.max_steps)
+        return ("GLMHier", self.family, self.link, self.alpha, self.p, self.n_pad, self.max_steps, self.quadrature)
 
     def client_stats(self, rows) -> dict[str, np.ndarray]:
         return rows_stats(rows, self.n_pad)
@@ -284,9 +289,42 @@ class HierarchicalSite:
         return t, curvature(t, prec)
 
     def log_collapsed(self, phi, z, stats):
+        """``log p(y_k | mu, tau)``: theta_k integrated out around its mode ``t`` with the
+        curvature ``negH = L L'`` there, ``theta = t + sqrt(2) L^-T x`` at the Gauss-Hermite
+        nodes ``x`` (one node, ``x = 0``, is the Laplace approximation). The Laplace error is
+        largest for clients whose own coefficients are poorly determined and skewed (few rows,
+        all-0 or all-1 outcomes); its sum over the clients biases ``log tau``."""
+        import jax
         import jax.numpy as jnp
 
         mu, log_tau = phi[: self.p], phi[self.p :]
         t, negH = self.theta_mode(mu, log_tau, stats)
-        sign, logdet = jnp.linalg.slogdet(negH)
-        return self._joint(t, mu, log_tau, stats) + 0.5 * self.p * jnp.log(2 * jnp.pi) - 0.5 * logdet
+        if self.quadrature == 1:
+            sign, logdet = jnp.linalg.slogdet(negH)
+            return self._joint(t, mu, log_tau, stats) + 0.5 * self.p * jnp.log(2 * jnp.pi) - 0.5 * logdet
+        x, logw = gauss_hermite(self.quadrature, self.p)
+        L = jnp.linalg.cholesky(negH)
+        thetas = t + jax.scipy.linalg.solve_triangular(L.T, np.sqrt(2.0) * x.T, lower=False).T
+        joint = jax.vmap(lambda th: self._joint(th, mu, log_tau, stats))(thetas)
+        logdet_L = jnp.sum(jnp.log(jnp.diagonal(L)))
+        return jax.scipy.special.logsumexp(joint + np.sum(x**2, axis=1) + logw) + 0.5 * self.p * np.log(2.0) - logdet_L
+
+
+def gauss_hermite(nodes: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """The product Gauss-Hermite rule for ``int exp(-|x|^2) f(x) dx`` over ``p`` dimensions:
+    nodes ``(nodes**p, p)`` and log weights ``(nodes**p,)``."""
+    x, w = np.polynomial.hermite.hermgauss(nodes)
+    grid = np.stack(np.meshgrid(*[np.arange(nodes)] * p, indexing="ij"), axis=-1).reshape(-1, p)
+    return x[grid], np.log(w)[grid].sum(axis=1)
+
+
+#: nodes per coefficient of HierarchicalGLM's ``quadrature="auto"``: 7 for a random intercept
+#: alone, 3 (9 product nodes) for two coefficients, the Laplace approximation for more (27
+#: nodes for three cost 6x the fit time on clients of 30-150 rows, for a small gain)
+AUTO_QUADRATURE = {1: 7, 2: 3}
+
+
+def n_pad(n: int) -> int:
+    """Rows per client as the kernels see them: the largest client's, rounded up to a
+    multiple of 32, so that fits of similar data share compilations."""
+    return -(-n // 32) * 32

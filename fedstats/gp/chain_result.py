@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -47,7 +47,11 @@ def check_scale(scale: str) -> str:
     return scale
 
 
-def check_levels(levels: Any, model: str) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
+#: fidelity levels for a centralised fit, lowest first: a list of ``(X, y)`` or a dict ``name -> (X, y)``
+Levels: TypeAlias = "Sequence[tuple[ArrayLike, ArrayLike]] | Mapping[str, tuple[ArrayLike, ArrayLike]]"
+
+
+def check_levels(levels: Levels, model: str) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
     """The fidelity levels of a centralised fit, lowest first: a list of ``(X, y)`` (named
     ``level0``, ``level1``, ...) or a dict ``name -> (X, y)`` in that order; checked (at least
     two levels, finite, matching rows, the same inputs on every level, two rows or more)."""

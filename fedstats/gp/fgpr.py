@@ -402,6 +402,9 @@ class FGPR(Estimator):
                 stacklevel=2,
             )
         hyper, curv = self._curvature(spec, out.server_state.hyper, data, counts, seed)
+        # converged: at the likelihood's maximum, within 1 posterior sd (_curvature warns otherwise);
+        # None where there is no curvature to tell (the rounds are a fixed budget)
+        converged = None if isinstance(curv, str) else bool(laplace.newton_offset(curv) <= 1)
         return FGPRResult(
             spec=spec,
             hyperparameters=hyper,
@@ -411,7 +414,7 @@ class FGPR(Estimator):
             options=self._options(),
             history=out.history,
             communication=out.communication,
-            converged=out.converged,
+            converged=converged,
             seconds=time.perf_counter() - t0,
             seed=seed,
             data=data,

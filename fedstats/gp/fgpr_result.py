@@ -58,7 +58,7 @@ class FGPRResult(FederatedResult):
         options: dict[str, Any],
         history: History | None = None,
         communication: Communication | None = None,
-        converged: bool = False,
+        converged: bool | None = False,
         seconds: float = 0.0,
         seed: int = 0,
         data: FederatedData | None = None,
@@ -72,7 +72,10 @@ class FGPRResult(FederatedResult):
         self.spec, self.hyperparameters = spec, {k: np.asarray(v, dtype=float) for k, v in hyperparameters.items()}
         self.feature_names, self.clients, self.n_obs = list(feature_names), list(clients), dict(n_obs)
         self.options, self.history, self.communication = options, history, communication
-        self.seconds, self.seed, self.converged = seconds, seed, bool(converged)
+        self.seconds, self.seed = seconds, seed
+        #: whether the hyperparameters are at the likelihood's maximum (within 1 posterior sd, from
+        #: the clients' summed curvature); None where there is none to tell (``laplace`` off)
+        self.converged = None if converged is None else bool(converged)
         self._data = data
 
     model = "FGPR"

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..federation.records import record
 from ..results import counted
 from ._core import HyperSpec, fit_mle
 from .ar1_result import AR1Level, AR1Result, FederatedAR1Result, ar1_chain
-from .chain_result import Wire, check_levels
+from .chain_result import Levels, Wire, check_levels
 from .fgpr import FGPR, FGPRResult
 from .fgpr_algorithm import standardise
 from .testfunctions import Problem, problem
@@ -225,7 +226,7 @@ class AR1CoKriging(_AR1Options):
     2.0
     """
 
-    def fit(self, levels, *, seed: int = 0) -> AR1Result:
+    def fit(self, levels: Levels, *, seed: int = 0) -> AR1Result:
         """``levels``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
         ``name -> (X, y)`` that names them; a list's levels are ``level0``, ``level1``, ...)."""
         t0 = time.perf_counter()
@@ -279,7 +280,7 @@ class FederatedAR1(_AR1Options):
     """
 
     @counted
-    def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedAR1Result:
+    def fit(self, data: FederatedData, order: Sequence[Hashable], *, seed: int = 0) -> FederatedAR1Result:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
         order = chain_order(data, order, "FederatedAR1")
         wire = Wire()

@@ -27,6 +27,7 @@ predictions, ``level_moments`` and ``summary()`` on the data's scale by default.
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from ..federation import Communication
 from ..federation.records import record
 from ..results import counted
 from ._core import HyperSpec
-from .chain_result import Wire, check_levels
+from .chain_result import Levels, Wire, check_levels
 from .multifidelity import chain_order
 from .nargp_result import NARGP_DRAWS, FederatedNARGPResult, NARGPLevel, NARGPResult, mixture, nargp_chain
 
@@ -86,7 +87,7 @@ class NARGP(_NARGPOptions):
     ['mean', 'lower', 'upper', 'pred_lower', 'pred_upper']
     """
 
-    def fit(self, levels, *, seed: int = 0) -> NARGPResult:
+    def fit(self, levels: Levels, *, seed: int = 0) -> NARGPResult:
         """``levels``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
         ``name -> (X, y)`` that names them; a list's levels are ``level0``, ``level1``, ...)."""
         t0 = time.perf_counter()
@@ -121,7 +122,7 @@ class FederatedNARGP(_NARGPOptions):
     (``query_communication``)."""
 
     @counted
-    def fit(self, data: FederatedData, order, *, seed: int = 0) -> FederatedNARGPResult:
+    def fit(self, data: FederatedData, order: Sequence[Hashable], *, seed: int = 0) -> FederatedNARGPResult:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
         order = chain_order(data, order, "FederatedNARGP")
         wire = Wire()

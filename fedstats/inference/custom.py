@@ -322,7 +322,7 @@ def federated_ep(
     from ..data import as_federated, require_target
     from ..federation import counting, run
     from ..results import warn_excluded
-    from .ep import RowsEP, check_invariants, check_participation, posterior_round, warn_unconverged
+    from .ep import RowsEP, check_run, posterior_round
 
     data = as_federated(data)
     require_target(data, "federated_ep")
@@ -346,11 +346,8 @@ def federated_ep(
             min_rounds=min(2, int(rounds)),
             batched=batched,
         )
+        check_run(out, alg, list(data.clients), int(rounds), what="federated_ep")
         sites = alg.committed_sites(out.server_state, out.client_states)
-        if not out.lost:  # a lost client's site is in q but nowhere else
-            check_invariants(out.server_state, list(sites.values()))
-        check_participation(out.history, list(data.clients), out.lost)
-        warn_unconverged(out, alg, int(rounds), what="federated_ep", stacklevel=3)
         posts = {}
         if local:
             posts = posterior_round(

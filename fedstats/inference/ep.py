@@ -52,6 +52,19 @@ def check_participation(history, clients, lost=None) -> dict:
     return excluded
 
 
+def check_run(run: Any, algorithm: FederatedEP, clients: Sequence[ClientId], rounds: int, *, what: str = "EP") -> dict:
+    """After an EP run: ``q = prior * prod sites`` checked where every site is here (on Flower
+    they stay on the nodes; a lost client's last site is in ``q`` but nowhere else), warn if it
+    stopped unconverged (:func:`warn_unconverged`), and return the clients not in the fit
+    (:func:`check_participation`)."""
+    states = run.client_states
+    if not run.lost and all(isinstance(st, EPClientState) for st in states.values()):
+        check_invariants(run.server_state, list(algorithm.committed_sites(run.server_state, states).values()))
+    excluded = check_participation(run.history, clients, run.lost)
+    warn_unconverged(run, algorithm, rounds, what=what, stacklevel=5)
+    return excluded
+
+
 def warn_unconverged(run: Any, algorithm: FederatedEP, rounds: int, *, what: str = "EP", stacklevel: int = 4) -> None:
     """Warn when an EP run stopped without converging, saying which criterion was not met
     (the last round's changes against ``tol``, a repaired step, clients that never settled)

@@ -23,7 +23,7 @@ from numpy.typing import ArrayLike
 
 from .. import streams
 from ..federation import ClientRelease, run
-from ..inference.ep import EPClientState, FederatedEP, check_invariants, check_participation, warn_unconverged
+from ..inference.ep import EPClientState, FederatedEP, check_run
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
@@ -125,12 +125,7 @@ def fit_ep(
         batched=batched,
         min_rounds=min(2, int(rounds)),
     )
-    # q = prior * prod sites, checked where every site is here (on Flower they stay on the
-    # nodes; a lost client's last site is in q, but no longer anywhere else)
-    if not out.lost and all(isinstance(st, EPClientState) for st in out.client_states.values()):
-        check_invariants(out.server_state, list(alg.committed_sites(out.server_state, out.client_states).values()))
-    excluded = check_participation(out.history, list(data.clients), out.lost)
-    warn_unconverged(out, alg, int(rounds), stacklevel=4)
+    excluded = check_run(out, alg, list(data.clients), int(rounds))
     return result_cls(
         excluded=excluded,
         model=model,

@@ -17,7 +17,8 @@ import pytest
 import fedstats
 from fedstats import FederatedData
 from fedstats.federation import FederatedAlgorithm
-from fedstats.federation.disclosure import MODELS, threat_model_tables
+from fedstats.federation.disclosure import MODELS
+from fedstats.federation.threat_page import threat_model_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "threat-model.md"
@@ -111,7 +112,7 @@ def test_the_docs_page_holds_the_generated_tables():
     assert begin in text and end in text
     body = text.split(begin, 1)[1].split(end, 1)[0].strip()
     assert body == threat_model_tables().strip(), (
-        "docs/threat-model.md is out of date: paste fedstats.federation.disclosure.threat_model_tables() "
+        "docs/threat-model.md is out of date: paste fedstats.federation.threat_page.threat_model_tables() "
         "between its markers (python -m fedstats.federation.threat_page docs/threat-model.md)"
     )
 
