@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike
 from scipy import stats as sst
 
 from ..federation import Communication, run
-from ..federation.records import record
+from ..federation.records import excluded_now, record
 from ..inference.posterior import GaussianPosterior
 from ..results import NoPosteriorError, check_level, prediction_frame, register
 from .hm1_algorithm import CannotShareError, InformationShare
@@ -182,24 +182,30 @@ def add_posteriors(
     known = noise_vars(noise_sd, res.clients)
     if known is not None:
         known = {c: v / y_scale**2 for c, v in known.items()}
+    # the clients that dropped out of the fit have no posterior: the others' is that of the
+    # clients in the fit (the runtime asks only them)
+    gone = excluded_now()
+    inside = [k for k, c in enumerate(res.clients) if c not in gone]
     alg = InformationShare(known)
     out = run(alg, devices, kind="information share", rounds=1, seed=seed, progress=False)
     replies = out.server_state
-    missing = [c for c in res.clients if c not in replies]
+    missing = [res.clients[k] for k in inside if res.clients[k] not in replies]
     if missing:
         why = out.history[0].failed
         c = missing[0]
         raise CannotShareError(f"client {c!r} could not share its information matrix: {why.get(c, 'no reply')}")
-    info = np.stack([replies[c]["information"] for c in res.clients])
-    score = np.stack([replies[c]["score"] for c in res.clients])
-    res.noise_var = np.array([float(replies[c]["noise_var"]) for c in res.clients])
-    K, d = len(res.clients), len(res.feature_names)
+    ids = [res.clients[k] for k in inside]
+    info = np.stack([replies[c]["information"] for c in ids])
+    score = np.stack([replies[c]["score"] for c in ids])
+    noise_var = np.array([float(replies[c]["noise_var"]) for c in ids])
+    K, d = len(ids), len(res.feature_names)
     if how == "learned":
-        omega, details = res.omega_, {"omega": "learned"}
+        assert res.omega_ is not None  # both fits set it
+        omega, details = res.omega_[np.ix_(inside, inside)], {"omega": "learned"}
     else:
         nu = float(K if prior_rows is None else prior_rows)
         # start from Algorithm 1's Theta, shrunk as in the M-step (positive definite)
-        S0 = res.theta.T @ res.theta
+        S0 = res.theta[:, inside].T @ res.theta[:, inside]
         w = max(nu, 1.0)
         start = (S0 + w * exchangeable_target(S0 / d)[2]) / (d + w)
         if np.linalg.eigvalsh(start)[0] <= 0:
@@ -216,13 +222,20 @@ def add_posteriors(
             )
     mean, cov = conditional_posterior(omega, info, score, jitter)
     if noise == "integrate":
-        estimated = np.array([known is None or c not in known for c in res.clients])
-        n_obs = np.array([devices.data.n_obs[c] for c in res.clients], dtype=float)
-        mean, cov, res.noise_var = integrate_noise(mean, cov, info, score, res.noise_var, n_obs, estimated)
-    res.posterior_omega_, res.posterior_info = omega, {**details, "noise": noise}
-    res.posterior_mean, res.posterior_cov = mean, cov
+        estimated = np.array([known is None or c not in known for c in ids])
+        n_obs = np.array([devices.data.n_obs[c] for c in ids], dtype=float)
+        mean, cov, noise_var = integrate_noise(mean, cov, info, score, noise_var, n_obs, estimated)
+    # every client's row; NaN for those not in the fit
+    n_all = len(res.clients)
+    res.posterior_omega_ = np.full((n_all, n_all), np.nan)
+    res.posterior_omega_[np.ix_(inside, inside)] = omega
+    res.posterior_mean, res.posterior_cov = np.full((n_all, d), np.nan), np.full((n_all, d, d), np.nan)
+    res.posterior_mean[inside], res.posterior_cov[inside] = mean, cov
+    res.noise_var = np.full(n_all, np.nan)
+    res.noise_var[inside] = noise_var
+    res.posterior_info = {**details, "noise": noise}
     # the server returns each device the mean and covariance of its own block
-    back = {c: {"bytes_up": 0, "bytes_down": 8 * (d + d * d)} for c in res.clients}
+    back = {c: {"bytes_up": 0, "bytes_down": 8 * (d + d * d)} for c in ids}
     record(
         Communication(
             bytes_down=8 * (d + d * d) * K,

@@ -133,6 +133,7 @@ from .local import (
     full_batch_steps,
     initial_theta,
     resolve_lr,
+    without_excluded,
 )
 from .scaling import LinearScaling, federated_scaling
 
@@ -454,6 +455,13 @@ class StructuralCovarianceModel(Estimator):
             model="StructuralCovarianceModel",
         )
         self._warn_unconverged(res.rounds, res.converged, last, K, d, stacklevel=4)
+        # a client that dropped out of the fit has no coefficients and no covariances
+        res.theta = without_excluded(res.theta, clients)
+        gone = [k for k, c in enumerate(clients) if np.isnan(res.theta[:, k]).all()]
+        if gone:
+            assert res.omega_ is not None  # set above
+            res.omega_ = res.omega_.copy()
+            res.omega_[gone, :] = res.omega_[:, gone] = np.nan
         if uncertainty:
             try:
                 add_posteriors(
