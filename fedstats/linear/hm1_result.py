@@ -49,6 +49,11 @@ class StructuralResult(PointResult):
     ``converged``: whether the last round's relative changes of Theta and Omega were both
     below the model's ``tol`` (see :class:`StructuralCovarianceModel`); the changes of every
     round are in ``history`` (metrics ``theta_rel_change``, ``omega_rel_change``).
+
+    Scales: coefficients, posteriors, ``noise_var`` (with estimated noise variances integrated
+    out, their posterior means) and predictions are on the data's scale; ``scaling`` is the
+    standardisation the fit ran on (``None``: the data's own units), on whose scale ``omega``,
+    ``posterior_omega`` and ``lr`` are. A client not in the fit (``excluded``) has NaN throughout.
     """
 
     omega_: np.ndarray | None = None
