@@ -10,25 +10,8 @@ import json
 import numpy as np
 import pytest
 
-import fedstats.cli as cli
-from fedstats.cli import main, models
+from fedstats.cli import main
 from fedstats.linear import StructuralCovarianceModel
-
-
-@pytest.fixture(autouse=True)
-def hm1_options(monkeypatch):
-    """The command's parser with HM1's options (``fedstats.cli.models.add_arguments``) on its
-    ``fit`` sub-command, where ``build_parser`` does not add them itself."""
-    build = cli.build_parser
-
-    def with_hm1_options():
-        parser = build()
-        fit = next(a for a in parser._actions if a.dest == "command").choices["fit"]  # noqa: SLF001
-        if "--eig-floor" not in fit._option_string_actions:  # noqa: SLF001
-            models.add_arguments(fit)
-        return parser
-
-    monkeypatch.setattr(cli, "build_parser", with_hm1_options)
 
 
 @pytest.fixture()

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from . import demo, fit
+from . import demo, fit, models
 from .errors import CLIError
 from .models import MODELS
 
@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=None,
-        help="maximum EP rounds (default 15), or the communication rounds of hm1 (default 30), "
+        help="maximum EP rounds (default 15), or the communication rounds of hm1 (at most; default 1000, "
+        "stopping when converged), "
         "fgpr (default 100), gmm (at most; default 200), glm (IRLS iterations, at most; default 100), "
         "bglm (EP, default 15) and hglm (EP, default 30)",
     )
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-standardize",
         dest="standardize",
         action="store_false",
-        help="hm2, lasso, ridge: fit the data in its own units (default: standardise predictors and target "
+        help="hm2, lasso, ridge, hm1: fit the data in its own units (default: standardise predictors and target "
         "with federated moments, report on the data's scale; the priors then act on the "
         "standardised scale)",
     )
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="hm2, lasso, ridge, hm1, glm: no intercept (default: one per client; glm: one shared)",
     )
+    models.add_arguments(f)  # hm1's own options
     f.add_argument(
         "--decimal",
         default=".",

@@ -124,7 +124,7 @@ def print_tables(g, tables, res, args, runtime, header: str) -> None:
             print(
                 "(fitted on predictors and target standardised with federated moments, reported on the data's "
                 "scale"
-                + ("; lambda penalises the standardised coefficients" if args.model != "hm2" else "")
+                + ("; lambda penalises the standardised coefficients" if args.model in ("lasso", "ridge") else "")
                 + "; --no-standardize fits the data as given)"
             )
         if args.model == "hm1" and res.has_uncertainty:

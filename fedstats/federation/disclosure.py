@@ -268,6 +268,8 @@ MODELS.update(
         ),
         "StructuralCovarianceModel (HM1)": ModelDisclosure(
             (
+                DESIGN,
+                SCALING,
                 CURVATURE,
                 _x(
                     "HM1 rounds",

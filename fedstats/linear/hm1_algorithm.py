@@ -4,14 +4,18 @@ federated algorithm, and the one-off exchange of the devices' information for th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import linalg as sla
 
 from ..federation import FederatedAlgorithm
 from .local import full_batch, full_batch_steps, initial_theta, local_steps
+
+if TYPE_CHECKING:
+    from .scaling import LinearScaling
 
 # --------------------------------------------------------------------------- numerics
 
@@ -73,6 +77,9 @@ class _Server:
     omega: np.ndarray  # (K, K)
     agg: np.ndarray  # (d, K): Theta Omega^{-1} for the current (Theta, Omega)
     index: dict
+    #: clients that have answered a round: Omega learns only between them (one that never did,
+    #: e.g. it dropped out of the fit, keeps its starting row, so its starting column steers no one)
+    seen: frozenset = frozenset()
 
 
 @dataclass
@@ -190,15 +197,19 @@ class HM1Algorithm(FederatedAlgorithm):
         theta = server_state.theta.copy()
         for c, reply in replies.items():
             theta[:, server_state.index[c]] = reply["theta"]
+        seen = server_state.seen | frozenset(replies)
         with np.errstate(over="ignore", invalid="ignore"):
             omega = omega_update(server_state.omega, theta, self.alpha)
+        unseen = [k for c, k in server_state.index.items() if c not in seen]
+        if unseen:
+            omega[unseen, :], omega[:, unseen] = server_state.omega[unseen, :], server_state.omega[:, unseen]
         if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(omega))):
             raise FloatingPointError("the coefficients or Omega overflowed")
         omega = floor_eigenvalues(omega, self.eig_floor)
         change = float(np.linalg.norm(theta - server_state.theta))
         theta_rel, omega_rel = relative_change(theta, server_state.theta), relative_change(omega, server_state.omega)
         w = np.linalg.eigvalsh(omega)
-        new = _Server(theta, omega, aggregates(theta, omega, self.jitter), server_state.index)
+        new = _Server(theta, omega, aggregates(theta, omega, self.jitter), server_state.index, seen)
         if self.callback is not None:
             self.callback(round, theta.copy(), omega.copy())
         return new, {
@@ -303,3 +314,21 @@ class InformationShare(FederatedAlgorithm):
 
     def server_step(self, server_state, replies, round):
         return dict(replies), {}
+
+
+def on_fit_scale(
+    scaling: LinearScaling | None, theta_init: np.ndarray | None, callback: Callable | None
+) -> tuple[np.ndarray | None, Callable | None]:
+    """``theta_init`` (data scale) on the scale the iteration runs on, and a callback that
+    receives Theta on the data's scale."""
+    if scaling is None:
+        return theta_init, callback
+    if theta_init is not None:
+        theta_init = scaling.coef_forward(theta_init.T).T
+    if callback is not None:
+        user = callback
+
+        def callback(r: int, theta: np.ndarray, omega: np.ndarray) -> object:
+            return user(r, scaling.coef_back(theta.T).T, omega)
+
+    return theta_init, callback

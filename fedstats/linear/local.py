@@ -26,6 +26,7 @@ from ..results import FederatedResult, check_level, prediction_frame, register
 
 if TYPE_CHECKING:
     from ..data import FederatedData
+    from .scaling import LinearScaling
 
 REDUCTIONS = ("sum", "mean")
 #: A step size: "auto" or a number > 0 (the constraint of every gradient model's ``lr``).
@@ -169,6 +170,23 @@ class DeviceDesign:
         cd = self.data[client]
         X = np.column_stack([np.ones(cd.n), cd.X]) if self.intercept else np.asarray(cd.X)
         return X, np.asarray(cd.y)
+
+
+class ScaledDesign(DeviceDesign):
+    """What the runtime hands each client: ``(X, y)`` on the standardised scale of ``scaling``
+    (each client scales its own rows with the federation's moments, :mod:`fedstats.linear.scaling`),
+    with the intercept column prepended when asked; ``scaling=None``: the data's own scale."""
+
+    def __init__(self, data, intercept: bool, scaling: LinearScaling | None = None):
+        super().__init__(data, intercept)
+        self.scaling = scaling
+
+    def __getitem__(self, client):
+        if self.scaling is None:
+            return super().__getitem__(client)
+        cd = self.data[client]
+        X, y = self.scaling.transform_X(cd.X), self.scaling.transform_y(cd.y)
+        return (np.column_stack([np.ones(cd.n), X]) if self.intercept else X), y
 
 
 def coefficient_names(data, intercept: bool) -> list[str]:

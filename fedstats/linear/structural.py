@@ -118,6 +118,7 @@ from .hm1_algorithm import (
     aggregates,
     floor_eigenvalues,
     omega_update,
+    on_fit_scale,
     relative_change,
     round_converged,
     shrink_for,
@@ -128,6 +129,7 @@ from .local import (
     LR,
     REDUCTIONS,
     DeviceDesign,
+    ScaledDesign,
     coefficient_names,
     federated_lr,
     full_batch_steps,
@@ -135,26 +137,10 @@ from .local import (
     resolve_lr,
     without_excluded,
 )
+from .design import check_design
 from .scaling import LinearScaling, federated_scaling
 
 # --------------------------------------------------------------------------- model
-
-
-class ScaledDesign(DeviceDesign):
-    """What the runtime hands each client: ``(X, y)`` on the standardised scale of ``scaling``
-    (each client scales its own rows with the federation's moments, :mod:`fedstats.linear.scaling`),
-    with the intercept column prepended when asked; ``scaling=None``: the data's own scale."""
-
-    def __init__(self, data, intercept: bool, scaling: LinearScaling | None = None):
-        super().__init__(data, intercept)
-        self.scaling = scaling
-
-    def __getitem__(self, client):
-        if self.scaling is None:
-            return super().__getitem__(client)
-        cd = self.data[client]
-        X, y = self.scaling.transform_X(cd.X), self.scaling.transform_y(cd.y)
-        return (np.column_stack([np.ones(cd.n), X]) if self.intercept else X), y
 
 
 POSTERIOR_OMEGAS = ("em", "learned")
@@ -389,8 +375,9 @@ class StructuralCovarianceModel(Estimator):
             )
         clients, opts, _, names = self._prepare(data)
         K, d = len(clients), len(names)
+        check_design(data, data.feature_names, bool(self.fit_intercept), seed=seed)  # unidentifiable: refused
         scaling, devices = self._scaled(data, seed)
-        start, callback = self._on_fit_scale(scaling, self._theta_init(theta_init, d, K), callback)
+        start, callback = on_fit_scale(scaling, self._theta_init(theta_init, d, K), callback)
         lr = federated_lr(self.lr, devices, self.batch_size, self.grad_reduction, seed=seed)
         alg = HM1Algorithm(
             d,
@@ -458,8 +445,7 @@ class StructuralCovarianceModel(Estimator):
         # a client that dropped out of the fit has no coefficients and no covariances
         res.theta = without_excluded(res.theta, clients)
         gone = [k for k, c in enumerate(clients) if np.isnan(res.theta[:, k]).all()]
-        if gone:
-            assert res.omega_ is not None  # set above
+        if gone and res.omega_ is not None:
             res.omega_ = res.omega_.copy()
             res.omega_[gone, :] = res.omega_[:, gone] = np.nan
         if uncertainty:
@@ -500,24 +486,6 @@ class StructuralCovarianceModel(Estimator):
         scaling = federated_scaling(data, bool(self.fit_intercept), seed=seed) if self.standardize else None
         return scaling, ScaledDesign(data, bool(self.fit_intercept), scaling)
 
-    @staticmethod
-    def _on_fit_scale(
-        scaling: LinearScaling | None, theta_init: np.ndarray | None, callback: Callable | None
-    ) -> tuple[np.ndarray | None, Callable | None]:
-        """``theta_init`` (data scale) on the scale the iteration runs on, and a callback that
-        receives Theta on the data's scale."""
-        if scaling is None:
-            return theta_init, callback
-        if theta_init is not None:
-            theta_init = scaling.coef_forward(theta_init.T).T
-        if callback is not None:
-            user = callback
-
-            def callback(r: int, theta: np.ndarray, omega: np.ndarray) -> object:
-                return user(r, scaling.coef_back(theta.T).T, omega)
-
-        return theta_init, callback
-
     def _warn_unconverged(
         self, rounds: int, converged: bool, metrics: Mapping, K: int, d: int, *, stacklevel: int
     ) -> None:
@@ -556,7 +524,7 @@ class StructuralCovarianceModel(Estimator):
         t0 = time.perf_counter()
         with use_backend("inprocess"):
             scaling, devices = self._scaled(data, seed)
-        start, _ = self._on_fit_scale(scaling, self._theta_init(theta_init, len(names), K), None)
+        start, _ = on_fit_scale(scaling, self._theta_init(theta_init, len(names), K), None)
         Xs = [devices[c] for c in clients]
         lr = resolve_lr(self.lr, [X for X, _ in Xs], self.batch_size, self.grad_reduction)
         XtX = np.stack([X.T @ X for X, _ in Xs])
