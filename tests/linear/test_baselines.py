@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -123,3 +125,16 @@ def test_averaging_servers_see_only_sums_of_the_coefficients(monkeypatch):
             assert per_client == [{"theta"}] * 4 and sums == set()
         else:
             assert len(per_client) in (2, 4) and all(keys == set() for keys in per_client) and sums == {"theta"}
+
+
+def test_averaging_that_stops_unconverged_says_so():
+    """FedAvg and Ditto report converged (the global coefficients moved by less than tol,
+    relative, in the last round) and warn, naming the change and tol, when they did not."""
+    data = federation(seed=4)
+    with pytest.warns(RuntimeWarning, match=r"FedAvg did not converge in 2 rounds: .* of their norm \(tol=0.0001\)"):
+        short = FedAvg(rounds=2, lr=2e-3).fit(data)
+    assert short.converged is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        long = Ditto(rounds=400, lr=2e-3).fit(data)
+    assert long.converged is True

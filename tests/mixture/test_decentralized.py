@@ -117,3 +117,20 @@ def test_weights_init_applies_and_tol_is_refused(fed):
         DecentralizedGaussianMixture(M, tol=1e-3)
     with pytest.raises(ValueError, match="weights_init"):
         DecentralizedGaussianMixture(M, rounds=1, n_init=2, weights_init=np.ones(M)).fit(data, seed=0)
+
+
+def test_d_fedem_that_stops_unconverged_says_so():
+    """D-FedEM runs every round; converged says whether the log-likelihood per point changed by
+    less than tol in the last one, and a fit that did not warns, naming the change and tol."""
+    import warnings
+
+    from fedstats.mixture import DecentralizedGaussianMixture
+
+    rng = np.random.default_rng(0)
+    Xs = [np.r_[rng.normal(0, 1, (30, 2)), rng.normal(3, 1, (30, 2))] for _ in range(4)]
+    with pytest.warns(RuntimeWarning, match=r"D-FedEM did not converge in 2 rounds: .*changed by .*tol=1e-10"):
+        res = DecentralizedGaussianMixture(2, graph="ring", rounds=2, n_init=2, tol=1e-10).fit(Xs, seed=0)
+    assert res.converged is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert DecentralizedGaussianMixture(2, graph="ring", rounds=200, n_init=2, tol=1e-3).fit(Xs, seed=0).converged
