@@ -111,6 +111,17 @@ class HM2Site:
             tau = jnp.asarray(self.tau_known, dtype=phi.dtype)
         return mu, tau
 
+    def _split_draws(self, phi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`split_phi` for a batch of draws (M, p) in numpy: (mu, tau), each (M, d)."""
+        mu, rest = phi[:, : self.d], phi[:, self.d :]
+        if self.tau_kind == "diag":
+            tau = np.exp(rest)
+        elif self.tau_kind == "iso":
+            tau = np.broadcast_to(np.exp(rest[:, :1]), mu.shape)
+        else:
+            tau = np.broadcast_to(np.asarray(self.tau_known, dtype=float), mu.shape)
+        return mu, tau
+
     def _noise(self, z, stats):
         import jax.numpy as jnp
 
@@ -202,16 +213,120 @@ class HM2Site:
         )
         return P, h, const
 
+    def convolved(
+        self, a: np.ndarray, C: np.ndarray, x: np.ndarray, stats, *, order: int = 2
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``log_collapsed`` averaged over ``mu ~ N(a, C)`` (in closed form), with its gradient
+        and Hessian in ``(a, x)``: see :class:`~fedstats.inference.tilted.ConvolvedGaussianSite`.
+
+        ``a`` (B, M, d), ``C`` (B, d, d), ``x = (log tau, log sigma_k)`` (the unknown ones)
+        (B, M, D), stats stacked (B, ...). With ``mu ~ N(a, C)`` and ``theta_k ~ N(mu, T)``,
+        ``theta_k ~ N(a, S)``, ``S = C + T``, so the value is ``log N(y; X a, Sigma) + log
+        p(log sigma_k)`` with ``Sigma = s2 I + X S X'``, which the statistics give through
+        ``K = s2 S^-1 + A`` (``W = K^-1``): ``u = X' Sigma^-1 r = (e - A W e) / s2`` and
+        ``R = X' Sigma^-1 X = (A - A W A) / s2`` with ``e = b - A a``, and
+
+        * ``d/da = u``, ``d/dtau_j = (u_j^2 - R_jj) / 2``,
+          ``d/dlog sigma = s2 (|Sigma^-1 r|^2 - tr Sigma^-1)``;
+        * ``d2/da da' = -R``, ``d2/da dtau_j = -R[:, j] u_j``,
+          ``d2/dtau_i dtau_j = R_ij^2 / 2 - u_i R_ij u_j``; along log sigma ``du = -2 (I - A W)
+          u`` and ``dR = -2 (I - A W) R`` per unit, and the second derivative from
+          ``r' Sigma^-3 r`` and ``tr Sigma^-2``.
+
+        ``order`` 0 gives the value only (``None`` for the rest), 1 the gradient too.
+        Returns value (B, M), gradient (B, M, d + D), Hessian (B, M, d + D, d + D).
+        """
+        d, nt = self.d, self.n_log_tau
+        B, M = a.shape[:2]
+        D = x.shape[-1]
+        A = np.asarray(stats["A"], dtype=float)[:, None]  # (B, 1, d, d)
+        b = np.asarray(stats["b"], dtype=float)[:, None]  # (B, 1, d)
+        c = np.asarray(stats["c"], dtype=float)[:, None]
+        n = np.asarray(stats["n"], dtype=float)[:, None]
+        if self.tau_kind == "diag":
+            J = np.eye(d)
+        elif self.tau_kind == "iso":
+            J = np.ones((d, 1))
+        else:
+            J = np.zeros((d, 0))
+        log_tau = (
+            x[..., :nt] @ J.T if nt else np.broadcast_to(np.log(np.asarray(self.tau_known, dtype=float)), (B, M, d))
+        )
+        tau = np.exp(log_tau)
+        if self.sigma_known:
+            s2 = np.broadcast_to(np.asarray(stats["sigma2"], dtype=float)[:, None], (B, M))
+            lp, dlp, d2lp = 0.0, None, None
+        else:
+            z = x[..., nt]
+            m0, s0 = self.log_sigma_prior
+            s2 = np.exp(2 * z)
+            lp = -0.5 * ((z - m0) / s0) ** 2 - np.log(s0) - 0.5 * np.log(2 * np.pi)
+            dlp, d2lp = -(z - m0) / s0**2, -1.0 / s0**2
+        eye = np.eye(d)
+        S = np.asarray(C, dtype=float)[:, None] + tau[..., None] * eye  # (B, M, d, d)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # far points: NaN, masked by callers
+            Ls = _cholesky(S)
+            Sinv = _chol_inverse(Ls)
+            K = s2[..., None, None] * Sinv + A
+            Lk = _cholesky(K)
+            W = _chol_inverse(Lk)
+            e = b - (A @ a[..., None])[..., 0]
+            We = (W @ e[..., None])[..., 0]
+            AWe = (A @ We[..., None])[..., 0]
+            rr = c - 2 * np.sum(a * b, -1) + np.einsum("bmi,bmi->bm", a, (A @ a[..., None])[..., 0])
+            eWe = np.sum(e * We, -1)
+            logdet = (n - d) * np.log(s2) + _logdet(Ls) + _logdet(Lk)
+            value = -0.5 * n * np.log(2 * np.pi) - 0.5 * logdet - 0.5 * (rr - eWe) / s2 + lp
+            if order == 0:
+                return value, None, None
+            u = (e - AWe) / s2[..., None]
+            AW = A @ W
+            R = (A - AW @ A) / s2[..., None, None]
+            R = 0.5 * (R + np.swapaxes(R, -1, -2))
+            g_tau = 0.5 * (u**2 - np.diagonal(R, axis1=-2, axis2=-1))
+            grad = np.zeros((B, M, d + D))
+            grad[..., :d] = u
+            grad[..., d : d + nt] = (tau * g_tau) @ J  # chain rule to log tau
+            if not self.sigma_known:
+                qq = (rr - 2 * eWe + np.sum(We * AWe, -1)) / s2**2  # |Sigma^-1 r|^2
+                tr1 = (n - np.trace(AW, axis1=-2, axis2=-1)) / s2  # tr Sigma^-1
+                grad[..., d + nt] = s2 * (qq - tr1) + dlp
+            if order == 1:
+                return value, grad, None
+            H = np.zeros((B, M, d + D, d + D))
+            H[..., :d, :d] = -R
+            # tau-blocks, then mapped to log tau: J' diag(tau) H diag(tau) J + J' diag(tau g) J
+            ut = u * tau
+            Hal = -R * ut[..., None, :]  # d2 / da dlog tau_j
+            Hll = R * (0.5 * R * tau[..., :, None] - ut[..., :, None] * u[..., None, :]) * tau[..., None, :]
+            if self.tau_kind == "diag":  # J = I
+                Hll[..., np.arange(d), np.arange(d)] += tau * g_tau
+            else:
+                Hal, Hll = Hal @ J, J.T @ Hll @ J + J.T @ ((tau * g_tau)[..., :, None] * J)
+            H[..., :d, d : d + nt] = Hal
+            H[..., d : d + nt, :d] = np.swapaxes(Hal, -1, -2)
+            H[..., d : d + nt, d : d + nt] = Hll
+            if not self.sigma_known:
+                IAW = eye - AW
+                du = -2 * (IAW @ u[..., None])[..., 0]  # d u / d log sigma
+                dR = -2 * IAW @ R  # d R / d log sigma
+                H[..., :d, d + nt] = H[..., d + nt, :d] = du
+                Hlz = (tau * (u * du - 0.5 * np.diagonal(dR, axis1=-2, axis2=-1))) @ J
+                H[..., d : d + nt, d + nt] = H[..., d + nt, d : d + nt] = Hlz
+                uWu = np.sum(u * (W @ u[..., None])[..., 0], -1)
+                q3 = (qq - uWu) / s2  # r' Sigma^-3 r
+                tr2 = (
+                    n - 2 * np.trace(AW, axis1=-2, axis2=-1) + np.sum(AW * np.swapaxes(AW, -1, -2), (-2, -1))
+                ) / s2**2
+                H[..., d + nt, d + nt] = 2 * s2 * (qq - tr1) + 2 * s2**2 * (tr2 - 2 * q3) + d2lp
+        return value, grad, H
+
     def theta_conditional(self, phi: np.ndarray, z: np.ndarray, stats) -> tuple[np.ndarray, np.ndarray]:
         """Mean and covariance of theta_k | phi, sigma_k, y_k for a batch of draws.
 
         ``phi`` (M, p), ``z`` (M, local_dim) -> means (M, d), covariances (M, d, d).
         """
-        import jax
-
-        with jax.enable_x64(True):
-            mu, tau = jax.vmap(self.split_phi)(jax.numpy.asarray(phi, dtype=float))
-            mu, tau = np.asarray(mu), np.asarray(tau)
+        mu, tau = self._split_draws(np.asarray(phi, dtype=float))
         s2 = np.full(len(phi), float(stats["sigma2"])) if self.sigma_known else np.exp(2 * z[:, 0])
         P = stats["A"][None] / s2[:, None, None] + np.einsum("mi,ij->mij", 1.0 / tau, np.eye(self.d))
         h = stats["b"][None] / s2[:, None] + mu / tau
@@ -251,3 +366,36 @@ class HM2Site:
         m = V @ (stats["b"] / s2) + G @ mean
         C = V + G @ cov @ G.T
         return m, 0.5 * (C + C.T)
+
+
+def _cholesky(S: np.ndarray) -> np.ndarray:
+    """Lower Cholesky factors of a batch (..., d, d); NaN for a matrix that is not positive
+    definite (the others are unaffected)."""
+    try:
+        return np.linalg.cholesky(S)
+    except np.linalg.LinAlgError:
+        flat = S.reshape(-1, *S.shape[-2:])
+        out = np.full_like(flat, np.nan)
+        for i, m in enumerate(flat):
+            try:
+                out[i] = np.linalg.cholesky(m)
+            except np.linalg.LinAlgError:
+                pass
+        return out.reshape(S.shape)
+
+
+def _chol_inverse(L: np.ndarray) -> np.ndarray:
+    """``(L L')^-1`` for a batch of lower factors (..., d, d)."""
+    Linv = np.linalg.inv(L) if np.all(np.isfinite(L)) else _nan_safe_inv(L)
+    return np.swapaxes(Linv, -1, -2) @ Linv
+
+
+def _nan_safe_inv(L: np.ndarray) -> np.ndarray:
+    good = np.all(np.isfinite(L), axis=(-2, -1))
+    out = np.full_like(L, np.nan)
+    out[good] = np.linalg.inv(L[good])
+    return out
+
+
+def _logdet(L: np.ndarray) -> np.ndarray:
+    return 2 * np.sum(np.log(np.diagonal(L, axis1=-2, axis2=-1)), axis=-1)

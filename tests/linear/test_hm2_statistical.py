@@ -131,6 +131,7 @@ def iso_federation():
     "estimator, options",
     [
         ("rao_blackwell", {}),
+        ("rao_blackwell_laplace", {}),
         ("importance", {}),
         ("laplace", {}),
         ("nuts", dict(num_warmup=300, num_samples=1000, num_chains=2, target="augmented")),

@@ -25,6 +25,10 @@ Estimators, one module each
 ``RaoBlackwellTilted`` (:mod:`.rao_blackwell`)
     Importance sampling of the coordinates that are not conditionally Gaussian, the
     Gaussian block of phi integrated in closed form; numpy only (nothing to compile).
+``RaoBlackwellLaplaceTilted`` (:mod:`.rao_blackwell`)
+    The same Gaussian block in closed form, the rest from its Laplace approximation
+    corrected to second order (deterministic; for many sampled coordinates), falling back
+    to ``RaoBlackwellTilted`` where the corrections are large.
 ``GibbsTilted`` (:mod:`.gibbs`)
     Metropolis within Gibbs for sites whose ``theta_k`` and locals have exact conditionals.
 
@@ -38,6 +42,7 @@ from typing import Any
 from .base import (
     AugmentedSite,
     ConditionallyGaussianSite,
+    ConvolvedGaussianSite,
     ExactSite,
     GibbsSite,
     PreparedSite,
@@ -52,7 +57,7 @@ from .gibbs import GibbsTilted
 from .importance import ImportanceTilted
 from .laplace import LaplaceTilted
 from .nuts import NUTSTilted
-from .rao_blackwell import RaoBlackwellTilted
+from .rao_blackwell import RaoBlackwellLaplaceTilted, RaoBlackwellTilted
 
 ESTIMATORS = {
     "exact": ExactTilted,
@@ -61,12 +66,13 @@ ESTIMATORS = {
     "nuts": NUTSTilted,
     "gibbs": GibbsTilted,
     "rao_blackwell": RaoBlackwellTilted,
+    "rao_blackwell_laplace": RaoBlackwellLaplaceTilted,
 }
 
 
 def make_estimator(spec: str | TiltedEstimator, **options: Any) -> TiltedEstimator:
     """An estimator from its name (``exact``, ``laplace``, ``importance``, ``nuts``,
-    ``gibbs``, ``rao_blackwell``) or as given."""
+    ``gibbs``, ``rao_blackwell``, ``rao_blackwell_laplace``) or as given."""
     if isinstance(spec, TiltedEstimator):
         if options:
             raise ValueError("options can only be given with an estimator name")
@@ -82,6 +88,7 @@ __all__ = [
     "SiteModel",
     "AugmentedSite",
     "ConditionallyGaussianSite",
+    "ConvolvedGaussianSite",
     "ExactSite",
     "GibbsSite",
     "PreparedSite",
@@ -94,6 +101,7 @@ __all__ = [
     "NUTSTilted",
     "GibbsTilted",
     "RaoBlackwellTilted",
+    "RaoBlackwellLaplaceTilted",
     "make_estimator",
     "ESTIMATORS",
     "zero_variance_moments",
