@@ -449,8 +449,8 @@ class FGPR(Estimator):
                 "exchanges of one small matrix each) moves them there"
             )
             warnings.warn(
-                f"FGPR: the fitted hyperparameters are {where}: {fix}; summary's intervals are centred at the "
-                "fitted point",
+                f"FGPR did not converge to the likelihood's maximum: the fitted hyperparameters are {where}: "
+                f"{fix}; summary's intervals are centred at the fitted point",
                 RuntimeWarning,
                 stacklevel=3,
             )
