@@ -48,6 +48,7 @@ test-deployment-full: $(STAMP)
 # then one table of every ratio with its peak memory (benchmarks/results/summary.md)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/ep_vs_pooled.py
+	$(BIN)/python benchmarks/many_predictors.py
 	$(BIN)/python benchmarks/shrinkage_vs_pooled.py
 	$(BIN)/python benchmarks/hm1.py
 	$(BIN)/python benchmarks/hm1_defaults.py

@@ -379,11 +379,44 @@ def hm1_defaults(j):
     ]
 
 
+def many_predictors(j):
+    hm2, nuts, lasso = j["hm2"], j["pooled_nuts"], j["lasso"]
+    small, large = sorted(hm2, key=int)
+    e, n = hm2[large].get("peak_rss_mib"), nuts[large].get("peak_rss_mib")
+    case = j.get("example", "")
+    return [
+        (
+            case,
+            f"HM2 time, d = {large} / d = {small} (defaults)",
+            num(j["hm2_time_ratio"]),
+            e,
+            hm2[small]["peak_rss_mib"],
+        ),
+        (case, f"pooled NUTS time / HM2 time, d = {large}", num(j["pooled_nuts_over_hm2"]), e, n),
+        (
+            case,
+            f"HM2 vs pooled NUTS, d = {large}: max |mean diff| / NUTS sd",
+            num(j["max_abs_mean_diff_over_sd"]),
+            e,
+            n,
+        ),
+        (case, f"HM2 sd / pooled NUTS sd, d = {large}", span(j["sd_ratio_min"], j["sd_ratio_max"]), e, n),
+        (
+            case,
+            f"lasso time, d = {large} / d = {small} (defaults, compilation included)",
+            num(j["lasso_time_ratio"]),
+            lasso[large].get("peak_rss_mib"),
+            lasso[small].get("peak_rss_mib"),
+        ),
+    ]
+
+
 # in the order of the documentation's benchmark pages
 EXTRACT = {
     f.__name__: f
     for f in (
         ep_vs_pooled,
+        many_predictors,
         shrinkage_vs_pooled,
         hm1,
         hm1_defaults,

@@ -72,7 +72,9 @@ def _words(names: Sequence[str], j: int, C: np.ndarray, what: str, centred: bool
     b = _combination(C, j)
     big = np.flatnonzero(np.abs(b) > 1e-6 * max(float(np.abs(b).max()), 1e-300))
     if len(big) == 1 and abs(b[big[0]] - 1) < 1e-6:
-        return f"predictor {names[j]!r} duplicates {names[int(big[0])]!r}{' (up to a constant)' if centred else ''} {what}"
+        return (
+            f"predictor {names[j]!r} duplicates {names[int(big[0])]!r}{' (up to a constant)' if centred else ''} {what}"
+        )
     terms = " + ".join(f"{b[k]:.4g} * {names[int(k)]}" for k in big)
     return f"predictor {names[j]!r} = {terms}{shift} {what}"
 

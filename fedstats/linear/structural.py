@@ -111,6 +111,7 @@ from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import run
 from ..federation.backend import accepts_backend, use_backend
 from ..results import counted
+from .design import check_design
 from .ep_model import ParticipationSpec
 from .hm1_algorithm import (
     CannotShareError,
@@ -137,7 +138,6 @@ from .local import (
     resolve_lr,
     without_excluded,
 )
-from .design import check_design
 from .scaling import LinearScaling, federated_scaling
 
 # --------------------------------------------------------------------------- model
