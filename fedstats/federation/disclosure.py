@@ -167,6 +167,7 @@ DESIGN = _x(
         _A("sx", "each predictor's sum", "its predictors' means"),
         _A("xtx", "X'X of its predictors", "its predictors' second moments"),
         _A("within", "its predictors' scatter about its own means", "how its predictors vary together"),
+        _A("overflow", "1 per predictor whose sums overflowed", "that a value of that predictor is huge"),
     ),
     "all",
 )

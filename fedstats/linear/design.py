@@ -4,7 +4,8 @@ before any fit, never fitted into meaningless coefficients.
 One counted round (``"design check"``) in which every client sends, summed over the clients
 only (:attr:`~fedstats.federation.FederatedAlgorithm.summed_keys`): its row count, the sums of
 its predictors, their cross-products ``X'X`` and their scatter about its own means
-``(X - xbar_k)'(X - xbar_k)``; never a row, nor one client's value. From these the server knows
+``(X - xbar_k)'(X - xbar_k)``, and per predictor a 1 where its sums overflowed float64 (sent
+as 0; the column is then named and refused); never a row, nor one client's value. From these the server knows
 the pooled covariance of the predictors and their pooled within-client scatter ``W``:
 
 * a predictor that is constant on the pooled rows (with an intercept), identical to another,
@@ -28,6 +29,7 @@ import numpy as np
 from ..data import DataError
 from ..federation.oneshot import one_shot_sums
 from ..federation.protocol import client_function
+from .scaling import overflow_message
 
 __all__ = ["check_design", "unidentified"]
 
@@ -39,8 +41,20 @@ RTOL = 1e-10
 def _design_sums(msg, X, rng, _private=None):
     """A client's design sums: rows, column sums, ``X'X`` and its scatter about its own means."""
     X = np.asarray(X, dtype=float)
-    centred = X - X.mean(axis=0) if len(X) else X
-    return {"n": np.array([float(len(X))]), "sx": X.sum(axis=0), "xtx": X.T @ X, "within": centred.T @ centred}
+    with np.errstate(over="ignore", invalid="ignore"):
+        centred = X - X.mean(axis=0) if len(X) else X
+        sx, xtx, within = X.sum(axis=0), X.T @ X, centred.T @ centred
+    # a column whose sums overflow float64 is flagged (summed: at how many clients) and sent as
+    # 0, for the server to name it rather than refuse the whole reply as not finite
+    bad = ~(np.isfinite(sx) & np.isfinite(xtx).all(axis=0) & np.isfinite(within).all(axis=0))
+    zero = bad[:, None] | bad[None, :]
+    return {
+        "n": np.array([float(len(X))]),
+        "sx": np.where(bad, 0.0, sx),
+        "xtx": np.where(zero, 0.0, xtx),
+        "within": np.where(zero, 0.0, within),
+        "overflow": bad.astype(np.int8),
+    }
 
 
 def _combination(C: np.ndarray, j: int) -> np.ndarray:
@@ -118,8 +132,8 @@ def check_design(
     (``strict``)."""
     reps, _ = one_shot_sums(
         data,
-        ("n", "sx", "xtx", "within"),
-        ("n", "sx", "xtx", "within"),
+        ("n", "sx", "xtx", "within", "overflow"),
+        ("n", "sx", "xtx", "within", "overflow"),
         {},
         _design_sums,
         seed=seed,
@@ -128,6 +142,9 @@ def check_design(
     s = reps.sums
     if not s:
         raise DataError("no client is left in the fit to answer the design check (see the warnings)")
+    overflow = np.asarray(s["overflow"])
+    if overflow.any():
+        raise ValueError(overflow_message([repr(n) for n, k in zip(names, overflow) if k], int(overflow.max())))
     refusal, warning = unidentified(names, float(s["n"][0]), s["sx"], s["xtx"], s["within"], intercept)
     if refusal:
         raise DataError(refusal)

@@ -244,6 +244,16 @@ def _noisy_reply(privacy: Any, rows: dict[str, np.ndarray], rng: np.random.Gener
     return {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in out.sums.items()}
 
 
+def overflow_message(columns: list[str], clients: int | None = None) -> str:
+    """Why columns (their names quoted) whose sums of squares overflow float64 are refused."""
+    at = f" at {clients} client(s)" if clients else ""
+    return (
+        f"cannot standardise column(s) {', '.join(columns[:5])} nor fit their coefficients: their values "
+        f"are too large for a sum of squares in float64 (overflow{at}); rescale them (e.g. to thousands) "
+        "or check for a sentinel value such as 1e308"
+    )
+
+
 def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScaling:
     """The :class:`LinearScaling` of ``data`` from two counted rounds of sums over the clients
     (:class:`_Moments`)."""
@@ -269,11 +279,7 @@ def federated_scaling(data, fit_intercept: bool, *, seed: int = 0) -> LinearScal
     names = [*map(repr, data.feature_names), f"{data.target_name or 'y'!r} (the target)"]
     bad = [n for n, f in zip(names, flagged) if f]
     if bad:
-        raise ValueError(
-            f"cannot standardise column(s) {', '.join(bad[:5])}: their values are too large "
-            "for a sum of squares in float64 (overflow); rescale them (e.g. to thousands) or check "
-            "for a sentinel value such as 1e308"
-        )
+        raise ValueError(overflow_message(bad))
     binary = first["not_binary"] == 0  # 0/1 at every client
     keep = binary | ~(x_sd > 0) | ~np.isfinite(x_sd)  # 0/1 dummies and constant columns keep their coding
     x_mean = np.where(keep, 0.0, x_mean)

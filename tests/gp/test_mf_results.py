@@ -302,3 +302,37 @@ def test_every_level_is_needed_and_bad_levels_are_refused_naming_them():
             model.fit({"LF": levels(data)["LF"], "HF": (np.zeros((3, 2)), np.zeros(3))})
         with pytest.raises(DataError, match="level 'LF'.*NaN"):
             model.fit({"LF": (np.array([0.0, 1.0]), np.array([0.0, np.nan])), "HF": levels(data)["HF"]})
+
+
+@pytest.mark.parametrize("family", ["AR1", "NARGP"])
+def test_predict_reads_a_data_frame_by_column_name(family):
+    # issue 40, item 2, for the chains: Currin's two-input pair, the columns of the query frame
+    # reversed, give the predictions of the array in the fit's order; an unknown or a missing
+    # column is refused by name
+    rng = np.random.default_rng(3)
+    X_lf, X_hf = rng.uniform(size=(20, 2)), rng.uniform(size=(10, 2))
+    data = FederatedData.from_dataframe(
+        pd.concat(
+            [
+                pd.DataFrame({"u": X[:, 0], "v": X[:, 1], "y": f(X), "level": lv})
+                for X, f, lv in ((X_lf, tf.currin_lf, "LF"), (X_hf, tf.currin_hf, "HF"))
+            ]
+        ),
+        by="level",
+        target="y",
+    )
+    central, federated = (AR1CoKriging, FederatedAR1) if family == "AR1" else (NARGP, FederatedNARGP)
+    opts = {"restarts": 1} if family == "AR1" else {"restarts": 1, "samples": 50}
+    queries = rng.uniform(size=(7, 2))
+    results = {
+        "federated": (federated(**opts).fit(data, ["LF", "HF"], seed=0), ["u", "v"]),
+        "central": (central(**opts).fit(levels(data), seed=0), ["x0", "x1"]),
+    }
+    for kind, (res, names) in results.items():
+        by_position = res.predict(queries)
+        frame = pd.DataFrame(queries, columns=names)[names[::-1]]
+        pd.testing.assert_frame_equal(res.predict(frame), by_position, obj=kind)
+        with pytest.raises(ValueError, match="'w'"):
+            res.predict(frame.rename(columns={names[0]: "w"}))
+        with pytest.raises(ValueError, match=repr(names[1])):
+            res.predict(frame[[names[0]]])

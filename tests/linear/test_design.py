@@ -89,3 +89,15 @@ def test_a_client_level_covariate_is_warned_about_or_refused():
         warnings.simplefilter("always")
         FedAvg(fit_intercept=True).fit(data)
     assert not [w for w in caught if "within every client" in str(w.message)]
+
+
+@pytest.mark.parametrize("model", [HierarchicalLinearModel(standardize=False, rounds=1), FedAvg(rounds=1)])
+def test_a_column_whose_sums_overflow_is_named_not_its_client_dropped(model):
+    # a sentinel 1e308 at one site: its squares overflow float64. The design round flags the
+    # column (summed over the clients) instead of sending inf, which the runtime would refuse
+    # as the client's failure and fit without it.
+    df = SITES.copy()
+    df.loc[df.index[3], "x2"] = 1e308
+    data = FederatedData.from_dataframe(df, by="site", target="y", features=["x1", "x2", "x3"])
+    with pytest.raises(ValueError, match=r"column\(s\) 'x2' nor fit.*overflow at 1 client"):
+        model.fit(data, progress=False)

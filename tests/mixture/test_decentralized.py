@@ -106,15 +106,16 @@ def test_fast_mixing_run_and_private_predictions(fed):
         DecentralizedGaussianMixture(3, graph=np.ones((3, 3))).fit(data)
 
 
-def test_weights_init_applies_and_tol_is_refused(fed):
+def test_weights_init_applies_and_a_bad_tol_is_refused(fed):
     data = fed[0]
     M = 3
     w0 = {c: np.roll([0.8, 0.1, 0.1], k) for k, c in enumerate(data.clients)}
     one = DecentralizedGaussianMixture(M, graph="ring", rounds=1, n_init=2, weights_init=w0).fit(data, seed=0)
     uni = DecentralizedGaussianMixture(M, graph="ring", rounds=1, n_init=2).fit(data, seed=0)
     assert any(not np.allclose(one.weights_[c], uni.weights_[c]) for c in data.clients)
-    with pytest.raises(TypeError, match="tol"):
-        DecentralizedGaussianMixture(M, tol=1e-3)
+    # tol is D-FedEM's convergence criterion since issue 40 (before, it had none and refused tol)
+    with pytest.raises(ValueError, match="tol"):
+        DecentralizedGaussianMixture(M, tol=-1.0).fit(data, seed=0)
     with pytest.raises(ValueError, match="weights_init"):
         DecentralizedGaussianMixture(M, rounds=1, n_init=2, weights_init=np.ones(M)).fit(data, seed=0)
 
