@@ -27,10 +27,10 @@ import torch
 from numpy.typing import ArrayLike
 from torch.autograd.function import once_differentiable
 
-from ..data import DataError, FederatedData, UnknownClientError
+from ..data import FederatedData, UnknownClientError
 from ..results import register
 from ._core import HyperSpec, fit_mle, posterior
-from .chain_result import ChainResult, FederatedChain, Wire, check_queries
+from .chain_result import ChainResult, FederatedChain, Wire, check_level_rows, check_queries
 from .fgpr_algorithm import standardise
 
 __all__ = ["AR1Level", "AR1Result", "FederatedAR1Result", "ar1_chain"]
@@ -89,11 +89,7 @@ class AR1Level:
     def check_rows(self, released: AR1Level, name: Hashable) -> AR1Level:
         """Refuse rows that are not the fit's (another count, mean or sd than ``released``'s):
         the client checks its own rows against its release before anything is exchanged."""
-        if (self.n, self.mu, self.sd) != (released.n, released.mu, released.sd):
-            raise DataError(
-                f"client {name!r} holds other rows than the fit's: {self.n} rows of mean {self.mu:.6g} and sd "
-                f"{self.sd:.6g}, the fit had {released.n} of mean {released.mu:.6g} and sd {released.sd:.6g}"
-            )
+        check_level_rows(self, released, name)
         return self
 
     def restore(self, released: AR1Level, lower_mean: np.ndarray | None, name: Hashable) -> AR1Level:

@@ -82,6 +82,16 @@ def check_levels(levels: Levels, model: str) -> tuple[list[str], list[tuple[np.n
     return names, out
 
 
+def check_level_rows(level: Any, released: Any, name: Hashable) -> None:
+    """Refuse a level's rows that are not the fit's: another count, mean or sd of its outputs
+    than its ``released`` copy's (a client checks its own rows before anything is exchanged)."""
+    if (level.n, level.mu, level.sd) != (released.n, released.mu, released.sd):
+        raise DataError(
+            f"client {name!r} holds other rows than the fit's: {level.n} rows of mean {level.mu:.6g} and sd "
+            f"{level.sd:.6g}, the fit had {released.n} of mean {released.mu:.6g} and sd {released.sd:.6g}"
+        )
+
+
 class Wire:
     """The exchanges of a federated chain, in process: :meth:`send` counts an array to
     (``"down"``) or from (``"up"``) a level's client under a kind (bytes by client and kind, as

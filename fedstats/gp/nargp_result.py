@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
-from ..data import DataError, FederatedData
+from ..data import FederatedData
 from ..results import register
 from ._core import HyperSpec, fit_mle, posterior
 from .ar1_result import _client_rows
-from .chain_result import ChainResult, FederatedChain, Wire
+from .chain_result import ChainResult, FederatedChain, Wire, check_level_rows
 from .fgpr_algorithm import standardise
 
 __all__ = ["NARGP_DRAWS", "NARGPLevel", "NARGPResult", "FederatedNARGPResult", "mixture", "nargp_chain"]
@@ -84,11 +84,7 @@ class NARGPLevel:
     def check_rows(self, released: NARGPLevel, name: Hashable) -> NARGPLevel:
         """Refuse rows that are not the fit's (another count, mean or sd than ``released``'s):
         the client checks its own rows against its release before anything is exchanged."""
-        if (self.n, self.mu, self.sd) != (released.n, released.mu, released.sd):
-            raise DataError(
-                f"client {name!r} holds other rows than the fit's: {self.n} rows of mean {self.mu:.6g} and sd "
-                f"{self.sd:.6g}, the fit had {released.n} of mean {released.mu:.6g} and sd {released.sd:.6g}"
-            )
+        check_level_rows(self, released, name)
         return self
 
     def restore(self, released: NARGPLevel, lower_mean: np.ndarray | None, name: Hashable) -> NARGPLevel:
