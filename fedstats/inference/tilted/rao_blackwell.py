@@ -16,7 +16,28 @@ from .kernels import one_blas_thread, stack_stats
 
 
 @register
-class RaoBlackwellTilted(TiltedEstimator):
+class _OnOneBlasThread(TiltedEstimator):
+    """An estimator of many small matrices (one factorisation per client and point): its
+    moments (``_estimate``) are computed with one BLAS thread (see :func:`one_blas_thread`)."""
+
+    def estimate(
+        self,
+        model: SiteModel,
+        cavity_mean: np.ndarray,
+        cavity_cov: np.ndarray,
+        stats: list[dict[str, np.ndarray]],
+        seeds: np.ndarray,
+        *,
+        keep_draws: bool = False,
+    ) -> list[TiltedResult]:
+        with one_blas_thread():
+            return self._estimate(model, cavity_mean, cavity_cov, stats, seeds, keep_draws)
+
+    def _estimate(self, model, cavity_mean, cavity_cov, stats, seeds, keep_draws) -> list[TiltedResult]:
+        raise NotImplementedError
+
+
+class RaoBlackwellTilted(_OnOneBlasThread):
     """Importance sampling over the coordinates of phi that are not conditionally Gaussian,
     the Gaussian block integrated exactly (:class:`~.base.ConditionallyGaussianSite`, e.g.
     HM2: Gaussian in ``mu`` given ``log tau`` and ``sigma_k``).
@@ -83,19 +104,6 @@ class RaoBlackwellTilted(TiltedEstimator):
             )
         if model.phi_dim - model.gaussian_dim + model.local_dim == 0:
             raise ValueError("the site is Gaussian in all of phi: nothing to sample (use the exact estimator)")
-
-    def estimate(
-        self,
-        model: SiteModel,
-        cavity_mean: np.ndarray,
-        cavity_cov: np.ndarray,
-        stats: list[dict[str, np.ndarray]],
-        seeds: np.ndarray,
-        *,
-        keep_draws: bool = False,
-    ) -> list[TiltedResult]:
-        with one_blas_thread():  # many small matrices: one BLAS thread (see one_blas_thread)
-            return self._estimate(model, cavity_mean, cavity_cov, stats, seeds, keep_draws)
 
     def _estimate(self, model, cavity_mean, cavity_cov, stats, seeds, keep_draws) -> list[TiltedResult]:
         self.check_model(model)
@@ -367,7 +375,7 @@ class _Target:
 
 
 @register
-class RaoBlackwellLaplaceTilted(TiltedEstimator):
+class RaoBlackwellLaplaceTilted(_OnOneBlasThread):
     """The tilted moments of a :class:`~.base.ConvolvedGaussianSite` without sampling: beta
     integrated in closed form as in :class:`RaoBlackwellTilted`, and the moments of the
     marginal ``p(x)`` from its Laplace approximation corrected to second order (deterministic:
@@ -458,19 +466,6 @@ class RaoBlackwellLaplaceTilted(TiltedEstimator):
                 f"the Rao-Blackwellised Laplace estimator needs the site's convolved likelihood and its "
                 f"derivatives (convolved); {type(model).__name__} has none: use 'rao_blackwell'"
             )
-
-    def estimate(
-        self,
-        model: SiteModel,
-        cavity_mean: np.ndarray,
-        cavity_cov: np.ndarray,
-        stats: list[dict[str, np.ndarray]],
-        seeds: np.ndarray,
-        *,
-        keep_draws: bool = False,
-    ) -> list[TiltedResult]:
-        with one_blas_thread():  # many small matrices: one BLAS thread (see one_blas_thread)
-            return self._estimate(model, cavity_mean, cavity_cov, stats, seeds, keep_draws)
 
     def _estimate(self, model, cavity_mean, cavity_cov, stats, seeds, keep_draws) -> list[TiltedResult]:
         self.check_model(model)
