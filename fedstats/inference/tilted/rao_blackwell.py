@@ -15,7 +15,6 @@ from .importance import _t, defensive_proposals, mixture_draws, weighted_moments
 from .kernels import one_blas_thread, stack_stats
 
 
-@register
 class _OnOneBlasThread(TiltedEstimator):
     """An estimator of many small matrices (one factorisation per client and point): its
     moments (``_estimate``) are computed with one BLAS thread (see :func:`one_blas_thread`)."""
@@ -37,6 +36,7 @@ class _OnOneBlasThread(TiltedEstimator):
         raise NotImplementedError
 
 
+@register
 class RaoBlackwellTilted(_OnOneBlasThread):
     """Importance sampling over the coordinates of phi that are not conditionally Gaussian,
     the Gaussian block integrated exactly (:class:`~.base.ConditionallyGaussianSite`, e.g.
