@@ -18,7 +18,10 @@ import importlib
 import io
 import json
 import math
+import re
+import struct
 import zipfile
+import zlib
 from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
@@ -34,21 +37,6 @@ _T = TypeVar("_T", bound=type)
 FORMAT = "fedstats-result"
 VERSION = 1
 
-# Modules whose classes may appear in a result file. A name that is not registered after
-# importing these is refused; the list is fixed here, never read from a file.
-_MODULES = (
-    "fedstats.federation.runner",
-    "fedstats.inference.gaussian",
-    "fedstats.inference.posterior",
-    "fedstats.inference.ep",
-    "fedstats.inference.tilted",
-    "fedstats.data",
-    "fedstats.linear",
-    "fedstats.gp",
-    "fedstats.mixture",
-    "fedstats.glm",
-    "fedstats.privacy",
-)
 _REGISTRY: dict[str, type] = {}
 
 
@@ -71,10 +59,28 @@ def register(cls: _T) -> _T:
     return cls
 
 
+_INDEX: dict[str, str] = {}
+_DECLARED = re.compile(r"^@register[ \t]*\n(?:@.*\n)*class[ \t]+(\w+)", re.MULTILINE)
+
+
+def _index() -> dict[str, str]:
+    """Every class fedstats registers, by name: the module that defines it, found by reading
+    (not importing) fedstats's sources once."""
+    if not _INDEX:
+        root = Path(__file__).parent
+        for p in sorted(root.rglob("*.py")):
+            text = p.read_text(encoding="utf-8")
+            if "@register" in text:
+                module = ".".join(("fedstats", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+                _INDEX.update((name, module) for name in _DECLARED.findall(text))
+    return _INDEX
+
+
 def _registered(name: str) -> type[object]:
-    if name not in _REGISTRY:
-        for mod in _MODULES:
-            importlib.import_module(mod)
+    """The registered class ``name``; only the one module that defines it is imported, and a
+    name no fedstats module registers is refused without importing anything."""
+    if name not in _REGISTRY and name in _index():
+        importlib.import_module(_index()[name])
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -204,44 +210,187 @@ def save_result(obj: Any, path: str | PathLike[str]) -> Path:
     return path
 
 
-def load_result(path: str | PathLike[str], expected: type | None = None) -> Any:
+# --------------------------------------------------------------------------- bounded reading
+#: the largest header (``fedstats.json``) :func:`load_result` reads: a result's header holds
+#: names, options and tables of numbers written as arrays, a few hundred kB at most
+MAX_HEADER_BYTES = 8 * 2**20
+#: the deepest nesting of the header's JSON (a result's own is about 30)
+MAX_DEPTH = 200
+#: the default bound on the bytes of a result's arrays together (``load_result(max_bytes=)``)
+MAX_ARRAY_BYTES = 2**30
+_CHUNK = 2**24
+
+
+def _entries(f: Any, most: int, what: str, expected: str) -> None:
+    """Refuse a zip archive whose end record declares more than ``most`` members (read from
+    the end record, before :mod:`zipfile` builds its directory)."""
+    f.seek(0, 2)
+    size = f.tell()
+    k = min(size, 22 + 65535)
+    f.seek(size - k)
+    tail = f.read(k)
+    i = tail.rfind(b"PK\x05\x06")
+    if i < 0 or len(tail) < i + 22:
+        raise ResultFileError(f"{what} is not a zip archive")
+    (entries,) = struct.unpack("<H", tail[i + 10 : i + 12])
+    if entries > most:
+        raise ResultFileError(f"{what} holds {entries} members; {expected}")
+    f.seek(0)
+
+
+def _walk(res: Any, where: Path) -> tuple[set[str], set[str]]:
+    """The array keys and class names the header's result uses; refuses nesting deeper than
+    :data:`MAX_DEPTH` and entries of the wrong type (before anything is read or imported)."""
+    refs: set[str] = set()
+    names: set[str] = set()
+    stack = [(res, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ResultFileError(f"{where}: the header nests deeper than {MAX_DEPTH} levels")
+        if isinstance(x, list):
+            stack.extend((v, depth + 1) for v in x)
+        elif isinstance(x, dict):
+            for key, bag in (("__array__", refs), ("__object__", names)):
+                if key in x:
+                    if not isinstance(x[key], str):
+                        raise ResultFileError(f"{where}: malformed result file ({key} is a {type(x[key]).__name__})")
+                    bag.add(x[key])
+            stack.extend((v, depth + 1) for v in x.values())
+    return refs, names
+
+
+def _read_array(f: Any, size: int, budget: int, key: str) -> np.ndarray:
+    """One ``.npy`` member of ``size`` bytes: its header checked against the bytes present and
+    the remaining ``budget``, then its data read in chunks (no pickles, no object arrays)."""
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=10000)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=10000)
+    else:
+        raise ResultFileError(f"arrays refused (array {key!r} has .npy version {version})")
+    if dtype.hasobject:
+        raise ResultFileError(f"arrays refused (array {key!r} holds Python objects, which would need a pickle)")
+    count = math.prod(int(n) for n in shape)
+    nbytes = count * dtype.itemsize
+    if f.tell() + nbytes != size:
+        raise ResultFileError(
+            f"arrays refused (array {key!r} declares shape {tuple(shape)}, {nbytes} bytes; the file holds "
+            f"{size - f.tell()})"
+        )
+    if nbytes > budget:
+        raise ResultFileError(
+            f"the arrays hold more than max_bytes bytes (array {key!r} alone {nbytes}); pass a larger "
+            "max_bytes to read them"
+        )
+    out = np.empty(count, dtype)
+    raw = out.view(np.uint8) if nbytes else np.empty(0, np.uint8)
+    done = 0
+    while done < nbytes:
+        chunk = f.read(min(_CHUNK, nbytes - done))
+        if not chunk:
+            raise ResultFileError(f"arrays refused (array {key!r} is truncated)")
+        raw[done : done + len(chunk)] = np.frombuffer(chunk, np.uint8)
+        done += len(chunk)
+    return out.reshape(shape, order="F" if fortran else "C")
+
+
+def _read_arrays(z: zipfile.ZipFile, refs: set[str], max_bytes: int, where: Path) -> dict[str, np.ndarray]:
+    info = z.getinfo("arrays.npz")
+    if info.file_size > max_bytes + 4096 * (len(refs) + 1):
+        raise ResultFileError(
+            f"{where}: arrays.npz holds {info.file_size} bytes, more than max_bytes={max_bytes} "
+            "(pass a larger max_bytes to read it)"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    budget = max_bytes
+    with z.open(info) as f:
+        _entries(f, len(refs), f"{where}: arrays.npz", f"the result uses {len(refs)} arrays (refused unread)")
+        with zipfile.ZipFile(f) as npz:
+            members = {i.filename: i for i in npz.infolist()}
+            extra = sorted(set(members) - {k + ".npy" for k in refs})
+            if extra:
+                raise ResultFileError(f"{where}: arrays.npz holds arrays no part of the result uses: {extra[:5]}")
+            missing = sorted(refs - {m.removesuffix(".npy") for m in members})
+            if missing:
+                raise ResultFileError(f"{where}: malformed result file (no array {missing[0]!r} in arrays.npz)")
+            # in the order they are stored: the archive is read forwards once
+            for m in sorted(members.values(), key=lambda i: i.header_offset):
+                key = m.filename.removesuffix(".npy")
+                with npz.open(m) as a:
+                    arrays[key] = _read_array(a, m.file_size, budget, key)
+                budget -= arrays[key].nbytes
+    return arrays
+
+
+def load_result(path: str | PathLike[str], expected: type | None = None, *, max_bytes: int = MAX_ARRAY_BYTES) -> Any:
     """The result written by :func:`save_result`; with ``expected``, it must be an instance of
     that class. Raises :class:`ResultFileError` for anything else (a pickle, another format or
-    version, a file naming an unregistered class) without executing anything from the file."""
+    version, a file naming an unregistered class, a malformed or corrupted file) without
+    executing anything from the file.
+
+    Reading is bounded: a header of at most :data:`MAX_HEADER_BYTES` nested at most
+    :data:`MAX_DEPTH` deep, arrays of at most ``max_bytes`` bytes together (default 1 GiB),
+    each array's declared shape checked against the bytes present before it is read, and no
+    array the result does not use. A class name is looked up in fedstats's sources, so
+    refusing an unknown one imports nothing."""
     path = Path(path)
-    if not zipfile.is_zipfile(path):
+    try:
+        with open(path, "rb") as f:
+            if not zipfile.is_zipfile(f):
+                raise ResultFileError(
+                    f"{path} is not a fedstats result file (expected a zip archive written by save(); "
+                    "pickles of older versions are not read)"
+                )
+            _entries(f, 2, str(path), "a result file holds 2")
+            with zipfile.ZipFile(f) as z:
+                return _load(z, path, expected, max_bytes)
+    except ResultFileError:
+        raise
+    except OSError as exc:
+        raise ResultFileError(f"{path}: cannot read it ({exc})") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, struct.error) as exc:
+        raise ResultFileError(f"{path}: corrupted file ({type(exc).__name__}: {exc})") from None
+
+
+def _load(z: zipfile.ZipFile, path: Path, expected: type | None, max_bytes: int) -> Any:
+    names = set(z.namelist())
+    if names != {"fedstats.json", "arrays.npz"}:
+        raise ResultFileError(f"{path} is not a fedstats result file (members {sorted(names)[:4]})")
+    head = z.getinfo("fedstats.json")
+    if head.file_size > MAX_HEADER_BYTES:
         raise ResultFileError(
-            f"{path} is not a fedstats result file (expected a zip archive written by save(); "
-            "pickles of older versions are not read)"
+            f"{path}: its header holds {head.file_size} bytes; a result's header holds at most {MAX_HEADER_BYTES}"
         )
-    with zipfile.ZipFile(path) as z:
-        names = set(z.namelist())
-        if not {"fedstats.json", "arrays.npz"} <= names:
-            raise ResultFileError(f"{path} is not a fedstats result file (members {sorted(names)[:4]})")
-        try:
-            body = json.loads(z.read("fedstats.json"))
-        except ValueError as exc:
-            raise ResultFileError(f"{path}: unreadable header ({exc})") from None
-        if not isinstance(body, dict) or body.get("format") != FORMAT:
-            raise ResultFileError(f"{path} is not a fedstats result file")
-        if not isinstance(body.get("version"), int) or body["version"] > VERSION:
-            raise ResultFileError(
-                f"{path} has format version {body.get('version')!r}; this fedstats reads versions up to {VERSION}"
-            )
-        try:
-            with np.load(io.BytesIO(z.read("arrays.npz")), allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-        except ValueError as exc:
-            raise ResultFileError(f"{path}: arrays refused ({exc})") from None
+    with z.open(head) as h:
+        raw = h.read(MAX_HEADER_BYTES + 1)
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise ResultFileError(f"{path}: the header nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:
+        raise ResultFileError(f"{path}: unreadable header ({exc})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise ResultFileError(f"{path} is not a fedstats result file")
+    version = body.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
+        raise ResultFileError(f"{path} has format version {version!r}; this fedstats reads versions up to {VERSION}")
     res = body.get("result")
-    if not isinstance(res, dict) or "__object__" not in res:
+    if not isinstance(res, dict) or not isinstance(res.get("__object__"), str):
         raise ResultFileError(f"{path} holds no result")
+    refs, classes = _walk(res, path)
     cls = _registered(res["__object__"])
     if expected is not None and not issubclass(cls, expected):
         raise ResultFileError(f"{path} holds a {cls.__qualname__}, not a {expected.__qualname__}")
+    for name in sorted(classes):  # every class, before any array is read
+        _registered(name)
+    arrays = _read_arrays(z, refs, max_bytes, path)
     try:
         return _decode(res, arrays)
     except ResultFileError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except RecursionError:
+        raise ResultFileError(f"{path}: the header nests too deep") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed state makes a class raise
         raise ResultFileError(f"{path}: malformed result file ({type(exc).__name__}: {exc})") from None

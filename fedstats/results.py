@@ -57,7 +57,7 @@ from .data import UnknownClientError  # a KeyError (and a DataError) naming the 
 from .data.validation import ClientId
 
 # the file format's names, re-exported for every model
-from .result_file import FORMAT, VERSION, ResultFileError, load_result, register, save_result  # noqa: F401
+from .result_file import FORMAT, MAX_ARRAY_BYTES, VERSION, ResultFileError, load_result, register, save_result  # noqa: F401
 
 if TYPE_CHECKING:
     from arviz import InferenceData
@@ -344,10 +344,11 @@ class FederatedResult:
         return save_result(self, path)
 
     @classmethod
-    def load(cls, path: str | PathLike[str]) -> Self:
+    def load(cls, path: str | PathLike[str], *, max_bytes: int = MAX_ARRAY_BYTES) -> Self:
         """The result that :meth:`save` wrote to ``path`` (it must be a ``cls``). Loading never
-        runs code named in the file: see :mod:`fedstats.results`."""
-        return load_result(path, expected=cls)
+        runs code named in the file and is bounded (arrays of at most ``max_bytes`` together):
+        see :func:`fedstats.result_file.load_result`."""
+        return load_result(path, expected=cls, max_bytes=max_bytes)
 
 
 def counted(fit: _F) -> _F:

@@ -1,18 +1,30 @@
-"""Checkpoints of a run: an atomically written pickle of the server state, every client's
+"""Checkpoints of a run: an atomically written file of the server state, every client's
 private state, the history and the byte counters, with a fingerprint of the run's
-configuration that a resumed run must match. Only resume from files you trust."""
+configuration that a resumed run must match. The file is a fedstats result file
+(:mod:`fedstats.result_file`: JSON and arrays, no pickle), so reading a crafted checkpoint
+runs nothing and is bounded like loading a result."""
 
 from __future__ import annotations
 
 import os
-import pickle
 import tempfile
+from typing import Any
 
+from ..result_file import ResultFileError, load_result, register, save_result
 from .participation import Participation, qualname
-from .protocol import ClientId, FederatedAlgorithm, describe_exc
+from .protocol import ClientId, FederatedAlgorithm
 
-#: version of the checkpoint layout written by :func:`~fedstats.federation.run`
-CHECKPOINT_FORMAT = 1
+#: version of the checkpoint layout written by :func:`~fedstats.federation.run` (1: a pickle)
+CHECKPOINT_FORMAT = 2
+
+
+@register
+class Checkpoint:
+    """What a checkpoint file holds: the run's payload (plain data, written by
+    :func:`write_atomic`)."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.payload = payload
 
 
 def fingerprint(algorithm: FederatedAlgorithm, ids: list[ClientId], seed: int, plan: Participation) -> dict:
@@ -57,13 +69,18 @@ def fingerprint_diff(saved: dict, now: dict, completed: int) -> list[str]:
 
 
 def write_atomic(path: str, payload: dict) -> None:
+    """Write ``payload`` to ``path`` atomically (a temporary file in the same directory, synced,
+    then renamed over ``path``): a crash leaves the previous checkpoint whole."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.flush()
+        try:
+            save_result(Checkpoint(payload), tmp)
+        except TypeError as exc:
+            raise TypeError(f"cannot checkpoint this run: {exc}") from None
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -76,10 +93,9 @@ def write_atomic(path: str, payload: dict) -> None:
 
 def read_checkpoint(path: str) -> dict:
     try:
-        with open(path, "rb") as f:
-            payload = pickle.load(f)
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"could not read checkpoint {path!r}: {describe_exc(exc)}") from exc
+        payload = load_result(path, Checkpoint).payload
+    except ResultFileError as exc:
+        raise ValueError(f"could not read checkpoint {path!r}: {exc}") from None
     if not isinstance(payload, dict) or "format" not in payload:
         raise ValueError(f"{path!r} is not a fedstats checkpoint")
     if payload["format"] != CHECKPOINT_FORMAT:

@@ -16,6 +16,7 @@ from scipy.spatial import cKDTree
 
 from .. import streams
 from ..federation import FederatedAlgorithm, Message
+from ..result_file import register
 from ._core import HyperSpec, raw_tensors
 from ._local import nll_grad
 
@@ -84,8 +85,9 @@ def average_hypers(spec: HyperSpec, hypers: list[dict], weights: np.ndarray, spa
 # --------------------------------------------------------------------------- client state
 
 
+@register
 @dataclass(frozen=True)
-class _Client:
+class _FGPRClient:
     """A client's private state between rounds: no data (checkpoints never hold data), only
     its sizes, its step count and, if persistent, its optimiser moments (numpy, on the CPU)."""
 
@@ -106,7 +108,8 @@ class _View:
     tree: cKDTree | None  # for nearest-neighbour batches
 
 
-class _Server:
+@register
+class _FGPRServer:
     def __init__(self, hyper: dict, weights: dict):
         self.hyper, self.weights = hyper, weights
 
@@ -205,15 +208,15 @@ class FGPRAlgorithm(FederatedAlgorithm):
 
     # ---- protocol
     def init_server(self, clients, rng):
-        return _Server({n: v.copy() for n, v in self.init.items()}, dict(self.counts))
+        return _FGPRServer({n: v.copy() for n, v in self.init.items()}, dict(self.counts))
 
     def init_client(self, client, data, rng):
         n = data.n
         m = batch_for(self.batch_size, n)
         e = max(1, n // m) if self.local_steps == "epoch" else int(self.local_steps)
-        return _Client(n, m, e, None, 0)
+        return _FGPRClient(n, m, e, None, 0)
 
-    def _view(self, state: _Client, data) -> _View:
+    def _view(self, state: _FGPRClient, data) -> _View:
         X, y = np.array(data.X, dtype=float), np.array(data.y, dtype=float)
         y = standardise(y)[0] if self.standardize else y
         tree = cKDTree(X) if (self.sampler == "nearest" and state.m < state.n) else None
@@ -354,7 +357,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
         )
 
     @staticmethod
-    def _nearest(state: _Client, view: _View, rng) -> np.ndarray:
+    def _nearest(state: _FGPRClient, view: _View, rng) -> np.ndarray:
         assert view.tree is not None  # _view builds it for "nearest" whenever M < N_k
         return np.sort(view.tree.query(view.X[rng.integers(state.n)], k=state.m)[1])
 
@@ -416,7 +419,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
         out = []
         for g, (msg, s) in enumerate(zip(messages, states)):
             opt = {"m": {n: mo[n][g].copy() for n in names}, "v": {n: ve[n][g].copy() for n in names}} if keep else None
-            out.append((reply(g, msg, s), _Client(s.n, s.m, s.e, opt, s.steps + E)))
+            out.append((reply(g, msg, s), _FGPRClient(s.n, s.m, s.e, opt, s.steps + E)))
         return out
 
     def _moments(self, states, k: str) -> torch.Tensor:
@@ -438,7 +441,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
         total = sum(self._weight(server_state, c, round) for c in replies)
         mean = {n: np.asarray(replies.sums[n]) / total for n in self.spec.names}
         new = from_average_space(self.spec, mean, self.average_space)
-        return _Server(new, server_state.weights), self._metrics(old, new)
+        return _FGPRServer(new, server_state.weights), self._metrics(old, new)
 
     def _metrics(self, old, new) -> dict:
         out = {"change": float(np.sqrt(sum(np.sum((new[n] - old[n]) ** 2) for n in self.spec.names)))}

@@ -12,6 +12,7 @@ import numpy as np
 from scipy import linalg as sla
 
 from ..federation import FederatedAlgorithm
+from ..result_file import register
 from .local import full_batch, full_batch_steps, initial_theta, local_steps
 
 if TYPE_CHECKING:
@@ -71,8 +72,9 @@ def omega_update(omega: np.ndarray, theta: np.ndarray, alpha: float) -> np.ndarr
 # --------------------------------------------------------------------------- the algorithm
 
 
+@register
 @dataclass
-class _Server:
+class _HM1Server:
     theta: np.ndarray  # (d, K)
     omega: np.ndarray  # (K, K)
     agg: np.ndarray  # (d, K): Theta Omega^{-1} for the current (Theta, Omega)
@@ -82,8 +84,9 @@ class _Server:
     seen: frozenset = frozenset()
 
 
+@register
 @dataclass
-class _Device:
+class _HM1Device:
     n: int
     XtX: np.ndarray
     Xty: np.ndarray
@@ -139,13 +142,13 @@ class HM1Algorithm(FederatedAlgorithm):
             else initial_theta(self.init, self.d, K, rng)
         )
         omega = np.eye(K) if self.omega_init is None else np.array(self.omega_init, dtype=float)
-        return _Server(theta, omega, aggregates(theta, omega, self.jitter), {c: i for i, c in enumerate(clients)})
+        return _HM1Server(theta, omega, aggregates(theta, omega, self.jitter), {c: i for i, c in enumerate(clients)})
 
     def init_client(self, client, data, rng):
         X, y = data
         n = X.shape[0]
         s = shrink_for(self.shrink_scale, X, y, client, self.local_steps, self.batch_size, self.grad_reduction)
-        return _Device(n, X.T @ X, X.T @ y, s)
+        return _HM1Device(n, X.T @ X, X.T @ y, s)
 
     def broadcast(self, server_state, client, round):
         k = server_state.index[client]
@@ -209,7 +212,7 @@ class HM1Algorithm(FederatedAlgorithm):
         change = float(np.linalg.norm(theta - server_state.theta))
         theta_rel, omega_rel = relative_change(theta, server_state.theta), relative_change(omega, server_state.omega)
         w = np.linalg.eigvalsh(omega)
-        new = _Server(theta, omega, aggregates(theta, omega, self.jitter), server_state.index, seen)
+        new = _HM1Server(theta, omega, aggregates(theta, omega, self.jitter), server_state.index, seen)
         if self.callback is not None:
             self.callback(round, theta.copy(), omega.copy())
         return new, {

@@ -42,7 +42,7 @@ from ..data import DataLike
 from ..estimator import MAPPING, NONE, Real
 from ..federation import client_function, run
 from ..federation.backend import accepts_backend
-from ..results import counted
+from ..results import counted, register
 from ._common import SERVER_CONSTRAINTS, MixtureEstimator, as_federated, check_failures, still_in_fit
 from .bayes_result import BayesianMixtureResult
 from .fedem import FedEMAlgorithm, SentStatistics
@@ -51,6 +51,7 @@ from .gmm import cov_shape, m_step, precision_cholesky
 _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
 
 
+@register
 @dataclass
 class VBClientState:
     """A client's variational Dirichlet ``alpha_c`` (private), its row count and what it last

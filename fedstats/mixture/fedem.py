@@ -61,7 +61,7 @@ from ..estimator import BOOL, NONE, Constraint, Int
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
 from ..privacy import DifferentialPrivacy
-from ..results import counted
+from ..results import counted, register
 from ._common import (
     SERVER_CONSTRAINTS,
     WEIGHTS,
@@ -84,6 +84,7 @@ _DP = NONE | Constraint(lambda v: isinstance(v, DifferentialPrivacy), "a fedstat
 _log_weights, _norm = log_weights, norm
 
 
+@register
 @dataclass
 class SentStatistics:
     """What a client last added to the server's running totals: its statistics about
@@ -97,6 +98,7 @@ class SentStatistics:
     entropy: float
 
 
+@register
 @dataclass
 class ClientMixtureState:
     """What a client keeps between rounds: its log-weights (never sent), row count, and what

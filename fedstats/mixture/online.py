@@ -60,7 +60,7 @@ from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import Communication, counting, run
 from ..federation.backend import accepts_backend
 from ..federation.oneshot import raise_failures
-from ..results import load_result, register, save_result
+from ..results import MAX_ARRAY_BYTES, load_result, register, save_result
 from ._common import as_federated
 from .gmm import cov_shape, precision_cholesky
 from .result import GaussianMixtureResult
@@ -547,9 +547,9 @@ class FEMOMD(Estimator):
         return save_result(self, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> FEMOMD:
-        """Read a model written by :meth:`save` (the safe format of :mod:`fedstats.results`)."""
-        return load_result(path, expected=cls)
+    def load(cls, path: str | os.PathLike, *, max_bytes: int = MAX_ARRAY_BYTES) -> FEMOMD:
+        """Read a model written by :meth:`save` (the safe, bounded format of :mod:`fedstats.results`)."""
+        return load_result(path, expected=cls, max_bytes=max_bytes)
 
     def history_frame(self) -> pd.DataFrame:
         """One row per time step: step size (NaN for the adaptive step of per-client weights: each

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
-import pickle
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +21,7 @@ from fedstats.federation import (
     SkipRound,
     run,
 )
+from fedstats.federation.checkpoints import read_checkpoint
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -809,9 +810,9 @@ def test_resume_equals_straight_run(tmp_path, participation, batched):
     )
     assert resumed.resumed_from == 3 and resumed.rounds == 6
     assert_same_run(straight, resumed)
-    with open(p, "rb") as f:
-        saved = pickle.load(f)
-    assert saved["completed"] == 6 and saved["seed"] == 11 and saved["format"] == 1
+    saved = read_checkpoint(str(p))  # the safe file format: no pickle
+    assert zipfile.is_zipfile(p)
+    assert saved["completed"] == 6 and saved["seed"] == 11 and saved["format"] == 2
     assert saved["fingerprint"]["algorithm"].endswith("Noisy")
     assert [os.path.basename(f) for f in glob.glob(str(tmp_path / "*"))] == ["run.ckpt"]  # no temp left
 
@@ -831,8 +832,7 @@ def test_resume_after_crash_same_algorithm(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run(Flaky(), data, rounds=6, participation=3, progress=False, checkpoint=p, checkpoint_every=2)
-    with open(p, "rb") as f:
-        assert pickle.load(f)["completed"] == 4
+    assert read_checkpoint(str(p))["completed"] == 4
     alg = Flaky()
     alg.crash_at = -1
     resumed = run(alg, data, rounds=6, participation=3, progress=False, checkpoint=p, resume=True)
