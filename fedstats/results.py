@@ -373,6 +373,10 @@ def counted(fit: _F) -> _F:
             res = fit(self, *args, **kwargs)
         for w in caught:  # re-issued at the caller's line of fit(), not at this wrapper's
             warnings.warn(w.message, w.category, stacklevel=2)
+        too_much = getattr(getattr(res, "privacy", None), "warning", None)  # a PrivacySpent's check
+        message = too_much() if callable(too_much) else None
+        if message:
+            warnings.warn(f"{type(self).__name__}: {message}", UserWarning, stacklevel=2)
         if ledger.parts and hasattr(res, "communication"):
             res.communication = ledger.communication()
         if isinstance(res, FederatedResult):

@@ -26,6 +26,16 @@ Rules (defaults follow DataSHIELD's disclosure filters):
 * ``release_statistics`` (default ``false``): whether the node runs an exchange whose replies
   are its sufficient statistics themselves (HM1's opt-in information share, ``X'X / s^2`` and
   ``X'y / s^2``, which HM1's posteriors need: they couple every client through Omega);
+* ``require_secure_aggregation`` (default ``false``): run only exchanges whose every reply
+  array is summed by secure aggregation (refuses per-client replies and runs without it);
+* ``min_noise_multiplier``: run only differentially private exchanges whose noise, in what
+  leaves the node, has at least this multiplier (see :mod:`fedstats.federation.budget`);
+* ``epsilon_budget``: the epsilon (at ``budget_delta``, default 1e-6) that all runs together
+  may spend on this node's data. The node records every release in ``privacy_ledger`` (a JSON
+  file; default ``fedstats-privacy-ledger.json`` in its working directory; ``{client}`` in the
+  path stands for the client's name, for a node that serves several) and refuses a run
+  whose planned releases would exceed the budget, and any step that would; a run without
+  differential privacy releases exact statistics and is refused;
 * ``posterior_dir``: the directory where the node writes each such result for its owner (a
   fedstats result file per client and run, read with :func:`fedstats.results.load_result`);
   default: none, except on a deployed node (one that reads its own data), which writes to
@@ -43,6 +53,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -104,6 +115,11 @@ class NodePolicy:
     release: str = "messages"
     release_statistics: bool = False
     posterior_dir: str | None = None
+    require_secure_aggregation: bool = False
+    min_noise_multiplier: float | None = None
+    epsilon_budget: float | None = None
+    budget_delta: float = 1e-6
+    privacy_ledger: str = "fedstats-privacy-ledger.json"
 
     def __post_init__(self) -> None:
         if self.release not in ("messages", "posterior"):
@@ -120,6 +136,18 @@ class NodePolicy:
             if isinstance(self.algorithms, str) or not all(isinstance(a, str) for a in self.algorithms):
                 raise ValueError("algorithms must be a list of algorithm class names")
             object.__setattr__(self, "algorithms", tuple(self.algorithms))
+        if not isinstance(self.require_secure_aggregation, bool):
+            raise ValueError(
+                f"require_secure_aggregation must be true or false, got {self.require_secure_aggregation!r}"
+            )
+        for key in ("min_noise_multiplier", "epsilon_budget"):
+            v = getattr(self, key)
+            if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0):
+                raise ValueError(f"{key} must be a number >= 0, got {v!r}")
+        if not (isinstance(self.budget_delta, float) and 0.0 < self.budget_delta < 1.0):
+            raise ValueError(f"budget_delta must be a number in (0, 1), got {self.budget_delta!r}")
+        if not isinstance(self.privacy_ledger, str) or not self.privacy_ledger:
+            raise ValueError(f"privacy_ledger must be a file path, got {self.privacy_ledger!r}")
         if not isinstance(self.options, Mapping) or not all(isinstance(v, Mapping) for v in self.options.values()):
             raise ValueError("options must map algorithm class names to tables of option ranges")
 
@@ -135,6 +163,11 @@ class NodePolicy:
             "release",
             "release_statistics",
             "posterior_dir",
+            "require_secure_aggregation",
+            "min_noise_multiplier",
+            "epsilon_budget",
+            "budget_delta",
+            "privacy_ledger",
         }
         if unknown:
             raise ValueError(f"unknown policy keys {sorted(unknown)}")
@@ -180,6 +213,70 @@ class NodePolicy:
                 f"a regression on {cols} columns needs at least {self.min_rows_per_parameter:g} rows per column "
                 f"({math.ceil(self.min_rows_per_parameter * cols)} rows); this client has {rows}",
             )
+
+
+def _run_rules(policy: NodePolicy, algorithm: Any, secure: bool) -> float | None:
+    """The checks of secure aggregation and noise; the noise multiplier of one release as the
+    node counts it (``None`` when the policy sets no noise or budget rule)."""
+    name = type(algorithm).__name__
+    if policy.require_secure_aggregation:
+        per_client = [k for k in getattr(algorithm, "reply_keys", ()) if k not in getattr(algorithm, "summed_keys", ())]
+        if per_client:
+            raise PolicyRefusal(
+                "require_secure_aggregation",
+                f"{name} replies {per_client} per client, which secure aggregation cannot sum",
+            )
+        if not secure:
+            raise PolicyRefusal("require_secure_aggregation", f"this run of {name} is not under secure aggregation")
+    if policy.min_noise_multiplier is None and policy.epsilon_budget is None:
+        return None
+    from .budget import node_noise_multiplier
+
+    z = node_noise_multiplier(algorithm, secure)
+    if policy.min_noise_multiplier is not None and z < policy.min_noise_multiplier:
+        raise PolicyRefusal(
+            "min_noise_multiplier",
+            f"{name}'s releases would leave this node with noise multiplier {z:.3g}; the node requires "
+            f"at least {policy.min_noise_multiplier:g}"
+            + (" (without differential privacy: exact statistics)" if z == 0 else ""),
+        )
+    return z
+
+
+def check_run(policy: NodePolicy, algorithm: Any, client: Any, *, secure: bool, rounds: int | None) -> None:
+    """Refuse (:class:`PolicyRefusal`) a run that breaks the policy's rules on secure
+    aggregation, noise and privacy budget: its ``rounds`` releases are planned against the
+    node's ledger (:mod:`fedstats.federation.budget`)."""
+    z = _run_rules(policy, algorithm, secure)
+    if policy.epsilon_budget is None or z is None:
+        return
+    if not isinstance(rounds, int) or rounds < 1:
+        raise PolicyRefusal("epsilon_budget", "the run does not say how many rounds it plans: the node cannot budget it")
+    budget(policy, client).check(z, rounds, f"this run of {type(algorithm).__name__} ({rounds} releases at noise multiplier {z:.3g})")
+
+
+def check_step(
+    policy: NodePolicy, algorithm: Any, client: Any, *, secure: bool, what: str
+) -> tuple[Any, float] | None:
+    """The per-step rules: refuse a step outside secure aggregation (when required) or one
+    release past the budget; ``(the node's budget, the step's noise multiplier)`` to record the
+    release once made, or ``None`` without a budget."""
+    z = _run_rules(policy, algorithm, secure)
+    if policy.epsilon_budget is None or z is None:
+        return None
+    b = budget(policy, client)
+    b.check(z, 1, what)
+    return b, z
+
+
+def budget(policy: NodePolicy, client: Any) -> Any:
+    """The :class:`~fedstats.federation.budget.NodeBudget` of ``client``'s data on this node
+    (its policy sets ``epsilon_budget``)."""
+    from .budget import NodeBudget
+
+    assert policy.epsilon_budget is not None
+    path = policy.privacy_ledger.replace("{client}", re.sub(r"[^A-Za-z0-9_.-]+", "_", str(client)) or "client")
+    return NodeBudget(path, policy.epsilon_budget, policy.budget_delta)
 
 
 def policy_of(value: NodePolicy | str | os.PathLike | None) -> NodePolicy:

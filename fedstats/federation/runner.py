@@ -207,6 +207,9 @@ def run(
         if backend is None
         else backend.client_side(algorithm, ids, data, seed)
     )
+    plan_rounds = getattr(devices, "plan_rounds", None)  # a remote client side tells its nodes the budget
+    if callable(plan_rounds):
+        plan_rounds(rounds)
     try:
         out = _run(
             _Run(

@@ -41,13 +41,15 @@ Examples
 inf
 """
 
-from .ledger import NEIGHBOURING, PrivacyLedger, PrivacySpent, Release, run_seed
+from .ledger import NEIGHBOURING, PrivacyLedger, PrivacySpent, Release, run_seed, spent_together
 from .mechanism import ClippedSums, clip_rows, effective_noise_multiplier, gaussian_noise, noise_scales
-from .options import DEFAULT_DELTA, DifferentialPrivacy
+from .options import DEFAULT_DELTA, WARN_EPSILON, DifferentialPrivacy
 
 __all__ = [
     "DifferentialPrivacy",
     "DEFAULT_DELTA",
+    "WARN_EPSILON",
+    "spent_together",
     "clip_rows",
     "ClippedSums",
     "noise_scales",

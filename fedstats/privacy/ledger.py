@@ -230,9 +230,60 @@ class PrivacySpent:
             f"intervals {what} the differential-privacy noise (epsilon={s['epsilon']:.4g}, delta={s['delta']:g}{extra})"
         )
 
+    def warning(self) -> str | None:
+        """Why the fit's epsilon is too large to mean much, or ``None``: the epsilon exceeds the
+        option's ``warn_epsilon``."""
+        eps = self.epsilon
+        level = float(getattr(self.option, "warn_epsilon", math.inf))
+        if not eps > level:
+            return None
+        z = float(self.option.noise_multiplier)
+        least = min((r.noise_multiplier for r in self.ledger.releases), default=z)
+        why = ""
+        if least < z:
+            why = (
+                f" The releases carried noise multipliers down to {least:.3g}, not {z:g}: with "
+                "placement='client' and no secure aggregation the server reads each client's reply, "
+                "which holds only that client's share of the noise (secure aggregation restores it)."
+            )
+        return (
+            f"this fit spent epsilon={eps:.3g} at delta={self.delta:g}, more than warn_epsilon={level:g}: "
+            f"the guarantee bounds little.{why} Spend less with a larger noise_multiplier, fewer rounds"
+            " or secure aggregation; DifferentialPrivacy(warn_epsilon=...) sets this level."
+        )
+
     def __repr__(self) -> str:
         n = sum(r.count for r in self.ledger.releases)
         return (
             f"PrivacySpent(epsilon={self.epsilon:.4g}, delta={self.delta:g}, "
             f"accountant={self.ledger.accountant!r}, releases={n})"
         )
+
+
+def spent_together(*spent: Any) -> PrivacyLedger:
+    """The releases of several differentially private fits of the same data, composed: each
+    fit reports its own epsilon, and analysing the same rows again spends more. Takes results
+    (their ``privacy``), :class:`PrivacySpent` or ledgers, all with one accountant.
+
+    >>> a, b = PrivacyLedger(), PrivacyLedger()
+    >>> a.record("IRLS rounds", 2.0, count=5)
+    >>> b.record("EM rounds", 2.0, count=5)
+    >>> round(spent_together(a, b).epsilon(1e-6), 3) > round(a.epsilon(1e-6), 3)
+    True
+    """
+    ledgers = []
+    for s in spent:
+        s = getattr(s, "privacy", s)
+        s = getattr(s, "ledger", s)
+        if not isinstance(s, PrivacyLedger):
+            raise TypeError(f"spent_together takes results with a privacy attribute, PrivacySpent or ledgers, got {s!r}")
+        ledgers.append(s)
+    if not ledgers:
+        raise ValueError("spent_together needs at least one fit")
+    kinds = {x.accountant for x in ledgers}
+    if len(kinds) > 1:
+        raise ValueError(f"the fits used different accountants {sorted(kinds)}: compose fits of one accountant")
+    out = PrivacyLedger(ledgers[0].accountant)
+    for x in ledgers:
+        out.extend(x)
+    return out

@@ -32,6 +32,9 @@ from .mechanism import (
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
 #: the default ``delta``: well under ``1 / n`` for up to about 100,000 rows
 DEFAULT_DELTA = 1e-6
+#: a fit warns when it spent more epsilon than this (``DifferentialPrivacy(warn_epsilon=)``):
+#: beyond about 10 the bound on what one row changes (a factor ``e^epsilon``) protects little
+WARN_EPSILON = 10.0
 
 
 @register
@@ -72,6 +75,11 @@ class DifferentialPrivacy:
         (:meth:`effective_noise_multiplier`), and without secure aggregation with one
         client's share only (the server reads each reply). ``"central"``: the server adds ``N(0, (z s)^2)`` once to the
         aggregate; it is trusted with the exact sums.
+    warn_epsilon : float
+        The fit warns when the epsilon it spent exceeds this (default 10: beyond it the
+        guarantee bounds little; ``inf``: never). With ``placement="client"`` and no secure
+        aggregation the server reads each client's reply, which carries only that client's
+        share of the noise, so the epsilon is far larger than ``noise_multiplier`` suggests.
 
     Examples
     --------
@@ -92,6 +100,7 @@ class DifferentialPrivacy:
     delta: float = DEFAULT_DELTA
     accountant: Literal["rdp", "pld"] = "rdp"
     placement: Placement = "client"
+    warn_epsilon: float = WARN_EPSILON
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -105,10 +114,14 @@ class DifferentialPrivacy:
         if self.accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant must be 'rdp' or 'pld', got {self.accountant!r}")
         set_(self, "placement", check_placement(self.placement))
+        w = self.warn_epsilon
+        if not _is_real(w) or not float(w) > 0.0:
+            raise ValueError(f"warn_epsilon must be a number > 0 (inf: never warn), got {w!r}")
+        set_(self, "warn_epsilon", float(w))
 
     def __hash__(self) -> int:
         clip = tuple(sorted(self.clip.items())) if isinstance(self.clip, Mapping) else self.clip
-        return hash((self.noise_multiplier, clip, self.delta, self.accountant, self.placement))
+        return hash((self.noise_multiplier, clip, self.delta, self.accountant, self.placement, self.warn_epsilon))
 
     def __getstate__(self) -> dict[str, Any]:  # plain values, for result files and pickles
         return self.as_dict()
@@ -129,6 +142,7 @@ class DifferentialPrivacy:
             "delta": self.delta,
             "accountant": self.accountant,
             "placement": self.placement,
+            "warn_epsilon": self.warn_epsilon,
         }
 
     def noise_scales(self, keys: Iterable[str]) -> dict[str, float]:

@@ -49,3 +49,33 @@ class Flaky(FederatedAlgorithm):
         n = sum(float(m["n"][0]) for m in replies.values())
         mean = sum(m["s"] for m in replies.values()) / n
         return {"mean": mean, "seen": state["seen"] + n, "draw": state["draw"]}, {"answered": float(len(replies))}
+
+
+class PrivateSum(FederatedAlgorithm):
+    """Clients release their clipped column sums and row counts under differential privacy
+    (``privacy``, a DifferentialPrivacy shared among ``n_clients``); the server keeps the sums."""
+
+    reply_keys = ("s", "n")
+    summed_keys = ("s", "n")
+
+    def __init__(self, privacy, n_clients: int):
+        self.privacy, self.n_clients = privacy, n_clients
+
+    def init_server(self, clients, rng):
+        return {"s": np.zeros(2), "n": np.zeros(1)}
+
+    def init_client(self, client, data, rng):
+        return {}
+
+    def broadcast(self, state, client, round):
+        return {"round": np.array([round])}
+
+    def client_step(self, message, state, data, rng):
+        rows = {"s": np.asarray(data.X, float), "n": np.ones(len(data.X))}
+        out = self.privacy.client_sums(rows, rng, n_clients=self.n_clients)
+        return {k: np.atleast_1d(np.asarray(v, float)) for k, v in out.sums.items()}, state
+
+    def server_step(self, state, replies, round):
+        if not replies:  # every node refused the round
+            return dict(state), {}
+        return {k: np.asarray(replies.sums[k], float) for k in self.summed_keys}, {}

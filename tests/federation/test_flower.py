@@ -21,6 +21,7 @@ from fedstats.data import ClientData  # noqa: E402
 from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: E402
 from fedstats.federation import ClientDisconnected, run, use_backend  # noqa: E402
 from fedstats.federation.flower import FlowerSession, RemoteDataError, RemoteFederatedData, dumps, loads  # noqa: E402
+from fedstats.federation.flower.clients import FlowerClients  # noqa: E402
 from fedstats.gp import FGPR  # noqa: E402
 from fedstats.linear import StructuralCovarianceModel  # noqa: E402
 from fedstats.linear.baselines import FedAvg  # noqa: E402
@@ -610,6 +611,71 @@ def test_a_node_refuses_what_its_policy_forbids(session):
     assert "rule min_rows_per_parameter" in res.excluded[2], res.excluded
     two = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs[:2], ys[:2]))
     close(res.params, two.params)
+
+
+def test_a_node_keeps_its_privacy_budget_across_runs(session, policy_file, tmp_path):
+    """Issue 41: a node whose policy budget is epsilon 5 records every release on its ledger and
+    refuses a run that would take the composed total past 5, before computing anything.
+
+    Runs of epsilon 3.3 each: under the tight (Renyi) composition of Gaussian mechanisms that
+    the ledger uses, two such runs spend 4.86 together, not 6.6 (3.3 + 3.3 is the loose basic
+    composition), so the node accepts the second and refuses the third (any two Gaussian
+    mechanisms of 3.3 each compose to 4.86). A run that alone would spend 4.4 in one release
+    composes to more than 5 with the first and is refused at once."""
+    from fedstats.federation.budget import NodeBudget
+    from fedstats.privacy import DifferentialPrivacy, PrivacyLedger
+
+    rng = np.random.default_rng(4)
+    data = {c: ClientData(X=rng.normal(size=(30, 2)), y=None, client=c) for c in ("a", "b", "c")}
+    dp = DifferentialPrivacy(noise_multiplier=5.2227, clip=1.0)  # 4 rounds among 3 clients: epsilon 3.3
+    ledger = (tmp_path / "ledger-{client}.json").as_posix()
+    saved, saved_mode = policy_file.read_text(), session.on_disconnect
+    policy_file.write_text(f'epsilon_budget = 5.0\nprivacy_ledger = "{ledger}"\n' + saved)
+    try:
+        with use_backend(session):
+            first = run(flower_toys.PrivateSum(dp, 3), data, rounds=4, seed=1, progress=False)
+        eps = first.privacy.epsilon(1e-6)
+        assert eps == pytest.approx(3.3, abs=0.01)  # the run's own account: each reply read alone
+        books = {c: NodeBudget(ledger.replace("{client}", c), 5.0, 1e-6) for c in data}
+        for b in books.values():  # every node's ledger agrees with the run's
+            assert b.epsilon() == pytest.approx(eps, rel=1e-9)
+        with use_backend(session):
+            second = run(flower_toys.PrivateSum(dp, 3), data, rounds=4, seed=2, progress=False)
+        assert not second.lost and books["a"].epsilon() == pytest.approx(4.858, abs=0.01)
+        session.on_disconnect = "raise"
+        with use_backend(session), pytest.raises(ClientDisconnected, match=r"rule epsilon_budget.*from 4.86 to 6.\d+"):
+            run(flower_toys.PrivateSum(dp, 3), data, rounds=4, seed=3, progress=False)
+        assert books["a"].epsilon() == pytest.approx(4.858, abs=0.01)  # refused before any release
+
+        # fresh ledgers: one run of 3.3, then a run of one release that alone spends 4.4 (within the budget)
+        for f in tmp_path.glob("ledger-*.json"):
+            f.unlink()
+        with use_backend(session):
+            run(flower_toys.PrivateSum(dp, 3), data, rounds=4, seed=4, progress=False)
+        one = PrivacyLedger()
+        strong = DifferentialPrivacy(noise_multiplier=2.0, clip=1.0)
+        one.record("x", 2.0 / np.sqrt(3), 1)
+        assert 4.0 < one.epsilon(1e-6) < 5.0
+        with use_backend(session), pytest.raises(ClientDisconnected, match="rule epsilon_budget"):
+            run(flower_toys.PrivateSum(strong, 3), data, rounds=1, seed=5, progress=False)
+
+        # a server that plans fewer rounds than it runs is stopped at the step that would pass the budget
+        for f in tmp_path.glob("ledger-*.json"):
+            f.unlink()
+        session.on_disconnect = saved_mode
+        original = FlowerClients.plan_rounds
+        try:
+            FlowerClients.plan_rounds = lambda self, rounds: original(self, 1)
+            with use_backend(session):
+                lying = run(flower_toys.PrivateSum(dp, 3), data, rounds=12, seed=6, progress=False)
+        finally:
+            FlowerClients.plan_rounds = original
+        failed = [r.failed for r in lying.history if r.failed]
+        assert failed and all("rule epsilon_budget" in why for f in failed for why in f.values()), failed
+        assert 4.5 < books["a"].epsilon() <= 5.0
+    finally:
+        policy_file.write_text(saved)
+        session.on_disconnect = saved_mode
 
 
 class Untrusted(flower_toys.Flaky):  # defined in this module, which the session does not trust

@@ -269,6 +269,7 @@ def test_the_option_is_checked_and_frozen():
         "delta": 1e-6,
         "accountant": "rdp",
         "placement": "client",
+        "warn_epsilon": 10.0,
     }
 
 

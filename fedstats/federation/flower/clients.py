@@ -48,6 +48,7 @@ class FlowerClients:
         self.nodes = session.assign(ids)
         self.index = {c: i for i, c in enumerate(ids)}
         self.data = data
+        self.rounds = 1  # the run's round budget (plan_rounds)
         self.lost: dict[ClientId, str] = {}
         # each node gets the algorithm as it is for its client (no other client's entries);
         # one pickle serves every client the algorithm has nothing particular for
@@ -72,6 +73,12 @@ class FlowerClients:
         # clients whose last step the secure sum left out: their node undoes it at the next message
         self._rollback: set = set()
 
+    def plan_rounds(self, rounds: int) -> None:
+        """The run's round budget (:func:`~fedstats.federation.run` tells it before the first
+        round): sent with each start, so that a node with a privacy budget plans that many
+        releases."""
+        self.rounds = int(rounds)
+
     # ---- messages
     def _start_config(self, c) -> dict:
         cfg = dict(
@@ -81,6 +88,9 @@ class FlowerClients:
             data=self._shared if self._local else dumps(self.data[c]),
             index=self.index[c],
             seed=self.seed,
+            # for the node's rules: secure aggregation, and the releases a privacy budget plans for
+            secure=self.secure is not None,
+            rounds=int(self.rounds),
         )
         if self._pending[c] is not None:
             cfg["state"] = self._pending[c]

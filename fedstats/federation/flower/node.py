@@ -21,7 +21,7 @@ from flwr.clientapp import ClientApp
 from ...data import DataError, FederatedData
 from ...results import save_result
 from ..client_side import checked_step, client_rng
-from ..policy import NodePolicy, PolicyRefusal, policy_of
+from ..policy import NodePolicy, PolicyRefusal, check_run, check_step, policy_of
 from ..protocol import ClientRelease, ClientResultFile, SkipRound, describe_exc
 from .secure import SecureAggregation, encode
 from .wire import dumps, loads, to_arrays, to_record
@@ -119,7 +119,10 @@ class _Node:
             start = {k: cfg[k] for k in ("algorithm", "client", "local", "index", "seed", "data")}
             try:
                 algorithm, client, data = loaded = self._load(start, context)
-                self._policy(context).check(algorithm, data)
+                policy = self._policy(context)
+                policy.check(algorithm, data)
+                rounds = cfg.get("rounds")
+                check_run(policy, algorithm, client, secure=bool(cfg.get("secure", False)), rounds=rounds)
                 if "state" in cfg:
                     state = loads(cfg["state"], self.trust)
                 else:
@@ -232,6 +235,14 @@ class _Node:
         only if valid."""
         try:
             algorithm, client, data = loaded or self._load(rec, context)
+            name = type(algorithm).__name__
+            spend = check_step(
+                self._policy(context),
+                algorithm,
+                client,
+                secure="secure-bound" in cfg,
+                what=f"round {cfg['round']} of {name}",
+            )
             state = loads(rec["state"], self.trust)
             broadcast = to_arrays(broadcast_record)
             for v in broadcast.values():
@@ -241,6 +252,8 @@ class _Node:
             )
             reply, new_state = checked_step(algorithm, client, out)
             new_state = dumps(new_state)
+            if spend is not None:  # the release is made: on the node's ledger before it leaves
+                spend[0].record(str(cfg["run"]), name, name, spend[1])
         except SkipRound as exc:  # its message is the reason the server records
             return "skipped", str(exc), None, None
         except Exception as exc:  # noqa: BLE001 - a failing client is recorded, its state unchanged
