@@ -110,8 +110,16 @@ class NodeBudget:
         ledger whole)."""
         rows = self.releases()
         when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        rows.append({"run": run, "algorithm": algorithm, "name": name, "noise_multiplier": z, "count": count, "at": when})
-        doc = {"format": LEDGER_FORMAT, "version": 1, "accountant": self.accountant, "delta": self.delta, "releases": rows}
+        rows.append(
+            {"run": run, "algorithm": algorithm, "name": name, "noise_multiplier": z, "count": count, "at": when}
+        )
+        doc = {
+            "format": LEDGER_FORMAT,
+            "version": 1,
+            "accountant": self.accountant,
+            "delta": self.delta,
+            "releases": rows,
+        }
         folder = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".privacy-", suffix=".tmp", dir=folder)

@@ -251,13 +251,15 @@ def check_run(policy: NodePolicy, algorithm: Any, client: Any, *, secure: bool, 
     if policy.epsilon_budget is None or z is None:
         return
     if not isinstance(rounds, int) or rounds < 1:
-        raise PolicyRefusal("epsilon_budget", "the run does not say how many rounds it plans: the node cannot budget it")
-    budget(policy, client).check(z, rounds, f"this run of {type(algorithm).__name__} ({rounds} releases at noise multiplier {z:.3g})")
+        raise PolicyRefusal(
+            "epsilon_budget", "the run does not say how many rounds it plans: the node cannot budget it"
+        )
+    budget(policy, client).check(
+        z, rounds, f"this run of {type(algorithm).__name__} ({rounds} releases at noise multiplier {z:.3g})"
+    )
 
 
-def check_step(
-    policy: NodePolicy, algorithm: Any, client: Any, *, secure: bool, what: str
-) -> tuple[Any, float] | None:
+def check_step(policy: NodePolicy, algorithm: Any, client: Any, *, secure: bool, what: str) -> tuple[Any, float] | None:
     """The per-step rules: refuse a step outside secure aggregation (when required) or one
     release past the budget; ``(the node's budget, the step's noise multiplier)`` to record the
     release once made, or ``None`` without a budget."""

@@ -276,7 +276,9 @@ def spent_together(*spent: Any) -> PrivacyLedger:
         s = getattr(s, "privacy", s)
         s = getattr(s, "ledger", s)
         if not isinstance(s, PrivacyLedger):
-            raise TypeError(f"spent_together takes results with a privacy attribute, PrivacySpent or ledgers, got {s!r}")
+            raise TypeError(
+                f"spent_together takes results with a privacy attribute, PrivacySpent or ledgers, got {s!r}"
+            )
         ledgers.append(s)
     if not ledgers:
         raise ValueError("spent_together needs at least one fit")
