@@ -7,6 +7,7 @@ ClientApp process per message); CI runs this file in a step of its own.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -57,9 +58,13 @@ def wait_for(path: Path, text: str, seconds: float, after: int = 0) -> None:
 
 
 class Federation:
-    """A SuperLink and SuperNodes on 127.0.0.1, each node with its own CSV."""
+    """A secure federation on 127.0.0.1, as the README sets it up: a SuperLink with TLS and
+    SuperNode authentication, and SuperNodes started with ``fedstats-supernode`` (each runs
+    only the approved example app), each with its own registered key and its own CSV."""
 
     def __init__(self, root: Path, n_nodes: int = 2, target: bool = False, policy: Path | None = None):
+        from fedstats.federation.flower.certificates import federation_keys
+
         sys.path.insert(0, str(APP))
         try:
             import make_data
@@ -67,12 +72,16 @@ class Federation:
             sys.path.remove(str(APP))
         self.root = root
         self.target = target
+        self.policy = policy
         self.csvs = make_data.write(root / "data", clients=n_nodes, target=target, seed=3)
+        self.certs = root / "certs"
+        federation_keys(self.certs, [p.stem for p in self.csvs])
         home = root / "flwrhome"
         home.mkdir()
         self.port = free_port()
         (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{self.port}"\n'
+            f'root-certificates = "{(self.certs / "ca.crt").as_posix()}"\n'
         )
         self.env = dict(
             os.environ,
@@ -81,11 +90,18 @@ class Federation:
             PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         )
         self.procs: dict[str, subprocess.Popen] = {}
+        self.node_ids: dict[str, int] = {}
         self._start(
             "link",
             [
                 BIN / "flower-superlink",
-                "--insecure",
+                "--ssl-ca-certfile",
+                self.certs / "ca.crt",
+                "--ssl-certfile",
+                self.certs / "server.pem",
+                "--ssl-keyfile",
+                self.certs / "server.key",
+                "--enable-supernode-auth",
                 "--disable-runtime-dependency-installation",
                 "--port",
                 str(self.port),
@@ -93,22 +109,58 @@ class Federation:
         )
         wait_for(root / "link.log", "Uvicorn running", 60)
         for i, csv in enumerate(self.csvs):
-            self._start(
-                f"node{i}",
-                [
-                    BIN / "flower-supernode",
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{self.port}",
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    f"data-path='{csv}' client='{csv.stem}'"
-                    + (" target='y'" if target else "")
-                    + (f" policy='{policy}'" if policy else ""),
-                ],
-            )
-            wait_for(root / f"node{i}.log", "SuperNode ID", 60)
+            self.register(csv.stem)
+            self.start_node(f"node{i}", csv.stem, csv, approve=APP)
+
+    def register(self, name: str) -> int:
+        """Register the node key ``certs/name.pub`` (made if missing) with the SuperLink; its node id."""
+        from fedstats.federation.flower.certificates import node_keys
+
+        if not (self.certs / f"{name}.pub").exists():
+            node_keys(self.certs, name)
+        done = subprocess.run(
+            [str(BIN / "flwr"), "supernode", "register", str(self.certs / f"{name}.pub"), "local", "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=self.root,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        self.node_ids[name] = int(json.loads(done.stdout)["node-id"])
+        return self.node_ids[name]
+
+    def start_node(self, label: str, name: str, csv: Path, approve: Path | None = None, wait: bool = True) -> None:
+        """A SuperNode through ``fedstats-supernode``: TLS, the key ``certs/name``, its own list
+        of approved apps ``approved-<label>.txt`` (``approve``: add an app to it first)."""
+        from fedstats.federation.flower.certificates import node_keys
+
+        if not (self.certs / name).exists():
+            node_keys(self.certs, name)
+        self._start(
+            label,
+            [
+                BIN / "fedstats-supernode",
+                "--approved-apps",
+                self.root / f"approved-{label}.txt",
+                *(["--approve", approve] if approve else []),
+                "--",
+                "--superlink",
+                f"127.0.0.1:{self.port}",
+                "--root-certificates",
+                self.certs / "ca.crt",
+                "--auth-supernode-private-key",
+                self.certs / name,
+                "--port",
+                str(free_port()),
+                "--node-config",
+                f"data-path='{csv}' client='{name}'"
+                + (" target='y'" if self.target else "")
+                + (f" policy='{self.policy}'" if self.policy else ""),
+            ],
+        )
+        if wait:
+            wait_for(self.root / f"{label}.log", "SuperNode ID", 60)
 
     def _start(self, name, cmd):
         log = open(self.root / f"{name}.log", "w")
@@ -126,8 +178,14 @@ class Federation:
         os.killpg(p.pid, signal.SIGKILL)  # the node and the ClientApp processes it started
         p.wait()
 
-    def flwr_run(self, overrides: str, background: bool = False):
-        cmd = [str(BIN / "flwr"), "run", str(APP), "local", "--stream", "-c", overrides]
+    def expected(self) -> str:
+        """The run config's ``clients``: every node's client with its registered node id."""
+        return ",".join(f"{p.stem}={self.node_ids[p.stem]}" for p in self.csvs)
+
+    def flwr_run(self, overrides: str, background: bool = False, app: Path = APP):
+        if "clients=" not in overrides and app == APP:
+            overrides += f" clients='{self.expected()}'"
+        cmd = [str(BIN / "flwr"), "run", str(app), "local", "--stream", "-c", overrides]
         if background:
             log = open(self.root / "run.log", "w")
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.root)
@@ -233,6 +291,128 @@ def test_deployed_hm2_equals_inprocess_and_its_client_posteriors_stay_on_the_nod
         on_node = load_result(tmp_path / "fedstats-posteriors" / kept).result.coefficients
         np.testing.assert_allclose(on_node.mean, local.client_posterior(c).mean, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(on_node.draws, local.client_posterior(c).draws, rtol=1e-10, atol=1e-10)
+
+
+ROGUE_SERVER = """
+import time
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    t0, nodes = time.time(), []
+    while len(nodes) < 2 and time.time() - t0 < 60:
+        nodes = list(grid.get_node_ids())
+        time.sleep(1)
+    asks = [Message(RecordDict({"q": ConfigRecord({"x": 1})}), dst_node_id=n, message_type="query") for n in nodes]
+    for r in grid.send_and_receive(asks, timeout=120):
+        if r.has_error():
+            print("ROGUE ERROR", r.error.code, r.error.reason, flush=True)
+        else:
+            print("ROGUE ROWS", r.content["rows"]["csv"], flush=True)
+"""
+
+ROGUE_CLIENT = """
+from pathlib import Path
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+Path({marker!r}).write_text("the rogue ClientApp ran on a node")
+app = ClientApp()
+
+
+@app.query()
+def steal(msg: Message, context: Context) -> Message:
+    rows = Path(str(context.node_config["data-path"])).read_text()
+    return Message(RecordDict({{"rows": ConfigRecord({{"csv": rows}})}}), reply_to=msg)
+"""
+
+ROGUE_PROJECT = """
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedstats-app"
+version = "0.1.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedstats"
+
+[tool.flwr.app.components]
+serverapp = "rogue.server_app:app"
+clientapp = "rogue.client_app:app"
+
+[tool.flwr.app.config]
+x = 1
+"""
+
+
+def test_a_node_runs_only_approved_apps_registered_nodes_and_expected_clients(tmp_path):
+    """Issue 41, the attacker's three ways in, on the secure setup (TLS, registered node keys,
+    fedstats-supernode): (1) an app that is not the approved one (its ClientApp would read the
+    node's CSV and return it) is refused by every node before any of its code runs, and no row
+    reaches the server; (2) a SuperNode whose key nobody registered cannot connect; (3) a
+    registered node whose client the run does not expect is refused by the ServerApp, and the
+    GLM of the expected clients equals its in-process fit to 1e-10."""
+    fed = Federation(tmp_path, target=True)
+    try:
+        rogue = tmp_path / "rogue_app"
+        (rogue / "rogue").mkdir(parents=True)
+        marker = tmp_path / "rogue-ran"
+        (rogue / "pyproject.toml").write_text(ROGUE_PROJECT)
+        (rogue / "rogue" / "__init__.py").write_text("")
+        (rogue / "rogue" / "server_app.py").write_text(ROGUE_SERVER)
+        (rogue / "rogue" / "client_app.py").write_text(ROGUE_CLIENT.format(marker=str(marker)))
+        t0 = time.monotonic()
+        done = fed.flwr_run("x=1", app=rogue)
+        took = time.monotonic() - t0
+        log = done.stdout + done.stderr
+        assert log.count("ROGUE ERROR") == 2 and "ROGUE ROWS" not in log, log[-4000:]
+        assert not marker.exists()  # no line of the app's code ran on a node
+        first_row = fed.csvs[0].read_text().splitlines()[1]
+        assert first_row not in log
+        for i in range(2):
+            assert "not on this node's list of approved apps" in (tmp_path / f"node{i}.log").read_text()
+        print(f"unapproved app refused by both nodes in {took:.1f} s")
+
+        # (2) an unregistered key: the SuperLink refuses it and the SuperNode exits
+        fed.start_node("stranger", "site_stranger", fed.csvs[0], approve=APP, wait=False)
+        code = fed.procs["stranger"].wait(timeout=120)
+        text = (tmp_path / "stranger.log").read_text()
+        assert code != 0 and "[code: 2004] Failed to activate SuperNode" in text, text[-3000:]
+        assert "No SuperNode found with the given public key" in (tmp_path / "link.log").read_text()
+        fed.procs.pop("stranger")
+
+        # (3) a registered node the run does not expect
+        extra = tmp_path / "data" / "site_extra.csv"
+        frame = pd.read_csv(fed.csvs[0])
+        frame.assign(site="site_extra", y=frame["y"] * 100).to_csv(extra, index=False)
+        extra_id = fed.register("site_extra")
+        fed.start_node("extra", "site_extra", extra, approve=APP)
+        out = tmp_path / "glm.fedstats"
+        done = fed.flwr_run(f"output='{out}' model='glm' seed=0")
+        log = done.stdout + done.stderr
+        assert out.exists(), log[-4000:]
+        assert f"refused SuperNode {extra_id}: its client 'site_extra' is not one this run expects" in log, log[-4000:]
+        deployed = type(FederatedGLM("gaussian").fit(fed.pooled())).load(out)
+        local = FederatedGLM("gaussian").fit(fed.pooled())
+        np.testing.assert_allclose(deployed.params, local.params, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(deployed.bse, local.bse, rtol=1e-10, atol=1e-10)
+        # a node that claims an expected client under another registered key is refused too
+        wrong = f"site_a={fed.node_ids['site_a']},site_b={extra_id}"
+        done = fed.flwr_run(f"output='{tmp_path / 'no.fedstats'}' model='glm' wait=20.0 clients='{wrong}'")
+        log = done.stdout + done.stderr
+        assert "which was registered as node" in log and "did not connect" in log, log[-4000:]
+    finally:
+        fed.close()
 
 
 def test_deployed_fedem_equals_inprocess(federation):

@@ -196,15 +196,19 @@ def main(grid: Grid, context: Context) -> None:
         record_received(grid, str(cfg["record"]))
     s = settings(cfg)
     timeout = float(cfg["timeout"]) or None
-    say(f"waiting for {int(cfg['min-nodes'])} SuperNodes")
+    expected = str(cfg.get("clients", "")).strip()
+    say(f"waiting for clients {expected}" if expected else f"waiting for {int(cfg['min-nodes'])} SuperNodes")
     session = ReportingSession.from_grid(
         grid,
+        expected=expected or None,
         min_nodes=int(cfg["min-nodes"]),
         wait=float(cfg["wait"]),
         timeout=timeout,
         on_disconnect=str(cfg["on-disconnect"]),
         secure_aggregation=bool(cfg["secure-aggregation"]),
     )
+    for node, why in session.refused.items():
+        say(f"refused SuperNode {node}: {why}")
     data = session.remote_data()
     say(f"{data}; clients {dict(data.n_obs)}, features {list(data.feature_names)}")
     what = f"{cfg['components']} components" if s["model"].startswith("gmm") else f"target {data.target_name!r}"

@@ -24,6 +24,32 @@ from .secure import SecureAggregation
 from .wire import HELLO
 
 
+def _expected(value: Mapping[str, int | None] | Sequence[str] | str | None) -> dict[str, int | None] | None:
+    """``expected`` of :meth:`FlowerSession.from_grid` as ``{name: node id or None}``; also
+    the run config's form ``"site_a=5821,site_b"`` (empty: none declared)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+        if not value:
+            return None
+    out: dict[str, int | None] = {}
+    items = value.items() if isinstance(value, Mapping) else [(v.split("=", 1) + [None])[:2] for v in value]
+    for name, node in items:
+        name = str(name).strip()
+        if not name:
+            raise ValueError("an expected client needs a name")
+        if name in out:
+            raise ValueError(f"client {name!r} is expected twice")
+        try:
+            out[name] = None if node in (None, "") else int(node)
+        except (TypeError, ValueError):
+            raise ValueError(f"client {name!r}: node id {node!r} is not an integer") from None
+    if not out:
+        raise ValueError("expected names no client")
+    return out
+
+
 class FlowerSession:
     """Flower as the client side of fedstats runs: a simulation, or a deployment's grid.
 
@@ -115,6 +141,8 @@ class FlowerSession:
         self._start_lock = threading.Lock()
         self._partitions: dict[int, int] = {}  # partition id -> node id (simulation)
         self._names: dict[str, int] = {}  # client name -> node id (deployment)
+        #: deployment: nodes refused at discovery (node id -> why), see :meth:`from_grid`
+        self.refused: dict[int, str] = {}
         self._info: dict[int, dict] = {}
 
     @classmethod
@@ -128,17 +156,30 @@ class FlowerSession:
         on_disconnect: str = "continue",
         trust: Sequence[str] = ("fedstats",),
         secure_aggregation: bool | SecureAggregation = False,
+        expected: Mapping[str, int | None] | Sequence[str] | str | None = None,
     ) -> FlowerSession:
         """A session over a deployment's ``Grid`` (inside ``@app.main()``).
 
         Waits up to ``wait`` seconds for ``min_nodes`` SuperNodes, then asks each one which
         client it is and what its data looks like (rows, column names; never the rows).
+
+        ``expected``: the clients the run expects, by name, each optionally with the node id
+        its SuperNode was registered under (``{"site_a": 5821..., "site_b": None}``, or a list
+        of names, or the run config's text ``"site_a=5821,site_b"``). The session then waits for every one of them (not ``min_nodes``) and
+        refuses every other node: one whose client is not expected, one whose node id is not
+        the declared one, and, when two nodes claim one expected name without a declared id,
+        the run itself (it cannot tell which is genuine). Refused nodes are in ``refused``
+        (node id -> why), never sent anything more, and named in a warning.
         """
         self = cls.__new__(cls)
         self._setup(timeout, on_disconnect, trust, secure_aggregation)
         self.mode, self.num_supernodes, self.backend_config, self.verbose = "deployment", None, {}, False
         self._grid = grid
-        self._discover(min_nodes, wait)
+        want = _expected(expected)
+        if want is None:
+            self._discover(min_nodes, wait)
+        else:
+            self._discover_expected(want, wait)
         seen: dict[str, int] = {}
         for node, info in self._info.items():
             name = info.get("client", "")
@@ -148,7 +189,55 @@ class FlowerSession:
                 raise DataError(f"nodes {seen[name]} and {node} both say they are client {name!r}")
             seen[name] = node
         self._names = dict(sorted(seen.items()))
+        if self.refused:
+            warnings.warn(
+                "refused SuperNode(s): " + "; ".join(f"node {n}: {why}" for n, why in self.refused.items()),
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return self
+
+    def _discover_expected(self, want: dict[str, int | None], wait: float) -> None:
+        """Discovery until every expected client has answered from an acceptable node; every
+        other node is refused (see :meth:`from_grid`)."""
+        grid = self._grid
+        assert grid is not None
+        t0 = time.monotonic()
+        asked: set[int] = set()
+        claims: dict[str, list[int]] = {}
+        while True:
+            nodes = [n for n in grid.get_node_ids() if n not in asked]
+            if nodes:
+                asked.update(nodes)
+                left = max(1.0, wait - (time.monotonic() - t0))
+                for r in self.send_and_receive(
+                    [Message(RecordDict({}), dst_node_id=n, message_type=HELLO) for n in nodes], timeout=left
+                ):
+                    if r.has_error():
+                        continue
+                    node, info = r.metadata.src_node_id, dict(r.content["fedstats"])
+                    name = str(info.get("client", ""))
+                    if name not in want:
+                        self.refused[node] = f"its client {name!r} is not one this run expects ({sorted(want)})"
+                    elif want[name] is not None and want[name] != node:
+                        self.refused[node] = f"it says it is client {name!r}, which was registered as node {want[name]}"
+                    else:
+                        claims.setdefault(name, []).append(node)
+                        self._info[node] = info
+            doubled = {c: n for c, n in claims.items() if len(n) > 1}
+            if doubled:
+                raise DataError(
+                    "two SuperNodes claim one expected client: "
+                    + "; ".join(f"{c!r}: nodes {n}" for c, n in doubled.items())
+                    + " (declare each client's node id to tell them apart)"
+                )
+            missing = sorted(set(want) - set(claims))
+            if not missing:
+                return
+            if time.monotonic() - t0 > wait:
+                refused = "".join(f"; refused node {n}: {why}" for n, why in self.refused.items())
+                raise ClientDisconnected(f"expected client(s) {missing} did not connect within {wait:.0f} s{refused}")
+            time.sleep(0.5)
 
     # ---- lifecycle
     def __enter__(self) -> FlowerSession:
