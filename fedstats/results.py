@@ -178,6 +178,11 @@ class FederatedResult:
     #: how the fit's feature columns were encoded (:mod:`fedstats.data.encoding`): ``predict``
     #: reads a data frame's columns by name through it (``None``: by the feature names)
     encoding: dict[str, Any] | None = None
+    #: each client's influence (:mod:`fedstats.federation.influence`): a data frame by client,
+    #: ``shift`` (how far the estimate moves without the client, in its standard errors) and
+    #: ``relative`` (that shift over what a client of its size typically causes); ``None``
+    #: where the model or the fit (secure aggregation, differential privacy) has none
+    influence: pd.DataFrame | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._transient}

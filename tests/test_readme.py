@@ -130,6 +130,16 @@ def test_bash_block_runs(block, tmp_path):
             continue
         elif argv[0] in FLOWER:
             check_flower(argv)
+        elif argv[0] == "fedstats-certificates":  # runs: the keys and configuration the walk-through uses
+            out = subprocess.run([str(BIN / argv[0]), *argv[1:]], cwd=cwd, env=env(), capture_output=True, text=True)
+            assert out.returncode == 0, f"{where}\n{out.stderr[-3000:]}"
+        elif argv[0] == "fedstats-supernode":  # its own part runs (the list of approved apps), Flower's is checked
+            cut = argv.index("--")
+            out = subprocess.run(
+                [str(BIN / argv[0]), *argv[1:cut], "--print-only"], cwd=cwd, env=env(), capture_output=True, text=True
+            )
+            assert out.returncode == 0 and "approved" in out.stdout, f"{where}\n{out.stderr[-3000:]}"
+            check_flower(["flower-supernode", *argv[cut + 1 :]])
         elif argv[0] == "cp":
             assert (ROOT / argv[1]).is_file(), where
         elif argv[0] in (".venv/bin/fedstats", ".venv/bin/python", "python", "fedstats"):

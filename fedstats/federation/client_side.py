@@ -113,6 +113,7 @@ class InProcessClients:
         self.seed = seed
         self._data = {c: get(c) for c in ids}
         self._states: dict[ClientId, Any] = {}
+        self._before: dict[ClientId, Any] = {}  # the last round's states before its steps (reject)
 
     def init_states(self, skip: frozenset = frozenset()) -> None:
         for i, c in enumerate(self.ids):
@@ -152,13 +153,23 @@ class InProcessClients:
             pairs.append(j)
         who = [f"client {self.ids[idx[j]]!r}" for j in pairs]
         checked = validate_messages([results[j][0] for j in pairs], self.algorithm.reply_keys, who)
+        self._before.clear()
         for j, clean in zip(pairs, checked):
             if isinstance(clean, ProtocolError):
                 outcomes[j] = Outcome(failed=describe_exc(clean))
             else:
-                self._states[self.ids[idx[j]]] = results[j][1]
+                c = self.ids[idx[j]]
+                self._before[c] = self._states[c]
+                self._states[c] = results[j][1]
                 outcomes[j] = Outcome(reply=clean)
         return outcomes  # type: ignore[return-value]  # every entry is set above
+
+    def reject(self, clients: Sequence[ClientId]) -> None:
+        """The runtime refused these clients' replies of the last round (they broke the sum):
+        each gets back its state from before that step."""
+        for c in clients:
+            if c in self._before:
+                self._states[c] = self._before.pop(c)
 
     def _rng(self, rnd: int, i: int) -> Any:
         """Client ``i``'s stream at round ``rnd``; ``None`` for an algorithm whose steps draw

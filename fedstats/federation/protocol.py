@@ -75,6 +75,9 @@ class FederatedAlgorithm(ABC):
     #: part in every round, adds the central noise to the sums (``placement="central"``) and
     #: records each round in the run's :class:`~fedstats.privacy.PrivacyLedger`
     privacy: Any = None
+    #: ``True`` when each reply is the change since the client's previous reply (the server
+    #: keeps running totals): a client's influence then subtracts all it ever sent
+    cumulative_replies: bool = False
     #: ``True`` for an exchange whose replies are a client's sufficient statistics themselves
     #: (HM1's opt-in information share: ``X'X / s^2``, ``X'y / s^2``): a node runs it only
     #: where its policy says ``release_statistics = true``
@@ -182,6 +185,16 @@ class FederatedAlgorithm(ABC):
     def converged(self, server_state: Any, metrics: Mapping[str, float]) -> bool:
         """Whether the run may stop after this round (default: never before the cap)."""
         return False
+
+    def leave_one_out(
+        self, totals: Mapping[str, np.ndarray], own: Mapping[str, np.ndarray]
+    ) -> tuple[float, float] | None:
+        """Optional: how far the estimate the server forms from the summed replies ``totals``
+        moves when one client's contribution ``own`` is taken out: ``(the largest shift of an
+        estimated quantity in its standard errors, that shift over what a client with its share
+        of the information would typically cause)``; ``None``: not defined (the default). The
+        runtime reports it as each client's influence (:mod:`fedstats.federation.influence`)."""
+        return None
 
 
 @register

@@ -233,6 +233,10 @@ class RunResult:
     #: the run's :class:`~fedstats.privacy.PrivacyLedger` (one release per round) when the
     #: algorithm is differentially private, else ``None``
     privacy: Any = None
+    #: each client's influence at the last round it answered: ``(shift in standard errors,
+    #: relative to a client of its size)`` (:mod:`fedstats.federation.influence`; empty when
+    #: the algorithm defines none, under secure aggregation and under differential privacy)
+    influence: dict[ClientId, tuple[float, float]] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (

@@ -64,6 +64,7 @@ import numpy as np
 from .. import streams
 from .checkpoints import CHECKPOINT_FORMAT, fingerprint, fingerprint_diff, read_checkpoint, write_atomic
 from .client_side import ClientSide, InProcessClients, client_list
+from .influence import Influence, checked_sums
 from .participation import Participation, is_int, round_rng
 from .progress import RoundDisplay
 from .protocol import ClientId, FederatedAlgorithm, Message, ProtocolError, Replies, message_nbytes, validate_message
@@ -298,6 +299,9 @@ class _State:
     stopped: bool = False
     #: the releases of this run (when the algorithm is differentially private)
     privacy: Any = None
+    #: each client's influence (when the algorithm defines leave_one_out; not under secure
+    #: aggregation or differential privacy)
+    influence: Influence | None = None
 
 
 def _start(r: _Run) -> _State:
@@ -320,12 +324,21 @@ def _start(r: _Run) -> _State:
         history: History = saved["history"]
         state = _State(saved["server_state"], history, saved["communication"], completed, completed, True)
         state.privacy = saved.get("privacy", _new_ledger(r))
+        state.influence = _new_influence(r)
         state.stopped = bool(history and history[-1].converged and completed >= r.min_rounds)
         return state
     server = r.algorithm.init_server(list(r.ids), streams.stream(r.seed, streams.INIT))
     r.devices.init_states(r.skip)
     comm = Communication(per_client={c: {"bytes_up": 0, "bytes_down": 0} for c in r.ids})
-    return _State(server, History(), comm, 0, 0, privacy=_new_ledger(r))
+    return _State(server, History(), comm, 0, 0, privacy=_new_ledger(r), influence=_new_influence(r))
+
+
+def _new_influence(r: _Run) -> Influence | None:
+    alg = r.algorithm
+    defined = type(alg).leave_one_out is not FederatedAlgorithm.leave_one_out
+    if not defined or alg.privacy is not None or getattr(r.devices, "summed_securely", False):
+        return None
+    return Influence(alg)
 
 
 def _new_ledger(r: _Run) -> Any:
@@ -427,7 +440,20 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         bytes_up += nbytes * len(replies)
         summed = Replies(replies, sums)
     else:
-        summed = Replies.summing(r.algorithm.summed_keys, replies)
+        summed, broken = checked_sums(r.algorithm.summed_keys, replies)  # blamed on their senders
+        while s.influence is not None:  # a reply no data could produce: refused, the most absurd first
+            absurd = s.influence.update(replies, summed.sums)
+            if not absurd:
+                break
+            for c in absurd:
+                del replies[c]
+            summed = checked_sums(r.algorithm.summed_keys, replies)[0]
+            broken.update(absurd)
+        if broken:
+            failed.update(broken)
+            reject = getattr(r.devices, "reject", None)
+            if callable(reject):  # their steps did not count: their states go back
+                reject(list(broken))
     summed.declined = {**{c: f"skipped: {skip_reasons[c]}" for c in skipped}, **failed}
     dp = r.algorithm.privacy
     if dp is not None and replies:
@@ -507,4 +533,5 @@ def _run(r: _Run) -> RunResult:
         resumed_from=s.resumed_from,
         lost=dict(r.devices.lost),
         privacy=s.privacy,
+        influence=dict(s.influence.values) if s.influence is not None else {},
     )

@@ -90,6 +90,7 @@ from ..data import DataError, DataLike, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
+from ..federation.influence import report_influence
 from ..federation.records import exclude
 from ..privacy import DifferentialPrivacy
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
@@ -290,7 +291,7 @@ class FederatedGLM(Estimator):
         gaussian_identity = fam.name == "gaussian" and fam.link.name == "identity"
         llf = fam.loglike(last["ll"], scale, wnobs, rss_mle=gaussian_identity)
         k = df_model + 1
-        return GLMResult(
+        res = GLMResult(
             model="FederatedGLM",
             family=fam.name,
             link=fam.link.name,
@@ -321,6 +322,8 @@ class FederatedGLM(Estimator):
             history=out.history,
             communication=out.communication,
         )
+        report_influence(res, out.influence, "FederatedGLM")  # each client's leave-one-out shift, warned when large
+        return res
 
     def _fit_private(self, design, fam: Family, roles: dict, trials: bool, seed: int, progress) -> GLMResult:
         """The differentially private fit (see the module docs; :func:`~fedstats.glm._private.fit_private`)."""
@@ -343,7 +346,9 @@ class FederatedGLM(Estimator):
 
 #: failures of a client's step that come from the model or the data (a mean outside the family's
 #: range, non-finite statistics), not from its node: the fit stops instead of leaving it out
-MODEL_FAILURES = ("DataError", "ValueError", "FloatingPointError", "LinAlgError", "ProtocolError")
+# a ProtocolError (a reply that breaks the protocol: its shape, or an overflowing sum) is its
+# sender's: that client sits the fit out, as one whose node failed
+MODEL_FAILURES = ("DataError", "ValueError", "FloatingPointError", "LinAlgError")
 
 
 def _moving(names, betas, rms_x, intercept) -> str:

@@ -60,6 +60,7 @@ from ..data import DataLike, FederatedData
 from ..estimator import BOOL, NONE, Constraint, Int
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
+from ..federation.influence import report_influence
 from ..privacy import DifferentialPrivacy
 from ..results import counted, register
 from ._common import (
@@ -133,6 +134,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
 
     reply_keys: tuple[str, ...] = ("N", "S1", "S2", "loglik", "entropy", "weight_term", "n")
     summed_keys: tuple[str, ...] = reply_keys
+    cumulative_replies = True  # each reply is the change since the client's previous one
     random_client_steps = False
     per_client_fields: tuple[str, ...] = ("weights_init",)
 
@@ -262,6 +264,27 @@ class FedEMAlgorithm(FederatedAlgorithm):
         st["F_prev"], st["F"] = state["F"], F
         metrics.update(free_energy=F, empty_components=float(len(empty)))
         return st, metrics
+
+    def leave_one_out(self, totals, own):
+        """The M-step's means from the totals with and without one client's statistics (its
+        replies are changes: ``own`` is all it sent): the largest change of a mean coordinate
+        in the standard errors of the fit without it (``sd / sqrt(N_j)``), and that over what
+        a client with its share of the rows typically causes."""
+        ref, cov_type = self._ref_shift(), self.cov_type
+        means = m_step(totals["N"], totals["S1"], totals["S2"], ref, cov_type, self.reg_covar)[0]
+        N = totals["N"] - own["N"]
+        if np.any((N < 1e-8 * N.sum()) & (totals["N"] >= 1e-8 * totals["N"].sum())):
+            return np.inf, np.inf  # a component rests on this client alone
+        without, cov, _ = m_step(N, totals["S1"] - own["S1"], totals["S2"] - own["S2"], ref, cov_type, self.reg_covar)
+        if cov_type == "full":
+            var = np.diagonal(cov, axis1=1, axis2=2)
+        elif cov_type in ("tied", "spherical"):
+            var = np.broadcast_to(np.diag(cov) if cov_type == "tied" else np.asarray(cov)[:, None], means.shape)
+        else:
+            var = cov
+        shift = float(np.max(np.abs(without - means) / np.sqrt(var / np.maximum(N, 1e-300)[:, None])))
+        share = float(np.clip(own["N"].sum() / totals["N"].sum(), 1e-12, 1 - 1e-12))
+        return shift, shift / np.sqrt(share / (1 - share))
 
     def converged(self, state, metrics):
         if self.tol is None or state["F_prev"] is None or not state["seen"].all():
@@ -565,6 +588,7 @@ class FederatedGaussianMixture(MixtureEstimator):
             reg_covar=self.reg_covar,
             loglik=ll,
         )
+        report_influence(out, res.influence, "FedEM")  # each client's leave-one-out shift of the means
         if uncertainty:
             out.wald_intervals(data, seed=seed)
         return out

@@ -70,8 +70,12 @@ def test_certificates_and_node_keys(tmp_path, capsys):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    main([str(tmp_path), "site_a", "site_b", "--host", "link.example.org"])
+    main([str(tmp_path), "site_a", "site_b", "--host", "link.example.org", "--flwr-home", str(tmp_path / "home")])
     assert "site_a: " in capsys.readouterr().out
+    config = (tmp_path / "home" / "config.toml").read_text()
+    assert (
+        'address = "127.0.0.1:8000"' in config and f'root-certificates = "{(tmp_path / "ca.crt").as_posix()}"' in config
+    )
     ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
     server = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
     server.verify_directly_issued_by(ca)
@@ -83,6 +87,8 @@ def test_certificates_and_node_keys(tmp_path, capsys):
     key = serialization.load_ssh_private_key((tmp_path / "site_a").read_bytes(), password=None)
     assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
     assert (tmp_path / "site_a.pub").read_text().startswith("ecdsa-sha2-nistp384 ")
+    main([str(tmp_path / "own"), "site_c", "--keys-only"])
+    assert sorted(p.name for p in (tmp_path / "own").iterdir()) == ["site_c", "site_c.pub"]
     with pytest.raises(ValueError, match="a node's name"):
         federation_keys(tmp_path, ["../evil"])
 

@@ -10,11 +10,14 @@ writes into ``certs/``:
 * ``<node>`` and ``<node>.pub`` for every node named: its authentication key pair (ECDSA
   P-384, OpenSSH format), which the SuperNode signs its requests with
   (``--auth-supernode-private-key certs/site_a``) and the SuperLink's operator registers
-  (``flwr supernode register certs/site_a.pub ...``).
+  (``flwr supernode register certs/site_a.pub ...``);
+* with ``--flwr-home DIR``: ``DIR/config.toml``, the ``flwr`` command's connection ``local``
+  to the SuperLink at ``--address`` (default ``127.0.0.1:8000``) over TLS with this CA (use
+  it with ``FLWR_HOME=DIR``).
 
 Private keys are written readable by their owner only. In a real federation each node makes
-its own key pair and sends only the ``.pub`` file; the CA's key stays with the SuperLink's
-operator. Uses the ``cryptography`` package (installed with Flower).
+its own key pair (``fedstats-certificates mykeys site_a --keys-only``) and sends only the
+``.pub`` file; the CA's key stays with the SuperLink's operator. Uses the ``cryptography`` package (installed with Flower).
 """
 
 from __future__ import annotations
@@ -140,6 +143,21 @@ def federation_keys(
     return paths
 
 
+def flwr_config(home: str | os.PathLike, ca: str | os.PathLike, address: str = "127.0.0.1:8000") -> Path:
+    """Write ``home/config.toml``: the ``flwr`` command's connection ``local`` to the SuperLink
+    at ``address``, over TLS with the CA certificate ``ca`` (an absolute path, as ``flwr``
+    requires)."""
+    out = Path(home)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.toml"
+    path.write_text(
+        '[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+        f'address = "{address}"\nroot-certificates = "{Path(ca).resolve().as_posix()}"\n',
+        encoding="utf-8",
+    )
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The ``fedstats-certificates`` command (see the module docs)."""
     parser = argparse.ArgumentParser(
@@ -150,8 +168,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("nodes", nargs="*", help="the SuperNodes' names: one key pair each")
     parser.add_argument("--host", action="append", default=[], help="another name or address of the SuperLink")
     parser.add_argument("--days", type=int, default=365, help="validity of the certificates (default 365)")
+    parser.add_argument("--flwr-home", help="also write the flwr command's connection to the SuperLink here")
+    parser.add_argument("--address", default="127.0.0.1:8000", help="the SuperLink's address (default 127.0.0.1:8000)")
+    parser.add_argument("--keys-only", action="store_true", help="write only the nodes' key pairs (a site's own)")
     args = parser.parse_args(argv)
-    for role, path in federation_keys(args.folder, args.nodes, args.host, args.days).items():
+    if args.keys_only:
+        for n in args.nodes:
+            print(f"{n}: {node_keys(args.folder, n)[0]}")
+        return
+    paths = federation_keys(args.folder, args.nodes, args.host, args.days)
+    if args.flwr_home:
+        paths["flwr-config"] = flwr_config(args.flwr_home, paths["ca"], args.address)
+    for role, path in paths.items():
         print(f"{role}: {path}")
 
 

@@ -73,6 +73,11 @@ class FlowerClients:
         # clients whose last step the secure sum left out: their node undoes it at the next message
         self._rollback: set = set()
 
+    def reject(self, clients) -> None:
+        """The runtime refused these clients' replies of the last round: each node undoes that
+        step at its next message (as for a secure sum that left it out)."""
+        self._rollback.update(clients)
+
     def plan_rounds(self, rounds: int) -> None:
         """The run's round budget (:func:`~fedstats.federation.run` tells it before the first
         round): sent with each start, so that a node with a privacy budget plans that many

@@ -157,7 +157,8 @@ class _Node:
             status, error, reply, algorithm = self._step(cfg, message.content["broadcast"], rec, loaded, context)
             if status == "ok" and "secure-bound" in cfg:
                 status, error, reply, out["shapes"] = self._hold_sums(cfg, reply, tuple(algorithm.summed_keys), context)
-                rec["secure-before"] = before  # until the server says whether the sum included it
+            if status == "ok":  # until the server says whether its sum included the reply
+                rec["secure-before"] = before
             out["status"], out["error"] = status, error
             if status == "ok":
                 context.state[key] = rec

@@ -1,0 +1,158 @@
+"""Dishonest and broken clients in a round (the runtime's checks before the server step):
+replies whose summed arrays do not have the others' shapes, or whose values make a sum
+overflow, are blamed on their sender (who then sits the round out, as a failed client); and
+each client's influence: how far the estimate moves without it.
+
+The influence is exact leave-one-client-out where sums make it cheap: an algorithm that can
+form its estimate from the sums of the replies defines
+:meth:`~fedstats.federation.FederatedAlgorithm.leave_one_out`, and the runtime calls it with
+the round's totals and one client's own contribution (its reply, or the sum of all its replies
+for an algorithm whose replies are changes, ``cumulative_replies``). It runs where the runtime
+holds each reply: not under secure aggregation (the server never sees one client's arrays)
+and not under differential privacy (a per-client number would be released without noise).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .protocol import ClientId, Message, Replies
+
+#: a client whose influence passes this many times what a client of its size would typically
+#: cause (its ``relative`` influence), and three times the median client's, is named in a warning
+INFLUENCE_WARNING = 5.0
+#: a reply whose relative influence passes this is refused as broken before the server step
+#: (values no data of its size can produce, e.g. 1e300): its sender sits the round out
+INFLUENCE_REFUSE = 1e6
+
+
+def shape_outliers(keys: Sequence[str], replies: Mapping[ClientId, Message]) -> dict[ClientId, str]:
+    """The clients whose summed arrays ``keys`` do not have the shape most clients sent, with
+    the reason (a tie between shapes blames every client of the tie: nobody can tell which
+    shape is right)."""
+    out: dict[ClientId, str] = {}
+    for k in keys:
+        shapes = {c: np.shape(r[k]) for c, r in replies.items() if c not in out and k in r}
+        if len(set(shapes.values())) <= 1:
+            continue
+        counts = Counter(shapes.values()).most_common()
+        top = counts[0][0] if counts[0][1] > counts[1][1] else None
+        for c, shape in shapes.items():
+            if shape != top:
+                others = "the other clients'" if top is not None else "no shape most clients'"
+                out[c] = f"ProtocolError: sent {k!r} of shape {shape}; {others} is {top}"
+    return out
+
+
+def checked_sums(keys: Sequence[str], replies: dict[ClientId, Message]) -> tuple[Replies, dict[ClientId, str]]:
+    """:meth:`Replies.summing` of ``replies`` with the clients that break it taken out first
+    (``replies`` is changed): a summed array of another shape than the others', or values so
+    large that the sum overflows (the client with the largest magnitude is taken out until the
+    sum is finite). ``(the replies summed, {client: why})``."""
+    bad = shape_outliers(keys, replies)
+    for c in bad:
+        del replies[c]
+    while True:
+        summed = Replies.summing(keys, replies)
+        key = next((k for k, v in summed.sums.items() if not np.isfinite(v).all()), None)
+        if key is None:
+            return summed, bad
+        size = {c: float(np.max(np.abs(r[key]), initial=0.0)) for c, r in replies.items()}
+        worst = max(size, key=lambda c: size[c])
+        bad[worst] = (
+            f"ProtocolError: its {key!r} (values up to {size[worst]:.3g}) makes the sum over the clients overflow"
+        )
+        del replies[worst]
+
+
+class Influence:
+    """Each client's latest leave-one-client-out influence over a run (see the module docs)."""
+
+    def __init__(self, algorithm: Any) -> None:
+        self.algorithm = algorithm
+        self.keys = tuple(algorithm.summed_keys)
+        self.cumulative = bool(getattr(algorithm, "cumulative_replies", False))
+        self.own: dict[ClientId, dict[str, np.ndarray]] = {}
+        #: client -> (shift in standard errors, relative to a client of its size)
+        self.values: dict[ClientId, tuple[float, float]] = {}
+
+    def update(self, replies: Mapping[ClientId, Message], sums: Mapping[str, np.ndarray]) -> dict[ClientId, str]:
+        """After a round's replies are summed, before the server step: each answering client's
+        influence on the estimate from the totals. Returns the clients whose reply is refused
+        as broken (relative influence past :data:`INFLUENCE_REFUSE`) with the reason; their
+        contributions are not kept, and the caller sums the round again without them."""
+        if not replies:
+            return {}
+        own = {}
+        for c, r in replies.items():
+            mine = {k: np.asarray(r[k], dtype=float) for k in self.keys}
+            if self.cumulative and c in self.own:
+                mine = {k: self.own[c][k] + v for k, v in mine.items()}
+            own[c] = mine
+        if self.cumulative:
+            every = {**self.own, **own}
+            totals = {k: sum(o[k] for o in every.values()) for k in self.keys}
+        else:
+            totals = {k: np.asarray(v, dtype=float) for k, v in sums.items()}
+        found: dict[ClientId, tuple[float, float]] = {}
+        for c in replies:
+            try:
+                with np.errstate(all="ignore"):
+                    got = self.algorithm.leave_one_out(totals, own[c])
+            except (np.linalg.LinAlgError, ValueError, ZeroDivisionError, FloatingPointError):
+                got = None
+            if got is not None and not np.isnan(got[1]):  # NaN: not measurable from these totals
+                found[c] = (float(got[0]), float(got[1]))
+        worst = max(found, key=lambda c: found[c][1], default=None)
+        if worst is not None and INFLUENCE_REFUSE < found[worst][1] < np.inf:  # inf: the estimate rests on it
+            # only the most influential: without it, the others' influence is measured again
+            shift, rel = found[worst]
+            return {
+                worst: f"ProtocolError: its reply alone moves the estimate by {shift:.3g} standard errors, "
+                f"{rel:.3g} times what a client of its size could: refused as broken"
+            }
+        self.values.update(found)
+        self.own.update(own)
+        return {}
+
+
+def influence_warning(model: str, values: Mapping[ClientId, tuple[float, float]], unit: str) -> str | None:
+    """The warning naming the clients whose relative influence passes :data:`INFLUENCE_WARNING`."""
+    # past the threshold, and far past the typical client (a client that pulls the estimate
+    # away moves the others' influence up too)
+    typical = float(np.median([min(v[1], 1e300) for v in values.values()]))
+    big = {c: v for c, v in values.items() if v[1] > max(INFLUENCE_WARNING, 3.0 * typical)}
+    if not big:
+        return None
+    others = [v[0] for c, v in values.items() if c not in big]
+    named = ", ".join(
+        f"{c!r} (a part of the estimate rests on it alone)"
+        if np.isinf(v[0])
+        else f"{c!r} ({v[0]:.3g} {unit}, {v[1]:.3g}x a client of its size)"
+        for c, v in big.items()
+    )
+    rest = f"; the other clients at most {max(others):.3g} {unit}" if others else ""
+    return (
+        f"{model}: without client(s) {named} the estimate moves by far more than a client of its size "
+        f"moves it{rest}. Its data differ from the others' or it sends wrong statistics: check it, "
+        "or fit without it. See result.influence."
+    )
+
+
+def report_influence(result: Any, values: Mapping[ClientId, tuple[float, float]], model: str, unit: str = "se") -> None:
+    """Put ``values`` (a run's influence) on ``result.influence`` (a data frame) and warn
+    (:func:`influence_warning`, at the caller's caller) when a client passes the threshold."""
+    if not values:
+        return
+    result.influence = pd.DataFrame(
+        [(c, v[0], v[1]) for c, v in values.items()], columns=["client", "shift", "relative"]
+    ).set_index("client")
+    message = influence_warning(model, values, unit)
+    if message:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

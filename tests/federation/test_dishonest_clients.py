@@ -1,0 +1,139 @@
+"""Dishonest and broken clients (issue 41, item 4): a reply of the wrong shape or one that makes
+a sum overflow is blamed on its sender, which alone sits the round (and the GLM's fit) out; a
+reply no data could produce (1e300) is refused before the server step; a client that moves the
+estimate far more than a client of its size would is named by the influence warning, with
+each client's leave-one-client-out influence on the result."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedstats import FederatedData
+from fedstats.federation import FederatedAlgorithm, run
+from fedstats.federation.influence import INFLUENCE_WARNING, checked_sums, shape_outliers
+from fedstats.glm import FederatedGLM, _irls
+from fedstats.mixture import FederatedGaussianMixture
+
+
+@pytest.fixture(scope="module")
+def regression():
+    rng = np.random.default_rng(0)
+    Xs = [rng.normal(size=(200, 2)) for _ in range(5)]
+    ys = [X @ [1.0, -1.0] + 0.9 + rng.normal(size=200) for X in Xs]
+    return Xs, ys
+
+
+def lying(monkeypatch, client, change):
+    """Client ``client``'s IRLS replies pass through ``change`` (its node lies)."""
+    honest = _irls.IRLS.client_step
+
+    def step(self, message, state, data, rng):
+        out, st = honest(self, message, state, data, rng)
+        return (change(dict(out)) if data.client == client else out), st
+
+    monkeypatch.setattr(_irls.IRLS, "client_step", step)
+
+
+def fit(data):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = FederatedGLM("gaussian").fit(data)
+    return res, [str(w.message) for w in caught]
+
+
+def test_an_honest_fit_reports_every_clients_influence_and_warns_of_none(regression):
+    res, said = fit(FederatedData.from_arrays(*regression))
+    assert list(res.influence.index) == [0, 1, 2, 3, 4]
+    assert (res.influence["relative"] < 2.0).all() and (res.influence["shift"] < 1.5).all(), res.influence
+    assert not [w for w in said if "estimate moves" in w]
+    # exact leave-one-client-out at the last Newton step: the fit without client 2 (least
+    # squares: one step from anywhere) moves the estimate by the reported shift, in that fit's
+    # standard errors (within 1%: the reported ones take the dispersion with the client)
+    without = FederatedGLM("gaussian").fit(FederatedData.from_arrays(*[v[:2] + v[3:] for v in regression]))
+    se = without.bse.to_numpy()
+    assert res.influence.loc[2, "shift"] == pytest.approx(np.max(np.abs(without.params - res.params) / se), rel=0.01)
+
+
+def test_a_client_that_scales_its_score_is_named(regression, monkeypatch):
+    lying(monkeypatch, 2, lambda out: {**out, "xtwz": out["xtwz"] * 50})
+    res, said = fit(FederatedData.from_arrays(*regression))
+    named = [w for w in said if "estimate moves" in w]
+    assert len(named) == 1 and "client(s) 2 (" in named[0] and "'0'" not in named[0], said
+    assert res.influence["relative"].idxmax() == 2 and res.influence.loc[2, "relative"] > INFLUENCE_WARNING
+
+
+def test_a_reply_of_1e300_is_refused_and_blamed_on_its_sender(regression, monkeypatch):
+    lying(monkeypatch, 2, lambda out: {**out, "xtwz": out["xtwz"] * 1e300})
+    res, said = fit(FederatedData.from_arrays(*regression))
+    assert list(res.excluded) == [2] and "refused as broken" in res.excluded[2], res.excluded
+    monkeypatch.undo()
+    honest = FederatedGLM("gaussian").fit(FederatedData.from_arrays(*[v[:2] + v[3:] for v in regression]))
+    np.testing.assert_allclose(res.params, honest.params, rtol=1e-10)
+
+
+def test_a_wrong_shape_reply_drops_only_its_sender(regression, monkeypatch):
+    lying(monkeypatch, 3, lambda out: {**out, "xtwz": np.append(out["xtwz"], 1.0)})
+    res, said = fit(FederatedData.from_arrays(*regression))
+    assert list(res.excluded) == [3] and "sent 'xtwz' of shape (4,); the other clients' is (3,)" in res.excluded[3]
+    monkeypatch.undo()
+    honest = FederatedGLM("gaussian").fit(FederatedData.from_arrays(*[v[:3] + v[4:] for v in regression]))
+    np.testing.assert_allclose(res.params, honest.params, rtol=1e-10)
+
+
+class Sum(FederatedAlgorithm):
+    """Every client sends one vector; the server keeps the sum."""
+
+    reply_keys = summed_keys = ("v",)
+    random_client_steps = False
+
+    def init_server(self, clients, rng):
+        return None
+
+    def init_client(self, client, data, rng):
+        return None
+
+    def broadcast(self, state, client, round):
+        return {}
+
+    def client_step(self, message, state, data, rng):
+        return {"v": np.asarray(data, dtype=float)}, None
+
+    def server_step(self, state, replies, round):
+        return (replies.sums.get("v"), {})
+
+
+def test_an_overflowing_sum_is_blamed_on_the_largest_value():
+    data = {"a": [1.0, 2.0], "b": [1e308, 1.0], "c": [1e308, 1.0], "d": [3.0, 4.0]}
+    res = run(Sum(), data, rounds=1, progress=False)
+    failed = res.history[0].failed
+    assert sorted(failed) == ["b"] and "makes the sum over the clients overflow" in failed["b"]
+    np.testing.assert_array_equal(res.server_state, [1e308 + 4.0, 7.0])
+    # shapes: the majority's shape wins; a tie names every client of the tie
+    replies = {"a": {"v": np.zeros(2)}, "b": {"v": np.zeros(3)}, "c": {"v": np.zeros(2)}}
+    assert list(shape_outliers(("v",), replies)) == ["b"]
+    tie = {"a": {"v": np.zeros(2)}, "b": {"v": np.zeros(3)}}
+    assert sorted(shape_outliers(("v",), tie)) == ["a", "b"]
+    summed, bad = checked_sums(("v",), dict(replies))
+    assert list(bad) == ["b"] and summed.sums["v"].shape == (2,)
+
+
+def test_a_client_whose_data_form_a_component_alone_is_named_by_fedem():
+    # the report's case: one client's rows sit 100 away from the others', and the fitted means
+    # move to about (103, 102); the warning names that client
+    rng = np.random.default_rng(0)
+    blocks = [
+        np.vstack([rng.normal(size=(150, 2)), rng.normal(size=(150, 2)) + 6]) + (100 if k == 2 else 0) for k in range(4)
+    ]
+    df = pd.DataFrame(np.vstack(blocks), columns=["a", "b"]).assign(c=np.repeat([f"s{k}" for k in range(4)], 300))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = FederatedGaussianMixture(2).fit(FederatedData.from_dataframe(df, by="c"), seed=0)
+    assert np.max(res.means_) > 100
+    named = [str(w.message) for w in caught if "estimate moves" in str(w.message)]
+    assert len(named) == 1 and "'s2' (a part of the estimate rests on it alone)" in named[0], named
+    others = res.influence.drop(index="s2")
+    assert (others["relative"] < 2.0).all() and np.isinf(res.influence.loc["s2", "shift"])
