@@ -1,7 +1,8 @@
 """Dishonest and broken clients in a round (the runtime's checks before the server step):
 replies whose summed arrays do not have the others' shapes, or whose values make a sum
-overflow, are blamed on their sender (who then sits the round out, as a failed client); and
-each client's influence: how far the estimate moves without it.
+overflow, are blamed on their sender (who then sits the round out, as a failed client, with
+the reason ``BrokenReply: ...``); and each client's influence: how far the estimate moves
+without it.
 
 The influence is exact leave-one-client-out where sums make it cheap: an algorithm that can
 form its estimate from the sums of the replies defines
@@ -46,7 +47,7 @@ def shape_outliers(keys: Sequence[str], replies: Mapping[ClientId, Message]) -> 
         for c, shape in shapes.items():
             if shape != top:
                 others = "the other clients'" if top is not None else "no shape most clients'"
-                out[c] = f"ProtocolError: sent {k!r} of shape {shape}; {others} is {top}"
+                out[c] = f"BrokenReply: sent {k!r} of shape {shape}; {others} is {top}"
     return out
 
 
@@ -66,7 +67,7 @@ def checked_sums(keys: Sequence[str], replies: dict[ClientId, Message]) -> tuple
         size = {c: float(np.max(np.abs(r[key]), initial=0.0)) for c, r in replies.items()}
         worst = max(size, key=lambda c: size[c])
         bad[worst] = (
-            f"ProtocolError: its {key!r} (values up to {size[worst]:.3g}) makes the sum over the clients overflow"
+            f"BrokenReply: its {key!r} (values up to {size[worst]:.3g}) makes the sum over the clients overflow"
         )
         del replies[worst]
 
@@ -114,7 +115,7 @@ class Influence:
             # only the most influential: without it, the others' influence is measured again
             shift, rel = found[worst]
             return {
-                worst: f"ProtocolError: its reply alone moves the estimate by {shift:.3g} standard errors, "
+                worst: f"BrokenReply: its reply alone moves the estimate by {shift:.3g} standard errors, "
                 f"{rel:.3g} times what a client of its size could: refused as broken"
             }
         self.values.update(found)

@@ -346,9 +346,9 @@ class FederatedGLM(Estimator):
 
 #: failures of a client's step that come from the model or the data (a mean outside the family's
 #: range, non-finite statistics), not from its node: the fit stops instead of leaving it out
-# a ProtocolError (a reply that breaks the protocol: its shape, or an overflowing sum) is its
-# sender's: that client sits the fit out, as one whose node failed
-MODEL_FAILURES = ("DataError", "ValueError", "FloatingPointError", "LinAlgError")
+# (a BrokenReply, the runtime's verdict on a reply that breaks the others' sum, is its sender's:
+# that client sits the fit out, as one whose node failed)
+MODEL_FAILURES = ("DataError", "ValueError", "FloatingPointError", "LinAlgError", "ProtocolError")
 
 
 def _moving(names, betas, rms_x, intercept) -> str:
