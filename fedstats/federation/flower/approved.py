@@ -34,7 +34,9 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -160,8 +162,15 @@ def supernode_main(argv: Sequence[str] | None = None) -> None:
     if real is None:
         parser.error("flower-supernode is not installed (pip install 'fedstats[flower]')")
     folder = Path(tempfile.mkdtemp(prefix="fedstats-node-"))  # private (0700): nobody else can swap the shim
-    _shim(folder)
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(folder), env.get("PATH", "")])
-    env[APPROVED_APPS] = str(listing)
-    os.execve(real, [real, *rest], env)
+    try:
+        _shim(folder)
+        env = dict(os.environ)
+        env["PATH"] = os.pathsep.join([str(folder), env.get("PATH", "")])
+        env[APPROVED_APPS] = str(listing)
+        node = subprocess.Popen([real, *rest], env=env)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the node stops as if signalled itself
+            signal.signal(sig, lambda s, _frame: node.send_signal(s))
+        code = node.wait()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    sys.exit(code)
