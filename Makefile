@@ -36,7 +36,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
-# a real Flower deployment on 127.0.0.1 (SuperLink, SuperNodes, flwr run): about 21 minutes on 2 cores
+# a real Flower deployment on 127.0.0.1 (TLS, registered SuperNodes, approved apps, flwr run): about 30 minutes on 2 cores
 test-deployment: $(STAMP)
 	$(BIN)/python -m pytest -m "slow and not full_deployment" tests/federation/test_flower_deployment.py
 
