@@ -324,7 +324,8 @@ def _start(r: _Run) -> _State:
         history: History = saved["history"]
         state = _State(saved["server_state"], history, saved["communication"], completed, completed, True)
         state.privacy = saved.get("privacy", _new_ledger(r))
-        state.influence = _new_influence(r)
+        # a client's replies before the checkpoint are not kept: changes (cumulative replies) cannot be measured
+        state.influence = None if r.algorithm.cumulative_replies else _new_influence(r)
         state.stopped = bool(history and history[-1].converged and completed >= r.min_rounds)
         return state
     server = r.algorithm.init_server(list(r.ids), streams.stream(r.seed, streams.INIT))
