@@ -94,7 +94,14 @@ class _Node:
         if self.local_data is not None:
             fd = self._local(context)
             c = fd.clients[0]
-            info.update(client=str(c), n=int(fd.n_obs[c]), features=list(fd.feature_names), target=fd.target_name or "")
+            n, least = int(fd.n_obs[c]), self._policy(context).min_rows
+            info.update(client=str(c), n=n, features=list(fd.feature_names), target=fd.target_name or "")
+            if n < least:  # not even the row count leaves a node under its minimum
+                info.update(
+                    n=-1,
+                    withheld=f"refused by the node's policy (rule min_rows): the node releases nothing from "
+                    f"fewer than {least} rows, its row count included",
+                )
         return self._answer(message, info)
 
     def _load(self, rec, context: Context):

@@ -180,6 +180,15 @@ class FlowerSession:
             self._discover(min_nodes, wait)
         else:
             self._discover_expected(want, wait)
+        for node, info in list(self._info.items()):  # a node under its policy's minimum withholds its rows' count
+            if info.get("withheld"):
+                self.refused[node] = f"client {info.get('client', '')!r}: {info['withheld']}"
+                del self._info[node]
+        if len(self._info) < (min_nodes if want is None else 1):
+            raise ClientDisconnected(
+                f"{len(self._info)} SuperNode(s) left to fit on; refused: "
+                + "; ".join(f"node {n}: {why}" for n, why in self.refused.items())
+            )
         seen: dict[str, int] = {}
         for node, info in self._info.items():
             name = info.get("client", "")
