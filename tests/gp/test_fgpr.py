@@ -491,17 +491,22 @@ def test_a_count_of_every_client_is_full_participation():
 
 
 def test_checkpoints_hold_no_client_data_and_resume_exactly(tmp_path):
-    import pickle
+    import io
+    import zipfile
+
+    from fedstats.federation.checkpoints import read_checkpoint
 
     data = toy(K=3, n=(20, 30, 25))
     model = FGPR(rounds=6, batch_size=16, optimizer_state="persistent")
     full = model.fit(data, seed=1)
-    FGPR(rounds=3, batch_size=16, optimizer_state="persistent").fit(data, seed=1, checkpoint=tmp_path / "c.pkl")
-    blob = (tmp_path / "c.pkl").read_bytes()
+    FGPR(rounds=3, batch_size=16, optimizer_state="persistent").fit(data, seed=1, checkpoint=tmp_path / "c.ckpt")
+    # the checkpoint is a result file (JSON and arrays): every byte of its arrays, uncompressed
+    with zipfile.ZipFile(tmp_path / "c.ckpt") as z, np.load(io.BytesIO(z.read("arrays.npz"))) as npz:
+        blob = b"".join(npz[k].tobytes() for k in npz.files) + z.read("fedstats.json")
     for c in data.clients:  # no training row appears in the checkpoint
         assert np.asarray(data[c].X).tobytes()[:64] not in blob and np.asarray(data[c].y).tobytes()[:64] not in blob
-    assert pickle.loads(blob)  # readable
-    resumed = model.fit(data, seed=1, checkpoint=tmp_path / "c.pkl", resume=True)
+    assert read_checkpoint(str(tmp_path / "c.ckpt"))["completed"] == 3  # readable
+    resumed = model.fit(data, seed=1, checkpoint=tmp_path / "c.ckpt", resume=True)
     hyper_close(resumed.hyperparameters, full.hyperparameters, 0)
 
 
