@@ -22,9 +22,9 @@ import datetime
 import json
 import math
 import os
-import tempfile
 from typing import Any
 
+from .checkpoints import replace_atomically
 from .policy import PolicyRefusal
 
 #: the format name of a node's privacy ledger file
@@ -120,18 +120,9 @@ class NodeBudget:
             "delta": self.delta,
             "releases": rows,
         }
-        folder = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".privacy-", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+
+        replace_atomically(self.path, write)

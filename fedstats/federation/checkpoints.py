@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from ..result_file import ResultFileError, load_result, register, save_result
@@ -68,18 +69,15 @@ def fingerprint_diff(saved: dict, now: dict, completed: int) -> list[str]:
     return diffs
 
 
-def write_atomic(path: str, payload: dict) -> None:
-    """Write ``payload`` to ``path`` atomically (a temporary file in the same directory, synced,
-    then renamed over ``path``): a crash leaves the previous checkpoint whole."""
+def replace_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` a temporary file beside ``path``, sync it and rename it over ``path``: a
+    crash leaves the previous file whole (checkpoints, a node's privacy ledger)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
-        try:
-            save_result(Checkpoint(payload), tmp)
-        except TypeError as exc:
-            raise TypeError(f"cannot checkpoint this run: {exc}") from None
+        write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -89,6 +87,18 @@ def write_atomic(path: str, payload: dict) -> None:
         except OSError:
             pass
         raise
+
+
+def write_atomic(path: str, payload: dict) -> None:
+    """Write ``payload`` to the checkpoint ``path`` atomically (:func:`replace_atomically`)."""
+
+    def write(tmp: str) -> None:
+        try:
+            save_result(Checkpoint(payload), tmp)
+        except TypeError as exc:
+            raise TypeError(f"cannot checkpoint this run: {exc}") from None
+
+    replace_atomically(path, write)
 
 
 def read_checkpoint(path: str) -> dict:

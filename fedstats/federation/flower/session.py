@@ -219,12 +219,7 @@ class FlowerSession:
             if nodes:
                 asked.update(nodes)
                 left = max(1.0, wait - (time.monotonic() - t0))
-                for r in self.send_and_receive(
-                    [Message(RecordDict({}), dst_node_id=n, message_type=HELLO) for n in nodes], timeout=left
-                ):
-                    if r.has_error():
-                        continue
-                    node, info = r.metadata.src_node_id, dict(r.content["fedstats"])
+                for node, info in self._hello(nodes, left).items():
                     name = str(info.get("client", ""))
                     if name not in want:
                         self.refused[node] = f"its client {name!r} is not one this run expects ({sorted(want)})"
@@ -347,6 +342,14 @@ class FlowerSession:
                     os.environ[k] = v
 
     # ---- nodes
+    def _hello(self, nodes: list[int], timeout: float) -> dict[int, dict]:
+        """Ask ``nodes`` which client each serves and what its data look like: node -> its
+        answer (nodes that do not answer, or answer with an error, are left out)."""
+        replies = self.send_and_receive(
+            [Message(RecordDict({}), dst_node_id=n, message_type=HELLO) for n in nodes], timeout=timeout
+        )
+        return {r.metadata.src_node_id: dict(r.content["fedstats"]) for r in replies if not r.has_error()}
+
     def _discover(self, n: int, wait: float) -> None:
         t0 = time.monotonic()
         grid = self._grid
@@ -359,12 +362,7 @@ class FlowerSession:
             nodes = list(grid.get_node_ids())
         # a SuperLink still lists a node that died until its heartbeat expires: such nodes do
         # not answer (or answer with an error) and are left out, as long as n others answer
-        replies = self.send_and_receive(
-            [Message(RecordDict({}), dst_node_id=node, message_type=HELLO) for node in nodes], timeout=wait
-        )
-        for r in replies:
-            if not r.has_error():
-                self._info[r.metadata.src_node_id] = dict(r.content["fedstats"])
+        self._info.update(self._hello(nodes, wait))
         missing = [node for node in nodes if node not in self._info]
         if len(self._info) < n:
             raise ClientDisconnected(
