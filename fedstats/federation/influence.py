@@ -79,7 +79,9 @@ class Influence:
         self.algorithm = algorithm
         self.keys = tuple(algorithm.summed_keys)
         self.cumulative = bool(getattr(algorithm, "cumulative_replies", False))
+        #: for cumulative replies: each client's contributions so far, and their totals
         self.own: dict[ClientId, dict[str, np.ndarray]] = {}
+        self.totals: dict[str, np.ndarray] = {}
         #: client -> (shift in standard errors, relative to a client of its size)
         self.values: dict[ClientId, tuple[float, float]] = {}
 
@@ -90,26 +92,16 @@ class Influence:
         contributions are not kept, and the caller sums the round again without them."""
         if not replies:
             return {}
-        own = {}
-        for c, r in replies.items():
-            mine = {k: np.asarray(r[k], dtype=float) for k in self.keys}
-            if self.cumulative and c in self.own:
-                mine = {k: self.own[c][k] + v for k, v in mine.items()}
-            own[c] = mine
-        if self.cumulative:
-            every = {**self.own, **own}
-            totals = {k: sum(o[k] for o in every.values()) for k in self.keys}
-        else:
-            totals = {k: np.asarray(v, dtype=float) for k, v in sums.items()}
-        found: dict[ClientId, tuple[float, float]] = {}
-        for c in replies:
-            try:
-                with np.errstate(all="ignore"):
-                    got = self.algorithm.leave_one_out(totals, own[c])
-            except (np.linalg.LinAlgError, ValueError, ZeroDivisionError, FloatingPointError):
-                got = None
-            if got is not None and not np.isnan(got[1]):  # NaN: not measurable from these totals
-                found[c] = (float(got[0]), float(got[1]))
+        clients = list(replies)
+        # each client's contribution, stacked (one row per client)
+        own = {k: np.stack([np.asarray(replies[c][k], dtype=float) for c in clients]) for k in self.keys}
+        totals = {k: np.asarray(v, dtype=float) for k, v in sums.items()}
+        if self.cumulative:  # replies are changes: add what each sent before, and the totals so far
+            for i, c in enumerate(clients):
+                for k in self.keys if c in self.own else ():
+                    own[k][i] += self.own[c][k]
+            totals = {k: self.totals[k] + v for k, v in totals.items()} if self.totals else totals
+        found = self._measure(totals, clients, own)
         worst = max(found, key=lambda c: found[c][1], default=None)
         if worst is not None and INFLUENCE_REFUSE < found[worst][1] < np.inf:  # inf: the estimate rests on it
             # only the most influential: without it, the others' influence is measured again
@@ -119,8 +111,31 @@ class Influence:
                 f"{rel:.3g} times what a client of its size could: refused as broken"
             }
         self.values.update(found)
-        self.own.update(own)
+        if self.cumulative:
+            self.totals = totals
+            self.own.update({c: {k: own[k][i] for k in self.keys} for i, c in enumerate(clients)})
         return {}
+
+    def _measure(
+        self, totals: Mapping[str, np.ndarray], clients: list[ClientId], own: Mapping[str, np.ndarray]
+    ) -> dict[ClientId, tuple[float, float]]:
+        """The algorithm's leave-one-out for ``clients`` (``own``: their rows) in one stacked
+        call; where that fails (one client's removal leaves a singular system), one client at
+        a time, skipping those whose removal cannot be measured."""
+        try:
+            with np.errstate(all="ignore"):
+                got = self.algorithm.leave_one_out(totals, own)
+        except (np.linalg.LinAlgError, ValueError, ZeroDivisionError, FloatingPointError):
+            if len(clients) == 1:
+                return {}
+            found: dict[ClientId, tuple[float, float]] = {}
+            for i, c in enumerate(clients):
+                found.update(self._measure(totals, [c], {k: v[i : i + 1] for k, v in own.items()}))
+            return found
+        if got is None:
+            return {}
+        shift, rel = (np.asarray(g, dtype=float).reshape(len(clients)) for g in got)
+        return {c: (float(s), float(r)) for c, s, r in zip(clients, shift, rel) if not np.isnan(r)}
 
 
 def influence_warning(model: str, values: Mapping[ClientId, tuple[float, float]], unit: str) -> str | None:

@@ -188,12 +188,15 @@ class FederatedAlgorithm(ABC):
 
     def leave_one_out(
         self, totals: Mapping[str, np.ndarray], own: Mapping[str, np.ndarray]
-    ) -> tuple[float, float] | None:
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """Optional: how far the estimate the server forms from the summed replies ``totals``
-        moves when one client's contribution ``own`` is taken out: ``(the largest shift of an
-        estimated quantity in its standard errors, that shift over what a client with its share
-        of the information would typically cause)``; ``None``: not defined (the default). The
-        runtime reports it as each client's influence (:mod:`fedstats.federation.influence`)."""
+        moves when one client's contribution is taken out, for several clients at once: ``own``
+        holds each client's contribution stacked along a first axis (one row per client).
+        Returns two arrays of one value per row: the largest shift of an estimated quantity in
+        its standard errors, and that shift over what a client with its share of the information
+        would typically cause (``inf`` where a part of the estimate rests on that client alone,
+        ``NaN`` where it cannot be measured); ``None``: not defined (the default). The runtime
+        reports it as each client's influence (:mod:`fedstats.federation.influence`)."""
         return None
 
 

@@ -287,17 +287,19 @@ class IRLS(FederatedAlgorithm):
         return server_state["converged"]
 
     def leave_one_out(self, totals, own):
-        """The Newton step's coefficients from the summed information with and without one
-        client: the largest change in the standard errors of the fit without it, and that
-        change over what a client with its share of the information (trace of ``X'WX``)
-        typically causes."""
+        """The Newton step's coefficients from the summed information with and without each
+        client (``own``: one row per client): the largest change in the standard errors of the
+        fit without it, and that change over what a client with its share of the information
+        (trace of ``X'WX``) typically causes."""
         H, b = totals["xtwx"], totals["xtwz"]
         beta = np.linalg.solve(H, b)
-        without = np.linalg.solve(H - own["xtwx"], b - own["xtwz"])
+        H_without = H - own["xtwx"]
+        without = np.linalg.solve(H_without, (b - own["xtwz"])[..., None])[..., 0]
         scale = 1.0 if self.family.fixed_scale else max(float(totals["pearson"][0]) / self.df_resid, 1e-300)
-        se = np.sqrt(np.diag(np.linalg.inv(H - own["xtwx"])) * scale)  # of the fit without the client
-        shift = float(np.max(np.abs(without - beta) / se))
-        share = float(np.clip(np.trace(own["xtwx"]) / np.trace(H), 1e-12, 1 - 1e-12))
+        # the standard errors of the fit without the client
+        se = np.sqrt(np.diagonal(np.linalg.inv(H_without), axis1=1, axis2=2) * scale)
+        shift = np.max(np.abs(without - beta) / se, axis=1)
+        share = np.clip(np.trace(own["xtwx"], axis1=1, axis2=2) / np.trace(H), 1e-12, 1 - 1e-12)
         return shift, shift / np.sqrt(share / (1 - share))
 
 

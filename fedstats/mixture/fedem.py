@@ -76,7 +76,16 @@ from ._common import (
     still_in_fit,
 )
 from ._init import federated_loglik
-from .gmm import check_cov_type, estep_statistics, expected_loglik_terms, m_step, precision_cholesky, reshift, s2_shape
+from .gmm import (
+    check_cov_type,
+    estep_statistics,
+    expected_loglik_terms,
+    m_step,
+    means_and_variances,
+    precision_cholesky,
+    reshift,
+    s2_shape,
+)
 from .result import GaussianMixtureResult
 
 _DP = NONE | Constraint(lambda v: isinstance(v, DifferentialPrivacy), "a fedstats.privacy.DifferentialPrivacy")
@@ -266,24 +275,21 @@ class FedEMAlgorithm(FederatedAlgorithm):
         return st, metrics
 
     def leave_one_out(self, totals, own):
-        """The M-step's means from the totals with and without one client's statistics (its
-        replies are changes: ``own`` is all it sent): the largest change of a mean coordinate
-        in the standard errors of the fit without it (``sd / sqrt(N_j)``), and that over what
-        a client with its share of the rows typically causes."""
-        ref, cov_type = self._ref_shift(), self.cov_type
-        means = m_step(totals["N"], totals["S1"], totals["S2"], ref, cov_type, self.reg_covar)[0]
+        """The M-step's means from the totals with and without each client's statistics (one
+        row per client in ``own``; its replies are changes: a row is all it sent): the largest
+        change of a mean coordinate in the standard errors of the fit without it
+        (``sd / sqrt(N_j)``), and that over what a client with its share of the rows typically
+        causes."""
+        ref, cov_type, reg = self._ref_shift(), self.cov_type, self.reg_covar
+        means = means_and_variances(totals["N"], totals["S1"], totals["S2"], ref, cov_type, reg)[0]
         N = totals["N"] - own["N"]
-        if np.any((N < 1e-8 * N.sum()) & (totals["N"] >= 1e-8 * totals["N"].sum())):
-            return np.inf, np.inf  # a component rests on this client alone
-        without, cov, _ = m_step(N, totals["S1"] - own["S1"], totals["S2"] - own["S2"], ref, cov_type, self.reg_covar)
-        if cov_type == "full":
-            var = np.diagonal(cov, axis1=1, axis2=2)
-        elif cov_type in ("tied", "spherical"):
-            var = np.broadcast_to(np.diag(cov) if cov_type == "tied" else np.asarray(cov)[:, None], means.shape)
-        else:
-            var = cov
-        shift = float(np.max(np.abs(without - means) / np.sqrt(var / np.maximum(N, 1e-300)[:, None])))
-        share = float(np.clip(own["N"].sum() / totals["N"].sum(), 1e-12, 1 - 1e-12))
+        without, var = means_and_variances(N, totals["S1"] - own["S1"], totals["S2"] - own["S2"], ref, cov_type, reg)
+        z = np.abs(without - means) / np.sqrt(var / N[..., None])
+        shift = np.max(np.where(np.isnan(means), 0.0, z), axis=(1, 2))  # components empty in the fit: no mean
+        # a component of the fit that has no mass without the client rests on it alone
+        alone = np.any(np.isnan(without) & ~np.isnan(means), axis=(1, 2))
+        share = np.clip(own["N"].sum(axis=1) / totals["N"].sum(), 1e-12, 1 - 1e-12)
+        shift = np.where(alone, np.inf, shift)
         return shift, shift / np.sqrt(share / (1 - share))
 
     def converged(self, state, metrics):

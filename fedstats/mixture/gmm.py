@@ -277,6 +277,29 @@ def m_step(N, S1, S2, shift, cov_type, reg_covar, prev_means=None, prev_cov=None
     return means, cov, empty
 
 
+def means_and_variances(N, S1, S2, shift, cov_type, reg_covar):
+    """The M-step's means and each coordinate's variance (the covariances' diagonals) from
+    summed statistics, for several sets at once: ``N (..., M)``, ``S1 (..., M, d)``, ``S2``
+    as :func:`s2_shape` with the same leading axes, about ``shift (M, d)``. Components with
+    no mass (below ``1e-8`` of the set's total) come out NaN. Returns two ``(..., M, d)``."""
+    N = np.asarray(N, dtype=float)
+    live = N >= 1e-8 * N.sum(axis=-1, keepdims=True)
+    Nsafe = np.where(live, N, np.nan)
+    delta = S1 / Nsafe[..., None]
+    d = S1.shape[-1]
+    if cov_type == "spherical":
+        var = (S2[..., None] / Nsafe[..., None] - np.sum(delta**2, axis=-1, keepdims=True)) / d
+        return shift + delta, np.broadcast_to(var, delta.shape) + reg_covar
+    second = np.diagonal(S2, axis1=-2, axis2=-1) if cov_type in ("full", "tied") else S2
+    if cov_type == "tied":
+        Nlive = np.where(live, N, 0.0)
+        scatter = np.where(live[..., None], second - Nlive[..., None] * delta**2, 0.0).sum(axis=-2)
+        var = np.broadcast_to((scatter / Nlive.sum(axis=-1, keepdims=True))[..., None, :], delta.shape)
+    else:
+        var = second / Nsafe[..., None] - delta**2
+    return shift + delta, var + reg_covar
+
+
 def expected_loglik_terms(N, S1, S2, shift, means, cov, cov_type):
     """``sum_j sum_i r_ij log N(x_i; mu_j, Sigma_j)`` per client from shifted statistics.
 

@@ -137,3 +137,31 @@ def test_a_client_whose_data_form_a_component_alone_is_named_by_fedem():
     assert len(named) == 1 and "'s2' (a part of the estimate rests on it alone)" in named[0], named
     others = res.influence.drop(index="s2")
     assert (others["relative"] < 2.0).all() and np.isinf(res.influence.loc["s2", "shift"])
+
+
+@pytest.mark.parametrize("cov_type", ["full", "tied", "diag", "spherical"])
+def test_fedem_leave_one_out_means_and_variances_are_the_m_steps(cov_type):
+    # the influence's stacked means and coordinate variances (every client left out at once)
+    # equal the M-step's on each client's totals without it, one at a time
+    from fedstats.mixture.gmm import m_step, means_and_variances, s2_shape, segment_statistics
+
+    rng = np.random.default_rng(3)
+    M, d, C = 3, 4, 5
+    X = rng.normal(size=(C * 40, d)) * [1, 2, 0.5, 3] + 1.0
+    resp = rng.dirichlet(np.ones(M), size=len(X))
+    shift = rng.normal(size=(M, d))
+    N, S1, S2, _, _ = segment_statistics(
+        X, resp, np.zeros(len(X)), np.zeros(len(X)), np.arange(C) * 40, shift, cov_type
+    )
+    assert S2.shape[1:] == s2_shape(cov_type, M, d)
+    means, var = means_and_variances(N.sum(0) - N, S1.sum(0) - S1, S2.sum(0) - S2, shift, cov_type, 1e-6)
+    for c in range(C):
+        m, cov, _ = m_step(N.sum(0) - N[c], S1.sum(0) - S1[c], S2.sum(0) - S2[c], shift, cov_type, 1e-6)
+        diag = {
+            "full": lambda: np.diagonal(cov, axis1=1, axis2=2),
+            "tied": lambda: np.broadcast_to(np.diag(cov), (M, d)),
+            "diag": lambda: cov,
+            "spherical": lambda: np.broadcast_to(cov[:, None], (M, d)),
+        }[cov_type]()
+        np.testing.assert_allclose(means[c], m, rtol=1e-12)
+        np.testing.assert_allclose(var[c], diag, rtol=1e-10)
