@@ -358,7 +358,8 @@ class FederatedResult:
 
 def counted(fit: _F) -> _F:
     """Decorator for every model's ``fit``, the common entry: ``data`` (the first argument) may be
-    anything :func:`fedstats.data.as_federated` converts; the result's ``communication`` counts
+    anything :func:`fedstats.data.as_federated` converts, and every client of it must pass its
+    disclosure rules (:func:`fedstats.data.disclosure.check_disclosure`); the result's ``communication`` counts
     every exchange of the fit (its rounds and every one-off round: starts, checks, scoring,
     shared information), with a per-kind breakdown (``communication.by_kind``); ``seconds`` is
     the wall time of the whole fit; warnings point at the caller's line."""
@@ -366,12 +367,15 @@ def counted(fit: _F) -> _F:
     @functools.wraps(fit)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         from .data import as_federated
+        from .data.disclosure import check_disclosure
         from .federation import counting
 
         if args:
             args = (as_federated(args[0]), *args[1:])
         elif "data" in kwargs:
             kwargs["data"] = as_federated(kwargs["data"])
+        if args or "data" in kwargs:  # its disclosure rules, before the first exchange
+            check_disclosure(args[0] if args else kwargs["data"], type(self).__name__)
         t0 = time.perf_counter()
         with counting() as ledger, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -385,3 +385,9 @@ def _free_compiled_code():
         KERNELS.clear()
         jax.clear_caches()
         gc.collect()
+
+
+@pytest.fixture(scope="session")
+def model_fits():
+    """:func:`fits`: ``(name, thunk)`` of a small fit of every model on the data given."""
+    return fits

@@ -33,6 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS
 from . import demo, fit, models
 from .errors import CLIError
 from .models import MODELS
@@ -143,8 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument(
         "--min-rows",
         type=int,
-        default=3,
-        help="the fewest rows a client may have (default 3); a client with fewer is an error naming it",
+        default=MIN_ROWS,
+        help=f"disclosure rule: the fewest rows a client may have (default {MIN_ROWS}), and with a target at least "
+        "3 per column; 1 turns both off. A client that breaks it is an error naming it",
+    )
+    f.add_argument(
+        "--min-cell-count",
+        type=int,
+        default=MIN_CELL_COUNT,
+        help=f"disclosure rule: in a 0/1 column (a category's dummy, a binary outcome) a client's count of 1s and "
+        f"of 0s is 0 or at least this (default {MIN_CELL_COUNT}); 1 turns it off",
     )
     f.add_argument("--output", help="write the results as JSON here")
     f.add_argument(

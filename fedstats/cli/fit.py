@@ -59,7 +59,15 @@ def fit(args) -> dict:
     check_args(args)
     df = read_csv(args.data, args.decimal)
     check_columns(df, data_columns(df, args), args.target, args.by, args.data)
-    data = data_from(df, args.by, args.target, args.features, path=args.data, min_rows=args.min_rows)
+    data = data_from(
+        df,
+        args.by,
+        args.target,
+        args.features,
+        path=args.data,
+        min_rows=args.min_rows,
+        min_cell_count=args.min_cell_count,
+    )
     if args.model == "hm1" and data.n_clients < 2:
         raise CLIError("--model hm1 learns a covariance between clients: it needs at least 2 clients")
     # schema errors of the prediction file come before the fit

@@ -8,10 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS
 from .errors import CLIError
-
-#: the fewest rows a client may have unless ``--min-rows`` says otherwise
-MIN_ROWS = 3
 
 
 def read_csv(path: str, decimal: str = ".") -> pd.DataFrame:
@@ -70,7 +68,16 @@ def check_columns(df: pd.DataFrame, features: list[str], target: str | None, by:
                 )
 
 
-def data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: str, min_rows: int = MIN_ROWS):
+def data_from(
+    df: pd.DataFrame,
+    by: str,
+    target: str | None,
+    features,
+    *,
+    path: str,
+    min_rows: int = MIN_ROWS,
+    min_cell_count: int = MIN_CELL_COUNT,
+):
     from ..data import DataError, FederatedData
 
     missing = [c for c in [by, *([target] if target else []), *(features or [])] if c not in df.columns]
@@ -80,7 +87,13 @@ def data_from(df: pd.DataFrame, by: str, target: str | None, features, *, path: 
         )
     try:
         return FederatedData.from_dataframe(
-            df, by=by, target=target, features=features or None, categorical="onehot", min_rows=min_rows
+            df,
+            by=by,
+            target=target,
+            features=features or None,
+            categorical="onehot",
+            min_rows=min_rows,
+            min_cell_count=min_cell_count,
         )
     except DataError as exc:
         raise CLIError(f"{path}: {exc}") from None

@@ -220,6 +220,8 @@ def check_args(args) -> None:
         raise CLIError(f"--level must lie in (0, 1), got {args.level}")
     if args.min_rows < 1:
         raise CLIError(f"--min-rows must be at least 1, got {args.min_rows}")
+    if args.min_cell_count < 1:
+        raise CLIError(f"--min-cell-count must be at least 1, got {args.min_cell_count}")
     if args.model == "gmm":
         if args.target is not None:
             raise CLIError("--model gmm takes no --target (a mixture models all feature columns)")

@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import pandas as pd
 
+from .disclosure import MIN_CELL_COUNT, MIN_ROWS, check_setting
 from .encoding import numeric_encoding
 from .frames import frame_of, frame_to_arrays
 from .scaling import FederatedScaler, fit_scaler
@@ -70,7 +71,7 @@ class FederatedData:
 
     Parameters
     ----------
-    Xs, ys, clients, feature_names, target_name, min_rows
+    Xs, ys, clients, feature_names, target_name, min_rows, min_cell_count
         See :meth:`from_arrays`.
 
     Example
@@ -83,7 +84,7 @@ class FederatedData:
     (['a', 'b'], {'a': 3, 'b': 2}, ['x0', 'x1'])
     """
 
-    __slots__ = ("_X", "_y", "_clients", "_feature_names", "_target_name", "_encoding")
+    __slots__ = ("_X", "_y", "_clients", "_feature_names", "_target_name", "_encoding", "_min_rows", "_min_cell_count")
 
     _X: dict[ClientId, np.ndarray]
     _y: dict[ClientId, np.ndarray | None]
@@ -91,6 +92,8 @@ class FederatedData:
     _feature_names: list[str]
     _target_name: str | None
     _encoding: dict[str, Any] | None
+    _min_rows: int
+    _min_cell_count: int
 
     def __init__(
         self,
@@ -100,18 +103,21 @@ class FederatedData:
         clients: Sequence[ClientId] | None = None,
         feature_names: Sequence[str] | None = None,
         target_name: str = "y",
-        min_rows: int = 1,
+        min_rows: int | None = None,
+        min_cell_count: int | None = None,
     ) -> None:
         clients, X_list, y_list = pair_up(Xs, ys, clients)
-        if not isinstance(min_rows, (int, np.integer)) or isinstance(min_rows, bool) or min_rows < 1:
-            raise DataError(f"min_rows must be an integer >= 1, got {min_rows!r}")
+        self._min_rows = MIN_ROWS if min_rows is None else check_setting("min_rows", min_rows)
+        self._min_cell_count = (
+            MIN_CELL_COUNT if min_cell_count is None else check_setting("min_cell_count", min_cell_count)
+        )
         if not isinstance(target_name, str):
             raise DataError(f"target_name must be a str, got {target_name!r}")
         target: str | None = target_name
         if ys is None:  # unsupervised data (e.g. for mixture models): no target at all
             target = None
 
-        Xd, yd, names = validated_arrays(clients, X_list, y_list, target, feature_names, min_rows)
+        Xd, yd, names = validated_arrays(clients, X_list, y_list, target, feature_names)
         self._X = Xd
         self._y = yd
         self._clients = list(clients)
@@ -128,7 +134,8 @@ class FederatedData:
         clients: Sequence[ClientId] | None = None,
         feature_names: Sequence[str] | None = None,
         target_name: str = "y",
-        min_rows: int = 1,
+        min_rows: int | None = None,
+        min_cell_count: int | None = None,
     ) -> FederatedData:
         """Build from per-client arrays.
 
@@ -146,8 +153,13 @@ class FederatedData:
         feature_names : sequence of str, optional
             Default ``["x0", ..., "x{d-1}"]``.
         target_name : str, default "y"
-        min_rows : int, default 1
-            A client with fewer rows is an error.
+        min_rows : int, optional
+            The disclosure rule on rows (:mod:`fedstats.data.disclosure`): every model refuses
+            to fit a client with fewer rows, or, with a target, fewer than 3 per column.
+            Default 10; 1 turns both row rules off for this data.
+        min_cell_count : int, optional
+            The rule on small cells: in a 0/1 column (a category's dummy, a binary outcome), a
+            client's count of 1s and of 0s must be 0 or at least this. Default 5; 1 turns it off.
 
         Returns
         -------
@@ -167,7 +179,15 @@ class FederatedData:
         >>> len(fd), fd.n_features, fd.n_obs
         (2, 2, {'a': 3, 'b': 4})
         """
-        return cls(Xs, ys, clients=clients, feature_names=feature_names, target_name=target_name, min_rows=min_rows)
+        return cls(
+            Xs,
+            ys,
+            clients=clients,
+            feature_names=feature_names,
+            target_name=target_name,
+            min_rows=min_rows,
+            min_cell_count=min_cell_count,
+        )
 
     @classmethod
     def from_dataframe(
@@ -179,7 +199,8 @@ class FederatedData:
         features: Sequence[Hashable] | None = None,
         categorical: str = "onehot",
         drop_first: bool = True,
-        min_rows: int = 1,
+        min_rows: int | None = None,
+        min_cell_count: int | None = None,
     ) -> FederatedData:
         """Build from a long data frame, one client per distinct value of column ``by``.
 
@@ -205,8 +226,13 @@ class FederatedData:
         drop_first : bool, default True
             With ``"onehot"``, drop the first level (the reference): k-1 dummies. Levels are
             sorted (a pandas categorical keeps its category order).
-        min_rows : int, default 1
-            A client with fewer rows is an error.
+        min_rows : int, optional
+            The disclosure rule on rows (:mod:`fedstats.data.disclosure`): every model refuses
+            to fit a client with fewer rows, or, with a target, fewer than 3 per column.
+            Default 10; 1 turns both row rules off for this data.
+        min_cell_count : int, optional
+            The rule on small cells: in a 0/1 column (a category's dummy, a binary outcome), a
+            client's count of 1s and of 0s must be 0 or at least this. Default 5; 1 turns it off.
 
         Returns
         -------
@@ -231,11 +257,41 @@ class FederatedData:
             df, by=by, target=target, features=features, categorical=categorical, drop_first=drop_first
         )
         encoding = parts.pop("encoding")
-        fd = cls(**parts, min_rows=min_rows)
+        fd = cls(**parts, min_rows=min_rows, min_cell_count=min_cell_count)
         fd._encoding = encoding
         return fd
 
     # ------------------------------------------------------------------ accessors
+    @property
+    def min_rows(self) -> int:
+        """The disclosure rule on rows every model applies to this data (1: off); see
+        :mod:`fedstats.data.disclosure`."""
+        return self._min_rows
+
+    @property
+    def min_cell_count(self) -> int:
+        """The disclosure rule on small cells of 0/1 columns (1: off)."""
+        return self._min_cell_count
+
+    def with_rules(self, *, min_rows: int | None = None, min_cell_count: int | None = None) -> FederatedData:
+        """The same data under other disclosure rules (``None``: keep this data's)
+        (:mod:`fedstats.data.disclosure`): ``data.with_rules(min_rows=1)`` lets every model
+        fit clients of any size.
+
+        Example
+        -------
+        >>> import numpy as np
+        >>> fd = FederatedData.from_arrays([np.ones((3, 1))], [np.ones(3)])
+        >>> fd.min_rows, fd.with_rules(min_rows=1).min_rows
+        (10, 1)
+        """
+        fd = checked_data(self._X, self._y, self._feature_names, self._target_name, self)
+        if min_rows is not None:
+            fd._min_rows = check_setting("min_rows", min_rows)
+        if min_cell_count is not None:
+            fd._min_cell_count = check_setting("min_cell_count", min_cell_count)
+        return fd
+
     @property
     def clients(self) -> list[ClientId]:
         """The client ids, in order."""
@@ -535,6 +591,8 @@ def checked_data(
     a split, a scaled copy), which keep the ``source``'s encoding."""
     fd = object.__new__(FederatedData)
     fd._encoding = None if source is None else getattr(source, "_encoding", None)
+    fd._min_rows = MIN_ROWS if source is None else source.min_rows
+    fd._min_cell_count = MIN_CELL_COUNT if source is None else source.min_cell_count
     fd._X = {c: readonly(X) for c, X in Xd.items()}
     fd._y = {c: None if y is None else readonly(y) for c, y in yd.items()}
     fd._clients = list(Xd.keys())

@@ -193,10 +193,9 @@ def validated_arrays(
     y_list: Sequence[Any],
     target: str | None,
     feature_names: Sequence[str] | None,
-    min_rows: int,
 ) -> tuple[dict[ClientId, np.ndarray], dict[ClientId, np.ndarray | None], list[str]]:
     """Every client's ``X`` (2-D float, read-only) and ``y`` (1-D or ``None``), checked: shapes,
-    rows (at least ``min_rows``), the same columns at every client, finite values (every client
+    rows (at least one), the same columns at every client, finite values (every client
     with a non-finite value named at once); and the feature names. ``target`` is ``None`` for
     unsupervised data, whose ``X`` must have columns (with a target, none is an intercept-only
     model)."""
@@ -220,8 +219,6 @@ def validated_arrays(
             raise DataError(f"{cname(cid)}: X has {X.shape[0]} rows but y has {y.shape[0]} entries")
         if X.shape[0] == 0:
             raise DataError(f"{cname(cid)} has no rows (empty client)")
-        if X.shape[0] < min_rows:
-            raise DataError(f"{cname(cid)} has {X.shape[0]} row(s), fewer than min_rows={min_rows}")
         if d is None:
             d, first = X.shape[1], cid
             if d == 0 and target is None:  # with a target, no column is an intercept-only model

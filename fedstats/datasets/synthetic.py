@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..data import FederatedData
+from ..data.disclosure import NO_RULES
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs  # typing's from Python 3.13
@@ -50,7 +51,7 @@ def hm2_federation(
     theta = mu + np.sqrt(tau) * rng.standard_normal((n_clients, d))
     Xs = [rng.standard_normal((n, d)) for n in ns]
     ys = [X @ th + sigma * rng.standard_normal(len(X)) for X, th in zip(Xs, theta)]
-    data = FederatedData.from_arrays(Xs, ys, feature_names=[f"x{i + 1}" for i in range(d)])
+    data = FederatedData.from_arrays(Xs, ys, feature_names=[f"x{i + 1}" for i in range(d)], **NO_RULES)
     return data, {"mu": mu, "tau": tau, "log_tau": np.log(tau), "theta": theta, "sigma": sigma}
 
 
@@ -87,7 +88,7 @@ def selection_case(
     for ns in (spec["n_train"], [spec["n_test"]] * spec["K"]):
         Xs = [rng.standard_normal((n, d)) for n in ns]
         ys = [X @ theta + sigma * rng.standard_normal(n) for X, n in zip(Xs, ns)]
-        parts.append(FederatedData.from_arrays(Xs, ys, clients=clients, feature_names=names))
+        parts.append(FederatedData.from_arrays(Xs, ys, clients=clients, feature_names=names, **NO_RULES))
     return parts[0], parts[1], theta
 
 
@@ -141,7 +142,7 @@ def hm1_case(
     for ns, noisy in ((spec["n_train"], True), ([n_test] * K, noisy_test)):
         Xs = [rng.standard_normal((n, d)) for n in ns]
         ys = [X @ theta[:, k] + (sd * rng.standard_normal(n) if noisy else 0.0) for k, (X, n) in enumerate(zip(Xs, ns))]
-        parts.append(FederatedData.from_arrays(Xs, ys, clients=clients, feature_names=names))
+        parts.append(FederatedData.from_arrays(Xs, ys, clients=clients, feature_names=names, **NO_RULES))
     truth = {
         "theta": theta,
         "omega": omega,
@@ -186,7 +187,7 @@ def hm1_clusters(
         X = rng.standard_normal((n, d)) + 1.0
         Xs.append(X)
         ys.append(X @ theta[k] + sigma * rng.standard_normal(n))
-    return FederatedData.from_arrays(Xs, ys), theta, poor, omega
+    return FederatedData.from_arrays(Xs, ys, **NO_RULES), theta, poor, omega
 
 
 def gmm_federation(
@@ -253,7 +254,7 @@ def gmm_federation(
         eps = rng.standard_normal((int(ns[c]), d))
         Xs.append(means[z] + np.einsum("nij,nj->ni", chol[z], eps))
         labels.append(z)
-    data = FederatedData.from_arrays(Xs, feature_names=[f"x{i + 1}" for i in range(d)])
+    data = FederatedData.from_arrays(Xs, feature_names=[f"x{i + 1}" for i in range(d)], **NO_RULES)
     return data, {"means": means, "covariances": covs, "weights": weights, "labels": labels}
 
 
@@ -270,4 +271,4 @@ def hierarchical_logistic(n_clients: int, seed: int = 0) -> FederatedData:
         th = mu + np.sqrt(tau) * rng.normal(size=3)
         Xs.append(X)
         ys.append(rng.binomial(1, 1 / (1 + np.exp(-(th[0] + X @ th[1:])))).astype(float))
-    return FederatedData.from_arrays(Xs, ys)
+    return FederatedData.from_arrays(Xs, ys, **NO_RULES)

@@ -318,7 +318,8 @@ def validation_split(data, fraction: float = 0.2, seed: int = 0):
         for part, rows in ((val, idx[:m]), (fit, idx[m:])):
             rows = np.sort(rows)
             part[0][c], part[1][c] = data[c].X[rows], data[c].y[rows]
-    kw = {"feature_names": data.feature_names, "target_name": data.target_name}
+    kw = {"feature_names": data.feature_names, "target_name": data.target_name, "min_rows": data.min_rows}
+    kw["min_cell_count"] = data.min_cell_count
     return FederatedData.from_arrays(*fit, **kw), FederatedData.from_arrays(*val, **kw)
 
 

@@ -48,6 +48,7 @@ from linear_operator.utils.warnings import NumericalWarning
 from scipy.optimize import minimize
 
 from ..data import FederatedData
+from ..data.disclosure import NO_RULES
 from ..gp._core import small_work
 from ..gp.ar1_result import AR1Result
 from ..gp.multifidelity import AR1CoKriging, FederatedAR1
@@ -127,7 +128,7 @@ class _Surrogate:
         d = task.problem.d
         if method == "federated":
             Xs = [data[lv][0] for lv in self.levels]
-            fed = FederatedData.from_arrays(Xs, [data[lv][1] for lv in self.levels], clients=self.levels)
+            fed = FederatedData.from_arrays(Xs, [data[lv][1] for lv in self.levels], clients=self.levels, **NO_RULES)
             self.ar1: AR1Result = FederatedAR1(**AR1_OPTIONS).fit(fed, order=self.levels, seed=seed)
             self.model = self.ar1.to_botorch()
             return

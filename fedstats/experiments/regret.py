@@ -27,6 +27,7 @@ import pandas as pd
 from scipy.special import logsumexp
 
 from ..data import FederatedData
+from ..data.disclosure import NO_RULES
 from ..mixture.gmm import LOG_2PI
 
 PROCESSES = ("iid", "fixed", "switching", "adversarial")
@@ -123,7 +124,7 @@ class MixtureStream:
     def batch(self, t: int, played: Mapping | None = None) -> FederatedData:
         """Step ``t``'s rows: ``n`` per client from ``sum_j pi*_{t,c,j} N(mu*_j, I)``."""
         Xs = self._draw(self.weights(t, played), self.n, self._rng(t, 3))
-        return FederatedData.from_arrays(Xs, feature_names=[f"x{i + 1}" for i in range(self.d)])
+        return FederatedData.from_arrays(Xs, feature_names=[f"x{i + 1}" for i in range(self.d)], **NO_RULES)
 
     def evaluation(self, t: int, n_eval: int, played: Mapping | None = None) -> list[np.ndarray]:
         """An independent evaluation sample per client from the same ``P_{t,c}``."""

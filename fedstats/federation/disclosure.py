@@ -190,8 +190,6 @@ GLM_CHECK = _x(
         _A("n_rows", "row count", "its row count"),
         _A("sum_y", "sum of the outcome", "its outcome's mean"),
         _A("wnobs", "weighted row count", _ROWS),
-        _A("col_min", "each column's minimum", "its columns' ranges (the extremes are rows' values)"),
-        _A("col_max", "each column's maximum", "see `col_min`"),
         _A("xtx", "X'X of its design", "its design's second moments (with `sum_y`: not its outcome)"),
         _A("non_integer", "how many of its counts are not whole numbers", "whether its outcome has fractions"),
     ),

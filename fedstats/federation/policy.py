@@ -7,11 +7,14 @@ a rule is refused with a :class:`PolicyRefusal` that names the rule; the server 
 client as lost (the fit goes on without it, or stops, per ``on_disconnect``) and the node logs
 the refusal.
 
-Rules (defaults follow DataSHIELD's disclosure filters):
+Rules (the disclosure defaults of :mod:`fedstats.data.disclosure`, the same in Python and on
+the command line; they follow DataSHIELD's disclosure filters):
 
-* ``min_rows`` (default 5): no release computed from fewer rows;
+* ``min_rows`` (default 10): no release computed from fewer rows (1: no row rules);
 * ``min_rows_per_parameter`` (default 3, DataSHIELD's ``nfilter.glm`` of 0.33 parameters per
   row): for a regression (data with a target), rows / columns of the design must reach it;
+* ``min_cell_count`` (default 5): in a 0/1 column (a category's dummy, a binary outcome),
+  the client's count of 1s and of 0s is 0 or at least this (1: off);
 * ``algorithms``: the algorithm classes (by name) the node runs; default every fedstats
   algorithm its unpickler admits;
 * ``options``: per algorithm class, ranges of its options (attributes): ``[low, high]`` for a
@@ -61,6 +64,8 @@ from typing import Any
 
 import numpy as np
 
+from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS, MIN_ROWS_PER_PARAMETER, breach
+
 __all__ = ["NodePolicy", "PolicyRefusal", "data_shape"]
 
 
@@ -75,14 +80,8 @@ class PolicyRefusal(RuntimeError):
 def data_shape(data: Any) -> tuple[int, int, bool] | None:
     """``(rows, columns, has_target)`` of what the runtime hands a client step, or ``None``
     when it cannot tell (a policy then refuses: it cannot check its rules)."""
-    if isinstance(data, tuple) and data and isinstance(data[0], np.ndarray):
-        X = data[0]
-        y = data[1] if len(data) > 1 else None
-    elif hasattr(data, "X") and isinstance(data.X, np.ndarray):
-        X, y = data.X, getattr(data, "y", None)
-    elif isinstance(data, np.ndarray):
-        X, y = data, None
-    else:
+    X, y = _rows_of(data)
+    if X is None:
         return None
     cols = int(X.shape[1]) if X.ndim > 1 else 1
     return int(X.shape[0]), cols, y is not None
@@ -108,8 +107,9 @@ def _allowed(value: Any, allowed: Any) -> bool:
 class NodePolicy:
     """A node's release policy (see the module docs for the rules)."""
 
-    min_rows: int = 5
-    min_rows_per_parameter: float = 3.0
+    min_rows: int = MIN_ROWS
+    min_rows_per_parameter: float = MIN_ROWS_PER_PARAMETER
+    min_cell_count: int = MIN_CELL_COUNT
     algorithms: tuple[str, ...] | None = None
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     release: str = "messages"
@@ -130,6 +130,8 @@ class NodePolicy:
             raise ValueError(f"posterior_dir must be a directory path, got {self.posterior_dir!r}")
         if not isinstance(self.min_rows, int) or isinstance(self.min_rows, bool) or self.min_rows < 1:
             raise ValueError(f"min_rows must be an int >= 1, got {self.min_rows!r}")
+        if not isinstance(self.min_cell_count, int) or isinstance(self.min_cell_count, bool) or self.min_cell_count < 1:
+            raise ValueError(f"min_cell_count must be an int >= 1, got {self.min_cell_count!r}")
         if not (isinstance(self.min_rows_per_parameter, (int, float)) and self.min_rows_per_parameter >= 0):
             raise ValueError(f"min_rows_per_parameter must be a number >= 0, got {self.min_rows_per_parameter!r}")
         if self.algorithms is not None:
@@ -158,6 +160,7 @@ class NodePolicy:
         unknown = set(doc) - {
             "min_rows",
             "min_rows_per_parameter",
+            "min_cell_count",
             "algorithms",
             "options",
             "release",
@@ -199,20 +202,30 @@ class NodePolicy:
             if not _allowed(value, allowed):
                 shown = getattr(value, "__name__", value) if callable(value) else value
                 raise PolicyRefusal("options", f"{name}.{option} = {shown!r} is outside this node's range {allowed!r}")
-        shape = data_shape(data)
-        if shape is None:
+        X, y = _rows_of(data)
+        if X is None:
             raise PolicyRefusal("min_rows", f"cannot count the rows of a {type(data).__name__} to check the policy")
-        rows, cols, target = shape
-        if rows < self.min_rows:
-            raise PolicyRefusal(
-                "min_rows", f"this client has {rows} rows; the node releases nothing from fewer than {self.min_rows}"
-            )
-        if target and rows < self.min_rows_per_parameter * cols:
-            raise PolicyRefusal(
-                "min_rows_per_parameter",
-                f"a regression on {cols} columns needs at least {self.min_rows_per_parameter:g} rows per column "
-                f"({math.ceil(self.min_rows_per_parameter * cols)} rows); this client has {rows}",
-            )
+        found = breach(
+            X,
+            y,
+            min_rows=self.min_rows,
+            min_rows_per_parameter=self.min_rows_per_parameter,
+            min_cell_count=self.min_cell_count,
+        )
+        if found is not None:
+            rule, why, _ = found
+            raise PolicyRefusal(rule, f"this client's data break it: {why}")
+
+
+def _rows_of(data: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(X, y)`` of what the runtime hands a client step (``(None, None)``: cannot tell)."""
+    if isinstance(data, tuple) and data and isinstance(data[0], np.ndarray):
+        return data[0], (data[1] if len(data) > 1 and isinstance(data[1], np.ndarray) else None)
+    if hasattr(data, "X") and isinstance(data.X, np.ndarray):
+        return data.X, getattr(data, "y", None)
+    if isinstance(data, np.ndarray):
+        return data, None
+    return None, None
 
 
 def _run_rules(policy: NodePolicy, algorithm: Any, secure: bool) -> float | None:

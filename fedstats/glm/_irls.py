@@ -53,8 +53,9 @@ COUNTS = ("poisson", "negative_binomial")
 
 
 class DesignCheck(FederatedAlgorithm):
-    reply_keys = ("n_rows", "sum_y", "wnobs", "col_min", "col_max", "xtx", "non_integer")
-    # the server sees each client's row count and column ranges, the rest only summed
+    reply_keys = ("n_rows", "sum_y", "wnobs", "xtx", "non_integer")
+    # the server sees each client's row count, the rest only summed (no row's value: a constant
+    # column is found from the summed X'X)
     summed_keys = ("sum_y", "wnobs", "xtx", "non_integer")
 
     def __init__(self, family, trials_given: bool):
@@ -79,8 +80,6 @@ class DesignCheck(FederatedAlgorithm):
             "n_rows": np.array([float(len(r.y))]),
             "sum_y": np.array([r.y.sum()]),
             "wnobs": np.array([r.f.sum()]),
-            "col_min": X.min(axis=0),
-            "col_max": X.max(axis=0),
             "xtx": X.T @ X,
             "non_integer": np.array([non_integer]),
         }, None
@@ -133,13 +132,7 @@ def design_check(family, design, trials_given: bool, seed: int, *, mle: bool = T
             stacklevel=4,
         )
     xtx = np.array(reps.sums["xtx"], dtype=float)
-    check_identified(
-        design.names,
-        xtx,
-        np.min([r["col_min"] for r in reps.values()], axis=0),
-        np.max([r["col_max"] for r in reps.values()], axis=0),
-        design.intercept,
-    )
+    check_identified(design.names, xtx, design.intercept)
     return {"n_obs": n_obs, "n_rows": n_rows, "wnobs": float(reps.sums["wnobs"][0]), "ybar": ybar, "xtx": xtx}
 
 
@@ -161,14 +154,16 @@ def check_outcome_varies(family, ybar: float, design) -> None:
             )
 
 
-def check_identified(names, xtx, lo, hi, intercept) -> None:
+def check_identified(names, xtx, intercept) -> None:
     """Refuse, by name, a predictor the pooled rows cannot identify: constant at every client
-    (with an intercept) or a linear combination of the predictors before it."""
-    start = 1 if intercept else 0
-    for j in range(start, len(names)):
-        if intercept and lo[j] == hi[j]:
+    (with an intercept, the first column: its pooled variance from the summed ``X'X`` is 0 up
+    to rounding) or a linear combination of the predictors before it."""
+    n = xtx[0, 0]
+    for j in range(1 if intercept else len(names), len(names)):
+        mean, square = xtx[0, j] / n, xtx[j, j] / n
+        if square > 0 and square - mean**2 <= 1e-12 * square:
             raise DataError(
-                f"predictor {names[j]!r} is constant ({lo[j]:g}) at every client: the intercept already "
+                f"predictor {names[j]!r} is constant ({mean:g}) at every client: the intercept already "
                 "covers it; drop it"
             )
     d = np.sqrt(np.diag(xtx))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..data import DataError, FederatedData, require_target
+from ..data.disclosure import NO_RULES
 from ..federation import Communication
 from ..federation.records import record
 from ..results import counted
@@ -104,7 +105,7 @@ def fidelity_data(
     if prob.grid:
         Xt = np.sort(Xt, axis=0)
     ft = prob.levels["HF"](Xt)
-    train = FederatedData.from_arrays(Xs, ys, clients=clients)
+    train = FederatedData.from_arrays(Xs, ys, clients=clients, **NO_RULES)
     return MFData(prob, train, prob.to_unit(Xt) if scale_x else Xt, ft, clients[0], levels)
 
 
@@ -137,7 +138,7 @@ class SeparateGP:
     def fit(self, X, y, *, seed: int = 0) -> FGPRResult:
         X = np.asarray(X, dtype=float)
         X = X[:, None] if X.ndim == 1 else X
-        data = FederatedData.from_arrays([X], [np.asarray(y, dtype=float)], clients=["HF"])
+        data = FederatedData.from_arrays([X], [np.asarray(y, dtype=float)], clients=["HF"], **NO_RULES)
         if self.protocol == "paper":
             M = len(y) if self.batch_size is None else self.batch_size
             return FGPR(

@@ -56,6 +56,7 @@ from numpy.typing import ArrayLike
 from scipy import stats
 
 from ..data import DataError, DataLike
+from ..data.disclosure import check_disclosure
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import Communication, counting, run
 from ..federation.backend import accepts_backend
@@ -341,6 +342,7 @@ class FEMOMD(Estimator):
         splits) comes from ``seed`` and ``t``: pass the same ``seed`` at every step of a stream."""
         self._validate()
         data = as_federated(data)
+        check_disclosure(data, type(self).__name__)  # each batch's: its statistics leave the client
         with counting() as ledger:
             self._step(data, progress, int(seed))
         # (combine skips a part that is None: no step before this one)

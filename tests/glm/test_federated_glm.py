@@ -155,7 +155,7 @@ def test_the_server_steps_see_only_sums_of_information_and_score(monkeypatch):
     for name, per_client, sums in seen:
         assert len(per_client) == len(Xs)
         if name == "DesignCheck":
-            assert all(keys == {"n_rows", "col_min", "col_max"} for keys in per_client)
+            assert all(keys == {"n_rows"} for keys in per_client)
             assert sums == {"sum_y", "wnobs", "xtx", "non_integer"}  # non_integer: non-integer outcomes (none here)
         else:
             assert all(keys == set() for keys in per_client) and sums == set(getattr(_irls, name).reply_keys)

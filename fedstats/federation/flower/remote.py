@@ -61,6 +61,9 @@ class RemoteFederatedData(FederatedData):
         self._clients = list(n_obs)
         self._feature_names = list(feature_names)
         self._target_name = target_name
+        # the rows' disclosure rules are the nodes' (each checks its own against its policy)
+        self._min_rows = self._min_cell_count = 1
+        self._encoding = None
 
     def subset(self, clients: Iterable[ClientId]) -> RemoteFederatedData:
         """The view of some clients only (no rows, as the whole)."""
