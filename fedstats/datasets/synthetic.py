@@ -1,4 +1,7 @@
-"""Generators of the linear-models paper's simulated federations."""
+"""Generators of simulated federations (the papers' and others). Their data are about no one, so
+they come without disclosure rules (``NO_RULES``: clients of any size);
+``data.with_rules(min_rows=10, min_cell_count=5)`` puts the defaults back
+(:mod:`fedstats.data.disclosure`)."""
 
 from __future__ import annotations
 

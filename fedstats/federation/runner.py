@@ -121,7 +121,8 @@ def run(
         tqdm bar over rounds: ``True`` shown, ``False`` hidden, ``None`` shown when stderr
         is a terminal.
     checkpoint, checkpoint_every, resume:
-        if ``checkpoint`` is a path, a pickle is written there atomically every
+        if ``checkpoint`` is a path, a checkpoint (the safe result format, never a pickle) is
+        written there atomically every
         ``checkpoint_every`` completed rounds and at the end (an existing file is
         overwritten unless ``resume``). With ``resume=True`` an existing checkpoint is
         continued from its last completed round (after checking that algorithm class,
