@@ -369,6 +369,7 @@ def counted(fit: _F) -> _F:
         from .data import as_federated
         from .data.disclosure import check_disclosure
         from .federation import counting
+        from .federation.influence import report_influence
 
         if args:
             args = (as_federated(args[0]), *args[1:])
@@ -400,6 +401,8 @@ def counted(fit: _F) -> _F:
             }
             res.excluded = excluded
             warn_excluded(excluded, stacklevel=3)
+            if res.influence is None and ledger.influence:  # each client's leave-one-out shift, warned when large
+                report_influence(res, *ledger.influence, model=type(self).__name__)
         res.seconds = time.perf_counter() - t0
         return res
 

@@ -161,7 +161,7 @@ def influence_warning(model: str, values: Mapping[ClientId, tuple[float, float]]
     )
 
 
-def report_influence(result: Any, values: Mapping[ClientId, tuple[float, float]], model: str, unit: str = "se") -> None:
+def report_influence(result: Any, values: Mapping[ClientId, tuple[float, float]], unit: str, *, model: str) -> None:
     """Put ``values`` (a run's influence) on ``result.influence`` (a data frame) and warn
     (:func:`influence_warning`, at the caller's caller) when a client passes the threshold."""
     if not values:

@@ -78,6 +78,8 @@ class FederatedAlgorithm(ABC):
     #: ``True`` when each reply is the change since the client's previous reply (the server
     #: keeps running totals): a client's influence then subtracts all it ever sent
     cumulative_replies: bool = False
+    #: the unit of :meth:`leave_one_out`'s shift in the influence report and its warning
+    influence_unit: str = "se"
     #: ``True`` for an exchange whose replies are a client's sufficient statistics themselves
     #: (HM1's opt-in information share: ``X'X / s^2``, ``X'y / s^2``): a node runs it only
     #: where its policy says ``release_statistics = true``

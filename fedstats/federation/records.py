@@ -291,6 +291,9 @@ class Ledger:
     def __init__(self) -> None:
         self.parts: list[Communication] = []
         self.excluded: dict[ClientId, str] = {}
+        #: the clients' influence in the last run that measured it, and its unit
+        #: (:mod:`fedstats.federation.influence`; the model's result reports it)
+        self.influence: tuple[dict[ClientId, tuple[float, float]], str] | None = None
 
     def communication(self) -> Communication:
         """Everything counted so far, as one :class:`Communication`."""
@@ -302,6 +305,13 @@ def record(communication: Communication) -> None:
     shared statistics) to every open :func:`counting` ledger."""
     for ledger in _LEDGERS.get():
         ledger.parts.append(communication)
+
+
+def record_influence(values: Mapping[ClientId, tuple[float, float]], unit: str) -> None:
+    """Keep a run's measured influence of each client on every open :func:`counting` ledger
+    (a later run of the fit replaces it: a refit's is the one that counts)."""
+    for ledger in _LEDGERS.get():
+        ledger.influence = (dict(values), unit)
 
 
 def exclude(clients: Mapping[ClientId, str]) -> None:

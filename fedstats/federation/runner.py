@@ -68,7 +68,18 @@ from .influence import Influence, checked_sums
 from .participation import Participation, is_int, round_rng
 from .progress import RoundDisplay
 from .protocol import ClientId, FederatedAlgorithm, Message, ProtocolError, Replies, message_nbytes, validate_message
-from .records import Communication, History, RoundRecord, RunResult, exclude, excluded_now, in_fit, not_in_fit, record
+from .records import (
+    Communication,
+    History,
+    RoundRecord,
+    RunResult,
+    exclude,
+    excluded_now,
+    in_fit,
+    not_in_fit,
+    record,
+    record_influence,
+)
 
 __all__ = ["run", "RunResult", "History", "RoundRecord", "Communication"]
 
@@ -239,6 +250,8 @@ def run(
             exclude(gone if drop_silent else {c: why for c, why in gone.items() if c in out.lost})
         if privacy_ledger is not None and out.privacy is not None:
             privacy_ledger.extend(out.privacy)
+        if out.influence:  # the fit's result reports it (fedstats.results.counted)
+            record_influence(out.influence, algorithm.influence_unit)
     finally:
         devices.close()
     c = out.communication

@@ -90,7 +90,6 @@ from ..data import DataError, DataLike, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
-from ..federation.influence import report_influence
 from ..federation.records import exclude
 from ..privacy import DifferentialPrivacy
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
@@ -322,7 +321,6 @@ class FederatedGLM(Estimator):
             history=out.history,
             communication=out.communication,
         )
-        report_influence(res, out.influence, "FederatedGLM")  # each client's leave-one-out shift, warned when large
         return res
 
     def _fit_private(self, design, fam: Family, roles: dict, trials: bool, seed: int, progress) -> GLMResult:

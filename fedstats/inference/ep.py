@@ -167,6 +167,9 @@ class FederatedEP(FederatedAlgorithm):
     reply_keys = ("dr", "dQ")
     # the server adds the site changes of the devices that answered: it sees only their sums
     summed_keys = reply_keys
+    # a reply is a change of the device's site: the runtime adds them up for the influence
+    cumulative_replies = True
+    influence_unit = "posterior sd"
 
     def __init__(
         self,
@@ -268,6 +271,28 @@ class FederatedEP(FederatedAlgorithm):
 
     def converged(self, state: EPServerState, metrics: Mapping[str, float]) -> bool:
         return state.converged
+
+    def leave_one_out(
+        self, totals: Mapping[str, np.ndarray], own: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Exact EP leave-one-client-out: ``q`` (the prior times every site: the prior plus the
+        summed site changes, in natural parameters) against the cavity without each client's
+        site (the sum of its changes, one row per client in ``own``): the largest change of a
+        global mean in the cavity's posterior sds, and that over what a client with its share
+        of the sites' precision (their traces) typically causes. A cavity that is not a proper
+        Gaussian, or a site of negative precision, cannot be measured (NaN)."""
+        r, Q = self.prior.r + totals["dr"], self.prior.Q + totals["dQ"]
+        mean = np.linalg.solve(Q, r)
+        cov = np.linalg.inv(symmetrize(Q - own["dQ"]))
+        var = np.diagonal(cov, axis1=1, axis2=2)
+        without = np.einsum("cij,cj->ci", cov, r - own["dr"])
+        with np.errstate(invalid="ignore"):
+            shift = np.max(np.abs(without - mean) / np.sqrt(var), axis=1)
+        shift = np.where(np.all(var > 0, axis=1), shift, np.nan)
+        info = np.trace(own["dQ"], axis1=1, axis2=2)
+        share = np.clip(info / max(float(np.trace(totals["dQ"])), 1e-300), 1e-12, 1 - 1e-12)
+        # a site of negative precision (EP allows them) has no share to compare with
+        return shift, np.where(info > 0, shift / np.sqrt(share / (1 - share)), np.nan)
 
     # ---------------------------------------------------------------- client side
     def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> EPClientState:

@@ -60,7 +60,6 @@ from ..data import DataLike, FederatedData
 from ..estimator import BOOL, NONE, Constraint, Int
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
-from ..federation.influence import report_influence
 from ..privacy import DifferentialPrivacy
 from ..results import counted, register
 from ._common import (
@@ -594,7 +593,6 @@ class FederatedGaussianMixture(MixtureEstimator):
             reg_covar=self.reg_covar,
             loglik=ll,
         )
-        report_influence(out, res.influence, "FedEM")  # each client's leave-one-out shift of the means
         if uncertainty:
             out.wald_intervals(data, seed=seed)
         return out

@@ -165,3 +165,44 @@ def test_fedem_leave_one_out_means_and_variances_are_the_m_steps(cov_type):
         }[cov_type]()
         np.testing.assert_allclose(means[c], m, rtol=1e-12)
         np.testing.assert_allclose(var[c], diag, rtol=1e-10)
+
+
+@pytest.fixture(scope="module")
+def hm2_fit():
+    from fedstats import HierarchicalLinearModel
+    from fedstats.datasets.synthetic import hm2_federation
+
+    data, _ = hm2_federation(n_clients=20, n_obs=50, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = HierarchicalLinearModel().fit(data, seed=0, progress=False)
+    return data, res, [str(w.message) for w in caught]
+
+
+def test_hm2_influence_is_the_exact_ep_cavity_of_each_client(hm2_fit):
+    # every client's influence is its EP leave-one-out: q against q without its site (the
+    # cavity), from the sites the clients hold; an honest federation warns of none
+    data, res, caught = hm2_fit
+    assert list(res.influence.index) == list(data.clients)
+    assert not [m for m in caught if "estimate moves" in m]
+    q = res.server.q
+    mean = np.linalg.solve(q.Q, q.r)
+    for c, site in res.algorithm.committed_sites(res.server, res.client_states).items():
+        cov = np.linalg.inv(q.Q - site.Q)
+        shift = np.max(np.abs(cov @ (q.r - site.r) - mean) / np.sqrt(np.diag(cov)))
+        assert res.influence.loc[c, "shift"] == pytest.approx(shift, rel=1e-9)
+    assert res.influence["relative"].max() < INFLUENCE_WARNING
+
+
+def test_an_hm2_client_whose_outcome_is_shifted_is_named(hm2_fit):
+    from fedstats import HierarchicalLinearModel
+
+    data = hm2_fit[0]
+    ys = [data[c].y + (30.0 if c == 5 else 0.0) for c in data.clients]
+    shifted = FederatedData.from_arrays([data[c].X for c in data.clients], ys, min_rows=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = HierarchicalLinearModel().fit(shifted, seed=0, progress=False)
+    named = [str(w.message) for w in caught if "estimate moves" in str(w.message)]
+    assert len(named) == 1 and "client(s) 5 (" in named[0] and "posterior sd" in named[0], named
+    assert res.influence["relative"].idxmax() == 5 and res.influence.loc[5, "relative"] > 10
