@@ -51,12 +51,39 @@ def shape_outliers(keys: Sequence[str], replies: Mapping[ClientId, Message]) -> 
     return out
 
 
-def checked_sums(keys: Sequence[str], replies: dict[ClientId, Message]) -> tuple[Replies, dict[ClientId, str]]:
+def not_cross_products(keys: Sequence[str], replies: Mapping[ClientId, Message]) -> dict[ClientId, str]:
+    """The clients whose arrays ``keys`` (declared cross-products such as ``X'WX``, square in
+    their last two axes) no rows can produce: not symmetric, or not positive semi-definite
+    (an eigenvalue below ``-1e-8`` times the largest), with the reason."""
+    out: dict[ClientId, str] = {}
+    for c, r in replies.items():
+        for k in keys:
+            a = np.asarray(r.get(k), dtype=float)
+            if a.ndim < 2 or a.shape[-1] != a.shape[-2] or not np.isfinite(a).all():
+                continue  # another check's (shape, overflow)
+            scale = max(float(np.max(np.abs(a), initial=0.0)), 1e-300)
+            if float(np.max(np.abs(a - np.swapaxes(a, -1, -2)), initial=0.0)) > 1e-8 * scale:
+                out[c] = f"BrokenReply: its {k!r} is not symmetric: no rows give such a cross-product"
+                break
+            low = float(np.min(np.linalg.eigvalsh(a), initial=0.0))
+            if low < -1e-8 * scale:
+                out[c] = (
+                    f"BrokenReply: its {k!r} has a negative eigenvalue ({low:.3g}): no rows give such a cross-product"
+                )
+                break
+    return out
+
+
+def checked_sums(
+    keys: Sequence[str], replies: dict[ClientId, Message], psd: Sequence[str] = ()
+) -> tuple[Replies, dict[ClientId, str]]:
     """:meth:`Replies.summing` of ``replies`` with the clients that break it taken out first
-    (``replies`` is changed): a summed array of another shape than the others', or values so
+    (``replies`` is changed): a summed array of another shape than the others', a declared
+    cross-product (``psd``) no rows can produce (:func:`not_cross_products`), or values so
     large that the sum overflows (the client with the largest magnitude is taken out until the
     sum is finite). ``(the replies summed, {client: why})``."""
     bad = shape_outliers(keys, replies)
+    bad.update(not_cross_products(psd, {c: r for c, r in replies.items() if c not in bad}))
     for c in bad:
         del replies[c]
     while True:
@@ -138,12 +165,19 @@ class Influence:
         return {c: (float(s), float(r)) for c, s, r in zip(clients, shift, rel) if not np.isnan(r)}
 
 
+def flagged(values: Mapping[ClientId, tuple[float, float]]) -> dict[ClientId, tuple[float, float]]:
+    """The clients whose relative influence passes :data:`INFLUENCE_WARNING` and three times
+    the median client's (a client that pulls the estimate away moves the others' influence up
+    too): the ones the warning names and ``robust=True`` leaves out."""
+    if not values:
+        return {}
+    typical = float(np.median([min(v[1], 1e300) for v in values.values()]))
+    return {c: v for c, v in values.items() if v[1] > max(INFLUENCE_WARNING, 3.0 * typical)}
+
+
 def influence_warning(model: str, values: Mapping[ClientId, tuple[float, float]], unit: str) -> str | None:
     """The warning naming the clients whose relative influence passes :data:`INFLUENCE_WARNING`."""
-    # past the threshold, and far past the typical client (a client that pulls the estimate
-    # away moves the others' influence up too)
-    typical = float(np.median([min(v[1], 1e300) for v in values.values()]))
-    big = {c: v for c, v in values.items() if v[1] > max(INFLUENCE_WARNING, 3.0 * typical)}
+    big = flagged(values)
     if not big:
         return None
     others = [v[0] for c, v in values.items() if c not in big]

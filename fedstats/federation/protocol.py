@@ -78,6 +78,10 @@ class FederatedAlgorithm(ABC):
     #: ``True`` when each reply is the change since the client's previous reply (the server
     #: keeps running totals): a client's influence then subtracts all it ever sent
     cumulative_replies: bool = False
+    #: reply arrays that are cross-products of the client's rows (``X'WX`` with weights >= 0):
+    #: the runtime refuses a copy that is not symmetric positive semi-definite, blaming its
+    #: sender (not under secure aggregation, where no copy is seen)
+    psd_keys: tuple[str, ...] = ()
     #: the unit of :meth:`leave_one_out`'s shift in the influence report and its warning
     influence_unit: str = "se"
     #: ``True`` for an exchange whose replies are a client's sufficient statistics themselves

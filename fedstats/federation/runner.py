@@ -455,14 +455,15 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         bytes_up += nbytes * len(replies)
         summed = Replies(replies, sums)
     else:
-        summed, broken = checked_sums(r.algorithm.summed_keys, replies)  # blamed on their senders
+        # blamed on their senders: a wrong shape, a cross-product no rows give, an overflow
+        summed, broken = checked_sums(r.algorithm.summed_keys, replies, r.algorithm.psd_keys)
         while s.influence is not None:  # a reply no data could produce: refused, the most absurd first
             absurd = s.influence.update(replies, summed.sums)
             if not absurd:
                 break
             for c in absurd:
                 del replies[c]
-            summed = checked_sums(r.algorithm.summed_keys, replies)[0]
+            summed = checked_sums(r.algorithm.summed_keys, replies, r.algorithm.psd_keys)[0]
             broken.update(absurd)
         if broken:
             failed.update(broken)

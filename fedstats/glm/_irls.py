@@ -57,6 +57,7 @@ class DesignCheck(FederatedAlgorithm):
     # the server sees each client's row count, the rest only summed (no row's value: a constant
     # column is found from the summed X'X)
     summed_keys = ("sum_y", "wnobs", "xtx", "non_integer")
+    psd_keys = ("xtx",)
 
     def __init__(self, family, trials_given: bool):
         self.family, self.trials_given = family, trials_given
@@ -218,6 +219,7 @@ class IRLS(FederatedAlgorithm):
     reply_keys = ("xtwx", "xtwz", "dev", "pearson", "ll", "edge")
     # the server uses every reply only through its sum over the clients
     summed_keys = reply_keys
+    psd_keys = ("xtwx",)  # Fisher scoring's weights are >= 0
 
     def __init__(self, family, trials_given: bool, p: int, ybar: float, tol: float, df_resid: float):
         self.family, self.trials_given, self.p, self.ybar, self.tol = family, trials_given, p, ybar, tol

@@ -90,7 +90,8 @@ from ..data import DataError, DataLike, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
-from ..federation.records import exclude
+from ..federation.influence import flagged
+from ..federation.records import exclude, excluded_now
 from ..privacy import DifferentialPrivacy
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
 from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
@@ -136,6 +137,13 @@ class FederatedGLM(Estimator):
         target then counts successes).
     cov_type : {"nonrobust", "HC0"}
         ``"HC0"``: sandwich standard errors from one more counted round.
+    robust : bool, default False
+        Leave out the clients whose influence the fit warns of (each moves the coefficients
+        by more than 5 times, and 3 times the median client's, what a client of its size
+        typically does: :mod:`fedstats.federation.influence`) and fit the others again, until
+        none is flagged or half the clients are out. The estimate stays the exact GLM of the
+        clients kept; each client left out is in ``excluded`` with its influence. Not with
+        ``dp`` (no client's influence is measured under differential privacy).
     rounds : int, default 100
         Most IRLS iterations (statsmodels' ``maxiter``); the fit takes one round more.
     tol : float, default 1e-8
@@ -162,6 +170,7 @@ class FederatedGLM(Estimator):
         "weights": _COLUMN,
         "trials": _COLUMN,
         "cov_type": OneOf("nonrobust", "HC0"),
+        "robust": BOOL,
         "rounds": Int(1),
         "tol": Real(0, closed=(False, True)),
         "dp": _DP,
@@ -181,6 +190,7 @@ class FederatedGLM(Estimator):
         weights: str | None = None,
         trials: str | None = None,
         cov_type: str = "nonrobust",
+        robust: bool = False,
         rounds: int = 100,
         tol: float = 1e-8,
         dp: DifferentialPrivacy | None = None,
@@ -189,7 +199,7 @@ class FederatedGLM(Estimator):
     ) -> None:
         self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
         self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
-        self.cov_type, self.rounds, self.tol = cov_type, rounds, tol
+        self.cov_type, self.robust, self.rounds, self.tol = cov_type, robust, rounds, tol
         self.dp, self.dp_rounds, self.include_dp_noise = dp, dp_rounds, include_dp_noise
 
     def _family(self) -> Family:
@@ -214,6 +224,8 @@ class FederatedGLM(Estimator):
         fam = self._family()
         if self.include_dp_noise and self.dp is None:
             raise ValueError("FederatedGLM: include_dp_noise=True needs dp= (there is no noise to include)")
+        if self.robust and self.dp is not None:
+            raise ValueError("FederatedGLM: robust=True needs each client's influence, which dp= does not measure")
         roles = {r: getattr(self, r) for r in SPECIAL}
         design = GLMDesign(data, self.fit_intercept, roles)
         trials = self.trials is not None
@@ -229,6 +241,9 @@ class FederatedGLM(Estimator):
             alg = IRLS(fam, trials, p, chk["ybar"], float(self.tol), wnobs - p)
             out = run(alg, design, rounds=int(self.rounds) + 1, seed=seed, progress=progress, kind="IRLS rounds")
             failed = {c: (rec.round, why) for rec in out.history for c, why in rec.failed.items()}
+            if not failed and self.robust and (far := self._too_influential(out.influence, design)):
+                exclude(far)  # robust=True: the exact fit of the others
+                continue
             if not failed:
                 break
             # the model or the data failed, not the node: stop, naming every client that failed
@@ -322,6 +337,20 @@ class FederatedGLM(Estimator):
             communication=out.communication,
         )
         return res
+
+    @staticmethod
+    def _too_influential(values, design) -> dict:
+        """With ``robust=True``: the clients to leave out of the next fit (those the influence
+        warning names, while at least half the clients stay in), with the reason."""
+        left = len(design.clients) - len(excluded_now())
+        far = flagged(values)
+        if not far or left - len(far) < (len(design.clients) + 1) // 2:
+            return {}
+        return {
+            c: f"left out by robust=True: without it the coefficients move by {v[0]:.3g} standard errors, "
+            f"{v[1]:.3g} times what a client of its size moves them"
+            for c, v in far.items()
+        }
 
     def _fit_private(self, design, fam: Family, roles: dict, trials: bool, seed: int, progress) -> GLMResult:
         """The differentially private fit (see the module docs; :func:`~fedstats.glm._private.fit_private`)."""

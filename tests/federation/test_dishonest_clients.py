@@ -206,3 +206,48 @@ def test_an_hm2_client_whose_outcome_is_shifted_is_named(hm2_fit):
     named = [str(w.message) for w in caught if "estimate moves" in str(w.message)]
     assert len(named) == 1 and "client(s) 5 (" in named[0] and "posterior sd" in named[0], named
     assert res.influence["relative"].idxmax() == 5 and res.influence.loc[5, "relative"] > 10
+
+
+def test_a_cross_product_no_rows_give_is_blamed_on_its_sender(regression, monkeypatch):
+    # a client whose X'WX has a negative eigenvalue (or is not symmetric) sits the fit out,
+    # named; the fit of the others equals a fit without it
+    Xs, ys = regression
+
+    def negative(out):
+        out["xtwx"] = out["xtwx"] - 2 * np.trace(out["xtwx"]) * np.eye(len(out["xtwx"]))
+        return out
+
+    lying(monkeypatch, 3, negative)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs, ys))
+    monkeypatch.undo()
+    assert "negative eigenvalue" in res.excluded[3] and "BrokenReply" in res.excluded[3]
+    without = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs[:3] + Xs[4:], ys[:3] + ys[4:]))
+    np.testing.assert_allclose(res.params.to_numpy(), without.params.to_numpy(), rtol=1e-10)
+    assert any("3" in str(w.message) for w in caught)
+    asym = {0: {"a": np.eye(2)}, 1: {"a": np.array([[1.0, 0.5], [0.0, 1.0]])}, 2: {"a": np.ones((2, 2))}}
+    from fedstats.federation.influence import not_cross_products
+
+    assert list(not_cross_products(("a",), asym)) == [1]
+
+
+def test_robust_glm_fits_the_others_exactly_without_the_scaled_client(regression, monkeypatch):
+    # robust=True leaves out the client the warning names and refits: the exact GLM of the
+    # other four (the intercept back from about 26 to the honest 0.9)
+    lying(monkeypatch, 2, lambda out: {**out, "xtwz": out["xtwz"] * 50})
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        res = FederatedGLM("gaussian", robust=True).fit(FederatedData.from_arrays(*regression))
+    monkeypatch.undo()
+    assert list(res.excluded) == [2] and "left out by robust=True" in res.excluded[2]
+    Xs, ys = regression
+    without = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs[:2] + Xs[3:], ys[:2] + ys[3:]))
+    np.testing.assert_allclose(res.params.to_numpy(), without.params.to_numpy(), rtol=1e-10)
+    assert res.params["intercept"] == pytest.approx(0.9, abs=0.15)
+    # an honest federation: robust=True changes nothing
+    honest = FederatedGLM("gaussian", robust=True).fit(FederatedData.from_arrays(*regression))
+    np.testing.assert_allclose(
+        honest.params, FederatedGLM("gaussian").fit(FederatedData.from_arrays(*regression)).params
+    )
+    assert not honest.excluded
