@@ -51,20 +51,25 @@ def shape_outliers(keys: Sequence[str], replies: Mapping[ClientId, Message]) -> 
     return out
 
 
-def not_cross_products(keys: Sequence[str], replies: Mapping[ClientId, Message]) -> dict[ClientId, str]:
+def not_cross_products(
+    keys: Sequence[str], replies: Mapping[ClientId, Message], symmetric: Sequence[str] = ()
+) -> dict[ClientId, str]:
     """The clients whose arrays ``keys`` (declared cross-products such as ``X'WX``, square in
     their last two axes) no rows can produce: not symmetric, or not positive semi-definite
-    (an eigenvalue below ``-1e-8`` times the largest), with the reason."""
+    (an eigenvalue below ``-1e-8`` times the largest), or whose arrays ``symmetric`` are not
+    symmetric, with the reason."""
     out: dict[ClientId, str] = {}
     for c, r in replies.items():
-        for k in keys:
+        for k in (*keys, *symmetric):
             a = np.asarray(r.get(k), dtype=float)
             if a.ndim < 2 or a.shape[-1] != a.shape[-2] or not np.isfinite(a).all():
                 continue  # another check's (shape, overflow)
             scale = max(float(np.max(np.abs(a), initial=0.0)), 1e-300)
             if float(np.max(np.abs(a - np.swapaxes(a, -1, -2)), initial=0.0)) > 1e-8 * scale:
-                out[c] = f"BrokenReply: its {k!r} is not symmetric: no rows give such a cross-product"
+                out[c] = f"BrokenReply: its {k!r} is not symmetric, as it must be"
                 break
+            if k not in keys:
+                continue
             low = float(np.min(np.linalg.eigvalsh(a), initial=0.0))
             if low < -1e-8 * scale:
                 out[c] = (
@@ -75,15 +80,16 @@ def not_cross_products(keys: Sequence[str], replies: Mapping[ClientId, Message])
 
 
 def checked_sums(
-    keys: Sequence[str], replies: dict[ClientId, Message], psd: Sequence[str] = ()
+    keys: Sequence[str], replies: dict[ClientId, Message], psd: Sequence[str] = (), symmetric: Sequence[str] = ()
 ) -> tuple[Replies, dict[ClientId, str]]:
     """:meth:`Replies.summing` of ``replies`` with the clients that break it taken out first
     (``replies`` is changed): a summed array of another shape than the others', a declared
-    cross-product (``psd``) no rows can produce (:func:`not_cross_products`), or values so
+    cross-product (``psd``) no rows can produce or a declared symmetric array that is not
+    (:func:`not_cross_products`), or values so
     large that the sum overflows (the client with the largest magnitude is taken out until the
     sum is finite). ``(the replies summed, {client: why})``."""
     bad = shape_outliers(keys, replies)
-    bad.update(not_cross_products(psd, {c: r for c, r in replies.items() if c not in bad}))
+    bad.update(not_cross_products(psd, {c: r for c, r in replies.items() if c not in bad}, symmetric))
     for c in bad:
         del replies[c]
     while True:
@@ -91,10 +97,14 @@ def checked_sums(
         key = next((k for k, v in summed.sums.items() if not np.isfinite(v).all()), None)
         if key is None:
             return summed, bad
-        size = {c: float(np.max(np.abs(r[key]), initial=0.0)) for c, r in replies.items()}
+        # a NaN counts as the largest value: its sender is the one to blame
+        size = {c: float(np.max(np.nan_to_num(np.abs(r[key]), nan=np.inf), initial=0.0)) for c, r in replies.items()}
         worst = max(size, key=lambda c: size[c])
+        finite = bool(np.isfinite(np.asarray(replies[worst][key], dtype=float)).all())
         bad[worst] = (
             f"BrokenReply: its {key!r} (values up to {size[worst]:.3g}) makes the sum over the clients overflow"
+            if finite
+            else f"BrokenReply: its {key!r} holds values that are not finite"
         )
         del replies[worst]
 

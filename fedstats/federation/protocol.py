@@ -82,6 +82,9 @@ class FederatedAlgorithm(ABC):
     #: the runtime refuses a copy that is not symmetric positive semi-definite, blaming its
     #: sender (not under secure aggregation, where no copy is seen)
     psd_keys: tuple[str, ...] = ()
+    #: reply arrays that are symmetric in their last two axes (a change of a precision matrix):
+    #: a copy that is not is refused the same way
+    symmetric_keys: tuple[str, ...] = ()
     #: the unit of :meth:`leave_one_out`'s shift in the influence report and its warning
     influence_unit: str = "se"
     #: ``True`` for an exchange whose replies are a client's sufficient statistics themselves

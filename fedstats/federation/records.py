@@ -237,6 +237,9 @@ class RunResult:
     #: relative to a client of its size)`` (:mod:`fedstats.federation.influence`; empty when
     #: the algorithm defines none, under secure aggregation and under differential privacy)
     influence: dict[ClientId, tuple[float, float]] = field(default_factory=dict)
+    #: for an algorithm whose replies are changes (``cumulative_replies``), the sum of every
+    #: reply the server summed from each client, where it saw them (as ``influence``)
+    sent: dict[ClientId, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return (

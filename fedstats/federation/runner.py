@@ -456,14 +456,16 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         summed = Replies(replies, sums)
     else:
         # blamed on their senders: a wrong shape, a cross-product no rows give, an overflow
-        summed, broken = checked_sums(r.algorithm.summed_keys, replies, r.algorithm.psd_keys)
+        summed, broken = checked_sums(
+            r.algorithm.summed_keys, replies, r.algorithm.psd_keys, r.algorithm.symmetric_keys
+        )
         while s.influence is not None:  # a reply no data could produce: refused, the most absurd first
             absurd = s.influence.update(replies, summed.sums)
             if not absurd:
                 break
             for c in absurd:
                 del replies[c]
-            summed = checked_sums(r.algorithm.summed_keys, replies, r.algorithm.psd_keys)[0]
+            summed = checked_sums(r.algorithm.summed_keys, replies, r.algorithm.psd_keys, r.algorithm.symmetric_keys)[0]
             broken.update(absurd)
         if broken:
             failed.update(broken)
@@ -550,4 +552,5 @@ def _run(r: _Run) -> RunResult:
         lost=dict(r.devices.lost),
         privacy=s.privacy,
         influence=dict(s.influence.values) if s.influence is not None else {},
+        sent=dict(s.influence.own) if s.influence is not None else {},
     )

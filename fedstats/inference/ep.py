@@ -33,7 +33,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..federation.protocol import ClientId, FederatedAlgorithm, Message, Replies, SkipRound
+from ..federation.protocol import ClientId, FederatedAlgorithm, Message, ProtocolError, Replies, SkipRound
 from ..federation.records import in_fit, not_in_fit
 from ..results import register
 from .gaussian import NaturalGaussian, NotPositiveDefinite, symmetrize
@@ -59,7 +59,11 @@ def check_run(run: Any, algorithm: FederatedEP, clients: Sequence[ClientId], rou
     (:func:`check_participation`)."""
     states = run.client_states
     if not run.lost and all(isinstance(st, EPClientState) for st in states.values()):
-        check_invariants(run.server_state, list(algorithm.committed_sites(run.server_state, states).values()))
+        sites = algorithm.committed_sites(run.server_state, states)
+        try:
+            check_invariants(run.server_state, list(sites.values()))
+        except AssertionError as exc:  # a client's replies are not the changes of its site
+            raise ProtocolError(f"{what}: {exc}{_liars(sites, run.sent)}") from None
     excluded = check_participation(run.history, clients, run.lost)
     warn_unconverged(run, algorithm, rounds, what=what, stacklevel=5)
     return excluded
@@ -167,6 +171,7 @@ class FederatedEP(FederatedAlgorithm):
     reply_keys = ("dr", "dQ")
     # the server adds the site changes of the devices that answered: it sees only their sums
     summed_keys = reply_keys
+    symmetric_keys = ("dQ",)  # a change of a precision matrix
     # a reply is a change of the device's site: the runtime adds them up for the influence
     cumulative_replies = True
     influence_unit = "posterior sd"
@@ -516,6 +521,26 @@ def fractional_cavity(
         if c.is_proper():
             return c, a
     raise FloatingPointError("the global approximation q is not positive definite")
+
+
+def _liars(sites: Mapping[ClientId, NaturalGaussian], sent: Mapping[ClientId, Mapping[str, np.ndarray]]) -> str:
+    """The clients whose summed replies differ from the site they hold, as the end of an error."""
+    # how far each client's summed replies are from its site, relative to the site: a server
+    # step cut short (a repaired q) leaves every client a little off, a lie far more than that
+    off = {
+        c: float(np.linalg.norm(np.r_[sent[c]["dr"] - site.r, np.ravel(sent[c]["dQ"] - site.Q)]))
+        / max(float(np.linalg.norm(np.r_[site.r, np.ravel(site.Q)])), 1e-300)
+        for c, site in sites.items()
+        if c in sent
+    }
+    typical = float(np.median(list(off.values()))) if off else 0.0
+    liars = [c for c, v in off.items() if v > max(1e-6, 10 * typical)] or [c for c, v in off.items() if v > 1e-6]
+    if not liars:
+        return ": the clients' replies do not add up to their sites"
+    return (
+        f": the changes client(s) {liars[:5]} sent do not add up to the site each holds (its replies were not "
+        "its site's changes): a client that lies or a broken client step"
+    )
 
 
 def check_invariants(server: EPServerState, sites: Sequence[NaturalGaussian], *, atol: float = 1e-9) -> None:

@@ -251,3 +251,56 @@ def test_robust_glm_fits_the_others_exactly_without_the_scaled_client(regression
         honest.params, FederatedGLM("gaussian").fit(FederatedData.from_arrays(*regression)).params
     )
     assert not honest.excluded
+
+
+def _tampering(change, who, kind="EP rounds"):
+    """A runtime whose ``kind`` runs pass client ``who``'s replies through ``change`` (after its
+    step: the client says other changes than it made)."""
+    from fedstats.federation import runner
+
+    real = runner._run
+
+    def spy(r):
+        if who in r.ids and r.kind == kind:
+            i, honest = r.ids.index(who), r.devices.run_round
+
+            def lying_round(rnd, idx, messages, batched):
+                outs, fallback = honest(rnd, idx, messages, batched)
+                return [
+                    type(o)(reply=change(dict(o.reply))) if j == i and o.reply is not None else o
+                    for j, o in zip(idx, outs)
+                ], fallback
+
+            r.devices.run_round = lying_round
+        return real(r)
+
+    return spy
+
+
+@pytest.mark.parametrize(
+    "case, change, named",
+    [
+        ("precision scaled", lambda m: {**m, "dQ": m["dQ"] * -100}, "ProtocolError"),
+        ("mean scaled", lambda m: {**m, "dr": m["dr"] * 1e6}, "ProtocolError"),
+        ("asymmetric", lambda m: {**m, "dQ": m["dQ"] + np.triu(np.ones_like(m["dQ"]), 1)}, "is not symmetric"),
+        ("1e300", lambda m: {**m, "dr": m["dr"] * 1e300}, "its reply alone moves the estimate"),
+        ("shape", lambda m: {**m, "dr": m["dr"][:-1]}, "sent 'dr' of shape"),
+        ("nan", lambda m: {**m, "dr": m["dr"] * np.nan}, "holds values that are not finite"),
+    ],
+)
+def test_tampered_hm2_site_changes_are_blamed_on_their_sender(hm2_fit, monkeypatch, case, change, named):
+    # the report's case: tampered HM2 site updates gave a bare AssertionError naming nobody
+    from fedstats import HierarchicalLinearModel
+    from fedstats.federation import runner
+    from fedstats.federation.protocol import ProtocolError
+
+    data = hm2_fit[0].subset(range(10))
+    monkeypatch.setattr(runner, "_run", _tampering(change, 3))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        if named == "ProtocolError":  # in process the client's own site shows the lie: the fit stops
+            with pytest.raises(ProtocolError, match=r"client\(s\) \[3\] sent do not add up to the site"):
+                HierarchicalLinearModel(rounds=10).fit(data, seed=0, progress=False)
+            return
+        res = HierarchicalLinearModel(rounds=10).fit(data, seed=0, progress=False)
+    assert list(res.excluded) == [3] and "BrokenReply" in res.excluded[3] and named in res.excluded[3], res.excluded
