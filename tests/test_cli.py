@@ -248,6 +248,10 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
             "y",
             "--model",
             "hm1",
+            "--min-rows",
+            "1",  # the disclosure rules would refuse the 4-row client (and its small cells) first
+            "--min-cell-count",
+            "1",
             "--output",
             str(out),
             "--predict",
@@ -876,8 +880,11 @@ def test_min_rows_is_an_option(csv, tmp_path, capsys):
     pd.concat([df, df.iloc[:2].assign(site="D")]).to_csv(small, index=False)
     base = ["fit", str(small), "--by", "site", "--target", "y", "--model", "glm", "--family", "gaussian", "--quiet"]
     assert main(base) == 2
-    assert "client 'D' has 2 row(s), fewer than min_rows=3" in capsys.readouterr().err
-    assert main([*base, "--min-rows", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "client 'D' (rule min_rows): it has 2 rows, fewer than 10" in err and "--min-rows 2" in err
+    assert main([*base, "--min-rows", "2"]) == 2  # 2 rows pass; a regression on 3 columns needs 9
+    assert "(rule min_rows_per_parameter)" in capsys.readouterr().err
+    assert main([*base, "--min-rows", "1"]) == 0
     assert "Client D" not in capsys.readouterr().err
     assert main([*base, "--min-rows", "0"]) == 2
     assert "--min-rows must be at least 1" in capsys.readouterr().err

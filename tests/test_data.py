@@ -135,10 +135,6 @@ def test_single_client_is_valid():
             dict(Xs=[np.ones((2, 1)), np.ones((0, 1))], ys=[np.ones(2), np.ones(0)], clients=["a", "b"]),
             "client 'b' has no rows",
         ),
-        (
-            dict(Xs=[np.ones((2, 1)), np.ones((1, 1))], ys=[np.ones(2), np.ones(1)], clients=["a", "b"], min_rows=2),
-            "client 'b' has 1 row.*min_rows=2",
-        ),
         (dict(Xs=[np.ones((2, 1))], ys=[np.ones(2)], min_rows=0), "min_rows must be an integer >= 1"),
         (dict(Xs=[np.array([["a"], ["b"]])], ys=[np.ones(2)], clients=["s"]), "client 's': X is not numeric"),
         (dict(Xs=[np.ones((2, 1))], ys=[np.array(["a", "b"])], clients=["s"]), "client 's': target 'y' is not numeric"),
@@ -284,7 +280,6 @@ def test_from_dataframe_bool_target_and_nullable_ints():
         (None, dict(by="site", target="y", features="age"), "not a single str"),
         (None, dict(by="site", features=[]), "no feature columns"),  # with a target: intercept only
         (None, dict(by="site", target="y", categorical="dummies"), "'error' or 'onehot'"),
-        (None, dict(by="site", target="y", features=["age"], min_rows=3), "client 'a' has 2 row"),
         (
             lambda df: df.assign(y=list("abcdefg")),
             dict(by="site", target="y", features=["age"]),

@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=MIN_CELL_COUNT,
         help=f"disclosure rule: in a 0/1 column (a category's dummy, a binary outcome) a client's count of 1s and "
-        f"of 0s is 0 or at least this (default {MIN_CELL_COUNT}); 1 turns it off",
+        f"of 0s is at least this where the column varies at the client (default {MIN_CELL_COUNT}); 1 turns it off",
     )
     f.add_argument("--output", help="write the results as JSON here")
     f.add_argument(

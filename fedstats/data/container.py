@@ -159,7 +159,8 @@ class FederatedData:
             Default 10; 1 turns both row rules off for this data.
         min_cell_count : int, optional
             The rule on small cells: in a 0/1 column (a category's dummy, a binary outcome), a
-            client's count of 1s and of 0s must be 0 or at least this. Default 5; 1 turns it off.
+            client's count of 1s and of 0s must be at least this where the column varies at the
+            client. Default 5; 1 turns it off.
 
         Returns
         -------
@@ -232,7 +233,8 @@ class FederatedData:
             Default 10; 1 turns both row rules off for this data.
         min_cell_count : int, optional
             The rule on small cells: in a 0/1 column (a category's dummy, a binary outcome), a
-            client's count of 1s and of 0s must be 0 or at least this. Default 5; 1 turns it off.
+            client's count of 1s and of 0s must be at least this where the column varies at the
+            client. Default 5; 1 turns it off.
 
         Returns
         -------

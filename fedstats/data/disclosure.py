@@ -7,9 +7,9 @@ made stricter where fedstats' messages need it):
   for data with a target (a regression-type exchange), a client needs at least 3 rows per
   column of its design;
 * ``min_cell_count`` (:data:`MIN_CELL_COUNT`, 5): in every 0/1 column (a dummy of a category,
-  a binary outcome) a client's count of 1s and of 0s is either 0 or at least 5. A count of 1
-  to 4 is a small cell: with one row of value 1, the sums a fit sends over the rows where the
-  column is 1 (a row of ``X'X``, of ``X'y``) are that row's values.
+  a binary outcome) that varies at a client, its count of 1s and of 0s is at least 5. A count
+  of 1 to 4 is a small cell: with one row of value 1, the sums a fit sends over the rows where
+  the column is 1 (a row of ``X'X``, of ``X'y``) are that row's values.
 
 Each rule is relaxed only explicitly, for one data set and every model fitted to it:
 ``FederatedData(..., min_rows=, min_cell_count=)`` (and its constructors),
@@ -63,7 +63,7 @@ __all__ = [
 MIN_ROWS = 10
 #: with a target: rows per column of the design (DataSHIELD's nfilter.glm, 0.33 parameters a row)
 MIN_ROWS_PER_PARAMETER = 3.0
-#: a 0/1 column's count of 1s (and of 0s) at a client: 0 or at least this many
+#: a 0/1 column that varies at a client: its count of 1s and of 0s at least this many
 MIN_CELL_COUNT = 5
 #: the options that turn every rule off, for data about no one (simulations, function
 #: evaluations): ``FederatedData.from_arrays(Xs, ys, **NO_RULES)``
@@ -117,8 +117,10 @@ def breach(
             if not np.all((col == 0) | (col == 1)):
                 continue
             ones = int(np.count_nonzero(col))
-            small = min((c for c in (ones, rows - ones) if c > 0), default=0)
-            if 0 < small < min_cell_count:
+            if ones in (0, rows):  # constant at the client: its sums are the client's own totals
+                continue
+            small = min(ones, rows - ones)
+            if small < min_cell_count:
                 value = 1 if small == ones else 0
                 return (
                     "min_cell_count",

@@ -13,6 +13,9 @@ cycles train and the last 40% test (extrapolation). Each engine's sensor values 
 scaled with its *training* minimum and maximum (default); the published code scaled the
 test segment with its own minimum and maximum (``scaling="own"``, a leak kept for
 comparison with the paper's numbers).
+
+The engines' data are about no one: the federations come without disclosure rules
+(``NO_RULES``, :mod:`fedstats.data.disclosure`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from ..data import FederatedData
+from ..data.disclosure import NO_RULES
 from ._files import DataPath, find_data_file
 
 SETTINGS = ["setting1", "setting2", "setting3"]
@@ -138,7 +142,9 @@ def load_cmapss(
         cid = f"engine{u}"
         parts["train"][0][cid], parts["train"][1][cid] = X[tr], (y[tr] - lo) / (hi - lo)
         parts["test"][0][cid], parts["test"][1][cid] = X[te], (y[te] - lo_te) / (hi_te - lo_te)
-    train, test = (FederatedData.from_arrays(Xs, ys, feature_names=names, target_name=col) for Xs, ys in parts.values())
+    train, test = (
+        FederatedData.from_arrays(Xs, ys, feature_names=names, target_name=col, **NO_RULES) for Xs, ys in parts.values()
+    )
     return train, test
 
 
@@ -185,6 +191,7 @@ def load_cmapss_gp(
         clients=[name(u) for u in train_units],
         feature_names=feats,
         target_name=target,
+        **NO_RULES,
     )
     cond: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     test: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
@@ -199,6 +206,6 @@ def load_cmapss_gp(
     names = [name(u) for u in test_units]
     return (
         train,
-        FederatedData.from_arrays(*cond, clients=names, feature_names=feats, target_name=target),
-        FederatedData.from_arrays(*test, clients=names, feature_names=feats, target_name=target),
+        FederatedData.from_arrays(*cond, clients=names, feature_names=feats, target_name=target, **NO_RULES),
+        FederatedData.from_arrays(*test, clients=names, feature_names=feats, target_name=target, **NO_RULES),
     )

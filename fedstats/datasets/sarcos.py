@@ -8,6 +8,9 @@ into its own train and test parts: say so wherever results are reported.
 The file is not shipped: pass its path (or folder) or set ``FEDSTATS_DATA`` to a folder
 with a ``sarcos/`` sub-folder. Columns: 21 inputs (7 joint positions, 7 velocities, 7
 accelerations), then the 7 joint torques.
+
+A robot arm's data are about no one: the federations come without disclosure rules
+(``NO_RULES``, :mod:`fedstats.data.disclosure`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data import FederatedData
+from ..data.disclosure import NO_RULES
 from ._files import DataPath, find_data_file
 
 FILE = "sarcos_inv_test.mat"
@@ -64,9 +68,19 @@ def load_sarcos_federation(
     Xs, ys = (X - mx) / sx, (y - my) / sy
     names = [f"client{i + 1}" for i in range(n_clients)]
     train = FederatedData.from_arrays(
-        [Xs[i] for i in tr], [ys[i] for i in tr], clients=names, feature_names=INPUTS, target_name=f"torque{output}"
+        [Xs[i] for i in tr],
+        [ys[i] for i in tr],
+        clients=names,
+        feature_names=INPUTS,
+        target_name=f"torque{output}",
+        **NO_RULES,
     )
     test = FederatedData.from_arrays(
-        [Xs[i] for i in te], [ys[i] for i in te], clients=names, feature_names=INPUTS, target_name=f"torque{output}"
+        [Xs[i] for i in te],
+        [ys[i] for i in te],
+        clients=names,
+        feature_names=INPUTS,
+        target_name=f"torque{output}",
+        **NO_RULES,
     )
     return train, test

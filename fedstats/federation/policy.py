@@ -14,7 +14,7 @@ the command line; they follow DataSHIELD's disclosure filters):
 * ``min_rows_per_parameter`` (default 3, DataSHIELD's ``nfilter.glm`` of 0.33 parameters per
   row): for a regression (data with a target), rows / columns of the design must reach it;
 * ``min_cell_count`` (default 5): in a 0/1 column (a category's dummy, a binary outcome),
-  the client's count of 1s and of 0s is 0 or at least this (1: off);
+  a column that varies at the client has at least this many 1s and 0s (1: off);
 * ``algorithms``: the algorithm classes (by name) the node runs; default every fedstats
   algorithm its unpickler admits;
 * ``options``: per algorithm class, ranges of its options (attributes): ``[low, high]`` for a

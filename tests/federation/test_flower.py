@@ -18,6 +18,7 @@ pytest.importorskip("flwr")
 
 from fedstats import FederatedData, HierarchicalLinearModel  # noqa: E402
 from fedstats.data import ClientData  # noqa: E402
+from fedstats.data.disclosure import NO_RULES
 from fedstats.datasets.synthetic import gmm_federation, hm2_federation  # noqa: E402
 from fedstats.federation import ClientDisconnected, run, use_backend  # noqa: E402
 from fedstats.federation.flower import FlowerSession, RemoteDataError, RemoteFederatedData, dumps, loads  # noqa: E402
@@ -244,7 +245,7 @@ def test_hm1_equals_inprocess(session):
 def test_fgpr_equals_inprocess(session):
     rng = np.random.default_rng(4)
     Xs = [rng.uniform(0, 1, (25, 4)) for _ in range(4)]
-    data = FederatedData.from_arrays(Xs, [np.sin(4 * X[:, 0]) + 0.2 * rng.standard_normal(25) for X in Xs])
+    data = FederatedData.from_arrays(Xs, [np.sin(4 * X[:, 0]) + 0.2 * rng.standard_normal(25) for X in Xs], **NO_RULES)
     model = FGPR(rounds=4, local_steps=3, newton_steps=5)  # with the curvature exchanges and Newton steps
     a, b = model.fit(data, seed=5), model.fit(data, seed=5, backend=session)
     cols = ["mean", "sd", "lower", "upper"]
@@ -293,7 +294,9 @@ def test_glm_equals_inprocess(session):
 
     data, _ = hm2_federation(n_clients=4, n_obs=30, seed=7)
     data = FederatedData.from_arrays(
-        [np.asarray(data[c].X) for c in data.clients], [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients]
+        [np.asarray(data[c].X) for c in data.clients],
+        [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients],
+        **NO_RULES,
     )
     a = FederatedGLM("binomial", cov_type="HC0").fit(data, seed=1)
     b = FederatedGLM("binomial", cov_type="HC0").fit(data, seed=1, backend=session)
@@ -470,7 +473,9 @@ def test_bayesian_and_hierarchical_glms_equal_inprocess(session):
 
     data, _ = hm2_federation(n_clients=3, n_obs=30, seed=8)
     data = FederatedData.from_arrays(
-        [np.asarray(data[c].X) for c in data.clients], [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients]
+        [np.asarray(data[c].X) for c in data.clients],
+        [(np.asarray(data[c].y) > 0).astype(float) for c in data.clients],
+        **NO_RULES,
     )
     for make in (
         lambda: BayesianGLM("binomial", rounds=2, num_draws=200),
@@ -607,9 +612,9 @@ def test_a_node_refuses_what_its_policy_forbids(session):
     # the refused client sits the fit out (issue 40): named with the rule in the warning and in
     # the result's exclusions, the fit is that of the other two clients
     with pytest.warns(RuntimeWarning, match=r"\b2: .*rule min_rows_per_parameter.*4 columns .*12 rows.*has 8"):
-        res = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs, ys), backend=session)
+        res = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs, ys, **NO_RULES), backend=session)
     assert "rule min_rows_per_parameter" in res.excluded[2], res.excluded
-    two = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs[:2], ys[:2]))
+    two = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs[:2], ys[:2], **NO_RULES))
     close(res.params, two.params)
 
 
@@ -753,7 +758,7 @@ def global_pickle(module: str, name: str) -> bytes:
 
 
 def test_remote_data_refuses_server_side_reads():
-    rd = RemoteFederatedData({"a": 5, "b": 7}, ["x1", "x2"], None)
+    rd = RemoteFederatedData({"a": 5, "b": 7}, ["x1", "x2"], None, **NO_RULES)
     assert rd.clients == ["a", "b"] and rd.n_obs == {"a": 5, "b": 7} and rd.n_features == 2 and rd.n_total == 12
     assert isinstance(rd, FederatedData)
     with pytest.raises(RemoteDataError, match="rows of client 'b' stay on its node"):
@@ -772,4 +777,4 @@ def test_session_options_are_checked():
     with pytest.raises(TypeError, match="trust"):
         FlowerSession(trust="fedstats")
     with pytest.raises(ValueError, match="backend must be"):
-        FederatedGaussianMixture(2).fit(FederatedData.from_arrays([np.zeros((3, 2))] * 2), backend="spark")
+        FederatedGaussianMixture(2).fit(FederatedData.from_arrays([np.zeros((3, 2))] * 2, **NO_RULES), backend="spark")

@@ -29,14 +29,14 @@ def refused(policy, algorithm, data, rule):
     return str(info.value)
 
 
-def test_the_defaults_refuse_fewer_than_five_rows_and_thin_regressions():
+def test_the_defaults_refuse_fewer_than_ten_rows_and_thin_regressions():
     p = NodePolicy()
-    assert (p.min_rows, p.min_rows_per_parameter, p.algorithms) == (5, 3.0, None)
-    assert "4 rows" in refused(p, fedem(), rows(4, target=False), "min_rows")
-    p.check(fedem(), rows(5, target=False))  # no target: no per-parameter rule
-    msg = refused(p, fedem(), rows(8, d=3), "min_rows_per_parameter")  # a regression on 3 columns needs 9
-    assert "3 columns" in msg and "9 rows" in msg and "has 8" in msg
-    p.check(fedem(), rows(9, d=3))
+    assert (p.min_rows, p.min_rows_per_parameter, p.min_cell_count, p.algorithms) == (10, 3.0, 5, None)
+    assert "4 rows, fewer than 10" in refused(p, fedem(), rows(4, target=False), "min_rows")
+    p.check(fedem(), rows(10, target=False))  # no target: no per-parameter rule
+    msg = refused(p, fedem(), rows(12, d=5), "min_rows_per_parameter")  # a regression on 5 columns needs 15
+    assert "12 rows for a regression on 5 columns" in msg and "(15)" in msg
+    p.check(fedem(), rows(15, d=5))
     # the runtime's views of a client's data: (X, y, ...) tuples and bare arrays count alike
     assert data_shape((np.ones((7, 4)), np.ones(7), None)) == (7, 4, True)
     assert data_shape(np.ones((6, 2))) == (6, 2, False)

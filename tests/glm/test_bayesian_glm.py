@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedstats.data import FederatedData
+from fedstats.data.disclosure import NO_RULES
 from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
 from fedstats.glm._design import GLMDesign
 from fedstats.reference.glm import pooled_nuts
@@ -22,7 +23,7 @@ def logistic_clients(sizes, mu, tau, seed):
         th = np.asarray(mu) + np.sqrt(tau) * rng.normal(size=len(mu))
         Xs.append(X)
         ys.append(rng.binomial(1, 1 / (1 + np.exp(-(th[0] + X @ th[1:])))).astype(float))
-    return FederatedData.from_arrays(Xs, ys)
+    return FederatedData.from_arrays(Xs, ys, **NO_RULES)
 
 
 def test_bayesian_glm_one_client_equals_pooled_nuts():
@@ -49,7 +50,7 @@ def test_bayesian_glm_with_many_rows_and_a_vague_prior_is_the_mle():
     rng = np.random.default_rng(2)
     X = rng.normal(size=(10_000, 3)) * [1, 5, 0.2] + [0, 10, 0]  # natural units: the prior is on the standardised scale
     y = rng.binomial(1, 1 / (1 + np.exp(-(-0.5 + X @ [1.0, -0.1, 2.0])))).astype(float)
-    data = FederatedData.from_arrays([X], [y])
+    data = FederatedData.from_arrays([X], [y], **NO_RULES)
     res = BayesianGLM("binomial", prior_scale=100.0, intercept_scale=100.0).fit(data)
     mle = FederatedGLM("binomial").fit(data)
     g = res.global_posterior()
@@ -64,7 +65,7 @@ def test_bayesian_poisson_rates_over_clients_with_exposure():
         x, years = rng.normal(size=n), rng.uniform(0.5, 3, n)
         Xs.append(np.column_stack([x, years]))
         ys.append(rng.poisson(years * np.exp(0.2 + 0.5 * x)).astype(float))
-    data = FederatedData.from_arrays(Xs, ys, feature_names=["x", "years"])
+    data = FederatedData.from_arrays(Xs, ys, feature_names=["x", "years"], **NO_RULES)
     res = BayesianGLM("poisson", exposure="years").fit(data)
     mle = FederatedGLM("poisson", exposure="years").fit(data)
     g = res.global_posterior()
@@ -92,7 +93,7 @@ def test_hierarchical_glm_k20_equals_pooled_nuts(family):
             th = np.asarray(mu) + np.sqrt(tau) * rng.normal(size=3)
             Xs.append(X)
             ys.append(rng.poisson(np.exp(th[0] + X @ th[1:])).astype(float))
-        data = FederatedData.from_arrays(Xs, ys)
+        data = FederatedData.from_arrays(Xs, ys, **NO_RULES)
     res = HierarchicalGLM(family, standardize=False).fit(data)
     q = res._fitted_q()
     ref = pooled_nuts(
@@ -131,7 +132,7 @@ def test_standardised_fit_reports_on_the_data_scale():
         th = np.array([-4.0, 0.08, 0.5]) + np.array([0.3, 0.0, 0.0]) * rng.normal()
         Xs.append(X)
         ys.append(rng.binomial(1, 1 / (1 + np.exp(-(th[0] + X @ th[1:])))).astype(float))
-    data = FederatedData.from_arrays(Xs, ys, feature_names=["age", "smoker"])
+    data = FederatedData.from_arrays(Xs, ys, feature_names=["age", "smoker"], **NO_RULES)
     res = HierarchicalGLM("binomial").fit(data)
     s = res.summary()
     assert -6 < s.loc["mu[intercept]", "mean"] < -2 and 0.04 < s.loc["mu[age]", "mean"] < 0.12
@@ -149,7 +150,7 @@ def test_bad_input_for_the_bayesian_models():
         BayesianGLM("binomial", "log").fit(data)
     with pytest.raises(ValueError, match="HierarchicalGLM: family must be one of"):
         HierarchicalGLM("gamma").fit(data)
-    bad = FederatedData.from_arrays([np.ones((3, 1)) * [[1], [2], [3]]], [np.array([0.0, 2.0, 1.0])])
+    bad = FederatedData.from_arrays([np.ones((3, 1)) * [[1], [2], [3]]], [np.array([0.0, 2.0, 1.0])], **NO_RULES)
     with pytest.raises(Exception, match="client 0: outcome 'y' is not 0/1"):
         BayesianGLM("binomial").fit(bad)
 
@@ -163,7 +164,7 @@ def test_successes_out_of_trials():
         x, trials = rng.normal(size=n), rng.integers(20, 400, n).astype(float)
         Xs.append(np.column_stack([x, trials]))
         ys.append(rng.binomial(trials.astype(int), 1 / (1 + np.exp(-(0.3 + 0.7 * x)))).astype(float))
-    data = FederatedData.from_arrays(Xs, ys, feature_names=["x", "n"])
+    data = FederatedData.from_arrays(Xs, ys, feature_names=["x", "n"], **NO_RULES)
     mle = FederatedGLM("binomial", trials="n").fit(data)
     res = BayesianGLM("binomial", trials="n", prior_scale=100.0, intercept_scale=100.0).fit(data)
     g = res.global_posterior()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fedstats.data import FederatedData
+from fedstats.data.disclosure import NO_RULES
 from fedstats.glm import HierarchicalGLM
 
 
@@ -22,7 +23,7 @@ def replicate(seed, K=8):
         th = mu + np.exp(0.5 * log_tau) * rng.normal(size=p)
         Xs.append(X)
         ys.append(rng.binomial(1, 1 / (1 + np.exp(-(th[0] + X @ th[1:])))).astype(float))
-    res = HierarchicalGLM("binomial", standardize=False).fit(FederatedData.from_arrays(Xs, ys), seed=seed)
+    res = HierarchicalGLM("binomial", standardize=False).fit(FederatedData.from_arrays(Xs, ys, **NO_RULES), seed=seed)
     q = res._fitted_q()
     lo, hi = q.credible_interval(0.9)
     truth = np.r_[mu, log_tau]

@@ -14,6 +14,7 @@ import pytest
 from scipy.special import logsumexp
 
 from fedstats.data import FederatedData
+from fedstats.data.disclosure import NO_RULES
 from fedstats.glm import HierarchicalGLM
 from fedstats.glm._design import Rows
 from fedstats.glm.sites import HierarchicalSite
@@ -32,7 +33,7 @@ def tiny_clients(seed=3, mu=0.0, tau=4.0):
         rng.normal(size=n)  # keeps the draws of the study's generator
         Xs.append(np.empty((n, 0)))
         ys.append(rng.binomial(1, 1 / (1 + np.exp(-b)), size=n).astype(float))
-    return FederatedData.from_arrays(Xs, ys)
+    return FederatedData.from_arrays(Xs, ys, **NO_RULES)
 
 
 def exact_posterior(data):

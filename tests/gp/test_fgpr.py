@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedstats.data import DataError, FederatedData
+from fedstats.data.disclosure import NO_RULES
 from fedstats.federation import Replies
 from fedstats.gp import FGPR, FGPRResult
 from fedstats.gp._core import HyperSpec
@@ -82,7 +83,7 @@ def toy(K=3, n=(30, 30, 45), d=1, seed=0):
     rng = np.random.default_rng(seed)
     Xs = [rng.uniform(0, 1, (m, d)) for m in n[:K]]
     ys = [gp_draw(X, 0.3, 1.0, 0.05, rng)[1] for X in Xs]
-    return FederatedData.from_arrays(Xs, ys)
+    return FederatedData.from_arrays(Xs, ys, **NO_RULES)
 
 
 def hyper_close(a, b, rtol):
@@ -299,7 +300,7 @@ def test_uniform_batches_are_drawn_uniformly_without_replacement():
 def test_many_clients_share_threads_with_the_same_result_as_one(monkeypatch):
     rng = np.random.default_rng(3)
     Xs = [rng.uniform(0, 1, (12, 1)) for _ in range(2 * PART)]
-    data = FederatedData.from_arrays(Xs, [np.sin(6 * X[:, 0]) + 0.1 * rng.standard_normal(12) for X in Xs])
+    data = FederatedData.from_arrays(Xs, [np.sin(6 * X[:, 0]) + 0.1 * rng.standard_normal(12) for X in Xs], **NO_RULES)
     sizes = []
     orig = FGPRAlgorithm._update
     monkeypatch.setattr(
@@ -335,7 +336,7 @@ def test_clients_with_equal_batches_run_as_one_batched_gp(monkeypatch):
 def test_identical_clients_equal_a_single_client():
     one = toy(K=1, n=(40,))
     X, y = np.asarray(one[0].X), np.asarray(one[0].y)
-    copies = FederatedData.from_arrays([X, X, X], [y, y, y])
+    copies = FederatedData.from_arrays([X, X, X], [y, y, y], **NO_RULES)
     a = FGPR(rounds=5, batch_size=1000).fit(one)
     b = FGPR(rounds=5, batch_size=1000).fit(copies)
     hyper_close(a.hyperparameters, b.hyperparameters, 1e-12)
@@ -345,7 +346,7 @@ def test_permutation_invariance_with_full_batches():
     data = toy(K=3, n=(20, 30, 25))
     Xs = [np.asarray(data[c].X) for c in data.clients]
     ys = [np.asarray(data[c].y) for c in data.clients]
-    perm = FederatedData.from_arrays([Xs[2], Xs[0], Xs[1]], [ys[2], ys[0], ys[1]])
+    perm = FederatedData.from_arrays([Xs[2], Xs[0], Xs[1]], [ys[2], ys[0], ys[1]], **NO_RULES)
     a = FGPR(rounds=4, batch_size=100).fit(data)
     b = FGPR(rounds=4, batch_size=100).fit(perm)
     hyper_close(a.hyperparameters, b.hyperparameters, 1e-12)
@@ -514,8 +515,8 @@ def test_rmse_on_the_standardised_scale_uses_the_clients_own_scale():
     rng = np.random.default_rng(4)
     X = rng.uniform(0, 1, (60, 1))
     y = 100 + 5 * np.sin(6 * X[:, 0])
-    data = FederatedData.from_arrays([X[:40], X[:40]], [y[:40], y[:40] + 1])
-    test = FederatedData.from_arrays([X[40:], X[40:]], [y[40:], y[40:] + 1])
+    data = FederatedData.from_arrays([X[:40], X[:40]], [y[:40], y[:40] + 1], **NO_RULES)
+    test = FederatedData.from_arrays([X[40:], X[40:]], [y[40:], y[40:] + 1], **NO_RULES)
     res = FGPR(rounds=20, lr=0.05).fit(data)
     orig, std = res.rmse(test), res.rmse(test, scale="standardized")
     np.testing.assert_allclose(std, orig / np.std(y[:40]), rtol=1e-10)
@@ -550,7 +551,7 @@ def calibration_data(rng, K=10, n=100, ls=0.25, os_=1.0, noise=0.1):
         Xt.append(X[n:])
         ft.append(f[n:])
         yt.append(y[n:])
-    return FederatedData.from_arrays(Xs, ys), Xt, ft, yt
+    return FederatedData.from_arrays(Xs, ys, **NO_RULES), Xt, ft, yt
 
 
 def coverage(res, Xt, ft, yt, level):
@@ -597,7 +598,7 @@ def test_intervals_are_calibrated_with_known_and_fitted_hyperparameters():
 
 def test_sin_and_minus_sin_are_both_fitted_by_one_shared_prior():
     x = np.linspace(0.01, 10, 100)[:, None]
-    data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), -np.sin(x[:, 0])])
+    data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), -np.sin(x[:, 0])], **NO_RULES)
     res = FGPR(rounds=60, lr=0.1, batch_size=20, local_steps=5).fit(data)
     grid = np.linspace(0.01, 10, 1000)[:, None]
     rmse = [
@@ -611,7 +612,7 @@ def test_sin_and_minus_sin_are_both_fitted_by_one_shared_prior():
 
 def test_new_client_predicts_from_its_own_data_without_training():
     x = np.linspace(0, 10, 80)[:, None]
-    data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), np.cos(x[:, 0])])
+    data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), np.cos(x[:, 0])], **NO_RULES)
     res = FGPR(rounds=30, lr=0.1, batch_size=20).fit(data)
     xn = np.linspace(0, 10, 40)[:, None]
     pred = res.predict(np.array([[3.3]]), data=(xn, 2 * np.sin(xn[:, 0]) + 5))
@@ -633,11 +634,11 @@ def test_malformed_client_rejected_before_training(monkeypatch):
     bad_y = [y.copy() for y in ys]
     bad_y[1][4] = np.nan
     with pytest.raises(DataError, match="NaN"):
-        FederatedData.from_arrays(Xs, bad_y)
+        FederatedData.from_arrays(Xs, bad_y, **NO_RULES)
     with pytest.raises(DataError, match="columns"):
-        FederatedData.from_arrays(Xs[:2] + [rng.uniform(size=(10, 3))], ys)
+        FederatedData.from_arrays(Xs[:2] + [rng.uniform(size=(10, 3))], ys, **NO_RULES)
     # a single point: refused by FGPR.fit before any local step
-    data = FederatedData.from_arrays([Xs[0], Xs[1][:1], Xs[2]], [ys[0], ys[1][:1], ys[2]])
+    data = FederatedData.from_arrays([Xs[0], Xs[1][:1], Xs[2]], [ys[0], ys[1][:1], ys[2]], **NO_RULES)
     with pytest.raises(DataError, match="client 1 has 1 point"):
         FGPR(rounds=2).fit(data)
     assert not calls
@@ -726,7 +727,7 @@ def test_a_failing_client_is_left_out_of_that_rounds_average(monkeypatch):
     assert all(r.answered == [0, 2] and list(r.failed) == [1] for r in res.history)
     ref = FGPR(rounds=3, batch_size=100).fit(
         FederatedData.from_arrays(
-            [np.asarray(data[c].X) for c in (0, 2)], [np.asarray(data[c].y) for c in (0, 2)], clients=[0, 2]
+            [np.asarray(data[c].X) for c in (0, 2)], [np.asarray(data[c].y) for c in (0, 2)], clients=[0, 2], **NO_RULES
         )
     )
     hyper_close(res.hyperparameters, ref.hyperparameters, 1e-12)
@@ -734,7 +735,7 @@ def test_a_failing_client_is_left_out_of_that_rounds_average(monkeypatch):
 
 def test_docstring_example():
     x = np.linspace(0, 10, 60)[:, None]
-    data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), -np.sin(x[:, 0])])
+    data = FederatedData.from_arrays([x, x], [np.sin(x[:, 0]), -np.sin(x[:, 0])], **NO_RULES)
     res = FGPR(rounds=30, lr=0.1, batch_size=20).fit(data)
     assert abs(res.predict(np.array([[2.5]]), client=1)["mean"][0] + np.sin(2.5)) < 0.05
 

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from fedstats.data import DataError, FederatedData, UnknownClientError
+from fedstats.data.disclosure import NO_RULES
 from fedstats.federation import Communication, counting
 from fedstats.gp import testfunctions as tf
 from fedstats.gp.ar1_result import AR1Result, FederatedAR1Result
@@ -36,7 +37,7 @@ DESIGNS = {"AR1": tf.FORRESTER_DESIGN, "NARGP": {"LF": tf.FORRESTER_DESIGN["LF"]
 def forrester(design: dict) -> FederatedData:
     xs = [design["LF"], design["HF"]]
     ys = [tf.forrester_lf(xs[0]), tf.forrester_hf(xs[1])]
-    return FederatedData.from_arrays([x[:, None] for x in xs], ys, clients=["LF", "HF"])
+    return FederatedData.from_arrays([x[:, None] for x in xs], ys, clients=["LF", "HF"], **NO_RULES)
 
 
 def levels(data: FederatedData) -> dict:
@@ -255,6 +256,7 @@ def test_a_federated_result_file_holds_no_rows_and_predicts_again_once_attached(
         [np.asarray(data["LF"].X), np.asarray(data["HF"].X)],
         [np.asarray(data["LF"].y), np.asarray(data["HF"].y) + 1.0],
         clients=["LF", "HF"],
+        **NO_RULES,
     )
     with pytest.raises(DataError, match="'HF' holds other rows"):
         back.attach(other)
@@ -289,6 +291,7 @@ def test_every_level_is_needed_and_bad_levels_are_refused_naming_them():
         [np.asarray(data["LF"].X), np.asarray(data["HF"].X)[:1]],
         [np.asarray(data["LF"].y), np.asarray(data["HF"].y)[:1]],
         clients=["LF", "HF"],
+        **NO_RULES,
     )
     for model in (FederatedAR1(restarts=1), FederatedNARGP(restarts=1)):
         with pytest.raises(DataError, match=r"too few at \{'HF': 1\}"):
@@ -320,6 +323,7 @@ def test_predict_reads_a_data_frame_by_column_name(family):
         ),
         by="level",
         target="y",
+        **NO_RULES,
     )
     central, federated = (AR1CoKriging, FederatedAR1) if family == "AR1" else (NARGP, FederatedNARGP)
     opts = {"restarts": 1} if family == "AR1" else {"restarts": 1, "samples": 50}

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("botorch")
 
 from fedstats.data import FederatedData  # noqa: E402
+from fedstats.data.disclosure import NO_RULES
 from fedstats.experiments.mfbo import TASKS, bo_run, bo_study, optimum  # noqa: E402
 from fedstats.gp.multifidelity import AR1CoKriging, FederatedAR1  # noqa: E402
 
@@ -31,7 +32,7 @@ def test_the_federated_chain_gives_each_levels_moments_as_the_centralised_ar1():
     rng = np.random.default_rng(0)
     data = {lv: rng.uniform(size=(n, 2)) for lv, n in {"LF": 15, "MF": 8, "HF": 5}.items()}
     levels = [(U, task.g(lv, U)) for lv, U in data.items()]
-    fed = FederatedData.from_arrays([U for U, _ in levels], [y for _, y in levels], clients=list(data))
+    fed = FederatedData.from_arrays([U for U, _ in levels], [y for _, y in levels], clients=list(data), **NO_RULES)
     a = FederatedAR1(restarts=1).fit(fed, order=list(data), seed=1)
     b = AR1CoKriging(restarts=1).fit(levels, seed=1)
     Uq = rng.uniform(size=(6, 2))

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fedstats import FederatedData
+from fedstats.data.disclosure import NO_RULES
 from fedstats.federation import run
 from fedstats.inference.ep import FederatedEP, check_invariants
 from fedstats.linear import HierarchicalLinearModel
@@ -24,7 +25,7 @@ def make_data(K=5, d=3, seed=0, n=None):
         X = rng.normal(size=(n[k], d))
         Xs.append(X)
         ys.append(X @ th + SIGMA[k] * rng.normal(size=n[k]))
-    return FederatedData.from_arrays(Xs, ys, clients=[f"c{k}" for k in range(K)])
+    return FederatedData.from_arrays(Xs, ys, clients=[f"c{k}" for k in range(K)], **NO_RULES)
 
 
 def pooled_exact(data, tau, sigma, s0=1.0):

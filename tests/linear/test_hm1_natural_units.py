@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from fedstats.data import FederatedData
+from fedstats.data.disclosure import NO_RULES
 from fedstats.linear import StructuralCovarianceModel
 from fedstats.linear.hm1_posterior import conditional_posterior, integrate_noise
 
@@ -61,7 +62,7 @@ def natural_clusters(
         Xs.append(X)
         ys.append(theta[k, 0] + X @ theta[k, 1:] + s_y * sigma * rng.standard_normal(n))
     truth = {"m": m, "s": s, "m_y": m_y, "s_y": s_y, "mu": mu, "omega": omega}
-    return FederatedData.from_arrays(Xs, ys), theta, poor, truth
+    return FederatedData.from_arrays(Xs, ys, **NO_RULES), theta, poor, truth
 
 
 def coverage(seeds, level=0.9, unconverged=0, **federation):
@@ -103,7 +104,7 @@ def test_the_standardised_fit_is_the_fit_of_standardised_rows_mapped_back_exactl
     np.testing.assert_allclose(res.scaling.x_sd, s, rtol=1e-12)
     assert res.scaling.y_mean == pytest.approx(my, rel=1e-12) and res.scaling.y_sd == pytest.approx(sy, rel=1e-12)
     scaled = FederatedData.from_arrays(
-        [(data[c].X - m) / s for c in data.clients], [(data[c].y - my) / sy for c in data.clients]
+        [(data[c].X - m) / s for c in data.clients], [(data[c].y - my) / sy for c in data.clients], **NO_RULES
     )
     ref = StructuralCovarianceModel(standardize=False).fit(scaled, seed=1)
     d = X.shape[1] + 1
@@ -135,7 +136,7 @@ def test_changing_units_changes_the_numbers_by_the_units_only():
     a = np.array([1e3, 1.0, 1e-3])  # per feature
     b, shift = 1e-3, 250.0
     other = FederatedData.from_arrays(
-        [data[c].X * a for c in data.clients], [b * data[c].y + shift for c in data.clients]
+        [data[c].X * a for c in data.clients], [b * data[c].y + shift for c in data.clients], **NO_RULES
     )
     r1, r2 = StructuralCovarianceModel().fit(data, seed=0), StructuralCovarianceModel().fit(other, seed=0)
     slope = b / a
@@ -197,7 +198,7 @@ def grunfeld():
     from statsmodels.datasets import grunfeld
 
     df = grunfeld.load_pandas().data
-    data = FederatedData.from_dataframe(df, by="firm", target="invest", features=["value", "capital"])
+    data = FederatedData.from_dataframe(df, by="firm", target="invest", features=["value", "capital"], **NO_RULES)
     ols = {}
     for firm, g in df.groupby("firm"):
         fit = sm.OLS(g["invest"], sm.add_constant(g[["value", "capital"]])).fit()
@@ -242,7 +243,7 @@ def test_grunfeld_in_its_own_units_is_the_issues_failure():
 
 def test_the_readmes_example_converges_with_the_defaults():
     df = pd.read_csv(ROOT / "examples" / "sites.csv")
-    train, _ = FederatedData.from_dataframe(df, by="site", target="y").train_test_split(0.3, seed=0)
+    train, _ = FederatedData.from_dataframe(df, by="site", target="y", **NO_RULES).train_test_split(0.3, seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         res = StructuralCovarianceModel().fit(train, seed=0)

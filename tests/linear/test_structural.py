@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedstats.data import FederatedData
+from fedstats.data.disclosure import NO_RULES
 from fedstats.experiments.linear_paper import HM1_PAPER
 from fedstats.linear import StructuralCovarianceModel
 from fedstats.linear.hm1_algorithm import HM1Algorithm, aggregates, jittered_cholesky, omega_update
@@ -31,7 +32,7 @@ def simulate(K=4, d=3, n=25, sigma=0.3, seed=0, omega=None):
     ns = [n] * K if np.isscalar(n) else n
     Xs = [rng.standard_normal((m, d)) for m in ns]
     ys = [X @ theta[k] + sigma * rng.standard_normal(len(X)) for k, X in enumerate(Xs)]
-    return FederatedData.from_arrays(Xs, ys), theta.T, omega
+    return FederatedData.from_arrays(Xs, ys, **NO_RULES), theta.T, omega
 
 
 def fixed_point(data, omega, lr, T, s=1.0):
@@ -280,7 +281,7 @@ def test_bad_input_and_options():
         paper_model(lr=-1).fit(data)
     with pytest.raises(FloatingPointError, match="lower lr"):
         paper_model(lr=10.0, rounds=50).fit(data)
-    small = FederatedData.from_arrays([np.ones((2, 3)) * [[1, 2, 3]], np.eye(3)], [np.ones(2), np.ones(3)])
+    small = FederatedData.from_arrays([np.ones((2, 3)) * [[1, 2, 3]], np.eye(3)], [np.ones(2), np.ones(3)], **NO_RULES)
     with pytest.raises(ValueError, match="noise_sd"):
         paper_model(rounds=2).fit(small, uncertainty=True)
     res = paper_model(rounds=2).fit(small, uncertainty=True, noise_sd=0.5)
@@ -351,7 +352,7 @@ def test_federated_equals_centralised(opts):
 
 def test_noise_estimates_need_residual_degrees_of_freedom():
     X = np.random.default_rng(0).standard_normal((5, 2))
-    exact = FederatedData.from_arrays([X, X], [X @ [1.0, 2.0], X @ [1.0, 2.0] + 0.1])
+    exact = FederatedData.from_arrays([X, X], [X @ [1.0, 2.0], X @ [1.0, 2.0] + 0.1], **NO_RULES)
     with pytest.raises(ValueError, match="fits its data exactly"):
         paper_model(rounds=2, shrink_scale="noise").fit(exact)
     with pytest.raises(ValueError, match="fits its data exactly.*noise_sd"):
@@ -377,7 +378,9 @@ def coverage(K, d, n, sigma, make_omega, reps, level=0.9, seed=0, **opts):
         Xs = [rng.standard_normal((n, d)) for _ in range(K)]
         ys = [X @ theta[k] + sigma * rng.standard_normal(n) for k, X in enumerate(Xs)]
         with pytest.warns(RuntimeWarning, match="did not converge"):  # 30 rounds: Omega still moving
-            res = paper_model(rounds=30, **opts).fit(FederatedData.from_arrays(Xs, ys), seed=r, uncertainty=True)
+            res = paper_model(rounds=30, **opts).fit(
+                FederatedData.from_arrays(Xs, ys, **NO_RULES), seed=r, uncertainty=True
+            )
         s = res.client_summary(level)  # client-major rows, as theta.ravel()
         hits.append((s["lower"].to_numpy() <= theta.ravel()) & (theta.ravel() <= s["upper"].to_numpy()))
     return float(np.mean(np.concatenate(hits)))
@@ -489,7 +492,7 @@ def test_reported_points_are_the_centres_of_their_intervals():
     rng = np.random.default_rng(1)
     Xs = [rng.normal(10, 2, (150, 2)) for _ in range(4)]
     ys = [3 + X @ [1.0 + 0.1 * k, -0.5 + 0.05 * k] + rng.standard_normal(150) for k, X in enumerate(Xs)]
-    data = FederatedData.from_arrays(Xs, ys)
+    data = FederatedData.from_arrays(Xs, ys, **NO_RULES)
     with pytest.warns(RuntimeWarning, match="did not converge in 30 rounds"):
         res = paper_model(rounds=30, fit_intercept=True).fit(data, uncertainty=True)
     assert not res.converged

@@ -12,6 +12,7 @@ from scipy.stats import multivariate_normal
 from sklearn.mixture import GaussianMixture
 
 from fedstats import FederatedData
+from fedstats.data.disclosure import NO_RULES
 from fedstats.datasets.synthetic import gmm_federation
 from fedstats.federation import Replies, run
 from fedstats.mixture import FederatedGaussianMixture, GaussianMixtureResult, VariationalGaussianMixture
@@ -146,10 +147,10 @@ def test_shared_weights_equals_pooled_sklearn(ct):
     Xs = [data[c].X for c in data.clients]
     perm = FederatedGaussianMixture(
         3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0, covariances_init=cov0
-    ).fit(Xs[::-1], seed=0)
+    ).fit(FederatedData.from_arrays(Xs[::-1], **NO_RULES), seed=0)
     split = FederatedGaussianMixture(
         3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0, covariances_init=cov0
-    ).fit([Xs[0][:7], Xs[0][7:]] + Xs[1:], seed=0)
+    ).fit(FederatedData.from_arrays([Xs[0][:7], Xs[0][7:]] + Xs[1:], **NO_RULES), seed=0)
     for other in (perm, split):
         np.testing.assert_allclose(other.means_, res.means_, atol=1e-10, rtol=0)
         np.testing.assert_allclose(other.covariances_, res.covariances_, atol=1e-10, rtol=0)
@@ -235,10 +236,11 @@ def test_init_centres_are_means_of_several_rows():
     Xs = [rng.standard_normal((2, d)) + 5 * (k % 2) for k in range(20)] + [
         np.r_[rng.standard_normal((20, d)), rng.standard_normal((20, d)) + 5]
     ]
-    res = FederatedGaussianMixture(2, n_init=2).fit(Xs, seed=0)
+    res = FederatedGaussianMixture(2, n_init=2).fit(FederatedData.from_arrays(Xs, **NO_RULES), seed=0)
     assert np.ptp(res.means_[:, 0]) > 4
+    tiny = FederatedData.from_arrays([rng.standard_normal((3, d)) for _ in range(4)], **NO_RULES)
     with pytest.raises(Exception, match="fewer than n_components"):
-        FederatedGaussianMixture(3, n_init=1).fit([rng.standard_normal((3, d)) for _ in range(4)], seed=0)
+        FederatedGaussianMixture(3, n_init=1).fit(tiny, seed=0)
 
 
 @pytest.mark.parametrize("ct", COV_TYPES)
@@ -424,7 +426,7 @@ def test_incremental_em_with_partial_participation():
     assert ll_part == pytest.approx(ll_full, rel=1e-6)
     np.testing.assert_allclose(part.means_, full.means_, atol=1e-4)
     # client ids that numpy would turn into arrays (tuples) are sampled by index
-    tup = FederatedData.from_arrays({(k, "site"): data[c].X for k, c in enumerate(data.clients)})
+    tup = FederatedData.from_arrays({(k, "site"): data[c].X for k, c in enumerate(data.clients)}, **NO_RULES)
     res = FederatedGaussianMixture(3, participation=0.3, **dict(kw, rounds=5)).fit(tup, seed=0)
     assert all(len(r.answered) == 3 and all(isinstance(c, tuple) for c in r.answered) for r in res.history[1:])
 
@@ -475,7 +477,7 @@ def test_bad_input_is_refused():
     with pytest.raises(Exception, match="needs a target"):
         from fedstats.linear import HierarchicalLinearModel
 
-        HierarchicalLinearModel().fit(FederatedData.from_arrays(Xs))
+        HierarchicalLinearModel().fit(FederatedData.from_arrays(Xs, **NO_RULES))
 
 
 def test_save_load_roundtrip_and_tables(tmp_path):
@@ -491,7 +493,9 @@ def test_save_load_roundtrip_and_tables(tmp_path):
     assert res.weights_table().shape == (4, 3)
     assert np.isfinite(res.bic())
     # the federated data object works with or without a target
-    fd = FederatedData.from_arrays([data[c].X for c in data.clients], [np.zeros(data.n_obs[c]) for c in data.clients])
+    fd = FederatedData.from_arrays(
+        [data[c].X for c in data.clients], [np.zeros(data.n_obs[c]) for c in data.clients], **NO_RULES
+    )
     res2 = FederatedGaussianMixture(3, n_init=2).fit(fd, seed=0)
     np.testing.assert_allclose(res2.means_, res.means_)
 

@@ -7,6 +7,7 @@ from scipy import integrate, optimize
 from scipy.stats import norm
 
 from fedstats import FederatedData
+from fedstats.data.disclosure import NO_RULES
 from fedstats.experiments.regret import MixtureStream, RegretTracker, growth, simulate, weights_em
 from fedstats.mixture import FEMOMD, FederatedGaussianMixture
 from fedstats.mixture.omd import adaptive_eta, eg_update, floor_at, omd_gradient
@@ -113,7 +114,7 @@ def test_inner_rounds_equal_centralised_em(K, server_steps):
     stream = MixtureStream(n_clients=5, n=12, d=3, n_components=3, process="iid", seed=3)
     batch = stream.batch(1)
     # unequal batch sizes: statistics, not pi~-weighted means, so it stays exact
-    batch = FederatedData.from_arrays([batch[c].X[: 6 + 2 * c] for c in batch.clients])
+    batch = FederatedData.from_arrays([batch[c].X[: 6 + 2 * c] for c in batch.clients], **NO_RULES)
     m0 = _start(stream)
     seen = server_steps(FEMOMDStep)
     model = FEMOMD(3, means_init=m0, inner_rounds=K).partial_fit(batch)
@@ -147,7 +148,7 @@ def test_shared_weights_step_and_late_joiners(server_steps):
     local pooling: the statistics stay per client (each has its own components)."""
     stream = MixtureStream(n_clients=4, n=10, d=2, n_components=3, process="fixed", seed=3)
     b = stream.batch(1)
-    b = FederatedData.from_arrays([b[c].X[: 4 + 2 * c] for c in b.clients])  # unequal n_c
+    b = FederatedData.from_arrays([b[c].X[: 4 + 2 * c] for c in b.clients], **NO_RULES)  # unequal n_c
     seen = server_steps(FEMOMDStep)
     glob = FEMOMD(3, means_init=_start(stream), eta=0.3, weight_floor=0.0, shared_weights=True).partial_fit(b)
     _steps_saw(seen, set(), OMD_KEYS, glob.inner_rounds + 1)
@@ -348,7 +349,7 @@ def test_bad_input_and_options():
     ).partial_fit(stream.batch(1))
     assert m.t_ == 1 and m.history[0]["bytes_up"] > 0
     with pytest.raises(Exception, match="features"):
-        m.partial_fit([np.zeros((4, 5))])
+        m.partial_fit([np.zeros((12, 5))])
     # the anytime step size when the horizon is unknown; a warning past a given horizon
     rng = np.random.default_rng(0)
     a = FEMOMD(5, eta=None)
