@@ -265,7 +265,10 @@ def test_hm1_writes_client_estimates_and_omega(csv, tmp_path, capsys):
     assert all(r["sd"] is None and r["mean"] == r["estimate"] for r in j["client"]["A"])
     assert all(r["pred_lower"] is None for r in j["predictions"])
     assert (
-        main(["fit", str(tmp_path / "small.csv"), "--by", "site", "--target", "y", "--model", "hm1", "--uncertainty"])
+        main(
+            ["fit", str(tmp_path / "small.csv"), "--by", "site", "--target", "y", "--model", "hm1", "--uncertainty"]
+            + ["--min-rows", "1", "--min-cell-count", "1"]
+        )
         == 1
     )
     assert "client 'D' has 4 rows for 4 independent coefficients" in capsys.readouterr().err

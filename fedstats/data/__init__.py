@@ -32,7 +32,8 @@ FederatedData(K=2 clients, d=2 features, n=13, rows per client 5..8, target='y')
 
 from __future__ import annotations
 
-from .container import ClientData, DataLike, FederatedData, as_federated, require_target
+from .container import ClientData, FederatedData
+from .convert import DataLike, as_federated, require_target
 from .disclosure import DisclosureError
 from .scaling import FederatedScaler, add_moments, aggregate_moments, client_moments, client_sums, federated_moments
 from .validation import ConstantFeatureWarning, DataError, UnknownClientError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,13 +29,6 @@ from .validation import (
     readonly,
     validated_arrays,
 )
-
-
-def require_target(data: DataLike, what: str) -> None:
-    """Raise :class:`DataError` if ``data`` is a :class:`FederatedData` without a target
-    (supervised models call it first, so unsupervised data fails with a clear message)."""
-    if isinstance(data, FederatedData):
-        data._need_target(what)
 
 
 @dataclass(frozen=True, eq=False)
@@ -601,29 +594,3 @@ def checked_data(
     fd._feature_names = list(feature_names)
     fd._target_name = target_name
     return fd
-
-
-#: What every model's ``fit`` takes as data: a :class:`FederatedData`, a dict client -> X or
-#: client -> (X, y), or a list of X or of (X, y) pairs (:func:`as_federated` converts them).
-DataLike: TypeAlias = "FederatedData | Mapping[Any, Any] | Sequence[Any]"
-
-
-def as_federated(data: DataLike) -> FederatedData:
-    """The :class:`FederatedData` every model's ``fit`` takes, from what converts to one: a
-    FederatedData (returned as is); a dict client -> X, or client -> (X, y); a list of X, or
-    of (X, y) pairs (clients 0, 1, ...)."""
-    if isinstance(data, FederatedData):
-        return data
-    if isinstance(data, Mapping):
-        vals = list(data.values())
-        if vals and all(isinstance(v, tuple) and len(v) == 2 for v in vals):
-            return FederatedData.from_arrays({c: v[0] for c, v in data.items()}, {c: v[1] for c, v in data.items()})
-        return FederatedData.from_arrays(dict(data))
-    if isinstance(data, (list, tuple)):
-        if data and all(isinstance(v, tuple) and len(v) == 2 for v in data):
-            return FederatedData.from_arrays([v[0] for v in data], [v[1] for v in data])
-        return FederatedData.from_arrays(list(data))
-    raise DataError(
-        f"data must be a FederatedData, a dict client -> X or (X, y), or a list of X or of (X, y) "
-        f"pairs; got {type(data).__name__}"
-    )

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -59,6 +59,13 @@ __all__ = [
     "check_disclosure",
 ]
 
+class Rules(TypedDict):
+    """The data's options of the rules, as keyword arguments of :class:`FederatedData`."""
+
+    min_rows: int
+    min_cell_count: int
+
+
 #: a client with fewer rows takes part in no fit
 MIN_ROWS = 10
 #: with a target: rows per column of the design (DataSHIELD's nfilter.glm, 0.33 parameters a row)
@@ -67,7 +74,7 @@ MIN_ROWS_PER_PARAMETER = 3.0
 MIN_CELL_COUNT = 5
 #: the options that turn every rule off, for data about no one (simulations, function
 #: evaluations): ``FederatedData.from_arrays(Xs, ys, **NO_RULES)``
-NO_RULES: dict[str, int] = {"min_rows": 1, "min_cell_count": 1}
+NO_RULES: Rules = {"min_rows": 1, "min_cell_count": 1}
 
 
 class DisclosureError(DataError):

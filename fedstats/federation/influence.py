@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -183,6 +183,21 @@ def flagged(values: Mapping[ClientId, tuple[float, float]]) -> dict[ClientId, tu
         return {}
     typical = float(np.median([min(v[1], 1e300) for v in values.values()]))
     return {c: v for c, v in values.items() if v[1] > max(INFLUENCE_WARNING, 3.0 * typical)}
+
+
+def to_leave_out(
+    values: Mapping[ClientId, tuple[float, float]], clients: Sequence[ClientId], out: Collection[ClientId]
+) -> dict[ClientId, str]:
+    """With ``robust=True``: the clients to leave out of the next fit (those :func:`flagged`,
+    while at least half of ``clients`` stay in; ``out``: those already out), with the reason."""
+    far = flagged(values)
+    if not far or len(clients) - len(out) - len(far) < (len(clients) + 1) // 2:
+        return {}
+    return {
+        c: f"left out by robust=True: without it the estimate moves by {v[0]:.3g} standard errors, "
+        f"{v[1]:.3g} times what a client of its size moves it"
+        for c, v in far.items()
+    }
 
 
 def influence_warning(model: str, values: Mapping[ClientId, tuple[float, float]], unit: str) -> str | None:

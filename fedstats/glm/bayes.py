@@ -33,7 +33,8 @@ from ..data import DataLike, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
-from ..inference.ep import PosteriorRound, RowsEP, check_run, posterior_round
+from ..inference.ep import PosteriorRound, RowsEP, posterior_round
+from ..inference.ep_checks import check_run
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value

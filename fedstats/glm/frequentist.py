@@ -90,7 +90,7 @@ from ..data import DataError, DataLike, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
-from ..federation.influence import flagged
+from ..federation.influence import to_leave_out
 from ..federation.records import exclude, excluded_now
 from ..privacy import DifferentialPrivacy
 from ..results import FederatedResult, check_level, counted, prediction_frame, register
@@ -241,7 +241,7 @@ class FederatedGLM(Estimator):
             alg = IRLS(fam, trials, p, chk["ybar"], float(self.tol), wnobs - p)
             out = run(alg, design, rounds=int(self.rounds) + 1, seed=seed, progress=progress, kind="IRLS rounds")
             failed = {c: (rec.round, why) for rec in out.history for c, why in rec.failed.items()}
-            if not failed and self.robust and (far := self._too_influential(out.influence, design)):
+            if not failed and self.robust and (far := to_leave_out(out.influence, design.clients, excluded_now())):
                 exclude(far)  # robust=True: the exact fit of the others
                 continue
             if not failed:
@@ -337,20 +337,6 @@ class FederatedGLM(Estimator):
             communication=out.communication,
         )
         return res
-
-    @staticmethod
-    def _too_influential(values, design) -> dict:
-        """With ``robust=True``: the clients to leave out of the next fit (those the influence
-        warning names, while at least half the clients stay in), with the reason."""
-        left = len(design.clients) - len(excluded_now())
-        far = flagged(values)
-        if not far or left - len(far) < (len(design.clients) + 1) // 2:
-            return {}
-        return {
-            c: f"left out by robust=True: without it the coefficients move by {v[0]:.3g} standard errors, "
-            f"{v[1]:.3g} times what a client of its size moves them"
-            for c, v in far.items()
-        }
 
     def _fit_private(self, design, fam: Family, roles: dict, trials: bool, seed: int, progress) -> GLMResult:
         """The differentially private fit (see the module docs; :func:`~fedstats.glm._private.fit_private`)."""

@@ -19,7 +19,8 @@ if _JAXLIB.startswith(DEADLOCKING_JAXLIB):
     )
 
 from .custom import federated_ep
-from .ep import EPClientState, EPServerState, FederatedEP, RowsEP, check_invariants
+from .ep import EPClientState, EPServerState, FederatedEP, RowsEP
+from .ep_checks import check_invariants
 from .gaussian import NaturalGaussian, NotPositiveDefinite, is_pd
 from .posterior import GaussianPosterior, Posterior, SamplePosterior
 from .tilted import (

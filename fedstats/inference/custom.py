@@ -322,7 +322,8 @@ def federated_ep(
     from ..data import as_federated, require_target
     from ..federation import counting, run
     from ..results import warn_excluded
-    from .ep import RowsEP, check_run, posterior_round
+    from .ep import RowsEP, posterior_round
+    from .ep_checks import check_run
 
     data = as_federated(data)
     require_target(data, "federated_ep")

@@ -23,7 +23,8 @@ from numpy.typing import ArrayLike
 
 from .. import streams
 from ..federation import ClientRelease, run
-from ..inference.ep import EPClientState, FederatedEP, check_run
+from ..inference.ep import EPClientState, FederatedEP
+from ..inference.ep_checks import check_run
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult

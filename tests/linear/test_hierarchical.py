@@ -6,7 +6,8 @@ import pytest
 from fedstats import FederatedData
 from fedstats.data.disclosure import NO_RULES
 from fedstats.federation import run
-from fedstats.inference.ep import FederatedEP, check_invariants
+from fedstats.inference.ep import FederatedEP
+from fedstats.inference.ep_checks import check_invariants
 from fedstats.linear import HierarchicalLinearModel
 from fedstats.linear.ep_model import Devices
 from fedstats.linear.hierarchical import HierarchicalResult
