@@ -41,6 +41,7 @@ sys.path.remove(str(HERE))
 #: column), the toy algorithm's wait capped at 10 s, and the client posteriors and the
 #: states a checkpoint needs released, so that fits compare with in-process ones in full
 POLICY = """
+min_rows = 5
 release = "posterior"
 release_statistics = true
 posterior_dir = "{folder}"
@@ -611,7 +612,9 @@ def test_a_node_refuses_what_its_policy_forbids(session):
 
     # the refused client sits the fit out (issue 40): named with the rule in the warning and in
     # the result's exclusions, the fit is that of the other two clients
-    with pytest.warns(RuntimeWarning, match=r"\b2: .*rule min_rows_per_parameter.*4 columns .*12 rows.*has 8"):
+    with pytest.warns(
+        RuntimeWarning, match=r"\b2: .*rule min_rows_per_parameter.*8 rows for a regression on 4 columns.*\(12\)"
+    ):
         res = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs, ys, **NO_RULES), backend=session)
     assert "rule min_rows_per_parameter" in res.excluded[2], res.excluded
     two = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs[:2], ys[:2], **NO_RULES))
