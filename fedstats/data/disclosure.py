@@ -59,6 +59,7 @@ __all__ = [
     "check_disclosure",
 ]
 
+
 class Rules(TypedDict):
     """The data's options of the rules, as keyword arguments of :class:`FederatedData`."""
 

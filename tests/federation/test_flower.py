@@ -761,7 +761,7 @@ def global_pickle(module: str, name: str) -> bytes:
 
 
 def test_remote_data_refuses_server_side_reads():
-    rd = RemoteFederatedData({"a": 5, "b": 7}, ["x1", "x2"], None, **NO_RULES)
+    rd = RemoteFederatedData({"a": 5, "b": 7}, ["x1", "x2"], None)
     assert rd.clients == ["a", "b"] and rd.n_obs == {"a": 5, "b": 7} and rd.n_features == 2 and rd.n_total == 12
     assert isinstance(rd, FederatedData)
     with pytest.raises(RemoteDataError, match="rows of client 'b' stay on its node"):
