@@ -32,7 +32,8 @@ def as_on_nodes(res, release: bool):
     for i, c in enumerate(res.clients):
         post = alg.client_result(alg.final_message(res.server, c), res.client_states[c], None, i, res.seed)
         states[c] = ClientRelease(c, post if release else None, f"{c}.fedstats")
-    out = type(res)(**{**vars(res), "client_states": states, "_device_cache": {}, "_global_cache": {}})
+    fields = {k: v for k, v in vars(res).items() if k != "influence"}  # set by the fit after construction
+    out = type(res)(**{**fields, "client_states": states, "_device_cache": {}, "_global_cache": {}})
     return out
 
 
