@@ -220,14 +220,8 @@ class FederatedData:
         drop_first : bool, default True
             With ``"onehot"``, drop the first level (the reference): k-1 dummies. Levels are
             sorted (a pandas categorical keeps its category order).
-        min_rows : int, optional
-            The disclosure rule on rows (:mod:`fedstats.data.disclosure`): every model refuses
-            to fit a client with fewer rows, or, with a target, fewer than 3 per column.
-            Default 10; 1 turns both row rules off for this data.
-        min_cell_count : int, optional
-            The rule on small cells: in a 0/1 column (a category's dummy, a binary outcome), a
-            client's count of 1s and of 0s must be at least this where the column varies at the
-            client. Default 5; 1 turns it off.
+        min_rows, min_cell_count : int, optional
+            The disclosure rules of this data, as in :meth:`from_arrays`.
 
         Returns
         -------
