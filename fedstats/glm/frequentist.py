@@ -143,7 +143,8 @@ class FederatedGLM(Estimator):
         typically does: :mod:`fedstats.federation.influence`) and fit the others again, until
         none is flagged or half the clients are out. The estimate stays the exact GLM of the
         clients kept; each client left out is in ``excluded`` with its influence. Not with
-        ``dp`` (no client's influence is measured under differential privacy).
+        ``dp`` (no client's influence is measured under differential privacy); under secure
+        aggregation it leaves nobody out (no client's statistics are seen).
     rounds : int, default 100
         Most IRLS iterations (statsmodels' ``maxiter``); the fit takes one round more.
     tol : float, default 1e-8

@@ -60,6 +60,8 @@ from ..data import DataLike, FederatedData
 from ..estimator import BOOL, NONE, Constraint, Int
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
+from ..federation.influence import to_leave_out
+from ..federation.records import exclude, excluded_now
 from ..privacy import DifferentialPrivacy
 from ..results import counted, register
 from ._common import (
@@ -439,6 +441,13 @@ class FederatedGaussianMixture(MixtureEstimator):
         is small against the components' separation (see :mod:`fedstats.mixture.dp`).
         ``client_summary`` cannot include the noise of the
         per-client weights (ValueError). Tables say which in ``attrs["privacy"]``.
+    robust : bool, default False
+        Leave out the clients the influence warning names (each client's exact
+        leave-one-client-out shift of the components, ``result.influence``) and fit the others
+        afresh, start included, until none is named or half the clients are out. The result is
+        FedEM on the remaining clients; ``result.excluded`` names the clients left out and why.
+        Not with ``dp`` (ValueError); under secure aggregation it leaves nobody out (no
+        client's statistics are seen, so no influence is measured).
 
     Example
     -------
@@ -458,6 +467,7 @@ class FederatedGaussianMixture(MixtureEstimator):
         "dp": _DP,
         "dp_rounds": Int(1),
         "include_dp_noise": BOOL,
+        "robust": BOOL,
     }
 
     def __init__(
@@ -477,6 +487,7 @@ class FederatedGaussianMixture(MixtureEstimator):
         dp: DifferentialPrivacy | None = None,
         dp_rounds: int = 20,
         include_dp_noise: bool = False,
+        robust: bool = False,
     ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
@@ -492,6 +503,7 @@ class FederatedGaussianMixture(MixtureEstimator):
         self.dp = dp
         self.dp_rounds = dp_rounds
         self.include_dp_noise = include_dp_noise
+        self.robust = robust
 
     def _check(self, data: FederatedData) -> None:
         super()._check(data)
@@ -527,31 +539,41 @@ class FederatedGaussianMixture(MixtureEstimator):
                     "FederatedGaussianMixture(dp=...): uncertainty=True is not available (the Wald rounds "
                     "release the clients' information matrices without noise)"
                 )
+            if self.robust:
+                raise ValueError(
+                    "FederatedGaussianMixture(dp=...): robust=True needs each client's influence, which dp= does not measure"
+                )
             from .dp import fit_private
 
             return fit_private(self, data, seed, progress, checkpoint, resume)
-        means, cov, info = self._start(data, seed)
-        algo = FedEMAlgorithm(
-            means,
-            cov,
-            covariance_type=self.covariance_type,
-            reg_covar=self.reg_covar,
-            shared_weights=self.shared_weights,
-            weights_init=self.weights_init,
-            tol=self.tol or None,
-        )
-        res = run(
-            algo,
-            data,
-            kind="EM rounds",
-            rounds=self.rounds,
-            participation=self._participation(data.clients),
-            seed=seed,
-            progress=progress,
-            checkpoint=checkpoint,
-            resume=resume,
-            min_rounds=min(2, self.rounds),
-        )
+        everyone = data.clients
+        while True:
+            data = still_in_fit(data)
+            means, cov, info = self._start(data, seed)
+            algo = FedEMAlgorithm(
+                means,
+                cov,
+                covariance_type=self.covariance_type,
+                reg_covar=self.reg_covar,
+                shared_weights=self.shared_weights,
+                weights_init=self.weights_init,
+                tol=self.tol or None,
+            )
+            res = run(
+                algo,
+                data,
+                kind="EM rounds",
+                rounds=self.rounds,
+                participation=self._participation(data.clients),
+                seed=seed,
+                progress=progress,
+                checkpoint=checkpoint,
+                resume=resume and data.clients == everyone,  # a robust refit starts afresh
+                min_rounds=min(2, self.rounds),
+            )
+            if not (self.robust and (far := to_leave_out(res.influence, everyone, excluded_now()))):
+                break
+            exclude(far)  # robust=True: FedEM on the others, from their own start
         st = res.server_state
         check_failures(res.history, st["seen"], st["clients"], "FedEM")
         data = still_in_fit(data)

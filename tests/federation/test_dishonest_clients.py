@@ -17,6 +17,7 @@ from fedstats.federation import FederatedAlgorithm, run
 from fedstats.federation.influence import INFLUENCE_WARNING, checked_sums, shape_outliers
 from fedstats.glm import FederatedGLM, _irls
 from fedstats.mixture import FederatedGaussianMixture
+from fedstats.privacy import DifferentialPrivacy
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,24 @@ def test_a_client_whose_data_form_a_component_alone_is_named_by_fedem():
     assert len(named) == 1 and "'s2' (a part of the estimate rests on it alone)" in named[0], named
     others = res.influence.drop(index="s2")
     assert (others["relative"] < 2.0).all() and np.isinf(res.influence.loc["s2", "shift"])
+    # robust=True leaves s2 out and fits the others afresh: FedEM on s0, s1 and s3 exactly
+    data = FederatedData.from_dataframe(df, by="c")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        kept = FederatedGaussianMixture(2, robust=True).fit(data, seed=0)
+    assert list(kept.excluded) == ["s2"] and "left out by robust=True" in kept.excluded["s2"]
+    assert sorted(kept.weights_) == ["s0", "s1", "s3"]
+    alone = FederatedGaussianMixture(2).fit(data.subset(["s0", "s1", "s3"]), seed=0)
+    np.testing.assert_allclose(kept.means_, alone.means_, rtol=1e-10)
+    np.testing.assert_allclose(kept.covariances_, alone.covariances_, rtol=1e-10)
+    assert np.max(np.abs(kept.means_)) < 7
+    # an honest federation: robust=True changes nothing
+    honest = data.subset(["s0", "s1", "s3"])
+    np.testing.assert_array_equal(FederatedGaussianMixture(2, robust=True).fit(honest, seed=0).means_, alone.means_)
+    with pytest.raises(ValueError, match="robust=True needs each client's influence"):
+        FederatedGaussianMixture(2, robust=True, dp=DifferentialPrivacy(1.0, clip=1.0), means_init=alone.means_).fit(
+            data
+        )
 
 
 @pytest.mark.parametrize("cov_type", ["full", "tied", "diag", "spherical"])
