@@ -112,32 +112,48 @@ def checked_sums(
 class Influence:
     """Each client's latest leave-one-client-out influence over a run (see the module docs)."""
 
-    def __init__(self, algorithm: Any) -> None:
+    def __init__(self, algorithm: Any, rows: Mapping[ClientId, int] | None = None) -> None:
         self.algorithm = algorithm
         self.keys = tuple(algorithm.summed_keys)
+        #: each client's declared rows, and the replies that must add up to them
+        self.rows = dict(rows or {})
+        self.count_keys = tuple(getattr(algorithm, "row_count_keys", ()))
         self.cumulative = bool(getattr(algorithm, "cumulative_replies", False))
-        #: for cumulative replies: each client's contributions so far, and their totals
-        self.own: dict[ClientId, dict[str, np.ndarray]] = {}
+        #: for cumulative replies: all each client sent so far, stacked (``row``: its row),
+        #: and their totals
+        self.row: dict[ClientId, int] = {}
+        self.stacked: dict[str, np.ndarray] = {}
         self.totals: dict[str, np.ndarray] = {}
         #: client -> (shift in standard errors, relative to a client of its size)
         self.values: dict[ClientId, tuple[float, float]] = {}
 
+    @property
+    def own(self) -> dict[ClientId, dict[str, np.ndarray]]:
+        """For cumulative replies: all each client sent so far (its replies summed)."""
+        return {c: {k: v[i].copy() for k, v in self.stacked.items()} for c, i in self.row.items()}
+
     def update(self, replies: Mapping[ClientId, Message], sums: Mapping[str, np.ndarray]) -> dict[ClientId, str]:
         """After a round's replies are summed, before the server step: each answering client's
         influence on the estimate from the totals. Returns the clients whose reply is refused
-        as broken (relative influence past :data:`INFLUENCE_REFUSE`) with the reason; their
-        contributions are not kept, and the caller sums the round again without them."""
+        as broken (relative influence past :data:`INFLUENCE_REFUSE`, or counts that do not add
+        up to its declared rows) with the reason; their contributions are not kept, and the
+        caller sums the round again without them."""
         if not replies:
             return {}
         clients = list(replies)
         # each client's contribution, stacked (one row per client)
-        own = {k: np.stack([np.asarray(replies[c][k], dtype=float) for c in clients]) for k in self.keys}
+        own = {k: np.stack([replies[c][k] for c in clients]).astype(float, copy=False) for k in self.keys}
         totals = {k: np.asarray(v, dtype=float) for k, v in sums.items()}
         if self.cumulative:  # replies are changes: add what each sent before, and the totals so far
-            for i, c in enumerate(clients):
-                for k in self.keys if c in self.own else ():
-                    own[k][i] += self.own[c][k]
+            rows = np.array([self.row.get(c, -1) for c in clients])
+            seen = rows >= 0
+            if seen.any():
+                for k in self.keys:
+                    own[k][seen] += self.stacked[k][rows[seen]]
             totals = {k: self.totals[k] + v for k, v in totals.items()} if self.totals else totals
+        miscounted = self._miscounted(clients, own)
+        if miscounted:
+            return miscounted
         found = self._measure(totals, clients, own)
         worst = max(found, key=lambda c: found[c][1], default=None)
         if worst is not None and INFLUENCE_REFUSE < found[worst][1] < np.inf:  # inf: the estimate rests on it
@@ -150,8 +166,39 @@ class Influence:
         self.values.update(found)
         if self.cumulative:
             self.totals = totals
-            self.own.update({c: {k: own[k][i] for k in self.keys} for i, c in enumerate(clients)})
+            self._keep(clients, own)
         return {}
+
+    def _keep(self, clients: list[ClientId], own: Mapping[str, np.ndarray]) -> None:
+        """Store ``own`` (all ``clients`` sent so far, stacked) as their rows."""
+        for c in clients:
+            self.row.setdefault(c, len(self.row))
+        n, at = len(self.row), [self.row[c] for c in clients]
+        for k, v in own.items():
+            old = self.stacked.get(k)
+            if old is None or len(old) < n:
+                grown = np.zeros((max(n, 2 * (0 if old is None else len(old))), *v.shape[1:]))
+                if old is not None:
+                    grown[: len(old)] = old
+                self.stacked[k] = grown
+            self.stacked[k][at] = v
+
+    def _miscounted(self, clients: list[ClientId], own: Mapping[str, np.ndarray]) -> dict[ClientId, str]:
+        """The clients whose :attr:`count_keys` (all they sent so far) do not add up to the
+        rows they declared, with the reason."""
+        out: dict[ClientId, str] = {}
+        if not self.rows:
+            return out
+        declared = np.array([self.rows.get(c, np.nan) for c in clients], dtype=float)
+        for k in self.count_keys:
+            got = own[k].reshape(len(clients), -1).sum(axis=1)
+            for i in np.flatnonzero(np.abs(got - declared) > 1e-6 * np.maximum(declared, 1.0)):
+                out.setdefault(
+                    clients[i],
+                    f"BrokenReply: its {k!r} adds up to {got[i]:.6g} rows; it declared {declared[i]:.0f}: "
+                    "refused as inconsistent",
+                )
+        return out
 
     def _measure(
         self, totals: Mapping[str, np.ndarray], clients: list[ClientId], own: Mapping[str, np.ndarray]

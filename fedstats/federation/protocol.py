@@ -85,6 +85,11 @@ class FederatedAlgorithm(ABC):
     #: reply arrays that are symmetric in their last two axes (a change of a precision matrix):
     #: a copy that is not is refused the same way
     symmetric_keys: tuple[str, ...] = ()
+    #: reply arrays whose entries add up to the client's number of rows (FedEM's soft counts
+    #: ``N``: each row's responsibilities sum to one; for cumulative replies, all it sent so
+    #: far): a client whose do not add up to the rows it declared (``data.n_obs``) is refused
+    #: as broken, e.g. one that scales its statistics (checked where :meth:`leave_one_out` is)
+    row_count_keys: tuple[str, ...] = ()
     #: the unit of :meth:`leave_one_out`'s shift in the influence report and its warning
     influence_unit: str = "se"
     #: ``True`` for an exchange whose replies are a client's sufficient statistics themselves

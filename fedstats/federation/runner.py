@@ -243,6 +243,7 @@ def run(
                 # clients that dropped out of the fit in progress are not asked again (a
                 # differentially private run asks everyone: its noise shares count on it)
                 skip=frozenset() if dp is not None else frozenset(excluded_now()) & frozenset(ids),
+                rows=getattr(data, "n_obs", None),
             )
         )
         if in_fit():  # who is not in this exchange drops out of the fit, with the reason
@@ -288,6 +289,8 @@ class _Run:
     kind: str
     #: clients never asked in this run (they dropped out of the fit before it)
     skip: frozenset = frozenset()
+    #: each client's declared number of rows (``data.n_obs``), where the data say
+    rows: Mapping[ClientId, int] | None = None
 
     @cached_property
     def fingerprint(self) -> dict:
@@ -353,7 +356,7 @@ def _new_influence(r: _Run) -> Influence | None:
     defined = type(alg).leave_one_out is not FederatedAlgorithm.leave_one_out
     if not defined or alg.privacy is not None or getattr(r.devices, "summed_securely", False):
         return None
-    return Influence(alg)
+    return Influence(alg, r.rows)
 
 
 def _new_ledger(r: _Run) -> Any:

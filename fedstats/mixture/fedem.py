@@ -145,6 +145,7 @@ class FedEMAlgorithm(FederatedAlgorithm):
     reply_keys: tuple[str, ...] = ("N", "S1", "S2", "loglik", "entropy", "weight_term", "n")
     summed_keys: tuple[str, ...] = reply_keys
     cumulative_replies = True  # each reply is the change since the client's previous one
+    row_count_keys = ("N",)  # each row's responsibilities add up to one
     random_client_steps = False
     per_client_fields: tuple[str, ...] = ("weights_init",)
 

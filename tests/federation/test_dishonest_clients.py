@@ -272,6 +272,28 @@ def test_robust_glm_fits_the_others_exactly_without_the_scaled_client(regression
     assert not honest.excluded
 
 
+def test_a_fedem_client_whose_counts_do_not_add_up_to_its_rows_is_refused(monkeypatch):
+    # a client that scales all its statistics (N, S1, S2 times 3: its data counted thrice)
+    # moves the components consistently, but its soft counts no longer add up to the rows it
+    # declared: refused as inconsistent, named, and the fit is FedEM of the others
+    from fedstats.federation import runner
+
+    rng = np.random.default_rng(1)
+    Xs = [np.vstack([rng.normal(size=(60, 2)), rng.normal(size=(60, 2)) + 5]) for _ in range(4)]
+    data = FederatedData.from_arrays(Xs)
+    thrice = _tampering(lambda m: {**m, **{k: m[k] * 3 for k in ("N", "S1", "S2")}}, 1, kind="EM rounds")
+    monkeypatch.setattr(runner, "_run", thrice)
+    start = np.array([[0.0, 0.0], [5.0, 5.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = FederatedGaussianMixture(2, means_init=start, tol=None, rounds=20).fit(data, seed=0)
+    monkeypatch.undo()
+    assert list(res.excluded) == [1], res.excluded
+    assert "'N' adds up to 360 rows; it declared 120" in res.excluded[1]
+    others = FederatedGaussianMixture(2, means_init=start, tol=None, rounds=20).fit(data.subset([0, 2, 3]), seed=0)
+    np.testing.assert_allclose(res.means_, others.means_, rtol=1e-8)
+
+
 def _tampering(change, who, kind="EP rounds"):
     """A runtime whose ``kind`` runs pass client ``who``'s replies through ``change`` (after its
     step: the client says other changes than it made)."""
