@@ -547,10 +547,12 @@ def test_round_time_within_scikit_learn_iteration(shared):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shared", [False, True])
-def test_round_time_with_1000_small_clients_within_scikit_learn_iteration(shared):
-    """Issue 22's size: 1,000 clients x 100 rows, d = 10, M = 5 (about 0.9x on one thread)."""
+def test_round_time_with_1000_small_clients_near_a_scikit_learn_iteration(shared):
+    """Issue 22's size: 1,000 clients x 100 rows, d = 10, M = 5: about 0.9x on one thread
+    before the runtime checked every client's reply and measured its influence (issue 41),
+    1.1-1.2x since (those take about 20 ms of a round at 1,000 clients)."""
     per_fed, per_sk = _round_and_iteration_seconds(1000, 100, shared, repeats=5)
-    assert per_fed <= per_sk, (per_fed, per_sk)
+    assert per_fed <= 1.3 * per_sk, (per_fed, per_sk)
 
 
 # ------------------------------------------------------------------ declared sums
