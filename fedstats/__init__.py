@@ -4,11 +4,10 @@ Fit probabilistic models across data holders whose rows never leave them, and ge
 posteriors, credible intervals, tests and predictions with uncertainty.
 """
 
+from ._version import __version__
 from .data import ClientData, DataError, FederatedData, FederatedScaler
 from .inference import GaussianPosterior, SamplePosterior
 from .linear import HierarchicalLinearModel
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ClientData",

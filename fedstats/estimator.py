@@ -35,7 +35,9 @@ class Constraint:
         return Constraint(lambda v: self.check(v) or other.check(v), f"{self.what} or {other.what}")
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
+    """Whether ``v`` is an integer (numpy's included), not a bool: the one integer check of
+    fedstats (parameters, participation counts, privacy settings)."""
     return isinstance(v, (numbers.Integral, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
@@ -51,7 +53,7 @@ def _bound_text(low: float | None, high: float | None, closed: tuple[bool, bool]
 
 def Int(low: int | None = None, high: int | None = None) -> Constraint:
     """An int in [low, high] (either bound may be None)."""
-    ok = lambda v: _is_int(v) and (low is None or v >= low) and (high is None or v <= high)  # noqa: E731
+    ok = lambda v: is_int(v) and (low is None or v >= low) and (high is None or v <= high)  # noqa: E731
     bounds = _bound_text(low, high, (True, True))
     return Constraint(ok, "an int" + (f" {bounds}" if bounds else ""))
 

@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from ._version import __version__
+
 __all__ = ["FORMAT", "VERSION", "ResultFileError", "register", "save_result", "load_result"]
 
 _T = TypeVar("_T", bound=type)
@@ -195,8 +197,6 @@ def _decode(x: Any, arrays: Mapping[str, np.ndarray]) -> Any:
 def save_result(obj: Any, path: str | PathLike[str]) -> Path:
     """Write the registered result ``obj`` to ``path`` (the format of the module docs)."""
     enc = _Encoder()
-    from . import __version__
-
     body = {"format": FORMAT, "version": VERSION, "fedstats": __version__, "result": enc(obj, type(obj).__name__)}
     if not isinstance(body["result"], dict) or "__object__" not in body["result"]:
         raise TypeError(f"{type(obj).__qualname__} is not a registered result class")

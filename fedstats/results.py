@@ -62,7 +62,9 @@ from .result_file import FORMAT, MAX_ARRAY_BYTES, VERSION, ResultFileError, load
 if TYPE_CHECKING:
     from arviz import InferenceData
 
-    from .inference.posterior import Posterior
+#: a posterior object of :mod:`fedstats.inference.posterior` (the contract does not import the
+#: inference package, which sits above it: its custom-model EP returns a result)
+Posterior = Any
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -311,7 +313,7 @@ class FederatedResult:
         ``global`` (dims ``chain, draw, global_parameter``) and ``local``, every client's own
         parameters (``chain, draw, client, parameter``), as far as the model has them; ``n`` seeded draws in one chain
         (weighted draws resampled by weight). :class:`NoPosteriorError` without any."""
-        from .inference.arviz_export import to_inference_data
+        from .arviz_export import to_inference_data
 
         rng = np.random.default_rng(seed)
         variables: dict[str, np.ndarray] = {}

@@ -554,7 +554,8 @@ def test_client_moments_matches_raw_sums():
 
 
 def test_moments_about_a_common_centre_add_up_to_the_pooled_moments():
-    from fedstats.data.scaling import add_moments, client_sums, federated_moments
+    from fedstats.data.scaling import add_moments, client_sums
+    from fedstats.federation import federated_moments
 
     Xs, ys = make_arrays(ns=(50, 7, 123, 1), d=4, seed=3, loc=1e4, scale=3.0)
     X_all, y_all = np.vstack(Xs), np.concatenate(ys)

@@ -42,7 +42,7 @@ __all__ = ["main", "build_parser", "CLIError"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from .._version import __version__
 
     p = argparse.ArgumentParser(prog="fedstats", description="Federated statistics from the command line.")
     p.add_argument("--version", action="version", version=f"fedstats {__version__}")

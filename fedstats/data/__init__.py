@@ -12,8 +12,8 @@ federated way, in two rounds that the server uses only through their sum over th
 every client reports its count and column sums (:func:`client_sums`), then its squared
 deviations about the federation's means (:func:`client_moments`); the server adds them
 (:func:`add_moments`) and forms the means and sds (:func:`aggregate_moments`); rows are never
-pooled. :func:`federated_moments` runs both rounds over clients' rows, optionally with
-differential privacy (``dp=``).
+pooled. :func:`fedstats.federation.federated_moments` runs both rounds over clients' rows,
+optionally with differential privacy (``dp=``).
 
 Example
 -------
@@ -35,7 +35,7 @@ from __future__ import annotations
 from .container import ClientData, FederatedData
 from .convert import DataLike, as_federated, require_target
 from .disclosure import DisclosureError
-from .scaling import FederatedScaler, add_moments, aggregate_moments, client_moments, client_sums, federated_moments
+from .scaling import FederatedScaler, add_moments, aggregate_moments, client_moments, client_sums
 from .validation import ConstantFeatureWarning, DataError, UnknownClientError
 
 __all__ = [
@@ -52,6 +52,5 @@ __all__ = [
     "as_federated",
     "client_moments",
     "client_sums",
-    "federated_moments",
     "require_target",
 ]

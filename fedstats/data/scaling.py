@@ -4,8 +4,8 @@ federation's means, :func:`client_moments`), the server combines only their sums
 clients (:func:`add_moments`, :func:`aggregate_moments`) into a :class:`FederatedScaler`;
 rows are never pooled and the server needs no client's own value.
 
-With ``dp=`` (a :class:`~fedstats.privacy.DifferentialPrivacy`) :func:`federated_moments`
-makes both rounds differentially private: see its documentation."""
+:func:`fedstats.federation.federated_moments` runs both rounds over clients' rows (with
+``dp=``, as differentially private releases)."""
 
 from __future__ import annotations
 
@@ -166,138 +166,15 @@ def aggregate_moments(moments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def federated_moments(
-    rows: Sequence[tuple[np.ndarray, np.ndarray | None]], *, dp: Any = None, seed: int = 0, privacy_ledger: Any = None
-) -> dict[str, Any]:
-    """:func:`aggregate_moments` of clients' rows ``[(X_k, y_k or None), ...]`` in two
-    federated rounds whose replies the server receives only summed over the clients: the
-    counts and sums (:func:`client_sums`), then the squared deviations about the means
-    they give (:func:`client_moments` with ``about``). Each client's function sees only
-    that client's rows.
-
-    Parameters
-    ----------
-    rows : sequence of (X, y or None)
-        One pair per client (every client with or every client without ``y``).
-    dp : DifferentialPrivacy, optional
-        Opt-in differential privacy (:mod:`fedstats.privacy`; neighbours: one row added or
-        removed). The two rounds then run on the runtime (:func:`fedstats.federation.run`,
-        every client in both) as two releases, each of per-row contributions clipped on the
-        client and summed with Gaussian noise (``placement="client"``: each client adds its
-        share; ``"central"``: the server adds it):
-
-        * ``"moments: sums"``: ``n`` (each row: 1), ``sum_x`` (the row ``x``), ``sum_y`` (``y``);
-        * ``"moments: squares"``, about the noisy means of the first: ``m2_x`` (the row's
-          ``(x - mean_x)**2``, per column) and ``m2_y`` (``(y - mean_y)**2``).
-
-        ``dp.clip`` is one bound for each row's contributions to a release's keys together, or
-        a mapping naming exactly the keys above (without ``y``: no ``sum_y``, ``m2_y``); give
-        ``n`` a bound of 1 (a row counts once). The noisy count is raised to 2 if below;
-        a noisy sum of squares below one noise standard deviation of its sum (or below 0 without
-        noise) is raised to it (so every sd is positive under noise) and the column is
-        listed in ``"floored"``, with a warning. The result then also has ``"privacy"`` (a
-        :class:`~fedstats.privacy.PrivacySpent`), ``"n_noisy"`` (the noisy count) and
-        ``"floored"``; ``"n"`` is the noisy count rounded. Means and sds are those of the
-        clipped rows (a row's ``x`` outside its bound is scaled down).
-    seed : int
-        With ``dp``: the seed of the noise (the runtime's streams).
-    privacy_ledger : PrivacyLedger, optional
-        With ``dp``: a fit's ledger that records the two releases too.
-    """
-    if dp is not None:
-        return _private_moments(rows, dp, seed, privacy_ledger)
+def two_round_moments(rows: Sequence[tuple[np.ndarray, np.ndarray | None]]) -> dict[str, Any]:
+    """:func:`aggregate_moments` of clients' rows ``[(X_k, y_k or None), ...]`` from the two
+    rounds' sums: the counts and sums (:func:`client_sums`), then the squared deviations about
+    the means they give (:func:`client_moments` with ``about``); each client's function sees
+    only that client's rows (:func:`fedstats.federation.federated_moments` adds ``dp=``)."""
     first = add_moments([client_sums(X, y) for X, y in rows])
     n = first["n"]
     about = (first["sum_x"] / n, first["sum_y"] / n if "sum_y" in first else None)
     return aggregate_moments([add_moments([client_moments(X, y, about=about) for X, y in rows])])
-
-
-def release_option(dp: Any, keys: Sequence[str], every: Sequence[str], who: str) -> Any:
-    """The :class:`~fedstats.privacy.DifferentialPrivacy` one release of ``keys`` runs under:
-    ``dp`` for one joint bound; ``dp`` with its bounds restricted to ``keys`` for a mapping,
-    which must name exactly ``every`` key of the caller's releases (ValueError otherwise)."""
-    import dataclasses
-
-    if not isinstance(dp.clip, Mapping):
-        return dp
-    missing = [k for k in every if k not in dp.clip]
-    extra = [k for k in dp.clip if k not in every]
-    if missing or extra:
-        raise ValueError(
-            f"{who}: dp.clip must give one bound for each key released, {list(every)}: missing {missing}, "
-            f"not released {extra}"
-        )
-    return dataclasses.replace(dp, clip={k: dp.clip[k] for k in keys})
-
-
-def _private_moments(rows: Sequence[tuple[np.ndarray, np.ndarray | None]], dp: Any, seed: int, ledger: Any) -> dict:
-    from ..federation import run
-    from ..federation.oneshot import raise_failures
-    from ..linear.scaling import _DPMomentSquares, _DPMomentSums, _Rows
-    from ..privacy import DifferentialPrivacy, PrivacyLedger, PrivacySpent, run_seed
-
-    if not isinstance(dp, DifferentialPrivacy):
-        raise TypeError(
-            f"federated_moments: dp must be a fedstats.privacy.DifferentialPrivacy, got {type(dp).__name__}"
-        )
-    rows = list(rows)
-    if not rows:
-        raise DataError("federated_moments needs the rows of at least one client")
-    has_y = rows[0][1] is not None
-    if any((y is not None) != has_y for _, y in rows):
-        raise DataError("federated_moments: give y for every client or for none")
-    first_keys = ("n", "sum_x", "sum_y") if has_y else ("n", "sum_x")
-    second_keys = ("m2_x", "m2_y") if has_y else ("m2_x",)
-    every = first_keys + second_keys
-    opt1 = release_option(dp, first_keys, every, "federated_moments")
-    opt2 = release_option(dp, second_keys, every, "federated_moments")
-    own = PrivacyLedger(dp.accountant)
-    data = {k: _Rows(np.atleast_2d(np.asarray(X, dtype=np.float64)), y) for k, (X, y) in enumerate(rows)}
-    K = len(data)
-    common: dict[str, Any] = {"rounds": 1, "progress": False, "batched": False, "privacy_ledger": own}
-    # each run its own seed: two runs with one seed would draw the same noise
-    out = run(_DPMomentSums(opt1, K, has_y), data, kind="moments: sums", seed=run_seed(seed, "moments: sums"), **common)
-    raise_failures(out.history, "the private moments' first round")
-    sums = out.server_state
-    n_noisy = float(sums["n"][0])
-    n = max(n_noisy, 2.0)
-    mean_x = sums["sum_x"] / n
-    mean_y = float(sums["sum_y"][0]) / n if has_y else None
-    out = run(
-        _DPMomentSquares(opt2, K, mean_x, mean_y),
-        data,
-        kind="moments: squares",
-        seed=run_seed(seed, "moments: squares"),
-        **common,
-    )
-    raise_failures(out.history, "the private moments' second round")
-    squares = out.server_state
-    noise = opt2.noise_std(second_keys, n_clients=K, n_answered=K)
-    floored: dict[str, list[int]] = {}
-    res: dict[str, Any] = {"n": int(round(n)), "n_noisy": n_noisy, "mean_x": np.asarray(mean_x)}
-    names = [("x", "m2_x")] + ([("y", "m2_y")] if has_y else [])
-    for name, key in names:
-        m2 = np.asarray(squares[key], dtype=np.float64)
-        floor = noise[key]
-        low = m2 < floor if floor > 0 else m2 < 0
-        floored[name] = [int(j) for j in np.flatnonzero(low)]
-        sd = np.sqrt(np.maximum(m2, floor) / (n - 1))
-        if name == "y":
-            res["mean_y"], res["sd_y"] = float(mean_y), float(sd[0])  # type: ignore[arg-type]
-        else:
-            res["sd_x"] = sd
-    if any(floored.values()):
-        warnings.warn(
-            f"federated_moments: the noisy sums of squares of {floored} fell below one noise standard "
-            "deviation of their sum: raised to it (those sds are floors, not estimates)",
-            UserWarning,
-            stacklevel=3,
-        )
-    if ledger is not None:
-        ledger.extend(own)
-    res["floored"] = floored
-    res["privacy"] = PrivacySpent(dp, own)
-    return res
 
 
 def _safe_sd(sd: np.ndarray, mean: np.ndarray, names: Sequence[str], what: str = "feature") -> np.ndarray:
@@ -322,7 +199,7 @@ def fit_scaler(fd: FederatedData, *, center: bool, scale: bool, target: bool) ->
         raise missing_target("fit_scaler(target=True)")
     # Federated on purpose: a client's rows only ever enter client_sums and client_moments
     # (run by that client); the server sees their sums over the clients and nothing else.
-    agg = federated_moments([(cd.X, cd.y if target else None) for _, cd in fd.items()])
+    agg = two_round_moments([(cd.X, cd.y if target else None) for _, cd in fd.items()])
     n = agg["n"]
     if n < 2:
         raise DataError("fit_scaler needs at least 2 rows in total for a sample sd")

@@ -19,6 +19,7 @@
 """
 
 from .backend import current_backend, use_backend
+from .moments import federated_moments
 from .policy import NodePolicy, PolicyRefusal
 from .progress import round_lines
 from .protocol import (
@@ -37,6 +38,7 @@ from .records import Communication, History, Ledger, RoundRecord, RunResult, cou
 from .runner import run
 
 __all__ = [
+    "federated_moments",
     "FederatedAlgorithm",
     "ClientDisconnected",
     "ClientRelease",

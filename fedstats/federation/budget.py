@@ -25,7 +25,7 @@ import os
 from typing import Any
 
 from .checkpoints import replace_atomically
-from .policy import PolicyRefusal
+from .protocol import PolicyRefusal
 
 #: the format name of a node's privacy ledger file
 LEDGER_FORMAT = "fedstats-node-privacy"

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import streams
+from ..estimator import is_int
 from .protocol import ClientId
-
-
-def is_int(x: Any) -> bool:
-    """Whether ``x`` is an integer (numpy ones included), not a bool."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
 def qualname(obj: Any) -> str:
@@ -104,3 +100,17 @@ class Participation:
             return self._canonical(self.fn(rnd, rng), f"participation callable at round {rnd}")
         assert self.schedule is not None
         return list(self.schedule[rnd])
+
+
+def everyone_first(fraction: float, clients: Sequence[ClientId]) -> Any:
+    """The participation of incremental EM: every client in round 0, then ``fraction`` of
+    them in each later round, drawn as :class:`Participation` draws a fraction (``1.0`` when
+    ``fraction`` is 1: every client in every round)."""
+    if fraction >= 1:
+        return 1.0
+    later = Participation(fraction, list(clients), 0)
+
+    def choose(rnd: int, rng: np.random.Generator) -> list[ClientId]:
+        return list(clients) if rnd == 0 else [later.ids[i] for i in later.select(rnd, rng)]
+
+    return choose

@@ -65,16 +65,10 @@ from typing import Any
 import numpy as np
 
 from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS, MIN_ROWS_PER_PARAMETER, breach
+from .budget import NodeBudget, node_noise_multiplier
+from .protocol import PolicyRefusal
 
 __all__ = ["NodePolicy", "PolicyRefusal", "data_shape"]
-
-
-class PolicyRefusal(RuntimeError):
-    """A node refused a run: ``rule`` is the policy's rule that the run breaks."""
-
-    def __init__(self, rule: str, message: str) -> None:
-        super().__init__(f"refused by the node's policy (rule {rule}): {message}")
-        self.rule = rule
 
 
 def data_shape(data: Any) -> tuple[int, int, bool] | None:
@@ -243,7 +237,6 @@ def _run_rules(policy: NodePolicy, algorithm: Any, secure: bool) -> float | None
             raise PolicyRefusal("require_secure_aggregation", f"this run of {name} is not under secure aggregation")
     if policy.min_noise_multiplier is None and policy.epsilon_budget is None:
         return None
-    from .budget import node_noise_multiplier
 
     z = node_noise_multiplier(algorithm, secure)
     if policy.min_noise_multiplier is not None and z < policy.min_noise_multiplier:
@@ -287,7 +280,6 @@ def check_step(policy: NodePolicy, algorithm: Any, client: Any, *, secure: bool,
 def budget(policy: NodePolicy, client: Any) -> Any:
     """The :class:`~fedstats.federation.budget.NodeBudget` of ``client``'s data on this node
     (its policy sets ``epsilon_budget``)."""
-    from .budget import NodeBudget
 
     assert policy.epsilon_budget is not None
     path = policy.privacy_ledger.replace("{client}", re.sub(r"[^A-Za-z0-9_.-]+", "_", str(client)) or "client")

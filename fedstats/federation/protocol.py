@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..results import register
+from ..result_file import register
 
 Message = dict[str, np.ndarray]
 """A message: plain named numeric numpy arrays, nothing else."""
@@ -48,6 +48,14 @@ class SkipRound(Exception):
 
 class ClientDisconnected(RuntimeError):
     """A client's node stopped answering (remote backends), and the run or the model needs it."""
+
+
+class PolicyRefusal(RuntimeError):
+    """A node refused a run: ``rule`` is the policy's rule that the run breaks."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"refused by the node's policy (rule {rule}): {message}")
+        self.rule = rule
 
 
 class ProtocolError(RuntimeError):

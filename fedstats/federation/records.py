@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ..results import register
+from ..result_file import register
 from .protocol import ClientId
 
 if TYPE_CHECKING:

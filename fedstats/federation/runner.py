@@ -62,10 +62,11 @@ from typing import Any
 import numpy as np
 
 from .. import streams
+from ..estimator import is_int
 from .checkpoints import CHECKPOINT_FORMAT, fingerprint, fingerprint_diff, read_checkpoint, write_atomic
 from .client_side import ClientSide, InProcessClients, client_list
 from .influence import Influence, checked_sums
-from .participation import Participation, is_int, round_rng
+from .participation import Participation, round_rng
 from .progress import RoundDisplay
 from .protocol import ClientId, FederatedAlgorithm, Message, ProtocolError, Replies, message_nbytes, validate_message
 from .records import (

@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..data import DataError
-from ..data.scaling import release_option
 from ..federation import run
-from ..privacy import DifferentialPrivacy, PrivacyLedger, PrivacySpent, run_seed
+from ..privacy import DifferentialPrivacy, PrivacyLedger, PrivacySpent, release_option, run_seed
 from ._irls import DPIRLS, DPDesignCheck, DPDispersion, Sandwich, info_floor, repair_pd
 from .families import Family
 
@@ -166,7 +165,7 @@ def dp_releases(fam: Family, cov_type: str) -> dict[str, tuple[str, ...]]:
 
 
 def release_options(dp: DifferentialPrivacy, releases: dict[str, tuple[str, ...]], who: str) -> dict[str, Any]:
-    """The option each release runs under (:func:`~fedstats.data.scaling.release_option`): a
+    """The option each release runs under (:func:`~fedstats.privacy.options.release_option`): a
     mapping ``dp.clip`` must name exactly the keys of all the releases."""
     every = [k for keys in releases.values() for k in keys]
     return {name: release_option(dp, keys, every, who) for name, keys in releases.items()}

@@ -40,7 +40,8 @@ from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
 from ..linear.scaling import LinearScaling, federated_scaling
-from ..results import FederatedResult, check_level, counted, prediction_frame, register
+from ..result_file import register
+from ..results import FederatedResult, check_level, counted, prediction_frame
 from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
 from ._irls import design_check
 from .families import Family, family_of

@@ -93,7 +93,8 @@ from ..federation.backend import accepts_backend
 from ..federation.influence import to_leave_out
 from ..federation.records import exclude, excluded_now
 from ..privacy import DifferentialPrivacy
-from ..results import FederatedResult, check_level, counted, prediction_frame, register
+from ..result_file import register
+from ..results import FederatedResult, check_level, counted, prediction_frame
 from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
 from ._irls import IRLS, Sandwich, design_check
 from ._private import fit_private

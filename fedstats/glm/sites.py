@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..results import register
+from ..result_file import register
 
 #: families and links with a jax likelihood (the Bayesian models)
 BAYES_LINKS = {

@@ -25,7 +25,8 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from scipy import stats as sst
 
-from ..results import prediction_frame, register
+from ..result_file import register
+from ..results import prediction_frame
 from . import _tiled
 
 KERNELS = ("rbf", "matern")
@@ -533,3 +534,10 @@ def fit_mle_sum(
     if best is None:
         raise FloatingPointError("the maximum-likelihood fit failed from every start")
     return best
+
+
+def mixture(paths: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of the equal-weight mixture over paths (means and variances, each
+    ``(paths, points)``): ``mean_s m_s``, ``mean_s v_s + var_s m_s``."""
+    M, V = paths
+    return M.mean(0), V.mean(0) + M.var(0)

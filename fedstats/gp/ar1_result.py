@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike
 from torch.autograd.function import once_differentiable
 
 from ..data import FederatedData, UnknownClientError
-from ..results import register
+from ..result_file import register
 from ._core import HyperSpec, fit_mle, posterior
 from .chain_result import ChainResult, FederatedChain, Wire, check_level_rows, check_queries
 from .fgpr_algorithm import standardise

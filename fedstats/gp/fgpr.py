@@ -42,7 +42,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from ..data import DataError, DataLike, FederatedData, as_federated, require_target
-from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
+from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real, is_int
 from ..federation import run
 from ..federation.backend import accepts_backend
 from ..federation.oneshot import raise_failures
@@ -310,7 +310,7 @@ class FGPR(Estimator):
         p = self.participation  # a count of clients, or a fraction of them (1.0: all)
         if isinstance(p, (float, np.floating)) and p == 1.0:
             k = None
-        elif _is_int(p):
+        elif is_int(p):
             k = int(p)
         else:
             k = max(1, math.ceil(round(p * K, 9)))
@@ -497,7 +497,3 @@ class FGPR(Estimator):
             data=data,
             laplace=why or laplace.pooled_curvature(spec, hyper, data, standardize=bool(self.standardize)),
         )
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)

@@ -17,8 +17,9 @@ from ..federation import Communication, History
 from ..inference.gaussian import is_pd
 from ..inference.posterior import GaussianPosterior
 from ..inference.posterior.tables import log_scale_rows
-from ..results import FederatedResult, NoPosteriorError, UnknownClientError, check_level, register
-from ._core import HyperSpec, band_frame, posterior, resolve_device, resolve_dtype, single_model
+from ..result_file import register
+from ..results import FederatedResult, NoPosteriorError, UnknownClientError, check_level
+from ._core import HyperSpec, band_frame, mixture, posterior, resolve_device, resolve_dtype, single_model
 from .fgpr_algorithm import standardise
 from .laplace import from_theta, newton_sds, theta_names, to_theta
 
@@ -251,8 +252,6 @@ class FGPRResult(FederatedResult):
         paths = [
             posterior(self.spec, h, Xk, yk, Xs, device=self._device(), dtype=dtype, progress=progress) for h in hypers
         ]
-        from .nargp import mixture  # (nargp imports this module)
-
         means, var = np.array([m for m, _ in paths]), np.array([v for _, v in paths])
         noise = np.array([float(h["noise"][0]) for h in hypers])[:, None]
         mean, var_f = mixture((means, var))

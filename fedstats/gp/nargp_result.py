@@ -21,8 +21,8 @@ import torch
 from numpy.typing import ArrayLike
 
 from ..data import FederatedData
-from ..results import register
-from ._core import HyperSpec, fit_mle, posterior
+from ..result_file import register
+from ._core import HyperSpec, fit_mle, mixture, posterior
 from .ar1_result import _client_rows
 from .chain_result import ChainResult, FederatedChain, Wire, check_level_rows
 from .fgpr_algorithm import standardise
@@ -33,12 +33,6 @@ __all__ = ["NARGP_DRAWS", "NARGPLevel", "NARGPResult", "FederatedNARGPResult", "
 NARGP_DRAWS = 0x4E41
 
 Paths = tuple[np.ndarray, np.ndarray]  # means and variances, (paths, points) each
-
-
-def mixture(paths: Paths) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and variance of the mixture over paths: ``mean_s m_s``, ``mean_s v_s + var_s m_s``."""
-    M, V = paths
-    return M.mean(0), V.mean(0) + M.var(0)
 
 
 @register

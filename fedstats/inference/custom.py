@@ -40,7 +40,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..data.validation import ClientId
-from ..results import FederatedResult, NoPosteriorError, register
+from ..result_file import register
+from ..results import FederatedResult, NoPosteriorError
 from .ep import PosteriorRound
 from .gaussian import NaturalGaussian
 from .posterior import GaussianPosterior

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message, Replies, SkipRound
 from ..federation.records import in_fit
-from ..results import register
+from ..result_file import register
 from .gaussian import NaturalGaussian, NotPositiveDefinite, symmetrize
 from .tilted import SiteModel, TiltedEstimator, TiltedResult
 

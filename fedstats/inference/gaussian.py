@@ -25,7 +25,7 @@ import numpy as np
 import scipy.linalg as sla
 from numpy.typing import ArrayLike
 
-from ..results import register
+from ..result_file import register
 
 
 class NotPositiveDefinite(ValueError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..results import register
+from ..result_file import register
 
 
 @register

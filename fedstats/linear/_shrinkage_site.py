@@ -33,7 +33,7 @@ from functools import cache
 
 import numpy as np
 
-from ..results import register
+from ..result_file import register
 
 
 @register

@@ -28,7 +28,8 @@ from ..inference.ep_checks import check_run
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.tilted import TiltedEstimator, TiltedResult
-from ..results import FederatedResult, NoPosteriorError, check_level, prediction_frame, register
+from ..result_file import register
+from ..results import FederatedResult, NoPosteriorError, check_level, prediction_frame
 from .design import check_design
 from .scaling import LinearScaling, federated_scaling
 

@@ -44,7 +44,8 @@ from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import TiltedEstimator, make_estimator
-from ..results import NoPosteriorError, counted, register
+from ..result_file import register
+from ..results import NoPosteriorError, counted
 from ._hm2_site import HM2Site
 from .ep_model import EPLinearResult, ParticipationSpec, coefficient_posterior, fit_ep
 from .ep_model import normal_pair as _normal_pair

@@ -16,7 +16,8 @@ from scipy import stats as sst
 from ..federation import Communication, run
 from ..federation.records import excluded_now, record
 from ..inference.posterior import GaussianPosterior
-from ..results import NoPosteriorError, check_level, prediction_frame, register
+from ..result_file import register
+from ..results import NoPosteriorError, check_level, prediction_frame
 from .hm1_algorithm import CannotShareError, InformationShare
 from .hm1_posterior import conditional_posterior, em_omega, exchangeable_target, integrate_noise, noise_vars
 from .local import PointResult

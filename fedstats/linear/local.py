@@ -22,7 +22,8 @@ from ..estimator import OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..federation.oneshot import raise_failures
 from ..federation.records import excluded_now
-from ..results import FederatedResult, check_level, prediction_frame, register
+from ..result_file import register
+from ..results import FederatedResult, check_level, prediction_frame
 
 if TYPE_CHECKING:
     from ..data import FederatedData

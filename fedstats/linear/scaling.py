@@ -23,20 +23,15 @@ an intercept nothing is centred (the model has no intercept to absorb a shift): 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from ..data.scaling import aggregate_moments, client_moments, client_sums
 from ..federation import FederatedAlgorithm, run
 from ..federation.oneshot import raise_failures
-from ..results import register
+from ..result_file import register
 
 __all__ = ["LinearScaling", "federated_scaling"]
-
-# _DPMomentSums and _DPMomentSquares: the two releases of differentially private moments,
-# run by fedstats.data.scaling.federated_moments(dp=...) (defined here, where the runtime can
-# be imported without a cycle through fedstats.data)
 
 
 @register
@@ -163,85 +158,6 @@ class _Moments(FederatedAlgorithm):
         mean = np.where(np.isfinite(mean), mean, 0.0)  # an overflowed column is named after round 1
         s["mean_x"], s["mean_y"] = mean[:-1], mean[-1:]
         return s, {}
-
-
-@dataclass(frozen=True)
-class _Rows:
-    X: np.ndarray
-    y: np.ndarray | None
-
-
-class _DPMomentSums(FederatedAlgorithm):
-    """The first release of differentially private moments: each row's 1 (``n``), ``x``
-    (``sum_x``) and ``y`` (``sum_y``, with a target), clipped and noised."""
-
-    reply_keys: tuple[str, ...] = ("n", "sum_x", "sum_y")
-    summed_keys: tuple[str, ...] = reply_keys
-
-    def __init__(self, privacy: Any, n_clients: int, has_y: bool) -> None:
-        self.privacy, self.n_clients = privacy, n_clients
-        if not has_y:
-            self.reply_keys = self.summed_keys = ("n", "sum_x")
-
-    def init_server(self, clients, rng):
-        return {}
-
-    def init_client(self, client, data, rng):
-        return None
-
-    def broadcast(self, server_state, client, round):
-        return {}
-
-    def client_step(self, message, state, data, rng):
-        X = np.asarray(data.X, dtype=float)
-        rows = {"n": np.ones(X.shape[0]), "sum_x": X}
-        if "sum_y" in self.reply_keys:
-            rows["sum_y"] = np.asarray(data.y, dtype=float)
-        return _noisy_reply(self.privacy, rows, rng, self.n_clients), state
-
-    def server_step(self, server_state, replies, round):
-        return {k: np.array(v, dtype=float) for k, v in replies.sums.items()}, {}
-
-
-class _DPMomentSquares(FederatedAlgorithm):
-    """The second release: each row's squared deviations about the broadcast (noisy) means,
-    ``m2_x`` per column and ``m2_y``, clipped and noised."""
-
-    reply_keys: tuple[str, ...] = ("m2_x", "m2_y")
-    summed_keys: tuple[str, ...] = reply_keys
-
-    def __init__(self, privacy: Any, n_clients: int, mean_x: np.ndarray, mean_y: float | None) -> None:
-        self.privacy, self.n_clients = privacy, n_clients
-        self.mean_x, self.mean_y = np.asarray(mean_x, dtype=float), mean_y
-        if mean_y is None:
-            self.reply_keys = self.summed_keys = ("m2_x",)
-
-    def init_server(self, clients, rng):
-        return {}
-
-    def init_client(self, client, data, rng):
-        return None
-
-    def broadcast(self, server_state, client, round):
-        out = {"mean_x": self.mean_x}
-        if self.mean_y is not None:
-            out["mean_y"] = np.array([self.mean_y])
-        return out
-
-    def client_step(self, message, state, data, rng):
-        X = np.asarray(data.X, dtype=float)
-        rows = {"m2_x": (X - message["mean_x"]) ** 2}
-        if "mean_y" in message:
-            rows["m2_y"] = (np.asarray(data.y, dtype=float) - float(message["mean_y"][0])) ** 2
-        return _noisy_reply(self.privacy, rows, rng, self.n_clients), state
-
-    def server_step(self, server_state, replies, round):
-        return {k: np.array(v, dtype=float) for k, v in replies.sums.items()}, {}
-
-
-def _noisy_reply(privacy: Any, rows: dict[str, np.ndarray], rng: np.random.Generator, n_clients: int) -> dict:
-    out = privacy.client_sums(rows, rng, n_clients=n_clients)
-    return {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in out.sums.items()}
 
 
 def overflow_message(columns: list[str], clients: int | None = None) -> str:

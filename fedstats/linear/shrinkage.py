@@ -37,7 +37,8 @@ from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import LaplaceTilted, TiltedEstimator, make_estimator
-from ..results import FederatedResult, NoPosteriorError, check_level, counted, register
+from ..result_file import register
+from ..results import FederatedResult, NoPosteriorError, check_level, counted
 from ._selection import _Selection
 from ._shrinkage_site import ShrinkageSite
 from .ep_model import EPLinearResult, ParticipationSpec, design_matrix, draws_prediction, fit_ep, normal_pair
@@ -257,7 +258,7 @@ class BayesianShrinkage(Estimator):
         names = self._check(data)
         if self.noise != "shared":
             raise ValueError("the centralised reference pools all rows: use noise='shared'")
-        from ..reference.shrinkage import pooled_nuts
+        from .shrinkage_pooled import pooled_nuts
 
         return pooled_nuts(
             self,

@@ -9,7 +9,6 @@ scikit-learn keeps ``GaussianMixture`` and ``BayesianGaussianMixture``:
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping
 
@@ -18,6 +17,7 @@ from numpy.typing import ArrayLike
 
 from ..data import DataError, FederatedData, as_federated
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
+from ..federation.participation import everyone_first
 from ..federation.records import excluded_now, in_fit
 from .gmm import cov_shape, precision_cholesky
 
@@ -146,17 +146,7 @@ class MixtureEstimator(Estimator):
         return means, hard_covariances(data, means, ct, self.reg_covar, seed), {}
 
     def _participation(self, clients):
-        p = self.participation
-        if p >= 1:
-            return 1.0
-        k = max(1, math.ceil(round(p * len(clients), 9)))
-
-        def choose(rnd, rng):
-            if rnd == 0:
-                return list(clients)
-            return [clients[i] for i in rng.choice(len(clients), size=k, replace=False)]
-
-        return choose
+        return everyone_first(self.participation, clients)
 
 
 # the parameters of the two client-server models (FedEM and variational FedEM)

@@ -14,7 +14,7 @@ updates, split into a client and a server part:
   simplified lower bound, summed over clients' Dirichlet terms) is its convergence monitor.
 
 It is the FedEM round with other E-step offsets and another server update, so it reuses
-:class:`~fedstats.mixture.fedem.FedEMAlgorithm` (every reply array summed, running totals
+:class:`~fedstats.mixture.fedem_algorithm.FedEMAlgorithm` (every reply array summed, running totals
 with changes for incremental participation, batched E-step).
 
 Intervals (closed form): ``pi_cj ~ Beta(alpha_cj, alpha_c0 - alpha_cj)``; ``mu_j``'s
@@ -42,10 +42,11 @@ from ..data import DataLike
 from ..estimator import MAPPING, NONE, Real
 from ..federation import client_function, run
 from ..federation.backend import accepts_backend
-from ..results import counted, register
+from ..result_file import register
+from ..results import counted
 from ._common import SERVER_CONSTRAINTS, MixtureEstimator, as_federated, check_failures, still_in_fit
 from .bayes_result import BayesianMixtureResult
-from .fedem import FedEMAlgorithm, SentStatistics
+from .fedem_algorithm import FedEMAlgorithm, SentStatistics
 from .gmm import cov_shape, m_step, precision_cholesky
 
 _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
@@ -55,7 +56,7 @@ _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
 @dataclass
 class VBClientState:
     """A client's variational Dirichlet ``alpha_c`` (private), its row count and what it last
-    sent (see :class:`~fedstats.mixture.fedem.SentStatistics`)."""
+    sent (see :class:`~fedstats.mixture.fedem_algorithm.SentStatistics`)."""
 
     alpha: np.ndarray
     n: int

@@ -11,7 +11,7 @@ import pandas as pd
 from scipy import stats
 
 from ..inference import SamplePosterior
-from ..results import register
+from ..result_file import register
 from .gmm import full_covariances
 from .result import MixtureResult
 

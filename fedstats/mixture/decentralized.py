@@ -36,7 +36,8 @@ from ..data import DataLike
 from ..estimator import NONE, Int, OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..federation.backend import accepts_backend
-from ..results import counted, register
+from ..result_file import register
+from ..results import counted
 from ._common import WEIGHTS, MixtureEstimator, as_federated, initial_weights, still_in_fit
 from ._common import log_weights as _log_weights
 from ._common import norm as _norm

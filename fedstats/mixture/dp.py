@@ -279,7 +279,7 @@ class DPFedEMAlgorithm(FederatedAlgorithm):
 
     # ---------------------------------------------------------------- client side
     def init_client(self, client, data, rng):
-        from .fedem import ClientMixtureState
+        from .fedem_algorithm import ClientMixtureState
 
         return ClientMixtureState(log_weights=log_weights(initial_weights(self.weights_init, client, self.M)), n=0)
 
@@ -287,7 +287,7 @@ class DPFedEMAlgorithm(FederatedAlgorithm):
         return state  # its noisy weights only (the row count is not kept: n=0)
 
     def client_step(self, message, state, data, rng):
-        from .fedem import ClientMixtureState
+        from .fedem_algorithm import ClientMixtureState
 
         X = np.asarray(data.X, dtype=float)
         means, cov = message["means"], message["covariances"]

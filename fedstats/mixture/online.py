@@ -61,7 +61,7 @@ from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import Communication, counting, run
 from ..federation.backend import accepts_backend
 from ..federation.oneshot import raise_failures
-from ..results import MAX_ARRAY_BYTES, load_result, register, save_result
+from ..result_file import MAX_ARRAY_BYTES, load_result, register, save_result
 from ._common import as_federated
 from .gmm import cov_shape, precision_cholesky
 from .result import GaussianMixtureResult

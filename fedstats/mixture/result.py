@@ -15,7 +15,8 @@ from scipy.special import logsumexp
 from ..data import DataLike
 from ..federation import Communication, RoundRecord
 from ..federation.backend import accepts_backend
-from ..results import FederatedResult, check_level, register
+from ..result_file import register
+from ..results import FederatedResult, check_level
 from ._common import as_federated, log_weights, norm
 from .gmm import e_step, full_covariances, log_gaussian, n_parameters, precision_cholesky
 

@@ -43,7 +43,7 @@ inf
 
 from .ledger import NEIGHBOURING, PrivacyLedger, PrivacySpent, Release, run_seed, spent_together
 from .mechanism import ClippedSums, clip_rows, effective_noise_multiplier, gaussian_noise, noise_scales
-from .options import DEFAULT_DELTA, WARN_EPSILON, DifferentialPrivacy
+from .options import DEFAULT_DELTA, WARN_EPSILON, DifferentialPrivacy, release_option
 
 __all__ = [
     "DifferentialPrivacy",
@@ -58,6 +58,7 @@ __all__ = [
     "PrivacyLedger",
     "PrivacySpent",
     "run_seed",
+    "release_option",
     "Release",
     "NEIGHBOURING",
 ]

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..results import register
-from .mechanism import _is_int, _is_real, check_noise_multiplier
+from ..estimator import is_int
+from ..result_file import register
+from .mechanism import _is_real, check_noise_multiplier
 
 #: the neighbouring relation of every guarantee reported here
 NEIGHBOURING = "add or remove one row"
@@ -117,7 +118,7 @@ class PrivacyLedger:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         z = check_noise_multiplier(noise_multiplier)
-        if not _is_int(count) or count < 1:
+        if not is_int(count) or count < 1:
             raise ValueError(f"count must be an integer >= 1, got {count!r}")
         last = self._releases[-1] if self._releases else None
         if last is not None and last.name == name and last.noise_multiplier == z:

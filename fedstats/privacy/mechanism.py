@@ -39,6 +39,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ..estimator import is_int
+
 #: where the noise is added: on every client (its share, summed under secure aggregation) or
 #: once on the aggregate by the server
 Placement = Literal["client", "central"]
@@ -47,10 +49,6 @@ PLACEMENTS: tuple[str, ...] = ("client", "central")
 
 def _is_real(x: Any) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
 def check_noise_multiplier(z: Any) -> float:
@@ -263,7 +261,7 @@ def gaussian_noise(
     where = check_placement(placement)
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    if not _is_int(n_clients) or n_clients < 1:
+    if not is_int(n_clients) or n_clients < 1:
         raise ValueError(f"n_clients must be an integer >= 1, got {n_clients!r}")
     keys = list(shapes)
     if isinstance(scales, Mapping):
@@ -314,7 +312,7 @@ def effective_noise_multiplier(
     z = check_noise_multiplier(noise_multiplier)
     where = check_placement(placement)
     for name, v in (("n_clients", n_clients), ("n_answered", n_answered)):
-        if not _is_int(v) or v < 1:
+        if not is_int(v) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     if not isinstance(secure_aggregation, (bool, np.bool_)):
         raise TypeError(f"secure_aggregation must be True or False, got {secure_aggregation!r}")

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..results import register
+from ..estimator import is_int
+from ..result_file import register
 from .mechanism import (
     ClippedSums,
     Placement,
-    _is_int,
     _is_real,
     check_clip,
     check_noise_multiplier,
@@ -208,7 +208,7 @@ class DifferentialPrivacy:
 
     def check_delta(self, n_rows: int) -> None:
         """Warn when ``delta >= 1 / n_rows`` (a guarantee too weak to mean much)."""
-        if not _is_int(n_rows) or n_rows < 1:
+        if not is_int(n_rows) or n_rows < 1:
             raise ValueError(f"n_rows must be an integer >= 1, got {n_rows!r}")
         if self.delta >= 1.0 / n_rows:
             warnings.warn(
@@ -217,3 +217,19 @@ class DifferentialPrivacy:
                 UserWarning,
                 stacklevel=2,
             )
+
+
+def release_option(dp: Any, keys: Sequence[str], every: Sequence[str], who: str) -> Any:
+    """The :class:`~fedstats.privacy.DifferentialPrivacy` one release of ``keys`` runs under:
+    ``dp`` for one joint bound; ``dp`` with its bounds restricted to ``keys`` for a mapping,
+    which must name exactly ``every`` key of the caller's releases (ValueError otherwise)."""
+    if not isinstance(dp.clip, Mapping):
+        return dp
+    missing = [k for k in every if k not in dp.clip]
+    extra = [k for k in dp.clip if k not in every]
+    if missing or extra:
+        raise ValueError(
+            f"{who}: dp.clip must give one bound for each key released, {list(every)}: missing {missing}, "
+            f"not released {extra}"
+        )
+    return replace(dp, clip={k: dp.clip[k] for k in keys})

@@ -10,7 +10,7 @@ from fedstats.data import FederatedData
 from fedstats.federation import NodePolicy, PolicyRefusal
 from fedstats.federation.oneshot import OneShot
 from fedstats.federation.policy import data_shape, policy_of
-from fedstats.mixture.fedem import FedEMAlgorithm
+from fedstats.mixture.fedem_algorithm import FedEMAlgorithm
 
 
 def fedem(M=3, d=2, **kw):

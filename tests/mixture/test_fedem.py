@@ -16,7 +16,7 @@ from fedstats.data.disclosure import NO_RULES
 from fedstats.datasets.synthetic import gmm_federation
 from fedstats.federation import Replies, run
 from fedstats.mixture import FederatedGaussianMixture, GaussianMixtureResult, VariationalGaussianMixture
-from fedstats.mixture.fedem import FedEMAlgorithm
+from fedstats.mixture.fedem_algorithm import FedEMAlgorithm
 
 COV_TYPES = ["full", "tied", "diag", "spherical"]
 

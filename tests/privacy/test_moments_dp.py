@@ -8,7 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from fedstats.data import DataError, federated_moments
+from fedstats.data import DataError
+from fedstats.federation import federated_moments
 from fedstats.privacy import DifferentialPrivacy, PrivacyLedger
 
 dpa = pytest.importorskip("dp_accounting")

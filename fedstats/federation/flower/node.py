@@ -19,7 +19,7 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 
 from ...data import DataError, FederatedData
-from ...results import save_result
+from ...result_file import save_result
 from ..client_side import checked_step, client_rng
 from ..policy import NodePolicy, PolicyRefusal, check_run, check_step, policy_of
 from ..protocol import ClientRelease, ClientResultFile, SkipRound, describe_exc

@@ -25,7 +25,7 @@ from numpy's global random state.
 
 Modules: :mod:`.base` (the interface), :mod:`.gaussian_posterior`, :mod:`.sample_posterior`;
 MCMC diagnostics are :mod:`fedstats.inference.diagnostics`, the ArviZ export
-:mod:`fedstats.inference.arviz_export`.
+:mod:`fedstats.arviz_export`.
 """
 
 from __future__ import annotations

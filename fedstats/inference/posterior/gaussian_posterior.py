@@ -9,8 +9,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import linalg, stats
 
-from ...results import register
-from ..arviz_export import from_draws
+from ...arviz_export import from_draws
+from ...result_file import register
 from ._checks import (
     Predicate,
     Seed,

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
-from ...results import register
-from ..arviz_export import from_draws
+from ...arviz_export import from_draws
+from ...result_file import register
 from ..diagnostics import ess_bulk, rhat_rank
 from ._checks import (
     Predicate,

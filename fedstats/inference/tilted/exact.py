@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...results import register
+from ...result_file import register
 from ..gaussian import NaturalGaussian
 from .base import SiteModel, TiltedEstimator, TiltedResult
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...results import register
+from ...result_file import register
 from ..gaussian import symmetrize
 from .base import SiteModel, TiltedEstimator, TiltedResult
 from .chains import chain_results

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...results import register
+from ...result_file import register
 from ..gaussian import is_pd, symmetrize
 from .base import SiteModel, TiltedResult
 from .kernels import KERNELS, bucket, cavity_precision, normal_draws, pad_batch, prepare_stats, stack_stats

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...results import register
+from ...result_file import register
 from ..gaussian import is_pd, symmetrize
 from . import batched as bt
 from .base import ConditionallyGaussianSite, ConvolvedGaussianSite, SiteModel, TiltedEstimator, TiltedResult
