@@ -80,7 +80,7 @@ def client_rng(seed: int, rnd: int, index: int, init: bool = False) -> np.random
     Every backend derives a client's randomness from this function alone, which is what
     makes a run on Flower equal the in-process run.
     """
-    return streams.stream(seed, *((streams.INIT, streams.CLIENT, index) if init else (rnd, streams.CLIENT, index)))
+    return streams.stream(seed, "client init", index) if init else streams.stream(seed, "client step", rnd, index)
 
 
 def _check_pair(client: ClientId, result: Any) -> None:

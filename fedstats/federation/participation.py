@@ -24,7 +24,7 @@ def qualname(obj: Any) -> str:
 
 def round_rng(seed: int, rnd: int) -> np.random.Generator:
     """The stream that draws the participants of round ``rnd``."""
-    return streams.stream(seed, rnd, streams.PARTICIPATION)
+    return streams.stream(seed, "participants", rnd)
 
 
 class Participation:

@@ -297,6 +297,8 @@ class Ledger:
         #: the clients' influence in the last run that measured it, and its unit
         #: (:mod:`fedstats.federation.influence`; the model's result reports it)
         self.influence: tuple[dict[ClientId, tuple[float, float]], str] | None = None
+        #: how many runs of each kind the fit has started (each run's streams: its occurrence)
+        self.runs: dict[str, int] = {}
 
     def communication(self) -> Communication:
         """Everything counted so far, as one :class:`Communication`."""
@@ -324,6 +326,18 @@ def exclude(clients: Mapping[ClientId, str]) -> None:
     for ledger in _LEDGERS.get():
         for c, why in clients.items():
             ledger.excluded.setdefault(c, why)
+
+
+def run_occurrence(kind: str) -> int:
+    """How many runs of kind ``kind`` the fit in progress started before this one (the
+    outermost open :func:`counting` ledger counts them; 0 outside a fit): the runs of one kind
+    in one fit draw from different streams (:func:`fedstats.streams.run_seed`)."""
+    ledgers = _LEDGERS.get()
+    if not ledgers:
+        return 0
+    n = ledgers[0].runs.get(kind, 0)
+    ledgers[0].runs[kind] = n + 1
+    return n
 
 
 def excluded_now() -> dict[ClientId, str]:

@@ -15,12 +15,13 @@ Decisions a caller must know
 ----------------------------
 * Rounds are numbered from 0; ``rounds`` is the *total* number of rounds (a resumed run
   continues up to it).
-* Randomness: round ``r`` samples its participants with ``default_rng([seed, r, 0])`` and
-  client number ``i`` (its position in the client list) runs with
-  ``default_rng([seed, r, 1, i])``; ``init_server`` gets ``default_rng([seed, 2**31 - 1])``
-  and ``init_client`` of client ``i`` gets ``default_rng([seed, 2**31 - 1, 1, i])``.
-  Results therefore do not depend on the order participants are listed in, on
-  ``batched``, or on whether the run was resumed from a checkpoint.
+* Randomness (:mod:`fedstats.streams`): a run draws under its own seed
+  ``s = run_seed(seed, kind)``; round ``r`` samples its participants from the stream
+  ``participants`` of ``r``, client number ``i`` (its position in the client list) steps with
+  ``client step`` of ``(r, i)``, ``init_server`` gets ``server init`` and ``init_client`` of
+  client ``i`` ``client init`` of ``i``. Results therefore do not depend on the order
+  participants are listed in, on ``batched``, or on whether the run was resumed from a
+  checkpoint, and two runs of different kinds in one fit share no stream.
 * Participants are always processed, recorded and handed to ``server_step`` in the order
   of the client list, whatever order a callable or schedule gives them in.
 * A float participation ``p`` selects ``max(1, ceil(p * n_clients))`` clients (``p * n``
@@ -80,6 +81,7 @@ from .records import (
     not_in_fit,
     record,
     record_influence,
+    run_occurrence,
 )
 
 __all__ = ["run", "RunResult", "History", "RoundRecord", "Communication"]
@@ -165,8 +167,6 @@ def run(
     if not is_int(rounds) or rounds < 1:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     rounds = int(rounds)
-    if rounds >= streams.INIT:
-        raise ValueError(f"rounds must be below {streams.INIT}")
     if not is_int(seed) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     seed = int(seed)
@@ -208,6 +208,8 @@ def run(
     if extra:
         raise TypeError(f"{type(algorithm).__name__}.summed_keys names arrays that are not reply_keys: {extra}")
 
+    label = kind or type(algorithm).__name__
+    seed = streams.run_seed(seed, label, run_occurrence(label))  # this run's own streams
     ids, get = client_list(data)
     plan = Participation(participation, ids, rounds)
     if dp is not None and not (plan.kind in ("count", "fraction") and plan.k == len(ids)):
@@ -346,7 +348,7 @@ def _start(r: _Run) -> _State:
         state.influence = None if r.algorithm.cumulative_replies else _new_influence(r)
         state.stopped = bool(history and history[-1].converged and completed >= r.min_rounds)
         return state
-    server = r.algorithm.init_server(list(r.ids), streams.stream(r.seed, streams.INIT))
+    server = r.algorithm.init_server(list(r.ids), streams.stream(r.seed, "server init"))
     r.devices.init_states(r.skip)
     comm = Communication(per_client={c: {"bytes_up": 0, "bytes_down": 0} for c in r.ids})
     return _State(server, History(), comm, 0, 0, privacy=_new_ledger(r), influence=_new_influence(r))
@@ -482,7 +484,7 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         # the Gaussian mechanism on this round's sums: central noise added here, and the noise
         # the release actually carries recorded (fewer answers, or no secure aggregation, with
         # client-side noise: less)
-        summed.sums = dp.server_sums(summed.sums, streams.stream(r.seed, rnd, streams.DP_NOISE))
+        summed.sums = dp.server_sums(summed.sums, streams.stream(r.seed, "dp noise", rnd))
         secure = bool(getattr(r.devices, "summed_securely", False))
         z = dp.effective_noise_multiplier(n_clients=len(idx), n_answered=len(replies), secure_aggregation=secure)
         s.privacy.record(r.kind, z)

@@ -550,7 +550,7 @@ class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
             return q
         p = len(self.names)
         A, c = self.scaling.coef_map()
-        phi = q.sample(20000, seed=streams.stream(self.seed, streams.SCALE_MAP))
+        phi = q.sample(20000, seed=streams.stream(self.seed, "scale map"))
         tau = np.exp(phi[:, p:]) @ (A**2).T
         return SamplePosterior(np.column_stack([phi[:, :p] @ A.T + c, np.log(tau)]), names=self.phi_names)
 

@@ -25,6 +25,7 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from scipy import stats as sst
 
+from .. import streams
 from ..result_file import register
 from ..results import prediction_frame
 from . import _tiled
@@ -485,7 +486,7 @@ def fit_mle_sum(
     """Shared hyperparameters maximising ``sum_k p_k L_k / N_k`` over data sets ``(X_k, y_k)``
     with ``p_k = N_k / N``: the FGPR objective optimised centrally by L-BFGS, each
     data set an independent GP. See :func:`fit_mle` for ``features``, ``init`` and ``restarts``."""
-    rng = np.random.default_rng(seed)
+    rng = streams.stream(seed, "hyperparameter")
     as_t = lambda a: torch.as_tensor(np.array(a, dtype=float), device=device, dtype=dtype)[None]  # noqa: E731
     Xt, yt = [as_t(X) for X in Xs], [as_t(y) for y in ys]
     ft = None if features is None else [as_t(f) for f in features]

@@ -34,7 +34,7 @@ def draw_participants(seed: int, round: int, p: np.ndarray, k: int) -> np.ndarra
     Categorical(p), as in the paper's partial-participation analysis (each sampled client an
     independent draw: FedAvg's scheme, Li et al., 2019). A pure function of ``(seed, round)``,
     so that the participation callable and the server step agree without sharing state."""
-    rng = streams.stream(seed, round, streams.FGPR_DRAWS)
+    rng = streams.stream(seed, "fgpr participants", round)
     return np.bincount(rng.choice(len(p), size=k, replace=True, p=p), minlength=len(p))
 
 
@@ -200,7 +200,10 @@ class FGPRAlgorithm(FederatedAlgorithm):
     # ---- participation: K_s draws with replacement by p_k
     def multiplicity(self, round: int) -> np.ndarray:
         assert self.participants is not None  # used only with partial participation (FGPR.fit, server_step)
-        return draw_participants(self.seed, round, self._p, self.participants)
+        drawn = self.__dict__.setdefault("_drawn", {})  # each round's draw, made once
+        if round not in drawn:
+            drawn[round] = draw_participants(self.seed, round, self._p, self.participants)
+        return drawn[round]
 
     def participation(self, round: int, rng) -> list:
         mult = self.multiplicity(round)

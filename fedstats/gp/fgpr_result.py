@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 from numpy.typing import ArrayLike
 
+from .. import streams
 from ..data import DataError, FederatedData
 from ..federation import Communication, History
 from ..inference.gaussian import is_pd
@@ -245,7 +246,7 @@ class FGPRResult(FederatedResult):
             raise ValueError(f"hyper_draws must be an int >= 0, got {hyper_draws!r}")
         hypers = [self.hyperparameters]
         if hyper_draws:
-            draws = self.global_posterior().sample(int(hyper_draws), seed=np.random.default_rng((seed, 23)))
+            draws = self.global_posterior().sample(int(hyper_draws), seed=streams.stream(seed, "hyper draws"))
             hypers = [from_theta(self.spec, t) for t in draws]
         Xk, yk, mu_y, sd_y = self._conditioning(Xk, yk, seed)
         dtype = resolve_dtype(self.options.get("dtype", "float64"))

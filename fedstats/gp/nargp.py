@@ -17,7 +17,7 @@ points is drawn ``samples`` times; each draw is a path, and level t, given a pat
 ``f_{t-1}`` at the queries, has a normal predictive ``(m_t, v_t)`` along it, from which the path
 draws ``f_t`` for the level above. The highest level's prediction is the mixture over paths:
 mean ``mean_s m_s``, variance ``mean_s v_s + var_s m_s``. Level t's standard normals come from
-its own stream (``[seed, NARGP_DRAWS, t]``), so the federated model, which draws on each
+its own stream (``nargp draws`` of ``t``, :mod:`fedstats.streams`), so the federated model, which draws on each
 level's client, gives the centralised answer given the same hyperparameters.
 
 ``fit`` returns a result that keeps the result contract (:mod:`fedstats.gp.nargp_result`):
@@ -38,9 +38,9 @@ from ..results import counted
 from ._core import HyperSpec
 from .chain_result import Levels, Wire, check_levels
 from .multifidelity import chain_order
-from .nargp_result import NARGP_DRAWS, FederatedNARGPResult, NARGPLevel, NARGPResult, mixture, nargp_chain
+from .nargp_result import FederatedNARGPResult, NARGPLevel, NARGPResult, mixture, nargp_chain
 
-__all__ = ["NARGP", "FederatedNARGP", "NARGPResult", "FederatedNARGPResult", "NARGP_DRAWS", "mixture"]
+__all__ = ["NARGP", "FederatedNARGP", "NARGPResult", "FederatedNARGPResult", "mixture"]
 
 
 class _NARGPOptions:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
+from .. import streams
 from ..data import FederatedData
 from ..result_file import register
 from ._core import HyperSpec, fit_mle, mixture, posterior
@@ -27,10 +28,8 @@ from .ar1_result import _client_rows
 from .chain_result import ChainResult, FederatedChain, Wire, check_level_rows
 from .fgpr_algorithm import standardise
 
-__all__ = ["NARGP_DRAWS", "NARGPLevel", "NARGPResult", "FederatedNARGPResult", "mixture", "nargp_chain"]
+__all__ = ["NARGPLevel", "NARGPResult", "FederatedNARGPResult", "mixture", "nargp_chain"]
 
-#: the stream tag of a level's standard normals (``[seed, NARGP_DRAWS, level]``)
-NARGP_DRAWS = 0x4E41
 
 Paths = tuple[np.ndarray, np.ndarray]  # means and variances, (paths, points) each
 
@@ -98,7 +97,7 @@ class NARGPLevel:
         M, V = lower
         # point i's draws are the i-th block of ``samples`` normals of the stream: the same for
         # a point whatever follows it in the batch
-        eps = np.random.default_rng([seed, NARGP_DRAWS, self.t]).standard_normal((len(Xq), samples)).T
+        eps = streams.stream(seed, "nargp draws", self.t).standard_normal((len(Xq), samples)).T
         f = M + np.sqrt(np.maximum(V, 0.0)) * eps  # (samples, n): one path per row
         return np.column_stack([np.tile(Xq, (samples, 1)), f.reshape(-1)])
 

@@ -134,7 +134,7 @@ class Separate(_GDOptions):
         devices, clients, names, lr = _common(self, data)
         d, K = len(names), len(clients)
         # the same initial Theta as HM1 under the same seed (runner's init stream)
-        theta0 = initial_theta(self.init, d, K, streams.stream(seed, streams.INIT))
+        theta0 = initial_theta(self.init, d, K, streams.stream(seed, "initial theta"))
         alg = _SeparateFit(
             self.method,
             theta0,
@@ -202,7 +202,7 @@ class _SeparateFit(FederatedAlgorithm):
                 lr=self.lr,
                 batch_size=self.batch_size,
                 reduction=self.reduction,
-                rng=streams.stream(self.seed, streams.SEPARATE_BATCHES, k),
+                rng=streams.stream(self.seed, "separate batches", k),
             )
         )
 

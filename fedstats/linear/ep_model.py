@@ -163,7 +163,7 @@ class DevicePosterior:
 
 def final_tilted_seed(seed: int, index: int) -> int:
     """The seed of device ``index``'s final tilted run (``[seed, FINAL_TILTED, index]``)."""
-    return int(streams.stream(seed, streams.FINAL_TILTED, index).integers(2**62))
+    return int(streams.stream(seed, "final tilted", index).integers(2**62))
 
 
 def device_posterior(
@@ -218,7 +218,7 @@ class LinearEP(FederatedEP):
             [final_tilted_seed(seed, index)],
             resume=[getattr(committed, "tilted_state", None)],
         )[0]
-        rng = streams.stream(seed, streams.DEVICE_POSTERIOR, index)
+        rng = streams.stream(seed, "client posterior", index)
         coef, noise = device_posterior(self.model, tilted, committed.stats, self.names, self.scaling, rng)
         return DevicePosterior(coef, noise, dict(tilted.diagnostics), dict(state.diagnostics))
 
@@ -385,7 +385,7 @@ class EPLinearResult(FederatedResult):
             return released.coefficients
         if client not in self._posterior_cache:
             # Each device draws its own normals (the seed folds in the device's index).
-            rng = streams.stream(self.seed, streams.DEVICE_POSTERIOR, self.clients.index(client))
+            rng = streams.stream(self.seed, "client posterior", self.clients.index(client))
             post = coefficient_posterior(
                 self.site, self._device_results()[client], self.client_states[client].stats, self.feature_names, rng
             )

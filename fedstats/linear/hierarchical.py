@@ -308,7 +308,7 @@ class HierarchicalResult(EPLinearResult):
         names = [f"mu[{n}]" for n in self.feature_names]
         if self.site.tau_kind == "known":
             return q.affine(A, c, names=names)
-        phi = q.sample(20000, seed=streams.stream(self.seed, streams.SCALE_MAP))
+        phi = q.sample(20000, seed=streams.stream(self.seed, "scale map"))
         mu = phi[:, :d] @ A.T + c
         tau = np.exp(phi[:, d:])
         tau = np.broadcast_to(tau, (len(phi), d)) @ (A**2).T

@@ -538,7 +538,9 @@ class StructuralCovarianceModel(Estimator):
             ]
         )
         theta = (
-            start if start is not None else initial_theta(self.init, len(names), K, streams.stream(seed, streams.INIT))
+            start
+            if start is not None
+            else initial_theta(self.init, len(names), K, streams.stream(seed, "initial theta"))
         )
         omega = np.eye(K) if opts["omega"] is None else opts["omega"]
         metrics, done = {}, 0

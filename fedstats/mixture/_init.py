@@ -204,7 +204,7 @@ def federated_kmeans_init(data, n_components, cov_type, reg_covar, n_init, seed)
             f"least d + 1 = {min_size} rows of one client), fewer than n_components={M}; "
             "give means_init or fewer components"
         )
-    srng = streams.stream(seed, streams.MIXTURE_START)
+    srng = streams.stream(seed, "mixture start")
     g = np.average(centres, axis=0, weights=sizes)
     cands = np.stack([kmeans(centres - g, M, srng, sizes)[0] + g for _ in range(n_init)])
     keys = ("N", "S1", "S2")

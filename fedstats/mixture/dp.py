@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import streams
 from ..data import FederatedData
 from ..federation import FederatedAlgorithm, run
 from ..privacy import DifferentialPrivacy, PrivacyLedger, PrivacySpent
@@ -65,14 +66,12 @@ if TYPE_CHECKING:
     from .result import GaussianMixtureResult
 
 KEYS = ("N", "S1", "S2")
-#: the tag of the start's stream: the start's releases must not reuse the EM rounds' noise
-#: (the runtime derives a round's noise from ``[seed, round]``, so two runs of one seed would)
-DP_START_TAG = 0x44505354
 
 
 def start_seed(seed: int) -> int:
-    """The seed of the private start's run, apart from the EM rounds' ``seed``."""
-    return int(np.random.default_rng([seed, DP_START_TAG]).integers(2**62))
+    """The seed of the private start's run, apart from the EM rounds' ``seed`` (the start's
+    releases must not reuse the EM rounds' noise): :mod:`fedstats.streams`' ``dp start``."""
+    return streams.seed_of(seed, "dp start", 0)
 
 
 def bounds(dp: DifferentialPrivacy) -> tuple[float, dict[str, float]]:
@@ -332,7 +331,7 @@ def noise_sd_of_parameters(result_last, cov_type, reg_covar, prev_means, prev_co
     noise in a mean), but at 0.5 sds of noise the spread was up to 3 times this sd."""
     from .gmm import full_covariances
 
-    rng = np.random.default_rng([seed, DP_START_TAG, 1])
+    rng = streams.stream(seed, "dp start", 1)
     N, S1, S2, shift = (result_last[k] for k in ("N", "S1", "S2", "shift"))
     M, d = S1.shape
     draws_m, draws_v, draws_w = [], [], []

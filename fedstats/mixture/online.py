@@ -55,6 +55,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from .. import streams
 from ..data import DataError, DataLike
 from ..data.disclosure import check_disclosure
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
@@ -377,7 +378,7 @@ class FEMOMD(Estimator):
         server = self._check_fitted()  # _start set it at the first step
         algo = FEMOMDStep(self, server, self._clients, eta, t)
         t0 = time.perf_counter()
-        step_seed = int(np.random.SeedSequence([seed, t]).generate_state(1)[0])
+        step_seed = streams.seed_of(seed, "online step", t)
         res = run(algo, data, kind="FEM-OMD step", rounds=self.inner_rounds + 1, seed=step_seed, progress=progress)
         raise_failures(res.history, f"FEM-OMD step {t}")  # no client answered: no step
         failed = {c: why for rec in res.history for c, why in rec.failed.items()}

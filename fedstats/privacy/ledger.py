@@ -14,12 +14,10 @@ dp-accounting is imported only when an epsilon is computed (``pip install 'fedst
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from .. import streams
 from ..estimator import is_int
 from ..result_file import register
 from .mechanism import _is_real, check_noise_multiplier
@@ -58,7 +56,7 @@ def _check_delta(delta: Any) -> float:
 def run_seed(seed: int, kind: str) -> int:
     """The seed of a fit's private run ``kind`` ("IRLS rounds", "design check", ...): apart for
     every kind, so that no two runs of one fit draw the same noise (:meth:`PrivacyLedger.claim`)."""
-    return int(np.random.default_rng([int(seed), zlib.crc32(kind.encode())]).integers(2**62))
+    return streams.run_seed(int(seed), kind)
 
 
 @register

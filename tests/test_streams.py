@@ -1,0 +1,96 @@
+"""Random streams by construction (issue 42, item 5): every stream a fit draws is
+``[seed, purpose tag, *indices]`` with a fixed number of indices per purpose, each run of the
+runtime under its own seed; a fit of every model with 20 clients and at least 12 rounds draws
+no stream twice."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from fedstats import FederatedData, streams
+from fedstats.datasets.synthetic import gmm_federation, hierarchical_logistic, hm2_federation
+
+
+def test_purposes_have_distinct_tags_and_fixed_indices():
+    tags = [tag for tag, _ in streams.PURPOSES.values()]
+    assert len(set(tags)) == len(tags) and 0 not in tags
+    assert streams.key(5, "client step", 3, 2) == (5, streams.PURPOSES["client step"][0], 3, 2)
+    with pytest.raises(ValueError, match="takes 2 indices"):
+        streams.stream(5, "client step", 3)
+    with pytest.raises(ValueError, match="unknown random stream purpose"):
+        streams.stream(5, "no such purpose")
+    # why a purpose has a fixed number of indices: numpy pads a short seed list with zeros,
+    # so [s, 7] and [s, 7, 0] are one stream (the old scheme's round 7 participants and
+    # client 0's final tilted draw)
+    same = [np.random.default_rng(k).integers(2**62) for k in ([3, 7], [3, 7, 0])]
+    assert same[0] == same[1]
+
+
+def test_runs_of_different_kinds_draw_different_streams():
+    assert streams.run_seed(0, "EP rounds") != streams.run_seed(0, "federated scaling")
+    assert streams.run_seed(0, "EP rounds") == streams.run_seed(0, "EP rounds")
+
+
+def _fits():
+    """``(name, thunk)``: a fit of every model with 20 clients and at least 12 rounds."""
+    from fedstats import HierarchicalLinearModel
+    from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
+    from fedstats.gp import FGPR
+    from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
+    from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
+    from fedstats.mixture import (
+        FEMOMD,
+        DecentralizedGaussianMixture,
+        FederatedGaussianMixture,
+        VariationalGaussianMixture,
+        ring_graph,
+    )
+
+    data = hm2_federation(n_clients=20, n_obs=30, mu=[0.5, -0.3], tau=[0.1, 0.1], sigma=0.5, seed=1)[0]
+    binary = hierarchical_logistic(20, seed=1)
+    gm = gmm_federation(n_clients=20, n_components=2, d=2, n_obs=40, seed=1)[0]
+    twelve = {"rounds": 12, "tol": 0.0}
+
+    def fem_omd():
+        m = FEMOMD(2, means_init=np.array([[0.0, 0.0], [5.0, 5.0]]), horizon=12)
+        rng = np.random.default_rng(0)
+        for _ in range(12):
+            m.partial_fit(FederatedData.from_arrays([rng.normal(size=(12, 2)) for _ in range(20)], min_rows=1))
+        return m
+
+    return [
+        ("hm2", lambda: HierarchicalLinearModel(**twelve).fit(data, seed=0, progress=False)),
+        ("lasso", lambda: BayesianLasso(**twelve).fit(data, seed=0, progress=False)),
+        ("ridge", lambda: BayesianRidge(**twelve).fit(data, seed=0, progress=False)),
+        ("hm1", lambda: StructuralCovarianceModel(rounds=12).fit(data, seed=0, uncertainty=True, progress=False)),
+        ("separate", lambda: Separate(rounds=12).fit(data, seed=0)),
+        ("fedavg", lambda: FedAvg(rounds=12).fit(data, seed=0)),
+        ("ditto", lambda: Ditto(lam=1.0, rounds=12).fit(data, seed=0)),
+        ("distributed-ridge", lambda: DistributedRidge().fit(data, seed=0)),
+        ("fgpr", lambda: FGPR(rounds=12, participation=5).fit(data, seed=0, progress=False)),
+        ("glm", lambda: FederatedGLM("gaussian").fit(data, seed=0, progress=False)),
+        ("bglm", lambda: BayesianGLM("binomial", rounds=12, num_draws=200).fit(binary, seed=0, progress=False)),
+        ("hglm", lambda: HierarchicalGLM("binomial", rounds=12, num_draws=200).fit(binary, seed=0, progress=False)),
+        ("fedem", lambda: FederatedGaussianMixture(2, rounds=12, tol=None, participation=0.5).fit(gm, seed=0)),
+        ("vb-fedem", lambda: VariationalGaussianMixture(2, rounds=12, tol=None).fit(gm, seed=0)),
+        ("d-fedem", lambda: DecentralizedGaussianMixture(2, rounds=12, graph=ring_graph(20)).fit(gm, seed=0)),
+        ("fem-omd", fem_omd),
+    ]
+
+
+NAMES = ["hm2", "lasso", "ridge", "hm1", "separate", "fedavg", "ditto", "distributed-ridge", "fgpr", "glm", "bglm"]
+NAMES += ["hglm", "fedem", "vb-fedem", "d-fedem", "fem-omd"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_fit_draws_no_stream_twice(name):
+    thunk = dict(_fits())[name]
+    with streams.recording() as drawn, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        thunk()
+    assert drawn, f"{name}: the fit drew no stream through fedstats.streams"
+    repeated = {k: n for k in set(drawn) if (n := drawn.count(k)) > 1}
+    assert not repeated, f"{name}: streams drawn more than once (seed, tag, indices): {sorted(repeated)[:5]}"
