@@ -164,8 +164,9 @@ class Separate(_GDOptions):
 class _SeparateFit(FederatedAlgorithm):
     """Separate as one round: device ``k`` gets its column of the common start, fits alone
     (``rounds * local_steps`` gradient steps, or least squares) and sends its coefficients.
-    Device ``k``'s minibatches draw from the stream ``[seed, SEPARATE_BATCHES, k]``. The
-    coefficients stay per device (not summed): each device's own fit is the result."""
+    Device ``k``'s minibatches draw from the stream ``separate batches`` of ``k``
+    (:mod:`fedstats.streams`). The coefficients stay per device (not summed): each device's
+    own fit is the result."""
 
     reply_keys = ("theta",)
 

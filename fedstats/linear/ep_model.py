@@ -162,7 +162,7 @@ class DevicePosterior:
 
 
 def final_tilted_seed(seed: int, index: int) -> int:
-    """The seed of device ``index``'s final tilted run (``[seed, FINAL_TILTED, index]``)."""
+    """The seed of device ``index``'s final tilted run (the stream ``final tilted`` of ``index``, :mod:`fedstats.streams`)."""
     return int(streams.stream(seed, "final tilted", index).integers(2**62))
 
 
