@@ -67,10 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=None,
-        help="maximum EP rounds (default 15), or the communication rounds of hm1 (at most; default 1000, "
-        "stopping when converged), "
-        "fgpr (default 100), gmm (at most; default 200), glm (IRLS iterations, at most; default 100), "
-        "bglm (EP, default 15) and hglm (EP, default 30)",
+        help="the model's round budget: EP rounds (hm2, lasso, ridge, bglm, hglm; stopping when "
+        "converged), communication rounds (hm1, stopping when converged; fgpr), EM rounds (gmm, at most) "
+        "or IRLS iterations (glm, at most) (default: the model's own, as in Python: hm2 and bglm 15, "
+        "lasso and ridge 25, hglm 30, hm1 1000, fgpr, gmm and glm 100)",
     )
     f.add_argument(
         "--uncertainty",

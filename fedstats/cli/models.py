@@ -16,19 +16,21 @@ REGRESSIONS = ("hm2", "lasso", "ridge")
 
 
 def estimator(args):
-    """``--model``'s estimator with the command's options, and its extra ``fit`` arguments."""
+    """``--model``'s estimator with the command's options, and its extra ``fit`` arguments.
+    An option not given (``--rounds``) leaves the estimator's own default."""
+    rounds = {} if args.rounds is None else {"rounds": args.rounds}
     if args.model in REGRESSIONS:
         from ..linear import BayesianLasso, BayesianRidge, HierarchicalLinearModel
 
         cls = {"hm2": HierarchicalLinearModel, "lasso": BayesianLasso, "ridge": BayesianRidge}[args.model]
-        return cls(rounds=args.rounds, standardize=args.standardize, fit_intercept=args.intercept), {}
+        return cls(**rounds, standardize=args.standardize, fit_intercept=args.intercept), {}
     if args.model == "hm1":
         from ..linear import StructuralCovarianceModel
 
         # the model's defaults (at most 1000 rounds, stopping when converged; lr "auto"; eig_floor
-        # 0.1) unless given
+        # 0.3) unless given
         given = {
-            "rounds": args.rounds,
+            **rounds,
             "eig_floor": hm1_option(args, "eig_floor"),
             "lr": hm1_option(args, "learning_rate"),
         }
@@ -44,7 +46,7 @@ def estimator(args):
         from ..gp import FGPR
 
         # Newton steps after the rounds: the hyperparameters' intervals belong at the likelihood's maximum
-        return FGPR(rounds=args.rounds, kernel=args.kernel, ard=args.ard), {}
+        return FGPR(**rounds, kernel=args.kernel, ard=args.ard), {}
     if args.model in GLMS:
         from ..glm import BayesianGLM, FederatedGLM, HierarchicalGLM
 
@@ -55,16 +57,16 @@ def estimator(args):
             args.link,
             alpha=args.alpha,
             fit_intercept=args.intercept,
-            rounds=args.rounds,
+            **rounds,
             **extra,
             **{r: getattr(args, r) for r in GLM_ROLES},
         ), {}
     from ..mixture import FederatedGaussianMixture, VariationalGaussianMixture
 
     if args.bayesian:
-        return VariationalGaussianMixture(args.components, covariance_type=args.covariance_type, rounds=args.rounds), {}
+        return VariationalGaussianMixture(args.components, covariance_type=args.covariance_type, **rounds), {}
     return (
-        FederatedGaussianMixture(args.components, covariance_type=args.covariance_type, rounds=args.rounds),
+        FederatedGaussianMixture(args.components, covariance_type=args.covariance_type, **rounds),
         {"uncertainty": args.uncertainty},
     )
 
@@ -274,8 +276,6 @@ def check_args(args) -> None:
         used = [c for c in (getattr(args, r) for r in GLM_ROLES) if c is not None]
         if args.features and any(c not in args.features for c in used):
             args.features = [*args.features, *(c for c in used if c not in args.features)]
-    if args.rounds is None and args.model != "hm1":  # hm1: the model's default (at most 1000, until converged)
-        args.rounds = {"fgpr": 100, "gmm": 200, "glm": 100, "hglm": 30}.get(args.model, 15)
     if args.rounds is not None and args.rounds < 1:
         raise CLIError(f"--rounds must be at least 1, got {args.rounds}")
     if args.uncertainty and args.model not in ("hm1", "gmm"):
