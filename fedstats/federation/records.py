@@ -240,6 +240,9 @@ class RunResult:
     #: for an algorithm whose replies are changes (``cumulative_replies``), the sum of every
     #: reply the server summed from each client, where it saw them (as ``influence``)
     sent: dict[ClientId, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: the run's own seed (:func:`fedstats.streams.run_seed` of the fit's seed, the run's kind and
+    #: occurrence): its clients' streams, and a client result computed on a node, derive from it
+    seed: int = 0
 
     def __repr__(self) -> str:
         return (

@@ -559,4 +559,5 @@ def _run(r: _Run) -> RunResult:
         privacy=s.privacy,
         influence=dict(s.influence.values) if s.influence is not None else {},
         sent=dict(s.influence.own) if s.influence is not None else {},
+        seed=r.seed,
     )

@@ -142,6 +142,7 @@ def fit_ep(
         converged=out.converged,
         seconds=time.perf_counter() - t0,
         seed=seed,
+        run_seed=out.seed,
         scaling=scaling,
         noise_sd=None if sigma is None else {c: float(sigma[c]) for c in data.clients},
     )
@@ -279,6 +280,9 @@ class EPLinearResult(FederatedResult):
     converged: bool
     seconds: float
     seed: int = 0
+    #: the EP run's own seed: each client's final tilted distribution and coefficient draws
+    #: derive from it, as on a node (``None`` in files written before it was kept: ``seed``)
+    run_seed: int | None = None
     excluded: dict = field(default_factory=dict)  # client -> why it is not in the fit
     encoding: dict | None = None  # how the fit's columns were encoded (predict reads frames by name)
     scaling: LinearScaling | None = None  # the standardisation the fit ran on (None: the data's own scale)
@@ -292,6 +296,11 @@ class EPLinearResult(FederatedResult):
     @property
     def phi_names(self) -> list[str]:
         raise NotImplementedError
+
+    @property
+    def _client_seed(self) -> int:
+        """The seed the clients' posteriors derive from (the EP run's, as on a node)."""
+        return self.seed if self.run_seed is None else self.run_seed
 
     def _q(self) -> GaussianPosterior:
         """The Gaussian EP approximation q(phi) on the scale the fit ran on."""
@@ -328,7 +337,7 @@ class EPLinearResult(FederatedResult):
                 self.server.q,
                 [sites[c] for c in here],
                 [self.client_states[c].stats for c in here],
-                [final_tilted_seed(self.seed, self.clients.index(c)) for c in here],
+                [final_tilted_seed(self._client_seed, self.clients.index(c)) for c in here],
                 resume=[getattr(self.client_states[c], "tilted_state", None) for c in here],
             )
             self._device_cache.update(zip(here, res))
@@ -385,7 +394,7 @@ class EPLinearResult(FederatedResult):
             return released.coefficients
         if client not in self._posterior_cache:
             # Each device draws its own normals (the seed folds in the device's index).
-            rng = streams.stream(self.seed, "client posterior", self.clients.index(client))
+            rng = streams.stream(self._client_seed, "client posterior", self.clients.index(client))
             post = coefficient_posterior(
                 self.site, self._device_results()[client], self.client_states[client].stats, self.feature_names, rng
             )
