@@ -29,11 +29,7 @@ def estimator(args):
 
         # the model's defaults (at most 1000 rounds, stopping when converged; lr "auto"; eig_floor
         # 0.3) unless given
-        given = {
-            **rounds,
-            "eig_floor": hm1_option(args, "eig_floor"),
-            "lr": hm1_option(args, "learning_rate"),
-        }
+        given = {**rounds, "eig_floor": hm1_option(args, "eig_floor"), "lr": hm1_option(args, "learning_rate")}
         return (
             StructuralCovarianceModel(
                 fit_intercept=args.intercept,

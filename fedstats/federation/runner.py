@@ -16,7 +16,7 @@ Decisions a caller must know
 * Rounds are numbered from 0; ``rounds`` is the *total* number of rounds (a resumed run
   continues up to it).
 * Randomness (:mod:`fedstats.streams`): a run draws under its own seed
-  ``s = run_seed(seed, kind)``; round ``r`` samples its participants from the stream
+  ``s = run_seed(seed, kind, occurrence)`` (``kind=None``: the empty kind); round ``r`` samples its participants from the stream
   ``participants`` of ``r``, client number ``i`` (its position in the client list) steps with
   ``client step`` of ``(r, i)``, ``init_server`` gets ``server init`` and ``init_client`` of
   client ``i`` ``client init`` of ``i``. Results therefore do not depend on the order
@@ -208,8 +208,9 @@ def run(
     if extra:
         raise TypeError(f"{type(algorithm).__name__}.summed_keys names arrays that are not reply_keys: {extra}")
 
-    label = kind or type(algorithm).__name__
-    seed = streams.run_seed(seed, label, run_occurrence(label))  # this run's own streams
+    # this run's own streams: its kind (a run without one: the empty kind, whatever its
+    # algorithm, so that two implementations of one protocol draw alike) and occurrence
+    own = streams.run_seed(seed, kind or "", run_occurrence(kind or ""))
     ids, get = client_list(data)
     plan = Participation(participation, ids, rounds)
     if dp is not None and not (plan.kind in ("count", "fraction") and plan.k == len(ids)):
@@ -219,9 +220,9 @@ def run(
         )
     backend = BACKEND.get()
     devices: ClientSide = (
-        InProcessClients(algorithm, ids, get, seed)
+        InProcessClients(algorithm, ids, get, own)
         if backend is None
-        else backend.client_side(algorithm, ids, data, seed)
+        else backend.client_side(algorithm, ids, data, own)
     )
     plan_rounds = getattr(devices, "plan_rounds", None)  # a remote client side tells its nodes the budget
     if callable(plan_rounds):
@@ -234,6 +235,7 @@ def run(
                 ids=ids,
                 plan=plan,
                 seed=seed,
+                own_seed=own,
                 rounds=rounds,
                 min_rounds=min_rounds,
                 batched=batched,
@@ -292,6 +294,9 @@ class _Run:
     kind: str
     #: clients never asked in this run (they dropped out of the fit before it)
     skip: frozenset = frozenset()
+    #: the run's own seed (:func:`fedstats.streams.run_seed`): every stream of the run derives
+    #: from it; ``seed`` is the one given (checkpoints record it)
+    own_seed: int = 0
     #: each client's declared number of rows (``data.n_obs``), where the data say
     rows: Mapping[ClientId, int] | None = None
 
@@ -348,7 +353,7 @@ def _start(r: _Run) -> _State:
         state.influence = None if r.algorithm.cumulative_replies else _new_influence(r)
         state.stopped = bool(history and history[-1].converged and completed >= r.min_rounds)
         return state
-    server = r.algorithm.init_server(list(r.ids), streams.stream(r.seed, "server init"))
+    server = r.algorithm.init_server(list(r.ids), streams.stream(r.own_seed, "server init"))
     r.devices.init_states(r.skip)
     comm = Communication(per_client={c: {"bytes_up": 0, "bytes_down": 0} for c in r.ids})
     return _State(server, History(), comm, 0, 0, privacy=_new_ledger(r), influence=_new_influence(r))
@@ -425,7 +430,7 @@ def _server_step(r: _Run, s: _State, replies: Replies, rnd: int) -> dict[str, An
 def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
     """One round: broadcast, client steps, validated replies to the server step."""
     t0 = time.perf_counter()
-    idx = r.plan.select(rnd, round_rng(r.seed, rnd))
+    idx = r.plan.select(rnd, round_rng(r.own_seed, rnd))
     if r.skip:
         idx = [i for i in idx if r.ids[i] not in r.skip]
     messages, bytes_down = _broadcast(r, s, rnd, idx)
@@ -484,7 +489,7 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         # the Gaussian mechanism on this round's sums: central noise added here, and the noise
         # the release actually carries recorded (fewer answers, or no secure aggregation, with
         # client-side noise: less)
-        summed.sums = dp.server_sums(summed.sums, streams.stream(r.seed, "dp noise", rnd))
+        summed.sums = dp.server_sums(summed.sums, streams.stream(r.own_seed, "dp noise", rnd))
         secure = bool(getattr(r.devices, "summed_securely", False))
         z = dp.effective_noise_multiplier(n_clients=len(idx), n_answered=len(replies), secure_aggregation=secure)
         s.privacy.record(r.kind, z)
@@ -559,5 +564,5 @@ def _run(r: _Run) -> RunResult:
         privacy=s.privacy,
         influence=dict(s.influence.values) if s.influence is not None else {},
         sent=dict(s.influence.own) if s.influence is not None else {},
-        seed=r.seed,
+        seed=r.own_seed,
     )

@@ -83,8 +83,10 @@ def test_central_noise_is_seeded_and_a_fit_ledger_collects_every_run_with_its_ow
     dp = DifferentialPrivacy(noise_multiplier=1.0, clip={"n": 1.0, "s": 10.0}, placement="central")
     ledger = PrivacyLedger()
     a = run(_Mean(dp, 4), DATA, rounds=3, seed=5, privacy_ledger=ledger, kind="moments")
-    again = run(_Mean(dp, 4), DATA, rounds=3, seed=5)  # seeded: the same noise
+    again = run(_Mean(dp, 4), DATA, rounds=3, seed=5, kind="moments")  # seeded: the same noise
     assert a.server_state == again.server_state
+    other = run(_Mean(dp, 4), DATA, rounds=3, seed=5, kind="squares")  # another kind: its own streams
+    assert other.server_state != a.server_state
     b = run(_Mean(dp, 4), DATA, rounds=2, seed=6, privacy_ledger=ledger, kind="EM rounds")
     assert a.server_state[:2] != b.server_state
     assert [(r.name, r.count) for r in ledger.releases] == [("moments", 3), ("EM rounds", 2)]
