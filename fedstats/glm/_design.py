@@ -40,7 +40,7 @@ class GLMDesign:
 
     ``roles`` maps ``offset``/``exposure``/``weights``/``trials`` to a column name of the data
     (or None). The predictors are the other columns, after an intercept column of ones when
-    ``intercept``; with ``scaling`` (a :class:`~fedstats.linear.scaling.LinearScaling` of the
+    ``intercept``; with ``scaling`` (a :class:`~fedstats.federation.scaling.LinearScaling` of the
     predictors), standardised by each client; with ``family``, checked by :func:`check_rows`
     (binomial successes out of trials become proportions).
     """

@@ -33,13 +33,13 @@ from ..data import DataLike, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import Communication, History, run
 from ..federation.backend import accepts_backend
+from ..federation.scaling import LinearScaling, federated_scaling
 from ..inference.ep import PosteriorRound, RowsEP, posterior_round
 from ..inference.ep_checks import check_run
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
-from ..linear.scaling import LinearScaling, federated_scaling
 from ..result_file import register
 from ..results import FederatedResult, check_level, counted, prediction_frame
 from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows

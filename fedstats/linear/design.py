@@ -29,7 +29,7 @@ import numpy as np
 from ..data import DataError
 from ..federation.oneshot import one_shot_sums
 from ..federation.protocol import client_function
-from .scaling import overflow_message
+from ..federation.scaling import overflow_message
 
 __all__ = ["check_design", "unidentified"]
 

@@ -23,6 +23,7 @@ from numpy.typing import ArrayLike
 
 from .. import streams
 from ..federation import ClientRelease, run
+from ..federation.scaling import LinearScaling, federated_scaling
 from ..inference.ep import EPClientState, FederatedEP
 from ..inference.ep_checks import check_run
 from ..inference.gaussian import NaturalGaussian
@@ -31,7 +32,6 @@ from ..inference.tilted import TiltedEstimator, TiltedResult
 from ..result_file import register
 from ..results import FederatedResult, NoPosteriorError, check_level, prediction_frame
 from .design import check_design
-from .scaling import LinearScaling, federated_scaling
 
 #: who takes part in each round: a fraction of the clients, a count or a callable
 #: ``(round, rng) -> client ids`` (see :func:`fedstats.federation.run`)
@@ -92,7 +92,7 @@ def fit_ep(
     stage_rounds: int | None = None,
 ):
     """Run federated EP for ``site`` on ``data`` and wrap the outcome in ``result_cls``; with
-    ``model.standardize`` on the standardised scale (:mod:`fedstats.linear.scaling`), after
+    ``model.standardize`` on the standardised scale (:mod:`fedstats.federation.scaling`), after
     one counted round of federated moments."""
     for stage in est if isinstance(est, tuple) else (est,):
         stage.check_model(site)

@@ -114,7 +114,7 @@ class HierarchicalLinearModel(Estimator):
         Fit on predictors and target standardised with federated moments (one counted round
         of per-client sums; 0/1 predictors keep their coding; without an intercept nothing is
         centred) and report every output on the data's own scale by the exact transformation
-        (:mod:`fedstats.linear.scaling`). The priors ``prior_mu``, ``prior_log_tau``,
+        (:mod:`fedstats.federation.scaling`). The priors ``prior_mu``, ``prior_log_tau``,
         ``prior_log_sigma`` and a known ``tau`` then act on the standardised scale, where
         N(0, 1) and LogNormal(0, 1) are weakly informative whatever the data's units; a known
         ``sigma`` is given in the data's units. ``False``: fit the data as given, the priors

@@ -16,7 +16,7 @@ from ..result_file import register
 from .local import full_batch, full_batch_steps, initial_theta, local_steps
 
 if TYPE_CHECKING:
-    from .scaling import LinearScaling
+    from ..federation.scaling import LinearScaling
 
 # --------------------------------------------------------------------------- numerics
 

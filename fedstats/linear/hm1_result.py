@@ -15,13 +15,13 @@ from scipy import stats as sst
 
 from ..federation import Communication, run
 from ..federation.records import excluded_now, record
+from ..federation.scaling import LinearScaling
 from ..inference.posterior import GaussianPosterior
 from ..result_file import register
 from ..results import NoPosteriorError, check_level, prediction_frame
 from .hm1_algorithm import CannotShareError, InformationShare
 from .hm1_posterior import conditional_posterior, em_omega, exchangeable_target, integrate_noise, noise_vars
 from .local import PointResult
-from .scaling import LinearScaling
 
 # --------------------------------------------------------------------------- result
 
@@ -254,7 +254,7 @@ def add_posteriors(
 def to_data_scale(res: StructuralResult, scaling: LinearScaling | None) -> None:
     """Map a result fitted on the standardised scale of ``scaling`` to the data's scale, in
     place and exactly: coefficient vectors by the affine map ``theta = A theta' + c``
-    (:meth:`~fedstats.linear.scaling.LinearScaling.coef_map`; Algorithm 1's estimate and the
+    (:meth:`~fedstats.federation.scaling.LinearScaling.coef_map`; Algorithm 1's estimate and the
     posterior means), the posterior covariances by ``A Sigma A'``, the noise variances by
     ``y_sd^2``. Omega (Algorithm 1's and the posteriors') stays the covariance between
     clients of the standardised coefficients (on the data's scale the prior covariance of

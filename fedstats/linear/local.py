@@ -27,7 +27,7 @@ from ..results import FederatedResult, check_level, prediction_frame
 
 if TYPE_CHECKING:
     from ..data import FederatedData
-    from .scaling import LinearScaling
+    from ..federation.scaling import LinearScaling
 
 REDUCTIONS = ("sum", "mean")
 #: A step size: "auto" or a number > 0 (the constraint of every gradient model's ``lr``).
@@ -175,7 +175,7 @@ class DeviceDesign:
 
 class ScaledDesign(DeviceDesign):
     """What the runtime hands each client: ``(X, y)`` on the standardised scale of ``scaling``
-    (each client scales its own rows with the federation's moments, :mod:`fedstats.linear.scaling`),
+    (each client scales its own rows with the federation's moments, :mod:`fedstats.federation.scaling`),
     with the intercept column prepended when asked; ``scaling=None``: the data's own scale."""
 
     def __init__(self, data, intercept: bool, scaling: LinearScaling | None = None):

@@ -83,7 +83,7 @@ class BayesianShrinkage(Estimator):
     standardize : bool, default True
         Fit on predictors and target standardised with federated moments (one counted round
         of per-client sums; 0/1 predictors keep their coding) and report every output on the
-        data's own scale (:mod:`fedstats.linear.scaling`). The priors then act on the
+        data's own scale (:mod:`fedstats.federation.scaling`). The priors then act on the
         standardised scale: ``lambda`` penalises standardised coefficients (and is reported
         as such), ``intercept_sd`` and the prior of ``log sigma^2`` are in standardised
         units; ``sigma2`` is reported on the data's scale. ``False``: fit the data as given,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..federation.scaling import federated_scaling
 from ..inference.posterior import SamplePosterior
 from .ep_model import normal_pair
-from .scaling import federated_scaling
 from .shrinkage import BayesianShrinkage, CentralisedShrinkageResult, sigma2_back
 
 

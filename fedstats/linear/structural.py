@@ -26,11 +26,11 @@ Natural units (``standardize=True``, the default): the prior ``N(0, Omega)`` and
 step size assume coefficients of comparable size, which data in natural units (dollars,
 kelvin, thousands of rows) do not have: on Grunfeld's firms the automatic step is 1e-9 and
 every intercept stays at 0. The fit therefore first learns the federation's mean and sd of
-every predictor and of the target (:func:`~fedstats.linear.scaling.federated_scaling`, one
+every predictor and of the target (:func:`~fedstats.federation.scaling.federated_scaling`, one
 counted exchange of sums as HM2's), each client scales its own rows
 ``x' = (x - m) / s``, ``y' = (y - m_y) / s_y``, and Algorithm 1, the information share and the
 posteriors run on that scale. Every reported number is mapped back exactly: coefficient vectors
-by the affine map ``theta = A theta' + c`` (:meth:`~fedstats.linear.scaling.LinearScaling.coef_map`),
+by the affine map ``theta = A theta' + c`` (:meth:`~fedstats.federation.scaling.LinearScaling.coef_map`),
 posterior covariances by ``A Sigma A'``, noise variances by ``s_y^2``, so predictions and both
 bands are on the data's scale too. Omega stays the covariance between clients of the
 standardised coefficients (units-free; on the data's scale the prior covariance of
@@ -110,6 +110,7 @@ from ..data import DataLike, FederatedData, as_federated, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import run
 from ..federation.backend import accepts_backend, use_backend
+from ..federation.scaling import LinearScaling, federated_scaling
 from ..results import counted
 from .design import check_design
 from .ep_model import ParticipationSpec
@@ -138,7 +139,6 @@ from .local import (
     resolve_lr,
     without_excluded,
 )
-from .scaling import LinearScaling, federated_scaling
 
 # --------------------------------------------------------------------------- model
 
@@ -188,7 +188,7 @@ class StructuralCovarianceModel(Estimator):
     standardize : bool
         Run the iteration and the posteriors on standardised data (default True): the
         federation's mean and sd of every predictor and of the target, from one counted
-        exchange of sums (:func:`fedstats.linear.scaling.federated_scaling`, as HM2's), each
+        exchange of sums (:func:`fedstats.federation.scaling.federated_scaling`, as HM2's), each
         client scaling its own rows; every reported number is mapped back to the data's
         scale exactly (module docs). ``False``: the data's own units (the paper's
         algorithm), where the prior ``N(0, Omega)`` and the step size see columns of very
@@ -537,11 +537,8 @@ class StructuralCovarianceModel(Estimator):
                 for (X, y), c in zip(Xs, clients)
             ]
         )
-        theta = (
-            start
-            if start is not None
-            else initial_theta(self.init, len(names), K, streams.stream(seed, "initial theta"))
-        )
+        rng = streams.stream(seed, "initial theta")
+        theta = start if start is not None else initial_theta(self.init, len(names), K, rng)
         omega = np.eye(K) if opts["omega"] is None else opts["omega"]
         metrics, done = {}, 0
         for _ in range(int(self.rounds)):

@@ -1,4 +1,4 @@
-"""Scale-aware defaults (fedstats.linear.scaling): HM2 and the lasso fit standardised data and
+"""Scale-aware defaults (fedstats.federation.scaling): HM2 and the lasso fit standardised data and
 report on the data's own scale, so that units do not change the answer and data in natural
 units are not pulled towards the priors' unit scale."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from fedstats import FederatedData, HierarchicalLinearModel
+from fedstats.federation.scaling import federated_scaling
 from fedstats.linear import BayesianLasso
-from fedstats.linear.scaling import federated_scaling
 from fedstats.reference.hierarchical import pooled_nuts
 
 
@@ -72,7 +72,7 @@ def test_the_server_sees_only_sums_of_the_moments(monkeypatch):
     """Both scaling rounds declare every reply a sum: the server step never holds one client's
     count, sums, squares or flags; the scaling still equals the pooled rows' mean and sd, the
     sums of squares those about the pooled means."""
-    from fedstats.linear import scaling
+    from fedstats.federation import scaling
 
     seen = []
     real = scaling._Moments.server_step

@@ -1,4 +1,4 @@
-"""Scale-aware fitting of the Bayesian linear models: fit on standardised data, report on the
+"""Scale-aware fitting of the models with a linear predictor (the Bayesian linear models and GLMs): fit on standardised data, report on the
 data's own scale.
 
 The models' default priors (``N(0, 1)`` on coefficient means, log-normal on scales) suit
@@ -27,9 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..data.scaling import aggregate_moments, client_moments, client_sums
-from ..federation import FederatedAlgorithm, run
-from ..federation.oneshot import raise_failures
 from ..result_file import register
+from .oneshot import raise_failures
+from .protocol import FederatedAlgorithm
+from .runner import run
 
 __all__ = ["LinearScaling", "federated_scaling"]
 
