@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedstats import streams
 from fedstats.data import FederatedData
 from fedstats.gp import FGPR, laplace
 from fedstats.gp._core import HyperSpec
@@ -260,7 +261,7 @@ def test_predictions_mix_over_hyperparameter_draws():
     assert plug.equals(res.predict(Xq, client=1, hyper_draws=0))
     mix = res.predict(Xq, client=1, hyper_draws=3, seed=4)
     # the mixture by hand: the same three draws, one plug-in prediction each
-    draws = res.global_posterior().sample(3, seed=np.random.default_rng((4, 23)))
+    draws = res.global_posterior().sample(3, seed=streams.stream(4, "hyper draws"))  # its documented stream
     parts = []
     for t in draws:
         one = FGPRResult(**{**_init_args(res), "hyperparameters": laplace.from_theta(res.spec, t)})
