@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from .. import streams  # init_server's stream: Separate starts where HM1 starts
+from .. import streams
 from ..data import require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
 from ..federation import FederatedAlgorithm, run
@@ -43,6 +43,7 @@ from .local import (
     full_batch_steps,
     initial_theta,
     local_steps,
+    seeded_start,
     without_excluded,
 )
 
@@ -134,7 +135,7 @@ class Separate(_GDOptions):
         devices, clients, names, lr = _common(self, data)
         d, K = len(names), len(clients)
         # the same initial Theta as HM1 under the same seed (runner's init stream)
-        theta0 = initial_theta(self.init, d, K, streams.stream(seed, "initial theta"))
+        theta0 = seeded_start(self.init, d, K, seed)
         alg = _SeparateFit(
             self.method,
             theta0,

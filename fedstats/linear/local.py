@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
+from .. import streams
 from ..estimator import OneOf, Real
 from ..federation import FederatedAlgorithm, run
 from ..federation.oneshot import raise_failures
@@ -202,6 +203,12 @@ def initial_theta(init: str, d: int, K: int, rng) -> np.ndarray:
 
 
 INITS = ("normal", "zeros")
+
+
+def seeded_start(init: str, d: int, K: int, seed: int) -> np.ndarray:
+    """The start HM1's federated and centralised fits and the Separate baseline share:
+    :func:`initial_theta` from the stream ``initial theta`` of ``seed``."""
+    return initial_theta(init, d, K, streams.stream(seed, "initial theta"))
 
 
 def resolve_lr(lr, Xs, batch_size, reduction: str) -> float:

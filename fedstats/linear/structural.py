@@ -135,8 +135,8 @@ from .local import (
     coefficient_names,
     federated_lr,
     full_batch_steps,
-    initial_theta,
     resolve_lr,
+    seeded_start,
     without_excluded,
 )
 
@@ -378,6 +378,7 @@ class StructuralCovarianceModel(Estimator):
         check_design(data, data.feature_names, bool(self.fit_intercept), seed=seed)  # unidentifiable: refused
         scaling, devices = self._scaled(data, seed)
         start, callback = on_fit_scale(scaling, self._theta_init(theta_init, d, K), callback)
+        start = start if start is not None else seeded_start(self.init, d, K, seed)
         lr = federated_lr(self.lr, devices, self.batch_size, self.grad_reduction, seed=seed)
         alg = HM1Algorithm(
             d,
@@ -515,7 +516,6 @@ class StructuralCovarianceModel(Estimator):
         The reference that the federated fit must equal (full-batch steps, everyone taking
         part) and the baseline of ``benchmarks/hm1.py``. ``converged``, ``tol`` and
         ``stop_early`` work as in :meth:`fit` (no history is kept)."""
-        from .. import streams
 
         if self.batch_size is not None or self.participation != 1.0:
             raise ValueError("fit_centralised runs full-batch steps with every device taking part")
@@ -537,8 +537,7 @@ class StructuralCovarianceModel(Estimator):
                 for (X, y), c in zip(Xs, clients)
             ]
         )
-        rng = streams.stream(seed, "initial theta")
-        theta = start if start is not None else initial_theta(self.init, len(names), K, rng)
+        theta = start if start is not None else seeded_start(self.init, len(names), K, seed)
         omega = np.eye(K) if opts["omega"] is None else opts["omega"]
         metrics, done = {}, 0
         for _ in range(int(self.rounds)):

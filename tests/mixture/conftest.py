@@ -28,3 +28,18 @@ def server_steps(monkeypatch):
         return seen
 
     return install
+
+
+@pytest.fixture
+def recorded_draws(monkeypatch):
+    """``use(seed)``: the runs' participants drawn as before the streams of
+    :mod:`fedstats.streams` (``[seed, round, 0]`` of the fit's seed), for the tests that compare
+    with fits recorded then; the draws are the only thing the streams changed in them."""
+    import numpy as np
+
+    from fedstats.federation import runner
+
+    def use(seed: int) -> None:
+        monkeypatch.setattr(runner, "round_rng", lambda _own, rnd: np.random.default_rng([seed, rnd, 0]))
+
+    return use

@@ -190,10 +190,11 @@ CACHED = {
 
 
 @pytest.mark.parametrize("ct,shared", list(CACHED), ids=[f"{c}-{s}" for c, s in CACHED])
-def test_partial_participation_equals_the_per_client_cache(ct, shared, server_steps):
+def test_partial_participation_equals_the_per_client_cache(ct, shared, server_steps, recorded_draws):
     """Clients that sit a round out count with their last statistics and Dirichlet terms: the
     server's running totals of the clients' changes give the fit the per-client cache gave."""
     means, cov, conc, elbo = CACHED[(ct, shared)]
+    recorded_draws(3)
     data, truth = gmm_federation(n_clients=8, n_components=2, d=2, min_separation=3.0, covariance="random", seed=21)
     cov0 = {"full": np.stack([np.eye(2) * 1.5] * 2), "diag": np.full((2, 2), 1.5), "spherical": np.full(2, 1.5)}[ct]
     seen = server_steps(VBFedEMAlgorithm)

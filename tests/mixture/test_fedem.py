@@ -651,9 +651,12 @@ def test_shared_weights_send_no_weight_term_and_equal_pooled_sklearn(server_step
     np.testing.assert_allclose(res.weights_[data.clients[4]], sk.weights_, atol=1e-10, rtol=0)
 
 
-def test_partial_participation_with_a_failure_equals_incremental_reference_em(server_steps, monkeypatch):
+def test_partial_participation_with_a_failure_equals_incremental_reference_em(
+    server_steps, monkeypatch, recorded_draws
+):
     """The clients that sit a round out (or fail in it) count with their last statistics: the
     sums of the clients' changes give exactly incremental EM on the pooled rows."""
+    recorded_draws(3)
     data, m0, model = _partial_fit(rounds=12, participation=0.5)
     _fail_some_rounds(monkeypatch, data, data.clients[1])
     seen = server_steps(FedEMAlgorithm)
@@ -722,8 +725,9 @@ CACHED = {
 
 
 @pytest.mark.parametrize("ct,shared,tol", list(CACHED), ids=[f"{c}-{s}-{t}" for c, s, t in CACHED])
-def test_partial_participation_equals_the_per_client_cache(ct, shared, tol, server_steps):
+def test_partial_participation_equals_the_per_client_cache(ct, shared, tol, server_steps, recorded_draws):
     means, cov, weights, F, rounds = CACHED[(ct, shared, tol)]
+    recorded_draws(3)
     data, _, model = _partial_fit(ct, shared, rounds=300 if tol else 15, tol=tol, participation=0.5 if tol else 0.3)
     seen = server_steps(FedEMAlgorithm)
     res = model.fit(data, seed=3)
