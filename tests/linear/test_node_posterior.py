@@ -30,7 +30,8 @@ def as_on_nodes(res, release: bool):
     assert isinstance(alg, LinearEP)
     states = {}
     for i, c in enumerate(res.clients):
-        post = alg.client_result(alg.final_message(res.server, c), res.client_states[c], None, i, res.seed)
+        # a node gets the EP run's own seed (fedstats.streams.run_seed), kept as the result's run_seed
+        post = alg.client_result(alg.final_message(res.server, c), res.client_states[c], None, i, res.run_seed)
         states[c] = ClientRelease(c, post if release else None, f"{c}.fedstats")
     fields = {k: v for k, v in vars(res).items() if k != "influence"}  # set by the fit after construction
     out = type(res)(**{**fields, "client_states": states, "_device_cache": {}, "_global_cache": {}})
