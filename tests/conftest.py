@@ -134,62 +134,37 @@ class _Side:
         return [out[i] for i in idx], fallback
 
 
+def _examples():
+    """``(declaration, example)`` of every small fit the registry declares, in its order."""
+    from fedstats.registry import declarations
+
+    return [(d, ex) for d in declarations().values() for ex in d.examples]
+
+
+def _example_fit(declaration, example, sources):
+    model = declaration.estimator_class(**example.params)
+    if example.data == "stream":  # an online model: two batches of a stream, one step each
+        from fedstats.experiments.regret import MixtureStream
+
+        stream = MixtureStream(n_clients=5, n=30, d=3, n_components=2, process="fixed", seed=0)
+        for t in range(1, 3):
+            getattr(model, example.method)(stream.batch(t), **example.fit)
+        return model
+    return getattr(model, example.method)(sources[example.data], **example.fit)
+
+
 def fits(data, gm, df, **rules):
-    """``(name, thunk)`` of a small fit of every model, in ``MODELS`` order (FEM-OMD's thunk
-    returns the online model, whose result is ``"fem-omd-result"``); ``rules``: the disclosure
-    rules of the binary outcome's data made from ``df``."""
-    from fedstats import HierarchicalLinearModel
-    from fedstats.experiments.regret import MixtureStream
-    from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
-    from fedstats.gp import FGPR
-    from fedstats.linear import BayesianLasso, BayesianRidge, StructuralCovarianceModel
-    from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
-    from fedstats.mixture import (
-        FEMOMD,
-        DecentralizedGaussianMixture,
-        FederatedGaussianMixture,
-        VariationalGaussianMixture,
-        ring_graph,
-    )
+    """``(name, thunk)`` of a small fit of every model, the examples of the registry's
+    declarations in its order (an online model's thunk returns the model, whose result is
+    ``"<name>-result"``); ``rules``: the disclosure rules of the binary outcome's data made
+    from ``df``."""
+    import functools
 
     binary = FederatedData.from_dataframe(
         df.assign(y=(df["y"] > df["y"].median()).astype(float)), by="site", target="y", **rules
     )
-    nuts = {"num_warmup": 50, "num_samples": 50, "num_chains": 1}
-
-    def fem_omd():
-        stream = MixtureStream(n_clients=5, n=30, d=3, n_components=2, process="fixed", seed=0)
-        m = FEMOMD(2, means_init=stream.means + 0.3, horizon=3)
-        for t in range(1, 3):
-            m.partial_fit(stream.batch(t))
-        return m
-
-    return [
-        ("hm2", lambda: HierarchicalLinearModel(rounds=3).fit(data, seed=0, progress=False)),
-        (
-            "hm2-nuts",
-            lambda: HierarchicalLinearModel(rounds=1, estimator="nuts", estimator_options=nuts).fit(
-                data, seed=0, progress=False
-            ),
-        ),
-        ("lasso", lambda: BayesianLasso(rounds=2).fit(data, seed=0, progress=False)),
-        ("ridge", lambda: BayesianRidge(rounds=2).fit(data, seed=0, progress=False)),
-        ("lasso-centralised", lambda: BayesianLasso().fit_centralised(data, seed=0, num_warmup=100, num_samples=100)),
-        ("hm1", lambda: StructuralCovarianceModel(rounds=5).fit(data, seed=0, uncertainty=True, progress=False)),
-        ("hm1-point", lambda: StructuralCovarianceModel(rounds=5).fit(data, seed=0, progress=False, uncertainty=False)),
-        ("separate", lambda: Separate().fit(data)),
-        ("fedavg", lambda: FedAvg().fit(data)),
-        ("ditto", lambda: Ditto(lam=1.0).fit(data)),
-        ("distributed-ridge", lambda: DistributedRidge().fit(data)),
-        ("fgpr", lambda: FGPR(rounds=3, newton_steps=5).fit(data, seed=0, progress=False)),
-        ("glm", lambda: FederatedGLM("gaussian").fit(data, seed=0, progress=False)),
-        ("bglm", lambda: BayesianGLM("binomial", rounds=3, num_draws=400).fit(binary, seed=0, progress=False)),
-        ("hglm", lambda: HierarchicalGLM("binomial", rounds=2, num_draws=400).fit(binary, seed=0, progress=False)),
-        ("fedem", lambda: FederatedGaussianMixture(3).fit(gm, seed=0)),
-        ("vb-fedem", lambda: VariationalGaussianMixture(3).fit(gm, seed=0)),
-        ("d-fedem", lambda: DecentralizedGaussianMixture(3, graph=ring_graph(gm.n_clients)).fit(gm, seed=0)),
-        ("fem-omd", fem_omd),
-    ]
+    sources = {"regression": data, "binary": binary, "features": gm}
+    return [(ex.name, functools.partial(_example_fit, d, ex, sources)) for d, ex in _examples()]
 
 
 #: model name -> the messages of the warnings its fit in ``fit_all`` gave
@@ -201,8 +176,8 @@ def fit_all(out, data, gm, df):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             res = thunk()
-            if name == "fem-omd":
-                out["fem-omd-result"] = res.result()
+            if name in ONLINE:
+                out[f"{name}-result"] = res.result()
         FIT_WARNINGS[name] = [str(w.message) for w in caught]
         out[name] = res
 
@@ -248,34 +223,18 @@ def fit_with_dropouts(names):
     return out, data
 
 
-MODELS = [
-    "hm2",
-    "hm2-nuts",
-    "lasso",
-    "ridge",
-    "lasso-centralised",
-    "hm1",
-    "hm1-point",
-    "separate",
-    "fedavg",
-    "ditto",
-    "distributed-ridge",
-    "fgpr",
-    "glm",
-    "bglm",
-    "hglm",
-    "fedem",
-    "vb-fedem",
-    "d-fedem",
-    "fem-omd-result",
-    "fem-omd",
-]
+#: the online models' examples (their fixture is the model; "<name>-result" is its result)
+ONLINE = [ex.name for _, ex in _examples() if ex.data == "stream"]
+#: the examples of pooled fits (no clients)
+POOLED = [ex.name for _, ex in _examples() if ex.method == "fit_centralised"]
+#: every fixture name: each example of the registry, and each online model's result
+MODELS = [n for _, ex in _examples() for n in ((ex.name,) if ex.name not in ONLINE else (f"{ex.name}-result", ex.name))]
 
-#: the results of the contract (test_contract.py): "fem-omd" is the online model itself
-#: (partial_fit / played / result), not a fitted result; its result is "fem-omd-result"
-RESULTS = [m for m in MODELS if m != "fem-omd"]
+#: the results of the contract (test_contract.py): an online model itself (partial_fit / played /
+#: result) is not a fitted result; its result is "<name>-result"
+RESULTS = [m for m in MODELS if m not in ONLINE]
 #: the fits whose every exchange is counted from the runtime's round records (test_results.py)
-COUNTED = [m for m in MODELS if m not in ("fem-omd", "lasso-centralised")]
+COUNTED = [m for m in MODELS if m not in ONLINE + POOLED]
 
 
 @pytest.fixture(scope="session")
@@ -287,7 +246,7 @@ def fitted():
 
 #: the results of the dropout battery: every federated result (the pooled lasso has no clients
 #: that could drop out; FEM-OMD's online steps are tested on their own)
-DROPPED = [m for m in RESULTS if m not in ("lasso-centralised", "fem-omd-result")]
+DROPPED = [m for m in RESULTS if m not in POOLED + [f"{o}-result" for o in ONLINE]]
 
 
 @pytest.fixture(scope="session")
@@ -337,7 +296,7 @@ def record_exchanges():
 @pytest.fixture(scope="session")
 def fit_warnings(fitted):
     """Model name -> the messages of the warnings its fit in ``fitted`` gave."""
-    return {**FIT_WARNINGS, "fem-omd-result": FIT_WARNINGS.get("fem-omd", [])}
+    return {**FIT_WARNINGS, **{f"{o}-result": FIT_WARNINGS.get(o, []) for o in ONLINE}}
 
 
 @pytest.fixture(scope="session")

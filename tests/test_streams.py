@@ -94,3 +94,10 @@ def test_a_fit_draws_no_stream_twice(name):
     assert drawn, f"{name}: the fit drew no stream through fedstats.streams"
     repeated = {k: n for k in set(drawn) if (n := drawn.count(k)) > 1}
     assert not repeated, f"{name}: streams drawn more than once (seed, tag, indices): {sorted(repeated)[:5]}"
+
+
+def test_every_registered_model_is_tested_here():
+    """Every model with example fits in the registry (fedstats.registry) is in this test."""
+    from fedstats.registry import declarations
+
+    assert {n for n, d in declarations().items() if d.examples} == set(NAMES)

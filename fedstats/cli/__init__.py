@@ -12,17 +12,17 @@ columns with their Python names and meanings, ``mean``, the credible band of the
 ``lower``/``upper``, the predictive band of a new observation ``pred_lower``/``pred_upper``;
 mixtures, with scikit-learn's meaning: ``component``, ``proba``, ``logdensity``; printed as a
 table when there is no ``--output``), and ``"communication"`` is the fit's one ledger with its
-per-kind breakdown. What differs per model is only the estimator's construction
-(:func:`.models.estimator`), the header line and a few model-specific JSON fields
-(:func:`.models.extras`). A client not in the fit is predicted as a new client (``new_client``)
+per-kind breakdown. What differs per model is declared with the model
+(:mod:`fedstats.registry`): its options, the estimator's construction, the header line and a
+few model-specific JSON fields. A client not in the fit is predicted as a new client (``new_client``)
 where the model has a rule for one, and refused before the fit by hm1 and fgpr.
 ``fedstats demo`` simulates a federation, fits it and prints the fit beside the pooled gold
 standard.
 
 Bad input gives a one-line error on stderr and exit status 2 (1 for a failed fit).
 
-Modules: :mod:`.inputs` (reading and checking the CSVs), :mod:`.models` (the per-model
-estimators, option checks, header and JSON fields), :mod:`.output` (tables and JSON), and one per
+Modules: :mod:`.inputs` (reading and checking the CSVs), :mod:`.models` (the models' options and
+checks, read from the registry), :mod:`.output` (tables and JSON), and one per
 sub-command, :mod:`.fit` and :mod:`.demo`.
 """
 
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS
+from ..registry import commands
 from . import demo, fit, models
 from .errors import CLIError
-from .models import MODELS
 
 __all__ = ["main", "build_parser", "CLIError"]
 
@@ -47,87 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedstats", description="Federated statistics from the command line.")
     p.add_argument("--version", action="version", version=f"fedstats {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fit", help="fit a federated model to a CSV with one client per value of --by")
+    f = sub.add_parser(
+        "fit",
+        help="fit a federated model to a CSV with one client per value of --by",
+        formatter_class=models.HelpFormatter,
+    )
     f.add_argument("data", help="CSV file (separator detected)")
     f.add_argument("--by", required=True, help="column naming each row's client")
-    f.add_argument("--target", help="response column (every model but gmm)")
+    untargeted = [n for n, c in commands().items() if not c.target]
+    f.add_argument("--target", help=f"response column (every model but {', '.join(untargeted)})")
     f.add_argument("--features", nargs="+", help="feature columns (default: all but --by and --target)")
-    f.add_argument(
-        "--model",
-        default="hm2",
-        help=f"model: {', '.join(MODELS)} (default hm2: hierarchical "
-        "regression; lasso, ridge: Bayesian shrinkage with per-client variable selection; hm1: per-client "
-        "regressions sharing a learned covariance between clients; fgpr: federated Gaussian process regression; "
-        "gmm: Gaussian mixture with per-client weights, by FedEM; glm: generalised linear model (logistic, "
-        "Poisson, ...) by exact maximum likelihood, needs --family; bglm: the same with a prior and "
-        "posteriors; hglm: each client's own coefficients around a population, with posteriors)",
-    )
+    f.add_argument("--model", default="hm2", help=models.model_help())
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
-    f.add_argument(
-        "--rounds",
-        type=int,
-        default=None,
-        help="the model's round budget: EP rounds (hm2, lasso, ridge, bglm, hglm; stopping when "
-        "converged), communication rounds (hm1, stopping when converged; fgpr), EM rounds (gmm, at most) "
-        "or IRLS iterations (glm, at most) (default: the model's own, as in Python: hm2 and bglm 15, "
-        "lasso and ridge 25, hglm 30, hm1 1000, fgpr, gmm and glm 100)",
-    )
-    f.add_argument(
-        "--uncertainty",
-        action="store_true",
-        help="hm1: require the conditional posteriors (each client shares X^T X / sigma^2 once; by default "
-        "they are given whenever every client can share, else Algorithm 1's point with a warning); gmm: Wald "
-        "intervals from the observed information (each client shares a Schur complement once)",
-    )
-    f.add_argument(
-        "--family",
-        choices=("gaussian", "binomial", "poisson", "gamma", "negative_binomial"),
-        help="glm, bglm, hglm: the outcome's distribution (binomial: 0/1 rows, or successes with --trials)",
-    )
-    f.add_argument(
-        "--link",
-        choices=("identity", "log", "inverse", "logit", "probit", "cloglog"),
-        help="glm, bglm, hglm: the link (default: the family's canonical link)",
-    )
-    f.add_argument(
-        "--alpha", type=float, help="glm, bglm, hglm with negative_binomial: the fixed dispersion (default 1)"
-    )
-    f.add_argument("--offset", help="glm, bglm, hglm: a column added to the linear predictor (not a predictor)")
-    f.add_argument("--exposure", help="glm, bglm, hglm: a column whose log is added to the linear predictor (rates)")
-    f.add_argument("--weights", help="glm, bglm, hglm: a column of frequency weights")
-    f.add_argument(
-        "--trials", help="glm, bglm, hglm with binomial: a column of trials (the target then counts successes)"
-    )
-    f.add_argument("--robust", action="store_true", help="glm only: HC0 sandwich standard errors (one more round)")
-    f.add_argument("--kernel", default="rbf", choices=("rbf", "matern"), help="fgpr only: GP kernel (default rbf)")
-    f.add_argument("--ard", action="store_true", help="fgpr only: one lengthscale per feature")
-    f.add_argument("--components", type=int, help="gmm only: number of mixture components")
-    f.add_argument(
-        "--covariance-type",
-        default="full",
-        choices=("full", "tied", "diag", "spherical"),
-        help="gmm only: covariance structure (default full)",
-    )
-    f.add_argument(
-        "--bayesian",
-        action="store_true",
-        help="gmm only: variational FedEM with credible intervals for components and weights",
-    )
-    f.add_argument(
-        "--no-standardize",
-        dest="standardize",
-        action="store_false",
-        help="hm2, lasso, ridge, hm1: fit the data in its own units (default: standardise predictors and target "
-        "with federated moments, report on the data's scale; the priors then act on the "
-        "standardised scale)",
-    )
-    f.add_argument(
-        "--no-intercept",
-        dest="intercept",
-        action="store_false",
-        help="hm2, lasso, ridge, hm1, glm: no intercept (default: one per client; glm: one shared)",
-    )
-    models.add_arguments(f)  # hm1's own options
+    models.add_arguments(f)  # every model's own options, from its declaration
     f.add_argument(
         "--decimal",
         default=".",

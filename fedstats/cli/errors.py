@@ -1,5 +1,6 @@
-"""The command's error: an input problem, reported as one line without a traceback."""
+"""The command's error for bad input (one line on stderr, exit status 2); declared with the
+models' commands, whose checks raise it (:mod:`fedstats.registry.spec`)."""
 
+from ..registry.spec import CLIError
 
-class CLIError(Exception):
-    """An input problem reported as one line, without a traceback."""
+__all__ = ["CLIError"]

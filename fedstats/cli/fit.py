@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from .errors import CLIError
-from .inputs import check_columns, data_columns, data_from, id_key, read_csv, read_test
-from .models import GLMS, NO_NEW_CLIENTS, check_args, estimator, extras, header
+from .inputs import check_columns, client_key, data_columns, data_from, read_csv, read_test
+from .models import command as declared_command
 from .output import communication, json_ready, nonfinite_warning, print_predictions, print_tables, records
 
 
@@ -56,7 +56,7 @@ def progress(args):
 def fit(args) -> dict:
     from ..data import DataError
 
-    check_args(args)
+    cmd = declared_command(args)
     df = read_csv(args.data, args.decimal)
     check_columns(df, data_columns(df, args), args.target, args.by, args.data)
     data = data_from(
@@ -68,14 +68,14 @@ def fit(args) -> dict:
         min_rows=args.min_rows,
         min_cell_count=args.min_cell_count,
     )
-    if args.model == "hm1" and data.n_clients < 2:
-        raise CLIError("--model hm1 learns a covariance between clients: it needs at least 2 clients")
+    if data.n_clients < cmd.min_clients:
+        raise CLIError(f"--model {args.model} needs at least {cmd.min_clients} clients, got {data.n_clients}")
     # schema errors of the prediction file come before the fit
-    test = read_test(args, df, data, NO_NEW_CLIENTS.get(args.model)) if args.predict else None
+    test = read_test(args, df, data, cmd.new_clients) if args.predict else None
     scaler, fit_data = None, data
-    if args.model == "fgpr":  # federated moments: every client uses the same input scale
+    if cmd.scale_inputs:  # federated moments: every client uses the same input scale
         fit_data, scaler = data.standardize()
-    model, options = estimator(args)
+    model, options = cmd.build(args)
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -83,13 +83,11 @@ def fit(args) -> dict:
             res = model.fit(fit_data, seed=args.seed, progress=progress(args), **options)
         except DataError as exc:  # the data, not the program: one line naming the column and client
             raise CLIError(f"{args.data}: {exc}") from None
-        except np.linalg.LinAlgError:
-            if args.model != "gmm":
+        except Exception as exc:  # the model may say in one line what went wrong
+            why = cmd.explain(exc) if cmd.explain is not None else None
+            if why is None:
                 raise
-            raise CLIError(
-                "the information matrix is singular (a weight at 0 or components that cannot be "
-                "told apart): no Wald intervals; try fewer --components or --bayesian"
-            ) from None
+            raise CLIError(why) from None
     runtime = time.perf_counter() - t0
     for wmsg in caught:
         print(f"warning: {wmsg.message}", file=sys.stderr)
@@ -106,22 +104,23 @@ def fit(args) -> dict:
     out = {
         "model": args.model,
         "level": args.level,
-        "clients": [id_key(c) for c in data.clients],
-        "n_obs": {id_key(c): int(data.n_obs[c]) for c in data.clients},
+        "clients": [client_key(c) for c in data.clients],
+        "n_obs": {client_key(c): int(data.n_obs[c]) for c in data.clients},
         "global": records(g),
-        "client": {id_key(c): records(t) for c, t in tables.items()},
+        "client": {client_key(c): records(t) for c, t in tables.items()},
         "rounds": res.rounds,
         "converged": None if res.converged is None else bool(res.converged),
         "communication": communication(res),
         "runtime_s": round(runtime, 3),
-        **extras(args, res, data, scaler),
+        **(cmd.extras(args, res, data, scaler) if cmd.extras is not None else {}),
     }
-    if args.model == "glm":  # the frequentist names beside the contract's: se is sd, the standard error
+    if cmd.standard_errors:  # the frequentist names beside the contract's: se is sd, the standard error
         out["global"] = [{**r, "se": r["sd"]} for r in out["global"]]
     if test is not None:
         tdf, X = test
         out["predictions"] = predict(res, data, tdf, X if scaler is None else scaler.transform_X(X), args)
-    print_tables(g, tables, res, args, runtime, header(args, res, runtime))
+    notes = cmd.notes(args, res) if cmd.notes is not None else []
+    print_tables(g, tables, res, args, [cmd.header(args, res, runtime), *notes])
     return out
 
 
@@ -137,12 +136,12 @@ def predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
 
     ids = test[args.by]
     # Ids are matched as text, so 3, 3.0 and "3" name the same client whatever the column types.
-    known = {id_key(c): c for c in data.clients}
-    keys = np.array([id_key(v) for v in ids])
+    known = {client_key(c): c for c in data.clients}
+    keys = np.array([client_key(v) for v in ids])
     rows: list[dict] = [{} for _ in range(len(test))]
     mixture = hasattr(res, "predict_proba")
     seed = {"seed": args.seed} if "seed" in inspect.signature(res.predict).parameters else {}
-    excluded = {id_key(c): why for c, why in (res.excluded or {}).items()}
+    excluded = {client_key(c): why for c, why in (res.excluded or {}).items()}
     for key in pd.unique(keys):
         idx = np.flatnonzero(keys == key)
         client = known.get(key)
@@ -161,7 +160,7 @@ def predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:
                     "new_client": client is None,
                 }
             continue
-        if args.model in GLMS:  # the offset and exposure columns are not predictors
+        if getattr(res, "roles", None) is not None:  # a GLM: the offset and exposure columns are not predictors
             names = list(data.feature_names)
             kw = {r: X[idx, names.index(res.roles[r])] for r in ("offset", "exposure") if res.roles.get(r)}
             p = res.predict(

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS
+from ..data.validation import client_key
 from .errors import CLIError
 
 
@@ -117,13 +118,6 @@ def design(test: pd.DataFrame, data, path: str) -> np.ndarray:
         raise CLIError(f"{path}: {exc}") from None
 
 
-def id_key(value) -> str:
-    """A client id as text; a float that is a whole number reads like the int (1.0 -> "1")."""
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        value = int(value)
-    return str(value)
-
-
 def read_test(args, df, data, refuse_new: str | None = None):
     """The prediction file: its rows and their design (checked before the fit). ``refuse_new``:
     why the model cannot predict a client that took no part in the fit (``None``: it can)."""
@@ -135,8 +129,8 @@ def read_test(args, df, data, refuse_new: str | None = None):
     if tdf[args.by].isna().any():
         lines = ", ".join(str(i + 2) for i in np.flatnonzero(tdf[args.by].isna().to_numpy())[:5])
         raise CLIError(f"{args.predict}: column {args.by!r} has missing client ids (line(s) {lines})")
-    known = {id_key(c) for c in data.clients}
-    unknown = sorted({id_key(v) for v in tdf[args.by]} - known)
+    known = {client_key(c) for c in data.clients}
+    unknown = sorted({client_key(v) for v in tdf[args.by]} - known)
     if unknown and refuse_new:
         raise CLIError(f"{args.predict}: {refuse_new}; client(s) not in the fit: {', '.join(unknown[:5])}")
     return tdf, design(tdf, data, args.predict)

@@ -8,8 +8,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .models import GLMS
-
 
 def fmt_p(p) -> str:
     """A p-value as printed: blank where the model states no null hypothesis, ``< 1e-4``
@@ -106,7 +104,9 @@ def print_predictions(rows: list[dict[str, Any]], args) -> None:
         print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
 
 
-def print_tables(g, tables, res, args, runtime, header: str) -> None:
+def print_tables(g, tables, res, args, head: list[str]) -> None:
+    """The header lines ``head``, the global table and one table per client."""
+
     def shown(t):  # the columns with a value somewhere
         return t[[c for c in t.columns if t[c].notna().any()]]
 
@@ -114,24 +114,7 @@ def print_tables(g, tables, res, args, runtime, header: str) -> None:
     with pd.option_context(
         "display.width", 120, "display.max_columns", 10, "display.max_rows", 60, "display.float_format", "{:.4f}".format
     ):
-        print(header)
-        if getattr(res, "scaling", None) is not None and args.model in GLMS:
-            print(
-                "(fitted on predictors standardised with federated moments, the priors on that scale; reported on "
-                "the data's scale; 0/1 predictors keep their coding)"
-            )
-        elif getattr(res, "scaling", None) is not None:
-            print(
-                "(fitted on predictors and target standardised with federated moments, reported on the data's "
-                "scale"
-                + ("; lambda penalises the standardised coefficients" if args.model in ("lasso", "ridge") else "")
-                + "; --no-standardize fits the data as given)"
-            )
-        if args.model == "hm1" and res.has_uncertainty:
-            print(
-                f"estimate: Algorithm 1's point; mean, sd, {pct} interval: the posterior given Omega re-estimated "
-                "from the shared information (the interval is centred at mean)"
-            )
+        print("\n".join(head))
         if len(g):
             print(table(shown(g)))
         excluded = dict(getattr(res, "excluded", None) or {})

@@ -243,3 +243,14 @@ def validated_arrays(
     raise_nonfinite([r for r in reports if r is not None])
 
     return Xd, yd, names
+
+
+def client_key(value: Any) -> str:
+    """A client id as text; a float that is a whole number reads like the int (1.0 -> "1").
+
+    >>> client_key(3.0), client_key("A"), client_key(2)
+    ('3', 'A', '2')
+    """
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        value = int(value)
+    return str(value)

@@ -1,7 +1,7 @@
-"""The threat-model tables (fedstats.federation.disclosure) against the code: every exchange a
-fit makes is listed with its exact arrays and summed arrays, every listed exchange is made by
-some fit (or declared so by its class), every algorithm class is listed, and the docs page
-holds the generated tables."""
+"""The threat-model tables (the disclosures of the registry's declarations) against the code:
+every exchange a fit makes is listed with its exact arrays and summed arrays, every listed
+exchange is made by some fit (or declared so by its class), every algorithm class is listed,
+and the docs page asks for the generated tables."""
 
 from __future__ import annotations
 
@@ -17,16 +17,22 @@ import pytest
 import fedstats
 from fedstats import FederatedData
 from fedstats.federation import FederatedAlgorithm
-from fedstats.federation.disclosure import MODELS
-from fedstats.federation.threat_page import threat_model_tables
+from fedstats.registry import declarations
+from fedstats.registry.threat_page import MARKER, disclosures, threat_model_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "threat-model.md"
 SITES = ROOT / "examples" / "sites.csv"
 
 
-def declared(model):
-    return {(e.kind, e.algorithm, frozenset(e.keys), frozenset(e.summed)) for e in MODELS[model].exchanges}
+TABLES = {t.title: t for t in disclosures()}
+#: each example fit of the registry -> the table of its declaration's exchanges (its first)
+FITS = {ex.name: d.disclosure[0].title for d in declarations().values() for ex in d.examples}
+FITTED = set(FITS.values())
+
+
+def declared(title):
+    return {(e.kind, e.algorithm, frozenset(e.keys), frozenset(e.summed)) for e in TABLES[title].exchanges}
 
 
 def as_declared(rec):
@@ -58,22 +64,17 @@ def extra_exchanges(record_exchanges):
 
 
 def test_every_exchange_of_every_fit_is_listed_as_it_is(exchanges, extra_exchanges):
-    fits = {f: m for m, d in MODELS.items() for f in d.fits}
-    assert set(fits) >= set(exchanges) - {"fem-omd"}, "a fitted model has no threat-model entry"
-    made = {m: set() for m in MODELS}
-    for fit, recs in exchanges.items():
-        if fit == "fem-omd":  # the same object as fem-omd-result's fit
-            continue
-        made[fits[fit]] |= {as_declared(r) for r in recs}
+    made = {m: set() for m in TABLES}
+    for fit, recs in exchanges.items():  # an online model's steps are recorded under "<name>-result"
+        made[FITS[fit.removesuffix("-result")]] |= {as_declared(r) for r in recs}
     for model, recs in extra_exchanges.items():
         made[model] |= {as_declared(r) for r in recs}
     for model, recs in made.items():
         undeclared = recs - declared(model)
         assert not undeclared, f"{model}: exchanges made but not listed as made: {sorted(map(str, undeclared))}"
-    for model, d in MODELS.items():
-        if d.fits:
-            unmade = declared(model) - made[model]
-            assert not unmade, f"{model}: listed exchanges no fit made: {sorted(map(str, unmade))}"
+    for model in FITTED:
+        unmade = declared(model) - made[model]
+        assert not unmade, f"{model}: listed exchanges no fit made: {sorted(map(str, unmade))}"
 
 
 def algorithm_classes():
@@ -92,13 +93,13 @@ def algorithm_classes():
 
 def test_every_algorithm_class_is_listed_and_unfitted_entries_match_their_class():
     classes = algorithm_classes()
-    listed = {e.algorithm for d in MODELS.values() for e in d.exchanges}
+    listed = {e.algorithm for d in TABLES.values() for e in d.exchanges}
     assert listed <= set(classes), f"unknown classes {sorted(listed - set(classes))}"
     # bases no model runs as they are: of the client-posterior rounds, and of LinearEP and RowsEP
     missing = set(classes) - listed - {"PosteriorRound", "FederatedEP"}
     assert not missing, f"algorithms missing from the threat model: {sorted(missing)}"
-    for model, d in MODELS.items():
-        if d.fits:
+    for model, d in TABLES.items():
+        if model in FITTED:
             continue
         for e in d.exchanges:  # not fitted in the tests: the class's own declaration
             cls = classes[e.algorithm]
@@ -106,19 +107,18 @@ def test_every_algorithm_class_is_listed_and_unfitted_entries_match_their_class(
             assert set(cls.summed_keys) == set(e.summed), (model, e.kind)
 
 
-def test_the_docs_page_holds_the_generated_tables():
+def test_the_docs_page_asks_for_the_generated_tables():
+    """The docs build puts the tables where the page has the marker (docs/_ext/threat_model.py)."""
     text = PAGE.read_text()
-    begin, end = "<!-- generated: threat_model_tables -->", "<!-- end generated -->"
-    assert begin in text and end in text
-    body = text.split(begin, 1)[1].split(end, 1)[0].strip()
-    assert body == threat_model_tables().strip(), (
-        "docs/threat-model.md is out of date: paste fedstats.federation.threat_page.threat_model_tables() "
-        "between its markers (python -m fedstats.federation.threat_page docs/threat-model.md)"
-    )
+    assert text.count(MARKER) == 1
+    assert "docs/_ext/threat_model.py" in (ROOT / "mkdocs.yml").read_text()
+    tables = threat_model_tables()
+    for t in TABLES.values():
+        assert f"### {t.title}\n" in tables
 
 
 def test_the_tables_mark_sums_and_refuse_bad_entries():
-    from fedstats.federation.disclosure import Array, Exchange
+    from fedstats.registry.spec import Array, Exchange
 
     text = threat_model_tables()
     assert "| `dr`: " in text and "the sum over the clients" in text and "each client's" in text
@@ -126,4 +126,4 @@ def test_the_tables_mark_sums_and_refuse_bad_entries():
         Exchange("k", "A", "w", (Array("a", "x"),), ("b",))
     with pytest.raises(ValueError, match="twice"):
         Exchange("k", "A", "w", (Array("a", "x"), Array("a", "y")))
-    assert np.all([isinstance(d.final_state, str) and d.final_state for d in MODELS.values()])
+    assert np.all([isinstance(d.final_state, str) and d.final_state for d in TABLES.values()])
