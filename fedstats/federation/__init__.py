@@ -13,9 +13,10 @@
   run executes (this process, or Flower: :mod:`fedstats.federation.flower`, extra
   ``fedstats[flower]``). Every model's ``fit`` takes ``backend=`` too;
 * :mod:`~fedstats.federation.policy` -- :class:`NodePolicy`: what a node's owner lets it
-  compute and release (minimum rows, rows per parameter, algorithms and option ranges);
-* :mod:`~fedstats.federation.disclosure` -- what the server receives in every exchange of
-  every model (the threat-model page's tables).
+  compute and release (minimum rows, rows per parameter, algorithms and option ranges).
+
+What the server receives in every exchange of every model is declared with the model
+(:mod:`fedstats.registry`), and shown on the threat-model page.
 """
 
 from .backend import current_backend, use_backend
