@@ -113,8 +113,10 @@ def mf_run(
             mf.train, order=[lv for lv in ("LF", "MF", "HF") if lv in prob.levels], seed=seed
         )
         out["FedAR1"] = rmse(fa.predict(mf.X_test, scale="standardized")["mean"], truth)
-        # the fit's exchanges (its chain and each level's release) and the prediction's
-        out["FedAR1_kB"] = (fa.communication.bytes_total + fa.query_communication.bytes_total) / 1e3
+        # the fit's exchanges (its chain and each level's release) and the prediction's (not the
+        # in-process rebuild of the levels' GPs before the first query: a node keeps its level)
+        pred = fa.query_communication.by_kind["predict"]
+        out["FedAR1_kB"] = (fa.communication.bytes_total + pred["bytes_up"] + pred["bytes_down"]) / 1e3
     if "NARGP" in methods:  # beyond the paper, not in the default methods
         order = [lv for lv in ("LF", "MF", "HF") if lv in prob.levels]
         # from one or two starts the level-2 fit can stop at "all noise" (nonlinear 1-D, seed 0)

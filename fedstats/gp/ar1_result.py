@@ -262,8 +262,10 @@ class FederatedAR1Result(FederatedChain, AR1Result):
     What the result holds: each level's release at the end of the fit (:class:`AR1Level`
     without rows: its hyperparameters and link on its standardised scale, and the mean and sd
     of its outputs, from which ``summary``, ``rho`` and ``offset`` are on the data's scale), the
-    order, options and ``communication`` of the fit. Each level's rows, residuals and GP stay
-    with its client (in this in-process simulation, ``_clients``, never written to a file).
+    order, options and ``communication`` of the fit (one run of the runtime:
+    :mod:`fedstats.gp.chain_fit`). Each level's rows, residuals and GP stay with its client (in
+    this in-process simulation, the federation the result was fitted on, from which each level
+    rebuilds its GP on the first query, counted as ``"rebuild"``; never written to a file).
 
     Queries travel the chain: ``predict``, ``level_moments`` and ``to_botorch`` send the query
     points down to the levels below the asking (highest) level and their predictive moments
@@ -272,31 +274,23 @@ class FederatedAR1Result(FederatedChain, AR1Result):
     ``(client, direction, what, shape)``.
 
     A result loaded from a file has no clients: ``summary``, ``rho`` and ``communication`` work,
-    queries raise until :meth:`attach` hands it the federation again; each level then rebuilds
-    its fitted GP from its own rows and its release, without refitting, and the predictions
-    equal those before saving exactly. (In a deployment each client would keep its own level.)
+    queries raise until :meth:`~fedstats.gp.chain_result.FederatedChain.attach` hands it the
+    federation again; each level then rebuilds its fitted GP from its own rows and its release,
+    without refitting, and the predictions equal those before saving exactly. (In a deployment
+    each client would keep its own level; queries after the fit run in process only.)
     """
 
     model = "FederatedAR1"
     federated = True
-    _transient = {"_clients": None, "messages": []}
-
-    def __init__(self, *, clients: Sequence[AR1Level], messages: Sequence = (), **kwargs: Any) -> None:
-        super().__init__(levels=[c.released() for c in clients], **kwargs)
-        self._clients: list[AR1Level] | None = list(clients)
-        self.messages = list(messages)
 
     def _moments(self, Xs: np.ndarray, t: int, kind: str) -> Moments:
         clients = self._live()
         with self._query() as wire:
             return ar1_chain(clients, Xs, t + 1, wire, self.names, kind, asker=len(clients) - 1)
 
-    def attach(self, data: FederatedData) -> FederatedAR1Result:
-        """Hand the result the federation it was fitted on (each level's client with its own
-        rows): each level rebuilds its GP from its rows and its release (the residuals from
-        the chain below, as in the fit; counted as ``"rebuild"`` in ``query_communication``),
-        so a loaded result predicts again, exactly as before it was saved. Rows other than the
-        fit's are refused. Returns the result."""
+    def _rebuild(self, data: FederatedData) -> list[AR1Level]:
+        """Each level rebuilt by its client from its own rows of ``data`` and its release (the
+        residuals from the chain below, as in the fit); rows other than the fit's are refused."""
         rows = [_client_rows(data, name, self.d) for name in self.names]
         own = [
             AR1Level(X, y, rel.spec, restarts=rel.restarts, seed=rel.seed).check_rows(rel, name)
@@ -307,8 +301,7 @@ class FederatedAR1Result(FederatedChain, AR1Result):
             for t, (name, rel, lv) in enumerate(zip(self.names, self.levels, own)):
                 lower = None if t == 0 else ar1_chain(clients, lv.X, t, wire, self.names, "rebuild", asker=t)[0]
                 clients.append(lv.restore(rel, lower, name))
-        self._clients = clients
-        return self
+        return clients
 
     def to_botorch(self) -> Any:
         """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra

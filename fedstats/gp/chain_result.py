@@ -5,9 +5,10 @@ its own standardised outputs, reported and predicted on the data's scale.
 * :class:`ChainResult`: the result contract for a chain (``summary`` of every level's
   parameters on the data's scale, ``predict`` of any level with credible and predictive bands,
   ``save``/``load``); the models fill in how a level's moments are computed.
-* :class:`Wire`: the in-process accounting of a federated chain's exchanges (every array sent
-  to or from a level's client, by kind and by client, as a
-  :class:`~fedstats.federation.Communication`), with a log of what crossed.
+* :class:`Wire`: the in-process accounting of a federated chain's queries after its fit (every
+  array sent to or from a level's client, by kind and by client, as a
+  :class:`~fedstats.federation.Communication`), with a log of what crossed; the fit itself is a
+  run of the runtime (:mod:`fedstats.gp.chain_fit`).
 """
 
 from __future__ import annotations
@@ -121,15 +122,6 @@ class Wire:
         self._kind(kind)[key] += nbytes
         self.messages.append((client, direction, what, tuple(a.shape)))
 
-    def release(self, client: Hashable, hyper: Mapping[str, np.ndarray], scalars: Mapping[str, float]) -> None:
-        """A level's release at the end of a federated fit, one exchange (kind ``"parameters"``):
-        its hyperparameters and the ``scalars`` (its outputs' mean and sd, its link), sent up."""
-        self.exchange(client, "parameters")
-        for k, v in hyper.items():
-            self.send(client, "up", k, np.asarray(v, dtype=float), "parameters")
-        for k, x in scalars.items():
-            self.send(client, "up", k, np.array([x], dtype=float), "parameters")
-
 
 class ChainResult(FederatedResult):
     """A fitted multi-fidelity chain (see the module docs): ``levels`` (one fitted state per
@@ -140,7 +132,8 @@ class ChainResult(FederatedResult):
     level ``t`` at ``Xs`` on its standardised scale) and ``_level_rows(t)`` (level ``t``'s
     parameters: ``(label, value on the data's scale, value as fitted)``).
 
-    Contract attributes: ``history`` None (no rounds of a federated optimiser),
+    Contract attributes: ``history`` None for a centralised fit (a federated one's is its run's
+    rounds),
     ``converged`` True (a one-pass fit: each level's maximum likelihood by L-BFGS, the best of
     its starts), ``rounds`` the exchanges of the fit, ``communication`` the bytes of the fit
     (zero for a centralised fit), ``query_communication`` those of the queries answered after
@@ -280,15 +273,37 @@ class ChainResult(FederatedResult):
 
 
 class FederatedChain:
-    """Mixin of the federated chain results: the level clients (``_clients``, in process: each
-    holds its own rows and fitted level; never written to a file), the queries' accounting
-    (``query_communication``, ``messages``) and :meth:`attach`."""
+    """Mixin of the federated chain results: built from the levels as released by the fit
+    (``levels``) and, in process, the federation (``data``: each level's client with its own
+    rows; never written to a file). On the first query each level's client rebuilds its fitted
+    GP from its own rows and its release, without refitting (the chain below sends the moments
+    at its inputs, counted as ``"rebuild"`` in ``query_communication``): in a deployment each
+    node would keep its fitted level. The queries' accounting: ``query_communication`` and
+    ``messages`` (``(client, direction, what, shape)`` of every array a query sent)."""
 
     names: list[str]
     query_communication: Communication
-    messages: list
-    _clients: list | None
     model: str
+    _transient: Mapping[str, Any] = {"_clients": None, "_data": None, "messages": []}
+
+    def __init__(self, *, levels: Sequence[Any], data: Any = None, history: Any = None, **kwargs: Any) -> None:
+        super().__init__(levels=levels, **kwargs)  # type: ignore[call-arg]
+        self._data: Any = data
+        self._clients: list | None = None
+        self.history = history  # the fit's run: one record per round
+        self.messages: list = []
+
+    def _rebuild(self, data: Any) -> list:
+        raise NotImplementedError
+
+    def attach(self, data: Any) -> Any:
+        """Hand the result the federation it was fitted on (each level's client with its own
+        rows): each level rebuilds its GP from its rows and its release (counted as
+        ``"rebuild"`` in ``query_communication``), so a loaded result predicts again, exactly
+        as before it was saved. Rows other than the fit's are refused. Returns the result."""
+        self._clients = self._rebuild(data)
+        self._data = data
+        return self
 
     @contextmanager
     def _query(self) -> Iterator[Wire]:
@@ -305,6 +320,8 @@ class FederatedChain:
                 record(wire.comm)
 
     def _live(self) -> list:
+        if self._clients is None and self._data is not None:
+            self._clients = self._rebuild(self._data)
         if self._clients is None:
             raise ValueError(
                 f"this {self.model} result holds no level's rows (loaded from a file?): its predictions need each "

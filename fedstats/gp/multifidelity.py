@@ -22,14 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from ..data import DataError, FederatedData, require_target
+from ..data import DataError, DataLike, FederatedData, as_federated, require_target
 from ..data.disclosure import NO_RULES
-from ..federation import Communication
-from ..federation.records import record
+from ..estimator import BOOL, Constraint, Estimator, Int, OneOf, Real
+from ..federation import run
+from ..federation.backend import accepts_backend
 from ..results import counted
-from ._core import HyperSpec, fit_mle
+from ._core import NUS, HyperSpec, fit_mle
 from .ar1_result import AR1Level, AR1Result, FederatedAR1Result, ar1_chain
-from .chain_result import Levels, Wire, check_levels
+from .chain_fit import ChainFit
+from .chain_result import Levels, check_levels
 from .fgpr import FGPR, FGPRResult
 from .fgpr_algorithm import standardise
 from .testfunctions import Problem, problem
@@ -169,24 +171,21 @@ class SeparateGP:
         )
 
 
-class _AR1Options:
-    """The options both AR1 models share (see :class:`AR1CoKriging`), checked at construction."""
+class _AR1Options(Estimator):
+    """The options both AR1 models share (see :class:`AR1CoKriging`), checked when ``fit`` starts."""
+
+    _constraints = {
+        "kernel": OneOf("rbf", "matern"),
+        "nu": Constraint(lambda v: Real().check(v) and float(v) in NUS, "one of 0.5, 1.5, 2.5"),
+        "ard": BOOL,
+        "restarts": Int(1),
+        "noise_floor": Real(0),
+    }
 
     def __init__(
         self, *, kernel: str = "rbf", nu: float = 1.5, ard: bool = False, restarts: int = 5, noise_floor: float = 1e-4
-    ):
+    ) -> None:
         self.kernel, self.nu, self.ard, self.restarts, self.noise_floor = kernel, nu, ard, restarts, noise_floor
-        self.level_spec(1)  # refuses bad options now, not at fit
-
-    def options(self) -> dict[str, Any]:
-        """The options as given (kept in the result)."""
-        return {
-            "kernel": self.kernel,
-            "nu": self.nu,
-            "ard": self.ard,
-            "restarts": self.restarts,
-            "noise_floor": self.noise_floor,
-        }
 
     def level_spec(self, d: int) -> HyperSpec:
         """The GP prior of every level, on ``d`` inputs."""
@@ -230,6 +229,7 @@ class AR1CoKriging(_AR1Options):
     def fit(self, levels: Levels, *, seed: int = 0) -> AR1Result:
         """``levels``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
         ``name -> (X, y)`` that names them; a list's levels are ``level0``, ``level1``, ...)."""
+        self._validate_params()
         t0 = time.perf_counter()
         names, pairs = check_levels(levels, "AR1 co-kriging")
         fitted: list[AR1Level] = []
@@ -240,17 +240,18 @@ class AR1CoKriging(_AR1Options):
             levels=fitted,
             names=names,
             feature_names=[f"x{j}" for j in range(pairs[0][0].shape[1])],
-            options=self.options(),
+            options=self.get_params(),
             seed=seed,
             seconds=time.perf_counter() - t0,
         )
 
 
-def chain_order(data: FederatedData, order, model: str) -> list:
+def chain_order(data: FederatedData, order: Sequence[Hashable] | None, model: str) -> list:
     """``order`` as a list, checked: at least two clients of ``data`` (which must have targets),
-    from the lowest fidelity to the highest, for a model with one level per client."""
+    from the lowest fidelity to the highest, for a model with one level per client (``None``:
+    the data's clients in their order)."""
     require_target(data, model)
-    order = list(order)
+    order = list(data.clients if order is None else order)
     if len(order) < 2 or any(c not in data.clients for c in order):
         raise ValueError(f"order must name at least two clients of the data, got {order!r}")
     if len(set(order)) != len(order):
@@ -281,25 +282,39 @@ class FederatedAR1(_AR1Options):
     """
 
     @counted
-    def fit(self, data: FederatedData, order: Sequence[Hashable], *, seed: int = 0) -> FederatedAR1Result:
-        """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
+    @accepts_backend
+    def fit(
+        self, data: DataLike, order: Sequence[Hashable] | None = None, *, seed: int = 0, progress: bool | None = None
+    ) -> FederatedAR1Result:
+        """``order``: the clients of ``data`` from the lowest fidelity to the highest (default:
+        the data's order). One run of the runtime (:class:`~fedstats.gp.chain_fit.ChainFit`)."""
+        self._validate_params()
+        data = as_federated(data)
         order = chain_order(data, order, "FederatedAR1")
-        wire = Wire()
-        clients: list[AR1Level] = []
-        for t, c in enumerate(order):
-            X = np.asarray(data[c].X, dtype=float)
-            lv = AR1Level(X, np.asarray(data[c].y), self.level_spec(X.shape[1]), restarts=self.restarts, seed=seed + t)
-            # the client's inputs go down the chain below it; the moments there come back
-            clients.append(lv.fit(None if t == 0 else ar1_chain(clients, lv.X, t, wire, order, "chain", asker=t)[0]))
-        for t, (c, lv) in enumerate(zip(order, clients)):
-            wire.release(c, lv.hyper, {"mu": lv.mu, "sd": lv.sd, **({"rho": lv.rho} if t else {})})
-        record(wire.comm)
+        levels, chain_run = fit_chain(ChainFit("ar1", order, self.get_params(), seed), data, seed, progress)
         return FederatedAR1Result(
-            clients=clients,
-            messages=wire.messages,
+            levels=levels,
+            data=data,
             names=order,
             feature_names=list(data.feature_names),
-            options=self.options(),
+            options=self.get_params(),
             seed=seed,
-            communication=Communication.combine([wire.comm]),
+            communication=chain_run.communication,
+            history=chain_run.history,
         )
+
+
+def fit_chain(algorithm: ChainFit, data: FederatedData, seed: int, progress: bool | None) -> tuple[list[Any], Any]:
+    """Run ``algorithm`` (a chain's fit) over its clients of ``data``: the levels as released
+    and the run (its ``communication`` and ``history``)."""
+    clients = data.subset(algorithm.order)
+    out = run(
+        algorithm,
+        clients,
+        rounds=len(algorithm.plan),
+        participation=algorithm.schedule(),
+        seed=seed,
+        kind="chain",
+        progress=progress,
+    )
+    return algorithm.released(out.server_state, clients.n_features), out

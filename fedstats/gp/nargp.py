@@ -29,34 +29,26 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable, Sequence
 
-import numpy as np
-
-from ..data import FederatedData
-from ..federation import Communication
-from ..federation.records import record
+from ..data import DataLike, as_federated
+from ..estimator import Estimator, Int, OneOf
+from ..federation.backend import accepts_backend
 from ..results import counted
 from ._core import HyperSpec
-from .chain_result import Levels, Wire, check_levels
-from .multifidelity import chain_order
+from .chain_fit import ChainFit
+from .chain_result import Levels, check_levels
+from .multifidelity import chain_order, fit_chain
 from .nargp_result import FederatedNARGPResult, NARGPLevel, NARGPResult, mixture, nargp_chain
 
 __all__ = ["NARGP", "FederatedNARGP", "NARGPResult", "FederatedNARGPResult", "mixture"]
 
 
-class _NARGPOptions:
-    """The options both NARGP models share (see :class:`NARGP`), checked at construction."""
+class _NARGPOptions(Estimator):
+    """The options both NARGP models share (see :class:`NARGP`), checked when ``fit`` starts."""
 
-    def __init__(self, *, kernel: str = "rbf", restarts: int = 5, samples: int = 200):
-        if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 2:
-            raise ValueError(f"samples must be an integer of at least 2, got {samples!r}")
-        if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 1:
-            raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
-        self.kernel, self.restarts, self.samples = kernel, int(restarts), int(samples)
-        self.level_spec(1, 0)  # refuses a bad kernel now, not at fit
+    _constraints = {"kernel": OneOf("rbf", "matern"), "restarts": Int(1), "samples": Int(2)}
 
-    def options(self) -> dict:
-        """The options as given (kept in the result)."""
-        return {"kernel": self.kernel, "restarts": self.restarts, "samples": self.samples}
+    def __init__(self, *, kernel: str = "rbf", restarts: int = 5, samples: int = 200) -> None:
+        self.kernel, self.restarts, self.samples = kernel, restarts, samples
 
     def level_spec(self, d: int, t: int) -> HyperSpec:
         """Level ``t``'s GP prior on ``d`` inputs (and the level below's value above the lowest):
@@ -90,6 +82,7 @@ class NARGP(_NARGPOptions):
     def fit(self, levels: Levels, *, seed: int = 0) -> NARGPResult:
         """``levels``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
         ``name -> (X, y)`` that names them; a list's levels are ``level0``, ``level1``, ...)."""
+        self._validate_params()
         t0 = time.perf_counter()
         names, pairs = check_levels(levels, "NARGP")
         fitted: list[NARGPLevel] = []
@@ -101,7 +94,7 @@ class NARGP(_NARGPOptions):
             levels=fitted,
             names=names,
             feature_names=[f"x{j}" for j in range(pairs[0][0].shape[1])],
-            options=self.options(),
+            options=self.get_params(),
             seed=seed,
             seconds=time.perf_counter() - t0,
         )
@@ -122,29 +115,24 @@ class FederatedNARGP(_NARGPOptions):
     (``query_communication``)."""
 
     @counted
-    def fit(self, data: FederatedData, order: Sequence[Hashable], *, seed: int = 0) -> FederatedNARGPResult:
-        """``order``: the clients of ``data`` from the lowest fidelity to the highest."""
+    @accepts_backend
+    def fit(
+        self, data: DataLike, order: Sequence[Hashable] | None = None, *, seed: int = 0, progress: bool | None = None
+    ) -> FederatedNARGPResult:
+        """``order``: the clients of ``data`` from the lowest fidelity to the highest (default:
+        the data's order). One run of the runtime (:class:`~fedstats.gp.chain_fit.ChainFit`)."""
+        self._validate_params()
+        data = as_federated(data)
         order = chain_order(data, order, "FederatedNARGP")
-        wire = Wire()
-        clients: list[NARGPLevel] = []
-        for t, c in enumerate(order):
-            X = np.asarray(data[c].X, dtype=float)
-            lv = NARGPLevel(
-                X, np.asarray(data[c].y), t, self.level_spec(X.shape[1], t), restarts=self.restarts, seed=seed + t
-            )
-            lower = None
-            if t:  # the client's inputs go down the chain below it; the paths there come back
-                lower = mixture(nargp_chain(clients, lv.X, t, self.samples, seed, wire, order, "chain", t))[0]
-            clients.append(lv.fit(lower))
-        for c, lv in zip(order, clients):
-            wire.release(c, lv.hyper, {"mu": lv.mu, "sd": lv.sd})
-        record(wire.comm)
+        algorithm = ChainFit("nargp", order, self.get_params(), seed, samples=self.samples)
+        levels, chain_run = fit_chain(algorithm, data, seed, progress)
         return FederatedNARGPResult(
-            clients=clients,
-            messages=wire.messages,
+            levels=levels,
+            data=data,
             names=order,
             feature_names=list(data.feature_names),
-            options=self.options(),
+            options=self.get_params(),
             seed=seed,
-            communication=Communication.combine([wire.comm]),
+            communication=chain_run.communication,
+            history=chain_run.history,
         )

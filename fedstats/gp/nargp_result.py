@@ -14,7 +14,6 @@ as fitted in the column ``standardized``).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -199,12 +198,6 @@ class FederatedNARGPResult(FederatedChain, NARGPResult):
 
     model = "FederatedNARGP"
     federated = True
-    _transient = {"_clients": None, "messages": []}
-
-    def __init__(self, *, clients: Sequence[NARGPLevel], messages: Sequence = (), **kwargs: Any) -> None:
-        super().__init__(levels=[c.released() for c in clients], **kwargs)
-        self._clients: list[NARGPLevel] | None = list(clients)
-        self.messages = list(messages)
 
     def _moments(self, Xs: np.ndarray, t: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
         clients = self._live()
@@ -212,11 +205,9 @@ class FederatedNARGPResult(FederatedChain, NARGPResult):
             paths = nargp_chain(clients, Xs, t + 1, self.samples, self.seed, wire, self.names, kind, len(clients) - 1)
         return mixture(paths)
 
-    def attach(self, data: FederatedData) -> FederatedNARGPResult:
-        """Hand the result the federation it was fitted on: each level rebuilds its GP from its
-        own rows and its release (its GP inputs from the chain below, as in the fit; counted as
-        ``"rebuild"`` in ``query_communication``), so a loaded result predicts again exactly as
-        before it was saved. Rows other than the fit's are refused. Returns the result."""
+    def _rebuild(self, data: FederatedData) -> list[NARGPLevel]:
+        """Each level rebuilt by its client from its own rows of ``data`` and its release (its
+        GP inputs from the chain below, as in the fit); rows other than the fit's are refused."""
         rows = [_client_rows(data, name, self.d) for name in self.names]
         own = [
             NARGPLevel(X, y, t, rel.spec, restarts=rel.restarts, seed=rel.seed).check_rows(rel, name)
@@ -230,5 +221,4 @@ class FederatedNARGPResult(FederatedChain, NARGPResult):
                     paths = nargp_chain(clients, lv.X, t, self.samples, self.seed, wire, self.names, "rebuild", t)
                     lower = mixture(paths)[0]
                 clients.append(lv.restore(rel, lower, name))
-        self._clients = clients
-        return self
+        return clients

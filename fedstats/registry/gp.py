@@ -1,4 +1,4 @@
-"""The Gaussian-process models' declarations: FGPR."""
+"""The Gaussian-process models' declarations: FGPR and the multi-fidelity chains."""
 
 from __future__ import annotations
 
@@ -105,4 +105,66 @@ FGPR = Declaration(
     bad_parameter=("kernel", "cubic"),
 )
 
-DECLARATIONS = (FGPR,)
+# --------------------------------------------------------------------------- multi-fidelity
+_CHAIN = Disclosure(
+    "FederatedAR1, FederatedNARGP",
+    (
+        exchange(
+            "chain",
+            "ChainFit",
+            "every round, one level's client per round (ask, answer, fit; lowest level first), then every level's "
+            "release",
+            (
+                Array("queries", "ask: its inputs (design points)", "where its rows are, not its outputs"),
+                Array(
+                    "mean",
+                    "answer: its predictive means at the asking level's inputs (NARGP: per path)",
+                    "its fitted function there, given the levels below",
+                ),
+                Array("var", "answer: the predictive variances there", "see `mean`"),
+                Array("n", "release: its row count", "its row count"),
+                Array("mu", "release: its outputs' mean", "its outputs' mean"),
+                Array("sd", "release: its outputs' sd", "its outputs' sd"),
+                Array("rho", "release (AR1): its link to the level below", "how its outputs follow the lower level's"),
+                Array("lengthscale", "release: its GP's lengthscales", "its fitted hyperparameters"),
+                Array("outputscale", "release: its GP's output scale", "see `lengthscale`"),
+                Array("noise", "release: its GP's noise variance", "see `lengthscale`"),
+            ),
+        ),
+    ),
+    "nothing (its fitted level stays on its node: its release was its last reply).",
+    note="Each reply holds every array, empty where the round's task has none. The queries after the fit "
+    "(`predict`, `level_moments`, `to_botorch`) travel the chain in process, not as runs: the query points go "
+    "down, the levels' moments come up (`query_communication`).",
+)
+_GP = "fedstats.gp"
+AR1 = Declaration(
+    "ar1",
+    f"{_GP}.multifidelity:AR1CoKriging",
+    f"{_GP}.ar1_result:AR1Result",
+    "autoregressive multi-fidelity co-kriging, centralised (every level's rows in one place)",
+)
+FEDERATED_AR1 = Declaration(
+    "federated-ar1",
+    f"{_GP}.multifidelity:FederatedAR1",
+    f"{_GP}.ar1_result:FederatedAR1Result",
+    "autoregressive multi-fidelity co-kriging with one fidelity level per client, equal to the centralised fit",
+    (_CHAIN,),
+    reference=f"{_GP}.multifidelity:AR1CoKriging",
+)
+NARGP = Declaration(
+    "nargp",
+    f"{_GP}.nargp:NARGP",
+    f"{_GP}.nargp_result:NARGPResult",
+    "nonlinear autoregressive multi-fidelity GP, centralised",
+)
+FEDERATED_NARGP = Declaration(
+    "federated-nargp",
+    f"{_GP}.nargp:FederatedNARGP",
+    f"{_GP}.nargp_result:FederatedNARGPResult",
+    "nonlinear autoregressive multi-fidelity GP with one fidelity level per client, equal to the centralised fit",
+    (_CHAIN,),
+    reference=f"{_GP}.nargp:NARGP",
+)
+
+DECLARATIONS = (FGPR, AR1, FEDERATED_AR1, NARGP, FEDERATED_NARGP)

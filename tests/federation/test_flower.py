@@ -284,6 +284,22 @@ def test_variational_fedem_wald_d_fedem_and_fem_omd_equal_inprocess(session):
         close(online_a.weights_[c], online_b.weights_[c])
 
 
+def test_multifidelity_chains_fit_on_flower_as_in_process(session):
+    """The fit of a federated chain is a run: on Flower it equals the in-process fit, round by
+    round; the queries after it travel the chain in process."""
+    from fedstats.gp.multifidelity import FederatedAR1, fidelity_data
+    from fedstats.gp.nargp import FederatedNARGP
+
+    mf = fidelity_data("branin", seed=1, sizes={"LF": 30, "MF": 20, "HF": 10})
+    order = ["LF", "MF", "HF"]
+    for model in (FederatedAR1(restarts=1), FederatedNARGP(restarts=1, samples=20)):
+        a, b = model.fit(mf.train, order, seed=3), model.fit(mf.train, order, seed=3, backend=session)
+        close(a.summary()["mean"], b.summary()["mean"])
+        same_history(a.history, b.history)
+        assert a.communication.by_kind == b.communication.by_kind
+        close(a.predict(mf.X_test[:20])["mean"], b.predict(mf.X_test[:20])["mean"])
+
+
 def test_fedavg_baseline_equals_inprocess(session):
     data, _ = hm2_federation(n_clients=3, n_obs=20, seed=6)
     a, b = FedAvg(rounds=3).fit(data, seed=1), FedAvg(rounds=3).fit(data, seed=1, backend=session)

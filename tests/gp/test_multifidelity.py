@@ -190,20 +190,25 @@ def test_federated_ar1_equals_centralised_ar1_and_shares_only_inputs_and_predict
     np.testing.assert_allclose(b["mean"], a["mean"], atol=1e-10)
     np.testing.assert_allclose(b["sd"], a["sd"], atol=1e-10)
     np.testing.assert_allclose(fed.rho, cen.rho, atol=1e-12)
-    # fit: MF inputs (40 x 2) to LF; HF inputs (20 x 2) to LF and MF, with LF's mean and variance to MF;
-    # each hop returns a mean and a variance; then each level releases its lengthscale, outputscale,
-    # noise, mean and sd (and rho above LF): 5 + 6 + 6 numbers
+    # the fit, one run of the runtime (kind "chain", 9 rounds: LF fits; MF asks, LF answers, MF
+    # fits; HF asks, LF and MF answer, HF fits; all release). Down: each broadcast's task code
+    # (8 one-client rounds, 3 clients in the release), the queries to the answering levels, the
+    # mean to each fitting level and LF's moments to MF with HF's queries. Up: MF's and HF's
+    # inputs, the answers' means and variances, and each level's release: lengthscale,
+    # outputscale, noise, row count, mean, sd and rho (7 numbers)
     n_mf, n_hf = 40, 20
     comm = fed.communication
-    assert comm.bytes_down == (n_mf * 2 + n_hf * 2 * 2) * 8 + n_hf * 2 * 8
-    assert comm.bytes_up == (n_mf * 2 + n_hf * 2 * 2) * 8 + 17 * 8
-    assert comm.by_kind["parameters"]["bytes_up"] == 17 * 8 and comm.rounds == 3 + 3  # 3 hops, 3 releases
-    # predict (asked by HF): 200 x 2 to LF and MF, LF's moments to MF: in query_communication
-    q = fed.query_communication
-    assert (q.bytes_down, q.bytes_up) == ((200 * 2 * 2 + 200 * 2) * 8, 200 * 2 * 2 * 8)
+    assert set(comm.by_kind) == {"chain"} and comm.rounds == 9
+    assert comm.bytes_down == 11 * 8 + (n_mf * 2 + n_hf * 2 * 2) * 8 + (n_mf + n_hf) * 8 + n_hf * 2 * 8
+    assert comm.bytes_up == (n_mf * 2 + n_hf * 2) * 8 + (n_mf * 2 + n_hf * 2 * 2) * 8 + 3 * 7 * 8
+    # predict (asked by HF): 200 x 2 to LF and MF, LF's moments to MF: in query_communication,
+    # after the levels rebuilt their GPs from their rows and releases (in process)
+    q = fed.query_communication.by_kind
+    assert set(q) == {"rebuild", "predict"}
+    assert (q["predict"]["bytes_down"], q["predict"]["bytes_up"]) == ((200 * 2 * 2 + 200 * 2) * 8, 200 * 2 * 2 * 8)
 
 
-def test_ar1_options_reach_every_level_and_bad_ones_are_refused_at_construction():
+def test_ar1_options_reach_every_level_and_bad_ones_are_refused_at_fit():
     from fedstats.gp.multifidelity import FederatedAR1
 
     mf = fidelity_data("branin", seed=1)
@@ -220,10 +225,14 @@ def test_ar1_options_reach_every_level_and_bad_ones_are_refused_at_construction(
         cen.predict(mf.X_test, scale="standardized")["mean"],
         atol=1e-8,
     )
-    for cls in (AR1CoKriging, FederatedAR1):
-        with pytest.raises(ValueError, match="kernel must be one of"):
-            cls(kernel="cubic")
-        with pytest.raises(ValueError, match="nu must be one of"):
-            cls(kernel="matern", nu=2.0)
-        with pytest.raises(ValueError, match="noise_floor must be a non-negative number"):
-            cls(noise_floor=-1.0)
+    # the estimator conventions: stored as given, refused when fit starts, in one error style
+    levels = [mf.level_data(lv) for lv in order]
+    for cls, fit in ((AR1CoKriging, lambda m: m.fit(levels)), (FederatedAR1, lambda m: m.fit(mf.train, order))):
+        for bad, message in (
+            ({"kernel": "cubic"}, "kernel must be one of 'rbf', 'matern', got 'cubic'"),
+            ({"kernel": "matern", "nu": 2.0}, "nu must be one of 0.5, 1.5, 2.5, got 2.0"),
+            ({"noise_floor": -1.0}, "noise_floor must be a number >= 0, got -1.0"),
+        ):
+            model = cls(**bad)
+            with pytest.raises(ValueError, match=f"^{cls.__name__}: {message}$"):
+                fit(model)

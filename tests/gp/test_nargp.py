@@ -9,6 +9,7 @@ import pytest
 
 from fedstats.experiments.multifidelity_paper import mf_run
 from fedstats.gp._core import HyperSpec, posterior
+from fedstats.gp.chain_fit import ChainFit
 from fedstats.gp.chain_result import Wire
 from fedstats.gp.multifidelity import fidelity_data
 from fedstats.gp.nargp import NARGP, FederatedNARGP, mixture
@@ -31,6 +32,21 @@ def test_federated_nargp_equals_centralised_and_sends_only_queries_and_moments(m
     monkeypatch.setattr(
         Wire, "send", lambda self, c, d, w, a, k: (sent.append(np.array(a, copy=True)), send(self, c, d, w, a, k))
     )
+    # the fit's messages, both ways: every broadcast and every reply of the run
+    broadcast, client_step = ChainFit.broadcast, ChainFit.client_step
+
+    def spy_broadcast(self, *a):
+        out = broadcast(self, *a)
+        sent.extend(np.array(v, copy=True) for v in out.values())
+        return out
+
+    def spy_step(self, *a):
+        reply, state = client_step(self, *a)
+        sent.extend(np.array(v, copy=True) for v in reply.values())
+        return reply, state
+
+    monkeypatch.setattr(ChainFit, "broadcast", spy_broadcast)
+    monkeypatch.setattr(ChainFit, "client_step", spy_step)
     cen = NARGP(restarts=1, samples=50).fit([mf.level_data(lv) for lv in order], seed=3)
     fed = FederatedNARGP(restarts=1, samples=50).fit(mf.train, order=order, seed=3)
     for a, b in zip(cen.levels, fed.levels):
@@ -41,22 +57,16 @@ def test_federated_nargp_equals_centralised_and_sends_only_queries_and_moments(m
     np.testing.assert_allclose(q["mean"], p["mean"], rtol=1e-8)
     np.testing.assert_allclose(q["sd"], p["sd"], rtol=1e-8)
     # a prediction of 100 points: the two lower levels get the queries, the middle one level 1's
-    # moments too (1 path), and each answers with its moments (1 path, then 50 paths)
-    assert fed.query_communication.bytes_total == (2 * 100 * 2 + 2 * 100 + 2 * 100 + 2 * 50 * 100) * 8
-    # what crossed: queries down, moments up and down; at the end of the fit each level's
-    # hyperparameters and its outputs' mean and sd (one number each, three lengthscales above
-    # LF); no row of any array is a client's outputs
-    assert {w for _, _, w, _ in fed.messages} == {
-        "queries",
-        "moments",
-        "moments from below",
-        "lengthscale",
-        "outputscale",
-        "noise",
-        "mu",
-        "sd",
-    }
-    assert all(np.prod(s) <= 3 for _, _, w, s in fed.messages if w not in ("queries", "moments", "moments from below"))
+    # moments too (1 path), and each answers with its moments (1 path, then 50 paths); before
+    # it, each level rebuilt its GP from its rows and its release (the fit's chain again)
+    q = fed.query_communication.by_kind
+    assert set(q) == {"rebuild", "predict"}
+    assert q["predict"]["bytes_up"] + q["predict"]["bytes_down"] == (2 * 100 * 2 + 2 * 100 + 2 * 100 + 2 * 50 * 100) * 8
+    # what crossed in the queries: queries down, moments up and down
+    assert {w for _, _, w, _ in fed.messages} == {"queries", "moments", "moments from below"}
+    # the fit's release: each level's hyperparameters (three lengthscales above LF), row count,
+    # and its outputs' mean and sd; no row of any array, in the fit or the queries, is a
+    # client's outputs
     outputs = [np.asarray(mf.train[c].y) for c in order]
     outputs += [(y - y.mean()) / y.std() for y in outputs]
     rows = [r for a in sent for r in np.atleast_2d(a)] + [a.reshape(-1) for a in sent]
@@ -95,8 +105,8 @@ def test_the_paths_give_the_mixture_that_quadrature_gives():
 
 
 def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match="samples"):
-        NARGP(samples=1)
+    with pytest.raises(ValueError, match="^NARGP: samples must be an int >= 2, got 1$"):
+        NARGP(samples=1).fit([(np.zeros((3, 1)), np.arange(3.0))] * 2)
     with pytest.raises(ValueError, match="two fidelity levels"):
         NARGP().fit([(np.zeros((3, 1)), np.zeros(3))])
     mf = fidelity_data("nonlinear_1d", seed=0)

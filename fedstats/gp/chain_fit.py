@@ -1,0 +1,178 @@
+"""The fit of a federated multi-fidelity chain (:class:`~fedstats.gp.multifidelity.FederatedAR1`,
+:class:`~fedstats.gp.nargp.FederatedNARGP`) as one run of the runtime (:func:`fedstats.federation.run`).
+
+One client per fidelity level, lowest first. The run's rounds follow a fixed plan, one client
+per round (a participation schedule), level by level:
+
+* level 0 fits its GP on its own rows (``"fit"``);
+* for each level t above it: its client sends its inputs up (``"ask"``); the server sends them
+  down to level 0, which answers with its predictive moments there, then with those moments to
+  level 1, and so on to level t - 1 (``"answer"``); the server then sends level t the mean that
+  came up (for NARGP the paths' mixture mean), and level t fits its GP and link on its own rows
+  (``"fit"``);
+* in the last round every level releases its fitted parameters (``"release"``): its
+  hyperparameters and link on its standardised scale, its row count and its outputs' mean and
+  sd.
+
+Each client's fitted level (its rows, residuals and GP) is its private state and stays with it;
+no output leaves a client. A failed client stops the chain: the fit raises, naming it. Every
+message is counted by the runtime (kind ``"chain"``) and runs on any backend; the queries after
+the fit (predictions) travel the chain in process (:mod:`fedstats.gp.chain_result`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..federation import FederatedAlgorithm, Message
+from ._core import HyperSpec, mixture
+
+__all__ = ["ChainFit", "plan"]
+
+_EMPTY = np.zeros(0)
+#: the round's task, sent as the message's ``task`` code
+TASKS = ("fit", "ask", "answer", "release")
+HYPER = ("lengthscale", "outputscale", "noise")
+
+
+def plan(n_levels: int) -> list[tuple[str, int | None]]:
+    """The chain's rounds: ``(task, level)`` (the level whose client takes part; ``None``: all)."""
+    out: list[tuple[str, int | None]] = [("fit", 0)]
+    for t in range(1, n_levels):
+        out += [("ask", t), *(("answer", s) for s in range(t)), ("fit", t)]
+    return [*out, ("release", None)]
+
+
+class ChainFit(FederatedAlgorithm):
+    """The fit of a chain of fidelity levels (see the module's docs). ``model`` is ``"ar1"``
+    (each level an :class:`~fedstats.gp.ar1_result.AR1Level`) or ``"nargp"``
+    (:class:`~fedstats.gp.nargp_result.NARGPLevel`, its paths drawn with ``samples`` and
+    ``seed``); ``order`` the clients lowest first; ``options`` the model's kernel options;
+    level t's maximum-likelihood starts are seeded ``seed + t``, as the centralised fit's."""
+
+    reply_keys = ("queries", "mean", "var", "n", "mu", "sd", "rho", *HYPER)
+    random_client_steps = False
+
+    def __init__(self, model: str, order: Sequence[Hashable], options: Mapping[str, Any], seed: int, samples: int = 0):
+        self.model, self.order, self.options = model, list(order), dict(options)
+        self.seed, self.samples = int(seed), int(samples)
+        self.plan = plan(len(self.order))
+
+    def schedule(self) -> list[list[Hashable]]:
+        """The participation schedule: the client of each round."""
+        return [list(self.order) if t is None else [self.order[t]] for _, t in self.plan]
+
+    def spec(self, d: int, t: int) -> HyperSpec:
+        o = self.options
+        if self.model == "nargp":  # on (x, the level below's value) above the lowest level: ARD
+            return HyperSpec(d=d + (t > 0), kernel=o["kernel"], ard=True)
+        return HyperSpec(d=d, kernel=o["kernel"], nu=o["nu"], ard=o["ard"], noise_floor=o["noise_floor"])
+
+    # ------------------------------------------------------------------ server
+    def init_server(self, clients: Sequence[Hashable], rng: np.random.Generator) -> dict:
+        return {"queries": _EMPTY, "lower": None, "released": {}}
+
+    def broadcast(self, state: dict, client: Hashable, round: int) -> Message:
+        task, _ = self.plan[round]
+        msg: Message = {"task": np.array([TASKS.index(task)], dtype=float)}
+        lower = state["lower"]
+        if task == "answer":
+            msg["queries"] = state["queries"]
+            if lower is not None:
+                msg["mean"], msg["var"] = lower
+        elif task == "fit" and lower is not None:  # the input the level fits on
+            msg["mean"] = mixture(lower)[0] if self.model == "nargp" else lower[0]
+        return msg
+
+    def server_step(self, state: dict, replies: Mapping[Hashable, Message], round: int) -> tuple[dict, dict]:
+        task, t = self.plan[round]
+        asked = [] if t is None else [self.order[t]]
+        missing = [c for c in (asked or self.order) if c not in replies]
+        if missing:  # a chain cannot leave a level out
+            why = getattr(replies, "declined", {})
+            raise RuntimeError(
+                f"the fidelity chain needs every level: client {missing[0]!r} did not answer the {task!r} round "
+                f"({why.get(missing[0], 'no reply')})"
+            )
+        new = dict(state)
+        if task == "ask":
+            new["queries"], new["lower"] = np.asarray(replies[asked[0]]["queries"]), None
+        elif task == "answer":
+            r = replies[asked[0]]
+            new["lower"] = (np.asarray(r["mean"]), np.asarray(r["var"]))
+        elif task == "fit":
+            new["queries"], new["lower"] = _EMPTY, None
+        else:
+            new["released"] = {c: dict(r) for c, r in replies.items()}
+        return new, {}
+
+    # ------------------------------------------------------------------ client
+    def init_client(self, client: Hashable, data: Any, rng: np.random.Generator) -> Any:
+        from .ar1_result import AR1Level
+        from .nargp_result import NARGPLevel
+
+        t = self.order.index(client)
+        X = np.asarray(data.X, dtype=float)
+        X = X[:, None] if X.ndim == 1 else X
+        spec, restarts, seed = self.spec(X.shape[1], t), self.options["restarts"], self.seed + t
+        if self.model == "nargp":
+            return NARGPLevel(X, np.asarray(data.y), t, spec, restarts=restarts, seed=seed)
+        return AR1Level(X, np.asarray(data.y), spec, restarts=restarts, seed=seed)
+
+    def client_step(self, message: Message, level: Any, data: Any, rng: Any) -> tuple[Message, Any]:
+        task = TASKS[int(message["task"][0])]
+        reply: dict[str, np.ndarray] = {k: _EMPTY for k in self.reply_keys}
+        if task == "fit":
+            level.fit(np.asarray(message["mean"]) if "mean" in message else None)
+        elif task == "ask":
+            reply["queries"] = level.X
+        elif task == "answer":
+            Xq = np.asarray(message["queries"])
+            lower = (np.asarray(message["mean"]), np.asarray(message["var"])) if "mean" in message else None
+            if self.model == "nargp":
+                reply["mean"], reply["var"] = level.answer(Xq, lower, self.samples, self.seed)
+            else:
+                reply["mean"], reply["var"] = level.answer(Xq, lower)
+        else:
+            reply.update({k: np.asarray(level.hyper[k], dtype=float) for k in HYPER})
+            reply.update({k: np.array([float(getattr(level, k))]) for k in ("n", "mu", "sd")})
+            if self.model == "ar1":  # the link (0 at the lowest level)
+                reply["rho"] = np.array([level.rho])
+        return reply, level
+
+    def final_state(self, state: Any) -> Any:
+        """Nothing: the level's release was its last reply; its rows and GP stay with it."""
+        return None
+
+    # ------------------------------------------------------------------ result
+    def released(self, state: dict, d: int) -> list[Any]:
+        """Each level as released (no rows), lowest first, from the release round's replies."""
+        from .ar1_result import AR1Level
+        from .nargp_result import NARGPLevel
+
+        out = []
+        for t, c in enumerate(self.order):
+            r = state["released"][c]
+            cls = NARGPLevel if self.model == "nargp" else AR1Level
+            lv = object.__new__(cls)
+            fields: dict[str, Any] = {
+                "X": None,
+                "z": None,
+                "n": int(r["n"][0]),
+                "mu": float(r["mu"][0]),
+                "sd": float(r["sd"][0]),
+                "spec": self.spec(d, t),
+                "restarts": int(self.options["restarts"]),
+                "seed": self.seed + t,
+                "hyper": {k: np.array(r[k], dtype=float) for k in HYPER},
+            }
+            if self.model == "nargp":
+                fields |= {"t": t, "Z": None}
+            else:
+                fields |= {"rho": float(r["rho"][0]), "resid": None, "_gp": None}
+            lv.__dict__.update(fields)
+            out.append(lv)
+        return out
