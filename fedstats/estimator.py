@@ -154,6 +154,37 @@ class Estimator:
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
+def subclass_init(base: type, fixed: Mapping[str, Any] | None = None, **extra: Any) -> Callable[..., None]:
+    """The constructor of a subclass of the estimator ``base`` without repeating ``base``'s
+    parameter list: ``base``'s parameters but those ``fixed`` (name -> the subclass's value),
+    then the keyword parameters ``extra`` (name -> default), each stored as given.
+
+    >>> class Base(Estimator):
+    ...     def __init__(self, *, rounds: int = 10, penalty: str = "lasso"):
+    ...         self.rounds, self.penalty = rounds, penalty
+    >>> class Ridge(Base):
+    ...     __init__ = subclass_init(Base, {"penalty": "ridge"}, tol=0.1)
+    >>> Ridge(rounds=3).get_params(), Ridge().penalty
+    ({'rounds': 3, 'tol': 0.1}, 'ridge')
+    """
+    fixed = dict(fixed or {})
+    sig = inspect.signature(base.__init__)  # type: ignore[misc]
+    kept = [p for name, p in sig.parameters.items() if name not in fixed]
+    inherited = {p.name for p in kept[1:]}
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=v) for name, v in extra.items()]
+
+    def __init__(self: Any, **params: Any) -> None:
+        unknown = sorted(set(params) - inherited - set(extra))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}")
+        base.__init__(self, **fixed, **{k: v for k, v in params.items() if k in inherited})  # type: ignore[misc]
+        for name, default in extra.items():
+            setattr(self, name, params.get(name, default))
+
+    __init__.__signature__ = sig.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
+    return __init__
+
+
 def _same(a: Any, b: Any) -> bool:
     try:
         if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):

@@ -22,18 +22,18 @@ EP state.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
 from .. import streams
-from ..data import DataLike, require_target
+from ..data import FederatedData, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..federation import Communication, History, run
-from ..federation.backend import accepts_backend
+from ..federation import Communication, History
 from ..federation.scaling import LinearScaling, federated_scaling
+from ..fitting import RunOptions, federated_fit
 from ..inference.ep import PosteriorRound, RowsEP, posterior_round
 from ..inference.ep_checks import check_run
 from ..inference.gaussian import NaturalGaussian
@@ -41,7 +41,7 @@ from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
 from ..result_file import register
-from ..results import FederatedResult, check_level, counted, prediction_frame
+from ..results import FederatedResult, check_level, prediction_frame
 from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
 from ._irls import design_check
 from .families import Family, family_of
@@ -54,11 +54,18 @@ __all__ = ["BayesianGLM", "HierarchicalGLM", "BayesianGLMResult", "HierarchicalG
 class _BayesBase(Estimator):
     _families = tuple(BAYES_LINKS)
 
-    # parameters both models' constructors set (and _family reads)
+    # parameters both models' constructors set (and _family, _setup and _run_ep read)
     family: str
     link: str | None
     alpha: float
     trials: str | None
+    fit_intercept: bool
+    standardize: bool
+    num_draws: int
+    tilted: str
+    damping: float
+    tol: float
+    rounds: int
 
     def _family(self) -> Family:
         self._validate_params()
@@ -71,7 +78,7 @@ class _BayesBase(Estimator):
             raise ValueError(f"{name}: trials= is for the binomial family, not {fam.name}")
         return fam
 
-    def _setup(self, data, seed):
+    def _setup(self, data: Any, seed: int) -> _Setup:
         """Checks (one counted round), the federated scaling of the predictors (two more) and
         the design every client reads its standardised rows through."""
         require_target(data, type(self).__name__)
@@ -96,24 +103,27 @@ class _BayesBase(Estimator):
         else:
             y_sd = 1.0
         design = GLMDesign(data, self.fit_intercept, roles, scaling=scaling, family=fam)
-        return fam, roles, design, scaling, n_rows, ybar, y_sd
+        return _Setup(fam, roles, design, scaling, n_rows, ybar, y_sd)
 
-    def _run_ep(self, site, prior, design, seed, progress, batched):
+    def _run_ep(self, site: Any, prior: NaturalGaussian, design: GLMDesign, run: RunOptions) -> tuple:
         draws = ImportanceTilted(num_draws=int(self.num_draws), qmc=True)
         stages = {"importance": (draws,), "laplace": (LaplaceTilted(),), "laplace+importance": (LaplaceTilted(), draws)}
         alg = RowsEP(site, prior, stages[self.tilted], damping=float(self.damping), tol=float(self.tol))
-        out = run(
-            alg,
-            design,
-            kind="EP rounds",
-            rounds=int(self.rounds),
-            seed=seed,
-            progress=progress,
-            min_rounds=min(2, int(self.rounds)),
-            batched=batched,
-        )
+        out = run.run(alg, design, kind="EP rounds", rounds=int(self.rounds), min_rounds=min(2, int(self.rounds)))
         check_run(out, alg, list(design.clients), int(self.rounds))
         return alg, out, list(out.history)
+
+
+class _Setup(NamedTuple):
+    """What a Bayesian GLM's fit prepares before its EP rounds (:meth:`_BayesBase._setup`)."""
+
+    family: Family
+    roles: dict
+    design: GLMDesign
+    scaling: LinearScaling | None
+    n_rows: dict
+    ybar: float
+    y_sd: float
 
 
 def _intercept_mean(fam, ybar: float) -> float:
@@ -199,13 +209,11 @@ class BayesianGLM(_BayesBase):
         self.rounds, self.tol, self.damping, self.num_draws = rounds, tol, damping, num_draws
         self.tilted = tilted
 
-    @counted
-    @accepts_backend
-    def fit(
-        self, data: DataLike, *, seed: int = 0, progress: bool | None = None, batched: bool = True
-    ) -> BayesianGLMResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> BayesianGLMResult:
         """Fit by federated EP; returns a :class:`BayesianGLMResult`. ``batched``: one
         vectorised tilted-moment call for all clients (False: one per client, as on Flower)."""
+        seed = run.seed
         fam, roles, design, scaling, n_rows, ybar, y_sd = self._setup(data, seed)
         p = len(design.names)
         site = SharedSite(fam.name, fam.link.name, float(self.alpha), p, n_pad(max(n_rows.values())))
@@ -216,9 +224,7 @@ class BayesianGLM(_BayesBase):
         if fam.name in DISPERSION:
             mean = np.r_[mean, np.log(y_sd) if fam.name == "gaussian" else 0.0]
             sd = np.r_[sd, 1.0 if fam.name == "gaussian" else 2.0]
-        alg, out, history = self._run_ep(
-            site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, seed, progress, batched
-        )
+        alg, out, history = self._run_ep(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, run)
         return BayesianGLMResult(
             model="BayesianGLM",
             family=fam.name,
@@ -406,13 +412,11 @@ class HierarchicalGLM(_BayesBase):
         self.rounds, self.tol, self.damping, self.num_draws = rounds, tol, damping, num_draws
         self.tilted, self.quadrature = tilted, quadrature
 
-    @counted
-    @accepts_backend
-    def fit(
-        self, data: DataLike, *, seed: int = 0, progress: bool | None = None, batched: bool = True
-    ) -> HierarchicalGLMResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> HierarchicalGLMResult:
         """Fit by federated EP, then one counted round of client posteriors; returns a
         :class:`HierarchicalGLMResult`. ``batched`` as :meth:`BayesianGLM.fit`."""
+        seed = run.seed
         fam, roles, design, scaling, n_rows, ybar, _ = self._setup(data, seed)
         p = len(design.names)
         nodes = AUTO_QUADRATURE.get(p, 1) if self.quadrature == "auto" else int(self.quadrature)
@@ -421,13 +425,13 @@ class HierarchicalGLM(_BayesBase):
         )
         sd = np.r_[np.full(p, self.prior_mu_sd), np.full(p, self.prior_log_tau_sd)]
         prior = NaturalGaussian.from_moments(np.zeros(2 * p), np.diag(sd**2))
-        alg, out, history = self._run_ep(site, prior, design, seed, progress, batched)
+        alg, out, history = self._run_ep(site, prior, design, run)
         sites = alg.committed_sites(out.server_state, out.client_states)
         theta = posterior_round(
             _ClientPosteriors(site, out.server_state.q, sites, int(self.num_draws)),
             design,
             seed=seed,
-            batched=batched,
+            batched=run.batched,
             who="HierarchicalGLM",
         )
         return HierarchicalGLMResult(

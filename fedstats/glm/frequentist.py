@@ -86,15 +86,16 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from ..data import DataError, DataLike, require_target
+from ..data import DataError, FederatedData, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
-from ..federation import Communication, History, run
-from ..federation.backend import accepts_backend
+from ..federation import Communication, History
+from ..federation import run as federation_run
 from ..federation.influence import to_leave_out
 from ..federation.records import exclude, excluded_now
+from ..fitting import RunOptions, federated_fit
 from ..privacy import DifferentialPrivacy
 from ..result_file import register
-from ..results import FederatedResult, check_level, counted, prediction_frame
+from ..results import FederatedResult, check_level, prediction_frame
 from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
 from ._irls import IRLS, Sandwich, design_check
 from ._private import fit_private
@@ -214,14 +215,14 @@ class FederatedGLM(Estimator):
             raise ValueError(f"FederatedGLM: trials= is for the binomial family, not {fam.name}")
         return fam
 
-    @counted
-    @accepts_backend
-    def fit(self, data: DataLike, *, seed: int = 0, progress: bool | None = None) -> GLMResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> GLMResult:
         """Fit by federated IRLS; returns a :class:`GLMResult`.
 
         Raises :class:`~fedstats.data.DataError` (one line naming the client and column) for
         an outcome the family cannot take, a constant or collinear predictor, and
         :class:`SeparationError` when the outcome is perfectly predicted on some rows."""
+        seed = run.seed
         require_target(data, "FederatedGLM")
         fam = self._family()
         if self.include_dp_noise and self.dp is None:
@@ -232,7 +233,11 @@ class FederatedGLM(Estimator):
         design = GLMDesign(data, self.fit_intercept, roles)
         trials = self.trials is not None
         if self.dp is not None:
-            return self._fit_private(design, fam, roles, trials, seed, progress)
+            if run.checkpoint is not None:
+                raise ValueError(
+                    "FederatedGLM: checkpoint= is not available with dp= (a resumed fit would spend twice)"
+                )
+            return self._fit_private(design, fam, roles, trials, seed, run.progress)
         names = design.names
         p = len(names)
         while True:
@@ -241,7 +246,7 @@ class FederatedGLM(Estimator):
             if wnobs <= p:
                 raise DataError(f"{wnobs:g} weighted rows for {p} coefficients: nothing left to estimate the fit from")
             alg = IRLS(fam, trials, p, chk["ybar"], float(self.tol), wnobs - p)
-            out = run(alg, design, rounds=int(self.rounds) + 1, seed=seed, progress=progress, kind="IRLS rounds")
+            out = run.run(alg, design, rounds=int(self.rounds) + 1, kind="IRLS rounds")
             failed = {c: (rec.round, why) for rec in out.history for c, why in rec.failed.items()}
             if not failed and self.robust and (far := to_leave_out(out.influence, design.clients, excluded_now())):
                 exclude(far)  # robust=True: the exact fit of the others
@@ -287,7 +292,7 @@ class FederatedGLM(Estimator):
                 )
             )
         if self.cov_type == "HC0":
-            sw_run = run(
+            sw_run = federation_run(
                 Sandwich(fam, trials, beta),
                 design,
                 rounds=1,

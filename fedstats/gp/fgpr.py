@@ -32,7 +32,6 @@ with several clients is *not* an exact GP on the pooled data.
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
 from collections.abc import Mapping
@@ -41,13 +40,12 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
-from ..data import DataError, DataLike, FederatedData, as_federated, require_target
+from ..data import DataError, DataLike, FederatedData, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real, is_int
-from ..federation import run
-from ..federation.backend import accepts_backend
+from ..federation import run as federation_run
 from ..federation.oneshot import raise_failures
 from ..federation.records import excluded_now
-from ..results import counted
+from ..fitting import RunOptions, federated_fit
 from . import laplace
 from ._core import SMALL, HyperSpec, fit_mle_sum, resolve_device, resolve_dtype, small_work
 from .fgpr_algorithm import CountShare, FGPRAlgorithm, average_hypers, batch_for, draw_participants, standardise
@@ -213,38 +211,6 @@ class FGPR(Estimator):
         self.standardize, self.device, self.dtype, self.condition_limit = standardize, device, dtype, condition_limit
         self.newton_steps, self.laplace = newton_steps, laplace
 
-    _OPTIONS = (
-        "kernel",
-        "nu",
-        "ard",
-        "mean",
-        "rounds",
-        "local_steps",
-        "batch_size",
-        "sampler",
-        "optimizer",
-        "lr",
-        "lr_decay",
-        "betas",
-        "optimizer_state",
-        "loss_normalization",
-        "average_space",
-        "participation",
-        "init",
-        "noise_floor",
-        "lengthscale_floor",
-        "outputscale_floor",
-        "standardize",
-        "device",
-        "dtype",
-        "condition_limit",
-        "newton_steps",
-        "laplace",
-    )
-
-    def _options(self) -> dict:
-        return {k: getattr(self, k) for k in self._OPTIONS}
-
     def spec(self, d: int) -> HyperSpec:
         return HyperSpec(
             d=d,
@@ -325,25 +291,15 @@ class FGPR(Estimator):
             "betas": b,
         }
 
-    @counted
-    @accepts_backend
-    def fit(
-        self,
-        data: DataLike,
-        *,
-        seed: int = 0,
-        progress: bool | None = None,
-        batched: bool = True,
-        checkpoint: str | os.PathLike | None = None,
-        resume: bool = False,
-    ) -> FGPRResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> FGPRResult:
         """Learn the shared hyperparameters from ``data`` (a :class:`~fedstats.data.FederatedData`;
         every client needs at least 2 points). All clients are checked before any training."""
-        data = as_federated(data)  # as given: counted converted it
+        seed = run.seed
         require_target(data, "FGPR")
         spec, o = self._validate(data)
         t0 = time.perf_counter()
-        counts_run = run(CountShare(), data, kind="row counts", rounds=1, seed=seed, progress=False)
+        counts_run = federation_run(CountShare(), data, kind="row counts", rounds=1, seed=seed, progress=False)
         counts = counts_run.server_state
         # in a fit, a client that did not report has dropped out of it (the run recorded why)
         raise_failures(counts_run.history, "FGPR's row counts")
@@ -376,18 +332,7 @@ class FGPR(Estimator):
         )
         participation = 1.0 if o["participants"] is None else alg.participation
         with small_work(o["device"], biggest):
-            out = run(
-                alg,
-                data,
-                kind="FGPR rounds",
-                rounds=int(self.rounds),
-                participation=participation,
-                seed=seed,
-                progress=progress,
-                batched=batched,
-                checkpoint=checkpoint,
-                resume=resume,
-            )
+            out = run.run(alg, data, kind="FGPR rounds", rounds=int(self.rounds), participation=participation)
         failed = {c: why for rec in out.history for c, why in rec.failed.items()}
         if failed and all(len(rec.answered) == 0 for rec in out.history):
             c, why = next(iter(failed.items()))
@@ -411,7 +356,7 @@ class FGPR(Estimator):
             feature_names=list(data.feature_names),
             clients=list(data.clients),
             n_obs=dict(counts),
-            options=self._options(),
+            options=self.get_params(),
             history=out.history,
             communication=out.communication,
             converged=converged,
@@ -491,7 +436,7 @@ class FGPR(Estimator):
             feature_names=list(data.feature_names),
             clients=list(data.clients),
             n_obs=dict(data.n_obs),
-            options=self._options(),
+            options=self.get_params(),
             seconds=time.perf_counter() - t0,
             seed=seed,
             data=data,

@@ -22,12 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from ..data import DataError, DataLike, FederatedData, as_federated, require_target
+from ..data import DataError, FederatedData, require_target
 from ..data.disclosure import NO_RULES
 from ..estimator import BOOL, Constraint, Estimator, Int, OneOf, Real
-from ..federation import run
-from ..federation.backend import accepts_backend
-from ..results import counted
+from ..fitting import RunOptions, federated_fit
 from ._core import NUS, HyperSpec, fit_mle
 from .ar1_result import AR1Level, AR1Result, FederatedAR1Result, ar1_chain
 from .chain_fit import ChainFit
@@ -281,40 +279,32 @@ class FederatedAR1(_AR1Options):
     loaded from a file can do).
     """
 
-    @counted
-    @accepts_backend
-    def fit(
-        self, data: DataLike, order: Sequence[Hashable] | None = None, *, seed: int = 0, progress: bool | None = None
-    ) -> FederatedAR1Result:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions, order: Sequence[Hashable] | None = None) -> FederatedAR1Result:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest (default:
-        the data's order). One run of the runtime (:class:`~fedstats.gp.chain_fit.ChainFit`)."""
-        self._validate_params()
-        data = as_federated(data)
-        order = chain_order(data, order, "FederatedAR1")
-        levels, chain_run = fit_chain(ChainFit("ar1", order, self.get_params(), seed), data, seed, progress)
-        return FederatedAR1Result(
-            levels=levels,
-            data=data,
-            names=order,
-            feature_names=list(data.feature_names),
-            options=self.get_params(),
-            seed=seed,
-            communication=chain_run.communication,
-            history=chain_run.history,
-        )
+        the data's order). One run of the runtime (:class:`~fedstats.gp.chain_fit.ChainFit`);
+        ``checkpoint`` and ``resume`` as every model's (the run's rounds are the chain's steps)."""
+        return fit_chain(self, "ar1", FederatedAR1Result, data, run, order)
 
 
-def fit_chain(algorithm: ChainFit, data: FederatedData, seed: int, progress: bool | None) -> tuple[list[Any], Any]:
-    """Run ``algorithm`` (a chain's fit) over its clients of ``data``: the levels as released
-    and the run (its ``communication`` and ``history``)."""
-    clients = data.subset(algorithm.order)
-    out = run(
-        algorithm,
-        clients,
-        rounds=len(algorithm.plan),
-        participation=algorithm.schedule(),
-        seed=seed,
-        kind="chain",
-        progress=progress,
+def fit_chain(
+    model: Any, kind: str, result: type, data: FederatedData, run: RunOptions, order: Sequence[Hashable] | None
+) -> Any:
+    """The fit of a federated chain of fidelity levels (``kind`` ``"ar1"`` or ``"nargp"``): one
+    run of :class:`~fedstats.gp.chain_fit.ChainFit` over the clients of ``order``, and its
+    ``result``."""
+    order = chain_order(data, order, type(model).__name__)
+    params = model.get_params()
+    algorithm = ChainFit(kind, order, params, run.seed, samples=params.get("samples", 0))
+    clients = data.subset(order)
+    out = run.run(algorithm, clients, rounds=len(algorithm.plan), kind="chain", participation=algorithm.schedule())
+    return result(
+        levels=algorithm.released(out.server_state, clients.n_features),
+        data=data,
+        names=order,
+        feature_names=list(data.feature_names),
+        options=params,
+        seed=run.seed,
+        communication=out.communication,
+        history=out.history,
     )
-    return algorithm.released(out.server_state, clients.n_features), out

@@ -29,14 +29,12 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable, Sequence
 
-from ..data import DataLike, as_federated
+from ..data import FederatedData
 from ..estimator import Estimator, Int, OneOf
-from ..federation.backend import accepts_backend
-from ..results import counted
+from ..fitting import RunOptions, federated_fit
 from ._core import HyperSpec
-from .chain_fit import ChainFit
 from .chain_result import Levels, check_levels
-from .multifidelity import chain_order, fit_chain
+from .multifidelity import fit_chain
 from .nargp_result import FederatedNARGPResult, NARGPLevel, NARGPResult, mixture, nargp_chain
 
 __all__ = ["NARGP", "FederatedNARGP", "NARGPResult", "FederatedNARGPResult", "mixture"]
@@ -114,25 +112,11 @@ class FederatedNARGP(_NARGPOptions):
     sent (``messages``), counts the fit's bytes (``communication``) and those of later queries
     (``query_communication``)."""
 
-    @counted
-    @accepts_backend
+    @federated_fit
     def fit(
-        self, data: DataLike, order: Sequence[Hashable] | None = None, *, seed: int = 0, progress: bool | None = None
+        self, data: FederatedData, run: RunOptions, order: Sequence[Hashable] | None = None
     ) -> FederatedNARGPResult:
         """``order``: the clients of ``data`` from the lowest fidelity to the highest (default:
-        the data's order). One run of the runtime (:class:`~fedstats.gp.chain_fit.ChainFit`)."""
-        self._validate_params()
-        data = as_federated(data)
-        order = chain_order(data, order, "FederatedNARGP")
-        algorithm = ChainFit("nargp", order, self.get_params(), seed, samples=self.samples)
-        levels, chain_run = fit_chain(algorithm, data, seed, progress)
-        return FederatedNARGPResult(
-            levels=levels,
-            data=data,
-            names=order,
-            feature_names=list(data.feature_names),
-            options=self.get_params(),
-            seed=seed,
-            communication=chain_run.communication,
-            history=chain_run.history,
-        )
+        the data's order). One run of the runtime (:class:`~fedstats.gp.chain_fit.ChainFit`);
+        ``checkpoint`` and ``resume`` as every model's (the run's rounds are the chain's steps)."""
+        return fit_chain(self, "nargp", FederatedNARGPResult, data, run, order)

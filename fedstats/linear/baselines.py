@@ -24,12 +24,11 @@ import warnings
 import numpy as np
 
 from .. import streams
-from ..data import require_target
-from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..federation import FederatedAlgorithm, run
-from ..federation.backend import accepts_backend
+from ..data import FederatedData, require_target
+from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real, subclass_init
+from ..federation import FederatedAlgorithm
 from ..federation.oneshot import raise_failures
-from ..results import counted
+from ..fitting import RunOptions, federated_fit
 from .design import check_design
 from .local import (
     INITS,
@@ -89,8 +88,7 @@ class _GDOptions(Estimator):
         self.participation = participation
 
     def _options(self, **extra) -> dict:
-        keys = ("rounds", "local_steps", "lr", "batch_size", "grad_reduction", "init", "fit_intercept", "participation")
-        return {**{k: getattr(self, k) for k in keys}, **extra}
+        return {**self.get_params(), **extra}
 
 
 class Separate(_GDOptions):
@@ -99,38 +97,16 @@ class Separate(_GDOptions):
     budget, no shrinkage); ``method="ols"``: closed-form least squares (minimum-norm when a
     device has fewer rows than coefficients)."""
 
-    def __init__(
-        self,
-        *,
-        method: str = "gd",
-        rounds=30,
-        local_steps=20,
-        lr="auto",
-        batch_size=None,
-        grad_reduction="sum",
-        init="normal",
-        fit_intercept=True,
-        participation=1.0,
-    ):
-        super().__init__(
-            rounds=rounds,
-            local_steps=local_steps,
-            lr=lr,
-            batch_size=batch_size,
-            grad_reduction=grad_reduction,
-            init=init,
-            fit_intercept=fit_intercept,
-            participation=participation,
-        )
-        self.method = method
+    __init__ = subclass_init(_GDOptions, method="gd")
+    method: str
 
     _constraints = {**_GDOptions._constraints, "method": OneOf("gd", "ols")}
 
-    @counted
-    @accepts_backend
-    def fit(self, data, *, seed: int = 0) -> PointResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> PointResult:
+        """Each client's own fit, in one round; returns a :class:`PointResult`."""
         require_target(data, "Separate")
-        self._validate_params()
+        seed = run.seed
         t0 = time.perf_counter()
         devices, clients, names, lr = _common(self, data)
         d, K = len(names), len(clients)
@@ -145,7 +121,7 @@ class Separate(_GDOptions):
             batch_size=self.batch_size,
             reduction=self.grad_reduction,
         )
-        out = run(alg, devices, kind="local fits", rounds=1, seed=seed, progress=False)
+        out = run.run(alg, devices, kind="local fits", rounds=1)
         if any(why.startswith("FloatingPointError") for why in out.history[0].failed.values()):
             raise FloatingPointError(f"local gradient descent diverged with lr={lr:.3g}: lower lr")
         raise_failures(out.history, "Separate")  # in a fit, a failed client drops out
@@ -155,7 +131,7 @@ class Separate(_GDOptions):
             names,
             clients,
             theta,
-            self._options(method=self.method, lr_used=lr),
+            self._options(lr_used=lr),
             seconds=time.perf_counter() - t0,
             seed=seed,
             model="Separate",
@@ -287,7 +263,7 @@ class _Averaging(FederatedAlgorithm):
             return new, {"theta_change": float(np.linalg.norm(new - server_state))}
 
 
-def _run_averaging(model, data, seed, progress, lam=None):
+def _run_averaging(model, data, run: RunOptions, lam=None):
     t0 = time.perf_counter()
     devices, clients, names, lr = _common(model, data)
     alg = _Averaging(
@@ -299,15 +275,7 @@ def _run_averaging(model, data, seed, progress, lam=None):
         init=model.init,
         lam=lam,
     )
-    out = run(
-        alg,
-        devices,
-        kind="rounds",
-        rounds=int(model.rounds),
-        participation=model.participation,
-        seed=seed,
-        progress=progress,
-    )
+    out = run.run(alg, devices, kind="rounds", rounds=int(model.rounds), participation=model.participation)
     diverged = [why for rec in out.history for why in rec.failed.values() if why.startswith("FloatingPointError")]
     if diverged:
         raise FloatingPointError(f"{type(model).__name__} diverged with lr={lr:.3g}: lower lr")
@@ -336,12 +304,12 @@ def _run_averaging(model, data, seed, progress, lam=None):
         names,
         clients,
         theta,
-        model._options(lr_used=lr, tol=model.tol, **({} if lam is None else {"lam": lam})),
+        model._options(lr_used=lr),
         history=out.history,
         communication=out.communication,
         converged=converged,
         seconds=time.perf_counter() - t0,
-        seed=seed,
+        seed=run.seed,
         model=type(model).__name__,
         shared=lam is None,
     )
@@ -356,36 +324,14 @@ class FedAvg(_GDOptions):
 
     _constraints = {**_GDOptions._constraints, "tol": Real(0)}
 
-    def __init__(
-        self,
-        *,
-        rounds=30,
-        local_steps=20,
-        lr="auto",
-        batch_size=None,
-        grad_reduction="sum",
-        init="normal",
-        fit_intercept=True,
-        participation=1.0,
-        tol=1e-4,
-    ):
-        super().__init__(
-            rounds=rounds,
-            local_steps=local_steps,
-            lr=lr,
-            batch_size=batch_size,
-            grad_reduction=grad_reduction,
-            init=init,
-            fit_intercept=fit_intercept,
-            participation=participation,
-        )
-        self.tol = tol
+    __init__ = subclass_init(_GDOptions, tol=1e-4)
+    tol: float
 
-    @counted
-    @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> PointResult:
+        """FedAvg's rounds; returns a :class:`PointResult` (one coefficient vector for all)."""
         require_target(data, "FedAvg")
-        return _run_averaging(self, data, seed, progress)
+        return _run_averaging(self, data, run)
 
 
 class Ditto(_GDOptions):
@@ -397,38 +343,15 @@ class Ditto(_GDOptions):
 
     _constraints = {**_GDOptions._constraints, "lam": Real(0), "tol": Real(0)}
 
-    def __init__(
-        self,
-        *,
-        lam: float = 1.0,
-        rounds=30,
-        local_steps=20,
-        lr="auto",
-        batch_size=None,
-        grad_reduction="sum",
-        init="normal",
-        fit_intercept=True,
-        participation=1.0,
-        tol=1e-4,
-    ):
-        super().__init__(
-            rounds=rounds,
-            local_steps=local_steps,
-            lr=lr,
-            batch_size=batch_size,
-            grad_reduction=grad_reduction,
-            init=init,
-            fit_intercept=fit_intercept,
-            participation=participation,
-        )
-        self.lam, self.tol = lam, tol
+    __init__ = subclass_init(_GDOptions, lam=1.0, tol=1e-4)
+    lam: float
+    tol: float
 
-    @counted
-    @accepts_backend
-    def fit(self, data, *, seed: int = 0, progress: bool | None = None) -> PointResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> PointResult:
+        """Ditto's rounds; returns a :class:`PointResult` (each client's personal coefficients)."""
         require_target(data, "Ditto")
-        self._validate_params()
-        return _run_averaging(self, data, seed, progress, lam=float(self.lam))
+        return _run_averaging(self, data, run, lam=float(self.lam))
 
 
 class _OneShotRidge(FederatedAlgorithm):
@@ -469,23 +392,23 @@ class DistributedRidge(Estimator):
     def __init__(self, *, lam: float = 1e-3, fit_intercept: bool = True):
         self.lam, self.fit_intercept = lam, fit_intercept
 
-    @counted
-    @accepts_backend
-    def fit(self, data, *, seed: int = 0) -> PointResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> PointResult:
+        """The one round of ridge solutions; returns a :class:`PointResult`."""
         require_target(data, "DistributedRidge")
-        self._validate_params()
+        seed = run.seed
         lam = float(self.lam)
         t0 = time.perf_counter()
         check_design(data, data.feature_names, self.fit_intercept, seed=seed, per_client=False)
         devices, clients = DeviceDesign(data, self.fit_intercept), list(data.clients)
-        out = run(_OneShotRidge(lam), devices, kind="ridge statistics", rounds=1, seed=seed, progress=False)
+        out = run.run(_OneShotRidge(lam), devices, kind="ridge statistics", rounds=1)
         raise_failures(out.history, "distributed ridge")  # in a fit, a failed client drops out
         theta = without_excluded(np.repeat(out.server_state[:, None], len(clients), axis=1), clients)
         return PointResult(
             coefficient_names(data, self.fit_intercept),
             clients,
             theta,
-            {"lam": lam, "fit_intercept": self.fit_intercept},
+            self.get_params(),
             history=out.history,
             communication=out.communication,
             seconds=time.perf_counter() - t0,

@@ -22,8 +22,9 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from .. import streams
-from ..federation import ClientRelease, run
+from ..federation import ClientRelease
 from ..federation.scaling import LinearScaling, federated_scaling
+from ..fitting import RunOptions
 from ..inference.ep import EPClientState, FederatedEP
 from ..inference.ep_checks import check_run
 from ..inference.gaussian import NaturalGaussian
@@ -83,11 +84,7 @@ def fit_ep(
     tol: float,
     rounds: int,
     participation,
-    seed: int,
-    progress,
-    checkpoint,
-    resume,
-    batched: bool,
+    run: RunOptions,
     stage_tol: float | None = None,
     stage_rounds: int | None = None,
 ):
@@ -97,6 +94,7 @@ def fit_ep(
     for stage in est if isinstance(est, tuple) else (est,):
         stage.check_model(site)
     # predictors the data cannot tell apart are named and refused before anything is fitted
+    seed = run.seed
     check_design(
         data, data.feature_names, model.fit_intercept, seed=seed, strict=getattr(model, "strict_design", False)
     )
@@ -114,18 +112,8 @@ def fit_ep(
         scaling=scaling,
     )
     t0 = time.perf_counter()
-    out = run(
-        alg,
-        devices,
-        kind="EP rounds",
-        rounds=int(rounds),
-        participation=participation,
-        seed=seed,
-        progress=progress,
-        checkpoint=checkpoint,
-        resume=resume,
-        batched=batched,
-        min_rounds=min(2, int(rounds)),
+    out = run.run(
+        alg, devices, kind="EP rounds", rounds=int(rounds), participation=participation, min_rounds=min(2, int(rounds))
     )
     excluded = check_run(out, alg, list(data.clients), int(rounds))
     return result_cls(

@@ -27,7 +27,6 @@ array([ 1. , -0.5])
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,21 +36,22 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from .. import streams
+from ..data import FederatedData, require_target
 from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
-from ..federation.backend import accepts_backend
+from ..fitting import RunOptions, federated_fit, fit_rounds
 from ..inference.ep import EPClientState
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import TiltedEstimator, make_estimator
 from ..result_file import register
-from ..results import NoPosteriorError, counted
+from ..results import NoPosteriorError
 from ._hm2_site import HM2Site
 from .ep_model import EPLinearResult, ParticipationSpec, coefficient_posterior, fit_ep
 from .ep_model import normal_pair as _normal_pair
 
 if TYPE_CHECKING:
-    from ..data import DataLike
+    pass
 
 
 def _positive(v: Any) -> bool:
@@ -209,29 +209,15 @@ class HierarchicalLinearModel(Estimator):
         return make_estimator(spec, **(self.estimator_options or {}))
 
     # ------------------------------------------------------------------ fit
-    @counted
-    @accepts_backend
-    def fit(
-        self,
-        data: DataLike,
-        *,
-        seed: int = 0,
-        rounds: int | None = None,
-        progress: bool | None = None,
-        checkpoint: str | os.PathLike | None = None,
-        resume: bool = False,
-        batched: bool = True,
-    ) -> HierarchicalResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions, *, rounds: int | None = None) -> HierarchicalResult:
         """Fit by federated EP; returns a :class:`HierarchicalResult`.
 
-        ``data`` is a :class:`fedstats.FederatedData`; raw rows stay with their device
-        (each device reduces them to sufficient statistics locally).
+        ``data`` is a :class:`fedstats.FederatedData`; raw rows stay with their client
+        (each client reduces them to sufficient statistics locally). ``rounds`` here is
+        deprecated: set it on the model (its one home).
         """
-        from ..data import as_federated, require_target
-
-        data = as_federated(data)
         require_target(data, "HierarchicalLinearModel")
-        self._validate_params()
         names = (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
         site = self._site(len(names))
         est = self._estimator(site)
@@ -249,13 +235,9 @@ class HierarchicalLinearModel(Estimator):
             sigma=_client_sigmas(self.sigma, data.clients),
             damping=damping,
             tol=self.tol,
-            rounds=rounds or self.rounds,
+            rounds=fit_rounds(self, rounds),
             participation=self.participation,
-            seed=seed,
-            progress=progress,
-            checkpoint=checkpoint,
-            resume=resume,
-            batched=batched,
+            run=run,
         )
 
 

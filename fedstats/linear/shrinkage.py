@@ -19,7 +19,6 @@ its cavity. Predictor i is selected on device k when its credible interval exclu
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,16 +28,16 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from ..data import DataLike, FederatedData, as_federated
-from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
-from ..federation.backend import accepts_backend
+from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real, subclass_init
 from ..federation.oneshot import one_shot
 from ..federation.protocol import client_function
+from ..fitting import RunOptions, federated_fit, fit_rounds
 from ..inference.gaussian import NaturalGaussian
 from ..inference.posterior import GaussianPosterior, SamplePosterior
 from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import LaplaceTilted, TiltedEstimator, make_estimator
 from ..result_file import register
-from ..results import FederatedResult, NoPosteriorError, check_level, counted
+from ..results import FederatedResult, NoPosteriorError, check_level
 from ._selection import _Selection
 from ._shrinkage_site import ShrinkageSite
 from .ep_model import EPLinearResult, ParticipationSpec, design_matrix, draws_prediction, fit_ep, normal_pair
@@ -194,25 +193,14 @@ class BayesianShrinkage(Estimator):
         return (["intercept"] if self.fit_intercept else []) + list(data.feature_names)
 
     # ------------------------------------------------------------------ fit
-    @counted
-    @accepts_backend
-    def fit(
-        self,
-        data: DataLike,
-        *,
-        seed: int = 0,
-        rounds: int | None = None,
-        progress: bool | None = None,
-        checkpoint: str | os.PathLike | None = None,
-        resume: bool = False,
-        batched: bool = True,
-    ) -> ShrinkageResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions, *, rounds: int | None = None) -> ShrinkageResult:
         """Fit by federated EP; returns a :class:`ShrinkageResult`. Raw rows stay on their
-        device, which shares only the changes of its EP site for (log lambda, log sigma^2)."""
-        data = as_federated(data)
+        client, which shares only the changes of its EP site for (log lambda, log sigma^2).
+        ``rounds`` here is deprecated: set it on the model (its one home)."""
         names = self._check(data)
         site = self._site(len(names) - int(self.fit_intercept))
-        rounds = rounds or self.rounds
+        rounds = fit_rounds(self, rounds)
         est, warmup = self._estimator(site), self._warmup_rounds(site, rounds)
         return fit_ep(
             ShrinkageResult,
@@ -228,11 +216,7 @@ class BayesianShrinkage(Estimator):
             stage_rounds=warmup or None,
             rounds=rounds,
             participation=self.participation,
-            seed=seed,
-            progress=progress,
-            checkpoint=checkpoint,
-            resume=resume,
-            batched=batched,
+            run=run,
         )
 
     def fit_centralised(
@@ -276,78 +260,14 @@ class BayesianShrinkage(Estimator):
 class BayesianLasso(BayesianShrinkage):
     """Federated Bayesian lasso: :class:`BayesianShrinkage` with ``penalty="lasso"``."""
 
-    def __init__(
-        self,
-        *,
-        scale: str = "sd",
-        noise: str = "shared",
-        fit_intercept: bool = True,
-        intercept_sd: float = 10.0,
-        prior_log_lambda: tuple[float, float] = (0.0, 1.0),
-        prior_log_sigma2: tuple[float, float] = (0.0, 1.0),
-        estimator: str | TiltedEstimator = "auto",
-        estimator_options: Mapping[str, Any] | None = None,
-        damping: float = 0.5,
-        rounds: int = 25,
-        tol: float = 0.05,
-        participation: ParticipationSpec = 1.0,
-        standardize: bool = True,
-    ) -> None:
-        super().__init__(
-            "lasso",
-            scale=scale,
-            noise=noise,
-            fit_intercept=fit_intercept,
-            intercept_sd=intercept_sd,
-            prior_log_lambda=prior_log_lambda,
-            prior_log_sigma2=prior_log_sigma2,
-            estimator=estimator,
-            estimator_options=estimator_options,
-            damping=damping,
-            rounds=rounds,
-            tol=tol,
-            participation=participation,
-            standardize=standardize,
-        )
+    __init__ = subclass_init(BayesianShrinkage, {"penalty": "lasso"})
 
 
 @register
 class BayesianRidge(BayesianShrinkage):
     """Federated Bayesian ridge: :class:`BayesianShrinkage` with ``penalty="ridge"``."""
 
-    def __init__(
-        self,
-        *,
-        scale: str = "sd",
-        noise: str = "shared",
-        fit_intercept: bool = True,
-        intercept_sd: float = 10.0,
-        prior_log_lambda: tuple[float, float] = (0.0, 1.0),
-        prior_log_sigma2: tuple[float, float] = (0.0, 1.0),
-        estimator: str | TiltedEstimator = "auto",
-        estimator_options: Mapping[str, Any] | None = None,
-        damping: float = 0.5,
-        rounds: int = 25,
-        tol: float = 0.05,
-        participation: ParticipationSpec = 1.0,
-        standardize: bool = True,
-    ) -> None:
-        super().__init__(
-            "ridge",
-            scale=scale,
-            noise=noise,
-            fit_intercept=fit_intercept,
-            intercept_sd=intercept_sd,
-            prior_log_lambda=prior_log_lambda,
-            prior_log_sigma2=prior_log_sigma2,
-            estimator=estimator,
-            estimator_options=estimator_options,
-            damping=damping,
-            rounds=rounds,
-            tol=tol,
-            participation=participation,
-            standardize=standardize,
-        )
+    __init__ = subclass_init(BayesianShrinkage, {"penalty": "ridge"})
 
 
 @client_function

@@ -98,7 +98,6 @@ The EM estimate of Omega uses the estimates themselves.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -106,12 +105,11 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..data import DataLike, FederatedData, as_federated, require_target
+from ..data import FederatedData, require_target
 from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
-from ..federation import run
-from ..federation.backend import accepts_backend, use_backend
+from ..federation.backend import use_backend
 from ..federation.scaling import LinearScaling, federated_scaling
-from ..results import counted
+from ..fitting import RunOptions, federated_fit
 from .design import check_design
 from .ep_model import ParticipationSpec
 from .hm1_algorithm import (
@@ -327,19 +325,14 @@ class StructuralCovarianceModel(Estimator):
         names = coefficient_names(data, self.fit_intercept)
         return clients, opts, ScaledDesign(data, bool(self.fit_intercept)), names
 
-    @counted
-    @accepts_backend
+    @federated_fit
     def fit(
         self,
-        data: DataLike,
+        data: FederatedData,
+        run: RunOptions,
         *,
-        seed: int = 0,
-        progress: bool | None = None,
         uncertainty: bool | str = "auto",
         noise_sd: float | Mapping[Hashable, float] | None = None,
-        checkpoint: str | os.PathLike | None = None,
-        resume: bool = False,
-        batched: bool = True,
         theta_init: ArrayLike | None = None,
         callback: Callable[[int, np.ndarray, np.ndarray], object] | None = None,
     ) -> StructuralResult:
@@ -367,7 +360,7 @@ class StructuralCovarianceModel(Estimator):
         With ``standardize`` (default) the fit starts with one exchange of sums for the
         federation's moments (module docs), counted in ``communication``.
         """
-        data = as_federated(data)  # as given: counted converted it
+        seed = run.seed
         require_target(data, "StructuralCovarianceModel")
         if not (uncertainty is True or uncertainty is False or uncertainty == "auto"):
             raise ValueError(
@@ -399,17 +392,12 @@ class StructuralCovarianceModel(Estimator):
         t0 = time.perf_counter()
         try:
             # converged() judges every round; without stop_early the run may stop only at the last
-            out = run(
+            out = run.run(
                 alg,
                 devices,
                 kind="HM1 rounds",
                 rounds=int(self.rounds),
                 participation=self.participation,
-                seed=seed,
-                progress=progress,
-                checkpoint=checkpoint,
-                resume=resume,
-                batched=batched,
                 min_rounds=1 if self.stop_early else int(self.rounds),
             )
         except (FloatingPointError, np.linalg.LinAlgError) as exc:
@@ -434,7 +422,7 @@ class StructuralCovarianceModel(Estimator):
             theta=out.server_state.theta,
             omega_=out.server_state.omega,
             lr=lr,
-            options=self._options(),
+            options=self.get_params(),
             history=out.history,
             communication=out.communication,
             converged=round_converged(last, float(self.tol)),
@@ -562,7 +550,7 @@ class StructuralCovarianceModel(Estimator):
             theta=theta,
             omega_=omega,
             lr=lr,
-            options=self._options(),
+            options=self.get_params(),
             converged=round_converged(metrics, float(self.tol)),
             seconds=time.perf_counter() - t0,
             seed=seed,
@@ -571,28 +559,3 @@ class StructuralCovarianceModel(Estimator):
         self._warn_unconverged(done, res.converged, metrics, K, len(names), stacklevel=3)
         to_data_scale(res, scaling)
         return res
-
-    def _options(self) -> dict:
-        return {
-            k: getattr(self, k)
-            for k in (
-                "rounds",
-                "local_steps",
-                "lr",
-                "alpha",
-                "batch_size",
-                "grad_reduction",
-                "shrink_scale",
-                "init",
-                "fit_intercept",
-                "standardize",
-                "participation",
-                "jitter",
-                "eig_floor",
-                "tol",
-                "stop_early",
-                "posterior_omega",
-                "omega_prior_rows",
-                "noise_variance",
-            )
-        }

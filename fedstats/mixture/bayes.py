@@ -29,7 +29,6 @@ coordinates (``nu_j d``), see :meth:`BayesianMixtureResult._marginal_params`.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -38,13 +37,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import digamma, gammaln
 
-from ..data import DataLike
+from ..data import FederatedData
 from ..estimator import MAPPING, NONE, Real
-from ..federation import client_function, run
-from ..federation.backend import accepts_backend
+from ..federation import client_function
+from ..fitting import RunOptions, federated_fit
 from ..result_file import register
-from ..results import counted
-from ._common import SERVER_CONSTRAINTS, MixtureEstimator, as_federated, check_failures, still_in_fit
+from ._common import SERVER_CONSTRAINTS, MixtureEstimator, check_failures, still_in_fit
 from .bayes_result import BayesianMixtureResult
 from .fedem_algorithm import FedEMAlgorithm, SentStatistics
 from .gmm import cov_shape, m_step, precision_cholesky
@@ -362,20 +360,11 @@ class VariationalGaussianMixture(MixtureEstimator):
                     raise ValueError(f"vb_init['degrees_of_freedom'] must be > d - 1 = {d - 1}")
         precision_cholesky(np.asarray(v["covariances"], float), ct)
 
-    @counted
-    @accepts_backend
-    def fit(
-        self,
-        data: DataLike,
-        *,
-        seed: int = 0,
-        progress: bool | None = None,
-        checkpoint: str | os.PathLike | None = None,
-        resume: bool = False,
-    ) -> BayesianMixtureResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> BayesianMixtureResult:
         """Fit by variational FedEM. ``data``: FederatedData (``y`` ignored), or per-client
         arrays. Returns a :class:`BayesianMixtureResult`."""
-        data = as_federated(data)
+        seed = run.seed
         self._check(data)
         M, d, ct = self.n_components, data.n_features, self.covariance_type
         m0, cov0 = federated_priors(data, ct, seed=seed)
@@ -417,16 +406,12 @@ class VariationalGaussianMixture(MixtureEstimator):
             shared_weights=self.shared_weights,
             tol=self.tol or None,
         )
-        res = run(
+        res = run.run(
             algo,
             data,
             kind="variational rounds",
             rounds=self.rounds,
             participation=self._participation(data.clients),
-            seed=seed,
-            progress=progress,
-            checkpoint=checkpoint,
-            resume=resume,
             min_rounds=min(2, self.rounds),
         )
         st = res.server_state

@@ -24,7 +24,6 @@ as ``gossip_bytes`` (``G`` x the number of directed edges x one client's statist
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Hashable, Mapping
 from typing import NoReturn
@@ -32,13 +31,12 @@ from typing import NoReturn
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..data import DataLike
+from ..data import DataLike, FederatedData
 from ..estimator import NONE, Int, OneOf, Real
-from ..federation import FederatedAlgorithm, run
-from ..federation.backend import accepts_backend
+from ..federation import FederatedAlgorithm
+from ..fitting import RunOptions, federated_fit
 from ..result_file import register
-from ..results import counted
-from ._common import WEIGHTS, MixtureEstimator, as_federated, initial_weights, still_in_fit
+from ._common import WEIGHTS, MixtureEstimator, initial_weights, still_in_fit
 from ._common import log_weights as _log_weights
 from ._common import norm as _norm
 from .gmm import check_cov_type, estep_statistics, log_gaussian, m_step, precision_cholesky, reshift, s2_shape
@@ -375,18 +373,11 @@ class DecentralizedGaussianMixture(MixtureEstimator):
             return fast_mixing_weights(A)
         raise ValueError(f"mixing must be 'metropolis' or 'fast', got {self.mixing!r}")
 
-    @counted
-    @accepts_backend
-    def fit(
-        self,
-        data: DataLike,
-        *,
-        seed: int = 0,
-        progress: bool | None = None,
-        checkpoint: str | os.PathLike | None = None,
-        resume: bool = False,
-    ) -> DecentralizedMixtureResult:
-        data = as_federated(data)
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions) -> DecentralizedMixtureResult:
+        """Fit by D-FedEM. ``data``: FederatedData (``y`` ignored), or per-client arrays.
+        Returns a :class:`DecentralizedMixtureResult`."""
+        seed = run.seed
         self._check(data)
         G = self.gossip_steps
         W = self.mixing_matrix(data.n_clients)
@@ -404,16 +395,7 @@ class DecentralizedGaussianMixture(MixtureEstimator):
             reg_covar=self.reg_covar,
             weights_init=self.weights_init,
         )
-        res = run(
-            algo,
-            data,
-            kind="gossip rounds",
-            rounds=self.rounds,
-            seed=seed,
-            progress=progress,
-            checkpoint=checkpoint,
-            resume=resume,
-        )
+        res = run.run(algo, data, kind="gossip rounds", rounds=self.rounds)
         # a node silent in a gossip round leaves its neighbours' averages stale: no result
         failed = {c: why for rec in res.history for c, why in rec.failed.items()}
         if failed:

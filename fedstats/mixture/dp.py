@@ -57,12 +57,14 @@ import numpy as np
 
 from .. import streams
 from ..data import FederatedData
-from ..federation import FederatedAlgorithm, run
+from ..federation import FederatedAlgorithm
+from ..federation import run as federation_run
 from ..privacy import DifferentialPrivacy, PrivacyLedger, PrivacySpent
 from ._common import initial_weights, log_weights, norm
 from .gmm import centre, check_cov_type, e_step, log_gaussian, m_step, precision_cholesky
 
 if TYPE_CHECKING:
+    from ..fitting import RunOptions
     from .result import GaussianMixtureResult
 
 KEYS = ("N", "S1", "S2")
@@ -353,8 +355,9 @@ def noise_sd_of_parameters(result_last, cov_type, reg_covar, prev_means, prev_co
     }
 
 
-def fit_private(self, data: FederatedData, seed: int, progress, checkpoint, resume) -> GaussianMixtureResult:
-    """The differentially private fit of the :class:`~fedstats.mixture.FederatedGaussianMixture` ``self``."""
+def fit_private(self, data: FederatedData, run: RunOptions) -> GaussianMixtureResult:
+    """The differentially private fit of the :class:`~fedstats.mixture.FederatedGaussianMixture` ``self``
+    (its main run one client step at a time: each adds its share of the noise)."""
     from .result import GaussianMixtureResult
 
     dp = self.dp
@@ -384,12 +387,12 @@ def fit_private(self, data: FederatedData, seed: int, progress, checkpoint, resu
     info: dict = {}
     if self.covariances_init is None:
         start = DPFedEMAlgorithm(means, _unit_cov(self.covariance_type, *means.shape), hard=True, **common)
-        r0 = run(
+        r0 = federation_run(
             start,
             data,
             kind="covariance initialisation",
             rounds=1,
-            seed=start_seed(seed),
+            seed=start_seed(run.seed),
             progress=False,
             batched=False,
             privacy_ledger=ledger,
@@ -400,17 +403,8 @@ def fit_private(self, data: FederatedData, seed: int, progress, checkpoint, resu
     else:
         cov = np.array(self.covariances_init, dtype=float)
     algo = DPFedEMAlgorithm(means, cov, **common)
-    res = run(
-        algo,
-        data,
-        kind="EM rounds",
-        rounds=int(self.dp_rounds),
-        seed=seed,
-        progress=progress,
-        checkpoint=checkpoint,
-        resume=resume,
-        batched=False,
-        privacy_ledger=ledger,
+    res = dataclasses.replace(run, batched=False).run(
+        algo, data, kind="EM rounds", rounds=int(self.dp_rounds), privacy_ledger=ledger
     )
     _raise_failed(res.history)
     st = res.server_state
@@ -428,7 +422,7 @@ def fit_private(self, data: FederatedData, seed: int, progress, checkpoint, resu
         st["cov"],
         algo.sum_sd,
         self.shared_weights,
-        seed=seed,
+        seed=run.seed,
     )
     # converged: the last round moved no mean by more than its noise explains (4 sds of the
     # noise of two rounds' means) plus a thousandth of the component's sd

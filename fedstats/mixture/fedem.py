@@ -48,31 +48,20 @@ The variational model (:mod:`fedstats.mixture.bayes`) and D-FedEM
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Hashable, Mapping
+from dataclasses import replace
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..data import DataLike, FederatedData
+from ..data import FederatedData
 from ..estimator import BOOL, NONE, Constraint, Int
-from ..federation import run
-from ..federation.backend import accepts_backend
 from ..federation.influence import to_leave_out
 from ..federation.records import exclude, excluded_now
+from ..fitting import RunOptions, federated_fit
 from ..privacy import DifferentialPrivacy
-from ..results import counted
-from ._common import (
-    SERVER_CONSTRAINTS,
-    WEIGHTS,
-    MixtureEstimator,
-    as_federated,
-    check_failures,
-    log_weights,
-    norm,
-    still_in_fit,
-)
+from ._common import SERVER_CONSTRAINTS, WEIGHTS, MixtureEstimator, check_failures, log_weights, norm, still_in_fit
 from ._init import federated_loglik
 from .fedem_algorithm import ClientMixtureState, FedEMAlgorithm, SentStatistics
 from .result import GaussianMixtureResult
@@ -218,18 +207,8 @@ class FederatedGaussianMixture(MixtureEstimator):
         if isinstance(self.weights_init, Mapping) and self.shared_weights:
             raise ValueError("shared_weights=True takes one weights_init vector (M,), not one per client")
 
-    @counted
-    @accepts_backend
-    def fit(
-        self,
-        data: DataLike,
-        *,
-        seed: int = 0,
-        progress: bool | None = None,
-        checkpoint: str | os.PathLike | None = None,
-        resume: bool = False,
-        uncertainty: bool = False,
-    ) -> GaussianMixtureResult:
+    @federated_fit
+    def fit(self, data: FederatedData, run: RunOptions, *, uncertainty: bool = False) -> GaussianMixtureResult:
         """Fit by FedEM. ``data``: FederatedData (``y`` ignored), or per-client arrays.
 
         Returns a :class:`GaussianMixtureResult`. ``uncertainty=True`` adds the Wald rounds
@@ -237,7 +216,7 @@ class FederatedGaussianMixture(MixtureEstimator):
         ``client_summary(level)`` then carry observed-information sd and intervals of the
         means and weights.
         """
-        data = as_federated(data)
+        seed = run.seed
         self._check(data)
         if self.include_dp_noise and self.dp is None:
             raise ValueError("FederatedGaussianMixture: include_dp_noise=True needs dp= (there is no noise to include)")
@@ -253,7 +232,7 @@ class FederatedGaussianMixture(MixtureEstimator):
                 )
             from .dp import fit_private
 
-            return fit_private(self, data, seed, progress, checkpoint, resume)
+            return fit_private(self, data, run)
         everyone = data.clients
         while True:
             data = still_in_fit(data)
@@ -267,16 +246,12 @@ class FederatedGaussianMixture(MixtureEstimator):
                 weights_init=self.weights_init,
                 tol=self.tol or None,
             )
-            res = run(
+            res = replace(run, resume=run.resume and data.clients == everyone).run(  # a robust refit starts afresh
                 algo,
                 data,
                 kind="EM rounds",
                 rounds=self.rounds,
                 participation=self._participation(data.clients),
-                seed=seed,
-                progress=progress,
-                checkpoint=checkpoint,
-                resume=resume and data.clients == everyone,  # a robust refit starts afresh
                 min_rounds=min(2, self.rounds),
             )
             if not (self.robust and (far := to_leave_out(res.influence, everyone, excluded_now()))):
