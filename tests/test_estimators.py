@@ -105,3 +105,38 @@ def test_fit_takes_what_converts_to_federated_data(name):
         res = MODELS[name]().fit(data, seed=0)
         res2 = MODELS[name]().fit(dict(enumerate(data)), seed=0)
     assert res.clients == [0, 1, 2] and res2.clients == [0, 1, 2]
+
+
+#: the options every federated fit takes (fedstats.fitting), backend= included
+RUN_OPTIONS = ("seed", "progress", "checkpoint", "resume", "batched", "backend")
+
+
+def test_every_federated_fit_has_the_one_skeleton():
+    """Every registered estimator whose fit runs rounds takes the same run options, and none
+    repeats the skeleton's opening (its fit is decorated by fedstats.fitting.federated_fit)."""
+    import inspect
+
+    from fedstats.estimator import Estimator
+
+    federated = [d for d in declarations().values() if d.disclosure and isinstance(d.estimator_class, type)]
+    federated = [d for d in federated if d.name != "fem-omd"]  # online: partial_fit, one step per call
+    assert len(federated) >= 15
+    for d in federated:
+        assert issubclass(d.estimator_class, Estimator)
+        fit = d.estimator_class.fit
+        params = inspect.signature(fit).parameters
+        assert all(o in params or o == "backend" for o in RUN_OPTIONS), (d.name, list(params))
+        assert (
+            inspect.unwrap(fit).__qualname__.endswith(".fit")
+            and "run" in inspect.signature(inspect.unwrap(fit)).parameters
+        ), d.name
+
+
+def test_rounds_has_one_home_and_the_old_fit_argument_warns():
+    from fedstats import HierarchicalLinearModel
+
+    rng = np.random.default_rng(0)
+    data = [(rng.normal(size=(20, 2)), rng.normal(size=20)) for _ in range(3)]
+    with pytest.warns(DeprecationWarning, match=r"HierarchicalLinearModel.fit\(rounds=...\) is deprecated"):
+        res = HierarchicalLinearModel().fit(data, rounds=2, progress=False)
+    assert res.rounds <= 2

@@ -206,7 +206,7 @@ def test_lasso_with_many_predictors_warms_up_with_laplace_rounds():
     beta = np.r_[1.0, -0.8, 0.5, np.zeros(13)]
     Xs = [rng.normal(size=(60, 16)) for _ in range(4)]
     data = FederatedData.from_arrays(Xs, [X @ beta + 0.5 * rng.normal(size=60) for X in Xs])
-    staged = BayesianLasso(damping=1.0, standardize=False).fit(data, seed=0, progress=False, rounds=12)
+    staged = BayesianLasso(damping=1.0, standardize=False, rounds=12).fit(data, seed=0, progress=False)
     stages = [rec.metrics["stage"] for rec in staged.history]
     assert stages[0] == 0 and stages[-1] == 1 and stages == sorted(stages) and stages.count(0) <= 4
     assert staged.converged and type(staged.algorithm.estimator).__name__ == "GibbsTilted"
