@@ -951,3 +951,31 @@ def test_the_commands_defaults_are_the_librarys(model, given):
     est, _ = cmd.build(args)
     required_params = {o.param: getattr(args, o.dest) for o in required}
     assert est.get_params() == type(est)(**required_params).get_params()
+
+
+def test_the_command_names_no_model():
+    """The command's per-model knowledge is in the registry: no module of fedstats/cli/ compares
+    or names a model of the registry in its code (the --model default is the registry's first)."""
+    import ast
+    from pathlib import Path
+
+    from fedstats.registry import commands
+
+    names = set(commands())
+    found = []
+    for path in (Path(__file__).resolve().parents[1] / "fedstats" / "cli").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
+        found += [
+            f"{path.name}:{n.lineno} {n.value!r}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in names and id(n) not in docstrings
+        ]
+    assert not found, f"model names in the command's code: {found}"

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     untargeted = [n for n, c in commands().items() if not c.target]
     f.add_argument("--target", help=f"response column (every model but {', '.join(untargeted)})")
     f.add_argument("--features", nargs="+", help="feature columns (default: all but --by and --target)")
-    f.add_argument("--model", default="hm2", help=models.model_help())
+    f.add_argument("--model", default=next(iter(commands())), help=models.model_help())
     f.add_argument("--level", type=float, default=0.95, help="credible level (default 0.95)")
     models.add_arguments(f)  # every model's own options, from its declaration
     f.add_argument(

@@ -36,7 +36,7 @@ def command(args) -> None:
         out = fit(args)
     out, nonfinite = json_ready(out)
     if nonfinite and args.output:
-        print(nonfinite_warning(args.model, nonfinite), file=sys.stderr)
+        print(nonfinite_warning(nonfinite, out.get("components") is not None), file=sys.stderr)
     if args.predict and not args.output:  # the predictions are printed, not discarded
         print_predictions(out["predictions"], args)
     if args.output:

@@ -87,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def model_help() -> str:
     """``--model``'s help: every model of the command and what it fits."""
     cmds = commands()
-    return f"model: {', '.join(cmds)} (default hm2); " + "; ".join(f"{n}: {c.help}" for n, c in cmds.items())
+    first = next(iter(cmds))  # the registry's first: the default
+    return f"model: {', '.join(cmds)} (default {first}); " + "; ".join(f"{n}: {c.help}" for n, c in cmds.items())
 
 
 def command(args: argparse.Namespace) -> Command:

@@ -57,11 +57,13 @@ def json_ready(out: Any) -> tuple[Any, list[str]]:
     return walk(out, []), found
 
 
-def nonfinite_warning(model: str, where: list[str]) -> str:
+def nonfinite_warning(where: list[str], mixture: bool) -> str:
+    """The warning for non-finite values written as null; ``mixture``: the fit has components
+    (a component's name in ``where`` then says which are empty)."""
     import re
 
     comps = sorted({int(m.group(1)) for w in where if (m := re.search(r"\b(?:mean|var|weight)\[(\d+)\]", w))})
-    if model == "gmm" and comps:
+    if mixture and comps:
         why = (
             f"component(s) {', '.join(map(str, comps))} are (almost) empty: no client gives them weight, so "
             "their posterior is the prior and some sds are infinite"
