@@ -9,7 +9,7 @@ from .spec import Array, Declaration, Disclosure
 CUSTOM_EP = Declaration(
     "custom-ep",
     "fedstats.inference:federated_ep",
-    "fedstats.inference:CustomEPResult",
+    "fedstats.inference.custom:CustomEPResult",
     "your own NumPyro model, its global latents' posterior by federated EP",
     (
         Disclosure(
