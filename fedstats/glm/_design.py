@@ -10,6 +10,7 @@ a bad value raises :class:`~fedstats.data.DataError` naming the client and the c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -113,6 +114,18 @@ class GLMDesign:
             tuple((k, v) for k, v in self.roles.items() if v is not None),
         )
         return rows if self.family is None else check_rows(rows, self.family, trials is not None)
+
+
+class GLMSetup(NamedTuple):
+    """What a Bayesian GLM's fit prepares before its EP rounds (``_setup`` of :mod:`fedstats.glm.bayes`)."""
+
+    family: Any
+    roles: dict
+    design: GLMDesign
+    scaling: Any
+    n_rows: dict
+    ybar: float
+    y_sd: float
 
 
 def check_rows(rows: Rows, family, trials_given: bool) -> Rows:

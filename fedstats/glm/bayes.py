@@ -22,7 +22,7 @@ EP state.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,7 +42,7 @@ from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
 from ..result_file import register
 from ..results import FederatedResult, check_level, prediction_frame
-from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
+from ._design import SPECIAL, GLMDesign, GLMSetup, frame_rows, prediction_rows
 from ._irls import design_check
 from .families import Family, family_of
 from .frequentist import _COLUMN
@@ -78,7 +78,7 @@ class _BayesBase(Estimator):
             raise ValueError(f"{name}: trials= is for the binomial family, not {fam.name}")
         return fam
 
-    def _setup(self, data: Any, seed: int) -> _Setup:
+    def _setup(self, data: Any, seed: int) -> GLMSetup:
         """Checks (one counted round), the federated scaling of the predictors (two more) and
         the design every client reads its standardised rows through."""
         require_target(data, type(self).__name__)
@@ -103,7 +103,7 @@ class _BayesBase(Estimator):
         else:
             y_sd = 1.0
         design = GLMDesign(data, self.fit_intercept, roles, scaling=scaling, family=fam)
-        return _Setup(fam, roles, design, scaling, n_rows, ybar, y_sd)
+        return GLMSetup(fam, roles, design, scaling, n_rows, ybar, y_sd)
 
     def _run_ep(self, site: Any, prior: NaturalGaussian, design: GLMDesign, run: RunOptions) -> tuple:
         draws = ImportanceTilted(num_draws=int(self.num_draws), qmc=True)
@@ -112,18 +112,6 @@ class _BayesBase(Estimator):
         out = run.run(alg, design, kind="EP rounds", rounds=int(self.rounds), min_rounds=min(2, int(self.rounds)))
         check_run(out, alg, list(design.clients), int(self.rounds))
         return alg, out, list(out.history)
-
-
-class _Setup(NamedTuple):
-    """What a Bayesian GLM's fit prepares before its EP rounds (:meth:`_BayesBase._setup`)."""
-
-    family: Family
-    roles: dict
-    design: GLMDesign
-    scaling: LinearScaling | None
-    n_rows: dict
-    ybar: float
-    y_sd: float
 
 
 def _intercept_mean(fam, ybar: float) -> float:
