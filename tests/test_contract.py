@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fedstats.registry import declarations
 from fedstats.results import (
     CLIENT_SUMMARY_COLUMNS,
     PREDICT_COLUMNS,
@@ -19,75 +20,29 @@ from fedstats.results import (
     UnknownClientError,
 )
 
-# which posteriors each model has: (global, client)
-POSTERIORS = {
-    "hm2": (True, True),
-    "hm2-nuts": (True, True),
-    "lasso": (True, True),
-    "ridge": (True, True),
-    "lasso-centralised": (True, True),
-    "vb-fedem": (True, True),
-    "hm1": (False, True),  # HM1 has no global parameters with a posterior (Omega is estimated)
-    "hm1-point": (False, False),
-    "separate": (False, False),
-    "fedavg": (False, False),
-    "ditto": (False, False),
-    "distributed-ridge": (False, False),
-    "fgpr": (True, False),  # the Laplace approximation of its hyperparameters
-    "glm": (False, False),
-    "bglm": (True, False),
-    "hglm": (True, True),
-    "fedem": (False, False),
-    "d-fedem": (False, False),
-    "fem-omd-result": (False, False),
+#: what each result is expected to do, declared with its example in the registry
+#: (fedstats.registry.spec.Expect); an online model's result is "<name>-result"
+EXPECT = {
+    (f"{ex.name}-result" if ex.data == "stream" else ex.name): ex.expect
+    for d in declarations().values()
+    for ex in d.examples
 }
-# the option or model each NoPosteriorError must name
-REMEDY = {
-    "hm1": "uncertainty=True",
-    "hm1-point": "uncertainty=True",
-    "separate": "HierarchicalLinearModel",
-    "fedavg": "HierarchicalLinearModel",
-    "ditto": "HierarchicalLinearModel",
-    "distributed-ridge": "HierarchicalLinearModel",
-    "fgpr": "predict",
-    "glm": "BayesianGLM",
-    "bglm": "HierarchicalGLM",
-    "fedem": "VariationalGaussianMixture",
-    "d-fedem": "VariationalGaussianMixture",
-    "fem-omd-result": "VariationalGaussianMixture",
-}
-# models without global parameters: summary() has no rows (their parameters are per client)
-NO_GLOBAL_ROWS = {"separate", "ditto"}
-# FGPR's parameters are all shared: client_summary() has no rows
-NO_CLIENT_ROWS = {"fgpr", "glm", "bglm"}
-# predictive bands of 0/1 outcomes (the Bayesian logistic models in the battery)
-DISCRETE = {"bglm", "hglm"}
-# sd and bands without a posterior: the GLM's standard errors and Wald bands (maximum likelihood)
-WALD_BANDS = {"glm"}
-MIXTURES = {"fedem", "vb-fedem", "d-fedem", "fem-omd-result"}
-# a client that took no part in the fit (client=None): predicted from the population, from the
-# new client's own data (FGPR), from the shared model, or refused
-NEW_CLIENT = {
-    "hm2": "population",
-    "hm2-nuts": "population",
-    "lasso": "population",
-    "ridge": "population",
-    "lasso-centralised": "population",
-    "fedavg": "shared",
-    "distributed-ridge": "shared",
-    "glm": "shared",
-    "bglm": "shared",
-    "hglm": "population",
-    "fgpr": "data",
-    "hm1": "refused",
-    "hm1-point": "refused",
-    "separate": "refused",
-    "ditto": "refused",
-}
+POSTERIORS = {n: e.posteriors for n, e in EXPECT.items()}
+REMEDY = {n: e.remedy for n, e in EXPECT.items()}
+NO_GLOBAL_ROWS = {n for n, e in EXPECT.items() if not e.global_rows}
+NO_CLIENT_ROWS = {n for n, e in EXPECT.items() if not e.client_rows}
+DISCRETE = {n for n, e in EXPECT.items() if e.discrete}
+MIXTURES = {n for n, e in EXPECT.items() if e.mixture}
+NEW_CLIENT = {n: e.new_client for n, e in EXPECT.items() if not e.mixture}
+_EXAMPLES = [ex for d in declarations().values() for ex in d.examples]
+POOLED = {ex.name for ex in _EXAMPLES if ex.method == "fit_centralised"}  # pooled rows: nothing exchanged
+ONLINE = {f"{ex.name}-result" for ex in _EXAMPLES if ex.data == "stream"}  # an online learner's result
 
 
-def test_the_tables_above_cover_every_result(result_names):
-    assert set(POSTERIORS) == set(result_names) and set(NEW_CLIENT) | MIXTURES == set(result_names)
+def test_every_result_has_its_expectations(result_names):
+    assert set(EXPECT) == set(result_names)
+    for n, e in EXPECT.items():  # a missing posterior's error names its remedy
+        assert bool(e.remedy) == (not all(e.posteriors)) or e.mixture and all(e.posteriors), n
 
 
 @pytest.fixture
@@ -108,7 +63,7 @@ def test_summary_has_the_fixed_columns(fit, result_name):
     assert tuple(hdi.columns[:5]) == SUMMARY_COLUMNS and list(hdi.index) == list(s.index)
     assert (len(s) == 0) == (name in NO_GLOBAL_ROWS)
     has = s["sd"].notna()
-    assert has.any() == (POSTERIORS[name][0] or name in WALD_BANDS), (
+    assert has.any() == EXPECT[name].summary_sd, (
         "sd given exactly where the model has a global posterior (or the sampling distribution of an estimate)"
     )
     ok = has & np.isfinite(s["sd"])
@@ -186,7 +141,7 @@ def test_predict_leading_columns_and_unseen_clients(fit, result_name):
         assert tuple(p.columns[:5]) == PREDICT_COLUMNS and len(p) == 4 and p.attrs["predicted_for"] == "client"
         bands = p[list(PREDICT_COLUMNS[1:])]
         # bands come from the client's posterior, or from shared coefficients (the GLMs)
-        assert bands.notna().all().all() == POSTERIORS[name][1] or name == "fgpr" or name in WALD_BANDS | {"bglm"}
+        assert bands.notna().all().all() == EXPECT[name].bands
         if bands.notna().all().all() and name in DISCRETE:  # a band of 0/1 outcomes need not hold the mean's
             assert np.all((p["lower"] <= p["upper"]) & (p["pred_lower"] <= p["pred_upper"]))
             assert set(p["pred_lower"]) | set(p["pred_upper"]) <= {0.0, 1.0}
@@ -232,7 +187,7 @@ def test_run_facts_and_a_short_repr(fit, result_name):
     res, _ = fit
     for attr in ("history", "rounds", "converged", "seconds", "communication"):
         assert hasattr(res, attr), attr
-    if result_name != "lasso-centralised":  # pooled rows in one process: nothing exchanged
+    if result_name not in POOLED:  # pooled rows in one process: nothing exchanged
         assert res.communication.bytes_up > 0 and not res.communication.breakdown().empty
     r = repr(res)
     assert r.startswith(type(res).__name__ + "(") and "\n" not in r and len(r) < 200
@@ -315,7 +270,9 @@ def test_predict_reads_a_data_frame_by_column_name(fit, result_name):
     df = pd.DataFrame(X, columns=names)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        kw = {"data": (np.asarray(data[c].X), np.asarray(data[c].y))} if result_name == "fgpr" else {}
+        kw = (
+            {"data": (np.asarray(data[c].X), np.asarray(data[c].y))} if EXPECT[result_name].new_client == "data" else {}
+        )
         by_position = res.predict(X, client=c)
         by_name = res.predict(df[names[::-1]], client=c)
         if result_name in MIXTURES:
@@ -381,7 +338,7 @@ def test_predict_encodes_a_category_as_the_fit_did():
 #: must say so in a warning that names the criterion. (The GLM's is tested on its own,
 #: test_federated_glm.py::test_non_convergence_warns_naming_the_predictor; FedEM's, D-FedEM's and
 #: FedAvg's in their files.)
-UNCONVERGED = {"hm2", "hm2-nuts", "lasso", "ridge", "bglm", "hglm"}
+UNCONVERGED = {n for n, e in EXPECT.items() if e.unconverged}
 
 
 def test_a_fit_that_stops_unconverged_says_why(fit, result_name, fit_warnings):
@@ -393,5 +350,5 @@ def test_a_fit_that_stops_unconverged_says_why(fit, result_name, fit_warnings):
         assert said, f"{result_name}: converged=False without a warning"
         keys = ("tol", "R-hat", "criterion", "changed by", "moved by", "from the likelihood's maximum")
         assert any(k in w for w in said for k in keys), said
-    elif result_name == "fem-omd-result":
+    elif result_name in ONLINE:
         assert res.converged is None  # an online learner has no stopping rule

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .common import converged_text, given, no_intercept, rounds
 from .exchanges import DP_NOTE, GLM_CHECK, ROWS_EP, SCALING, dp_exchange, exchange
-from .spec import Array, CLIError, Command, Declaration, Disclosure, Example, Option
+from .spec import Array, CLIError, Command, Declaration, Disclosure, Example, Expect, Option
 
 #: the special columns of a GLM (not predictors)
 ROLES = ("offset", "exposure", "weights", "trials")
@@ -203,7 +203,14 @@ GLM = Declaration(
         standard_errors=True,
     ),
     reference="statsmodels.api:GLM",
-    examples=(Example("glm", {"family": "gaussian"}, {"seed": 0, "progress": False}),),
+    examples=(
+        Example(
+            "glm",
+            {"family": "gaussian"},
+            {"seed": 0, "progress": False},
+            expect=Expect(remedy="BayesianGLM", new_client="shared", client_rows=False, summary_sd=True, bands=True),
+        ),
+    ),
     bad_parameter=("family", "weibull"),
 )
 
@@ -260,7 +267,23 @@ BGLM = Declaration(
         "bglm", "fedstats.glm:BayesianGLM", "the glm with a prior and posteriors", "coefficients shared by every client"
     ),
     reference="fedstats.reference.glm:pooled_nuts",
-    examples=(Example("bglm", {"family": "binomial", "rounds": 3, "num_draws": 400}, _BINARY_FIT, data="binary"),),
+    examples=(
+        Example(
+            "bglm",
+            {"family": "binomial", "rounds": 3, "num_draws": 400},
+            _BINARY_FIT,
+            data="binary",
+            expect=Expect(
+                (True, False),
+                "HierarchicalGLM",
+                "shared",
+                client_rows=False,
+                bands=True,
+                discrete=True,
+                unconverged=True,
+            ),
+        ),
+    ),
     bad_parameter=("prior_scale", 0.0),
 )
 HGLM = Declaration(
@@ -276,7 +299,15 @@ HGLM = Declaration(
         "each client's coefficients around the population mean mu (tau: their variances)",
     ),
     reference="fedstats.reference.glm:pooled_nuts",
-    examples=(Example("hglm", {"family": "binomial", "rounds": 2, "num_draws": 400}, _BINARY_FIT, data="binary"),),
+    examples=(
+        Example(
+            "hglm",
+            {"family": "binomial", "rounds": 2, "num_draws": 400},
+            _BINARY_FIT,
+            data="binary",
+            expect=Expect((True, True), new_client="population", discrete=True, unconverged=True),
+        ),
+    ),
     bad_parameter=("family", "gaussian"),
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .common import given, rounds
 from .exchanges import exchange
-from .spec import Array, Command, Declaration, Disclosure, Example, Option
+from .spec import Array, Command, Declaration, Disclosure, Example, Expect, Option
 
 _OPTIONS = (
     rounds("communication rounds"),
@@ -101,7 +101,15 @@ FGPR = Declaration(
         scale_inputs=True,
     ),
     reference="fedstats.gp:FGPR.fit_centralised",
-    examples=(Example("fgpr", {"rounds": 3, "newton_steps": 5}, {"seed": 0, "progress": False}),),
+    examples=(
+        Example(
+            "fgpr",
+            {"rounds": 3, "newton_steps": 5},
+            {"seed": 0, "progress": False},
+            # the Laplace approximation of its hyperparameters; a new client predicted from its own rows
+            expect=Expect((True, False), "predict", "data", client_rows=False, bands=True),
+        ),
+    ),
     bad_parameter=("kernel", "cubic"),
 )
 

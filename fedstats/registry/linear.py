@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .common import STANDARDIZE, converged_text, given, no_intercept, rounds, uncertainty
 from .exchanges import CURVATURE, DESIGN, EP_ROUNDS, LASSO_CHECK, SCALING, exchange
-from .spec import Array, CLIError, Command, Declaration, Disclosure, Example, Option
+from .spec import Array, CLIError, Command, Declaration, Disclosure, Example, Expect, Option
 
 _NODE_POSTERIOR = (
     "nothing of its data: the server sends the final q, the node forms the client's posterior "
@@ -14,6 +14,9 @@ _NODE_POSTERIOR = (
     "noise sd, sampler diagnostics)."
 )
 _EP_FIT = {"seed": 0, "progress": False}
+#: the EP models' examples: both posteriors, a new client from the population, stopped unconverged
+_EP_EXPECT = Expect(posteriors=(True, True), new_client="population", unconverged=True)
+_UNCERTAINTY, _HM2 = "uncertainty=True", "HierarchicalLinearModel"  # what a missing posterior's error names
 _EP_ROUNDS = rounds("EP rounds, stopping when converged")
 _INTERCEPT = no_intercept("one per client")
 
@@ -56,7 +59,7 @@ HM2 = Declaration(
     _ep_command("hm2", "fedstats.linear:HierarchicalLinearModel", "hierarchical regression"),
     reference="fedstats.reference.hierarchical:pooled_nuts",
     examples=(
-        Example("hm2", {"rounds": 3}, _EP_FIT),
+        Example("hm2", {"rounds": 3}, _EP_FIT, expect=_EP_EXPECT),
         Example(
             "hm2-nuts",
             {
@@ -65,6 +68,7 @@ HM2 = Declaration(
                 "estimator_options": {"num_warmup": 50, "num_samples": 50, "num_chains": 1},
             },
             _EP_FIT,
+            expect=_EP_EXPECT,
         ),
     ),
     bad_parameter=("rounds", 0),
@@ -80,8 +84,14 @@ LASSO = Declaration(
     _ep_command("lasso", "fedstats.linear:BayesianLasso", f"Bayesian lasso {_SELECTION}"),
     reference="fedstats.linear.shrinkage_pooled:pooled_nuts",
     examples=(
-        Example("lasso", {"rounds": 2}, _EP_FIT),
-        Example("lasso-centralised", {}, {"seed": 0, "num_warmup": 100, "num_samples": 100}, method="fit_centralised"),
+        Example("lasso", {"rounds": 2}, _EP_FIT, expect=_EP_EXPECT),
+        Example(
+            "lasso-centralised",
+            {},
+            {"seed": 0, "num_warmup": 100, "num_samples": 100},
+            method="fit_centralised",
+            expect=Expect(posteriors=(True, True), new_client="population"),
+        ),
     ),
     bad_parameter=("damping", 1.5),
 )
@@ -93,7 +103,7 @@ RIDGE = Declaration(
     (_SHRINKAGE,),
     _ep_command("ridge", "fedstats.linear:BayesianRidge", f"Bayesian ridge {_SELECTION}"),
     reference="fedstats.linear.shrinkage_pooled:pooled_nuts",
-    examples=(Example("ridge", {"rounds": 2}, _EP_FIT),),
+    examples=(Example("ridge", {"rounds": 2}, _EP_FIT, expect=_EP_EXPECT),),
     bad_parameter=("tol", -1),
 )
 
@@ -227,8 +237,8 @@ HM1 = Declaration(
     ),
     reference="fedstats.linear:StructuralCovarianceModel.fit_centralised",
     examples=(
-        Example("hm1", {"rounds": 5}, {**_HM1_FIT, "uncertainty": True}),
-        Example("hm1-point", {"rounds": 5}, {**_HM1_FIT, "uncertainty": False}),
+        Example("hm1", {"rounds": 5}, {**_HM1_FIT, "uncertainty": True}, expect=Expect((False, True), _UNCERTAINTY)),
+        Example("hm1-point", {"rounds": 5}, {**_HM1_FIT, "uncertainty": False}, expect=Expect(remedy=_UNCERTAINTY)),
     ),
     bad_parameter=("posterior_omega", "mle"),
 )
@@ -270,7 +280,7 @@ SEPARATE = Declaration(
         ),
     ),
     reference="numpy.linalg:lstsq",
-    examples=(Example("separate"),),
+    examples=(Example("separate", expect=Expect(remedy=_HM2, global_rows=False)),),
     bad_parameter=("method", "qr"),
 )
 _FEDAVG_DITTO = Disclosure("FedAvg, Ditto", _AVERAGING, "FedAvg nothing; Ditto its personal coefficients.")
@@ -281,7 +291,7 @@ FEDAVG = Declaration(
     "one shared regression by federated averaging (a baseline)",
     (_FEDAVG_DITTO,),
     reference="numpy.linalg:lstsq",
-    examples=(Example("fedavg"),),
+    examples=(Example("fedavg", expect=Expect(remedy=_HM2, new_client="shared")),),
     bad_parameter=("local_steps", 0),
 )
 DITTO = Declaration(
@@ -291,7 +301,7 @@ DITTO = Declaration(
     "personalised regressions pulled towards a federated average (a baseline)",
     (_FEDAVG_DITTO,),
     reference=f"{_BASELINES}:PooledOracle",
-    examples=(Example("ditto", {"lam": 1.0}),),
+    examples=(Example("ditto", {"lam": 1.0}, expect=Expect(remedy=_HM2, global_rows=False)),),
     bad_parameter=("grad_reduction", "max"),
 )
 DISTRIBUTED_RIDGE = Declaration(
@@ -310,7 +320,7 @@ DISTRIBUTED_RIDGE = Declaration(
         ),
     ),
     reference="sklearn.linear_model:Ridge",
-    examples=(Example("distributed-ridge"),),
+    examples=(Example("distributed-ridge", expect=Expect(remedy=_HM2, new_client="shared")),),
 )
 
 DECLARATIONS = (HM2, LASSO, RIDGE, HM1, SEPARATE, FEDAVG, DITTO, DISTRIBUTED_RIDGE)

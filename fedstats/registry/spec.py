@@ -19,7 +19,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Array", "Command", "CLIError", "Declaration", "Disclosure", "Example", "Exchange", "Option", "load"]
+__all__ = [
+    "Array",
+    "Command",
+    "CLIError",
+    "Declaration",
+    "Disclosure",
+    "Example",
+    "Exchange",
+    "Expect",
+    "Option",
+    "load",
+]
 
 
 def load(path: str) -> Any:
@@ -153,19 +164,53 @@ class Command:
 
 # --------------------------------------------------------------------------- declaration
 @dataclass(frozen=True)
+class Expect:
+    """What the tests that check every model alike expect of an example's result.
+
+    ``posteriors``: whether it has a global and a client posterior; ``remedy``: what the error
+    for a missing posterior names (an option or a model); ``new_client``: how it predicts a
+    client outside the fit (``"population"``, ``"shared"`` coefficients, from the new client's
+    own ``"data"``, ``"refused"``; mixtures: from the new client's rows); ``global_rows`` and
+    ``client_rows``: whether ``summary()`` and ``client_summary()`` have rows; ``summary_sd``:
+    whether ``summary()`` has sds (a posterior's, or an estimate's standard error);
+    ``bands``: whether ``predict`` gives credible and predictive bands; ``discrete``: they are
+    bands of 0/1 outcomes; ``mixture``: scikit-learn's meaning of ``predict`` (labels);
+    ``unconverged``: the example stops before its convergence rule and must say so."""
+
+    posteriors: tuple[bool, bool] = (False, False)
+    remedy: str = ""
+    new_client: str = "refused"
+    global_rows: bool = True
+    client_rows: bool = True
+    summary_sd: bool | None = None
+    bands: bool | None = None
+    discrete: bool = False
+    mixture: bool = False
+    unconverged: bool = False
+
+    def __post_init__(self) -> None:  # by default: sds and bands where the posteriors are
+        if self.summary_sd is None:
+            object.__setattr__(self, "summary_sd", self.posteriors[0])
+        if self.bands is None:
+            object.__setattr__(self, "bands", self.posteriors[1])
+
+
+@dataclass(frozen=True)
 class Example:
     """A small fit of the model, for the tests that check every model alike.
 
     ``params`` go to the estimator, ``fit`` to the fitting method ``method``; ``data`` names
     the data it takes: ``"regression"`` (the example sites with target y), ``"binary"`` (the
     same with y made 0/1), ``"features"`` (the sites' two features, no target) or
-    ``"stream"`` (two batches of an online stream, given to ``partial_fit`` in turn)."""
+    ``"stream"`` (two batches of an online stream, given to ``partial_fit`` in turn).
+    ``expect``: what the every-model tests expect of its result (:class:`Expect`)."""
 
     name: str
     params: Mapping[str, Any] = field(default_factory=dict)
     fit: Mapping[str, Any] = field(default_factory=dict)
     data: str = "regression"
     method: str = "fit"
+    expect: Expect = field(default_factory=Expect)
 
 
 @dataclass(frozen=True)
