@@ -108,6 +108,7 @@ FGPR = Declaration(
             {"seed": 0, "progress": False},
             # the Laplace approximation of its hyperparameters; a new client predicted from its own rows
             expect=Expect((True, False), "predict", "data", client_rows=False, bands=True),
+            long={"rounds": 12, "participation": 5},
         ),
     ),
     bad_parameter=("kernel", "cubic"),

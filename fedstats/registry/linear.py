@@ -14,6 +14,7 @@ _NODE_POSTERIOR = (
     "noise sd, sampler diagnostics)."
 )
 _EP_FIT = {"seed": 0, "progress": False}
+_TWELVE = {"rounds": 12, "tol": 0.0}  # twelve rounds, whatever has converged
 #: the EP models' examples: both posteriors, a new client from the population, stopped unconverged
 _EP_EXPECT = Expect(posteriors=(True, True), new_client="population", unconverged=True)
 _UNCERTAINTY, _HM2 = "uncertainty=True", "HierarchicalLinearModel"  # what a missing posterior's error names
@@ -59,7 +60,7 @@ HM2 = Declaration(
     _ep_command("hm2", "fedstats.linear:HierarchicalLinearModel", "hierarchical regression"),
     reference="fedstats.reference.hierarchical:pooled_nuts",
     examples=(
-        Example("hm2", {"rounds": 3}, _EP_FIT, expect=_EP_EXPECT),
+        Example("hm2", {"rounds": 3}, _EP_FIT, expect=_EP_EXPECT, long=_TWELVE),
         Example(
             "hm2-nuts",
             {
@@ -84,7 +85,7 @@ LASSO = Declaration(
     _ep_command("lasso", "fedstats.linear:BayesianLasso", f"Bayesian lasso {_SELECTION}"),
     reference="fedstats.linear.shrinkage_pooled:pooled_nuts",
     examples=(
-        Example("lasso", {"rounds": 2}, _EP_FIT, expect=_EP_EXPECT),
+        Example("lasso", {"rounds": 2}, _EP_FIT, expect=_EP_EXPECT, long=_TWELVE),
         Example(
             "lasso-centralised",
             {},
@@ -103,7 +104,7 @@ RIDGE = Declaration(
     (_SHRINKAGE,),
     _ep_command("ridge", "fedstats.linear:BayesianRidge", f"Bayesian ridge {_SELECTION}"),
     reference="fedstats.linear.shrinkage_pooled:pooled_nuts",
-    examples=(Example("ridge", {"rounds": 2}, _EP_FIT, expect=_EP_EXPECT),),
+    examples=(Example("ridge", {"rounds": 2}, _EP_FIT, expect=_EP_EXPECT, long=_TWELVE),),
     bad_parameter=("tol", -1),
 )
 
@@ -237,7 +238,13 @@ HM1 = Declaration(
     ),
     reference="fedstats.linear:StructuralCovarianceModel.fit_centralised",
     examples=(
-        Example("hm1", {"rounds": 5}, {**_HM1_FIT, "uncertainty": True}, expect=Expect((False, True), _UNCERTAINTY)),
+        Example(
+            "hm1",
+            {"rounds": 5},
+            {**_HM1_FIT, "uncertainty": True},
+            expect=Expect((False, True), _UNCERTAINTY),
+            long={"rounds": 12},
+        ),
         Example("hm1-point", {"rounds": 5}, {**_HM1_FIT, "uncertainty": False}, expect=Expect(remedy=_UNCERTAINTY)),
     ),
     bad_parameter=("posterior_omega", "mle"),
@@ -280,7 +287,7 @@ SEPARATE = Declaration(
         ),
     ),
     reference="numpy.linalg:lstsq",
-    examples=(Example("separate", expect=Expect(remedy=_HM2, global_rows=False)),),
+    examples=(Example("separate", expect=Expect(remedy=_HM2, global_rows=False), long={"rounds": 12}),),
     bad_parameter=("method", "qr"),
 )
 _FEDAVG_DITTO = Disclosure("FedAvg, Ditto", _AVERAGING, "FedAvg nothing; Ditto its personal coefficients.")
@@ -291,7 +298,7 @@ FEDAVG = Declaration(
     "one shared regression by federated averaging (a baseline)",
     (_FEDAVG_DITTO,),
     reference="numpy.linalg:lstsq",
-    examples=(Example("fedavg", expect=Expect(remedy=_HM2, new_client="shared")),),
+    examples=(Example("fedavg", expect=Expect(remedy=_HM2, new_client="shared"), long={"rounds": 12}),),
     bad_parameter=("local_steps", 0),
 )
 DITTO = Declaration(
@@ -301,7 +308,7 @@ DITTO = Declaration(
     "personalised regressions pulled towards a federated average (a baseline)",
     (_FEDAVG_DITTO,),
     reference=f"{_BASELINES}:PooledOracle",
-    examples=(Example("ditto", {"lam": 1.0}, expect=Expect(remedy=_HM2, global_rows=False)),),
+    examples=(Example("ditto", {"lam": 1.0}, expect=Expect(remedy=_HM2, global_rows=False), long={"rounds": 12}),),
     bad_parameter=("grad_reduction", "max"),
 )
 DISTRIBUTED_RIDGE = Declaration(

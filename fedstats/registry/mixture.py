@@ -223,7 +223,16 @@ FEDEM = Declaration(
         target=False,
     ),
     reference="sklearn.mixture:GaussianMixture",
-    examples=(Example("fedem", {"n_components": 3}, _SEED, data="features", expect=_POINT_MIXTURE),),
+    examples=(
+        Example(
+            "fedem",
+            {"n_components": 3},
+            _SEED,
+            data="features",
+            expect=_POINT_MIXTURE,
+            long={"n_components": 2, "rounds": 12, "tol": None, "participation": 0.5},
+        ),
+    ),
     bad_parameter=("n_components", 0),
 )
 VB_FEDEM = Declaration(
@@ -234,7 +243,14 @@ VB_FEDEM = Declaration(
     (_VB,),
     reference="sklearn.mixture:BayesianGaussianMixture",
     examples=(
-        Example("vb-fedem", {"n_components": 3}, _SEED, data="features", expect=Expect((True, True), mixture=True)),
+        Example(
+            "vb-fedem",
+            {"n_components": 3},
+            _SEED,
+            data="features",
+            expect=Expect((True, True), mixture=True),
+            long={"n_components": 2, "rounds": 12, "tol": None},
+        ),
     ),
     bad_parameter=("mean_precision_prior", -1.0),
 )
@@ -245,7 +261,16 @@ D_FEDEM = Declaration(
     "Gaussian mixture without a server: clients gossip with their neighbours (D-FedEM)",
     (_DFEDEM,),
     reference="sklearn.mixture:GaussianMixture",
-    examples=(Example("d-fedem", {"n_components": 3, "graph": "ring"}, _SEED, data="features", expect=_POINT_MIXTURE),),
+    examples=(
+        Example(
+            "d-fedem",
+            {"n_components": 3, "graph": "ring"},
+            _SEED,
+            data="features",
+            expect=_POINT_MIXTURE,
+            long={"n_components": 2, "rounds": 12},
+        ),
+    ),
     bad_parameter=("mixing", "slow"),
 )
 FEM_OMD = Declaration(
@@ -263,6 +288,7 @@ FEM_OMD = Declaration(
             data="stream",
             method="partial_fit",
             expect=_POINT_MIXTURE,
+            long={"horizon": 12},
         ),
     ),
 )

@@ -203,7 +203,9 @@ class Example:
     the data it takes: ``"regression"`` (the example sites with target y), ``"binary"`` (the
     same with y made 0/1), ``"features"`` (the sites' two features, no target) or
     ``"stream"`` (two batches of an online stream, given to ``partial_fit`` in turn).
-    ``expect``: what the every-model tests expect of its result (:class:`Expect`)."""
+    ``expect``: what the every-model tests expect of its result (:class:`Expect`); ``long``:
+    the parameters that make it a run of at least 12 rounds (the test that no fit draws a random
+    stream twice runs it so, with 20 clients)."""
 
     name: str
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -211,6 +213,7 @@ class Example:
     data: str = "regression"
     method: str = "fit"
     expect: Expect = field(default_factory=Expect)
+    long: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

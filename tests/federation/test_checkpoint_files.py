@@ -14,13 +14,9 @@ import pytest
 
 from fedstats import FederatedData
 from fedstats.federation.checkpoints import read_checkpoint
-from fedstats.glm import BayesianGLM, FederatedGLM, HierarchicalGLM
-from fedstats.gp import FGPR
 from fedstats.gp.multifidelity import FederatedAR1
 from fedstats.gp.nargp import FederatedNARGP
-from fedstats.linear import BayesianLasso, BayesianRidge, HierarchicalLinearModel, StructuralCovarianceModel
-from fedstats.linear.baselines import DistributedRidge, Ditto, FedAvg, Separate
-from fedstats.mixture import DecentralizedGaussianMixture, FederatedGaussianMixture, VariationalGaussianMixture
+from fedstats.mixture import FederatedGaussianMixture
 
 
 def regression(K=6, n=30, d=2):
@@ -55,35 +51,46 @@ def chain():
 
 
 LEVELS = ["LF", "MF", "HF"]
-#: name -> (the model with a round budget r, its data, its fit's extra arguments, whether more
-#: rounds means more completed rounds of its main run: a one-shot fit's run has one round, a
-#: chain's as many as its levels need)
+SOURCES = {"regression": regression, "binary": binary, "features": blobs}
+
+
+def _from_examples():
+    """name -> (the model with a round budget r, its data, its fit's arguments, whether more
+    rounds means more completed rounds): every registered model's first example that is
+    federated and not online; a model declared to run long (``long``) gets r rounds and never
+    stops early, the others (one-shot fits, IRLS) keep their example's budget."""
+    from fedstats.registry import declarations
+
+    out = {}
+    for name, d in declarations().items():
+        ex = next((e for e in d.examples if e.method == "fit" and e.data in SOURCES), None)
+        if ex is None:
+            continue
+        grows = "rounds" in ex.long
+        fit = {k: v for k, v in ex.fit.items() if k not in ("seed", "progress")}
+
+        def make(r, d=d, ex=ex, grows=grows):
+            return d.estimator_class(**{**ex.params, **ex.long, **({"rounds": r} if grows else {})})
+
+        out[name] = (make, SOURCES[ex.data], fit, grows)
+    return out
+
+
+#: every model whose fit is the one skeleton (fedstats.fitting): the registry's examples, and
+#: the federated chains of fidelity levels, which have no example of their own (their data are
+#: levels); each a model with a round budget r, its data, its fit's arguments, and whether more
+#: rounds means more completed rounds of its main run
 MODELS = {
-    "hm2": (lambda r: HierarchicalLinearModel(rounds=r), regression, {}, True),
-    "lasso": (lambda r: BayesianLasso(rounds=r), regression, {}, True),
-    "ridge": (lambda r: BayesianRidge(rounds=r), regression, {}, True),
-    "hm1": (lambda r: StructuralCovarianceModel(rounds=r), regression, {}, True),
-    "separate": (lambda r: Separate(rounds=r), regression, {}, False),
-    "fedavg": (lambda r: FedAvg(rounds=r), regression, {}, True),
-    "ditto": (lambda r: Ditto(rounds=r), regression, {}, True),
-    "distributed-ridge": (lambda r: DistributedRidge(), regression, {}, False),
-    "glm": (lambda r: FederatedGLM("gaussian", rounds=r, tol=1e-300), regression, {}, True),
-    "bglm": (lambda r: BayesianGLM("binomial", rounds=r, num_draws=100, tol=1e-300), binary, {}, True),
-    "hglm": (lambda r: HierarchicalGLM("binomial", rounds=r, num_draws=100, tol=1e-300), binary, {}, True),
-    "fgpr": (lambda r: FGPR(rounds=r), regression, {}, True),
+    **_from_examples(),
     "federated-ar1": (lambda r: FederatedAR1(restarts=1), chain, {"order": LEVELS}, False),
     "federated-nargp": (lambda r: FederatedNARGP(restarts=1, samples=10), chain, {"order": LEVELS}, False),
-    "fedem": (lambda r: FederatedGaussianMixture(2, rounds=r), blobs, {}, True),
-    "vb-fedem": (lambda r: VariationalGaussianMixture(2, rounds=r), blobs, {}, True),
-    "d-fedem": (lambda r: DecentralizedGaussianMixture(2, rounds=r), blobs, {}, True),
 }
 
 
 def test_every_federated_model_of_the_registry_is_here():
-    """Every model whose fit is the one skeleton (fedstats.fitting) checkpoints: all the
-    registry's but FEM-OMD (online: one step per call), your own NumPyro model's
-    federated_ep and federated_moments (functions, not estimators) and the centralised
-    multi-fidelity models."""
+    """Every model whose fit is the one skeleton checkpoints: all the registry's but FEM-OMD
+    (online: one step per call), your own NumPyro model's federated_ep and federated_moments
+    (functions, not estimators) and the centralised multi-fidelity models."""
     from fedstats.registry import declarations
 
     others = {"fem-omd", "custom-ep", "moments", "ar1", "nargp"}
@@ -102,6 +109,9 @@ def test_every_federated_model_checkpoints_to_a_safe_file_and_resumes(name, tmp_
             assert sorted(z.namelist()) == ["arrays.npz", "fedstats.json"]
         saved = read_checkpoint(str(path))
         assert saved["format"] == 2 and saved["completed"] >= 1
+        # a budget that drives the main run: it ran the 2 rounds given (Separate's rounds are
+        # local steps in one round)
+        grows = grows and saved["completed"] == 2
         again = make(3).fit(data(), seed=0, progress=False, checkpoint=path, resume=True, **extra)
     done = read_checkpoint(str(path))["completed"]
     assert done > saved["completed"] if grows else done == saved["completed"]
