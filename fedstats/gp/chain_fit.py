@@ -50,26 +50,29 @@ class ChainFit(FederatedAlgorithm):
     """The fit of a chain of fidelity levels (see the module's docs). ``model`` is ``"ar1"``
     (each level an :class:`~fedstats.gp.ar1_result.AR1Level`) or ``"nargp"``
     (:class:`~fedstats.gp.nargp_result.NARGPLevel`, its paths drawn with ``samples`` and
-    ``seed``); ``order`` the clients lowest first; ``options`` the model's kernel options;
-    level t's maximum-likelihood starts are seeded ``seed + t``, as the centralised fit's."""
+    ``seed``); ``order`` the clients lowest first; ``specs`` each level's GP prior (the model's
+    ``level_spec``); level t's ``restarts`` maximum-likelihood starts are seeded ``seed + t``,
+    as the centralised fit's."""
 
     reply_keys = ("queries", "mean", "var", "n", "mu", "sd", "rho", *HYPER)
     random_client_steps = False
 
-    def __init__(self, model: str, order: Sequence[Hashable], options: Mapping[str, Any], seed: int, samples: int = 0):
-        self.model, self.order, self.options = model, list(order), dict(options)
-        self.seed, self.samples = int(seed), int(samples)
+    def __init__(
+        self,
+        model: str,
+        order: Sequence[Hashable],
+        specs: Sequence[HyperSpec],
+        restarts: int,
+        seed: int,
+        samples: int = 0,
+    ) -> None:
+        self.model, self.order, self.specs = model, list(order), list(specs)
+        self.restarts, self.seed, self.samples = int(restarts), int(seed), int(samples)
         self.plan = plan(len(self.order))
 
     def schedule(self) -> list[list[Hashable]]:
         """The participation schedule: the client of each round."""
         return [list(self.order) if t is None else [self.order[t]] for _, t in self.plan]
-
-    def spec(self, d: int, t: int) -> HyperSpec:
-        o = self.options
-        if self.model == "nargp":  # on (x, the level below's value) above the lowest level: ARD
-            return HyperSpec(d=d + (t > 0), kernel=o["kernel"], ard=True)
-        return HyperSpec(d=d, kernel=o["kernel"], nu=o["nu"], ard=o["ard"], noise_floor=o["noise_floor"])
 
     # ------------------------------------------------------------------ server
     def init_server(self, clients: Sequence[Hashable], rng: np.random.Generator) -> dict:
@@ -115,12 +118,10 @@ class ChainFit(FederatedAlgorithm):
         from .nargp_result import NARGPLevel
 
         t = self.order.index(client)
-        X = np.asarray(data.X, dtype=float)
-        X = X[:, None] if X.ndim == 1 else X
-        spec, restarts, seed = self.spec(X.shape[1], t), self.options["restarts"], self.seed + t
+        X, y, spec, seed = np.asarray(data.X), np.asarray(data.y), self.specs[t], self.seed + t
         if self.model == "nargp":
-            return NARGPLevel(X, np.asarray(data.y), t, spec, restarts=restarts, seed=seed)
-        return AR1Level(X, np.asarray(data.y), spec, restarts=restarts, seed=seed)
+            return NARGPLevel(X, y, t, spec, restarts=self.restarts, seed=seed)
+        return AR1Level(X, y, spec, restarts=self.restarts, seed=seed)
 
     def client_step(self, message: Message, level: Any, data: Any, rng: Any) -> tuple[Message, Any]:
         task = TASKS[int(message["task"][0])]
@@ -148,7 +149,7 @@ class ChainFit(FederatedAlgorithm):
         return None
 
     # ------------------------------------------------------------------ result
-    def released(self, state: dict, d: int) -> list[Any]:
+    def released(self, state: dict) -> list[Any]:
         """Each level as released (no rows), lowest first, from the release round's replies."""
         from .ar1_result import AR1Level
         from .nargp_result import NARGPLevel
@@ -164,8 +165,8 @@ class ChainFit(FederatedAlgorithm):
                 "n": int(r["n"][0]),
                 "mu": float(r["mu"][0]),
                 "sd": float(r["sd"][0]),
-                "spec": self.spec(d, t),
-                "restarts": int(self.options["restarts"]),
+                "spec": self.specs[t],
+                "restarts": self.restarts,
                 "seed": self.seed + t,
                 "hyper": {k: np.array(r[k], dtype=float) for k in HYPER},
             }

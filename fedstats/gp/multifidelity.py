@@ -185,8 +185,8 @@ class _AR1Options(Estimator):
     ) -> None:
         self.kernel, self.nu, self.ard, self.restarts, self.noise_floor = kernel, nu, ard, restarts, noise_floor
 
-    def level_spec(self, d: int) -> HyperSpec:
-        """The GP prior of every level, on ``d`` inputs."""
+    def level_spec(self, d: int, t: int = 0) -> HyperSpec:
+        """The GP prior of every level (level ``t``'s is the same), on ``d`` inputs."""
         return HyperSpec(d=d, kernel=self.kernel, nu=self.nu, ard=self.ard, noise_floor=self.noise_floor)
 
 
@@ -295,11 +295,12 @@ def fit_chain(
     ``result``."""
     order = chain_order(data, order, type(model).__name__)
     params = model.get_params()
-    algorithm = ChainFit(kind, order, params, run.seed, samples=params.get("samples", 0))
+    specs = [model.level_spec(data.n_features, t) for t in range(len(order))]
+    algorithm = ChainFit(kind, order, specs, params["restarts"], run.seed, samples=params.get("samples", 0))
     clients = data.subset(order)
     out = run.run(algorithm, clients, rounds=len(algorithm.plan), kind="chain", participation=algorithm.schedule())
     return result(
-        levels=algorithm.released(out.server_state, clients.n_features),
+        levels=algorithm.released(out.server_state),
         data=data,
         names=order,
         feature_names=list(data.feature_names),
