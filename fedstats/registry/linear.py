@@ -22,10 +22,12 @@ _EP_ROUNDS = rounds("EP rounds, stopping when converged")
 _INTERCEPT = no_intercept("one per client")
 
 
-def _scaled_note(args, res) -> list[str]:
+def _scaled_note(args, res, penalised: bool = False) -> list[str]:
+    """The line under the header of a fit on the standardised scale (``penalised``: the
+    shrinkage models, whose lambda acts on that scale)."""
     if getattr(res, "scaling", None) is None:
         return []
-    penalty = "; lambda penalises the standardised coefficients" if args.model in ("lasso", "ridge") else ""
+    penalty = "; lambda penalises the standardised coefficients" if penalised else ""
     return [
         "(fitted on predictors and target standardised with federated moments, reported on the data's scale"
         f"{penalty}; --no-standardize fits the data as given)"
@@ -40,7 +42,7 @@ def _ep_header(args, res, runtime: float) -> str:
     )
 
 
-def _ep_command(name: str, cls: str, help: str) -> Command:
+def _ep_command(name: str, cls: str, help: str, penalised: bool = False) -> Command:
     options = (_EP_ROUNDS, STANDARDIZE, _INTERCEPT)
 
     def build(args):
@@ -48,7 +50,10 @@ def _ep_command(name: str, cls: str, help: str) -> Command:
 
         return load(cls)(**given(args, options)), {}
 
-    return Command(name, help, options, build, _ep_header, notes=_scaled_note)
+    def notes(args, res) -> list[str]:
+        return _scaled_note(args, res, penalised)
+
+    return Command(name, help, options, build, _ep_header, notes=notes)
 
 
 HM2 = Declaration(
@@ -82,7 +87,7 @@ LASSO = Declaration(
     "fedstats.linear:ShrinkageResult",
     "Bayesian lasso: per-client coefficients shrunk towards 0, with variable selection, by federated EP",
     (_SHRINKAGE,),
-    _ep_command("lasso", "fedstats.linear:BayesianLasso", f"Bayesian lasso {_SELECTION}"),
+    _ep_command("lasso", "fedstats.linear:BayesianLasso", f"Bayesian lasso {_SELECTION}", penalised=True),
     reference="fedstats.linear.shrinkage_pooled:pooled_nuts",
     examples=(
         Example("lasso", {"rounds": 2}, _EP_FIT, expect=_EP_EXPECT, long=_TWELVE),
@@ -102,7 +107,7 @@ RIDGE = Declaration(
     "fedstats.linear:ShrinkageResult",
     "Bayesian ridge: per-client coefficients with a Gaussian shrinkage prior, by federated EP",
     (_SHRINKAGE,),
-    _ep_command("ridge", "fedstats.linear:BayesianRidge", f"Bayesian ridge {_SELECTION}"),
+    _ep_command("ridge", "fedstats.linear:BayesianRidge", f"Bayesian ridge {_SELECTION}", penalised=True),
     reference="fedstats.linear.shrinkage_pooled:pooled_nuts",
     examples=(Example("ridge", {"rounds": 2}, _EP_FIT, expect=_EP_EXPECT, long=_TWELVE),),
     bad_parameter=("tol", -1),
