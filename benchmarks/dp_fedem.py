@@ -63,12 +63,12 @@ def quiet(f):
 
 def errors(res, W, plain=None):
     out = {
-        "mean_err": float(np.abs(res.means_ - MU).max()),
-        "cov_err": float(np.abs(res.covariances_ - np.eye(2)).max()),
-        "weights_err": float(np.mean([np.abs(res.weights_[c] - W[i]).max() for i, c in enumerate(res.weights_)])),
+        "mean_err": float(np.abs(res.means - MU).max()),
+        "cov_err": float(np.abs(res.covariances - np.eye(2)).max()),
+        "weights_err": float(np.mean([np.abs(res.weights[c] - W[i]).max() for i, c in enumerate(res.weights)])),
     }
     if plain is not None:
-        out["vs_plain"] = float(np.abs(res.means_ - plain.means_).max())
+        out["vs_plain"] = float(np.abs(res.means - plain.means).max())
     return out
 
 
@@ -164,7 +164,7 @@ def run(seeds, zs):
                         eps = res.privacy.epsilon
                         e = errors(res, W, plain)
                         sd = res.dp_noise_sd["means"]
-                        e["coverage"] = float(np.mean(np.abs(res.means_ - plain.means_) <= 1.96 * sd))
+                        e["coverage"] = float(np.mean(np.abs(res.means - plain.means) <= 1.96 * sd))
                     for k, v in e.items():
                         acc.setdefault(k, []).append(v)
             m = m_plain if placement == "none" else m_row  # the plain row's fits are the plain fits

@@ -1,6 +1,6 @@
 """Federated EP against pooled NUTS on the paper's HM2 uncertainty example (spec §4.2).
 
-K = 100 devices, d = 4, 100 points each, phi = (mu, log tau_1..4). In one run:
+K = 100 clients, d = 4, 100 points each, phi = (mu, log tau_1..4). In one run:
 
 * federated EP with the defaults (Rao-Blackwellised tilted moments: mu integrated in
   closed form, log tau importance-sampled; numpy, nothing compiled), twice,
@@ -117,7 +117,7 @@ def main(argv=None) -> dict:
             "truth_in_90": [bool(v) for v in (nlo <= tv) & (tv <= nhi)],
         }
     out = {
-        "example": f"HM2 uncertainty example, K={K}, d=4, n=100 per device, sigma={sigma} known",
+        "example": f"HM2 uncertainty example, K={K}, d=4, n=100 per client, sigma={sigma} known",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, jax backend {jax.default_backend()}",
         **record(m_ep.scope),
         "ep": {

@@ -101,9 +101,9 @@ def case(name, C, n, d, M, ct, K1=5, K2=25, seed=0):
     per_fed = float(np.median([r.seconds for r in fed.history]))
     per_private = float(np.median([r.seconds for r in fits[False].history]))
     diff = max(
-        np.abs(fed.means_ - gm.means_).max(),
-        np.abs(fed.covariances_ - gm.covariances_).max(),
-        np.abs(fed.weights_[data.clients[0]] - gm.weights_).max(),
+        np.abs(fed.means - gm.means_).max(),
+        np.abs(fed.covariances - gm.covariances_).max(),
+        np.abs(fed.weights[data.clients[0]] - gm.weights_).max(),
     )
     # converged fits from each method's own initialisation
     sk_conv = quiet(lambda: GaussianMixture(M, covariance_type=ct, tol=1e-6, max_iter=500, random_state=0).fit(X))

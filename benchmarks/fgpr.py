@@ -4,7 +4,7 @@ For a few federations, in one run:
 
 * ``FGPR.fit`` through the federated runtime, clients with equal batch sizes as one batched
   GP (the default), and one client at a time (``batched=False``);
-* ``FGPR.fit_centralised``: the same objective ``sum_k p_k L_k / N_k`` on pooled data,
+* ``FGPR.fit_centralized``: the same objective ``sum_k p_k L_k / N_k`` on pooled data,
   maximised by L-BFGS (full data, exact Cholesky);
 
 then seconds per federated round, total times and their ratio (the batched and centralised fits
@@ -102,7 +102,7 @@ def main():
         res, best, every = interleaved(
             {
                 "fed": synced(lambda: model.fit(data, seed=0, progress=False), gpu["fed"]),
-                "cen": synced(lambda: model.fit_centralised(data, seed=0), gpu["cen"]),
+                "cen": synced(lambda: model.fit_centralized(data, seed=0), gpu["cen"]),
             },
             a.repeats,
         )

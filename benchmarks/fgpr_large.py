@@ -1,7 +1,7 @@
 """FGPR for large clients: one client's personal prediction from all of its rows.
 
 One client with n in {1,000, 5,000, 10,000, 20,000} rows (d = 2: a smooth function plus
-noise), hyperparameters fitted by ``FGPR.fit_centralised`` on a 2 x 500-row federation of the
+noise), hyperparameters fitted by ``FGPR.fit_centralized`` on a 2 x 500-row federation of the
 same function, and 500 test points. For each n, in one run:
 
 * ``FGPRResult.predict`` as a user calls it (all rows; the exact Cholesky formulas, tiled
@@ -43,7 +43,7 @@ from _measure import fmt_mib, measure, mib, record, rss_note
 from fedstats.data import FederatedData
 from fedstats.gp import FGPR
 from fedstats.gp._core import posterior
-from fedstats.gp.fgpr_algorithm import standardise
+from fedstats.gp.fgpr_algorithm import standardize
 
 RESULTS = Path(__file__).parent / "results"
 D, N_TEST, NOISE_SD = 2, 500, 0.1
@@ -111,7 +111,7 @@ def main():
     a = ap.parse_args()
     train = [client(500, seed) for seed in (1, 2)]
     fed = FederatedData.from_arrays([X for X, _ in train], [y for _, y in train])
-    res = FGPR(rounds=1).fit_centralised(fed, seed=0)
+    res = FGPR(rounds=1).fit_centralized(fed, seed=0)
     hyper, spec = res.hyperparameters, res.spec
     noise = float(hyper["noise"][0])
     Xs = np.random.default_rng(99).uniform(0, 1, (N_TEST, D))
@@ -124,7 +124,7 @@ def main():
     rows = []
     for n in a.sizes:
         X, y = client(n, 10 + n)
-        ys = standardise(y)[0]
+        ys = standardize(y)[0]
         with measure() as m:
             pred = res.predict(Xs, data=(X, y), scale="standardized", progress=False)
         mean, var_f = pred["mean"].to_numpy(), pred["sd"].to_numpy() ** 2
@@ -156,7 +156,7 @@ def main():
     stress, var_range = [], None
     if a.gpytorch:
         X, y = client(2000, 7)
-        ys = standardise(y)[0]
+        ys = standardize(y)[0]
         hard = {"lengthscale": np.array([0.2]), "outputscale": np.array([1.0]), "noise": np.array([0.01])}
         with measure() as me:
             ref = posterior(spec, hard, X, ys, Xs, device=torch.device("cpu"), dtype=torch.float64)
@@ -183,7 +183,7 @@ def main():
         "exact_max": a.exact_max,
         "hyperparameters": {k: v.round(5).tolist() for k, v in hyper.items()},
         "note": "one client, y = sin(6 x1) cos(4 x2) + x1 + N(0, 0.1^2) on [0, 1]^2, RBF kernel with hyperparameters "
-        "fitted by fit_centralised on 2 x 500 other rows; seconds and peak RSS of one predict call of 500 test "
+        "fitted by fit_centralized on 2 x 500 other rows; seconds and peak RSS of one predict call of 500 test "
         "points (mean and both bands) after a warm-up; errors on the standardised scale against the dense exact "
         "Cholesky answer: mean relative to max |mean|, var_f and var_y relative to each point's own variance",
         "results": rows,

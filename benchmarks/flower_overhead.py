@@ -40,7 +40,7 @@ def models(K):
         tau=[1.0] * 4, sigma=0.05, fit_intercept=False, estimator="exact", rounds=3, standardize=False
     )
     return [
-        ("FedEM (15 rounds)", fedem, gmm, lambda r: r.means_),
+        ("FedEM (15 rounds)", fedem, gmm, lambda r: r.means),
         ("HM2 exact EP", hm2, reg, lambda r: r.global_posterior().mean),
     ]
 

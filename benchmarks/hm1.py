@@ -5,14 +5,14 @@ For a few federations, in one run (the paper's settings, ``HM1_PAPER`` of
 standardised with an intercept and stopping when converged, for Grunfeld's firms and the
 README's example):
 
-* ``fit`` through the federated runtime with the devices' full-batch steps as one batched
-  product (the default), and with one device at a time (``batched=False``);
-* ``fit_centralised``: the same iteration on stacked arrays with no runtime, which the
+* ``fit`` through the federated runtime with the clients' full-batch steps as one batched
+  product (the default), and with one client at a time (``batched=False``);
+* ``fit_centralized``: the same iteration on stacked arrays with no runtime, which the
   federated fit equals to 1e-12 (``tests/linear/test_structural.py``);
 
 then the rounds run, seconds per round (the fit's one-off exchanges included), the ratios to
 the centralised reference, the largest difference of the coefficients (relative to the largest
-coefficient), the bytes each device sends and receives per round of Algorithm 1, and the peak
+coefficient), the bytes each client sends and receives per round of Algorithm 1, and the peak
 resident memory of each. Writes ``benchmarks/results/hm1.json`` and ``.md`` (``hm1_quick.*`` with ``--quick``).
 
     python benchmarks/hm1.py [--quick]
@@ -98,7 +98,7 @@ def main():
         reps = 1 if data.n_clients > 500 else 3
         fed, m_fed = timed(lambda: model.fit(data, seed=0, progress=False, uncertainty=False), reps)
         loop, m_loop = timed(lambda: model.fit(data, seed=0, progress=False, batched=False, uncertainty=False), reps)
-        cen, m_cen = timed(lambda: model.fit_centralised(data, seed=0), reps)
+        cen, m_cen = timed(lambda: model.fit_centralized(data, seed=0), reps)
         t_fed, t_loop, t_cen = m_fed.seconds, m_loop.seconds, m_cen.seconds
         r = fed.rounds
         assert loop.rounds == r
@@ -122,7 +122,7 @@ def main():
                 "looped_over_batched": round(t_loop / t_fed, 2),
                 "converged": bool(fed.converged),
                 "max_abs_theta_diff": float(np.abs(fed.theta - cen.theta).max() / np.abs(cen.theta).max()),
-                "bytes_per_device_per_round": {
+                "bytes_per_client_per_round": {
                     "down": int(rounds_kind(fed)["bytes_down"] / r / data.n_clients),
                     "up": int(rounds_kind(fed)["bytes_up"] / r / data.n_clients),
                 },
@@ -146,7 +146,7 @@ def main():
         "",
         "| federation | rounds (converged) | s/round federated (batched) | looped | centralised "
         "| federated / centralised "
-        "| looped / batched | max \\|theta diff\\| | bytes down / up per device and round "
+        "| looped / batched | max \\|theta diff\\| | bytes down / up per client and round "
         "| peak RSS MiB batched / looped / centralised |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -156,8 +156,8 @@ def main():
             f"| {r['federation']} | {r['rounds']} ({'yes' if r['converged'] else 'no'}) "
             f"| {s['federated_batched']:.4f} | {s['federated_looped']:.4f} "
             f"| {s['centralised']:.4f} | {r['federated_over_centralised']} | {r['looped_over_batched']} "
-            f"| {r['max_abs_theta_diff']:.1e} | {r['bytes_per_device_per_round']['down']} / "
-            f"{r['bytes_per_device_per_round']['up']} | "
+            f"| {r['max_abs_theta_diff']:.1e} | {r['bytes_per_client_per_round']['down']} / "
+            f"{r['bytes_per_client_per_round']['up']} | "
             + " / ".join(
                 fmt_mib(r["peak_rss_mib"][k]) for k in ("federated_batched", "federated_looped", "centralised")
             )

@@ -1,18 +1,18 @@
 """Federated Bayesian lasso and ridge against pooled NUTS of the same model (spec §4.2).
 
-The Table 2 simulation cases (Case I: K = 10, d = 8, 100 points per device; Case III:
-K = 20, d = 30, 40 points per device; noise sd 0.05). In one run, per case and penalty:
+The Table 2 simulation cases (Case I: K = 10, d = 8, 100 points per client; Case III:
+K = 20, d = 30, 40 points per client; noise sd 0.05). In one run, per case and penalty:
 
 * federated EP (lasso: Metropolis-within-Gibbs tilted moments; ridge: importance
   sampling; damping 1),
-* NumPyro NUTS on the same hierarchical model with all rows pooled (per-device
+* NumPyro NUTS on the same hierarchical model with all rows pooled (per-client
   coefficients and intercepts, shared lambda and sigma^2; 4 chains), the exact posterior
   that EP approximates,
 * for the lasso in Case I, federated EP with NUTS tilted moments (the previous default),
 
 then the wall-time ratios (compilation included everywhere) and the agreement with pooled
-NUTS: the largest |mean difference| / NUTS sd over phi and every device coefficient, the
-range of sd ratios, and the share of (device, predictor) selection decisions at 90% that
+NUTS: the largest |mean difference| / NUTS sd over phi and every client coefficient, the
+range of sd ratios, and the share of (client, predictor) selection decisions at 90% that
 agree, and the peak resident memory of each fit. Writes
 ``benchmarks/results/shrinkage_vs_pooled.json`` and ``.md`` (``shrinkage_vs_pooled_quick.*`` with
 ``--quick``).
@@ -65,7 +65,7 @@ def timed(f):
 
 
 def fit_federated(model, train, seed):
-    """The federated fit and every device's posterior (its final tilted run): what the
+    """The federated fit and every client's posterior (its final tilted run): what the
     pooled fit gives at once."""
     res = model.fit(train, seed=seed, progress=False)
     for c in train.clients:
@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
         model = BayesianShrinkage(penalty, damping=1.0, standardize=False)
         fed, m_fed = timed(lambda: fit_federated(model, train, a.seed))
         ref, m_ref = timed(
-            lambda: model.fit_centralised(
+            lambda: model.fit_centralized(
                 train, seed=a.seed, per_client=True, num_warmup=nw, num_samples=ns, num_chains=4
             )
         )
@@ -168,7 +168,7 @@ def main(argv=None) -> dict:
     md = [
         f"# Federated lasso and ridge vs pooled NUTS of the same model: {out['example']}",
         "",
-        f"Machine: {out['machine']}. Times include compilation and, for EP, every device's posterior "
+        f"Machine: {out['machine']}. Times include compilation and, for EP, every client's posterior "
         "(its final tilted run). Rounds: Laplace warm-up + Gibbs where the lasso warms up (16 or more "
         "predictors).",
         "",

@@ -23,6 +23,8 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
+from ._deprecation import warn_renamed
+
 
 class Constraint:
     """What a parameter may be: ``check(value)`` is true when it is allowed; ``what`` says it
@@ -97,6 +99,10 @@ def Pair(low_sd: float = 0.0) -> Constraint:
     return Constraint(ok, "a (mean, sd) pair of finite numbers with sd > 0")
 
 
+#: methods renamed for one spelling of public names (former -> now), served with a warning
+_FORMER_METHODS = {"fit_centralised": "fit_centralized"}
+
+
 class Estimator:
     """Base of fedstats's models: parameters as given, ``get_params``/``set_params``,
     ``clone``, a generated ``repr`` and declarative validation (see the module docs)."""
@@ -117,6 +123,14 @@ class Estimator:
     def _defaults(cls) -> dict[str, Any]:
         sig = inspect.signature(cls.__init__)
         return {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
+
+    def __getattr__(self, name: str) -> Any:
+        """Former method names, for one release (``fit_centralised``: ``fit_centralized``)."""
+        new = _FORMER_METHODS.get(name)
+        if new is not None and hasattr(type(self), new):
+            warn_renamed(f"{type(self).__name__}.{name}", f".{new}")
+            return getattr(self, new)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def get_params(self, deep: bool = False) -> dict[str, Any]:
         """The constructor's parameters, as given (``deep`` is accepted for scikit-learn

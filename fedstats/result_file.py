@@ -41,6 +41,16 @@ VERSION = 1
 
 _REGISTRY: dict[str, type] = {}
 
+#: registered classes renamed since files were first written (former name -> name now): a
+#: file that names a class by its former name still loads
+FORMER_NAMES = {
+    "DevicePosterior": "ClientPosterior",
+    "_HM1Device": "_HM1Client",
+    "CentralisedShrinkageResult": "CentralizedShrinkageResult",
+    "AR1Level": "AR1Fidelity",
+    "NARGPLevel": "NARGPFidelity",
+}
+
 
 class ResultFileError(ValueError):
     """A file that is not a fedstats result this version can read, or that names something
@@ -81,6 +91,7 @@ def _index() -> dict[str, str]:
 def _registered(name: str) -> type[object]:
     """The registered class ``name``; only the one module that defines it is imported, and a
     name no fedstats module registers is refused without importing anything."""
+    name = FORMER_NAMES.get(name, name)
     if name not in _REGISTRY and name in _index():
         importlib.import_module(_index()[name])
     try:
@@ -184,6 +195,9 @@ def _decode(x: Any, arrays: Mapping[str, np.ndarray]) -> Any:
     if "__object__" in x:
         cls = _registered(x["__object__"])
         state = _decode(x["state"], arrays)
+        former = getattr(cls, "_former_attributes", {})  # attributes renamed since the file was written
+        if former and isinstance(state, dict):
+            state = {former.get(k, k): v for k, v in state.items()}
         obj: Any = cls.__new__(cls)
         if hasattr(cls, "__setstate__"):
             obj.__setstate__(state)

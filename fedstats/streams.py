@@ -30,7 +30,7 @@ purpose                 tag  indices               drawn by
 ``client posterior``    12   client                EP's coefficient draws of a client
 ``initial theta``       13                         HM1's and the baselines' start
 ``hyperparameter``      14                         FGPR's restarts of the pooled likelihood
-``nargp draws``         15   level                 NARGP's paths through a level
+``nargp draws``         15   fidelity              NARGP's paths through a fidelity
 ``online step``         16   time step             FEM-OMD: a time step's run seed
 ``dp start``            17   part                  private FedEM's start (0: run seed, 1: draws)
 ``hyper draws``         18                         FGPR's hyperparameter draws in ``predict``
@@ -66,7 +66,7 @@ PURPOSES: dict[str, tuple[int, tuple[str, ...]]] = {
     "client posterior": (12, ("client",)),
     "initial theta": (13, ()),
     "hyperparameter": (14, ()),
-    "nargp draws": (15, ("level",)),
+    "nargp draws": (15, ("fidelity",)),
     "online step": (16, ("time step",)),
     "dp start": (17, ("part",)),
     "hyper draws": (18, ()),

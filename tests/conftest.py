@@ -150,7 +150,8 @@ def _example_fit(declaration, example, sources):
         for t in range(1, 3):
             getattr(model, example.method)(stream.batch(t), **example.fit)
         return model
-    return getattr(model, example.method)(sources[example.data], **example.fit)
+    n_clients = len(sources["regression"]().clients)  # a declared data function gives as many clients
+    return getattr(model, example.method)(example.data_for(sources, n_clients), **example.fit)
 
 
 def fits(data, gm, df, **rules):
@@ -163,7 +164,7 @@ def fits(data, gm, df, **rules):
     binary = FederatedData.from_dataframe(
         df.assign(y=(df["y"] > df["y"].median()).astype(float)), by="site", target="y", **rules
     )
-    sources = {"regression": data, "binary": binary, "features": gm}
+    sources = {"regression": lambda: data, "binary": lambda: binary, "features": lambda: gm}
     return [(ex.name, functools.partial(_example_fit, d, ex, sources)) for d, ex in _examples()]
 
 
@@ -226,7 +227,7 @@ def fit_with_dropouts(names):
 #: the online models' examples (their fixture is the model; "<name>-result" is its result)
 ONLINE = [ex.name for _, ex in _examples() if ex.data == "stream"]
 #: the examples of pooled fits (no clients)
-POOLED = [ex.name for _, ex in _examples() if ex.method == "fit_centralised"]
+POOLED = [ex.name for _, ex in _examples() if ex.method == "fit_centralized"]
 #: every fixture name: each example of the registry, and each online model's result
 MODELS = [n for _, ex in _examples() for n in ((ex.name,) if ex.name not in ONLINE else (f"{ex.name}-result", ex.name))]
 

@@ -35,7 +35,7 @@ DISCRETE = {n for n, e in EXPECT.items() if e.discrete}
 MIXTURES = {n for n, e in EXPECT.items() if e.mixture}
 NEW_CLIENT = {n: e.new_client for n, e in EXPECT.items() if not e.mixture}
 _EXAMPLES = [ex for d in declarations().values() for ex in d.examples]
-POOLED = {ex.name for ex in _EXAMPLES if ex.method == "fit_centralised"}  # pooled rows: nothing exchanged
+POOLED = {ex.name for ex in _EXAMPLES if ex.method == "fit_centralized"}  # pooled rows: nothing exchanged
 ONLINE = {f"{ex.name}-result" for ex in _EXAMPLES if ex.data == "stream"}  # an online learner's result
 
 
@@ -128,7 +128,7 @@ def test_predict_leading_columns_and_unseen_clients(fit, result_name):
     c = res.clients[0]
     X = np.asarray(data[data.clients[0]].X)[:4]
     if name in MIXTURES:  # scikit-learn's meaning: labels and responsibilities (the contract says so)
-        X = np.random.default_rng(0).normal(size=(4, res.means_.shape[-1]))
+        X = np.random.default_rng(0).normal(size=(4, res.means.shape[-1]))
         labels, proba = res.predict(X, client=c), res.predict_proba(X, client=c)
         assert labels.dtype.kind == "i" and np.allclose(proba.sum(1), 1)
         assert np.array_equal(labels, proba.argmax(1))

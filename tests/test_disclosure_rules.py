@@ -139,14 +139,14 @@ def replies_of(client):
 
     def spy(r):
         if client in r.ids:
-            i, rr = r.ids.index(client), r.devices.run_round
+            i, rr = r.ids.index(client), r.client_side.run_round
 
             def recording(rnd, idx, messages, batched):
                 outcomes, fallback = rr(rnd, idx, messages, batched)
                 seen.extend(o.reply for j, o in zip(idx, outcomes) if j == i and o.reply is not None)
                 return outcomes, fallback
 
-            r.devices.run_round = recording
+            r.client_side.run_round = recording
         return real(r)
 
     runner._run = spy

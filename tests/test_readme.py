@@ -171,5 +171,5 @@ def test_walkthrough_data_converges_well_inside_the_budget(tmp_path):
     data = FederatedData.from_dataframe(df, by="site")
     res = FederatedGaussianMixture(3, tol=1e-6, rounds=100).fit(data, seed=0)
     assert res.converged and res.rounds <= 20, res
-    w = np.stack([res.weights_[c] for c in data.clients])
+    w = np.stack([res.weights[c] for c in data.clients])
     assert np.all(w.max(axis=0) > 0.2)  # three real clusters, none empty

@@ -55,7 +55,7 @@ def _fits():
                 batch = FederatedData.from_arrays([rng.normal(size=(12, 2)) for _ in range(20)], min_rows=1)
                 getattr(model, ex.method)(batch, **ex.fit)
             return model
-        return getattr(model, ex.method)(sources[ex.data](), **ex.fit)
+        return getattr(model, ex.method)(ex.data_for(sources, n_clients=20, seed=1), **ex.fit)
 
     return [(n, lambda d=d: fit(d, d.examples[0])) for n, d in declarations().items() if d.examples]
 

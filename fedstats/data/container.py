@@ -23,7 +23,7 @@ from .validation import (
     cname,
     duplicates,
     missing_target,
-    normalise_id,
+    normalize_id,
     pair_up,
     preview,
     readonly,
@@ -387,7 +387,7 @@ class FederatedData:
         """
         if isinstance(clients, (str, bytes)) or not isinstance(clients, Iterable):
             raise DataError(f"clients must be a sequence of client ids, got {clients!r}")
-        ids = [normalise_id(c) for c in clients]
+        ids = [normalize_id(c) for c in clients]
         unknown = [c for c in ids if c not in self]
         if unknown:
             raise UnknownClientError(

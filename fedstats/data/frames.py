@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from .validation import SHOW, DataError, cname, normalise_id, preview
+from .validation import SHOW, DataError, cname, normalize_id, preview
 
 if TYPE_CHECKING:
     from .container import FederatedData
@@ -64,7 +64,7 @@ def frame_to_arrays(
     n_na = int((codes < 0).sum())
     if n_na:
         raise DataError(f"column by={by!r} has {n_na} missing client id(s)")
-    client_ids = [normalise_id(u) for u in uniques]
+    client_ids = [normalize_id(u) for u in uniques]
     rows = [np.flatnonzero(codes == k) for k in range(len(client_ids))]
 
     def client_of(mask: np.ndarray) -> str:

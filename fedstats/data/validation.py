@@ -44,7 +44,7 @@ def preview(items: Sequence[Any], k: int = SHOW) -> str:
     return shown + (", ..." if len(items) > k else "")
 
 
-def normalise_id(client: Any) -> ClientId:
+def normalize_id(client: Any) -> ClientId:
     # numpy scalars (e.g. from a DataFrame column) become plain Python ids
     if isinstance(client, np.generic):
         client = client.item()
@@ -161,7 +161,7 @@ def pair_up(Xs: Any, ys: Any, clients: Any) -> tuple[list[ClientId], list[Any], 
                 raise DataError(f"got {len(ids)} client ids for {len(X_list)} clients")
     if not ids:
         raise DataError("no clients: at least one client is required")
-    ids = [normalise_id(c) for c in ids]
+    ids = [normalize_id(c) for c in ids]
     dups = duplicates(ids)
     if dups:
         raise DataError(f"duplicate client ids: {preview(dups)}")

@@ -69,7 +69,7 @@ SELECTION_CASES: dict[str, dict[str, Any]] = {
 def selection_case(
     case: str = "I", *, sigma: float = 0.05, seed: int = 0
 ) -> tuple[FederatedData, FederatedData, np.ndarray]:
-    """One run of a Table 2 case: the same theta on every device, ``X ~ N(0, I)``, noise sd
+    """One run of a Table 2 case: the same theta on every client, ``X ~ N(0, I)``, noise sd
     ``sigma`` (0.05; the paper does not state it) on training and test targets alike.
 
     Returns ``(train, test, theta)``: two :class:`FederatedData` with the same clients, and
@@ -95,8 +95,8 @@ def selection_case(
     return parts[0], parts[1], theta
 
 
-#: The HM1 cases of the linear-models paper (Section 5.1, Table 1): K, d, training rows per device, noise
-#: variance, and which devices enter the A-RMSE.
+#: The HM1 cases of the linear-models paper (Section 5.1, Table 1): K, d, training rows per client, noise
+#: variance, and which clients enter the A-RMSE.
 HM1_CASES: dict[str, dict[str, Any]] = {
     "I": {"K": 2, "d": 5, "n_train": [20, 200], "noise_var": 0.05, "evaluate": [0]},
     "II": {"K": 100, "d": 8, "n_train": [40] * 30 + [275] * 70, "noise_var": 0.1, "evaluate": list(range(30))},

@@ -3,7 +3,7 @@ Separate (every client's own GP, fitted by maximum likelihood on its own data) a
 centralised exact GP.
 
 "Centralised" is the same model fitted on pooled data: the FGPR objective
-``sum_k p_k L_k / N_k`` maximised by L-BFGS (:meth:`FGPR.fit_centralised`), predictions
+``sum_k p_k L_k / N_k`` maximised by L-BFGS (:meth:`FGPR.fit_centralized`), predictions
 again conditioned on each client's own data. For SARCOS, whose clients are a random
 partition of one data set, ``pooled=True`` adds one exact GP on all training rows that
 conditions every prediction on all of them (what a single data holder would do).
@@ -64,7 +64,7 @@ def _compare(train, cond, test, fgpr_opts, *, seed, restarts, extra=None):
     fed = model.fit(train, seed=seed, progress=False)
     rows.append(_row("FGPR", fed.rmse(test, cond), time.perf_counter() - t0))
     t0 = time.perf_counter()
-    cen = model.fit_centralised(train, restarts=restarts, seed=seed)
+    cen = model.fit_centralized(train, restarts=restarts, seed=seed)
     rows.append(_row("Centralised (same objective)", cen.rmse(test, cond), time.perf_counter() - t0))
     t0 = time.perf_counter()
     sep = separate_rmse(

@@ -52,14 +52,14 @@ def table2_run(
     case: str, seed: int, *, penalty: str = "lasso", level: float = 0.9, sigma: float = 0.05, model_options=None
 ) -> dict:
     """One run of Table 2 (the paper's Section 5.2): fit on ``selection_case(case, seed=seed)``, then the
-    correct inclusion rate (share of (device, nonzero coefficient) pairs selected), the
-    false inclusion rate (share of (device, zero coefficient) pairs selected) and A-RMSE
-    (mean over devices of the test RMSE of the posterior-mean prediction, the paper's Section 4.2.1).
+    correct inclusion rate (share of (client, nonzero coefficient) pairs selected), the
+    false inclusion rate (share of (client, zero coefficient) pairs selected) and A-RMSE
+    (mean over clients of the test RMSE of the posterior-mean prediction, the paper's Section 4.2.1).
 
     Two references in the same run: ``a_rmse_selected`` predicts with the excluded
     coefficients set to 0 (our reading of the student-data study, whose prediction rule the paper
     does not state) and ``a_rmse_ols`` is
-    least squares on each device alone. ``model_options`` default to ``{"damping": 1.0,
+    least squares on each client alone. ``model_options`` default to ``{"damping": 1.0,
     "standardize": False}``: the paper's undamped EP, which converges in 3-7 rounds on these
     cases, on the data as simulated (unit scale, as in the paper)."""
     from ..datasets.synthetic import selection_case
@@ -104,7 +104,7 @@ def student_study(
     subject: str = "por",
     scaling: str = "school",
     penalties=("lasso", "ridge"),
-    centralised_options=None,
+    centralized_options=None,
     references: bool = False,
 ) -> pd.DataFrame:
     """Table 3 (the paper's Section 6.1) over one or more random 60/40 splits.
@@ -147,7 +147,7 @@ def student_study(
             t0 = time.perf_counter()
             fed = model.fit(train, seed=seed, progress=False)
             t1 = time.perf_counter()
-            cen = model.fit_centralised(train, seed=seed, **(centralised_options or {}))
+            cen = model.fit_centralized(train, seed=seed, **(centralized_options or {}))
             t2 = time.perf_counter()
             csel = selected_sets(cen, level)["pooled"]
             for fit, res, secs in (("federated", fed, t1 - t0), ("centralised", cen, t2 - t1)):
@@ -266,9 +266,9 @@ def a_rmse(res, test, clients=None) -> float:
 
 def table1_run(case: str, seed: int, *, n_test: int = 1000, trace: bool = False, **settings) -> dict:
     """One seeded run of a Table 1 case: HM1 (Algorithm 1) against Separate (the same
-    gradient budget from the same start, no shrinkage), per-device least squares, and the
+    gradient budget from the same start, no shrinkage), per-client least squares, and the
     pooled oracle (posterior mean with the true Omega and noise). A-RMSE on noise-free test
-    targets over the case's devices (the paper's Section 5.1). With ``trace``, also the recovery error
+    targets over the case's clients (the paper's Section 5.1). With ``trace``, also the recovery error
     ``||Theta_c - Theta*||_F / sqrt(K)`` after every round (Figure 3)."""
     from ..datasets.synthetic import hm1_case
     from ..linear.baselines import PooledOracle, Separate

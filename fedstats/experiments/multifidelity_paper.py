@@ -12,7 +12,7 @@ import numpy as np
 
 from ..data import FederatedData
 from ..gp.fgpr import FGPR
-from ..gp.fgpr_algorithm import standardise
+from ..gp.fgpr_algorithm import standardize_y
 from ..gp.multifidelity import AR1CoKriging, FederatedAR1, SeparateGP, fidelity_data
 from ..gp.nargp import NARGP
 
@@ -68,13 +68,13 @@ def mf_run(
     restarts: int = 2,
 ) -> dict:
     """One repetition of the multi-fidelity table (``FedAR1``, the federated AR1, with the paper
-    layout only: the code layout has two clients per level; ``"NARGP"`` in ``methods`` adds the
+    layout only: the code layout has two clients per fidelity; ``"NARGP"`` in ``methods`` adds the
     nonlinear autoregressive GP of :mod:`fedstats.gp.nargp`).
 
     ``protocol="paper"``: FGPR follows :func:`paper_protocol`; Separate
     gets the same Adam, lr and batch size for ``rounds - 1`` epochs on the high-fidelity data
     alone. ``"converged"``: the optimum of FGPR's objective
-    (:meth:`FGPR.fit_centralised`, L-BFGS from ``restarts`` starts) against a Separate GP
+    (:meth:`FGPR.fit_centralized`, L-BFGS from ``restarts`` starts) against a Separate GP
     fitted to convergence the same way. AR1 (centralised recursive co-kriging, fitted to
     convergence) is the same under both. Returns the RMSE of each method against the
     noise-free high-fidelity truth on the scored client's standardised scale.
@@ -94,7 +94,7 @@ def mf_run(
         res = (
             model.fit(mf.train, seed=seed, progress=False)
             if protocol == "paper"
-            else model.fit_centralised(mf.train, restarts=restarts, seed=seed)
+            else model.fit_centralized(mf.train, restarts=restarts, seed=seed)
         )
         out["FGPR"] = rmse(res.predict(mf.X_test, client=mf.hf_client, scale="standardized")["mean"], truth)
     if "Separate" in methods:
@@ -104,23 +104,23 @@ def mf_run(
         res = sep.fit(Xh, yh, seed=seed)
         out["Separate"] = rmse(res.predict(mf.X_test, client="HF", scale="standardized")["mean"], truth)
     if "AR1" in methods:
-        order = [lv for lv in ("LF", "MF", "HF") if lv in prob.levels]
-        ar = AR1CoKriging(restarts=max(restarts, 2)).fit([mf.level_data(lv) for lv in order], seed=seed)
-        _, mu, sd = standardise(yh)
+        order = [lv for lv in ("LF", "MF", "HF") if lv in prob.fidelities]
+        ar = AR1CoKriging(restarts=max(restarts, 2)).fit([mf.fidelity_data(lv) for lv in order], seed=seed)
+        _, mu, sd = standardize_y(yh)
         out["AR1"] = rmse((ar.predict(mf.X_test, scale="original")["mean"] - mu) / sd, truth)
     if "FedAR1" in methods and layout == "paper":
         fa = FederatedAR1(restarts=max(restarts, 2)).fit(
-            mf.train, order=[lv for lv in ("LF", "MF", "HF") if lv in prob.levels], seed=seed
+            mf.train, order=[lv for lv in ("LF", "MF", "HF") if lv in prob.fidelities], seed=seed
         )
         out["FedAR1"] = rmse(fa.predict(mf.X_test, scale="standardized")["mean"], truth)
-        # the fit's exchanges (its chain and each level's release) and the prediction's (not the
+        # the fit's exchanges (its chain and each fidelity's release) and the prediction's (not the
         # in-process rebuild of the levels' GPs before the first query: a node keeps its level)
         pred = fa.query_communication.by_kind["predict"]
         out["FedAR1_kB"] = (fa.communication.bytes_total + pred["bytes_up"] + pred["bytes_down"]) / 1e3
     if "NARGP" in methods:  # beyond the paper, not in the default methods
-        order = [lv for lv in ("LF", "MF", "HF") if lv in prob.levels]
-        # from one or two starts the level-2 fit can stop at "all noise" (nonlinear 1-D, seed 0)
-        na = NARGP(restarts=max(restarts, 5)).fit([mf.level_data(lv) for lv in order], seed=seed)
-        _, mu, sd = standardise(yh)
+        order = [lv for lv in ("LF", "MF", "HF") if lv in prob.fidelities]
+        # from one or two starts the fidelity-2 fit can stop at "all noise" (nonlinear 1-D, seed 0)
+        na = NARGP(restarts=max(restarts, 5)).fit([mf.fidelity_data(lv) for lv in order], seed=seed)
+        _, mu, sd = standardize_y(yh)
         out["NARGP"] = rmse((na.predict(mf.X_test, scale="original")["mean"] - mu) / sd, truth)
     return out

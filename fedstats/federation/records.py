@@ -209,7 +209,7 @@ class RunResult:
     """The outcome of :func:`run`.
 
     ``server_state``: the final server state. ``client_states``: the final private state of
-    every client (client-list order) -- what stays on the devices during the run; a remote
+    every client (client-list order) -- what stays on the clients during the run; a remote
     backend (Flower) fetches each client's final state once, at the end. ``history``: one :class:`RoundRecord` per completed round
     (including rounds loaded from a checkpoint). ``communication``: byte counters.
     ``rounds``: rounds completed in total. ``converged``: the run stopped because

@@ -42,7 +42,7 @@ Decisions a caller must know
   mapping), so that every round has its metrics.
 * Communication: ``bytes_down`` counts the broadcast sent to every participant (failed
   ones included); ``bytes_up`` counts accepted replies only. A rejected reply is modelled
-  as caught by the protocol check on the device before it is sent, so it costs nothing
+  as caught by the protocol check on the client before it is sent, so it costs nothing
   (its size is not even defined when it holds non-arrays).
 * Checkpoints are pickles (only resume from files you trust). The data is not in them
   and is not fingerprinted; the algorithm is fingerprinted by class name only (not its
@@ -219,19 +219,19 @@ def run(
             "client adds 1/n of the noise, and the privacy accounting assumes no subsampling"
         )
     backend = BACKEND.get()
-    devices: ClientSide = (
+    client_side: ClientSide = (
         InProcessClients(algorithm, ids, get, own)
         if backend is None
         else backend.client_side(algorithm, ids, data, own)
     )
-    plan_rounds = getattr(devices, "plan_rounds", None)  # a remote client side tells its nodes the budget
+    plan_rounds = getattr(client_side, "plan_rounds", None)  # a remote client side tells its nodes the budget
     if callable(plan_rounds):
         plan_rounds(rounds)
     try:
         out = _run(
             _Run(
                 algorithm=algorithm,
-                devices=devices,
+                client_side=client_side,
                 ids=ids,
                 plan=plan,
                 seed=seed,
@@ -259,7 +259,7 @@ def run(
         if out.influence:  # the fit's result reports it (fedstats.results.counted)
             record_influence(out.influence, algorithm.influence_unit)
     finally:
-        devices.close()
+        client_side.close()
     c = out.communication
     c.by_kind = {
         kind or type(algorithm).__name__: {
@@ -278,7 +278,7 @@ class _Run:
     """One run's checked arguments and its client side."""
 
     algorithm: FederatedAlgorithm
-    devices: ClientSide
+    client_side: ClientSide
     ids: list[ClientId]
     plan: Participation
     seed: int
@@ -345,7 +345,7 @@ def _start(r: _Run) -> _State:
             raise ValueError(
                 f"checkpoint {r.checkpoint!r} already holds {completed} rounds, more than rounds={r.rounds}"
             )
-        r.devices.load_states(saved["client_states"])
+        r.client_side.load_states(saved["client_states"])
         history: History = saved["history"]
         state = _State(saved["server_state"], history, saved["communication"], completed, completed, True)
         state.privacy = saved.get("privacy", _new_ledger(r))
@@ -354,7 +354,7 @@ def _start(r: _Run) -> _State:
         state.stopped = bool(history and history[-1].converged and completed >= r.min_rounds)
         return state
     server = r.algorithm.init_server(list(r.ids), streams.stream(r.own_seed, "server init"))
-    r.devices.init_states(r.skip)
+    r.client_side.init_states(r.skip)
     comm = Communication(per_client={c: {"bytes_up": 0, "bytes_down": 0} for c in r.ids})
     return _State(server, History(), comm, 0, 0, privacy=_new_ledger(r), influence=_new_influence(r))
 
@@ -362,7 +362,7 @@ def _start(r: _Run) -> _State:
 def _new_influence(r: _Run) -> Influence | None:
     alg = r.algorithm
     defined = type(alg).leave_one_out is not FederatedAlgorithm.leave_one_out
-    if not defined or alg.privacy is not None or getattr(r.devices, "summed_securely", False):
+    if not defined or alg.privacy is not None or getattr(r.client_side, "summed_securely", False):
         return None
     return Influence(alg, r.rows)
 
@@ -386,7 +386,7 @@ def _write_checkpoint(r: _Run, s: _State) -> None:
             "seed": r.seed,
             "fingerprint": r.fingerprint,
             "server_state": s.server,
-            "client_states": r.devices.states(),
+            "client_states": r.client_side.states(),
             "history": s.history,
             "communication": s.comm,
             "privacy": s.privacy,
@@ -435,7 +435,7 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         idx = [i for i in idx if r.ids[i] not in r.skip]
     messages, bytes_down = _broadcast(r, s, rnd, idx)
     # clients (the only place data and private states are touched)
-    outcomes, fallback = r.devices.run_round(rnd, idx, messages, r.batched)
+    outcomes, fallback = r.client_side.run_round(rnd, idx, messages, r.batched)
     # clients -> server: validated replies only
     replies: dict[ClientId, Message] = {}
     failed: dict[ClientId, str] = {}
@@ -454,7 +454,9 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
             skip_reasons[c] = out.skipped
         else:
             failed[c] = out.failed or "unknown failure"
-    secure_sums = getattr(r.devices, "secure_sums", None) if getattr(r.devices, "summed_securely", False) else None
+    secure_sums = (
+        getattr(r.client_side, "secure_sums", None) if getattr(r.client_side, "summed_securely", False) else None
+    )
     if secure_sums is not None and replies:
         # the declared sums reach the server only as a sum (secure aggregation on the backend)
         sums, dropped, nbytes = secure_sums(rnd, list(replies))
@@ -480,7 +482,7 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
             broken.update(absurd)
         if broken:
             failed.update(broken)
-            reject = getattr(r.devices, "reject", None)
+            reject = getattr(r.client_side, "reject", None)
             if callable(reject):  # their steps did not count: their states go back
                 reject(list(broken))
     summed.declined = {**{c: f"skipped: {skip_reasons[c]}" for c in skipped}, **failed}
@@ -490,7 +492,7 @@ def _round(r: _Run, s: _State, rnd: int) -> tuple[RoundRecord, str | None]:
         # the release actually carries recorded (fewer answers, or no secure aggregation, with
         # client-side noise: less)
         summed.sums = dp.server_sums(summed.sums, streams.stream(r.own_seed, "dp noise", rnd))
-        secure = bool(getattr(r.devices, "summed_securely", False))
+        secure = bool(getattr(r.client_side, "summed_securely", False))
         z = dp.effective_noise_multiplier(n_clients=len(idx), n_answered=len(replies), secure_aggregation=secure)
         s.privacy.record(r.kind, z)
     metrics = _server_step(r, s, summed, rnd)
@@ -553,14 +555,14 @@ def _run(r: _Run) -> RunResult:
     display.end(s.done, s.stopped, time.perf_counter() - r.t_start)
     return RunResult(
         server_state=s.server,
-        client_states=r.devices.final_states({c: r.algorithm.final_message(s.server, c) for c in r.ids}),
+        client_states=r.client_side.final_states({c: r.algorithm.final_message(s.server, c) for c in r.ids}),
         history=s.history,
         communication=s.comm,
         rounds=s.done,
         converged=s.stopped,
         seconds=time.perf_counter() - r.t_start,
         resumed_from=s.resumed_from,
-        lost=dict(r.devices.lost),
+        lost=dict(r.client_side.lost),
         privacy=s.privacy,
         influence=dict(s.influence.values) if s.influence is not None else {},
         sent=dict(s.influence.own) if s.influence is not None else {},

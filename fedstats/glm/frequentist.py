@@ -86,6 +86,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from .._deprecation import renamed_attributes
 from ..data import DataError, FederatedData, require_target
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
 from ..federation import Communication, History
@@ -391,6 +392,7 @@ def _separation_message(names, betas, rms_x, intercept, fam, edge) -> str:
 
 
 @register
+@renamed_attributes(family_="_family")
 class GLMResult(FederatedResult):
     """A federated GLM fit: statsmodels' ``GLMResults`` quantities under the result contract.
 
@@ -477,7 +479,7 @@ class GLMResult(FederatedResult):
         return pd.DataFrame({"lower": b - q * se, "upper": b + q * se})
 
     @property
-    def family_(self) -> Family:
+    def _family(self) -> Family:
         return family_of(self.family, self.link, self.alpha)
 
     # -- the contract
@@ -541,7 +543,7 @@ class GLMResult(FederatedResult):
         D, off = prediction_rows(X, self.predictors, self.fit_intercept, self.roles, offset, exposure)
         eta = D @ self.coef + off
         se = np.sqrt(np.einsum("ij,jk,ik->i", D, self.cov, D))
-        fam = self.family_
+        fam = self._family
         mean = fam.fitted(eta)
         a, b = fam.fitted(eta - q * se), fam.fitted(eta + q * se)
         pred = {}

@@ -4,7 +4,7 @@ Process: Convergence, Automatic Personalization and Multi-fidelity Modeling").
 * :class:`FGPR`: one GP prior learned by federated averaging of hyperparameters; each
   client predicts by conditioning it on its own data; :mod:`fedstats.gp.laplace`: the
   uncertainty of its hyperparameters (a Laplace approximation from the clients' summed Hessians).
-* :mod:`fedstats.gp.multifidelity`: fidelity levels as clients, AR1 co-kriging centralised and
+* :mod:`fedstats.gp.multifidelity`: fidelities as clients, AR1 co-kriging centralised and
   federated; :mod:`fedstats.gp.nargp`: the nonlinear autoregressive GP (NARGP), centralised
   and federated.
   Their fits return results that keep the result contract, on the data's scale

@@ -1,8 +1,8 @@
 """The results of the AR1 multi-fidelity models (:class:`AR1Result` of
 :class:`~fedstats.gp.multifidelity.AR1CoKriging`, :class:`FederatedAR1Result` of
-:class:`~fedstats.gp.multifidelity.FederatedAR1`) and their levels (:class:`AR1Level`).
+:class:`~fedstats.gp.multifidelity.FederatedAR1`) and their fidelities (:class:`AR1Fidelity`).
 
-The scales. Each level t is fitted on its outputs standardised by their own mean and sd,
+The scales. Each fidelity t is fitted on its outputs standardised by their own mean and sd,
 ``z_t = (y_t - m_t) / s_t``, as ``z_t(x) = r_t z_{t-1}(x) + d_t(x)`` with ``d_t`` a zero-mean GP
 (outputscale ``a_t``, noise ``v_t``, lengthscales ``l_t``). On the data's scale that is
 
@@ -10,10 +10,10 @@ The scales. Each level t is fitted on its outputs standardised by their own mean
     ``rho_t = r_t s_t / s_{t-1}``, ``c_t = m_t - rho_t m_{t-1}``,
 
 with ``delta_t = s_t d_t`` a zero-mean GP of outputscale ``s_t^2 a_t``, noise ``s_t^2 v_t`` and the
-same lengthscales (the inputs are not rescaled); the lowest level is ``f_1 = m_1 + s_1 d_1``.
+same lengthscales (the inputs are not rescaled); the lowest fidelity is ``f_1 = m_1 + s_1 d_1``.
 These are what ``summary()`` and :attr:`AR1Result.rho` / :attr:`AR1Result.offset` report (the
 value as fitted, on the standardised scales, in the column ``standardized``). An affine change
-of units of level t's outputs, ``y -> a y + b`` with ``a > 0``, leaves the standardised fit
+of units of fidelity t's outputs, ``y -> a y + b`` with ``a > 0``, leaves the standardised fit
 unchanged, multiplies ``rho_t`` by ``a`` and divides ``rho_{t+1}`` by it, as the formulas say.
 """
 
@@ -30,27 +30,27 @@ from torch.autograd.function import once_differentiable
 from ..data import FederatedData, UnknownClientError
 from ..result_file import register
 from ._core import HyperSpec, fit_mle, posterior
-from .chain_result import ChainResult, FederatedChain, Wire, check_level_rows, check_queries
-from .fgpr_algorithm import standardise
+from .chain_result import ChainResult, FederatedChain, Wire, check_fidelity_rows, check_queries
+from .fgpr_algorithm import standardize_y
 
-__all__ = ["AR1Level", "AR1Result", "FederatedAR1Result", "ar1_chain"]
+__all__ = ["AR1Fidelity", "AR1Result", "FederatedAR1Result", "ar1_chain"]
 
 Moments = tuple[np.ndarray, np.ndarray]
 
 
 @register
-class AR1Level:
-    """One fidelity level of an AR1 fit: the GP prior of its own term (``spec``), its
-    hyperparameters (``hyper``) and link (``rho``; 0 at the lowest level), both on its
+class AR1Fidelity:
+    """One fidelity of an AR1 fit: the GP prior of its own term (``spec``), its
+    hyperparameters (``hyper``) and link (``rho``; 0 at the lowest fidelity), both on its
     standardised scale, the mean and sd that standardise its outputs (``mu``, ``sd``), its
     number of rows ``n``, and, where the holder keeps them, its inputs ``X``, standardised
-    outputs ``z`` and the residuals ``resid`` its GP conditions on. A released level
+    outputs ``z`` and the residuals ``resid`` its GP conditions on. A released fidelity
     (:meth:`released`) has no ``X``, ``z`` or ``resid``."""
 
     def __init__(self, X: ArrayLike, y: ArrayLike, spec: HyperSpec, *, restarts: int = 1, seed: int = 0) -> None:
         X = np.asarray(X, dtype=float)
         self.X: np.ndarray = X[:, None] if X.ndim == 1 else X  # None once released
-        z, self.mu, self.sd = standardise(np.asarray(y, dtype=float).reshape(-1))
+        z, self.mu, self.sd = standardize_y(np.asarray(y, dtype=float).reshape(-1))
         self.z: np.ndarray = z  # None once released
         self.n, self.spec, self.restarts, self.seed = len(z), spec, int(restarts), int(seed)
         self.hyper: dict[str, np.ndarray] = {}
@@ -65,9 +65,9 @@ class AR1Level:
         self.__dict__.update(state)
         self._gp = None
 
-    def fit(self, lower_mean: np.ndarray | None = None) -> AR1Level:
-        """Maximum likelihood of the level's GP (and of ``rho`` on the level below's posterior
-        mean at its inputs, ``lower_mean``; None at the lowest level)."""
+    def fit(self, lower_mean: np.ndarray | None = None) -> AR1Fidelity:
+        """Maximum likelihood of the fidelity's GP (and of ``rho`` on the fidelity below's posterior
+        mean at its inputs, ``lower_mean``; None at the lowest fidelity)."""
         self.hyper, rho, _ = fit_mle(
             self.spec, self.X, self.z, feature=lower_mean, restarts=self.restarts, seed=self.seed
         )
@@ -79,23 +79,23 @@ class AR1Level:
         self.resid = self.z if lower_mean is None else self.z - self.rho * lower_mean
         self._gp = None
 
-    def released(self) -> AR1Level:
-        """What the level's client releases: everything but its rows (``X``, ``z``, ``resid``)."""
-        out = object.__new__(AR1Level)
+    def released(self) -> AR1Fidelity:
+        """What the fidelity's client releases: everything but its rows (``X``, ``z``, ``resid``)."""
+        out = object.__new__(AR1Fidelity)
         out.__setstate__({**self.__getstate__(), "X": None, "z": None, "resid": None})
         out.hyper = {k: np.array(v, copy=True) for k, v in self.hyper.items()}
         return out
 
-    def check_rows(self, released: AR1Level, name: Hashable) -> AR1Level:
+    def check_rows(self, released: AR1Fidelity, name: Hashable) -> AR1Fidelity:
         """Refuse rows that are not the fit's (another count, mean or sd than ``released``'s):
         the client checks its own rows against its release before anything is exchanged."""
-        check_level_rows(self, released, name)
+        check_fidelity_rows(self, released, name)
         return self
 
-    def restore(self, released: AR1Level, lower_mean: np.ndarray | None, name: Hashable) -> AR1Level:
-        """The fitted level again from its own rows (this level, checked by :meth:`check_rows`)
+    def restore(self, released: AR1Fidelity, lower_mean: np.ndarray | None, name: Hashable) -> AR1Fidelity:
+        """The fitted fidelity again from its own rows (this fidelity, checked by :meth:`check_rows`)
         and its release: no refit, the same residuals as in the fit (``lower_mean``, the
-        level below's mean at its inputs)."""
+        fidelity below's mean at its inputs)."""
         self.check_rows(released, name)
         self.hyper = {k: np.array(v, copy=True) for k, v in released.hyper.items()}
         self.rho = released.rho
@@ -103,16 +103,16 @@ class AR1Level:
         return self
 
     def answer(self, Xq: np.ndarray, lower: Moments | None = None) -> Moments:
-        """The level's mean and latent variance at ``Xq`` on its standardised scale, given the
-        level below's there (``lower``; None at the lowest level): ``rho m + m_t``,
+        """The fidelity's mean and latent variance at ``Xq`` on its standardised scale, given the
+        fidelity below's there (``lower``; None at the lowest fidelity): ``rho m + m_t``,
         ``rho^2 v + v_t``."""
         if self.X is None or self.resid is None:
-            raise ValueError("a released level holds no rows: it cannot answer queries")
+            raise ValueError("a released fidelity holds no rows: it cannot answer queries")
         m, v = posterior(self.spec, self.hyper, self.X, self.resid, Xq, device=torch.device("cpu"), dtype=torch.float64)
         return (m, v) if lower is None else (self.rho * lower[0] + m, self.rho**2 * lower[1] + v)
 
     def gp(self) -> Any:
-        """The level's own term as a BoTorch ``SingleTaskGP`` on its residuals (cached)."""
+        """The fidelity's own term as a BoTorch ``SingleTaskGP`` on its residuals (cached)."""
         from .bo import exact_gp
 
         if self._gp is None:
@@ -121,11 +121,11 @@ class AR1Level:
 
     def ask(self, X: torch.Tensor, lower, final: bool, noise: bool):
         """The joint version of :meth:`answer` for a BoTorch query batch ``X`` (``[..., q, d]``):
-        ``(rho m + m_t, rho^2 S + S_t)`` given the level below's ``(m, S)`` (``lower``; None at
-        the lowest level), on the data's scale at the highest level (``final``, with its
+        ``(rho m + m_t, rho^2 S + S_t)`` given the fidelity below's ``(m, S)`` (``lower``; None at
+        the lowest fidelity), on the data's scale at the highest fidelity (``final``, with its
         noise if ``noise``); and ``vjp``, which maps the gradients of a loss with respect to
         that answer to those with respect to ``X`` and ``lower``. The graph between them stays
-        with the level, as its outputs, residuals and hyperparameters do."""
+        with the fidelity, as its outputs, residuals and hyperparameters do."""
         from .bo import chain, latent, natural
 
         gp = self.gp()
@@ -145,7 +145,7 @@ class AR1Level:
 
 
 def ar1_chain(
-    levels: Sequence[AR1Level],
+    fidelities: Sequence[AR1Fidelity],
     Xq: np.ndarray,
     upto: int,
     wire: Wire | None = None,
@@ -153,12 +153,12 @@ def ar1_chain(
     kind: str = "",
     asker: int | None = None,
 ) -> Moments:
-    """Mean and latent variance of level ``upto - 1`` at ``Xq`` on its standardised scale, the
-    levels ``0..upto-1`` in turn. With ``wire`` (a federated chain), each level but the asking
+    """Mean and latent variance of fidelity ``upto - 1`` at ``Xq`` on its standardised scale, the
+    fidelities ``0..upto-1`` in turn. With ``wire`` (a federated chain), each fidelity but the asking
     one (``asker``, which computes its own term) is an exchange with its client: the queries and
     the moments from below go down, its moments come up."""
     lower: Moments | None = None
-    for t, lv in enumerate(levels[:upto]):
+    for t, lv in enumerate(fidelities[:upto]):
         if wire is not None and t != asker:
             wire.exchange(names[t], kind)
             wire.send(names[t], "down", "queries", Xq, kind)
@@ -174,15 +174,15 @@ def ar1_chain(
 
 @register
 class AR1Result(ChainResult):
-    """A fitted :class:`~fedstats.gp.multifidelity.AR1CoKriging` (centralised): every level's
-    fitted state with its rows (:class:`AR1Level`), so :meth:`save` writes every level's inputs
+    """A fitted :class:`~fedstats.gp.multifidelity.AR1CoKriging` (centralised): every fidelity's
+    fitted state with its rows (:class:`AR1Fidelity`), so :meth:`save` writes every fidelity's inputs
     and standardised residuals: the file holds the training data's information, as a pooled
-    fit's does. ``predict`` (the highest fidelity), ``level_moments``, ``summary`` and ``rho``
+    fit's does. ``predict`` (the highest fidelity), ``fidelity_moments``, ``summary`` and ``rho``
     are on the data's scale by default (see :mod:`fedstats.gp.ar1_result` for the mapping).
 
-    ``summary()``: one row per parameter, lowest level first: ``mean[L]`` (the lowest level's
+    ``summary()``: one row per parameter, lowest fidelity first: ``mean[L]`` (the lowest fidelity's
     constant mean), ``rho[L]`` and ``offset[L]`` (the link ``f_t = rho f_{t-1} + offset +
-    delta_t``), then each level's ``lengthscale[L]`` (``lengthscale[L, x]`` under ARD),
+    delta_t``), then each fidelity's ``lengthscale[L]`` (``lengthscale[L, x]`` under ARD),
     ``outputscale[L]`` and ``noise[L]`` (variances of its own term on the data's scale);
     ``mean``/``estimate`` on the data's scale, ``standardized`` as fitted, no sd or interval.
 
@@ -202,22 +202,22 @@ class AR1Result(ChainResult):
     model = "AR1CoKriging"
 
     def _moments(self, Xs: np.ndarray, t: int, kind: str) -> Moments:
-        return ar1_chain(self.levels, Xs, t + 1)
+        return ar1_chain(self.fidelities, Xs, t + 1)
 
     @property
     def rho(self) -> list[float]:
-        """The links ``rho_t`` of the levels above the lowest, on the data's scale
+        """The links ``rho_t`` of the fidelities above the lowest, on the data's scale
         (``r_t s_t / s_{t-1}``)."""
-        return [lv.rho * lv.sd / lo.sd for lo, lv in zip(self.levels[:-1], self.levels[1:])]
+        return [lv.rho * lv.sd / lo.sd for lo, lv in zip(self.fidelities[:-1], self.fidelities[1:])]
 
     @property
     def offset(self) -> list[float]:
-        """The constants ``c_t = m_t - rho_t m_{t-1}`` of the levels above the lowest (the prior
+        """The constants ``c_t = m_t - rho_t m_{t-1}`` of the fidelities above the lowest (the prior
         mean of ``f_t - rho_t f_{t-1}`` on the data's scale)."""
-        return [lv.mu - r * lo.mu for lo, lv, r in zip(self.levels[:-1], self.levels[1:], self.rho)]
+        return [lv.mu - r * lo.mu for lo, lv, r in zip(self.fidelities[:-1], self.fidelities[1:], self.rho)]
 
-    def _level_rows(self, t: int) -> list[tuple[str, float, float]]:
-        name, lv = self.names[t], self.levels[t]
+    def _fidelity_rows(self, t: int) -> list[tuple[str, float, float]]:
+        name, lv = self.names[t], self.fidelities[t]
         if t == 0:
             rows = [(f"mean[{name}]", lv.mu, 0.0)]
         else:
@@ -231,25 +231,25 @@ class AR1Result(ChainResult):
 
     def to_botorch(self) -> Any:
         """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
-        ``fedstats[bo]``) on the highest level's data scale: ``posterior(X)`` is the joint
+        ``fedstats[bo]``) on the highest fidelity's data scale: ``posterior(X)`` is the joint
         normal of f over the query batch, mean ``rho_T m_{T-1} + m_T`` and covariance
-        ``rho_T^2 S_{T-1} + S_T`` level by level (each level an exact ``SingleTaskGP`` on its
+        ``rho_T^2 S_{T-1} + S_T`` fidelity by fidelity (each fidelity an exact ``SingleTaskGP`` on its
         residuals with its fitted hyperparameters, :mod:`fedstats.gp.bo`), differentiable in
         ``X``: ``optimize_acqf`` and the acquisition functions that only ask for posteriors
         work on it (not those that need fantasies: see :mod:`fedstats.gp.bo`).
-        ``observation_noise=True`` adds the highest level's noise."""
+        ``observation_noise=True`` adds the highest fidelity's noise."""
         from .bo import chain, joint_model, latent, natural
 
-        gps = [lv.gp() for lv in self.levels]
-        rhos = [lv.rho for lv in self.levels]
-        top = self.levels[-1]
+        gps = [lv.gp() for lv in self.fidelities]
+        rhos = [lv.rho for lv in self.fidelities]
+        top = self.fidelities[-1]
         noise = float(top.hyper["noise"][0])
 
         def answer(X, observation_noise: bool):
             out = None
             for gp, rho in zip(gps, rhos):
                 out = chain(out, rho, latent(gp, X))
-            assert out is not None  # at least two levels
+            assert out is not None  # at least two fidelities
             return natural(out[0], out[1], top.mu, top.sd, noise if observation_noise else None)
 
         return joint_model(answer)
@@ -257,27 +257,27 @@ class AR1Result(ChainResult):
 
 @register
 class FederatedAR1Result(FederatedChain, AR1Result):
-    """A fitted :class:`~fedstats.gp.multifidelity.FederatedAR1`: one level per client.
+    """A fitted :class:`~fedstats.gp.multifidelity.FederatedAR1`: one fidelity per client.
 
-    What the result holds: each level's release at the end of the fit (:class:`AR1Level`
+    What the result holds: each fidelity's release at the end of the fit (:class:`AR1Fidelity`
     without rows: its hyperparameters and link on its standardised scale, and the mean and sd
     of its outputs, from which ``summary``, ``rho`` and ``offset`` are on the data's scale), the
     order, options and ``communication`` of the fit (one run of the runtime:
-    :mod:`fedstats.gp.chain_fit`). Each level's rows, residuals and GP stay with its client (in
-    this in-process simulation, the federation the result was fitted on, from which each level
+    :mod:`fedstats.gp.chain_fit`). Each fidelity's rows, residuals and GP stay with its client (in
+    this in-process simulation, the federation the result was fitted on, from which each fidelity
     rebuilds its GP on the first query, counted as ``"rebuild"``; never written to a file).
 
-    Queries travel the chain: ``predict``, ``level_moments`` and ``to_botorch`` send the query
-    points down to the levels below the asking (highest) level and their predictive moments
+    Queries travel the chain: ``predict``, ``fidelity_moments`` and ``to_botorch`` send the query
+    points down to the fidelities below the asking (highest) fidelity and their predictive moments
     come back, counted in ``query_communication`` (and in any open
     :func:`~fedstats.federation.counting` block); ``messages`` logs every array's
     ``(client, direction, what, shape)``.
 
     A result loaded from a file has no clients: ``summary``, ``rho`` and ``communication`` work,
     queries raise until :meth:`~fedstats.gp.chain_result.FederatedChain.attach` hands it the
-    federation again; each level then rebuilds its fitted GP from its own rows and its release,
+    federation again; each fidelity then rebuilds its fitted GP from its own rows and its release,
     without refitting, and the predictions equal those before saving exactly. (In a deployment
-    each client would keep its own level; queries after the fit run in process only.)
+    each client would keep its own fidelity; queries after the fit run in process only.)
     """
 
     model = "FederatedAR1"
@@ -288,17 +288,17 @@ class FederatedAR1Result(FederatedChain, AR1Result):
         with self._query() as wire:
             return ar1_chain(clients, Xs, t + 1, wire, self.names, kind, asker=len(clients) - 1)
 
-    def _rebuild(self, data: FederatedData) -> list[AR1Level]:
-        """Each level rebuilt by its client from its own rows of ``data`` and its release (the
+    def _rebuild(self, data: FederatedData) -> list[AR1Fidelity]:
+        """Each fidelity rebuilt by its client from its own rows of ``data`` and its release (the
         residuals from the chain below, as in the fit); rows other than the fit's are refused."""
         rows = [_client_rows(data, name, self.d) for name in self.names]
         own = [
-            AR1Level(X, y, rel.spec, restarts=rel.restarts, seed=rel.seed).check_rows(rel, name)
-            for (X, y), name, rel in zip(rows, self.names, self.levels)
+            AR1Fidelity(X, y, rel.spec, restarts=rel.restarts, seed=rel.seed).check_rows(rel, name)
+            for (X, y), name, rel in zip(rows, self.names, self.fidelities)
         ]
-        clients: list[AR1Level] = []
+        clients: list[AR1Fidelity] = []
         with self._query() as wire:
-            for t, (name, rel, lv) in enumerate(zip(self.names, self.levels, own)):
+            for t, (name, rel, lv) in enumerate(zip(self.names, self.fidelities, own)):
                 lower = None if t == 0 else ar1_chain(clients, lv.X, t, wire, self.names, "rebuild", asker=t)[0]
                 clients.append(lv.restore(rel, lower, name))
         return clients
@@ -307,11 +307,11 @@ class FederatedAR1Result(FederatedChain, AR1Result):
         """The highest-fidelity predictor as a one-output BoTorch ``Model`` (the optional extra
         ``fedstats[bo]``), equal to :meth:`AR1Result.to_botorch` of the same fits, and as
         federated as :meth:`predict`: each ``posterior(X)`` sends the query batch down the
-        chain of levels (each adds its term to the joint mean and covariance from below, the
+        chain of fidelities (each adds its term to the joint mean and covariance from below, the
         highest maps them to its data scale), and when an acquisition function is
         differentiated, the gradients with respect to each answer go back down and the
-        gradients with respect to the queries come up (each level keeps its own graph:
-        :meth:`AR1Level.ask`). Outputs, residuals, rho and hyperparameters stay on their
+        gradients with respect to the queries come up (each fidelity keeps its own graph:
+        :meth:`AR1Fidelity.ask`). Outputs, residuals, rho and hyperparameters stay on their
         clients; ``query_communication`` counts every array either way (kinds ``"BoTorch
         posterior"`` and ``"BoTorch gradients"``)."""
         from .bo import joint_model
@@ -342,14 +342,14 @@ def _client_rows(data: FederatedData, name: str, d: int) -> tuple[np.ndarray, np
     if not isinstance(data, FederatedData):
         raise TypeError(f"data must be the FederatedData the result was fitted on, got {type(data).__name__}")
     if name not in data.clients:
-        raise UnknownClientError(f"the data has no client {name!r}, a level of the fit (clients {data.clients})")
+        raise UnknownClientError(f"the data has no client {name!r}, a fidelity of the fit (clients {data.clients})")
     X = check_queries(np.asarray(data[name].X), d)
     return X, np.asarray(data[name].y, dtype=float)
 
 
 class _Ask(torch.autograd.Function):
-    """One level's answer to a BoTorch query as one exchange with its client: the query batch
-    and the level below's joint mean and covariance go down, the client's go up; backward sends
+    """One fidelity's answer to a BoTorch query as one exchange with its client: the query batch
+    and the fidelity below's joint mean and covariance go down, the client's go up; backward sends
     the gradients with respect to the client's answer down and brings up those with respect to
     the query and the answer below (the client computes them on its own graph)."""
 

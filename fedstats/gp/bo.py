@@ -10,13 +10,13 @@
   :meth:`FGPRResult.to_botorch <fedstats.gp.FGPRResult.to_botorch>` returns one.
 * :func:`joint_model`: a one-output BoTorch ``Model`` whose ``posterior(X)`` is the joint
   normal over the query batch that a function of ``X`` gives, differentiable in ``X``. The
-  autoregressive multi-fidelity predictor ``f_T = rho_T f_{T-1} + delta_T`` (each level's
+  autoregressive multi-fidelity predictor ``f_T = rho_T f_{T-1} + delta_T`` (each fidelity's
   ``delta_t`` an exact GP on its residuals) has mean ``rho_T m_{T-1} + m_T`` and covariance
   ``rho_T^2 S_{T-1} + S_T`` over the batch (:func:`chain`):
   :meth:`AR1Result.to_botorch <fedstats.gp.ar1_result.AR1Result.to_botorch>` (a fitted
-  ``AR1CoKriging``) computes it from every level in one place,
+  ``AR1CoKriging``) computes it from every fidelity in one place,
   :meth:`FederatedAR1Result.to_botorch <fedstats.gp.ar1_result.FederatedAR1Result.to_botorch>`
-  (a fitted ``FederatedAR1``) asks each level's client in turn. These models have
+  (a fitted ``FederatedAR1``) asks each fidelity's client in turn. These models have
   no fantasies (``fantasize``, ``condition_on_observations``): acquisition functions built on
   them (``qKnowledgeGradient``, the analytic ``LogNoisyExpectedImprovement``) do not apply;
   the analytic and Monte-Carlo ones that only ask for posteriors (``LogExpectedImprovement``,
@@ -160,8 +160,8 @@ def _joint_class():
 
 
 def chain(lower: tuple[torch.Tensor, torch.Tensor] | None, rho: float, own: tuple[torch.Tensor, torch.Tensor]):
-    """One level of the autoregressive chain: ``(rho m + m_t, rho^2 S + S_t)``, or the level's
-    own term at the lowest level (``lower`` None)."""
+    """One fidelity of the autoregressive chain: ``(rho m + m_t, rho^2 S + S_t)``, or the fidelity's
+    own term at the lowest fidelity (``lower`` None)."""
     if lower is None:
         return own
     return rho * lower[0] + own[0], rho**2 * lower[1] + own[1]

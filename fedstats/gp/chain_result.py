@@ -1,12 +1,12 @@
 """What the four multi-fidelity results share (:mod:`fedstats.gp.ar1_result`,
-:mod:`fedstats.gp.nargp_result`): a chain of fidelity levels, lowest first, each a GP fitted on
+:mod:`fedstats.gp.nargp_result`): a chain of fidelities, lowest first, each a GP fitted on
 its own standardised outputs, reported and predicted on the data's scale.
 
-* :class:`ChainResult`: the result contract for a chain (``summary`` of every level's
-  parameters on the data's scale, ``predict`` of any level with credible and predictive bands,
-  ``save``/``load``); the models fill in how a level's moments are computed.
+* :class:`ChainResult`: the result contract for a chain (``summary`` of every fidelity's
+  parameters on the data's scale, ``predict`` of any fidelity with credible and predictive bands,
+  ``save``/``load``); the models fill in how a fidelity's moments are computed.
 * :class:`Wire`: the in-process accounting of a federated chain's queries after its fit (every
-  array sent to or from a level's client, by kind and by client, as a
+  array sent to or from a fidelity's client, by kind and by client, as a
   :class:`~fedstats.federation.Communication`), with a log of what crossed; the fit itself is a
   run of the runtime (:mod:`fedstats.gp.chain_fit`).
 """
@@ -22,13 +22,14 @@ import pandas as pd
 import torch
 from numpy.typing import ArrayLike
 
+from .._deprecation import renamed_attributes, warn_renamed
 from ..data import DataError
 from ..federation import Communication
 from ..federation.records import record
 from ..results import FederatedResult, UnknownClientError, check_level
 from ._core import band_frame
 
-__all__ = ["ChainResult", "Wire", "check_queries", "check_levels"]
+__all__ = ["ChainResult", "Wire", "check_queries", "check_fidelities"]
 
 SCALES = ("original", "standardized")
 
@@ -48,54 +49,54 @@ def check_scale(scale: str) -> str:
     return scale
 
 
-#: fidelity levels for a centralised fit, lowest first: a list of ``(X, y)`` or a dict ``name -> (X, y)``
-Levels: TypeAlias = "Sequence[tuple[ArrayLike, ArrayLike]] | Mapping[str, tuple[ArrayLike, ArrayLike]]"
+#: fidelities for a centralised fit, lowest first: a list of ``(X, y)`` or a dict ``name -> (X, y)``
+Fidelities: TypeAlias = "Sequence[tuple[ArrayLike, ArrayLike]] | Mapping[str, tuple[ArrayLike, ArrayLike]]"
 
 
-def check_levels(levels: Levels, model: str) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
-    """The fidelity levels of a centralised fit, lowest first: a list of ``(X, y)`` (named
-    ``level0``, ``level1``, ...) or a dict ``name -> (X, y)`` in that order; checked (at least
-    two levels, finite, matching rows, the same inputs on every level, two rows or more)."""
-    if isinstance(levels, Mapping):
-        names, pairs = [str(k) for k in levels], list(levels.values())
+def check_fidelities(fidelities: Fidelities, model: str) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
+    """The fidelities of a centralised fit, lowest first: a list of ``(X, y)`` (named
+    ``fidelity0``, ``fidelity1``, ...) or a dict ``name -> (X, y)`` in that order; checked (at least
+    two fidelities, finite, matching rows, the same inputs on every fidelity, two rows or more)."""
+    if isinstance(fidelities, Mapping):
+        names, pairs = [str(k) for k in fidelities], list(fidelities.values())
     else:
-        pairs = list(levels)
-        names = [f"level{t}" for t in range(len(pairs))]
+        pairs = list(fidelities)
+        names = [f"fidelity{t}" for t in range(len(pairs))]
     if len(pairs) < 2:
-        raise ValueError(f"{model} needs at least two fidelity levels, got {len(pairs)}")
+        raise ValueError(f"{model} needs at least two fidelities, got {len(pairs)}")
     out, d = [], None
     for name, pair in zip(names, pairs):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            raise DataError(f"level {name!r}: expected a pair (X, y)")
+            raise DataError(f"fidelity {name!r}: expected a pair (X, y)")
         X = np.asarray(pair[0], dtype=float)
         X = X[:, None] if X.ndim == 1 else X
         y = np.asarray(pair[1], dtype=float).reshape(-1)
         if X.ndim != 2 or len(X) != len(y) or len(y) < 2:
             raise DataError(
-                f"level {name!r}: X must be (n, d) with n >= 2 rows matching y, got {X.shape} and {y.shape}"
+                f"fidelity {name!r}: X must be (n, d) with n >= 2 rows matching y, got {X.shape} and {y.shape}"
             )
         if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
-            raise DataError(f"level {name!r}: X or y contains NaN or inf")
+            raise DataError(f"fidelity {name!r}: X or y contains NaN or inf")
         if d is not None and X.shape[1] != d:
-            raise DataError(f"level {name!r} has {X.shape[1]} input column(s), the levels below {d}")
+            raise DataError(f"fidelity {name!r} has {X.shape[1]} input column(s), the fidelities below {d}")
         d = X.shape[1]
         out.append((X, y))
     return names, out
 
 
-def check_level_rows(level: Any, released: Any, name: Hashable) -> None:
-    """Refuse a level's rows that are not the fit's: another count, mean or sd of its outputs
+def check_fidelity_rows(fidelity: Any, released: Any, name: Hashable) -> None:
+    """Refuse a fidelity's rows that are not the fit's: another count, mean or sd of its outputs
     than its ``released`` copy's (a client checks its own rows before anything is exchanged)."""
-    if (level.n, level.mu, level.sd) != (released.n, released.mu, released.sd):
+    if (fidelity.n, fidelity.mu, fidelity.sd) != (released.n, released.mu, released.sd):
         raise DataError(
-            f"client {name!r} holds other rows than the fit's: {level.n} rows of mean {level.mu:.6g} and sd "
-            f"{level.sd:.6g}, the fit had {released.n} of mean {released.mu:.6g} and sd {released.sd:.6g}"
+            f"client {name!r} holds other rows than the fit's: {fidelity.n} rows of mean {fidelity.mu:.6g} and sd "
+            f"{fidelity.sd:.6g}, the fit had {released.n} of mean {released.mu:.6g} and sd {released.sd:.6g}"
         )
 
 
 class Wire:
     """The exchanges of a federated chain, in process: :meth:`send` counts an array to
-    (``"down"``) or from (``"up"``) a level's client under a kind (bytes by client and kind, as
+    (``"down"``) or from (``"up"``) a fidelity's client under a kind (bytes by client and kind, as
     :class:`~fedstats.federation.Communication`: ``comm``), :meth:`exchange` counts one
     exchange (a round: one client asked and answering), and ``messages`` logs each array's
     ``(client, direction, what, shape)``."""
@@ -123,18 +124,19 @@ class Wire:
         self.messages.append((client, direction, what, tuple(a.shape)))
 
 
+@renamed_attributes(levels="fidelities")
 class ChainResult(FederatedResult):
-    """A fitted multi-fidelity chain (see the module docs): ``levels`` (one fitted state per
-    fidelity, lowest first, named ``names``), on each level's standardised scale as fitted;
+    """A fitted multi-fidelity chain (see the module docs): ``fidelities`` (one fitted state per
+    fidelity, lowest first, named ``names``), on each fidelity's standardised scale as fitted;
     tables and predictions on the data's scale.
 
     Subclasses give ``model``, ``_moments(Xs, t, kind)`` (the mean and latent variance of
-    level ``t`` at ``Xs`` on its standardised scale) and ``_level_rows(t)`` (level ``t``'s
+    fidelity ``t`` at ``Xs`` on its standardised scale) and ``_fidelity_rows(t)`` (fidelity ``t``'s
     parameters: ``(label, value on the data's scale, value as fitted)``).
 
     Contract attributes: ``history`` None for a centralised fit (a federated one's is its run's
     rounds),
-    ``converged`` True (a one-pass fit: each level's maximum likelihood by L-BFGS, the best of
+    ``converged`` True (a one-pass fit: each fidelity's maximum likelihood by L-BFGS, the best of
     its starts), ``rounds`` the exchanges of the fit, ``communication`` the bytes of the fit
     (zero for a centralised fit), ``query_communication`` those of the queries answered after
     it (federated models only: their predictions travel the chain).
@@ -146,7 +148,7 @@ class ChainResult(FederatedResult):
     def __init__(
         self,
         *,
-        levels: Sequence[Any],
+        fidelities: Sequence[Any],
         names: Sequence[str],
         feature_names: Sequence[str],
         options: Mapping[str, Any],
@@ -154,9 +156,9 @@ class ChainResult(FederatedResult):
         communication: Communication | None = None,
         seconds: float = 0.0,
     ) -> None:
-        self.levels, self.names = list(levels), [str(n) for n in names]
+        self.fidelities, self.names = list(fidelities), [str(n) for n in names]
         self.feature_names = [str(f) for f in feature_names]
-        self.n_obs = {n: int(lv.n) for n, lv in zip(self.names, self.levels)}
+        self.n_obs = {n: int(lv.n) for n, lv in zip(self.names, self.fidelities)}
         self.options, self.seed = dict(options), int(seed)
         self.communication = Communication() if communication is None else communication
         self.query_communication = Communication()
@@ -165,12 +167,12 @@ class ChainResult(FederatedResult):
 
     @property
     def rounds(self) -> int:
-        """The exchanges of the fit with a level's client (0 for a centralised fit)."""
+        """The exchanges of the fit with a fidelity's client (0 for a centralised fit)."""
         return int(self.communication.rounds)
 
     @property
     def clients(self) -> list[str]:
-        """The level clients of a federated fit; none for a centralised one."""
+        """The fidelity clients of a federated fit; none for a centralised one."""
         return list(self.names) if self.federated else []
 
     @property
@@ -181,33 +183,38 @@ class ChainResult(FederatedResult):
     def _moments(self, Xs: np.ndarray, t: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
-    def _level_of(self, client: Hashable | None) -> int:
+    def _fidelity_of(self, client: Hashable | None) -> int:
         if client is None:
-            return len(self.levels) - 1
+            return len(self.fidelities) - 1
         if self.federated and client in self.names:
             return self.names.index(str(client))
         if self.federated:
-            raise UnknownClientError(f"unknown client {client!r}: the levels' clients are {self.names}")
+            raise UnknownClientError(f"unknown client {client!r}: the fidelities' clients are {self.names}")
         raise UnknownClientError(
             f"{self.model} is centralised and has no clients (got client={client!r}): client=None predicts "
-            "the highest fidelity, level_moments(X, t) a lower level"
+            "the highest fidelity, fidelity_moments(X, t) a lower fidelity"
         )
 
     def _to_scale(self, t: int, scale: str, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if check_scale(scale) == "standardized":
             return mean, var
-        lv = self.levels[t]
+        lv = self.fidelities[t]
         return lv.mu + lv.sd * mean, var * lv.sd**2
 
-    def level_moments(self, X: ArrayLike, t: int, *, scale: str = "original") -> tuple[np.ndarray, np.ndarray]:
-        """Mean and latent variance of fidelity level ``t`` (0: the lowest) at the rows of ``X``,
-        on that level's data scale (``scale="original"``) or on its standardised training
+    def fidelity_moments(self, X: ArrayLike, t: int, *, scale: str = "original") -> tuple[np.ndarray, np.ndarray]:
+        """Mean and latent variance of fidelity ``t`` (0: the lowest) at the rows of ``X``,
+        on that fidelity's data scale (``scale="original"``) or on its standardised training
         scale (``"standardized"``: its outputs' own mean and sd)."""
-        if not (isinstance(t, (int, np.integer)) and 0 <= t < len(self.levels)):
-            raise ValueError(f"t must be a level index in 0..{len(self.levels) - 1}, got {t!r}")
+        if not (isinstance(t, (int, np.integer)) and 0 <= t < len(self.fidelities)):
+            raise ValueError(f"t must be a fidelity index in 0..{len(self.fidelities) - 1}, got {t!r}")
         check_scale(scale)
-        mean, var = self._moments(check_queries(X, self.d), int(t), "level moments")
+        mean, var = self._moments(check_queries(X, self.d), int(t), "fidelity moments")
         return self._to_scale(int(t), scale, mean, var)
+
+    def level_moments(self, X: ArrayLike, t: int, *, scale: str = "original") -> tuple[np.ndarray, np.ndarray]:
+        """Former name of :meth:`fidelity_moments` (one release)."""
+        warn_renamed(f"{type(self).__name__}.level_moments", ".fidelity_moments")
+        return self.fidelity_moments(X, t, scale=scale)
 
     def predict(
         self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95, scale: str = "original"
@@ -216,14 +223,14 @@ class ChainResult(FederatedResult):
         column name; a federated fit: ``client`` may name a
         lower level's client for that level): ``mean``, ``lower``/``upper`` (the ``level``
         credible band of f), ``pred_lower``/``pred_upper`` (the predictive band of a new
-        observation, adding the level's fitted noise), then ``sd`` and ``pred_sd``; on the
-        data's scale (``scale="original"``, default) or on the level's standardised training
+        observation, adding the fidelity's fitted noise), then ``sd`` and ``pred_sd``; on the
+        data's scale (``scale="original"``, default) or on the fidelity's standardised training
         scale (``"standardized"``, the FGPR paper's metric)."""
         level, scale = check_level(level), check_scale(scale)
-        t = self._level_of(client)
+        t = self._fidelity_of(client)
         Xs = check_queries(self._feature_rows(X, self.feature_names), self.d)  # a data frame by column name
         mean, var = self._moments(Xs, t, "predict")
-        var_y = var + float(self.levels[t].hyper["noise"][0])  # a new observation: the level's noise added
+        var_y = var + float(self.fidelities[t].hyper["noise"][0])  # a new observation: the fidelity's noise added
         _, var_y = self._to_scale(t, scale, mean, var_y)
         mean, var = self._to_scale(t, scale, mean, var)
         out = band_frame(mean, var, level, var_y)
@@ -232,11 +239,11 @@ class ChainResult(FederatedResult):
         return out
 
     # ------------------------------------------------------------------ tables
-    def _level_rows(self, t: int) -> list[tuple[str, float, float]]:
+    def _fidelity_rows(self, t: int) -> list[tuple[str, float, float]]:
         raise NotImplementedError
 
     def _lengthscale_labels(self, t: int, extra: str | None = None) -> list[str]:
-        name, spec = self.names[t], self.levels[t].spec
+        name, spec = self.names[t], self.fidelities[t].spec
         if not spec.ard:
             return [f"lengthscale[{name}]"]
         return [f"lengthscale[{name}, {f}]" for f in self.feature_names] + (
@@ -244,11 +251,11 @@ class ChainResult(FederatedResult):
         )
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
-        """Every level's parameters, lowest level first (see the model's ``summary``): ``mean``
+        """Every fidelity's parameters, lowest fidelity first (see the model's ``summary``): ``mean``
         and ``estimate`` the maximum-likelihood value on the data's scale, ``standardized`` the
-        same parameter on the level's standardised scale, as fitted; no sd or interval (the
+        same parameter on the fidelity's standardised scale, as fitted; no sd or interval (the
         fit has no distribution for them)."""
-        rows = [r for t in range(len(self.levels)) for r in self._level_rows(t)]
+        rows = [r for t in range(len(self.fidelities)) for r in self._fidelity_rows(t)]
         labels = [r[0] for r in rows]
         values = np.array([r[1] for r in rows], dtype=float)
         fitted = np.array([r[2] for r in rows], dtype=float)
@@ -257,13 +264,13 @@ class ChainResult(FederatedResult):
         )
 
     def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
-        # every parameter belongs to the one chain (summary); a level's client has none of its own
+        # every parameter belongs to the one chain (summary); a fidelity's client has none of its own
         return pd.DataFrame(index=pd.Index([], name="parameter", dtype=object))
 
     def _no_posterior(self, what: str) -> str:
         if what != "global":
             return (
-                f"{self.model}'s levels have no parameters of their own beyond the chain's (summary()); "
+                f"{self.model}'s fidelities have no parameters of their own beyond the chain's (summary()); "
                 "predictions carry credible and predictive bands: predict(X)"
             )
         return (
@@ -273,12 +280,12 @@ class ChainResult(FederatedResult):
 
 
 class FederatedChain:
-    """Mixin of the federated chain results: built from the levels as released by the fit
-    (``levels``) and, in process, the federation (``data``: each level's client with its own
-    rows; never written to a file). On the first query each level's client rebuilds its fitted
+    """Mixin of the federated chain results: built from the fidelities as released by the fit
+    (``fidelities``) and, in process, the federation (``data``: each fidelity's client with its own
+    rows; never written to a file). On the first query each fidelity's client rebuilds its fitted
     GP from its own rows and its release, without refitting (the chain below sends the moments
     at its inputs, counted as ``"rebuild"`` in ``query_communication``): in a deployment each
-    node would keep its fitted level. The queries' accounting: ``query_communication`` and
+    node would keep its fitted fidelity. The queries' accounting: ``query_communication`` and
     ``messages`` (``(client, direction, what, shape)`` of every array a query sent)."""
 
     names: list[str]
@@ -286,8 +293,8 @@ class FederatedChain:
     model: str
     _transient: Mapping[str, Any] = {"_clients": None, "_data": None, "messages": []}
 
-    def __init__(self, *, levels: Sequence[Any], data: Any = None, history: Any = None, **kwargs: Any) -> None:
-        super().__init__(levels=levels, **kwargs)  # type: ignore[call-arg]
+    def __init__(self, *, fidelities: Sequence[Any], data: Any = None, history: Any = None, **kwargs: Any) -> None:
+        super().__init__(fidelities=fidelities, **kwargs)  # type: ignore[call-arg]
         self._data: Any = data
         self._clients: list | None = None
         self.history = history  # the fit's run: one record per round
@@ -297,8 +304,8 @@ class FederatedChain:
         raise NotImplementedError
 
     def attach(self, data: Any) -> Any:
-        """Hand the result the federation it was fitted on (each level's client with its own
-        rows): each level rebuilds its GP from its rows and its release (counted as
+        """Hand the result the federation it was fitted on (each fidelity's client with its own
+        rows): each fidelity rebuilds its GP from its rows and its release (counted as
         ``"rebuild"`` in ``query_communication``), so a loaded result predicts again, exactly
         as before it was saved. Rows other than the fit's are refused. Returns the result."""
         self._clients = self._rebuild(data)
@@ -324,7 +331,7 @@ class FederatedChain:
             self._clients = self._rebuild(self._data)
         if self._clients is None:
             raise ValueError(
-                f"this {self.model} result holds no level's rows (loaded from a file?): its predictions need each "
-                "level's client; attach the federation it was fitted on with result.attach(data)"
+                f"this {self.model} result holds no fidelity's rows (loaded from a file?): its predictions need each "
+                "fidelity's client; attach the federation it was fitted on with result.attach(data)"
             )
         return self._clients

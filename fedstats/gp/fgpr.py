@@ -48,7 +48,7 @@ from ..federation.records import excluded_now
 from ..fitting import RunOptions, federated_fit
 from . import laplace
 from ._core import SMALL, HyperSpec, fit_mle_sum, resolve_device, resolve_dtype, small_work
-from .fgpr_algorithm import CountShare, FGPRAlgorithm, average_hypers, batch_for, draw_participants, standardise
+from .fgpr_algorithm import CountShare, FGPRAlgorithm, average_hypers, batch_for, draw_participants, standardize_y
 from .fgpr_result import FGPRResult
 
 __all__ = ["FGPR", "FGPRResult", "FGPRAlgorithm", "draw_participants", "average_hypers"]
@@ -401,7 +401,7 @@ class FGPR(Estimator):
             )
         return hyper, curv
 
-    def fit_centralised(
+    def fit_centralized(
         self, data: FederatedData, *, restarts: int = 1, seed: int = 0, max_iter: int = 500
     ) -> FGPRResult:
         """The centralised reference: the same objective ``sum_k p_k L_k / N_k`` (every client's
@@ -412,12 +412,12 @@ class FGPR(Estimator):
         spec, o = self._validate(data)
         if self.loss_normalization != "mean":
             raise ValueError(
-                "fit_centralised optimises sum_k p_k L_k / N_k, the objective of "
+                "fit_centralized optimises sum_k p_k L_k / N_k, the objective of "
                 "loss_normalization='mean'; it has no counterpart for 'sum'"
             )
         t0 = time.perf_counter()
         ys = [np.asarray(data[c].y, dtype=float) for c in data.clients]
-        ys = [standardise(y)[0] for y in ys] if self.standardize else ys
+        ys = [standardize_y(y)[0] for y in ys] if self.standardize else ys
         hyper, _, _ = fit_mle_sum(
             spec,
             [np.asarray(data[c].X) for c in data.clients],

@@ -221,7 +221,7 @@ class FGPRAlgorithm(FederatedAlgorithm):
 
     def _view(self, state: _FGPRClient, data) -> _View:
         X, y = np.array(data.X, dtype=float), np.array(data.y, dtype=float)
-        y = standardise(y)[0] if self.standardize else y
+        y = standardize_y(y)[0] if self.standardize else y
         tree = cKDTree(X) if (self.sampler == "nearest" and state.m < state.n) else None
         return _View(
             X,
@@ -489,7 +489,7 @@ def batch_for(batch_size, n: int) -> int:
     return min(int(batch_size), n)
 
 
-def standardise(y: np.ndarray) -> tuple[np.ndarray, float, float]:
+def standardize_y(y: np.ndarray) -> tuple[np.ndarray, float, float]:
     """``(y - mean) / sd`` with the client's own mean and sd (sd 1 if y is constant)."""
     mu = float(np.mean(y))
     sd = float(np.std(y))

@@ -21,7 +21,7 @@ from ..inference.posterior.tables import log_scale_rows
 from ..result_file import register
 from ..results import FederatedResult, NoPosteriorError, UnknownClientError, check_level
 from ._core import HyperSpec, band_frame, mixture, posterior, resolve_device, resolve_dtype, single_model
-from .fgpr_algorithm import standardise
+from .fgpr_algorithm import standardize_y
 from .laplace import from_theta, newton_sds, theta_names, to_theta
 
 if TYPE_CHECKING:  # the optional extra fedstats[bo]
@@ -269,7 +269,7 @@ class FGPRResult(FederatedResult):
         when that opt-in is set and exceeded, with a warning)."""
         mu_y, sd_y = 0.0, 1.0
         if self.options.get("standardize", True):
-            yk, mu_y, sd_y = standardise(yk)
+            yk, mu_y, sd_y = standardize_y(yk)
         limit = self.options.get("condition_limit")
         if limit is not None and len(yk) > limit:
             warnings.warn(
@@ -310,7 +310,7 @@ class FGPRResult(FederatedResult):
             pred = self.predict(np.asarray(test[c].X), client=c, data=data, scale=scale)
             y = np.asarray(test[c].y, dtype=float)
             if scale == "standardized" and self.options.get("standardize", True):
-                _, mu, sd = standardise(self._client_data(c, data)[1])  # the conditioning data's scale
+                _, mu, sd = standardize_y(self._client_data(c, data)[1])  # the conditioning data's scale
                 y = (y - mu) / sd
             out[c] = float(np.sqrt(np.mean((pred["mean"].to_numpy() - y) ** 2)))
         return pd.Series(out, name="rmse")
@@ -343,7 +343,7 @@ def weighted_objective(
     with torch.no_grad():
         for c in data.clients:
             y = np.array(data[c].y, dtype=float)
-            y = standardise(y)[0] if standardize else y
+            y = standardize_y(y)[0] if standardize else y
             X = torch.as_tensor(np.array(data[c].X, dtype=float), device=device, dtype=dtype)[None]
             nll = model.nll(X, torch.as_tensor(y, device=device, dtype=dtype)[None])[0].item()
             total += (len(y) / N) * nll / len(y)

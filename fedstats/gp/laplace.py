@@ -32,7 +32,7 @@ import torch
 from ..federation import FederatedAlgorithm, Message
 from ..inference.gaussian import is_pd
 from ._core import HyperSpec, small_work
-from .fgpr_algorithm import standardise
+from .fgpr_algorithm import standardize_y
 
 __all__ = [
     "LAPLACE_BYTES",
@@ -215,7 +215,7 @@ class HessianShare(FederatedAlgorithm):
     def client_step(self, message: Message, state, data, rng):
         hyper = self.spec.check({n: message[n] for n in self.spec.names}, "the broadcast hyperparameters")
         y = np.array(data.y, dtype=float)
-        y = standardise(y)[0] if self.standardize else y
+        y = standardize_y(y)[0] if self.standardize else y
         f, g, H = curvature(self.spec, hyper, np.asarray(data.X), y)
         return {"nll": np.array([f]), "gradient": g, "hessian": H}, state
 
@@ -350,7 +350,7 @@ def pooled_curvature(spec: HyperSpec, hyper: Mapping[str, Any], data: Any, *, st
     for c in data.clients:
         y = np.array(data[c].y, dtype=float)
         try:
-            parts.append(curvature(spec, hyper, np.asarray(data[c].X), standardise(y)[0] if standardize else y))
+            parts.append(curvature(spec, hyper, np.asarray(data[c].X), standardize_y(y)[0] if standardize else y))
         except (RuntimeError, np.linalg.LinAlgError) as exc:  # torch's LinAlgError is a RuntimeError
             return f"the curvature of client {c!r} failed ({type(exc).__name__}: {exc}): no hyperparameter intervals"
     return {

@@ -1,27 +1,27 @@
 """Nonlinear autoregressive multi-fidelity GPs (NARGP; Perdikaris, Raissi, Damianou, Lawrence and
 Karniadakis, "Nonlinear information fusion algorithms for data-efficient multi-fidelity
-modelling", Proc. R. Soc. A 2017), centralised (:class:`NARGP`) and with one level per client
+modelling", Proc. R. Soc. A 2017), centralised (:class:`NARGP`) and with one fidelity per client
 (:class:`FederatedNARGP`).
 
-Level 1 is an exact GP on its own data. Level t > 1 is an exact GP on the augmented input
-``(x, f_{t-1}(x))``: the lower level's prediction enters as an extra input, so the link between
-levels can be any smooth function, where AR1 allows only ``rho f_{t-1}(x) + delta(x)``. The
+Fidelity 1 is an exact GP on its own data. Fidelity t > 1 is an exact GP on the augmented input
+``(x, f_{t-1}(x))``: the lower fidelity's prediction enters as an extra input, so the link between
+fidelities can be any smooth function, where AR1 allows only ``rho f_{t-1}(x) + delta(x)``. The
 kernel is a simplification of the paper's ``k_rho(x, x') k_f(f, f') + k_delta(x, x')``: one ARD
-kernel on ``(x, f)`` (a lengthscale for each column of x and one for the lower level's value),
-which is the paper's product term without the additive ``k_delta``. Each level's targets are
+kernel on ``(x, f)`` (a lengthscale for each column of x and one for the lower fidelity's value),
+which is the paper's product term without the additive ``k_delta``. Each fidelity's targets are
 standardised by their own mean and sd.
 
-Training: level t's extra input at its design points is the lower level's predictive mean there.
-Prediction: uncertainty is propagated by sampling. Level 1's predictive normal at the query
-points is drawn ``samples`` times; each draw is a path, and level t, given a path's draw of
+Training: fidelity t's extra input at its design points is the lower fidelity's predictive mean there.
+Prediction: uncertainty is propagated by sampling. Fidelity 1's predictive normal at the query
+points is drawn ``samples`` times; each draw is a path, and fidelity t, given a path's draw of
 ``f_{t-1}`` at the queries, has a normal predictive ``(m_t, v_t)`` along it, from which the path
-draws ``f_t`` for the level above. The highest level's prediction is the mixture over paths:
-mean ``mean_s m_s``, variance ``mean_s v_s + var_s m_s``. Level t's standard normals come from
+draws ``f_t`` for the fidelity above. The highest fidelity's prediction is the mixture over paths:
+mean ``mean_s m_s``, variance ``mean_s v_s + var_s m_s``. Fidelity t's standard normals come from
 its own stream (``nargp draws`` of ``t``, :mod:`fedstats.streams`), so the federated model, which draws on each
-level's client, gives the centralised answer given the same hyperparameters.
+fidelity's client, gives the centralised answer given the same hyperparameters.
 
 ``fit`` returns a result that keeps the result contract (:mod:`fedstats.gp.nargp_result`):
-predictions, ``level_moments`` and ``summary()`` on the data's scale by default.
+predictions, ``fidelity_moments`` and ``summary()`` on the data's scale by default.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable, Sequence
 
+from .._deprecation import renamed_parameters
 from ..data import FederatedData
 from ..estimator import Estimator, Int, OneOf
 from ..fitting import RunOptions, federated_fit
 from ._core import HyperSpec
-from .chain_result import Levels, check_levels
+from .chain_result import Fidelities, check_fidelities
 from .multifidelity import fit_chain
-from .nargp_result import FederatedNARGPResult, NARGPLevel, NARGPResult, mixture, nargp_chain
+from .nargp_result import FederatedNARGPResult, NARGPFidelity, NARGPResult, mixture, nargp_chain
 
 __all__ = ["NARGP", "FederatedNARGP", "NARGPResult", "FederatedNARGPResult", "mixture"]
 
@@ -48,23 +49,23 @@ class _NARGPOptions(Estimator):
     def __init__(self, *, kernel: str = "rbf", restarts: int = 5, samples: int = 200) -> None:
         self.kernel, self.restarts, self.samples = kernel, restarts, samples
 
-    def level_spec(self, d: int, t: int) -> HyperSpec:
-        """Level ``t``'s GP prior on ``d`` inputs (and the level below's value above the lowest):
+    def fidelity_spec(self, d: int, t: int) -> HyperSpec:
+        """Fidelity ``t``'s GP prior on ``d`` inputs (and the fidelity below's value above the lowest):
         an ARD kernel."""
         return HyperSpec(d=d + (t > 0), kernel=self.kernel, ard=True)
 
 
 class NARGP(_NARGPOptions):
-    """NARGP (see the module's docs), centralised: every level's data in one place.
+    """NARGP (see the module's docs), centralised: every fidelity's data in one place.
 
     Parameters
     ----------
     kernel : "rbf" or "matern"
-        Each level's ARD kernel family (Matern-3/2 for "matern").
+        Each fidelity's ARD kernel family (Matern-3/2 for "matern").
     restarts : int
-        Random restarts of each level's maximum-likelihood fit (L-BFGS, the best kept).
+        Random restarts of each fidelity's maximum-likelihood fit (L-BFGS, the best kept).
     samples : int
-        Paths drawn to propagate the lower levels' uncertainty (the paper uses 100 or more).
+        Paths drawn to propagate the lower fidelities' uncertainty (the paper uses 100 or more).
 
     Example
     -------
@@ -77,19 +78,20 @@ class NARGP(_NARGPOptions):
     ['mean', 'lower', 'upper', 'pred_lower', 'pred_upper']
     """
 
-    def fit(self, levels: Levels, *, seed: int = 0) -> NARGPResult:
-        """``levels``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
-        ``name -> (X, y)`` that names them; a list's levels are ``level0``, ``level1``, ...)."""
+    @renamed_parameters(levels="fidelities")
+    def fit(self, fidelities: Fidelities, *, seed: int = 0) -> NARGPResult:
+        """``fidelities``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
+        ``name -> (X, y)`` that names them; a list's fidelities are ``fidelity0``, ``fidelity1``, ...)."""
         self._validate_params()
         t0 = time.perf_counter()
-        names, pairs = check_levels(levels, "NARGP")
-        fitted: list[NARGPLevel] = []
+        names, pairs = check_fidelities(fidelities, "NARGP")
+        fitted: list[NARGPFidelity] = []
         for t, (X, y) in enumerate(pairs):
-            lv = NARGPLevel(X, y, t, self.level_spec(X.shape[1], t), restarts=self.restarts, seed=seed + t)
+            lv = NARGPFidelity(X, y, t, self.fidelity_spec(X.shape[1], t), restarts=self.restarts, seed=seed + t)
             lower = None if t == 0 else mixture(nargp_chain(fitted, lv.X, t, self.samples, seed))[0]
             fitted.append(lv.fit(lower))
         return NARGPResult(
-            levels=fitted,
+            fidelities=fitted,
             names=names,
             feature_names=[f"x{j}" for j in range(pairs[0][0].shape[1])],
             options=self.get_params(),
@@ -99,13 +101,13 @@ class NARGP(_NARGPOptions):
 
 
 class FederatedNARGP(_NARGPOptions):
-    """NARGP with one fidelity level per client, as :class:`~.multifidelity.FederatedAR1` is
-    for AR1: each client keeps its outputs and its GP. To fit level t, its client sends its
-    design points down the chain; level 1 answers with its predictive means and variances
-    there, each level above draws its paths from what comes up and answers with its own means
-    and variances along them, and level t takes the mixture mean as its extra input. A
+    """NARGP with one fidelity per client, as :class:`~.multifidelity.FederatedAR1` is
+    for AR1: each client keeps its outputs and its GP. To fit fidelity t, its client sends its
+    design points down the chain; fidelity 1 answers with its predictive means and variances
+    there, each fidelity above draws its paths from what comes up and answers with its own means
+    and variances along them, and fidelity t takes the mixture mean as its extra input. A
     prediction travels the same chain. Shared during the fit: input locations downwards,
-    predictive means and variances (per path) upwards, never outputs; at its end each level
+    predictive means and variances (per path) upwards, never outputs; at its end each fidelity
     releases its hyperparameters and the mean and sd of its outputs, from which the result
     reports the model on the data's scale. The result
     (:class:`~fedstats.gp.nargp_result.FederatedNARGPResult`) records the shape of every array

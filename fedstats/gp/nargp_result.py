@@ -1,9 +1,9 @@
 """The results of the NARGP models (:class:`NARGPResult` of :class:`~fedstats.gp.nargp.NARGP`,
-:class:`FederatedNARGPResult` of :class:`~fedstats.gp.nargp.FederatedNARGP`), their levels
-(:class:`NARGPLevel`) and the propagation of paths through them (see :mod:`fedstats.gp.nargp`).
+:class:`FederatedNARGPResult` of :class:`~fedstats.gp.nargp.FederatedNARGP`), their fidelities
+(:class:`NARGPFidelity`) and the propagation of paths through them (see :mod:`fedstats.gp.nargp`).
 
-The scales. Level t is a GP fitted on its outputs standardised by their own mean and sd,
-``z_t = (y_t - m_t) / s_t``; above the lowest level its inputs are ``(x, z_{t-1})``, the level
+The scales. Fidelity t is a GP fitted on its outputs standardised by their own mean and sd,
+``z_t = (y_t - m_t) / s_t``; above the lowest fidelity its inputs are ``(x, z_{t-1})``, the fidelity
 below's prediction on *its* standardised scale. On the data's scale that is a GP of mean
 ``m_t``, outputscale ``s_t^2 a_t`` and noise ``s_t^2 v_t`` in ``(x, f_{t-1})``, with the
 lengthscales of ``x`` as fitted and that of ``f_{t-1} = m_{t-1} + s_{t-1} z_{t-1}`` multiplied by
@@ -24,22 +24,22 @@ from ..data import FederatedData
 from ..result_file import register
 from ._core import HyperSpec, fit_mle, mixture, posterior
 from .ar1_result import _client_rows
-from .chain_result import ChainResult, FederatedChain, Wire, check_level_rows
-from .fgpr_algorithm import standardise
+from .chain_result import ChainResult, FederatedChain, Wire, check_fidelity_rows
+from .fgpr_algorithm import standardize_y
 
-__all__ = ["NARGPLevel", "NARGPResult", "FederatedNARGPResult", "mixture", "nargp_chain"]
+__all__ = ["NARGPFidelity", "NARGPResult", "FederatedNARGPResult", "mixture", "nargp_chain"]
 
 
 Paths = tuple[np.ndarray, np.ndarray]  # means and variances, (paths, points) each
 
 
 @register
-class NARGPLevel:
-    """One fidelity level of a NARGP fit: its GP's prior (``spec``, on ``(x, z_{t-1})`` above
-    the lowest level) and hyperparameters (``hyper``) on its standardised scale, the mean and
+class NARGPFidelity:
+    """One fidelity of a NARGP fit: its GP's prior (``spec``, on ``(x, z_{t-1})`` above
+    the lowest fidelity) and hyperparameters (``hyper``) on its standardised scale, the mean and
     sd that standardise its outputs (``mu``, ``sd``), its index ``t`` and number of rows ``n``,
     and, where the holder keeps them, its inputs ``X``, the GP's inputs ``Z`` (``X`` with the
-    level below's mean there) and its standardised outputs ``z``. A released level
+    fidelity below's mean there) and its standardised outputs ``z``. A released fidelity
     (:meth:`released`) has no ``X``, ``Z`` or ``z``."""
 
     def __init__(
@@ -47,7 +47,7 @@ class NARGPLevel:
     ) -> None:
         X = np.asarray(X, dtype=float)
         self.X: np.ndarray = X[:, None] if X.ndim == 1 else X  # None once released
-        z, self.mu, self.sd = standardise(np.asarray(y, dtype=float).reshape(-1))
+        z, self.mu, self.sd = standardize_y(np.asarray(y, dtype=float).reshape(-1))
         self.z: np.ndarray = z  # None once released
         self.n, self.t, self.spec = len(z), int(t), spec
         self.restarts, self.seed = int(restarts), int(seed)
@@ -59,38 +59,38 @@ class NARGPLevel:
         self.Z = Z
         return Z
 
-    def fit(self, lower_mean: np.ndarray | None) -> NARGPLevel:
-        """Maximum likelihood of the level's GP on ``(x, lower_mean)`` (the level below's
-        mixture mean at its inputs; ``x`` alone at the lowest level)."""
+    def fit(self, lower_mean: np.ndarray | None) -> NARGPFidelity:
+        """Maximum likelihood of the fidelity's GP on ``(x, lower_mean)`` (the fidelity below's
+        mixture mean at its inputs; ``x`` alone at the lowest fidelity)."""
         Z = self._inputs_at_design(lower_mean)
         self.hyper, _, _ = fit_mle(self.spec, Z, self.z, restarts=self.restarts, seed=self.seed)
         return self
 
-    def released(self) -> NARGPLevel:
-        """What the level's client releases: everything but its rows (``X``, ``Z``, ``z``)."""
-        out = object.__new__(NARGPLevel)
+    def released(self) -> NARGPFidelity:
+        """What the fidelity's client releases: everything but its rows (``X``, ``Z``, ``z``)."""
+        out = object.__new__(NARGPFidelity)
         out.__dict__.update({**self.__dict__, "X": None, "Z": None, "z": None})
         out.hyper = {k: np.array(v, copy=True) for k, v in self.hyper.items()}
         return out
 
-    def check_rows(self, released: NARGPLevel, name: Hashable) -> NARGPLevel:
+    def check_rows(self, released: NARGPFidelity, name: Hashable) -> NARGPFidelity:
         """Refuse rows that are not the fit's (another count, mean or sd than ``released``'s):
         the client checks its own rows against its release before anything is exchanged."""
-        check_level_rows(self, released, name)
+        check_fidelity_rows(self, released, name)
         return self
 
-    def restore(self, released: NARGPLevel, lower_mean: np.ndarray | None, name: Hashable) -> NARGPLevel:
-        """The fitted level again from its own rows (this level, checked by :meth:`check_rows`)
+    def restore(self, released: NARGPFidelity, lower_mean: np.ndarray | None, name: Hashable) -> NARGPFidelity:
+        """The fitted fidelity again from its own rows (this fidelity, checked by :meth:`check_rows`)
         and its release: no refit, the same GP inputs as in the fit (``lower_mean``, the
-        level below's mean at its inputs)."""
+        fidelity below's mean at its inputs)."""
         self.check_rows(released, name)
         self.hyper = {k: np.array(v, copy=True) for k, v in released.hyper.items()}
         self._inputs_at_design(lower_mean)
         return self
 
     def inputs(self, Xq: np.ndarray, lower: Paths | None, samples: int, seed: int) -> np.ndarray:
-        """The GP's inputs at the queries: ``Xq`` itself at level 1; above, ``Xq`` with one draw
-        of the lower level per path appended (``(paths * n, d + 1)``, path by path)."""
+        """The GP's inputs at the queries: ``Xq`` itself at fidelity 1; above, ``Xq`` with one draw
+        of the lower fidelity per path appended (``(paths * n, d + 1)``, path by path)."""
         if lower is None:
             return Xq
         M, V = lower
@@ -101,17 +101,17 @@ class NARGPLevel:
         return np.column_stack([np.tile(Xq, (samples, 1)), f.reshape(-1)])
 
     def answer(self, Xq: np.ndarray, lower: Paths | None, samples: int, seed: int) -> Paths:
-        """This level's predictive means and variances along each path, ``(paths, n)`` each (one
-        path at level 1, whose predictive is exact), on its standardised scale."""
+        """This fidelity's predictive means and variances along each path, ``(paths, n)`` each (one
+        path at fidelity 1, whose predictive is exact), on its standardised scale."""
         if self.Z is None or self.z is None:
-            raise ValueError("a released level holds no rows: it cannot answer queries")
+            raise ValueError("a released fidelity holds no rows: it cannot answer queries")
         Zq = self.inputs(Xq, lower, samples, seed)
         m, v = posterior(self.spec, self.hyper, self.Z, self.z, Zq, device=torch.device("cpu"), dtype=torch.float64)
         return m.reshape(-1, len(Xq)), v.reshape(-1, len(Xq))
 
 
 def nargp_chain(
-    levels: Sequence[NARGPLevel],
+    fidelities: Sequence[NARGPFidelity],
     Xq: np.ndarray,
     upto: int,
     samples: int,
@@ -121,11 +121,11 @@ def nargp_chain(
     kind: str = "",
     asker: int | None = None,
 ) -> Paths:
-    """The paths of level ``upto - 1`` at ``Xq``, the levels ``0..upto-1`` in turn. With
-    ``wire`` (a federated chain), each level but the asking one (``asker``) is an exchange with
+    """The paths of fidelity ``upto - 1`` at ``Xq``, the fidelities ``0..upto-1`` in turn. With
+    ``wire`` (a federated chain), each fidelity but the asking one (``asker``) is an exchange with
     its client: the queries and the paths from below go down, its paths come up."""
     lower: Paths | None = None
-    for t, lv in enumerate(levels[:upto]):
+    for t, lv in enumerate(fidelities[:upto]):
         if wire is not None and t != asker:
             wire.exchange(names[t], kind)
             wire.send(names[t], "down", "queries", Xq, kind)
@@ -141,14 +141,14 @@ def nargp_chain(
 
 @register
 class NARGPResult(ChainResult):
-    """A fitted :class:`~fedstats.gp.nargp.NARGP` (centralised): every level's fitted state with
-    its rows (:class:`NARGPLevel`), so :meth:`save` writes every level's inputs and standardised
+    """A fitted :class:`~fedstats.gp.nargp.NARGP` (centralised): every fidelity's fitted state with
+    its rows (:class:`NARGPFidelity`), so :meth:`save` writes every fidelity's inputs and standardised
     outputs (the file holds the training data's information, as a pooled fit's does).
     ``predict`` (the highest fidelity: the mixture over ``samples`` paths, as a normal with its
-    mean and variance), ``level_moments`` and ``summary`` are on the data's scale by default.
+    mean and variance), ``fidelity_moments`` and ``summary`` are on the data's scale by default.
 
-    ``summary()``: one row per parameter, lowest level first: each level's ``mean[L]``, its
-    ``lengthscale[L, x]`` per input column (and ``lengthscale[L, f(K)]`` of the level below's
+    ``summary()``: one row per parameter, lowest fidelity first: each fidelity's ``mean[L]``, its
+    ``lengthscale[L, x]`` per input column (and ``lengthscale[L, f(K)]`` of the fidelity below's
     value, in its data units), ``outputscale[L]`` and ``noise[L]`` (variances on the data's
     scale); ``mean``/``estimate`` on the data's scale, ``standardized`` as fitted, no sd or
     interval.
@@ -171,15 +171,15 @@ class NARGPResult(ChainResult):
         return int(self.options["samples"])
 
     def _moments(self, Xs: np.ndarray, t: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
-        return mixture(nargp_chain(self.levels, Xs, t + 1, self.samples, self.seed))
+        return mixture(nargp_chain(self.fidelities, Xs, t + 1, self.samples, self.seed))
 
-    def _level_rows(self, t: int) -> list[tuple[str, float, float]]:
-        name, lv = self.names[t], self.levels[t]
+    def _fidelity_rows(self, t: int) -> list[tuple[str, float, float]]:
+        name, lv = self.names[t], self.fidelities[t]
         rows = [(f"mean[{name}]", lv.mu, 0.0)]
         ls = np.asarray(lv.hyper["lengthscale"], dtype=float).reshape(-1)
         labels = self._lengthscale_labels(t, None if t == 0 else f"f({self.names[t - 1]})")
-        # the last lengthscale above the lowest level is that of the level below's value
-        units = [1.0] * len(self.feature_names) + ([self.levels[t - 1].sd] if t else [])
+        # the last lengthscale above the lowest fidelity is that of the fidelity below's value
+        units = [1.0] * len(self.feature_names) + ([self.fidelities[t - 1].sd] if t else [])
         rows += [(label, float(u * v), float(v)) for label, u, v in zip(labels, units, ls)]
         for p in ("outputscale", "noise"):
             v = float(lv.hyper[p][0])
@@ -189,11 +189,11 @@ class NARGPResult(ChainResult):
 
 @register
 class FederatedNARGPResult(FederatedChain, NARGPResult):
-    """A fitted :class:`~fedstats.gp.nargp.FederatedNARGP`: one level per client. What it
+    """A fitted :class:`~fedstats.gp.nargp.FederatedNARGP`: one fidelity per client. What it
     holds, how its queries travel and are counted, and what a result loaded from a file can do
     (:meth:`attach`) are as for :class:`~fedstats.gp.ar1_result.FederatedAR1Result`: each
-    level's release (hyperparameters on its standardised scale, the mean and sd of its outputs)
-    is in the result; its rows, GP inputs and outputs stay with its client; each level draws its
+    fidelity's release (hyperparameters on its standardised scale, the mean and sd of its outputs)
+    is in the result; its rows, GP inputs and outputs stay with its client; each fidelity draws its
     paths from its own stream, so the answers equal the centralised :class:`NARGPResult`'s."""
 
     model = "FederatedNARGP"
@@ -205,17 +205,17 @@ class FederatedNARGPResult(FederatedChain, NARGPResult):
             paths = nargp_chain(clients, Xs, t + 1, self.samples, self.seed, wire, self.names, kind, len(clients) - 1)
         return mixture(paths)
 
-    def _rebuild(self, data: FederatedData) -> list[NARGPLevel]:
-        """Each level rebuilt by its client from its own rows of ``data`` and its release (its
+    def _rebuild(self, data: FederatedData) -> list[NARGPFidelity]:
+        """Each fidelity rebuilt by its client from its own rows of ``data`` and its release (its
         GP inputs from the chain below, as in the fit); rows other than the fit's are refused."""
         rows = [_client_rows(data, name, self.d) for name in self.names]
         own = [
-            NARGPLevel(X, y, t, rel.spec, restarts=rel.restarts, seed=rel.seed).check_rows(rel, name)
-            for t, ((X, y), name, rel) in enumerate(zip(rows, self.names, self.levels))
+            NARGPFidelity(X, y, t, rel.spec, restarts=rel.restarts, seed=rel.seed).check_rows(rel, name)
+            for t, ((X, y), name, rel) in enumerate(zip(rows, self.names, self.fidelities))
         ]
-        clients: list[NARGPLevel] = []
+        clients: list[NARGPFidelity] = []
         with self._query() as wire:
-            for t, (name, rel, lv) in enumerate(zip(self.names, self.levels, own)):
+            for t, (name, rel, lv) in enumerate(zip(self.names, self.fidelities, own)):
                 lower = None
                 if t:
                     paths = nargp_chain(clients, lv.X, t, self.samples, self.seed, wire, self.names, "rebuild", t)

@@ -1,14 +1,14 @@
 """Multi-fidelity test functions of the FGPR paper (its Application I, Section 5, and the test
 functions of its appendix; the 1-D pairs come from Cutajar et al., 2019).
 
-Each problem is a :class:`Problem`: its fidelity levels from highest to lowest (``"HF"``,
+Each problem is a :class:`Problem`: its fidelities from highest to lowest (``"HF"``,
 then ``"MF"`` where there is one, then ``"LF"``), its input box, and the paper's training
-sizes per level. Every function takes ``X`` of shape ``(n, d)`` in the problem's original
+sizes per fidelity. Every function takes ``X`` of shape ``(n, d)`` in the problem's original
 units and returns ``(n,)``.
 
 The paper's formulas are the default. ``code_compat=True`` gives the published R code's
-variants where it departs from them: BRANIN's middle level without the square
-root, BRANIN's low level taking ``-3 x2`` at the transformed input, and Hartmann with the
+variants where it departs from them: BRANIN's middle fidelity without the square
+root, BRANIN's low fidelity taking ``-3 x2`` at the transformed input, and Hartmann with the
 usual minus sign.
 """
 
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .._deprecation import renamed_attribute
 
 __all__ = [
     "Problem",
@@ -73,7 +75,7 @@ def park_lf(X):
     return (1 + np.sin(x1) / 10) * park_hf(X) - 2 * x1 + x2**2 + x3**2 + 0.5
 
 
-# --------------------------------------------------------------------------- BRANIN (2-D, 3 levels)
+# --------------------------------------------------------------------------- BRANIN (2-D, 3 fidelities)
 
 
 def branin_hf(X):
@@ -93,7 +95,7 @@ def branin_lf(X, code_compat: bool = False):
     return branin_mf(Z, code_compat) - 3 * (Z[:, 1] if code_compat else x2) + 1
 
 
-# --------------------------------------------------------------------------- Hartmann-3D (3 levels)
+# --------------------------------------------------------------------------- Hartmann-3D (3 fidelities)
 
 _H_ALPHA = np.array([1.0, 1.2, 3.0, 3.2])
 _H_DELTA = np.array([0.01, -0.01, -0.1, 0.1])
@@ -180,14 +182,15 @@ def nonlinear_1d_hf(X):
 
 @dataclass(frozen=True)
 class Problem:
-    """A multi-fidelity problem: ``levels`` maps "HF" ("MF") "LF" to functions, highest first."""
+    """A multi-fidelity problem: ``fidelities`` maps "HF" ("MF") "LF" to functions, highest first."""
 
     name: str
     bounds: np.ndarray  # (d, 2) input box in original units
-    levels: dict[str, Callable]  # highest fidelity first
-    sizes: dict[str, int]  # the paper's training sizes per level
+    fidelities: dict[str, Callable]  # highest fidelity first
+    sizes: dict[str, int]  # the paper's training sizes per fidelity
     grid: bool = False  # 1-D examples: equally spaced inputs (the published code)
     low_open: tuple = field(default=())  # inputs sampled from (lo, hi] instead of [lo, hi)
+    levels = renamed_attribute("fidelities")  # the former name, one release
 
     @property
     def d(self) -> int:
@@ -270,7 +273,7 @@ def problem(name: str, code_compat: bool = False) -> Problem:
             {"HF": 20, "LF": 100},
             grid=True,
         )
-    if key == "forrester":  # fidelity_data spaces each level evenly; FORRESTER_DESIGN is the book's
+    if key == "forrester":  # fidelity_data spaces each fidelity evenly; FORRESTER_DESIGN is the book's
         return Problem(
             "Forrester", _box((0, 1)), {"HF": forrester_hf, "LF": forrester_lf}, {"HF": 4, "LF": 11}, grid=True
         )

@@ -15,7 +15,9 @@ import numpy as np
 from scipy import stats
 from scipy.fft import next_fast_len
 
-__all__ = ["rhat_rank", "ess_bulk", "ess_basic", "split_chains", "rank_normalise"]
+from .._deprecation import renamed_module_names
+
+__all__ = ["rhat_rank", "ess_bulk", "ess_basic", "split_chains", "rank_normalize"]
 
 
 def split_chains(x: np.ndarray) -> np.ndarray:
@@ -25,7 +27,7 @@ def split_chains(x: np.ndarray) -> np.ndarray:
     return np.vstack((x[:, :half], x[:, -half:]))
 
 
-def rank_normalise(x: np.ndarray) -> np.ndarray:
+def rank_normalize(x: np.ndarray) -> np.ndarray:
     """Normal scores of the draws' ranks over all chains jointly (Blom's offset 3/8)."""
     ranks = stats.rankdata(x, method="average").reshape(x.shape)
     return stats.norm.ppf((ranks - 0.375) / (x.size + 0.25))
@@ -46,8 +48,8 @@ def rhat_rank(x: np.ndarray) -> float:
     if x.shape[0] < 2 or x.shape[1] < 4:
         return np.nan
     split = split_chains(x)
-    bulk = _rhat_basic(rank_normalise(split))
-    tail = _rhat_basic(rank_normalise(np.abs(split - np.median(split))))
+    bulk = _rhat_basic(rank_normalize(split))
+    tail = _rhat_basic(rank_normalize(np.abs(split - np.median(split))))
     return float(max(bulk, tail))
 
 
@@ -104,4 +106,8 @@ def ess_bulk(x: np.ndarray) -> float:
     """Bulk ESS of an (n_chains, n_draws) array: ESS of rank-normalised split chains."""
     if x.shape[1] < 4:
         return np.nan
-    return ess_basic(rank_normalise(split_chains(x)))
+    return ess_basic(rank_normalize(split_chains(x)))
+
+
+#: former names, one release
+__getattr__ = renamed_module_names(__name__, {"rank_normalise": "rank_normalize"}, globals())

@@ -1,20 +1,20 @@
 """Federated expectation propagation with Gaussian sites (Algorithms 2-3 of the linear-models paper).
 
 The server holds the global approximation ``q(phi) = prior(phi) * prod_k site_k(phi)`` in
-natural parameters and broadcasts it. Each device keeps its own site (never sent), forms
+natural parameters and broadcasts it. Each client keeps its own site (never sent), forms
 the cavity ``q / site_k``, computes the moments of its tilted distribution
 ``cavity * f_k`` with a pluggable estimator (:mod:`fedstats.inference.tilted`), moves its
 site towards ``tilted / cavity`` by a damping factor ``delta`` and sends only the change
-``(dr, dQ)``. The server adds the changes of the devices that answered: it uses them only
+``(dr, dQ)``. The server adds the changes of the clients that answered: it uses them only
 through their sum, which the runtime forms (:attr:`FederatedEP.summed_keys`), so no server
-code sees one device's change.
+code sees one client's change.
 
 Positive-definiteness repair. If the summed changes would make the global precision
 indefinite (Monte-Carlo noise, large simultaneous steps), the server backs off: it applies
-``gamma * sum dQ_k`` with ``gamma`` halved until the result is PD, and tells each device
-the accepted fraction ``gamma`` with its next broadcast. A device keeps its last change
+``gamma * sum dQ_k`` with ``gamma`` halved until the result is PD, and tells each client
+the accepted fraction ``gamma`` with its next broadcast. A client keeps its last change
 as *pending* until then, so ``q = prior * prod_k (site_k + accept_k * pending_k)`` holds
-exactly after every round, also for devices that miss rounds or fail.
+exactly after every round, also for clients that miss rounds or fail.
 
 Example
 -------
@@ -51,25 +51,25 @@ class EPServerState:
     converged: bool = False
     accept: dict = field(default_factory=dict)  # client -> accepted fraction of its pending change
     clients: tuple = ()
-    quiet: frozenset = frozenset()  # devices that answered since the last round that moved q by >= tol
+    quiet: frozenset = frozenset()  # clients that answered since the last round that moved q by >= tol
     #: clients whose last answer to a broadcast was a refusal (a skipped or failed step): the
     #: fit can converge without them, since their site no longer moves
     declining: frozenset = frozenset()
-    stage: int = 0  # which of the algorithm's estimators the devices use
+    stage: int = 0  # which of the algorithm's estimators the clients use
     stage_round: int = 0  # the round in which that stage began
 
 
 @register
 @dataclass(frozen=True)
 class EPClientState:
-    """What stays on a device: its sufficient statistics, its site and its last diagnostics."""
+    """What stays on a client: its sufficient statistics, its site and its last diagnostics."""
 
     stats: dict[str, np.ndarray]
     site: NaturalGaussian
     pending: NaturalGaussian | None = None  # last change sent, until the server says how much it took
     n_updates: int = 0
     diagnostics: dict[str, float] = field(default_factory=dict)
-    #: where the device's sampler stopped in its last round (a resumable estimator's state)
+    #: where the client's sampler stopped in its last round (a resumable estimator's state)
     tilted_state: dict[str, np.ndarray] | None = None
 
 
@@ -80,11 +80,11 @@ class FederatedEP(FederatedAlgorithm):
     Parameters
     ----------
     model : SiteModel
-        Supplies the device likelihood ``f_k(phi)`` and ``client_stats(data)``.
+        Supplies the client likelihood ``f_k(phi)`` and ``client_stats(data)``.
     prior : NaturalGaussian
         Gaussian prior of ``phi`` (PD).
     estimator : TiltedEstimator or a sequence of them
-        How a device computes its tilted moments. A sequence runs in stages: EP with the
+        How a client computes its tilted moments. A sequence runs in stages: EP with the
         first until it has converged (by ``tol``), then from there with the next, and so on;
         the fit has converged when the last stage has. E.g. ``(LaplaceTilted(),
         ImportanceTilted())``: cheap deterministic rounds to near the fixed point, then
@@ -95,7 +95,7 @@ class FederatedEP(FederatedAlgorithm):
     tol : float
         Convergence: the largest change of a component of the global mean, in units of
         its posterior sd, and of a log sd, must fall below ``tol`` in consecutive rounds
-        in which every device has answered at least once (a client whose last answer was a
+        in which every client has answered at least once (a client whose last answer was a
         refusal, a skipped or failed step, is not waited for).
     max_backoff : int
         Halvings of the server's step ``gamma`` for the PD repair before the round's
@@ -107,10 +107,10 @@ class FederatedEP(FederatedAlgorithm):
     """
 
     reply_keys = ("dr", "dQ")
-    # the server adds the site changes of the devices that answered: it sees only their sums
+    # the server adds the site changes of the clients that answered: it sees only their sums
     summed_keys = reply_keys
     symmetric_keys = ("dQ",)  # a change of a precision matrix
-    # a reply is a change of the device's site: the runtime adds them up for the influence
+    # a reply is a change of the client's site: the runtime adds them up for the influence
     cumulative_replies = True
     influence_unit = "posterior sd"
 
@@ -135,7 +135,7 @@ class FederatedEP(FederatedAlgorithm):
         self.stages = tuple(estimator) if isinstance(estimator, (list, tuple)) else (estimator,)
         if not self.stages:
             raise ValueError("at least one tilted estimator is needed")
-        # the estimator of the fit's final stage (device posteriors after the fit use it)
+        # the estimator of the fit's final stage (client posteriors after the fit use it)
         self.model, self.prior, self.estimator = model, prior, self.stages[-1]
         self.damping, self.tol, self.max_backoff = float(damping), float(tol), int(max_backoff)
         self.stage_tol = self.tol if stage_tol is None else float(stage_tol)
@@ -188,8 +188,8 @@ class FederatedEP(FederatedAlgorithm):
             and max(metrics["max_mean_change_sd"], metrics["max_log_sd_change"])
             < (self.tol if last_stage else self.stage_tol)
         )
-        # With partial participation a quiet round says little about the devices that sat
-        # it out: converged only once every device has answered in quiet rounds.
+        # With partial participation a quiet round says little about the clients that sat
+        # it out: converged only once every client has answered in quiet rounds.
         # A client that declines every broadcast (it cannot form its tilted moments) would
         # otherwise keep the fit from converging: the others converge without it.
         quiet = state.quiet | frozenset(replies) if small else frozenset()
@@ -256,8 +256,8 @@ class FederatedEP(FederatedAlgorithm):
         datas: Sequence[Any],
         rngs: Sequence[np.random.Generator],
     ) -> list[tuple[Message, EPClientState] | BaseException]:
-        """All participating devices at once: one vectorised tilted-moment call, and the
-        cavities and site updates as stacked arrays (one device's failure is its own)."""
+        """All participating clients at once: one vectorised tilted-moment call, and the
+        cavities and site updates as stacked arrays (one client's failure is its own)."""
         results: list[Any] = [None] * len(states)
         states = [self._commit(m, st) for m, st in zip(messages, states)]
         # cavity = q / site_k, in natural parameters
@@ -269,9 +269,9 @@ class FederatedEP(FederatedAlgorithm):
             results[i] = SkipRound("cavity precision is not positive definite")
         if len(todo):
             seeds = np.array([rngs[int(i)].integers(2**63 - 1) for i in todo])
-            # every device of a round gets the same broadcast stage (one estimator per call)
+            # every client of a round gets the same broadcast stage (one estimator per call)
             est = self.stages[min(int(messages[todo[0]].get("stage", 0)), len(self.stages) - 1)]
-            # A skipped device's place is filled with a copy of the first (its result dropped),
+            # A skipped client's place is filled with a copy of the first (its result dropped),
             # as the estimators pad a batch: the batch keeps the round's size, so a round in
             # which some cavities are improper reuses the compiled kernels (a new batch size
             # is a new compilation).
@@ -286,7 +286,7 @@ class FederatedEP(FederatedAlgorithm):
                     np.r_[seeds, np.full(len(batch) - len(todo), seeds[0])],
                     **resume,
                 )[: len(todo)]
-            except Exception as exc:  # noqa: BLE001 - reported per device by the runtime
+            except Exception as exc:  # noqa: BLE001 - reported per client by the runtime
                 tilted = [exc] * len(todo)
             good = [k for k, t in enumerate(tilted) if not isinstance(t, BaseException) and t.ok]
             for k, t in enumerate(tilted):
@@ -305,7 +305,7 @@ class FederatedEP(FederatedAlgorithm):
                         continue
                     try:
                         results[i] = self._update_site(states[i], t_r[j] - cav_r[i], t_Q[j] - cav_Q[i], tilted[good[j]])
-                    except Exception as exc:  # noqa: BLE001 - one device's failure is its own
+                    except Exception as exc:  # noqa: BLE001 - one client's failure is its own
                         results[i] = exc
         return results
 
@@ -329,7 +329,7 @@ class FederatedEP(FederatedAlgorithm):
 
     @staticmethod
     def _commit(msg: Message, state: EPClientState) -> EPClientState:
-        """Apply the accepted fraction of the pending change to the site (device side)."""
+        """Apply the accepted fraction of the pending change to the site (client side)."""
         if state.pending is None:
             return state
         return replace(state, site=state.site * (state.pending ** float(msg["accept"])), pending=None)
@@ -337,7 +337,7 @@ class FederatedEP(FederatedAlgorithm):
     def committed_sites(
         self, server: EPServerState, states: Mapping[ClientId, EPClientState]
     ) -> dict[ClientId, NaturalGaussian]:
-        """Each device's site as the server's ``q`` counts it (pending changes accepted)."""
+        """Each client's site as the server's ``q`` counts it (pending changes accepted)."""
         msg = lambda k: {"accept": np.array(server.accept.get(k, 1.0))}  # noqa: E731
         return {k: self._commit(msg(k), st).site for k, st in states.items()}
 
@@ -352,21 +352,21 @@ class FederatedEP(FederatedAlgorithm):
         use_cavity: bool = True,
         resume: Sequence[dict[str, np.ndarray] | None] | None = None,
     ) -> list[TiltedResult]:
-        """Each device's tilted distribution at the final ``q``, from the devices' final
+        """Each client's tilted distribution at the final ``q``, from the clients' final
         states (with the in-process runtime, or a Flower run that returned them: on Flower a
-        device's final state, including its sufficient statistics, goes to the server once).
+        client's final state, including its sufficient statistics, goes to the server once).
 
         ``sites`` are the committed sites (:meth:`committed_sites`). With
-        ``use_cavity=True`` (correct) the device combines its likelihood with the cavity
+        ``use_cavity=True`` (correct) the client combines its likelihood with the cavity
         ``q / site_k``. ``use_cavity=False`` combines it with ``q`` itself, counting the
-        device's data twice; it exists only to demonstrate that error in tests. ``resume``:
-        the devices' last ``tilted_state`` (a resumable estimator continues from there).
+        client's data twice; it exists only to demonstrate that error in tests. ``resume``:
+        the clients' last ``tilted_state`` (a resumable estimator continues from there).
         """
         cavs = [fractional_cavity(q, s) if use_cavity else (q, 0.0) for s in sites]
         partial = sum(1 for _, a in cavs if a < 1.0) if use_cavity else 0
         if partial:
             warnings.warn(
-                f"{partial} device(s) had a cavity that is not positive definite; their posteriors "
+                f"{partial} client(s) had a cavity that is not positive definite; their posteriors "
                 "use q / site**alpha with the largest alpha < 1 that is (see fractional_cavity)",
                 RuntimeWarning,
                 stacklevel=2,
@@ -405,7 +405,7 @@ class RowsEP(FederatedEP):
 
 
 def _resume(estimator: Any, states: Sequence[Any] | None) -> dict[str, Any]:
-    """``estimate``'s ``resume`` argument: the devices' last sampler states, for an estimator
+    """``estimate``'s ``resume`` argument: the clients' last sampler states, for an estimator
     that takes them (:attr:`TiltedEstimator.resumable`; duck-typed estimators may lack it)."""
     return {"resume": list(states)} if states is not None and getattr(estimator, "resumable", False) else {}
 
@@ -452,7 +452,7 @@ def fractional_cavity(
 
     ``alpha = 1`` is the cavity. A site more precise than ``q`` in some direction (possible
     in EP when other sites are negative there) makes it improper; removing only part of the
-    site keeps most of the correction for the device's own data (``alpha = 0`` is ``q``).
+    site keeps most of the correction for the client's own data (``alpha = 0`` is ``q``).
     """
     for a in alphas:
         c = q / (site**a)

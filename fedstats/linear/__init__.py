@@ -1,13 +1,14 @@
 """Federated linear models: HM2 (hierarchical Bayesian regression) and the Bayesian lasso and
 ridge, fitted by federated EP; HM1 (a multi-task model that learns the covariance between
-devices, Algorithm 1); and the baselines of fedstats.linear.baselines.
+clients, Algorithm 1); and the baselines of fedstats.linear.baselines.
 
 "The linear-models paper" in these modules is Yue, Kontar and Estrada Gómez, "Federated data
 analytics: a study on linear models", IISE Transactions (2023); section, table and algorithm
 numbers are that paper's."""
 
+from .._deprecation import renamed_module_names
 from .hierarchical import HierarchicalLinearModel, HierarchicalResult
-from .shrinkage import BayesianLasso, BayesianRidge, BayesianShrinkage, CentralisedShrinkageResult, ShrinkageResult
+from .shrinkage import BayesianLasso, BayesianRidge, BayesianShrinkage, CentralizedShrinkageResult, ShrinkageResult
 from .structural import StructuralCovarianceModel, StructuralResult
 
 __all__ = [
@@ -17,7 +18,10 @@ __all__ = [
     "BayesianLasso",
     "BayesianRidge",
     "ShrinkageResult",
-    "CentralisedShrinkageResult",
+    "CentralizedShrinkageResult",
     "StructuralCovarianceModel",
     "StructuralResult",
 ]
+
+#: former names, one release
+__getattr__ = renamed_module_names(__name__, {"CentralisedShrinkageResult": "CentralizedShrinkageResult"}, globals())

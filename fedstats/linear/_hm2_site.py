@@ -1,15 +1,15 @@
-"""The device likelihood of HM2 (Example 4.1 of the linear-models paper) on sufficient statistics.
+"""The client likelihood of HM2 (Example 4.1 of the linear-models paper) on sufficient statistics.
 
-Device k holds ``(X_k, y_k)``; the model is
+Client k holds ``(X_k, y_k)``; the model is
 
     y_k | theta_k, sigma_k ~ N(X_k theta_k, sigma_k^2 I)
     theta_k | phi         ~ N(mu, diag(tau))
 
-Everything a device contributes depends on its data only through ``A = X^T X``,
-``b = X^T y``, ``c = y^T y`` and ``n``, so all devices share array shapes and one compiled
+Everything a client contributes depends on its data only through ``A = X^T X``,
+``b = X^T y``, ``c = y^T y`` and ``n``, so all clients share array shapes and one compiled
 kernel serves them all. ``phi`` stacks ``mu`` (if unknown) and ``log tau`` (if unknown);
 ``z`` holds ``log sigma_k`` when the noise is unknown (a local nuisance that never leaves
-the device).
+the client).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ class HM2Site:
     Parameters
     ----------
     d : int
-        Number of coefficients per device.
+        Number of coefficients per client.
     tau_kind : {"diag", "iso", "known"}
         One log tau per coefficient, one shared log tau, or tau fixed at ``tau_known``.
     tau_known : tuple of float or None
         Known prior variances (length d) when ``tau_kind == "known"``.
     sigma_known : bool
-        Whether each device knows its noise sd (``stats["sigma2"]``) or samples log sigma_k.
+        Whether each client knows its noise sd (``stats["sigma2"]``) or samples log sigma_k.
     log_sigma_prior : (float, float)
         Normal prior (mean, sd) of log sigma_k when unknown: sigma_k ~ LogNormal.
     """
@@ -71,9 +71,9 @@ class HM2Site:
     def cache_key(self) -> tuple:
         return ("HM2Site", self.d, self.tau_kind, self.tau_known, self.sigma_known, self.log_sigma_prior)
 
-    # ------------------------------------------------------------------ device side
+    # ------------------------------------------------------------------ client side
     def client_stats(self, data) -> dict[str, np.ndarray]:
-        """Sufficient statistics of a device's ``(X, y, sigma)``, computed on the device."""
+        """Sufficient statistics of a client's ``(X, y, sigma)``, computed on the client."""
         X, y, sigma = data
         return self.stats_from(X, y, sigma)
 

@@ -1,6 +1,6 @@
 """Variable selection and posterior tests of the federated lasso and ridge (Section 4.3 of the
 linear-models paper): the mixin :class:`_Selection` of :class:`~fedstats.linear.ShrinkageResult`
-and :class:`~fedstats.linear.CentralisedShrinkageResult`."""
+and :class:`~fedstats.linear.CentralizedShrinkageResult`."""
 
 from __future__ import annotations
 

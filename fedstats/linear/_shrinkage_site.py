@@ -1,7 +1,7 @@
 """Site model of the federated Bayesian lasso and ridge (the linear-models paper's Section 4.3),
 on sufficient statistics.
 
-Device k: ``y_k = X_k beta_k + e``, ``e ~ N(0, sigma^2 I)`` with ``X_k`` = [1, features]
+Client k: ``y_k = X_k beta_k + e``, ``e ~ N(0, sigma^2 I)`` with ``X_k`` = [1, features]
 when there is an intercept. The intercept has a fixed N(0, intercept_sd^2) prior (never
 penalised, never selected); each penalised coefficient has, given phi,
 
@@ -10,13 +10,13 @@ penalised, never selected); each penalised coefficient has, given phi,
 * ridge: ``beta_ki ~ N(0, sigma^2 / lambda)``.
 
 ``phi = (log lambda, log sigma^2)`` with shared noise, ``phi = (log lambda,)`` with
-per-device noise, in which case ``log sigma_k^2`` is a local latent with a normal prior.
+per-client noise, in which case ``log sigma_k^2`` is a local latent with a normal prior.
 
 The lasso is sampled as a scale mixture, non-centred: ``beta_ki | s_ki ~ N(0, s_ki)``,
 ``s_ki = b^2 e_ki``, ``e_ki ~ Exponential(rate 1/2)`` (then ``beta_ki ~ Laplace(0, b)``),
 and the local latents are ``u_ki = log e_ki``. Given (phi, u) every coefficient is
 Gaussian and is integrated out in closed form, so the sampler sees the smooth, (2 + d)-
-dimensional target ``p(phi-cavity) p(y_k | phi, u) p(u)``, and device posteriors of the
+dimensional target ``p(phi-cavity) p(y_k | phi, u) p(u)``, and client posteriors of the
 coefficients are mixtures of exact Gaussians (Rao-Blackwellised). Non-centring keeps the
 ``u`` of coefficients the data say little about independent of lambda.
 
@@ -39,7 +39,7 @@ from ..result_file import register
 @register
 @dataclass(frozen=True)
 class ShrinkageSite:
-    """Likelihood of one device for the shrinkage model, as a function of phi and locals.
+    """Likelihood of one client for the shrinkage model, as a function of phi and locals.
 
     Parameters
     ----------
@@ -49,12 +49,12 @@ class ShrinkageSite:
     scale : {"sd", "variance"}
         Lasso scale ``sigma / lambda`` ("sd") or ``sigma^2 / lambda`` ("variance").
         Ignored by the ridge (variance ``sigma^2 / lambda``).
-    noise : {"shared", "device"}
+    noise : {"shared", "client"}
     intercept : bool
         Whether column 0 of the design is an unpenalised intercept.
     intercept_sd : float
     log_sigma2_prior : (float, float)
-        Normal prior of ``log sigma_k^2`` with per-device noise.
+        Normal prior of ``log sigma_k^2`` with per-client noise.
     """
 
     d: int
@@ -70,8 +70,8 @@ class ShrinkageSite:
             raise ValueError(f"penalty must be 'lasso' or 'ridge', not {self.penalty!r}")
         if self.scale not in ("sd", "variance"):
             raise ValueError(f"scale must be 'sd' or 'variance', not {self.scale!r}")
-        if self.noise not in ("shared", "device"):
-            raise ValueError(f"noise must be 'shared' or 'device', not {self.noise!r}")
+        if self.noise not in ("shared", "client"):
+            raise ValueError(f"noise must be 'shared' or 'client', not {self.noise!r}")
 
     # ------------------------------------------------------------------ dimensions
     @property
@@ -84,7 +84,7 @@ class ShrinkageSite:
 
     @property
     def local_dim(self) -> int:
-        return int(self.noise == "device") + (self.d if self.penalty == "lasso" else 0)
+        return int(self.noise == "client") + (self.d if self.penalty == "lasso" else 0)
 
     def cache_key(self) -> tuple:
         return (
@@ -98,9 +98,9 @@ class ShrinkageSite:
             self.log_sigma2_prior,
         )
 
-    # ------------------------------------------------------------------ device side
+    # ------------------------------------------------------------------ client side
     def client_stats(self, data) -> dict[str, np.ndarray]:
-        """Sufficient statistics ``A = X^T X, b = X^T y, c = y^T y, n`` of a device."""
+        """Sufficient statistics ``A = X^T X, b = X^T y, c = y^T y, n`` of a client."""
         X, y, _ = data
         return self.stats_from(X, y)
 
@@ -116,9 +116,9 @@ class ShrinkageSite:
         p = self.theta_dim
         beta = np.linalg.solve(A + 1e-3 * (np.trace(A) / p + 1.0) * np.eye(p), b)
         z = []
-        if self.noise == "device" and n <= p:  # the fit interpolates: start at the prior's mean
+        if self.noise == "client" and n <= p:  # the fit interpolates: start at the prior's mean
             z.append(float(self.log_sigma2_prior[0]))
-        elif self.noise == "device":
+        elif self.noise == "client":
             rss = max(c - 2 * b @ beta + beta @ A @ beta, 1e-6 * max(c, 1.0))
             z.append(np.log(rss / (n - p)))
         if self.penalty == "lasso":
@@ -201,8 +201,8 @@ class ShrinkageSite:
     @property
     def mh_locals(self) -> int:
         """Leading entries of z updated by Metropolis together with phi (log sigma_k^2 with
-        per-device noise); the rest (the lasso's u) are drawn by :meth:`draw_locals`."""
-        return int(self.noise == "device")
+        per-client noise); the rest (the lasso's u) are drawn by :meth:`draw_locals`."""
+        return int(self.noise == "client")
 
     def draw_theta(self, factor, key):
         """One draw of all coefficients from their Gaussian conditional given (phi, z), from
@@ -277,11 +277,11 @@ class ShrinkageSite:
         return self._batch_variances(phi, z)[0]
 
     def prior_draws(self, phi: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
-        """Coefficients and noise sd of a new device at each draw of phi (shared noise; with
-        per-device noise log sigma^2 is drawn from its prior)."""
+        """Coefficients and noise sd of a new client at each draw of phi (shared noise; with
+        per-client noise log sigma^2 is drawn from its prior)."""
         M = len(phi)
         parts: list[np.ndarray] = []
-        if self.noise == "device":
+        if self.noise == "client":
             m, s = self.log_sigma2_prior
             parts.append(m + s * rng.standard_normal((M, 1)))
         if self.penalty == "lasso":

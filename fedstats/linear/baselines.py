@@ -1,17 +1,17 @@
 """Baselines for HM1 (those of the linear-models paper's Sections 5.1 and 6.2: Dis-Ridge as one
-closed-form ridge per device averaged once, Ditto with local gradient steps), with the same result
+closed-form ridge per client averaged once, Ditto with local gradient steps), with the same result
 API (:class:`~fedstats.linear.local.PointResult`: ``coef``, ``coefficients``, ``predict``,
 ``rmse``, ``history``, ``communication``).
 
-* :class:`Separate` -- every device alone: the same local gradient steps and budget as HM1
+* :class:`Separate` -- every client alone: the same local gradient steps and budget as HM1
   (``rounds * local_steps``, no communication), or closed-form least squares;
 * :class:`FedAvg` -- local steps, then the server's unweighted average of the participants'
-  coefficients; every device predicts with the average;
-* :class:`Ditto` -- FedAvg plus, on each device, personal coefficients ``v_k`` that take
+  coefficients; every client predicts with the average;
+* :class:`Ditto` -- FedAvg plus, on each client, personal coefficients ``v_k`` that take
   local steps on ``F_k(v) + lam/2 ||v - theta_bar||^2`` alongside (Li et al. 2021);
-* :class:`DistributedRidge` -- one shot: each device solves
+* :class:`DistributedRidge` -- one shot: each client solves
   ``(1/N_k)||y - X theta||^2 + lam ||theta||^2`` and the server averages the solutions;
-* :class:`PooledOracle` -- the posterior mean of all devices' coefficients under the HM1
+* :class:`PooledOracle` -- the posterior mean of all clients' coefficients under the HM1
   prior with a *known* Omega and noise variances, from the pooled data (no federation): what
   HM1 would reach if it knew the truth.
 """
@@ -34,7 +34,7 @@ from .local import (
     INITS,
     LR,
     REDUCTIONS,
-    DeviceDesign,
+    ClientDesign,
     PointResult,
     coefficient_names,
     federated_lr,
@@ -47,15 +47,15 @@ from .local import (
 )
 
 
-def _common(model, data) -> tuple[DeviceDesign, list, list[str], float]:
+def _common(model, data) -> tuple[ClientDesign, list, list[str], float]:
     model._validate_params()
     if data.n_clients < 1:
         raise ValueError("no clients")
     check_design(data, data.feature_names, model.fit_intercept, per_client=not isinstance(model, FedAvg))
-    devices = DeviceDesign(data, model.fit_intercept)
+    design = ClientDesign(data, model.fit_intercept)
     clients = list(data.clients)
-    lr = federated_lr(model.lr, devices, model.batch_size, model.grad_reduction)
-    return devices, clients, coefficient_names(data, model.fit_intercept), lr
+    lr = federated_lr(model.lr, design, model.batch_size, model.grad_reduction)
+    return design, clients, coefficient_names(data, model.fit_intercept), lr
 
 
 class _GDOptions(Estimator):
@@ -92,10 +92,10 @@ class _GDOptions(Estimator):
 
 
 class Separate(_GDOptions):
-    """Each device fits alone. ``method="gd"`` (default): ``rounds * local_steps`` local
+    """Each client fits alone. ``method="gd"`` (default): ``rounds * local_steps`` local
     gradient steps from the same initialisation as HM1 (the paper's baseline: the same step
     budget, no shrinkage); ``method="ols"``: closed-form least squares (minimum-norm when a
-    device has fewer rows than coefficients)."""
+    client has fewer rows than coefficients)."""
 
     __init__ = subclass_init(_GDOptions, method="gd")
     method: str
@@ -108,7 +108,7 @@ class Separate(_GDOptions):
         require_target(data, "Separate")
         seed = run.seed
         t0 = time.perf_counter()
-        devices, clients, names, lr = _common(self, data)
+        design, clients, names, lr = _common(self, data)
         d, K = len(names), len(clients)
         # the same initial Theta as HM1 under the same seed (runner's init stream)
         theta0 = seeded_start(self.init, d, K, seed)
@@ -121,7 +121,7 @@ class Separate(_GDOptions):
             batch_size=self.batch_size,
             reduction=self.grad_reduction,
         )
-        out = run.run(alg, devices, kind="local fits", rounds=1)
+        out = run.run(alg, design, kind="local fits", rounds=1)
         if any(why.startswith("FloatingPointError") for why in out.history[0].failed.values()):
             raise FloatingPointError(f"local gradient descent diverged with lr={lr:.3g}: lower lr")
         raise_failures(out.history, "Separate")  # in a fit, a failed client drops out
@@ -139,10 +139,10 @@ class Separate(_GDOptions):
 
 
 class _SeparateFit(FederatedAlgorithm):
-    """Separate as one round: device ``k`` gets its column of the common start, fits alone
+    """Separate as one round: client ``k`` gets its column of the common start, fits alone
     (``rounds * local_steps`` gradient steps, or least squares) and sends its coefficients.
-    Device ``k``'s minibatches draw from the stream ``separate batches`` of ``k``
-    (:mod:`fedstats.streams`). The coefficients stay per device (not summed): each device's
+    Client ``k``'s minibatches draw from the stream ``separate batches`` of ``k``
+    (:mod:`fedstats.streams`). The coefficients stay per client (not summed): each client's
     own fit is the result."""
 
     reply_keys = ("theta",)
@@ -187,7 +187,7 @@ class _SeparateFit(FederatedAlgorithm):
     def client_steps(self, messages, states, datas, rngs):
         if self.method == "ols" or not all(full_batch(self.batch_size, len(y)) for _, y in datas):
             return super().client_steps(messages, states, datas, rngs)
-        # every device's full-batch steps in one product
+        # every client's full-batch steps in one product
         thetas = full_batch_steps(
             np.stack([m["theta"] for m in messages]),
             np.stack([X.T @ X for X, _ in datas]),
@@ -215,7 +215,7 @@ class _Averaging(FederatedAlgorithm):
     """FedAvg, and Ditto when ``lam`` is not None: the server holds the global coefficients
     and sends them to every participant; replies are the locally updated coefficients, which
     the server uses only through their sum (the average is the sum over the participants
-    that answered divided by their number). Ditto's personal ``v_k`` never leave the device."""
+    that answered divided by their number). Ditto's personal ``v_k`` never leave the client."""
 
     reply_keys = ("theta",)
     summed_keys = reply_keys
@@ -265,7 +265,7 @@ class _Averaging(FederatedAlgorithm):
 
 def _run_averaging(model, data, run: RunOptions, lam=None):
     t0 = time.perf_counter()
-    devices, clients, names, lr = _common(model, data)
+    design, clients, names, lr = _common(model, data)
     alg = _Averaging(
         len(names),
         lr=lr,
@@ -275,7 +275,7 @@ def _run_averaging(model, data, run: RunOptions, lam=None):
         init=model.init,
         lam=lam,
     )
-    out = run.run(alg, devices, kind="rounds", rounds=int(model.rounds), participation=model.participation)
+    out = run.run(alg, design, kind="rounds", rounds=int(model.rounds), participation=model.participation)
     diverged = [why for rec in out.history for why in rec.failed.values() if why.startswith("FloatingPointError")]
     if diverged:
         raise FloatingPointError(f"{type(model).__name__} diverged with lr={lr:.3g}: lower lr")
@@ -318,7 +318,7 @@ def _run_averaging(model, data, run: RunOptions, lam=None):
 class FedAvg(_GDOptions):
     """FedAvg for linear regression (the paper's version): each round the participants take
     ``local_steps`` gradient steps from the global coefficients and the server takes their
-    unweighted average; every device predicts with the final average. All ``rounds`` run (the
+    unweighted average; every client predicts with the final average. All ``rounds`` run (the
     paper's budget); the fit has ``converged`` when the last round moved the global
     coefficients by less than ``tol`` relative to their norm, and warns otherwise."""
 
@@ -338,7 +338,7 @@ class Ditto(_GDOptions):
     """Ditto (Li et al. 2021): FedAvg for the global coefficients and, alongside it on each
     participant, ``local_steps`` steps on its personal ``v_k`` for
     ``F_k(v) + lam/2 ||v - theta_bar||^2`` (``theta_bar``: the global coefficients it
-    received that round). Devices predict with ``v_k``. ``lam`` is searched over
+    received that round). Clients predict with ``v_k``. ``lam`` is searched over
     {0.01, 0.1, 1, 10} in the studies (the paper gives no grid)."""
 
     _constraints = {**_GDOptions._constraints, "lam": Real(0), "tol": Real(0)}
@@ -355,7 +355,7 @@ class Ditto(_GDOptions):
 
 
 class _OneShotRidge(FederatedAlgorithm):
-    """One round: every device sends its closed-form ridge solution; the server averages them
+    """One round: every client sends its closed-form ridge solution; the server averages them
     without weights, through their sum only."""
 
     reply_keys = ("theta",)
@@ -379,13 +379,13 @@ class _OneShotRidge(FederatedAlgorithm):
         return {"theta": np.linalg.solve(X.T @ X / n + self.lam * np.eye(d), X.T @ y / n)}, state
 
     def server_step(self, server_state, replies, round):
-        # no device answered: no average (the fit reports the failures)
+        # no client answered: no average (the fit reports the failures)
         return (np.array(replies.sums["theta"]) / len(replies) if replies else None), {}
 
 
 class DistributedRidge(Estimator):
-    """One-shot distributed ridge (Zhang et al. 2015, one node per device): each device solves ``(1/N_k)||y - X theta||^2 + lam ||theta||^2`` in closed form,
-    the server averages the solutions without weights, and every device uses the average."""
+    """One-shot distributed ridge (Zhang et al. 2015, one node per client): each client solves ``(1/N_k)||y - X theta||^2 + lam ||theta||^2`` in closed form,
+    the server averages the solutions without weights, and every client uses the average."""
 
     _constraints = {"lam": Real(0, closed=(False, True)), "fit_intercept": BOOL}
 
@@ -400,8 +400,8 @@ class DistributedRidge(Estimator):
         lam = float(self.lam)
         t0 = time.perf_counter()
         check_design(data, data.feature_names, self.fit_intercept, seed=seed, per_client=False)
-        devices, clients = DeviceDesign(data, self.fit_intercept), list(data.clients)
-        out = run.run(_OneShotRidge(lam), devices, kind="ridge statistics", rounds=1)
+        design, clients = ClientDesign(data, self.fit_intercept), list(data.clients)
+        out = run.run(_OneShotRidge(lam), design, kind="ridge statistics", rounds=1)
         raise_failures(out.history, "distributed ridge")  # in a fit, a failed client drops out
         theta = without_excluded(np.repeat(out.server_state[:, None], len(clients), axis=1), clients)
         return PointResult(
@@ -419,7 +419,7 @@ class DistributedRidge(Estimator):
 
 
 class PooledOracle(Estimator):
-    """The posterior mean of every device's coefficients under the HM1 prior
+    """The posterior mean of every client's coefficients under the HM1 prior
     ``vec(Theta) ~ N(0, Omega kron I_d)`` with known ``omega`` (K x K) and ``noise_var``
     (a float or one per client), computed on the pooled data; a yardstick for HM1 in
     simulations where the truth is known."""
@@ -440,9 +440,9 @@ class PooledOracle(Estimator):
         nv = np.broadcast_to(np.asarray(self.noise_var, dtype=float), (K,))
         if not np.all(nv > 0):
             raise ValueError("noise_var must be positive")
-        devices = DeviceDesign(data, self.fit_intercept)
-        info = np.stack([devices[c][0].T @ devices[c][0] / v for c, v in zip(clients, nv)])
-        score = np.stack([devices[c][0].T @ devices[c][1] / v for c, v in zip(clients, nv)])
+        design = ClientDesign(data, self.fit_intercept)
+        info = np.stack([design[c][0].T @ design[c][0] / v for c, v in zip(clients, nv)])
+        score = np.stack([design[c][0].T @ design[c][1] / v for c, v in zip(clients, nv)])
         mean, _ = conditional_posterior(omega, info, score)
         return PointResult(
             coefficient_names(data, self.fit_intercept),

@@ -1,12 +1,12 @@
-"""What every linear model fitted by federated EP shares: the fit loop, device views, and a
-result with global and device posteriors, predictions and persistence.
+"""What every linear model fitted by federated EP shares: the fit loop, client views, and a
+result with global and client posteriors, predictions and persistence.
 
 A model supplies a *site* (``fedstats.inference.tilted.SiteModel``) that also gives, in
 numpy and for a batch of tilted draws ``(phi, z)``:
 
-* ``theta_conditional(phi, z, stats)``: mean and covariance of the device's coefficients
-  given them (Gaussian, so device posteriors are Rao-Blackwellised);
-* ``noise_variance(phi, z, stats)``: the device's noise variance at each draw.
+* ``theta_conditional(phi, z, stats)``: mean and covariance of the client's coefficients
+  given them (Gaussian, so client posteriors are Rao-Blackwellised);
+* ``noise_variance(phi, z, stats)``: the client's noise variance at each draw.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def normal_pair(value, name) -> tuple[float, float]:
     return m, s
 
 
-class Devices:
-    """The per-device view of the data the runtime hands to each client step:
+class ClientRows:
+    """The per-client view of the data the runtime hands to each client step:
     ``(X, y, known noise sd or None)`` with the intercept column prepended if asked, on the
     standardised scale of ``scaling`` when given (each client scales its own rows)."""
 
@@ -99,7 +99,7 @@ def fit_ep(
         data, data.feature_names, model.fit_intercept, seed=seed, strict=getattr(model, "strict_design", False)
     )
     scaling = federated_scaling(data, model.fit_intercept, seed=seed) if model.standardize else None
-    devices = Devices(data, model.fit_intercept, sigma, scaling)
+    design = ClientRows(data, model.fit_intercept, sigma, scaling)
     alg = LinearEP(
         site,
         prior,
@@ -113,7 +113,7 @@ def fit_ep(
     )
     t0 = time.perf_counter()
     out = run.run(
-        alg, devices, kind="EP rounds", rounds=int(rounds), participation=participation, min_rounds=min(2, int(rounds))
+        alg, design, kind="EP rounds", rounds=int(rounds), participation=participation, min_rounds=min(2, int(rounds))
     )
     excluded = check_run(out, alg, list(data.clients), int(rounds))
     return result_cls(
@@ -138,8 +138,8 @@ def fit_ep(
 
 @register
 @dataclass(frozen=True)
-class DevicePosterior:
-    """A device's posterior at the end of an EP fit, on the data's scale: its coefficients, its
+class ClientPosterior:
+    """A client's posterior at the end of an EP fit, on the data's scale: its coefficients, its
     noise sd (a float when known or constant, else draws aligned with the coefficients'), and
     the diagnostics of its estimator in the last EP round (``last_round``) and in the run behind
     this posterior (``diagnostics``). What a node computes for its client (:class:`LinearEP`)."""
@@ -151,14 +151,14 @@ class DevicePosterior:
 
 
 def final_tilted_seed(seed: int, index: int) -> int:
-    """The seed of device ``index``'s final tilted run (the stream ``final tilted`` of ``index``, :mod:`fedstats.streams`)."""
+    """The seed of client ``index``'s final tilted run (the stream ``final tilted`` of ``index``, :mod:`fedstats.streams`)."""
     return int(streams.stream(seed, "final tilted", index).integers(2**62))
 
 
-def device_posterior(
+def final_client_posterior(
     site, tilted: TiltedResult, stats, names, scaling: LinearScaling | None, rng: np.random.Generator
 ) -> tuple[GaussianPosterior | SamplePosterior, SamplePosterior | float]:
-    """A device's (coefficients, noise sd) posterior on the data's scale from its final tilted
+    """A client's (coefficients, noise sd) posterior on the data's scale from its final tilted
     result (:func:`coefficient_posterior`, :func:`noise_posterior`)."""
     post = coefficient_posterior(site, tilted, stats, names, rng)
     if scaling is not None:
@@ -168,7 +168,7 @@ def device_posterior(
 
 
 def noise_posterior(site, tilted: TiltedResult, stats, scaling: LinearScaling | None) -> SamplePosterior | float:
-    """A device's noise sd on the data's scale: a float when it is known (or its draws all
+    """A client's noise sd on the data's scale: a float when it is known (or its draws all
     coincide), else a :class:`SamplePosterior` aligned with the tilted draws (same weights)."""
     s = 1.0 if scaling is None else scaling.y_sd
     if tilted.draws is None:
@@ -181,11 +181,11 @@ def noise_posterior(site, tilted: TiltedResult, stats, scaling: LinearScaling | 
 
 @register
 class LinearEP(FederatedEP):
-    """:class:`~fedstats.inference.ep.FederatedEP` for the linear models, whose devices form
+    """:class:`~fedstats.inference.ep.FederatedEP` for the linear models, whose clients form
     their own posterior where their data are at the end of a run on a remote backend: the
-    server sends each the final ``q`` (:meth:`final_message`), the node runs the device's final
+    server sends each the final ``q`` (:meth:`final_message`), the node runs the client's final
     tilted distribution from its cavity and its sufficient statistics and returns a
-    :class:`DevicePosterior` (:meth:`client_result`), released or kept on the node by its
+    :class:`ClientPosterior` (:meth:`client_result`), released or kept on the node by its
     policy. Its statistics (``X'X``, ``X'y``, ``y'y``) never leave it. In process the result
     computes the same posteriors from the final states, with the same seeds."""
 
@@ -197,7 +197,7 @@ class LinearEP(FederatedEP):
         q = server_state.q
         return {"r": q.r, "Q": q.Q, "accept": np.array(server_state.accept.get(client, 1.0))}
 
-    def client_result(self, message: Any, state: Any, data: Any, index: int, seed: int) -> DevicePosterior:
+    def client_result(self, message: Any, state: Any, data: Any, index: int, seed: int) -> ClientPosterior:
         committed = self._commit(message, state)
         q = NaturalGaussian(np.asarray(message["r"]), np.asarray(message["Q"]))
         tilted = self.local_tilted(
@@ -208,12 +208,12 @@ class LinearEP(FederatedEP):
             resume=[getattr(committed, "tilted_state", None)],
         )[0]
         rng = streams.stream(seed, "client posterior", index)
-        coef, noise = device_posterior(self.model, tilted, committed.stats, self.names, self.scaling, rng)
-        return DevicePosterior(coef, noise, dict(tilted.diagnostics), dict(state.diagnostics))
+        coef, noise = final_client_posterior(self.model, tilted, committed.stats, self.names, self.scaling, rng)
+        return ClientPosterior(coef, noise, dict(tilted.diagnostics), dict(state.diagnostics))
 
 
 def coefficient_posterior(site, tilted: TiltedResult, stats, names, rng) -> GaussianPosterior | SamplePosterior:
-    """A device's coefficient posterior from its tilted result: exact Gaussian when the
+    """A client's coefficient posterior from its tilted result: exact Gaussian when the
     estimator is exact, else one draw of the Gaussian conditional ``site.theta_conditional``
     per tilted draw (Rao-Blackwellised), with the tilted draws' weights."""
     if tilted.draws is None:  # exact estimator: the site is Gaussian, the coefficients linear in phi
@@ -250,11 +250,11 @@ def draws_prediction(Xd, mean, theta, sig, level: float, rng, predicted_for: str
 
 @dataclass(repr=False)
 class EPLinearResult(FederatedResult):
-    """A linear model fitted by federated EP: global and device posteriors, predictions,
+    """A linear model fitted by federated EP: global and client posteriors, predictions,
     round history and communication. Subclasses name phi's components (``phi_names``)
-    and say what a device that took no part in the fit looks like (``_population_draws``)."""
+    and say what a client that took no part in the fit looks like (``_population_draws``)."""
 
-    _transient = {"_device_cache": {}, "_global_cache": {}, "_posterior_cache": {}}
+    _transient = {"_client_cache": {}, "_global_cache": {}, "_posterior_cache": {}}
 
     model: Any
     site: Any
@@ -274,8 +274,8 @@ class EPLinearResult(FederatedResult):
     excluded: dict = field(default_factory=dict)  # client -> why it is not in the fit
     encoding: dict | None = None  # how the fit's columns were encoded (predict reads frames by name)
     scaling: LinearScaling | None = None  # the standardisation the fit ran on (None: the data's own scale)
-    noise_sd: dict | None = None  # the known noise sd of each device (data scale), if given
-    _device_cache: dict = field(default_factory=dict, repr=False)
+    noise_sd: dict | None = None  # the known noise sd of each client (data scale), if given
+    _client_cache: dict = field(default_factory=dict, repr=False)
     _global_cache: dict = field(default_factory=dict, repr=False)
     _posterior_cache: dict = field(
         default_factory=dict, repr=False
@@ -311,15 +311,15 @@ class EPLinearResult(FederatedResult):
     def rounds(self) -> int:
         return len(self.history)
 
-    # -------------------------------------------------------------- devices
-    def _device_results(self) -> dict[Any, TiltedResult]:
-        """Each device's tilted distribution at the final q, from its cavity and its final
-        state (in-process; on Flower from the state each device returned at the end of the fit)."""
-        if not self._device_cache:
+    # -------------------------------------------------------------- clients
+    def _client_results(self) -> dict[Any, TiltedResult]:
+        """Each client's tilted distribution at the final q, from its cavity and its final
+        state (in-process; on Flower from the state each client returned at the end of the fit)."""
+        if not self._client_cache:
             alg = self.algorithm
             here = [c for c in self._fitted_clients() if isinstance(self.client_states[c], EPClientState)]
             if not here:
-                return self._device_cache
+                return self._client_cache
             sites = alg.committed_sites(self.server, {c: self.client_states[c] for c in here})
             res = alg.local_tilted(
                 self.server.q,
@@ -328,40 +328,40 @@ class EPLinearResult(FederatedResult):
                 [final_tilted_seed(self._client_seed, self.clients.index(c)) for c in here],
                 resume=[getattr(self.client_states[c], "tilted_state", None) for c in here],
             )
-            self._device_cache.update(zip(here, res))
+            self._client_cache.update(zip(here, res))
             bad = [
                 c
-                for c, r in self._device_cache.items()
+                for c, r in self._client_cache.items()
                 if r.diagnostics.get("rhat_max", 1.0) > 1.05 or r.diagnostics.get("ess_min", np.inf) < 100
             ]
             if bad:
                 warnings.warn(
-                    f"the sampler behind the device posteriors of {len(bad)} device(s) (e.g. {bad[:3]}) "
+                    f"the sampler behind the client posteriors of {len(bad)} client(s) (e.g. {bad[:3]}) "
                     "mixed poorly (R-hat > 1.05 or ESS < 100): see sampler_diagnostics() and raise "
                     "num_samples (or thin) in estimator_options",
                     RuntimeWarning,
                     stacklevel=3,
                 )
-        return self._device_cache
+        return self._client_cache
 
     def sampler_diagnostics(self) -> pd.DataFrame:
-        """Diagnostics of every device's tilted estimator (R-hat, ESS, acceptance or
-        divergences, whether control variates were used): one row per device for the last
-        EP round (``stage="last round"``) and one for the run behind its device posterior
-        (``stage="device posterior"``). Empty columns for exact estimators."""
+        """Diagnostics of every client's tilted estimator (R-hat, ESS, acceptance or
+        divergences, whether control variates were used): one row per client for the last
+        EP round (``stage="last round"``) and one for the run behind its client posterior
+        (``stage="client posterior"``). Empty columns for exact estimators."""
         rows, final = [], []
         for c in self._fitted_clients():
             st = self.client_states[c]
             if isinstance(st, EPClientState):
                 rows.append({"client": c, "stage": "last round", **st.diagnostics})
-                final.append({"client": c, "stage": "device posterior", **self._device_results()[c].diagnostics})
+                final.append({"client": c, "stage": "client posterior", **self._client_results()[c].diagnostics})
             elif isinstance(st, ClientRelease) and st.result is not None:
                 rows.append({"client": c, "stage": "last round", **st.result.last_round})
-                final.append({"client": c, "stage": "device posterior", **st.result.diagnostics})
+                final.append({"client": c, "stage": "client posterior", **st.result.diagnostics})
         return pd.DataFrame(rows + final)
 
-    def _released(self, client: Hashable) -> DevicePosterior | None:
-        """The posterior device ``client``'s node computed and released (a fit on Flower);
+    def _released(self, client: Hashable) -> ClientPosterior | None:
+        """The posterior client ``client``'s node computed and released (a fit on Flower);
         ``None`` when its final state is here; :class:`NoPosteriorError` when it stayed on the node."""
         st = self.client_states[client]
         if not isinstance(st, ClientRelease):
@@ -371,7 +371,7 @@ class EPLinearResult(FederatedResult):
         return st.result
 
     def client_posterior(self, client: Hashable) -> GaussianPosterior | SamplePosterior:
-        """Posterior of device ``client``'s coefficients, from its cavity (Section 4.2.1 of the linear-models paper).
+        """Posterior of client ``client``'s coefficients, from its cavity (Section 4.2.1 of the linear-models paper).
 
         Exact (Gaussian) when the estimator is exact; otherwise a weighted or MCMC sample of
         the coefficients, Rao-Blackwellised over the global and local parameters.
@@ -381,10 +381,10 @@ class EPLinearResult(FederatedResult):
         if released is not None:
             return released.coefficients
         if client not in self._posterior_cache:
-            # Each device draws its own normals (the seed folds in the device's index).
+            # Each client draws its own normals (the seed folds in the client's index).
             rng = streams.stream(self._client_seed, "client posterior", self.clients.index(client))
             post = coefficient_posterior(
-                self.site, self._device_results()[client], self.client_states[client].stats, self.feature_names, rng
+                self.site, self._client_results()[client], self.client_states[client].stats, self.feature_names, rng
             )
             self._posterior_cache[client] = self._coef_back(post)
         return self._posterior_cache[client]
@@ -397,18 +397,18 @@ class EPLinearResult(FederatedResult):
         return post.affine(A, c, names=list(post.names))
 
     def client_noise(self, client: Hashable) -> SamplePosterior | float:
-        """Posterior of device ``client``'s noise sd: a float when it is known, else a
+        """Posterior of client ``client``'s noise sd: a float when it is known, else a
         :class:`SamplePosterior` aligned with the tilted draws (same weights)."""
         self._check_client(client)
         released = self._released(client)
         if released is not None:
             return released.noise
         return noise_posterior(
-            self.site, self._device_results()[client], self.client_states[client].stats, self.scaling
+            self.site, self._client_results()[client], self.client_states[client].stats, self.scaling
         )
 
     def _joint_draws(self, client: Hashable, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """``n`` joint draws of (coefficients, noise sd) from the device's posterior:
+        """``n`` joint draws of (coefficients, noise sd) from the client's posterior:
         resampled by the importance weights, each with the noise of the same tilted draw."""
         post, noise = self.client_posterior(client), self.client_noise(client)
         if isinstance(post, GaussianPosterior):
@@ -419,7 +419,7 @@ class EPLinearResult(FederatedResult):
         return post.draws[idx], sig
 
     def _population_draws(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """(coefficients, noise sd) of a device that took no part in the fit."""
+        """(coefficients, noise sd) of a client that took no part in the fit."""
         raise NotImplementedError
 
     # -------------------------------------------------------------- prediction
@@ -433,8 +433,8 @@ class EPLinearResult(FederatedResult):
         """Predictions for the rows of ``X``: a data frame (read by column name, categories
         encoded as in the fit) or an array of the features in the fit's order.
 
-        With ``client`` one of the fitted devices, its posterior is used; with
-        ``client=None``, the population-level predictive of a new device
+        With ``client`` one of the fitted clients, its posterior is used; with
+        ``client=None``, the population-level predictive of a new client
         (``attrs["predicted_for"]`` says which). A client name the fit has not seen is
         refused (:class:`~fedstats.results.UnknownClientError`). Columns: mean, lower, upper
         (credible interval of the mean response), pred_lower, pred_upper (predictive

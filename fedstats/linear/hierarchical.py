@@ -2,14 +2,14 @@
 
 Model (Example 4.1 of the linear-models paper, generalised)::
 
-    y_k | theta_k, sigma_k ~ N(X_k theta_k, sigma_k^2 I)        on device k
+    y_k | theta_k, sigma_k ~ N(X_k theta_k, sigma_k^2 I)        on client k
     theta_k | mu, tau      ~ N(mu, diag(tau))  (or tau * I)
     mu ~ N(m0, s0^2 I),    log tau ~ N(l0, t0^2)
-    sigma_k known, or log sigma_k ~ N(a0, b0^2), a local nuisance that never leaves device k
+    sigma_k known, or log sigma_k ~ N(a0, b0^2), a local nuisance that never leaves client k
 
 The global ``phi = (mu, log tau)`` is fitted by federated EP
-(:class:`fedstats.inference.ep.FederatedEP`); device posteriors come from each device's
-*cavity* (Section 4.2.1 of the linear-models paper; ``q`` itself would count the device's data twice).
+(:class:`fedstats.inference.ep.FederatedEP`); client posteriors come from each client's
+*cavity* (Section 4.2.1 of the linear-models paper; ``q`` itself would count the client's data twice).
 
 Example
 -------
@@ -36,6 +36,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from .. import streams
+from .._deprecation import renamed_parameters
 from ..data import FederatedData, require_target
 from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real
 from ..fitting import RunOptions, federated_fit, fit_rounds
@@ -75,10 +76,10 @@ class HierarchicalLinearModel(Estimator):
         Prior covariance of theta_k around mu: one unknown variance per coefficient
         (``"diag"``), one shared unknown variance (``"iso"``), or known variances.
     sigma : None, float, or dict
-        Noise sd: ``None`` (unknown, sampled on each device with a log-normal prior), a
-        known value for all devices, or a dict ``{client: sd}``.
+        Noise sd: ``None`` (unknown, sampled on each client with a log-normal prior), a
+        known value for all clients, or a dict ``{client: sd}``.
     fit_intercept : bool
-        Prepend a column of ones (coefficient ``"intercept"``) on every device.
+        Prepend a column of ones (coefficient ``"intercept"``) on every client.
     prior_mu, prior_log_tau, prior_log_sigma : (mean, sd)
         Normal priors on each component of mu, of log tau, and of log sigma_k.
     estimator : str or TiltedEstimator
@@ -107,9 +108,9 @@ class HierarchicalLinearModel(Estimator):
         ``delta`` times the remaining distance to EP's fixed point, so the fit stops about
         ``tol / delta`` short of it: at the former default 0.1 (damping 0.5) the K = 100
         example ended 0.10-0.13 posterior sd from a long pooled NUTS run (seeds 1-3), at
-        0.05 0.04-0.07, and run to 0.01 with 8,192 draws per device 0.01-0.03 (EP itself).
+        0.05 0.04-0.07, and run to 0.01 with 8,192 draws per client 0.01-0.03 (EP itself).
     participation : float, int or callable
-        Devices per round (see :func:`fedstats.federation.run`).
+        Clients per round (see :func:`fedstats.federation.run`).
     standardize : bool, default True
         Fit on predictors and target standardised with federated moments (one counted round
         of per-client sums; 0/1 predictors keep their coding; without an intercept nothing is
@@ -256,7 +257,7 @@ def _client_sigmas(sigma: float | Mapping[Hashable, float] | None, clients: Sequ
 @register
 @dataclass(repr=False)
 class HierarchicalResult(EPLinearResult):
-    """A fitted HM2: global and device posteriors, predictions, fast adaptation, history,
+    """A fitted HM2: global and client posteriors, predictions, fast adaptation, history,
     communication (see :class:`fedstats.linear.ep_model.EPLinearResult`)."""
 
     @property
@@ -303,7 +304,7 @@ class HierarchicalResult(EPLinearResult):
         return post.draws, self._population_noise(rng, n)
 
     def _population_noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """Noise sd of a new device: the fitted devices' sigma posteriors, mixed in equal
+        """Noise sd of a new client: the fitted clients' sigma posteriors, mixed in equal
         parts (each resampled by its weights). Known noise: the root mean known variance."""
         if self.site.sigma_known:
             states = list(self.client_states.values())
@@ -322,49 +323,55 @@ class HierarchicalResult(EPLinearResult):
                 raise NoPosteriorError(
                     "a new client's noise sd mixes the fitted clients' noise posteriors, and " + str(exc)
                 ) from None
-            # a device whose noise draws all coincide has a float noise sd (client_noise)
+            # a client whose noise draws all coincide has a float noise sd (client_noise)
             out[at] = noise if isinstance(noise, float) else noise.sample(len(at), seed=rng)[:, 0]
         return out
 
+    @renamed_parameters(level="method")
     def new_client_posterior(
         self,
         X: ArrayLike | None = None,
         y: ArrayLike | None = None,
         *,
-        level: int | None = None,
+        method: str | int | None = None,
         sigma: float | None = None,
         n: int = 4000,
         seed: int = 0,
     ) -> np.ndarray | GaussianPosterior | SamplePosterior:
-        """Fast adaptation to a device that took no part in the fit (the paper seeds a new device
-        with the posterior mean of mu; levels 2 and 3 go further).
+        """Fast adaptation to a client that took no part in the fit (the paper seeds a new client
+        with the posterior mean of mu; its "levels" 2 and 3 of adaptation go further; they are
+        also accepted here as ``method=1``, ``2`` and ``3``):
 
-        level 1: plug-in ``theta_new = E_q[mu]``, returned as an array (a point, no posterior).
-        level 2: prior predictive ``theta_new ~ int N(mu, diag tau) q(phi) dphi`` (no data),
-        a :class:`SamplePosterior` of ``n`` draws.
-        level 3: with a few data points ``(X, y)`` (and ``sigma`` when the noise is known):
-        the device's tilted distribution with cavity q (it has no site yet).
-        Default: 3 when data are given, else 2.
+        ``method="mean"``: plug-in ``theta_new = E_q[mu]``, returned as an array (a point, no
+        posterior).
+        ``method="prior"``: prior predictive ``theta_new ~ int N(mu, diag tau) q(phi) dphi`` (no
+        data), a :class:`SamplePosterior` of ``n`` draws.
+        ``method="data"``: with a few data points ``(X, y)`` (and ``sigma`` when the noise is
+        known): the client's tilted distribution with cavity q (it has no site yet).
+        Default: ``"data"`` when data are given, else ``"prior"``. (``level=`` is the former
+        name of ``method=``.)
         """
-        level = level or (3 if X is not None else 2)
+        if isinstance(method, int) and not isinstance(method, bool):
+            method = {1: "mean", 2: "prior", 3: "data"}.get(method, method)
+        method = method or ("data" if X is not None else "prior")
         q = self._q()
         d = self.site.d
         sc = self.scaling
-        if level == 1:
+        if method == "mean":
             return q.mean[:d].copy() if sc is None else sc.coef_back(q.mean[:d])
-        if level == 2:
+        if method == "prior":
             return self._prior_predictive(n, seed)
-        if level != 3:
-            raise ValueError(f"level must be 1, 2 or 3, got {level}")
+        if method != "data":
+            raise ValueError(f"method must be 'mean', 'prior' or 'data', got {method!r}")
         if X is None or y is None:
-            raise ValueError("level 3 needs the new device's X and y")
+            raise ValueError("method='data' needs the new client's X and y")
         Xd = self._design(X)
         y = np.asarray(y, dtype=float).reshape(-1)
         if len(Xd) != len(y) or not np.all(np.isfinite(y)):
             raise ValueError("X and y must be finite with the same number of rows")
         if self.site.sigma_known and sigma is None:
-            raise ValueError("this model has a known noise sd: pass sigma for the new device")
-        if sc is not None:  # the new device scales its rows as the fitted ones did
+            raise ValueError("this model has a known noise sd: pass sigma for the new client")
+        if sc is not None:  # the new client scales its rows as the fitted ones did
             Xd = self._design(sc.transform_X(X))
             y = sc.transform_y(y)
             sigma = None if sigma is None else sigma / sc.y_sd
@@ -380,7 +387,7 @@ class HierarchicalResult(EPLinearResult):
         )
 
     def _prior_predictive(self, n: int, seed: int) -> SamplePosterior:
-        """Level 2 of :meth:`new_client_posterior`: ``n`` draws of a new device's coefficients."""
+        """Level 2 of :meth:`new_client_posterior`: ``n`` draws of a new client's coefficients."""
         q, d, sc = self._q(), self.site.d, self.scaling
         rng = np.random.default_rng(seed)
         phi = q.sample(n, seed=rng)

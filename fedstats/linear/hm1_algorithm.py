@@ -1,6 +1,6 @@
 """Algorithm 1 of HM1 (the federated multi-task regression that learns the covariance Omega
-between devices; see :mod:`fedstats.linear.structural` for the model): its numerics, the
-federated algorithm, and the one-off exchange of the devices' information for the posteriors."""
+between clients; see :mod:`fedstats.linear.structural` for the model): its numerics, the
+federated algorithm, and the one-off exchange of the clients' information for the posteriors."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def solve_omega(omega: np.ndarray, B: np.ndarray, jitter: float = 1e-8) -> np.nd
 
 
 def aggregates(theta: np.ndarray, omega: np.ndarray, jitter: float = 1e-8) -> np.ndarray:
-    """``G = Theta Omega^{-1}`` (d x K), column k being device k's aggregate ``g_k``."""
+    """``G = Theta Omega^{-1}`` (d x K), column k being client k's aggregate ``g_k``."""
     return solve_omega(omega, theta.T, jitter).T
 
 
@@ -86,7 +86,7 @@ class _HM1Server:
 
 @register
 @dataclass
-class _HM1Device:
+class _HM1Client:
     n: int
     XtX: np.ndarray
     Xty: np.ndarray
@@ -96,14 +96,14 @@ class _HM1Device:
 class HM1Algorithm(FederatedAlgorithm):
     """Algorithm 1 as a :class:`~fedstats.federation.FederatedAlgorithm`.
 
-    The broadcast to device k holds exactly ``theta`` (its own column) and ``aggregate``
+    The broadcast to client k holds exactly ``theta`` (its own column) and ``aggregate``
     (``g_k``); the reply holds ``theta``. See :class:`StructuralCovarianceModel` for the
     options.
 
-    The reply stays per device (no :attr:`summed_keys`): the server keeps every device's
+    The reply stays per client (no :attr:`summed_keys`): the server keeps every client's
     coefficients as its column of ``Theta`` and learns the covariance ``Omega`` between
-    devices from ``Theta^T Theta``, the products of different devices' coefficients, and
-    sends device k its own ``g_k`` (column k of ``Theta Omega^{-1}``); no sum over devices
+    clients from ``Theta^T Theta``, the products of different clients' coefficients, and
+    sends client k its own ``g_k`` (column k of ``Theta Omega^{-1}``); no sum over clients
     carries them.
     """
 
@@ -148,7 +148,7 @@ class HM1Algorithm(FederatedAlgorithm):
         X, y = data
         n = X.shape[0]
         s = shrink_for(self.shrink_scale, X, y, client, self.local_steps, self.batch_size, self.grad_reduction)
-        return _HM1Device(n, X.T @ X, X.T @ y, s)
+        return _HM1Client(n, X.T @ X, X.T @ y, s)
 
     def broadcast(self, server_state, client, round):
         k = server_state.index[client]
@@ -175,8 +175,8 @@ class HM1Algorithm(FederatedAlgorithm):
         return {"theta": theta}, state
 
     def client_steps(self, messages, states, datas, rngs):
-        # Full-batch gradient descent needs only each device's X^T X and X^T y: one batched
-        # product for all devices. Mini-batches draw rows and go one device at a time.
+        # Full-batch gradient descent needs only each client's X^T X and X^T y: one batched
+        # product for all clients. Mini-batches draw rows and go one client at a time.
         if not all(full_batch(self.batch_size, s.n) for s in states):
             return super().client_steps(messages, states, datas, rngs)
         thetas = full_batch_steps(
@@ -224,7 +224,7 @@ class HM1Algorithm(FederatedAlgorithm):
         }
 
     def final_state(self, state):
-        """Nothing: the device's ``X'X`` and ``X'y`` stay on it (the result needs no device state)."""
+        """Nothing: the client's ``X'X`` and ``X'y`` stay on it (the result needs no client state)."""
         return None
 
     def converged(self, server_state, metrics):
@@ -249,7 +249,7 @@ def round_converged(metrics: Mapping, tol: float) -> bool:
 
 
 def shrink_for(shrink_scale, X, y, client, steps: int, batch_size, reduction: str) -> float:
-    """A device's ``s`` in the prior step: ``shrink_scale`` itself, or for ``"noise"``
+    """A client's ``s`` in the prior step: ``shrink_scale`` itself, or for ``"noise"``
     ``T sigma^2`` times the expected fraction of the full-data sum gradient one step takes."""
     if shrink_scale != "noise":
         return float(shrink_scale)
@@ -259,12 +259,12 @@ def shrink_for(shrink_scale, X, y, client, steps: int, batch_size, reduction: st
 
 
 class CannotShareError(ValueError):
-    """A device could not share its information matrix or estimate its noise variance (``fit`` with ``uncertainty="auto"``
+    """A client could not share its information matrix or estimate its noise variance (``fit`` with ``uncertainty="auto"``
     then keeps Algorithm 1's point and warns)."""
 
 
 def residual_variance(X, y, client=None, hint: str = "give noise_sd") -> float:
-    """Unbiased residual variance of the device's least-squares fit (needs more rows than
+    """Unbiased residual variance of the client's least-squares fit (needs more rows than
     the rank of its design, and a residual that is not exactly 0)."""
     n = X.shape[0]
     rank = np.linalg.matrix_rank(X)
@@ -283,18 +283,18 @@ def residual_variance(X, y, client=None, hint: str = "give noise_sd") -> float:
 
 
 class InformationShare(FederatedAlgorithm):
-    """One round in which each device sends ``X^T X / sigma^2``, ``X^T y / sigma^2`` and its
+    """One round in which each client sends ``X^T X / sigma^2``, ``X^T y / sigma^2`` and its
     noise variance ``sigma^2`` (known, or its least-squares residual variance); opt-in, for
     the conditional posterior. The server only collects them.
 
-    The replies stay per device (no :attr:`summed_keys`): the posterior of all devices'
+    The replies stay per client (no :attr:`summed_keys`): the posterior of all clients'
     coefficients given ``Omega`` (:func:`~fedstats.linear.hm1_posterior.conditional_posterior`)
-    and the EM estimate of ``Omega`` put each device's information and score in its own
-    block, coupled to the others' through ``Omega``; device k's posterior block and its
+    and the EM estimate of ``Omega`` put each client's information and score in its own
+    block, coupled to the others' through ``Omega``; client k's posterior block and its
     predictive intervals need its own noise variance."""
 
     reply_keys = ("information", "score", "noise_var")
-    # the whole least-squares fit of the device: a node's policy must allow it
+    # the whole least-squares fit of the client: a node's policy must allow it
     releases_statistics = True
 
     def __init__(self, noise_var: Mapping | None):

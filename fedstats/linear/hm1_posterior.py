@@ -1,5 +1,5 @@
 """HM1's posteriors: the Gaussian posterior of the coefficients given Omega, and the EM
-estimate of Omega from the devices' shared information (see :mod:`fedstats.linear.structural`)."""
+estimate of Omega from the clients' shared information (see :mod:`fedstats.linear.structural`)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def joint_posterior(omega, information, score, jitter: float = 1e-8):
 
 
 def conditional_posterior(omega, information, score, jitter: float = 1e-8):
-    """Mean (K, d) and per-device covariance (K, d, d) of ``vec(Theta)`` given Omega:
+    """Mean (K, d) and per-client covariance (K, d, d) of ``vec(Theta)`` given Omega:
     precision ``blockdiag(information_k) + Omega^{-1} kron I_d``, linear term ``score_k``."""
     K, d = score.shape
     mean, cov = joint_posterior(omega, information, score, jitter)
@@ -55,7 +55,7 @@ def conditional_posterior(omega, information, score, jitter: float = 1e-8):
 def em_omega(
     information, score, *, prior_rows: float, start=None, tol: float = 1e-6, max_iter: int = 500, jitter: float = 1e-8
 ) -> tuple[np.ndarray, dict]:
-    """Omega estimated from the devices' information by EM with ``prior_rows`` (nu)
+    """Omega estimated from the clients' information by EM with ``prior_rows`` (nu)
     pseudo-rows of coefficients from ``N(0, T)`` (see the module docs):
 
         Omega <- (S + nu T) / (d + nu),   S = E[Theta^T Theta | y, Omega],

@@ -1,5 +1,5 @@
 """The result of an HM1 fit (:class:`StructuralResult`): Algorithm 1's point estimates, the learned
-Omega, and, when the devices shared their information, the posteriors given Omega."""
+Omega, and, when the clients shared their information, the posteriors given Omega."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import stats as sst
 
+from .._deprecation import renamed_attributes
 from ..federation import Communication, run
 from ..federation.records import excluded_now, record
 from ..federation.scaling import LinearScaling
@@ -27,11 +28,12 @@ from .local import PointResult
 
 
 @register
+@renamed_attributes(omega_="omega_array", posterior_omega_="posterior_omega_array")
 @dataclass(repr=False)
 class StructuralResult(PointResult):
-    """An HM1 fit: per-device coefficients (``coef``, ``coefficients``), the learned
-    device covariance (``omega``, ``correlation``), predictions, and, after
-    ``fit(..., uncertainty=True)``, Gaussian posteriors of each device's coefficients given
+    """An HM1 fit: per-client coefficients (``coef``, ``coefficients``), the learned
+    client covariance (``omega``, ``correlation``), predictions, and, after
+    ``fit(..., uncertainty=True)``, Gaussian posteriors of each client's coefficients given
     an estimate of Omega (``client_posterior``, ``posterior_omega``) with credible and
     predictive intervals.
 
@@ -45,7 +47,7 @@ class StructuralResult(PointResult):
 
     They differ because Algorithm 1 assumes noise variance ``1 / local_steps`` (with
     ``shrink_scale=1``), runs a finite number of gradient steps and uses its own Omega, while
-    the posterior uses each device's noise variance and the EM estimate of Omega.
+    the posterior uses each client's noise variance and the EM estimate of Omega.
 
     ``converged``: whether the last round's relative changes of Theta and Omega were both
     below the model's ``tol`` (see :class:`StructuralCovarianceModel`); the changes of every
@@ -57,33 +59,33 @@ class StructuralResult(PointResult):
     ``posterior_omega`` and ``lr`` are. A client not in the fit (``excluded``) has NaN throughout.
     """
 
-    omega_: np.ndarray | None = None
+    omega_array: np.ndarray | None = None
     lr: float = 0.0
     posterior_mean: np.ndarray | None = None
     posterior_cov: np.ndarray | None = None
     noise_var: np.ndarray | None = None
-    posterior_omega_: np.ndarray | None = None
+    posterior_omega_array: np.ndarray | None = None
     posterior_info: dict = field(default_factory=dict)
     scaling: LinearScaling | None = None  # the standardisation the iteration ran on (None: the data's own scale)
 
     @property
     def omega(self) -> pd.DataFrame:
-        """Algorithm 1's learned K x K covariance between devices, labelled by client."""
-        return pd.DataFrame(self.omega_, index=self.clients, columns=self.clients)
+        """Algorithm 1's learned K x K covariance between clients, labelled by client."""
+        return pd.DataFrame(self.omega_array, index=self.clients, columns=self.clients)
 
     @property
     def correlation(self) -> pd.DataFrame:
         """Omega scaled to a correlation matrix."""
-        assert self.omega_ is not None  # both fits set it
-        s = np.sqrt(np.clip(np.diag(self.omega_), 1e-300, None))
-        return pd.DataFrame(self.omega_ / np.outer(s, s), index=self.clients, columns=self.clients)
+        assert self.omega_array is not None  # both fits set it
+        s = np.sqrt(np.clip(np.diag(self.omega_array), 1e-300, None))
+        return pd.DataFrame(self.omega_array / np.outer(s, s), index=self.clients, columns=self.clients)
 
     @property
     def posterior_omega(self) -> pd.DataFrame:
         """The Omega the posteriors condition on (needs ``uncertainty=True``): the EM
         estimate (default) or Algorithm 1's ``omega`` (``posterior_omega="learned"``)."""
         self._need_posterior()
-        return pd.DataFrame(self.posterior_omega_, index=self.clients, columns=self.clients)
+        return pd.DataFrame(self.posterior_omega_array, index=self.clients, columns=self.clients)
 
     # ------------------------------------------------------------ uncertainty
     @property
@@ -96,15 +98,15 @@ class StructuralResult(PointResult):
                 "HM1 has no global parameters with a posterior (summary() lists the estimated Omega); client "
                 "posteriors need fit(..., uncertainty=True)"
             )
-        return "no client posterior: fit with uncertainty=True (each device then shares its information matrix once)"
+        return "no client posterior: fit with uncertainty=True (each client then shares its information matrix once)"
 
     def _need_posterior(self) -> None:
         if not self.has_uncertainty:
             raise NoPosteriorError(self._no_posterior("client"))
 
     def client_posterior(self, client: Hashable) -> GaussianPosterior:
-        """Gaussian posterior of device ``client``'s coefficients given ``posterior_omega`` and
-        the devices' noise variances (needs ``fit(..., uncertainty=True)``). Its mean
+        """Gaussian posterior of client ``client``'s coefficients given ``posterior_omega`` and
+        the clients' noise variances (needs ``fit(..., uncertainty=True)``). Its mean
         (``posterior_mean``) is the centre of every interval this result reports; Algorithm
         1's estimate (``coef``) is a different point (see the class docs)."""
         k = self._k(client)
@@ -114,17 +116,17 @@ class StructuralResult(PointResult):
         return GaussianPosterior(self.posterior_mean[k], self.posterior_cov[k], names=self.feature_names)
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
-        """The devices' covariance, one row per distinct entry ``omega[a, b]`` (a <= b): the
+        """The clients' covariance, one row per distinct entry ``omega[a, b]`` (a <= b): the
         Omega the posteriors condition on (``posterior_omega``) with uncertainty, else
         Algorithm 1's (``omega``). Estimates only: no distribution."""
-        om = self.posterior_omega_ if self.has_uncertainty else self.omega_
-        assert om is not None  # both fits set omega_, add_posteriors posterior_omega_ with the posteriors
+        om = self.posterior_omega_array if self.has_uncertainty else self.omega_array
+        assert om is not None  # both fits set omega_array, add_posteriors posterior_omega_array with the posteriors
         a, b = np.triu_indices(len(self.clients))
         names = [f"omega[{self.clients[i]}, {self.clients[j]}]" for i, j in zip(a, b)]
         return pd.DataFrame({"mean": om[a, b]}, index=pd.Index(names, name="parameter"))
 
     def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
-        """Device ``client``'s coefficients: with uncertainty the posterior ``mean``, ``sd``,
+        """Client ``client``'s coefficients: with uncertainty the posterior ``mean``, ``sd``,
         credible interval and ``p_value`` (one distribution, centred at ``mean``), else
         Algorithm 1's estimate in ``mean``; always ``estimate`` = Algorithm 1's estimate
         (``coef``), which is not the posterior's centre and may lie outside the interval."""
@@ -138,14 +140,14 @@ class StructuralResult(PointResult):
 
     # ------------------------------------------------------------ prediction
     def predict(self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95) -> pd.DataFrame:
-        """Predictions of device ``client`` for the rows of ``X`` (HM1 has no model of a new
+        """Predictions of client ``client`` for the rows of ``X`` (HM1 has no model of a new
         client: ``client`` must be a fitted one).
 
         With ``uncertainty=True`` the table describes the posterior of the mean response
         ``x' theta_k``, as :meth:`client_summary` does for the coefficients: ``mean`` (the
         posterior mean, centre of both intervals), ``lower``, ``upper`` (credible interval
         of the mean response), ``pred_lower``, ``pred_upper`` (predictive interval of a new
-        observation: the device's noise variance added), then ``sd`` and ``estimate``,
+        observation: the client's noise variance added), then ``sd`` and ``estimate``,
         Algorithm 1's point prediction (what ``rmse`` scores; it need not lie inside the
         intervals). Without uncertainty, ``mean`` and ``estimate`` are Algorithm 1's point
         prediction and the intervals are NaN."""
@@ -168,7 +170,7 @@ class StructuralResult(PointResult):
 
 def add_posteriors(
     res: StructuralResult,
-    devices: Any,
+    design: Any,
     noise_sd,
     *,
     seed: int,
@@ -178,8 +180,8 @@ def add_posteriors(
     y_scale: float = 1.0,
     noise: str = "integrate",
 ) -> None:
-    """Run the one-off information share on ``devices`` and set ``res``'s posteriors given
-    Omega (``how``: the EM estimate or Algorithm 1's Omega). ``devices`` and ``res`` are on
+    """Run the one-off information share on ``clients`` and set ``res``'s posteriors given
+    Omega (``how``: the EM estimate or Algorithm 1's Omega). ``clients`` and ``res`` are on
     the scale the iteration ran on, where the target is the data's divided by ``y_scale``
     (known noise sds, given on the data's scale, are divided by it too). ``noise``:
     ``"integrate"`` integrates each estimated noise variance out of its client's posterior
@@ -193,7 +195,7 @@ def add_posteriors(
     gone = excluded_now()
     inside = [k for k, c in enumerate(res.clients) if c not in gone]
     alg = InformationShare(known)
-    out = run(alg, devices, kind="information share", rounds=1, seed=seed, progress=False)
+    out = run(alg, design, kind="information share", rounds=1, seed=seed, progress=False)
     replies = out.server_state
     missing = [res.clients[k] for k in inside if res.clients[k] not in replies]
     if missing:
@@ -206,8 +208,8 @@ def add_posteriors(
     noise_var = np.array([float(replies[c]["noise_var"]) for c in ids])
     K, d = len(ids), len(res.feature_names)
     if how == "learned":
-        assert res.omega_ is not None  # both fits set it
-        omega, details = res.omega_[np.ix_(inside, inside)], {"omega": "learned"}
+        assert res.omega_array is not None  # both fits set it
+        omega, details = res.omega_array[np.ix_(inside, inside)], {"omega": "learned"}
     else:
         nu = float(K if prior_rows is None else prior_rows)
         # start from Algorithm 1's Theta, shrunk as in the M-step (positive definite)
@@ -229,18 +231,18 @@ def add_posteriors(
     mean, cov = conditional_posterior(omega, info, score, jitter)
     if noise == "integrate":
         estimated = np.array([known is None or c not in known for c in ids])
-        n_obs = np.array([devices.data.n_obs[c] for c in ids], dtype=float)
+        n_obs = np.array([design.data.n_obs[c] for c in ids], dtype=float)
         mean, cov, noise_var = integrate_noise(mean, cov, info, score, noise_var, n_obs, estimated)
     # every client's row; NaN for those not in the fit
     n_all = len(res.clients)
-    res.posterior_omega_ = np.full((n_all, n_all), np.nan)
-    res.posterior_omega_[np.ix_(inside, inside)] = omega
+    res.posterior_omega_array = np.full((n_all, n_all), np.nan)
+    res.posterior_omega_array[np.ix_(inside, inside)] = omega
     res.posterior_mean, res.posterior_cov = np.full((n_all, d), np.nan), np.full((n_all, d, d), np.nan)
     res.posterior_mean[inside], res.posterior_cov[inside] = mean, cov
     res.noise_var = np.full(n_all, np.nan)
     res.noise_var[inside] = noise_var
     res.posterior_info = {**details, "noise": noise}
-    # the server returns each device the mean and covariance of its own block
+    # the server returns each client the mean and covariance of its own block
     back = {c: {"bytes_up": 0, "bytes_down": 8 * (d + d * d)} for c in ids}
     record(
         Communication(

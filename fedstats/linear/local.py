@@ -1,11 +1,11 @@
-"""What HM1 and its baselines share: local gradient steps on a squared loss, the device
-view of the data, and a result of per-device point estimates.
+"""What HM1 and its baselines share: local gradient steps on a squared loss, the client
+view of the data, and a result of per-client point estimates.
 
-The loss of device k is ``||y_k - X_k theta||^2``; one step is
+The loss of client k is ``||y_k - X_k theta||^2``; one step is
 ``theta <- theta + 2 lr * X_b^T (y_b - X_b theta) / r`` on a batch ``b`` of rows, with
 ``r = 1`` for ``grad_reduction="sum"`` and ``r = |b|`` for ``"mean"`` (the paper does not say which).
-A full batch needs only the device's ``X^T X`` and ``X^T y``, so full-batch steps of many
-devices run as one batched matrix product (:func:`full_batch_steps`).
+A full batch needs only the client's ``X^T X`` and ``X^T y``, so full-batch steps of many
+clients run as one batched matrix product (:func:`full_batch_steps`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def full_batch(batch_size, n: int) -> bool:
 def local_steps(
     theta, X, y, *, steps: int, lr: float, batch_size, reduction: str, rng, anchor=None, anchor_weight: float = 0.0
 ) -> np.ndarray:
-    """``steps`` (mini-batch) gradient steps from ``theta`` on one device's data.
+    """``steps`` (mini-batch) gradient steps from ``theta`` on one client's data.
 
     With ``anchor`` the loss gains ``anchor_weight/2 * ||theta - anchor||^2`` (Ditto's
     proximal term); its gradient is added at every step. Batches are drawn without
@@ -77,8 +77,8 @@ def _local_steps(theta, X, y, steps, lr, batch_size, reduction, rng, anchor, anc
 
 
 def full_batch_steps(thetas, XtX, Xty, *, steps: int, lr: float, scale) -> np.ndarray:
-    """Full-batch steps of many devices at once: ``thetas`` (K, d), ``XtX`` (K, d, d),
-    ``Xty`` (K, d), ``scale`` (K,) the gradient divisor of each device (1 or its n)."""
+    """Full-batch steps of many clients at once: ``thetas`` (K, d), ``XtX`` (K, d, d),
+    ``Xty`` (K, d), ``scale`` (K,) the gradient divisor of each client (1 or its n)."""
     thetas = np.array(thetas, dtype=float)
     scale = np.asarray(scale, dtype=float)[:, None]
     with np.errstate(over="ignore", invalid="ignore"):
@@ -88,7 +88,7 @@ def full_batch_steps(thetas, XtX, Xty, *, steps: int, lr: float, scale) -> np.nd
 
 
 def max_curvature(X, batch_size, reduction: str) -> float:
-    """Largest eigenvalue of the Hessian/2 of one step's loss on this device (its
+    """Largest eigenvalue of the Hessian/2 of one step's loss on this client (its
     expectation for mini-batches): what bounds a stable learning rate (``lr < 1/that``)."""
     n = X.shape[0]
     lam = float(np.linalg.eigvalsh(X.T @ X)[-1]) if n else 0.0
@@ -99,22 +99,22 @@ def max_curvature(X, batch_size, reduction: str) -> float:
 
 def auto_lr(Xs, batch_size, reduction: str, factor: float = 0.5) -> float:
     """``factor / max_k curvature_k``: a learning rate at which local gradient descent is
-    stable on every device (each device shares one scalar, its largest curvature)."""
+    stable on every client (each client shares one scalar, its largest curvature)."""
     return _lr_for(max(max_curvature(X, batch_size, reduction) for X in Xs), factor)
 
 
 def _lr_for(largest_curvature: float, factor: float = 0.5) -> float:
     if not largest_curvature > 0:
-        raise ValueError("cannot choose a learning rate: every device's design is zero")
+        raise ValueError("cannot choose a learning rate: every client's design is zero")
     return factor / largest_curvature
 
 
 class _CurvatureShare(FederatedAlgorithm):
-    """One round for ``lr="auto"``: each device sends one scalar, the largest curvature of its
+    """One round for ``lr="auto"``: each client sends one scalar, the largest curvature of its
     local objective; the server keeps the maximum.
 
-    The reply stays per device (no :attr:`summed_keys`): the server needs the maximum over
-    the devices, which no sum gives (a secure maximum is another protocol)."""
+    The reply stays per client (no :attr:`summed_keys`): the server needs the maximum over
+    the clients, which no sum gives (a secure maximum is another protocol)."""
 
     reply_keys = ("curvature",)
 
@@ -137,13 +137,13 @@ class _CurvatureShare(FederatedAlgorithm):
         return {"lam": max([float(m["curvature"][0]) for m in replies.values()], default=0.0)}, {}
 
 
-def federated_lr(lr, devices, batch_size, reduction: str, *, seed: int = 0) -> float:
-    """:func:`resolve_lr` for a federation: with ``lr="auto"`` the devices' largest curvatures
+def federated_lr(lr, design, batch_size, reduction: str, *, seed: int = 0) -> float:
+    """:func:`resolve_lr` for a federation: with ``lr="auto"`` the clients' largest curvatures
     come from one federated round (the server never reads a design matrix)."""
     if not (isinstance(lr, str) and lr == "auto"):
         return resolve_lr(lr, [], batch_size, reduction)
     out = run(
-        _CurvatureShare(batch_size, reduction), devices, kind="step-size curvature", rounds=1, seed=seed, progress=False
+        _CurvatureShare(batch_size, reduction), design, kind="step-size curvature", rounds=1, seed=seed, progress=False
     )
     raise_failures(out.history, "lr='auto' (the clients' curvatures)")  # in a fit, a failed client drops out
     return _lr_for(out.server_state["lam"])
@@ -160,8 +160,8 @@ def without_excluded(theta: np.ndarray, clients: Sequence[Hashable]) -> np.ndarr
     return out
 
 
-class DeviceDesign:
-    """What the runtime hands each device: ``(X, y)`` with the intercept column prepended
+class ClientDesign:
+    """What the runtime hands each client: ``(X, y)`` with the intercept column prepended
     when asked."""
 
     def __init__(self, data, intercept: bool):
@@ -174,7 +174,7 @@ class DeviceDesign:
         return X, np.asarray(cd.y)
 
 
-class ScaledDesign(DeviceDesign):
+class ScaledDesign(ClientDesign):
     """What the runtime hands each client: ``(X, y)`` on the standardised scale of ``scaling``
     (each client scales its own rows with the federation's moments, :mod:`fedstats.federation.scaling`),
     with the intercept column prepended when asked; ``scaling=None``: the data's own scale."""
@@ -227,7 +227,7 @@ def resolve_lr(lr, Xs, batch_size, reduction: str) -> float:
 @register
 @dataclass(repr=False)
 class PointResult(FederatedResult):
-    """Per-device point estimates of a linear model: ``coef(client)``, ``coefficients``,
+    """Per-client point estimates of a linear model: ``coef(client)``, ``coefficients``,
     ``predict(X, client)``, with the run's ``history`` and ``communication`` (``None``
     when the method does not communicate) and ``save``/``load``.
 
@@ -274,7 +274,7 @@ class PointResult(FederatedResult):
         return pd.DataFrame({"mean": self.coef(client)}, index=pd.Index(self.feature_names, name="parameter"))
 
     def coef(self, client: Hashable) -> np.ndarray:
-        """The coefficients device ``client`` predicts with (a copy)."""
+        """The coefficients client ``client`` predicts with (a copy)."""
         return self.theta[:, self._k(client)].copy()
 
     @property
@@ -308,7 +308,7 @@ class PointResult(FederatedResult):
         return 0
 
     def predict(self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95) -> pd.DataFrame:
-        """Point predictions of device ``client`` for the rows of ``X``: column ``mean``, NaN
+        """Point predictions of client ``client`` for the rows of ``X``: column ``mean``, NaN
         bands (this model has no distribution). ``client=None`` (a new client) uses the
         shared model where there is one, and is refused otherwise."""
         check_level(level)

@@ -1,10 +1,10 @@
 """Federated Bayesian lasso and ridge with variable selection and posterior tests (Section 4.3
 of the linear-models paper).
 
-Each device has its own coefficients beta_k with i.i.d. shrinkage priors whose strength
+Each client has its own coefficients beta_k with i.i.d. shrinkage priors whose strength
 lambda (and, by default, the noise variance sigma^2) is shared: ``phi = (log lambda,
-log sigma^2)`` is fitted by federated EP, and each device's posterior of beta_k comes from
-its cavity. Predictor i is selected on device k when its credible interval excludes 0.
+log sigma^2)`` is fitted by federated EP, and each client's posterior of beta_k comes from
+its cavity. Predictor i is selected on client k when its credible interval excludes 0.
 
 >>> import numpy as np
 >>> from fedstats import FederatedData
@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
+from .._deprecation import renamed_value
 from ..data import DataLike, FederatedData, as_federated
 from ..estimator import BOOL, MAPPING, NONE, Constraint, Estimator, Int, OneOf, Pair, Real, subclass_init
 from ..federation.oneshot import one_shot
@@ -54,12 +55,12 @@ class BayesianShrinkage(Estimator):
     scale : {"sd", "variance"}
         Lasso scale b = sigma / lambda (Park-Casella, default) or sigma^2 / lambda (the
         journal version of the paper).
-    noise : {"shared", "device"}
-        One noise variance sigma^2 in phi (default), or one per device, sampled locally
+    noise : {"shared", "client"}
+        One noise variance sigma^2 in phi (default), or one per client, sampled locally
         with a normal prior on log sigma_k^2 (then phi = log lambda and the lasso scale
         uses sigma_k).
     fit_intercept : bool
-        An unpenalised per-device intercept with a N(0, intercept_sd^2) prior.
+        An unpenalised per-client intercept with a N(0, intercept_sd^2) prior.
     prior_log_lambda, prior_log_sigma2 : (mean, sd)
         Normal priors on log lambda and log sigma^2 (LogNormal(0, 1) by default).
     estimator : str or TiltedEstimator
@@ -107,7 +108,8 @@ class BayesianShrinkage(Estimator):
         participation: ParticipationSpec = 1.0,
         standardize: bool = True,
     ) -> None:
-        self.penalty, self.scale, self.noise = penalty, scale, noise
+        self.penalty, self.scale = penalty, scale
+        self.noise = renamed_value("noise", noise, {"device": "client"})
         self.fit_intercept, self.intercept_sd = fit_intercept, intercept_sd
         self.prior_log_lambda, self.prior_log_sigma2 = prior_log_lambda, prior_log_sigma2
         self.estimator, self.estimator_options = estimator, estimator_options
@@ -156,7 +158,7 @@ class BayesianShrinkage(Estimator):
             raise ValueError("the shrinkage model has no exact Gaussian site; use 'nuts' or 'importance'")
         if spec == "nuts":
             opts.setdefault("target", "collapsed")
-            opts.setdefault("vectorize", "chains")  # per-device trajectories differ widely in length
+            opts.setdefault("vectorize", "chains")  # per-client trajectories differ widely in length
             if opts["target"] != "collapsed":
                 raise ValueError("the shrinkage model is sampled on its collapsed target (target='collapsed')")
         if spec in ("importance", "laplace") and site.penalty == "lasso":
@@ -170,7 +172,7 @@ class BayesianShrinkage(Estimator):
     _constraints = {
         "penalty": OneOf("lasso", "ridge"),
         "scale": OneOf("sd", "variance"),
-        "noise": OneOf("shared", "device"),
+        "noise": OneOf("shared", "client"),
         "fit_intercept": BOOL,
         "intercept_sd": Real(0, closed=(False, True)),
         "prior_log_lambda": Pair(),
@@ -219,7 +221,7 @@ class BayesianShrinkage(Estimator):
             run=run,
         )
 
-    def fit_centralised(
+    def fit_centralized(
         self,
         data: DataLike,
         *,
@@ -228,7 +230,7 @@ class BayesianShrinkage(Estimator):
         num_samples: int = 2000,
         num_chains: int = 4,
         per_client: bool = False,
-    ) -> CentralisedShrinkageResult:
+    ) -> CentralizedShrinkageResult:
         """The same Bayesian prior on the pooled rows, by NumPyro NUTS with the Laplace or
         normal prior written directly (not the scale mixture): a reference for tests,
         notebooks and benchmarks, not a federated method.
@@ -379,7 +381,7 @@ def _scale_rows(g: GaussianPosterior | SamplePosterior, level: float, kind: str)
 
 
 def _predict_selected(
-    res: ShrinkageResult | CentralisedShrinkageResult, X: ArrayLike, client: Hashable, level: float
+    res: ShrinkageResult | CentralizedShrinkageResult, X: ArrayLike, client: Hashable, level: float
 ) -> np.ndarray:
     Xd = res._design(X)
     post = res.client_posterior(client)
@@ -391,7 +393,7 @@ def _predict_selected(
 # ---------------------------------------------------------------------------- centralised reference
 @register
 @dataclass(repr=False)
-class CentralisedShrinkageResult(_Selection, FederatedResult):
+class CentralizedShrinkageResult(_Selection, FederatedResult):
     """The fit on pooled rows, by NUTS, with the result API of the federated fit.
 
     ``beta`` maps ``"pooled"`` to the one coefficient posterior of the pooled model (then

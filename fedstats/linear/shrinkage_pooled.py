@@ -1,5 +1,5 @@
 """Pooled NUTS of the Bayesian lasso and ridge, the reference of
-:class:`~fedstats.linear.BayesianShrinkage` (:meth:`~fedstats.linear.BayesianShrinkage.fit_centralised`;
+:class:`~fedstats.linear.BayesianShrinkage` (:meth:`~fedstats.linear.BayesianShrinkage.fit_centralized`;
 :mod:`fedstats.reference.shrinkage` gives it with the other pooled references)."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import numpy as np
 from ..federation.scaling import federated_scaling
 from ..inference.posterior import SamplePosterior
 from .ep_model import normal_pair
-from .shrinkage import BayesianShrinkage, CentralisedShrinkageResult, sigma2_back
+from .shrinkage import BayesianShrinkage, CentralizedShrinkageResult, sigma2_back
 
 
 def pooled_nuts(
     model: BayesianShrinkage, data, names, *, seed, num_warmup, num_samples, num_chains, per_client
-) -> CentralisedShrinkageResult:
+) -> CentralizedShrinkageResult:
     """NUTS on the pooled rows of ``data`` under ``model``'s prior (the Laplace or normal prior
     written directly, not the scale mixture), for
-    :meth:`~fedstats.linear.BayesianShrinkage.fit_centralised` (see there)."""
+    :meth:`~fedstats.linear.BayesianShrinkage.fit_centralized` (see there)."""
     import time
 
     import jax
@@ -83,7 +83,7 @@ def pooled_nuts(
     beta = {c: coefficients(g) for g, c in enumerate(clients)} if per_client else {"pooled": coefficients(0)}
     phi = SamplePosterior(np.column_stack([s["log_lambda"], s["log_sigma2"]]), names=["log_lambda", "log_sigma2"])
     y_sd = 1.0 if scaling is None else scaling.y_sd
-    return CentralisedShrinkageResult(
+    return CentralizedShrinkageResult(
         model=model,
         feature_names=names,
         fitted_clients=clients,

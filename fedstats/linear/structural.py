@@ -1,13 +1,13 @@
-"""HM1: federated multi-task regression that learns the covariance between devices
+"""HM1: federated multi-task regression that learns the covariance between clients
 (Algorithm 1 of Yue, Kontar and Estrada Gómez, "Federated data analytics: a study on linear models").
 
-The coefficients of the K devices form a d x K matrix Theta with the matrix-normal prior
-``MN(0, I_d, Omega)``: each coefficient, seen across devices, is ``N(0, Omega)``. A round:
+The coefficients of the K clients form a d x K matrix Theta with the matrix-normal prior
+``MN(0, I_d, Omega)``: each coefficient, seen across clients, is ``N(0, Omega)``. A round:
 
-* the server sends device k its own ``theta_k`` and the aggregate
+* the server sends client k its own ``theta_k`` and the aggregate
   ``g_k = (Theta Omega^{-1})[:, k]``, computed from the start-of-round Theta with a jittered
   Cholesky solve (never an explicit inverse);
-* the device takes ``local_steps`` gradient steps on its own data, then one prior step
+* the client takes ``local_steps`` gradient steps on its own data, then one prior step
   ``theta_k <- theta_k - 2 lr * shrink_scale_k * g_k``, and sends ``theta_k`` back;
 * the server writes the returned columns into Theta (non-participants keep theirs) and
   updates ``Omega <- (1 - alpha) Omega + (alpha / d) Theta^T Theta``.
@@ -15,9 +15,9 @@ The coefficients of the K devices form a d x K matrix Theta with the matrix-norm
 What the iteration optimises: with Omega frozen and full-batch gradients it
 converges to the solution of ``(I - M_k)(theta_k - theta_k^OLS) + 2 lr s_k (Theta
 Omega^{-1})[:, k] = 0`` with ``M_k = (I - 2 lr X_k^T X_k)`` to the power T; as ``lr -> 0`` that is
-the MAP with noise variance ``s_k / T`` on device k. ``shrink_scale=1`` (the paper's
+the MAP with noise variance ``s_k / T`` on client k. ``shrink_scale=1`` (the paper's
 algorithm) therefore assumes noise variance 1/T; ``shrink_scale="noise"`` uses
-``s_k = T * sigma_k^2`` with each device's own residual variance, which targets the model
+``s_k = T * sigma_k^2`` with each client's own residual variance, which targets the model
 with its real noise. The joint MAP of (Theta, Omega) is degenerate, so the result depends on
 alpha, the rounds, the learning rate and the initialisation: the damped update is a
 heuristic, and the history records how well-conditioned Omega stays.
@@ -49,12 +49,12 @@ the tests' simulations. With the defaults the README's example converges in 12 r
 Grunfeld's 11 firms in 493 (each firm's small range of its predictors makes its design
 ill-conditioned on the federation's scale, which slows gradient descent).
 
-Uncertainty (not in the paper, opt-in): each device sends the server, once, its information
+Uncertainty (not in the paper, opt-in): each client sends the server, once, its information
 matrix ``X_k^T X_k / sigma_k^2`` (d x d) and ``X_k^T y_k / sigma_k^2`` (d), the sufficient
 statistics of its data (more than Algorithm 1 shares: only theta_k), with ``sigma_k^2`` known
 or its least-squares residual variance. Given an Omega, ``vec(Theta)`` then has the Gaussian
 posterior with precision ``blockdiag_k(X_k^T X_k / sigma_k^2) + Omega^{-1} kron I_d``; the
-server returns each device the mean and covariance of its own block.
+server returns each client the mean and covariance of its own block.
 
 Which Omega (``posterior_omega``). Algorithm 1's learned Omega is a poor plug-in: it is
 ``(1 - alpha)^C I`` plus a weighted average of ``Theta^T Theta / d``, which has rank <= d, so
@@ -128,7 +128,7 @@ from .local import (
     INITS,
     LR,
     REDUCTIONS,
-    DeviceDesign,
+    ClientDesign,
     ScaledDesign,
     coefficient_names,
     federated_lr,
@@ -146,8 +146,8 @@ NOISE_VARIANCES = ("integrate", "plug-in")
 
 
 class StructuralCovarianceModel(Estimator):
-    """HM1: per-device linear regressions that borrow strength through a learned K x K
-    covariance between devices (Algorithm 1 of the linear-models paper).
+    """HM1: per-client linear regressions that borrow strength through a learned K x K
+    covariance between clients (Algorithm 1 of the linear-models paper).
 
     Parameters
     ----------
@@ -155,11 +155,11 @@ class StructuralCovarianceModel(Estimator):
         Communication rounds C, at most (default 1000; the fit stops at the first converged
         round, ``stop_early``); the paper runs 30 (100 for the recovery figure), all of them.
     local_steps : int
-        Gradient steps T per device and round (paper: 20).
+        Gradient steps T per client and round (paper: 20).
     lr : float or "auto"
         The shared step size eta_2, on the scale the iteration runs on (the standardised one
         with ``standardize``). ``"auto"`` takes ``0.5 / max_k lambda_max`` of the
-        devices' per-step loss curvature (each device shares that one scalar), which keeps
+        clients' per-step loss curvature (each client shares that one scalar), which keeps
         local gradient descent stable; the paper grid-searches it.
     alpha : float in [0, 1]
         Damping of the Omega update (default 0.5; paper: 0.1, and 0.9 for the turbofan
@@ -174,8 +174,8 @@ class StructuralCovarianceModel(Estimator):
     shrink_scale : float or "noise"
         ``s`` in the prior step ``theta_k <- theta_k - 2 lr s g_k``. ``1`` is the paper's
         algorithm (its fixed point assumes noise variance 1/T); ``"noise"`` uses
-        ``s_k = T sigma_k^2`` with each device's least-squares residual variance (computed on
-        the device, never sent), which targets the model with its real noise.
+        ``s_k = T sigma_k^2`` with each client's least-squares residual variance (computed on
+        the client, never sent), which targets the model with its real noise.
     init : "normal" or "zeros"
         Initial Theta: i.i.d. N(0, 1) entries drawn from the seed (paper) or zeros (its code).
     omega_init : array (K, K) or None
@@ -316,8 +316,8 @@ class StructuralCovarianceModel(Estimator):
                 raise ValueError("omega_init must be symmetric positive definite")
         return {"alpha": float(self.alpha), "omega": omega}
 
-    def _prepare(self, data: FederatedData) -> tuple[list[Hashable], dict, DeviceDesign, list[str]]:
-        """Validated options and the device view: ``(clients, options, devices, names)``."""
+    def _prepare(self, data: FederatedData) -> tuple[list[Hashable], dict, ClientDesign, list[str]]:
+        """Validated options and the client view: ``(clients, options, clients, names)``."""
         clients = list(data.clients)
         if len(clients) < 2:
             raise ValueError("HM1 learns a covariance between clients: it needs at least 2 clients")
@@ -338,19 +338,19 @@ class StructuralCovarianceModel(Estimator):
     ) -> StructuralResult:
         """Fit Algorithm 1 on ``data`` (a :class:`~fedstats.data.FederatedData`, K >= 2).
 
-        With uncertainty one more exchange follows, in which every device shares its
+        With uncertainty one more exchange follows, in which every client shares its
         information matrix (see the module docs), and the result holds Gaussian posteriors
         of every ``theta_k`` given an estimate of Omega (``posterior_omega``: by default the
         EM estimate from those matrices, not Algorithm 1's Omega); their mean is the
         reported estimate (``mean`` of ``client_summary`` and ``predict``; Algorithm 1's point
         stays beside it as ``estimate``, ``coef``, ``theta``, and is what ``rmse`` scores).
         ``noise_sd`` (a float, or a dict client -> float, on the data's scale) gives known
-        noise sds, else each device uses its least-squares residual variance (which needs
+        noise sds, else each client uses its least-squares residual variance (which needs
         more rows than coefficients), integrated out of its posterior by default
-        (``noise_variance``). ``uncertainty="auto"`` (default): posteriors whenever every device
+        (``noise_variance``). ``uncertainty="auto"`` (default): posteriors whenever every client
         can share (a warning otherwise, and the result then holds Algorithm 1's point only);
         ``True``: posteriors or an error; ``False``: Algorithm 1 only. Why the posterior mean
-        is the default estimate: on data-poor devices it is the better point (README,
+        is the default estimate: on data-poor clients it is the better point (README,
         ``benchmarks/results/hm1_defaults.md``). The
         result's ``converged`` says whether Algorithm 1's last round changed Theta and Omega
         by less than ``tol`` (relative); if not, a :class:`RuntimeWarning` says so.
@@ -369,10 +369,10 @@ class StructuralCovarianceModel(Estimator):
         clients, opts, _, names = self._prepare(data)
         K, d = len(clients), len(names)
         check_design(data, data.feature_names, bool(self.fit_intercept), seed=seed)  # unidentifiable: refused
-        scaling, devices = self._scaled(data, seed)
+        scaling, design = self._scaled(data, seed)
         start, callback = on_fit_scale(scaling, self._theta_init(theta_init, d, K), callback)
         start = start if start is not None else seeded_start(self.init, d, K, seed)
-        lr = federated_lr(self.lr, devices, self.batch_size, self.grad_reduction, seed=seed)
+        lr = federated_lr(self.lr, design, self.batch_size, self.grad_reduction, seed=seed)
         alg = HM1Algorithm(
             d,
             local_steps=int(self.local_steps),
@@ -394,7 +394,7 @@ class StructuralCovarianceModel(Estimator):
             # converged() judges every round; without stop_early the run may stop only at the last
             out = run.run(
                 alg,
-                devices,
+                design,
                 kind="HM1 rounds",
                 rounds=int(self.rounds),
                 participation=self.participation,
@@ -420,7 +420,7 @@ class StructuralCovarianceModel(Estimator):
             feature_names=names,
             clients=clients,
             theta=out.server_state.theta,
-            omega_=out.server_state.omega,
+            omega_array=out.server_state.omega,
             lr=lr,
             options=self.get_params(),
             history=out.history,
@@ -434,14 +434,14 @@ class StructuralCovarianceModel(Estimator):
         # a client that dropped out of the fit has no coefficients and no covariances
         res.theta = without_excluded(res.theta, clients)
         gone = [k for k, c in enumerate(clients) if np.isnan(res.theta[:, k]).all()]
-        if gone and res.omega_ is not None:
-            res.omega_ = res.omega_.copy()
-            res.omega_[gone, :] = res.omega_[:, gone] = np.nan
+        if gone and res.omega_array is not None:
+            res.omega_array = res.omega_array.copy()
+            res.omega_array[gone, :] = res.omega_array[:, gone] = np.nan
         if uncertainty:
             try:
                 add_posteriors(
                     res,
-                    devices,
+                    design,
                     noise_sd,
                     seed=seed,
                     jitter=float(self.jitter),
@@ -496,24 +496,24 @@ class StructuralCovarianceModel(Estimator):
             stacklevel=stacklevel,
         )
 
-    def fit_centralised(
+    def fit_centralized(
         self, data: FederatedData, *, seed: int = 0, theta_init: ArrayLike | None = None
     ) -> StructuralResult:
         """The same iteration on pooled data in one process, without the federated runtime:
-        every device's ``X^T X`` and ``X^T y`` stacked, all columns of Theta updated at once.
+        every client's ``X^T X`` and ``X^T y`` stacked, all columns of Theta updated at once.
         The reference that the federated fit must equal (full-batch steps, everyone taking
         part) and the baseline of ``benchmarks/hm1.py``. ``converged``, ``tol`` and
         ``stop_early`` work as in :meth:`fit` (no history is kept)."""
 
         if self.batch_size is not None or self.participation != 1.0:
-            raise ValueError("fit_centralised runs full-batch steps with every device taking part")
+            raise ValueError("fit_centralized runs full-batch steps with every client taking part")
         clients, opts, _, names = self._prepare(data)
         K = len(clients)
         t0 = time.perf_counter()
         with use_backend("inprocess"):
-            scaling, devices = self._scaled(data, seed)
+            scaling, design = self._scaled(data, seed)
         start, _ = on_fit_scale(scaling, self._theta_init(theta_init, len(names), K), None)
-        Xs = [devices[c] for c in clients]
+        Xs = [design[c] for c in clients]
         lr = resolve_lr(self.lr, [X for X, _ in Xs], self.batch_size, self.grad_reduction)
         XtX = np.stack([X.T @ X for X, _ in Xs])
         Xty = np.stack([X.T @ y for X, y in Xs])
@@ -548,7 +548,7 @@ class StructuralCovarianceModel(Estimator):
             feature_names=names,
             clients=clients,
             theta=theta,
-            omega_=omega,
+            omega_array=omega,
             lr=lr,
             options=self.get_params(),
             converged=round_converged(metrics, float(self.tol)),

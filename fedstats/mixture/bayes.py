@@ -275,7 +275,7 @@ class VariationalGaussianMixture(MixtureEstimator):
     >>> rng = np.random.default_rng(0)
     >>> Xs = [np.r_[rng.normal(0, 1, (40, 2)), rng.normal(6, 1, (30, 2))] for _ in range(3)]
     >>> res = VariationalGaussianMixture(2, n_init=2).fit(Xs, seed=0)
-    >>> [round(float(v)) for v in np.sort(res.means_[:, 0])]
+    >>> [round(float(v)) for v in np.sort(res.means[:, 0])]
     [0, 6]
     """
 
@@ -444,9 +444,9 @@ class VariationalGaussianMixture(MixtureEstimator):
             init_info=info,
             reg_covar=self.reg_covar,
         )
-        out.weight_concentration_ = conc
-        out.mean_precision_ = hy["mean_precision"]
-        out.degrees_of_freedom_ = hy["degrees_of_freedom"]
+        out.weight_concentration = conc
+        out.mean_precision = hy["mean_precision"]
+        out.degrees_of_freedom = hy["degrees_of_freedom"]
         out.prior = prior
         return out
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from .._deprecation import renamed_attributes
 from ..inference import SamplePosterior
 from ..result_file import register
 from .gmm import full_covariances
@@ -18,34 +19,43 @@ from .result import MixtureResult
 _EPS10 = 10 * np.finfo(float).eps  # scikit-learn adds this to every soft count
 
 
+#: the former (scikit-learn) names of the attributes, read for one release
+_FORMER = {
+    "weight_concentration_": "weight_concentration",
+    "mean_precision_": "mean_precision",
+    "degrees_of_freedom_": "degrees_of_freedom",
+}
+
+
 @register
+@renamed_attributes(**_FORMER)
 class BayesianMixtureResult(MixtureResult):
     """Variational FedEM fit: :class:`~fedstats.mixture.MixtureResult` plus the posterior ``q``
     (the sibling of the maximum-likelihood ``GaussianMixtureResult``: no log-likelihood, BIC or
     Wald intervals; compare fits by :meth:`elbo_trace`).
 
-    ``weight_concentration_`` (dict client -> alpha_c), ``mean_precision_`` (beta),
-    ``degrees_of_freedom_`` (nu), ``covariances_`` (``W^{-1}/nu``, scikit-learn's meaning),
-    ``means_`` (m); point predictions use the posterior-mean weights and ``covariances_``.
+    ``weight_concentration`` (dict client -> alpha_c), ``mean_precision`` (beta),
+    ``degrees_of_freedom`` (nu), ``covariances`` (``W^{-1}/nu``, scikit-learn's meaning),
+    ``means`` (m); point predictions use the posterior-mean weights and ``covariances``.
     """
 
     # set by the fit
-    weight_concentration_: dict[Hashable, np.ndarray]
-    mean_precision_: np.ndarray
-    degrees_of_freedom_: np.ndarray | float  # one for all components with covariance_type="tied"
+    weight_concentration: dict[Hashable, np.ndarray]
+    mean_precision: np.ndarray
+    degrees_of_freedom: np.ndarray | float  # one for all components with covariance_type="tied"
     prior: dict[str, Any]  # alpha0, beta0, m0, nu0, cov0
 
     def _scale_inv(self) -> np.ndarray:
         """``W_j^{-1}`` as (M, d, d)."""
-        M, d = self.means_.shape
-        nu = np.broadcast_to(np.atleast_1d(self.degrees_of_freedom_), (M,))
-        return full_covariances(self.covariances_, self.covariance_type, M, d) * nu[:, None, None]
+        M, d = self.means.shape
+        nu = np.broadcast_to(np.atleast_1d(self.degrees_of_freedom), (M,))
+        return full_covariances(self.covariances, self.covariance_type, M, d) * nu[:, None, None]
 
     def _nu(self) -> np.ndarray:
-        return np.broadcast_to(np.atleast_1d(self.degrees_of_freedom_), (self.n_components,)).astype(float)
+        return np.broadcast_to(np.atleast_1d(self.degrees_of_freedom), (self.n_components,)).astype(float)
 
     def _beta(self) -> np.ndarray:
-        return np.asarray(self.mean_precision_, float)
+        return np.asarray(self.mean_precision, float)
 
     def _marginal_params(self):
         """Per (component, feature): Student-t dof and scale of the mean, inverse-gamma shape
@@ -54,10 +64,10 @@ class BayesianMixtureResult(MixtureResult):
         full / tied: the marginals of a Normal-inverse-Wishart with ``nu`` degrees of freedom
         (dof ``nu - d + 1``); diag: independent Normal-inverse-gamma per coordinate (dof
         ``nu``); spherical: one variance seen in all ``d`` coordinates (dof ``nu d``). In every
-        case the variance's posterior mean-ish scale is ``covariances_``."""
-        M, d = self.means_.shape
+        case the variance's posterior mean-ish scale is ``covariances``."""
+        M, d = self.means.shape
         nu = self._nu()
-        var = np.diagonal(full_covariances(self.covariances_, self.covariance_type, M, d), axis1=1, axis2=2)
+        var = np.diagonal(full_covariances(self.covariances, self.covariance_type, M, d), axis1=1, axis2=2)
         dof = {"full": nu - d + 1, "tied": nu - d + 1, "diag": nu, "spherical": nu * d}[self.covariance_type]
         dof = np.broadcast_to(dof[:, None], (M, d))
         ig_scale = nu[:, None] * var / 2 * (d if self.covariance_type == "spherical" else 1)
@@ -66,22 +76,22 @@ class BayesianMixtureResult(MixtureResult):
 
     def mean_intervals(self, level: float = 0.95) -> pd.DataFrame:
         """Student-t marginals of every mean coordinate: mean, sd, lower, upper."""
-        M, d = self.means_.shape
+        M, d = self.means.shape
         dof, scale, _, _ = self._marginal_params()
         q = stats.t.ppf(0.5 + level / 2, dof)
         sd = np.where(dof > 2, scale * np.sqrt(dof / np.maximum(dof - 2, 1e-300)), np.inf)
         rows = {
-            "mean": self.means_.ravel(),
+            "mean": self.means.ravel(),
             "sd": sd.ravel(),
-            "lower": (self.means_ - q * scale).ravel(),
-            "upper": (self.means_ + q * scale).ravel(),
+            "lower": (self.means - q * scale).ravel(),
+            "upper": (self.means + q * scale).ravel(),
         }
         names = [f"mean[{j}][{f}]" for j in range(M) for f in self.feature_names]
         return pd.DataFrame(rows, index=pd.Index(names, name="parameter"))
 
     def variance_intervals(self, level: float = 0.95) -> pd.DataFrame:
         """Inverse-gamma marginals of every variance ``[Sigma_j]_ll``."""
-        M, d = self.means_.shape
+        M, d = self.means.shape
         _, _, a, b = self._marginal_params()
         dist = stats.invgamma(a, scale=b)
         mean = np.where(a > 1, b / np.maximum(a - 1, 1e-300), np.inf)
@@ -96,7 +106,7 @@ class BayesianMixtureResult(MixtureResult):
 
     def weight_intervals(self, client: Hashable, level: float = 0.95) -> pd.DataFrame:
         """Beta marginals of the client's weights (computed on the client)."""
-        a = self.weight_concentration_[client]
+        a = self.weight_concentration[client]
         if len(a) == 1:  # the weight is 1 by definition
             sd, lo, hi = np.zeros(1), np.ones(1), np.ones(1)
         else:
@@ -134,7 +144,7 @@ class BayesianMixtureResult(MixtureResult):
         ``mu_j ~ N(m_j, Sigma_j / beta_j)``.
         """
         rng = np.random.default_rng(seed)
-        M, d = self.means_.shape
+        M, d = self.means.shape
         ct, beta = self.covariance_type, self._beta()
         if ct in ("full", "tied"):
             Winv, nu = self._scale_inv(), self._nu()
@@ -154,14 +164,14 @@ class BayesianMixtureResult(MixtureResult):
                 )
             covs = var[..., None] * np.eye(d)
         L = np.linalg.cholesky(covs / beta[None, :, None, None])
-        mus = self.means_ + np.einsum("nmij,nmj->nmi", L, rng.standard_normal((n, M, d)))
+        mus = self.means + np.einsum("nmij,nmj->nmi", L, rng.standard_normal((n, M, d)))
         return mus, covs
 
     def global_posterior(self, *, n: int = 4000, seed: int = 0) -> SamplePosterior:
         """q(means, variances) as exact draws (the common posterior API: intervals, hdi, prob, ArviZ)."""
         mus, covs = self.sample_components(n, seed)
         var = np.diagonal(covs, axis1=2, axis2=3)
-        M, d = self.means_.shape
+        M, d = self.means.shape
         names = [f"mean[{j}][{f}]" for j in range(M) for f in self.feature_names] + [
             f"var[{j}][{f}]" for j in range(M) for f in self.feature_names
         ]
@@ -170,7 +180,7 @@ class BayesianMixtureResult(MixtureResult):
     def client_posterior(self, client: Hashable, *, n: int = 4000, seed: int = 0) -> SamplePosterior:
         """q(pi_c) = Dirichlet(alpha_c) as exact draws."""
         self._check_client(client)
-        a = self.weight_concentration_[client]
+        a = self.weight_concentration[client]
         draws = np.random.default_rng(seed).dirichlet(a, n)
         return SamplePosterior(draws, names=[f"weight[{j}]" for j in range(len(a))])
 

@@ -31,6 +31,7 @@ from typing import NoReturn
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .._deprecation import renamed_attributes
 from ..data import DataLike, FederatedData
 from ..estimator import NONE, Int, OneOf, Real
 from ..federation import FederatedAlgorithm
@@ -278,8 +279,8 @@ class DecentralizedGaussianMixture(MixtureEstimator):
     a deployment would also do by gossip, or give as ``means_init``); every node starts from
     them, which keeps component labels aligned across nodes.
 
-    The fit's ``means_``/``covariances_`` are the clients' average; each client's own copy
-    is in ``client_means_``/``client_covariances_`` and is what ``predict(X, client)`` uses.
+    The fit's ``means``/``covariances`` are the clients' average; each client's own copy
+    is in ``client_means``/``client_covariances`` and is what ``predict(X, client)`` uses.
 
     Parameters
     ----------
@@ -303,7 +304,7 @@ class DecentralizedGaussianMixture(MixtureEstimator):
     >>> rng = np.random.default_rng(0)
     >>> Xs = [np.r_[rng.normal(0, 1, (30, 2)), rng.normal(6, 1, (30, 2))] for _ in range(5)]
     >>> res = DecentralizedGaussianMixture(2, graph="ring", gossip_steps=3, n_init=2).fit(Xs, seed=0)
-    >>> [round(float(v)) for v in np.sort(res.means_[:, 0])]
+    >>> [round(float(v)) for v in np.sort(res.means[:, 0])]
     [0, 6]
     >>> bool(res.disagreement()[-1] < 0.05)  # nodes agree up to SLEM(W)^G x their heterogeneity
     True
@@ -436,28 +437,38 @@ class DecentralizedGaussianMixture(MixtureEstimator):
             init_info=info,
             reg_covar=self.reg_covar,
         )
-        out.client_means_, out.client_covariances_ = cm, cc
-        out.mixing_matrix_ = W
-        out.slem_ = slem(W)
+        out.client_means, out.client_covariances = cm, cc
+        out.mixing_matrix = W
+        out.slem = slem(W)
         return out
 
 
+#: the former (scikit-learn) names of the attributes, read for one release
+_FORMER = {
+    "client_means_": "client_means",
+    "client_covariances_": "client_covariances",
+    "mixing_matrix_": "mixing_matrix",
+    "slem_": "slem",
+}
+
+
 @register
+@renamed_attributes(**_FORMER)
 class DecentralizedMixtureResult(GaussianMixtureResult):
     """A D-FedEM fit: each client predicts with its own copy of the components."""
 
     # set by the fit
-    client_means_: dict[Hashable, np.ndarray]
-    client_covariances_: dict[Hashable, np.ndarray]
-    mixing_matrix_: np.ndarray
-    slem_: float
+    client_means: dict[Hashable, np.ndarray]
+    client_covariances: dict[Hashable, np.ndarray]
+    mixing_matrix: np.ndarray
+    slem: float
 
     def _log_dens(self, X: ArrayLike, client: Hashable | None = None) -> np.ndarray:
-        if client is None or client not in getattr(self, "client_means_", {}):
+        if client is None or client not in getattr(self, "client_means", {}):
             return super()._log_dens(X, client)
-        cov = self.client_covariances_[client]
+        cov = self.client_covariances[client]
         return log_gaussian(
-            self._X(X), self.client_means_[client], precision_cholesky(cov, self.covariance_type), self.covariance_type
+            self._X(X), self.client_means[client], precision_cholesky(cov, self.covariance_type), self.covariance_type
         )
 
     def wald_intervals(self, data: DataLike, level: float = 0.95, *, seed: int = 0) -> NoReturn:

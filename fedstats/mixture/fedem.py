@@ -126,7 +126,7 @@ class FederatedGaussianMixture(MixtureEstimator):
           each reply and the ledger is charged the share's noise only); ``"central"``: the
           server adds the noise once to the sums (it is trusted with the exact sums).
         * not available with ``participation < 1``, ``uncertainty=True`` (the Wald rounds
-          are not private) or the final scoring round (``loglik_`` and ``bic`` are absent);
+          are not private) or the final scoring round (``loglik`` and ``bic`` are absent);
           ``n_obs`` is empty (row counts are not released).
     dp_rounds : int, default 20
         With ``dp``: the fixed number of EM rounds (each one release).
@@ -153,7 +153,7 @@ class FederatedGaussianMixture(MixtureEstimator):
     >>> rng = np.random.default_rng(0)
     >>> Xs = [np.r_[rng.normal(0, 1, (40, 2)), rng.normal(6, 1, (10 + 20 * k, 2))] for k in range(3)]
     >>> res = FederatedGaussianMixture(2, n_init=3).fit(Xs, seed=0)
-    >>> [round(float(v)) for v in np.sort(res.means_[:, 0])]
+    >>> [round(float(v)) for v in np.sort(res.means[:, 0])]
     [0, 6]
     """
 

@@ -12,6 +12,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy.special import logsumexp
 
+from .._deprecation import renamed_attributes
 from ..data import DataLike
 from ..federation import Communication, RoundRecord
 from ..federation.backend import accepts_backend
@@ -24,13 +25,24 @@ from .gmm import e_step, full_covariances, log_gaussian, n_parameters, precision
 _log_weights, _norm = log_weights, norm
 
 
+#: the former (scikit-learn) names of the attributes, read for one release
+_FORMER = {
+    "means_": "means",
+    "covariances_": "covariances",
+    "weights_": "weights",
+    "precisions_cholesky_": "precisions_cholesky",
+}
+
+
+@renamed_attributes(**_FORMER)
 class MixtureResult(FederatedResult):
     """What every fitted federated Gaussian mixture has (the base of the maximum-likelihood
     :class:`GaussianMixtureResult` and its variational sibling
     :class:`~fedstats.mixture.BayesianMixtureResult`).
 
-    Attributes (scikit-learn names): ``means_`` (M, d), ``covariances_`` (layout of
-    ``covariance_type``), ``weights_`` (dict client -> (M,); the weights never move during
+    Attributes (the models' names; scikit-learn's were ``means_`` and so on, still read for
+    one release): ``means`` (M, d), ``covariances`` (layout of
+    ``covariance_type``), ``weights`` (dict client -> (M,); the weights never move during
     the fit: each client returns its final ones once, at the end, for this object),
     ``history``, ``communication``, ``rounds``, ``converged`` (``None`` for FEM-OMD's online
     mixture, which has no stopping rule).
@@ -64,9 +76,9 @@ class MixtureResult(FederatedResult):
         loglik: Mapping[Hashable, float] | None = None,
         seconds: float = 0.0,
     ) -> None:
-        self.means_ = np.asarray(means)
-        self.covariances_ = np.asarray(covariances)
-        self.weights_ = dict(weights)
+        self.means = np.asarray(means)
+        self.covariances = np.asarray(covariances)
+        self.weights = dict(weights)
         self.covariance_type = covariance_type
         self.feature_names = list(feature_names)
         self.n_obs = dict(n_obs)
@@ -77,20 +89,20 @@ class MixtureResult(FederatedResult):
         self.shared_weights = shared_weights
         self.init_info = init_info
         self.reg_covar = reg_covar
-        self.client_loglik_ = loglik  # dict client -> log-likelihood at the final parameters
+        self.client_loglik = loglik  # dict client -> log-likelihood at the final parameters
         self.seconds = float(seconds)  # wall time of the fit (set by the fit itself)
 
     @property
     def n_components(self) -> int:
-        return self.means_.shape[0]
+        return self.means.shape[0]
 
     @property
     def clients(self) -> list:
-        return list(self.weights_)
+        return list(self.weights)
 
     @property
-    def precisions_cholesky_(self) -> np.ndarray:
-        return precision_cholesky(self.covariances_, self.covariance_type)
+    def precisions_cholesky(self) -> np.ndarray:
+        return precision_cholesky(self.covariances, self.covariance_type)
 
     def _weights_for(self, client: Hashable | None, weights: ArrayLike | None) -> np.ndarray:
         if weights is not None:
@@ -102,22 +114,22 @@ class MixtureResult(FederatedResult):
             raise ValueError("give client=<a fitted client> or weights=... (for a new client: new_client_weights(X))")
         if client in (self.excluded or {}):
             self._check_client(client)  # not in the fit: refused with the reason
-        if client not in self.weights_:
+        if client not in self.weights:
             raise KeyError(f"unknown client {client!r}; fitted clients: {self.clients[:10]}")
-        return self.weights_[client]
+        return self.weights[client]
 
     def _X(self, X: ArrayLike) -> np.ndarray:
         X = np.asarray(self._feature_rows(X, self.feature_names), dtype=float)
         if X.ndim == 1:
-            X = X[None, :] if self.means_.shape[1] > 1 else X[:, None]
-        if X.ndim != 2 or X.shape[1] != self.means_.shape[1]:
-            raise ValueError(f"X must have {self.means_.shape[1]} columns, got shape {X.shape}")
+            X = X[None, :] if self.means.shape[1] > 1 else X[:, None]
+        if X.ndim != 2 or X.shape[1] != self.means.shape[1]:
+            raise ValueError(f"X must have {self.means.shape[1]} columns, got shape {X.shape}")
         if not np.all(np.isfinite(X)):
             raise ValueError("X has NaN or inf")
         return X
 
     def _log_dens(self, X: ArrayLike, client: Hashable | None = None) -> np.ndarray:
-        return log_gaussian(self._X(X), self.means_, self.precisions_cholesky_, self.covariance_type)
+        return log_gaussian(self._X(X), self.means, self.precisions_cholesky, self.covariance_type)
 
     def predict_proba(
         self, X: ArrayLike, client: Hashable | None = None, *, weights: ArrayLike | None = None
@@ -164,18 +176,18 @@ class MixtureResult(FederatedResult):
 
     def component_table(self) -> pd.DataFrame:
         """Means and variances per component and feature."""
-        M, d = self.means_.shape
-        covs = full_covariances(self.covariances_, self.covariance_type, M, d)
+        M, d = self.means.shape
+        covs = full_covariances(self.covariances, self.covariance_type, M, d)
         rows = []
         for j in range(M):
             for l, f in enumerate(self.feature_names):
-                rows.append({"component": j, "feature": f, "mean": self.means_[j, l], "variance": covs[j, l, l]})
+                rows.append({"component": j, "feature": f, "mean": self.means[j, l], "variance": covs[j, l, l]})
         return pd.DataFrame(rows)
 
     def weights_table(self) -> pd.DataFrame:
         """Every client's weights, one row per client."""
         return pd.DataFrame(
-            {c: w for c, w in self.weights_.items()}, index=[f"weight[{j}]" for j in range(self.n_components)]
+            {c: w for c, w in self.weights.items()}, index=[f"weight[{j}]" for j in range(self.n_components)]
         ).T
 
     # ---------------------------------------------------------------- the result contract
@@ -191,13 +203,13 @@ class MixtureResult(FederatedResult):
         names = [f"mean[{r.component}][{r.feature}]" for r in t.itertuples()]
         names += [f"var[{r.component}][{r.feature}]" for r in t.itertuples()]
         values = [*t["mean"], *t["variance"]]
-        if self.shared_weights and self.weights_:
+        if self.shared_weights and self.weights:
             names += [f"weight[{j}]" for j in range(self.n_components)]
-            values += list(next(iter(self.weights_.values())))
+            values += list(next(iter(self.weights.values())))
         t = pd.DataFrame({"mean": values}, index=pd.Index(names, name="parameter"))
         if self.privacy is not None and getattr(self, "dp_noise_included", False):
             return _with_dp_noise(t, self, level)
-        wald = getattr(self, "wald_info_", None)
+        wald = getattr(self, "wald_info", None)
         if wald is not None:
             from .wald import means_table, weights_table
 
@@ -215,13 +227,13 @@ class MixtureResult(FederatedResult):
                 "client_summary cannot include the DP noise of the per-client weights (each client's own "
                 "noisy counts are not known to the result): fit with include_dp_noise=False for the weights"
             )
-        wald = getattr(self, "wald_info_", None)
+        wald = getattr(self, "wald_info", None)
         if wald is not None:
             from .wald import weights_table
 
             return weights_table(self, client, wald["cov_eta"][client], level)
         return pd.DataFrame(
-            {"mean": self.weights_[client]},
+            {"mean": self.weights[client]},
             index=pd.Index([f"weight[{j}]" for j in range(self.n_components)], name="parameter"),
         )
 
@@ -256,28 +268,29 @@ class MixtureResult(FederatedResult):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(M={self.n_components}, covariance_type={self.covariance_type!r}, "
-            f"clients={len(self.weights_)}, rounds={self.rounds}, converged={self.converged})"
+            f"clients={len(self.weights)}, rounds={self.rounds}, converged={self.converged})"
         )
 
 
 @register
+@renamed_attributes(loglik_="loglik", client_loglik_="client_loglik", wald_info_="wald_info")
 class GaussianMixtureResult(MixtureResult):
     """A federated Gaussian mixture fitted by maximum likelihood (FedEM, D-FedEM, FEM-OMD's
-    played mixture): :class:`MixtureResult` plus ``loglik_`` (log-likelihood at the final
-    parameters, from one scoring round after the last EM round; ``client_loglik_`` per
+    played mixture): :class:`MixtureResult` plus ``loglik`` (log-likelihood at the final
+    parameters, from one scoring round after the last EM round; ``client_loglik`` per
     client), ``loglik_trace``, ``bic`` and observed-information ``wald_intervals``.
     """
 
     @property
-    def loglik_(self) -> float:
+    def loglik(self) -> float:
         """Federated log-likelihood at the final parameters, each client with its weights."""
-        if self.client_loglik_ is None:
+        if self.client_loglik is None:
             raise AttributeError(f"{type(self).__name__} has no final log-likelihood")
-        return float(sum(self.client_loglik_.values()))
+        return float(sum(self.client_loglik.values()))
 
     def loglik_trace(self) -> np.ndarray:
         """Federated log-likelihood at the parameters broadcast in each round (rounds where all answered)."""
-        K = len(self.weights_)
+        K = len(self.weights)
         return np.array([r.metrics["loglik"] for r in self.history if len(r.answered) == K])
 
     # ---------------------------------------------------------------- prediction
@@ -290,7 +303,7 @@ class GaussianMixtureResult(MixtureResult):
         The Wald rounds over ``data`` (the fitted clients, each holding its rows): each
         client sends a Schur complement of its information (its own weights eliminated from
         the arrowhead observed information); covariances are
-        held at their estimate. The covariances are kept (``wald_info_``), so ``summary``
+        held at their estimate. The covariances are kept (``wald_info``), so ``summary``
         and ``client_summary`` carry the intervals from then on, at any level; the rounds
         join ``communication``. Returns ``(means_table, weights_table)`` at ``level``
         (the weights one row per client and component). Raises
@@ -307,20 +320,20 @@ class GaussianMixtureResult(MixtureResult):
             )
         level = check_level(level)
         with counting() as ledger:
-            self.wald_info_ = wald_covariances(self, as_federated(data), seed=seed)
+            self.wald_info = wald_covariances(self, as_federated(data), seed=seed)
         # (combine skips a part that is None: a fit that did not communicate)
         parts = [c for c in (self.communication, ledger.communication()) if c is not None]
         self.communication = Communication.combine(parts)
         return (
-            means_table(self, self.wald_info_["cov_means"], level),
+            means_table(self, self.wald_info["cov_means"], level),
             self.client_summary(level).drop(columns="p_value"),
         )
 
     def bic(self) -> float:
-        """Federated BIC ``-2 sum_c L_c + p log N`` at the final parameters (``loglik_``)."""
-        ll = self.loglik_
+        """Federated BIC ``-2 sum_c L_c + p log N`` at the final parameters (``loglik``)."""
+        ll = self.loglik
         p = n_parameters(
-            self.n_components, self.means_.shape[1], self.covariance_type, len(self.n_obs), self.shared_weights
+            self.n_components, self.means.shape[1], self.covariance_type, len(self.n_obs), self.shared_weights
         )
         return float(-2 * ll + p * np.log(sum(self.n_obs.values())))
 

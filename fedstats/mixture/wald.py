@@ -112,19 +112,19 @@ def wald_covariances(result, data, *, seed: int = 0) -> dict:
     weights' covariance in log-ratio coordinates}}``. Raises ``numpy.linalg.LinAlgError``
     when the information is singular (a weight at 0, or components that cannot be told
     apart)."""
-    if set(data.clients) != set(result.weights_):
+    if set(data.clients) != set(result.weights):
         raise ValueError("the Wald intervals need the fitted federation: data's clients differ from the fit's")
-    M, d = result.means_.shape
+    M, d = result.means.shape
     shared = bool(result.shared_weights)
     payload = {
-        "means": result.means_,
-        "covariances": result.covariances_,
+        "means": result.means,
+        "covariances": result.covariances,
         "cov_type": np.array([COV_TYPES.index(result.covariance_type)]),
         "shared": np.array([int(shared)]),
     }
     what = "the Wald round"
     keys = ("A", "Jte", "Jee") if shared else ("A",)
-    reps, _ = one_shot_sums(data, keys, keys, payload, _schur_reply, seed=seed, what=what, private=result.weights_)
+    reps, _ = one_shot_sums(data, keys, keys, payload, _schur_reply, seed=seed, what=what, private=result.weights)
     tot = reps.sums
     Ptot = M * d
     if shared:
@@ -132,7 +132,7 @@ def wald_covariances(result, data, *, seed: int = 0) -> dict:
         return {"cov_means": cov_all[:Ptot, :Ptot], "cov_eta": {c: cov_all[Ptot:, Ptot:] for c in data.clients}}
     cov_t = np.linalg.inv(tot["A"])
     _, held = one_shot(
-        data, (), dict(payload, cov_means=cov_t), _weights_cov, seed=seed, what=what, private=result.weights_
+        data, (), dict(payload, cov_means=cov_t), _weights_cov, seed=seed, what=what, private=result.weights
     )
     return {"cov_means": cov_t, "cov_eta": {c: held[c][1] for c in data.clients}}
 
@@ -140,15 +140,15 @@ def wald_covariances(result, data, *, seed: int = 0) -> dict:
 def means_table(result, cov_means, level: float) -> pd.DataFrame:
     """The shared means (``mean[j][feature]``) with Wald ``sd``, ``lower``, ``upper``."""
     z = stats.norm.ppf(0.5 + level / 2)
-    M, d = result.means_.shape
+    M, d = result.means.shape
     sd = np.sqrt(np.diag(cov_means)).reshape(M, d)
     names = [f"mean[{j}][{f}]" for j in range(M) for f in result.feature_names]
     return pd.DataFrame(
         {
-            "mean": result.means_.ravel(),
+            "mean": result.means.ravel(),
             "sd": sd.ravel(),
-            "lower": (result.means_ - z * sd).ravel(),
-            "upper": (result.means_ + z * sd).ravel(),
+            "lower": (result.means - z * sd).ravel(),
+            "upper": (result.means + z * sd).ravel(),
         },
         index=pd.Index(names, name="parameter"),
     )
@@ -159,7 +159,7 @@ def weights_table(result, client, cov_eta, level: float) -> pd.DataFrame:
     for a weight estimated at 0)."""
     z = stats.norm.ppf(0.5 + level / 2)
     M = result.n_components
-    pi = result.weights_[client]
+    pi = result.weights[client]
     # pi = softmax(eta) over the free coordinates: d pi_k / d eta_l = pi_k (delta_kl - pi_l)
     f = free_weights(pi)
     Jac = (np.diag(pi) - np.outer(pi, pi))[:, f]

@@ -6,7 +6,7 @@ compare the federated fits with, never a federated method.
 
 * :func:`fedstats.reference.hierarchical.pooled_nuts`: the hierarchical linear model (HM2);
 * :func:`fedstats.reference.shrinkage.pooled_nuts`: the Bayesian lasso and ridge (what
-  :meth:`~fedstats.linear.BayesianShrinkage.fit_centralised` returns);
+  :meth:`~fedstats.linear.BayesianShrinkage.fit_centralized` returns);
 * :func:`fedstats.reference.glm.pooled_nuts`: the Bayesian and hierarchical GLMs;
 * :func:`fedstats.reference.custom.pooled_nuts`: your own NumPyro model of
   :func:`~fedstats.inference.custom.federated_ep`.

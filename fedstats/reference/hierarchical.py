@@ -24,7 +24,7 @@ def pooled_nuts(
 
     Same model and priors as :class:`HierarchicalLinearModel` (unknown tau only), written
     the way a statistician holding all the data would write it: a row-level likelihood over
-    the concatenated data with a device index. Returns draws ``{"phi": (S, p), "theta":
+    the concatenated data with a client index. Returns draws ``{"phi": (S, p), "theta":
     (S, K, d)}`` with phi ordered as in the federated fit (mu, then log tau).
     This function pools rows: it is a reference for tests and benchmarks, not a federated
     method.

@@ -1,5 +1,5 @@
 """Pooled NUTS of the Bayesian lasso and ridge (defined in :mod:`fedstats.linear.shrinkage_pooled`,
-beside the model whose :meth:`~fedstats.linear.BayesianShrinkage.fit_centralised` runs it)."""
+beside the model whose :meth:`~fedstats.linear.BayesianShrinkage.fit_centralized` runs it)."""
 
 from ..linear.shrinkage_pooled import pooled_nuts
 

@@ -100,7 +100,7 @@ FGPR = Declaration(
         new_clients="FGPR predicts a client from its own training rows",
         scale_inputs=True,
     ),
-    reference="fedstats.gp:FGPR.fit_centralised",
+    reference="fedstats.gp:FGPR.fit_centralized",
     examples=(
         Example(
             "fgpr",
@@ -121,43 +121,47 @@ _CHAIN = Disclosure(
         exchange(
             "chain",
             "ChainFit",
-            "every round, one level's client per round (ask, answer, fit; lowest level first), then every level's "
+            "every round, one fidelity's client per round (ask, answer, fit; lowest fidelity first), then every fidelity's "
             "release",
             (
                 Array("queries", "ask: its inputs (design points)", "where its rows are, not its outputs"),
                 Array(
                     "mean",
-                    "answer: its predictive means at the asking level's inputs (NARGP: per path)",
-                    "its fitted function there, given the levels below",
+                    "answer: its predictive means at the asking fidelity's inputs (NARGP: per path)",
+                    "its fitted function there, given the fidelities below",
                 ),
                 Array("var", "answer: the predictive variances there", "see `mean`"),
                 Array("n", "release: its row count", "its row count"),
                 Array("mu", "release: its outputs' mean", "its outputs' mean"),
                 Array("sd", "release: its outputs' sd", "its outputs' sd"),
-                Array("rho", "release (AR1): its link to the level below", "how its outputs follow the lower level's"),
+                Array(
+                    "rho",
+                    "release (AR1): its link to the fidelity below",
+                    "how its outputs follow the lower fidelity's",
+                ),
                 Array("lengthscale", "release: its GP's lengthscales", "its fitted hyperparameters"),
                 Array("outputscale", "release: its GP's output scale", "see `lengthscale`"),
                 Array("noise", "release: its GP's noise variance", "see `lengthscale`"),
             ),
         ),
     ),
-    "nothing (its fitted level stays on its node: its release was its last reply).",
+    "nothing (its fitted fidelity stays on its node: its release was its last reply).",
     note="Each reply holds every array, empty where the round's task has none. The queries after the fit "
-    "(`predict`, `level_moments`, `to_botorch`) travel the chain in process, not as runs: the query points go "
-    "down, the levels' moments come up (`query_communication`).",
+    "(`predict`, `fidelity_moments`, `to_botorch`) travel the chain in process, not as runs: the query points go "
+    "down, the fidelities' moments come up (`query_communication`).",
 )
 _GP = "fedstats.gp"
 AR1 = Declaration(
     "ar1",
     f"{_GP}.multifidelity:AR1CoKriging",
     f"{_GP}.ar1_result:AR1Result",
-    "autoregressive multi-fidelity co-kriging, centralised (every level's rows in one place)",
+    "autoregressive multi-fidelity co-kriging, centralised (every fidelity's rows in one place)",
 )
 FEDERATED_AR1 = Declaration(
     "federated-ar1",
     f"{_GP}.multifidelity:FederatedAR1",
     f"{_GP}.ar1_result:FederatedAR1Result",
-    "autoregressive multi-fidelity co-kriging with one fidelity level per client, equal to the centralised fit",
+    "autoregressive multi-fidelity co-kriging with one fidelity per client, equal to the centralised fit",
     (_CHAIN,),
     reference=f"{_GP}.multifidelity:AR1CoKriging",
 )
@@ -171,7 +175,7 @@ FEDERATED_NARGP = Declaration(
     "federated-nargp",
     f"{_GP}.nargp:FederatedNARGP",
     f"{_GP}.nargp_result:FederatedNARGPResult",
-    "nonlinear autoregressive multi-fidelity GP with one fidelity level per client, equal to the centralised fit",
+    "nonlinear autoregressive multi-fidelity GP with one fidelity per client, equal to the centralised fit",
     (_CHAIN,),
     reference=f"{_GP}.nargp:NARGP",
 )

@@ -95,7 +95,7 @@ LASSO = Declaration(
             "lasso-centralised",
             {},
             {"seed": 0, "num_warmup": 100, "num_samples": 100},
-            method="fit_centralised",
+            method="fit_centralized",
             expect=Expect(posteriors=(True, True), new_client="population"),
         ),
     ),
@@ -241,7 +241,7 @@ HM1 = Declaration(
         new_clients="HM1 has no model of a client that took no part in the fit",
         min_clients=2,
     ),
-    reference="fedstats.linear:StructuralCovarianceModel.fit_centralised",
+    reference="fedstats.linear:StructuralCovarianceModel.fit_centralized",
     examples=(
         Example(
             "hm1",

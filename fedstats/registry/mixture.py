@@ -186,7 +186,7 @@ def _extras(args, res, data, scaler) -> dict:
         "covariance_type": res.covariance_type,
         "bayesian": bool(args.bayesian),
         "intervals": "credible" if args.bayesian else ("wald" if args.uncertainty else None),
-        "loglik": None if args.bayesian else res.loglik_,
+        "loglik": None if args.bayesian else res.loglik,
         "elbo": float(res.elbo_trace()[-1]) if args.bayesian else None,
     }
 

@@ -201,8 +201,10 @@ class Example:
 
     ``params`` go to the estimator, ``fit`` to the fitting method ``method``; ``data`` names
     the data it takes: ``"regression"`` (the example sites with target y), ``"binary"`` (the
-    same with y made 0/1), ``"features"`` (the sites' two features, no target) or
-    ``"stream"`` (two batches of an online stream, given to ``partial_fit`` in turn).
+    same with y made 0/1), ``"features"`` (the sites' two features, no target), ``"stream"``
+    (two batches of an online stream, given to ``partial_fit`` in turn), or, for data of
+    another shape, a ``"module:function"`` path: ``function(n_clients=..., seed=...)`` returns
+    the federation (each test asks for the number of clients it needs; see :meth:`data_for`).
     ``expect``: what the every-model tests expect of its result (:class:`Expect`); ``long``:
     the parameters that make it a run of at least 12 rounds (the test that no fit draws a random
     stream twice runs it so, with 20 clients)."""
@@ -214,6 +216,23 @@ class Example:
     method: str = "fit"
     expect: Expect = field(default_factory=Expect)
     long: Mapping[str, Any] = field(default_factory=dict)
+
+    def data_for(self, builtin: Mapping[str, Callable[[], Any]], n_clients: int, seed: int = 0) -> Any:
+        """The example's data in a test: the test's own source of a built-in name (``builtin``),
+        else the federation of :attr:`data`'s function with ``n_clients`` clients.
+
+        >>> ex = Example("x", data="fedstats.datasets.synthetic:hierarchical_logistic")
+        >>> len(ex.data_for({}, n_clients=3).clients)
+        3
+        """
+        if self.data in builtin:
+            return builtin[self.data]()
+        if ":" not in self.data:
+            raise ValueError(
+                f"example {self.name!r}: data {self.data!r} is neither a source of this test ({sorted(builtin)}) "
+                "nor a 'module:function' path"
+            )
+        return load(self.data)(n_clients=n_clients, seed=seed)
 
 
 @dataclass(frozen=True)

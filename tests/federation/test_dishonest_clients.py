@@ -133,7 +133,7 @@ def test_a_client_whose_data_form_a_component_alone_is_named_by_fedem():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = FederatedGaussianMixture(2).fit(FederatedData.from_dataframe(df, by="c"), seed=0)
-    assert np.max(res.means_) > 100
+    assert np.max(res.means) > 100
     named = [str(w.message) for w in caught if "estimate moves" in str(w.message)]
     assert len(named) == 1 and "'s2' (a part of the estimate rests on it alone)" in named[0], named
     others = res.influence.drop(index="s2")
@@ -144,16 +144,16 @@ def test_a_client_whose_data_form_a_component_alone_is_named_by_fedem():
         warnings.simplefilter("ignore", RuntimeWarning)
         kept = FederatedGaussianMixture(2, robust=True).fit(data, seed=0)
     assert list(kept.excluded) == ["s2"] and "left out by robust=True" in kept.excluded["s2"]
-    assert sorted(kept.weights_) == ["s0", "s1", "s3"]
+    assert sorted(kept.weights) == ["s0", "s1", "s3"]
     alone = FederatedGaussianMixture(2).fit(data.subset(["s0", "s1", "s3"]), seed=0)
-    np.testing.assert_allclose(kept.means_, alone.means_, rtol=1e-10)
-    np.testing.assert_allclose(kept.covariances_, alone.covariances_, rtol=1e-10)
-    assert np.max(np.abs(kept.means_)) < 7
+    np.testing.assert_allclose(kept.means, alone.means, rtol=1e-10)
+    np.testing.assert_allclose(kept.covariances, alone.covariances, rtol=1e-10)
+    assert np.max(np.abs(kept.means)) < 7
     # an honest federation: robust=True changes nothing
     honest = data.subset(["s0", "s1", "s3"])
-    np.testing.assert_array_equal(FederatedGaussianMixture(2, robust=True).fit(honest, seed=0).means_, alone.means_)
+    np.testing.assert_array_equal(FederatedGaussianMixture(2, robust=True).fit(honest, seed=0).means, alone.means)
     with pytest.raises(ValueError, match="robust=True needs each client's influence"):
-        FederatedGaussianMixture(2, robust=True, dp=DifferentialPrivacy(1.0, clip=1.0), means_init=alone.means_).fit(
+        FederatedGaussianMixture(2, robust=True, dp=DifferentialPrivacy(1.0, clip=1.0), means_init=alone.means).fit(
             data
         )
 
@@ -291,7 +291,7 @@ def test_a_fedem_client_whose_counts_do_not_add_up_to_its_rows_is_refused(monkey
     assert list(res.excluded) == [1], res.excluded
     assert "'N' adds up to 360 rows; it declared 120" in res.excluded[1]
     others = FederatedGaussianMixture(2, means_init=start, tol=None, rounds=20).fit(data.subset([0, 2, 3]), seed=0)
-    np.testing.assert_allclose(res.means_, others.means_, rtol=1e-8)
+    np.testing.assert_allclose(res.means, others.means, rtol=1e-8)
 
 
 def _tampering(change, who, kind="EP rounds"):
@@ -303,7 +303,7 @@ def _tampering(change, who, kind="EP rounds"):
 
     def spy(r):
         if who in r.ids and r.kind == kind:
-            i, honest = r.ids.index(who), r.devices.run_round
+            i, honest = r.ids.index(who), r.client_side.run_round
 
             def lying_round(rnd, idx, messages, batched):
                 outs, fallback = honest(rnd, idx, messages, batched)
@@ -312,7 +312,7 @@ def _tampering(change, who, kind="EP rounds"):
                     for j, o in zip(idx, outs)
                 ], fallback
 
-            r.devices.run_round = lying_round
+            r.client_side.run_round = lying_round
         return real(r)
 
     return spy

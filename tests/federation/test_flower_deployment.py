@@ -424,12 +424,12 @@ def test_deployed_fedem_equals_inprocess(federation):
     # the ServerApp prints a line per round, which reaches the `flwr run --stream` terminal
     assert "fedstats: FedEM round 1: loglik" in done.stdout, done.stdout[-4000:]
     local = FederatedGaussianMixture(3, rounds=4).fit(federation.pooled(), seed=2)
-    np.testing.assert_allclose(deployed.means_, local.means_, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(deployed.covariances_, local.covariances_, rtol=1e-10, atol=1e-10)
-    assert sorted(deployed.weights_) == ["site_a", "site_b"]
-    for c in deployed.weights_:
-        np.testing.assert_allclose(deployed.weights_[c], local.weights_[c], rtol=1e-10, atol=1e-10)
-    assert deployed.loglik_ == pytest.approx(local.loglik_, rel=1e-12)
+    np.testing.assert_allclose(deployed.means, local.means, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(deployed.covariances, local.covariances, rtol=1e-10, atol=1e-10)
+    assert sorted(deployed.weights) == ["site_a", "site_b"]
+    for c in deployed.weights:
+        np.testing.assert_allclose(deployed.weights[c], local.weights[c], rtol=1e-10, atol=1e-10)
+    assert deployed.loglik == pytest.approx(local.loglik, rel=1e-12)
     assert deployed.communication.bytes_up == local.communication.bytes_up
 
 
@@ -453,11 +453,11 @@ def test_a_node_that_disconnects_mid_run(federation, mode):
     else:
         assert out.exists(), log[-4000:]
         res = GaussianMixtureResult.load(out)
-        assert list(res.weights_) == ["site_a"]  # the lost client's weights stayed with it
+        assert list(res.weights) == ["site_a"]  # the lost client's weights stayed with it
         failed = [r.failed for r in res.history if r.failed]
         assert failed and all(list(f) == ["site_b"] for f in failed)
         assert "no reply within 20.0 s" in str(failed[0])
-        assert all(np.isfinite(res.means_).ravel()) and res.rounds > len(failed)
+        assert all(np.isfinite(res.means).ravel()) and res.rounds > len(failed)
 
 
 class ClientSums:
@@ -528,7 +528,7 @@ def secure_fit_equals_inprocess(fed: Federation, model: str) -> None:
     if model == "glm":
         pairs = [(deployed.params, local.params), (deployed.bse, local.bse)]
     elif model == "gmm":
-        pairs = [(deployed.means_, local.means_), (deployed.covariances_, local.covariances_)]
+        pairs = [(deployed.means, local.means), (deployed.covariances, local.covariances)]
     else:
         pairs = [
             (deployed.global_posterior().mean, local.global_posterior().mean),
@@ -584,7 +584,7 @@ def test_deployed_policy_secure_glm_and_a_node_lost(tmp_path):
         res = GaussianMixtureResult.load(out)
         failed = [r.failed for r in res.history if r.failed]
         assert failed and all(list(f) == ["site_d"] for f in failed), failed
-        assert all(np.isfinite(res.means_).ravel()) and res.rounds > len(failed)
+        assert all(np.isfinite(res.means).ravel()) and res.rounds > len(failed)
     finally:
         fed.close()
 

@@ -168,7 +168,7 @@ class Exploding(FedMean):
     def __init__(self, bad, rounds=(1,), exc=None, d=3):
         super().__init__(d)
         self.bad, self.bad_rounds = bad, set(rounds)
-        self.exc = RuntimeError("device lost power") if exc is None else exc
+        self.exc = RuntimeError("client lost power") if exc is None else exc
 
     def client_step(self, message, state, data, rng):
         if data is self.bad and int(message["round"]) in self.bad_rounds:
@@ -477,7 +477,7 @@ def test_failing_client_does_not_sink_the_round(batched):
     res = run(alg, data, rounds=3, progress=False, batched=batched)
     r0, r1, r2 = res.history
     assert r1.participants == list(data)
-    assert r1.failed == {"c2": "RuntimeError: device lost power"}
+    assert r1.failed == {"c2": "RuntimeError: client lost power"}
     assert r1.answered == ["c0", "c1", "c3"] and r1.skipped == []
     assert r0.failed == {} and r2.failed == {}
     # its private state did not advance in the failed round
@@ -562,7 +562,7 @@ def test_batched_fallback_isolates_the_bad_client():
 
     with pytest.warns(RuntimeWarning):
         res = run(BadBatch(data["c0"], rounds=(0,)), data, rounds=1, progress=False)
-    assert res.history[0].failed == {"c0": "RuntimeError: device lost power"}
+    assert res.history[0].failed == {"c0": "RuntimeError: client lost power"}
     assert res.history[0].answered == ["c1", "c2", "c3"]
 
 

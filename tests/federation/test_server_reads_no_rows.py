@@ -88,9 +88,9 @@ CASES = [
         REG_W,
         lambda r: np.r_[r.params, r.bse, r.llf],
     ),
-    ("FedEM", lambda: FederatedGaussianMixture(2), MIX, lambda r: r.means_),
+    ("FedEM", lambda: FederatedGaussianMixture(2), MIX, lambda r: r.means),
     ("variational FedEM", lambda: VariationalGaussianMixture(2, rounds=10), MIX, lambda r: r.summary(0.9)["mean"]),
-    ("D-FedEM", lambda: DecentralizedGaussianMixture(2, rounds=3), MIX, lambda r: r.means_),
+    ("D-FedEM", lambda: DecentralizedGaussianMixture(2, rounds=3), MIX, lambda r: r.means),
 ]
 
 

@@ -384,7 +384,7 @@ def test_save_and_load_keep_everything(tmp_path):
     res = FederatedGLM("negative_binomial", alpha=ALPHA, cov_type="HC0").fit(FederatedData.from_arrays(Xs, ys))
     back = GLMResult.load(res.save(tmp_path / "glm.fedstats"))
     pd.testing.assert_frame_equal(res.summary(), back.summary())
-    assert back.llf == res.llf and back.family_.alpha == ALPHA
+    assert back.llf == res.llf and back._family.alpha == ALPHA
     pd.testing.assert_frame_equal(res.predict(Xs[0][:3]), back.predict(Xs[0][:3]))
 
 

@@ -122,7 +122,7 @@ AR1_OPTIONS = [{}, {"kernel": "matern", "nu": 2.5, "ard": True, "noise_floor": 1
 def fitted_ar1(**options):
     mf = fidelity_data("branin", seed=1, sizes={"LF": 40, "MF": 25, "HF": 12})
     order = ["LF", "MF", "HF"]
-    cen = AR1CoKriging(restarts=1, **options).fit([mf.level_data(lv) for lv in order], seed=3)
+    cen = AR1CoKriging(restarts=1, **options).fit([mf.fidelity_data(lv) for lv in order], seed=3)
     fed = FederatedAR1(restarts=1, **options).fit(mf.train, order=order, seed=3)
     return mf, cen, fed
 
@@ -130,7 +130,7 @@ def fitted_ar1(**options):
 @pytest.mark.parametrize("options", AR1_OPTIONS)
 def test_ar1_models_equal_predict_and_each_other_with_gradients_through_the_federated_chain(options):
     mf, cen, fed = fitted_ar1(**options)
-    spec = cen.levels[-1].spec
+    spec = cen.fidelities[-1].spec
     assert (spec.kernel, spec.nu, spec.ard, spec.noise_floor) == (
         options.get("kernel", "rbf"),
         options.get("nu", 1.5),
@@ -152,12 +152,12 @@ def test_ar1_models_equal_predict_and_each_other_with_gradients_through_the_fede
     S = a.distribution.covariance_matrix
     torch.testing.assert_close(S, S.mT)
     assert bool((torch.linalg.eigvalsh(S) > 0).all())
-    # observation noise: the highest level's, on its original scale
+    # observation noise: the highest fidelity's, on its original scale
     with torch.no_grad():
         extra = m_cen.posterior(Xq, observation_noise=True).variance - a.variance
-    top_sd = cen.levels[-1].sd
-    torch.testing.assert_close(extra, torch.full_like(extra, top_sd**2 * float(cen.levels[-1].hyper["noise"][0])))
-    # gradients of a Monte-Carlo acquisition with respect to the queries, through every level
+    top_sd = cen.fidelities[-1].sd
+    torch.testing.assert_close(extra, torch.full_like(extra, top_sd**2 * float(cen.fidelities[-1].hyper["noise"][0])))
+    # gradients of a Monte-Carlo acquisition with respect to the queries, through every fidelity
     best = float(np.max(mf.train["HF"].y))
     grads = []
     for model in (m_cen, m_fed):
@@ -173,16 +173,16 @@ def test_federated_ar1_model_sends_query_sized_arrays_only():
     mf, _, fed = fitted_ar1()
     model = fed.to_botorch()
     before = {"bytes_down": fed.query_communication.bytes_down, "bytes_up": fed.query_communication.bytes_up}
-    b, q, d, levels = 3, 4, 2, 3
+    b, q, d, fidelities = 3, 4, 2, 3
     X = torch.as_tensor(mf.X_test[: b * q].reshape(b, q, d)).requires_grad_(True)
     post = model.posterior(X)
-    fwd_down = levels * b * q * d * 8 + (levels - 1) * (b * q + b * q * q) * 8
-    fwd_up = levels * (b * q + b * q * q) * 8
+    fwd_down = fidelities * b * q * d * 8 + (fidelities - 1) * (b * q + b * q * q) * 8
+    fwd_up = fidelities * (b * q + b * q * q) * 8
     assert fed.query_communication.bytes_down - before["bytes_down"] == fwd_down
     assert fed.query_communication.bytes_up - before["bytes_up"] == fwd_up
     post.mean.sum().backward()  # the gradients go down the chain and the queries' come up
-    assert fed.query_communication.bytes_down - before["bytes_down"] == fwd_down + levels * (b * q + b * q * q) * 8
-    # up: dX from every level, and the lower answer's gradients from the levels above the lowest
+    assert fed.query_communication.bytes_down - before["bytes_down"] == fwd_down + fidelities * (b * q + b * q * q) * 8
+    # up: dX from every fidelity, and the lower answer's gradients from the fidelities above the lowest
     assert fed.query_communication.bytes_up - before["bytes_up"] == fwd_up + fwd_down
     assert X.grad is not None and bool(torch.isfinite(X.grad).all())
 

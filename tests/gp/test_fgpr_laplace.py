@@ -153,7 +153,7 @@ def test_newton_steps_reach_the_pooled_maximum_and_short_rounds_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         polished = model.fit(data, seed=0)
-    central = model.fit_centralised(data)
+    central = model.fit_centralized(data)
     for n in polished.spec.names:
         np.testing.assert_allclose(polished.hyperparameters[n], central.hyperparameters[n], rtol=2e-3)
     # the same intervals, the federated ones from summed client Hessians, the centralised pooled
@@ -246,7 +246,7 @@ def test_a_boundary_maximum_gives_no_intervals_and_asks_the_clients_nothing():
     rng = np.random.default_rng(5)
     Xs = [rng.uniform(0, 1, (30, 1)) for _ in range(3)]
     data = FederatedData.from_arrays(Xs, [2 * X[:, 0] + 1 for X in Xs])  # noiseless and linear
-    cen = FGPR().fit_centralised(data)
+    cen = FGPR().fit_centralized(data)
     assert "noise is at its floor" in cen.laplace
     hyper = {**cen.hyperparameters, "noise": np.array([cen.spec.noise_floor])}
     out, why = laplace.federated_curvature(cen.spec, hyper, data, standardize=True, seed=0)

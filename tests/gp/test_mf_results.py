@@ -40,7 +40,7 @@ def forrester(design: dict) -> FederatedData:
     return FederatedData.from_arrays([x[:, None] for x in xs], ys, clients=["LF", "HF"], **NO_RULES)
 
 
-def levels(data: FederatedData) -> dict:
+def fidelities(data: FederatedData) -> dict:
     return {c: (np.asarray(data[c].X), np.asarray(data[c].y)) for c in ("LF", "HF")}
 
 
@@ -50,7 +50,7 @@ def fits() -> dict:
     for family, (central, federated) in {"AR1": (AR1CoKriging, FederatedAR1), "NARGP": (NARGP, FederatedNARGP)}.items():
         data = forrester(DESIGNS[family])
         opts = {"restarts": 2} if family == "AR1" else {"restarts": 2, "samples": 100}
-        out[central.__name__] = (central(**opts).fit(levels(data), seed=1), data)
+        out[central.__name__] = (central(**opts).fit(fidelities(data), seed=1), data)
         out[federated.__name__] = (federated(**opts).fit(data, ["LF", "HF"], seed=1), data)
     return out
 
@@ -79,7 +79,7 @@ def test_default_predictions_are_on_the_datas_scale(fits, name):
     assert inside.mean() >= 0.9, inside.mean()
     assert list(default.columns[:5]) == ["mean", "lower", "upper", "pred_lower", "pred_upper"]
     assert (default["pred_lower"] < default["lower"]).all() and (default["pred_upper"] > default["upper"]).all()
-    # the standardised scale stays available: the same prediction in the highest level's training units
+    # the standardised scale stays available: the same prediction in the highest fidelity's training units
     hf = np.asarray(forrester(DESIGNS["AR1" if "AR1" in name else "NARGP"])["HF"].y)
     std = res.predict(GRID, scale="standardized")
     np.testing.assert_allclose(std["mean"], (default["mean"] - hf.mean()) / hf.std(), rtol=1e-9, atol=1e-9)
@@ -89,7 +89,7 @@ def test_default_predictions_are_on_the_datas_scale(fits, name):
         res.predict(np.zeros((3, 2)))
 
 
-def test_rho_and_the_offset_move_with_each_levels_units_as_the_formulas_say():
+def test_rho_and_the_offset_move_with_each_fidelities_units_as_the_formulas_say():
     # y_LF -> a y_LF + b and y_HF -> c y_HF + d leave the standardised fit unchanged, so on the data's
     # scale rho -> rho c / a, offset -> c offset + d - rho' b and the predictions -> c f + d
     a, b, c, d = 1000.0, -3.0, 0.01, 7.0
@@ -107,7 +107,7 @@ def test_rho_and_the_offset_move_with_each_levels_units_as_the_formulas_say():
     p1, p2 = one.predict(GRID[::10]), two.predict(GRID[::10])
     np.testing.assert_allclose(p2["mean"], c * p1["mean"] + d, rtol=1e-8, atol=1e-9)
     np.testing.assert_allclose(p2["sd"], c * p1["sd"], rtol=1e-6)
-    # by the formula from the standardised fit: rho = r s_HF / s_LF with the levels' own sds
+    # by the formula from the standardised fit: rho = r s_HF / s_LF with the fidelities' own sds
     assert one.rho[0] == pytest.approx(s1.loc["rho[HF]", "standardized"] * yh.std() / yl.std(), rel=1e-12)
     assert one.offset[0] == pytest.approx(yh.mean() - one.rho[0] * yl.mean(), rel=1e-12)
 
@@ -174,9 +174,9 @@ def test_federated_tables_and_predictions_equal_the_centralised_ones(fits, famil
     pd.testing.assert_frame_equal(federated.summary(), central.summary(), rtol=1e-8)
     p, q = central.predict(GRID), federated.predict(GRID)
     np.testing.assert_allclose(q.to_numpy(), p.to_numpy(), rtol=1e-8, atol=1e-8)
-    # a lower level's client: that level's prediction on its data's scale, the centralised level_moments
+    # a lower fidelity's client: that fidelity's prediction on its data's scale, the centralised fidelity_moments
     low = federated.predict(GRID, client="LF")
-    mean, var = central.level_moments(GRID, 0)
+    mean, var = central.fidelity_moments(GRID, 0)
     np.testing.assert_allclose(low["mean"], mean, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(low["sd"] ** 2, var, rtol=1e-8, atol=1e-12)
     assert rmse(low["mean"], tf.forrester_lf(GRID)) < 0.03 * np.std(tf.forrester_lf(GRID))
@@ -203,7 +203,7 @@ def test_the_federated_fit_and_its_queries_are_counted_apart():
     assert comm.per_client["HF"] == {"bytes_up": (4 + 7) * 8, "bytes_down": (3 + 4) * 8}
     assert res.rounds == 5 and ledger.communication().bytes_total == comm.bytes_total
     # a query after the fit: counted apart (and by any counting block around it), the fit's figure
-    # unchanged; the first query also rebuilds each level's GP from its rows and its release (HF's
+    # unchanged; the first query also rebuilds each fidelity's GP from its rows and its release (HF's
     # 4 inputs to LF, its mean and variance back)
     before = comm.bytes_total
     with counting() as ledger:
@@ -230,7 +230,7 @@ def test_a_centralised_result_round_trips_bit_for_bit(fits, name, cls, tmp_path)
         assert equal_frames(back.predict(GRID), res.predict(GRID))
         assert equal_frames(back.predict(GRID, scale="standardized"), res.predict(GRID, scale="standardized"))
         assert back.summary().equals(res.summary())
-        for x, y in zip(back.level_moments(GRID, 0), res.level_moments(GRID, 0)):
+        for x, y in zip(back.fidelity_moments(GRID, 0), res.fidelity_moments(GRID, 0)):
             assert np.array_equal(x, y)
         assert back.options == res.options and back.names == res.names and back.n_obs == res.n_obs
 
@@ -244,7 +244,7 @@ def file_arrays(path) -> list[np.ndarray]:
 def test_a_federated_result_file_holds_no_rows_and_predicts_again_once_attached(fits, name, cls, tmp_path):
     res, data = fits[name]
     path = res.save(tmp_path / "fit.fedstats")
-    # nothing in the file is a level's inputs or outputs (raw or standardised)
+    # nothing in the file is a fidelity's inputs or outputs (raw or standardised)
     rows = []
     for c in ("LF", "HF"):
         y = np.asarray(data[c].y)
@@ -277,7 +277,7 @@ def test_a_federated_result_file_holds_no_rows_and_predicts_again_once_attached(
 
 
 def test_each_result_class_loads_its_files_in_a_fresh_interpreter(fits, tmp_path):
-    # the level classes a file names are registered by importing the result's module alone
+    # the fidelity classes a file names are registered by importing the result's module alone
     central, federated = fits["AR1CoKriging"][0], fits["FederatedNARGP"][0]
     central.save(tmp_path / "ar1.fedstats")
     federated.save(tmp_path / "nargp.fedstats")
@@ -295,7 +295,7 @@ FederatedNARGPResult.load({str(tmp_path / "nargp.fedstats")!r}).summary().to_pic
     pd.testing.assert_frame_equal(pd.read_pickle(tmp_path / "s.pkl"), federated.summary())
 
 
-def test_every_level_is_needed_and_bad_levels_are_refused_naming_them():
+def test_every_fidelity_is_needed_and_bad_fidelities_are_refused_naming_them():
     data = forrester(tf.FORRESTER_DESIGN)
     one_row = FederatedData.from_arrays(
         [np.asarray(data["LF"].X), np.asarray(data["HF"].X)[:1]],
@@ -309,12 +309,12 @@ def test_every_level_is_needed_and_bad_levels_are_refused_naming_them():
         with pytest.raises(ValueError, match="twice"):
             model.fit(data, ["LF", "LF"])
     for model in (AR1CoKriging(restarts=1), NARGP(restarts=1)):
-        with pytest.raises(DataError, match="level 'HF'.*n >= 2"):
-            model.fit({"LF": levels(data)["LF"], "HF": (np.zeros((1, 1)), np.zeros(1))})
-        with pytest.raises(DataError, match="level 'HF' has 2 input column"):
-            model.fit({"LF": levels(data)["LF"], "HF": (np.zeros((3, 2)), np.zeros(3))})
-        with pytest.raises(DataError, match="level 'LF'.*NaN"):
-            model.fit({"LF": (np.array([0.0, 1.0]), np.array([0.0, np.nan])), "HF": levels(data)["HF"]})
+        with pytest.raises(DataError, match="fidelity 'HF'.*n >= 2"):
+            model.fit({"LF": fidelities(data)["LF"], "HF": (np.zeros((1, 1)), np.zeros(1))})
+        with pytest.raises(DataError, match="fidelity 'HF' has 2 input column"):
+            model.fit({"LF": fidelities(data)["LF"], "HF": (np.zeros((3, 2)), np.zeros(3))})
+        with pytest.raises(DataError, match="fidelity 'LF'.*NaN"):
+            model.fit({"LF": (np.array([0.0, 1.0]), np.array([0.0, np.nan])), "HF": fidelities(data)["HF"]})
 
 
 @pytest.mark.parametrize("family", ["AR1", "NARGP"])
@@ -327,11 +327,11 @@ def test_predict_reads_a_data_frame_by_column_name(family):
     data = FederatedData.from_dataframe(
         pd.concat(
             [
-                pd.DataFrame({"u": X[:, 0], "v": X[:, 1], "y": f(X), "level": lv})
+                pd.DataFrame({"u": X[:, 0], "v": X[:, 1], "y": f(X), "fidelity": lv})
                 for X, f, lv in ((X_lf, tf.currin_lf, "LF"), (X_hf, tf.currin_hf, "HF"))
             ]
         ),
-        by="level",
+        by="fidelity",
         target="y",
         **NO_RULES,
     )
@@ -340,7 +340,7 @@ def test_predict_reads_a_data_frame_by_column_name(family):
     queries = rng.uniform(size=(7, 2))
     results = {
         "federated": (federated(**opts).fit(data, ["LF", "HF"], seed=0), ["u", "v"]),
-        "central": (central(**opts).fit(levels(data), seed=0), ["x0", "x1"]),
+        "central": (central(**opts).fit(fidelities(data), seed=0), ["x0", "x1"]),
     }
     for kind, (res, names) in results.items():
         by_position = res.predict(queries)

@@ -1,5 +1,5 @@
 """The multi-fidelity Bayesian-optimisation loop (fedstats.experiments.mfbo): the optima it
-measures regret against, its cost accounting and fidelity rule, the federated chain's level
+measures regret against, its cost accounting and fidelity rule, the federated chain's fidelity
 moments against the centralised AR1, and a short seeded run of each surrogate."""
 
 from __future__ import annotations
@@ -27,62 +27,66 @@ def test_optima_are_the_known_ones_or_a_dense_grids():
     assert optimum("branin") >= TASKS["branin"].g("HF", u).min() - 1e-3
 
 
-def test_the_federated_chain_gives_each_levels_moments_as_the_centralised_ar1():
+def test_the_federated_chain_gives_each_fidelities_moments_as_the_centralised_ar1():
     task = TASKS["branin"]
     rng = np.random.default_rng(0)
     data = {lv: rng.uniform(size=(n, 2)) for lv, n in {"LF": 15, "MF": 8, "HF": 5}.items()}
-    levels = [(U, task.g(lv, U)) for lv, U in data.items()]
-    fed = FederatedData.from_arrays([U for U, _ in levels], [y for _, y in levels], clients=list(data), **NO_RULES)
+    fidelities = [(U, task.g(lv, U)) for lv, U in data.items()]
+    fed = FederatedData.from_arrays(
+        [U for U, _ in fidelities], [y for _, y in fidelities], clients=list(data), **NO_RULES
+    )
     a = FederatedAR1(restarts=1).fit(fed, order=list(data), seed=1)
-    b = AR1CoKriging(restarts=1).fit(levels, seed=1)
+    b = AR1CoKriging(restarts=1).fit(fidelities, seed=1)
     Uq = rng.uniform(size=(6, 2))
     for t in range(3):
-        for x, y in zip(a.level_moments(Uq, t), b.level_moments(Uq, t)):
+        for x, y in zip(a.fidelity_moments(Uq, t), b.fidelity_moments(Uq, t)):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
     before = a.query_communication.bytes_down
-    a.level_moments(Uq, 1)
+    a.fidelity_moments(Uq, 1)
     assert a.query_communication.bytes_down > before  # the query went down the chain, counted
 
 
 def check_run(run, name: str, budget: float, nested: bool = True) -> None:
-    """Costs add up level by level, the budget is spent (the last choice made below it), the
-    regret never rises; the cheap levels never spend more than one HF evaluation's cost in a row
+    """Costs add up fidelity by fidelity, the budget is spent (the last choice made below it), the
+    regret never rises; the cheap fidelities never spend more than one HF evaluation's cost in a row
     (the evaluations that keep the design nested aside); with ``nested``, every point chosen
-    for a level was also evaluated at each lower level, before it."""
+    for a fidelity was also evaluated at each lower fidelity, before it."""
     task = TASKS[name]
-    assert list(run.columns[:4]) == ["cost", "level", "regret", "nested"] and run["level"].iloc[0] == "init"
+    assert list(run.columns[:4]) == ["cost", "fidelity", "regret", "nested"] and run["fidelity"].iloc[0] == "init"
     steps = run["cost"].diff().iloc[1:].to_numpy()
-    np.testing.assert_allclose(steps, [task.costs[lv] for lv in run["level"].iloc[1:]])
+    np.testing.assert_allclose(steps, [task.costs[lv] for lv in run["fidelity"].iloc[1:]])
     assert (np.diff(run["regret"]) <= 0).all() and (run["regret"] >= -1e-9).all()  # the best HF value so far
     chosen = run.iloc[1:].query("not nested")
     spent = 0.0
-    for lv in chosen["level"]:
+    for lv in chosen["fidelity"]:
         spent = 0.0 if lv == "HF" else spent + task.costs[lv]
         assert spent <= task.costs["HF"]
-    # each choice's rows: its nested evaluations at lower levels, lowest first, then the chosen one
+    # each choice's rows: its nested evaluations at lower fidelities, lowest first, then the chosen one
     groups, group, before = [], [], [run["cost"].iloc[0]]
     for _, row in run.iloc[1:].iterrows():
-        group.append(task.levels.index(row["level"]))
+        group.append(task.fidelities.index(row["fidelity"]))
         if not row["nested"]:
             groups.append(group)
             group = []
             before.append(row["cost"])
     assert not group and all(g == sorted(set(g)) for g in groups)
     assert before[-2] < budget <= run["cost"].iloc[-1]  # the last choice was made below the budget
-    if nested and run["method"].iloc[0] != "single":  # every point chosen for a level is in each lower level's design
-        points = {lv: {tuple(x) for x in run.query("level == @lv")["x"]} for lv in task.levels}
-        for lo, hi in zip(task.levels[:-1], task.levels[1:]):
+    if (
+        nested and run["method"].iloc[0] != "single"
+    ):  # every point chosen for a fidelity is in each lower fidelity's design
+        points = {lv: {tuple(x) for x in run.query("fidelity == @lv")["x"]} for lv in task.fidelities}
+        for lo, hi in zip(task.fidelities[:-1], task.fidelities[1:]):
             assert points[hi] <= points[lo]
     else:
         assert not run["nested"].any()
 
 
 @pytest.mark.parametrize("method", ["pooled_mfgp", "single"])
-def test_a_short_run_spends_its_budget_level_by_level(method):
+def test_a_short_run_spends_its_budget_fidelity_by_level(method):
     run = bo_run("nonlinear_1d", method, seed=3, budget=70)
     check_run(run, "nonlinear_1d", 70)
     if method == "single":
-        assert set(run["level"].iloc[1:]) == {"HF"}
+        assert set(run["fidelity"].iloc[1:]) == {"HF"}
 
 
 def test_single_fidelity_starts_from_the_multi_fidelity_designs_hf_points():
@@ -94,19 +98,19 @@ def test_single_fidelity_starts_from_the_multi_fidelity_designs_hf_points():
 
 @pytest.mark.parametrize("name, budget", [("nonlinear_1d", 70), ("branin", 75)])
 def test_the_federated_loop_is_the_pooled_ar1_loop(name, budget):
-    # the same model, one level per client or all in one place: the same choices, the same regret
+    # the same model, one fidelity per client or all in one place: the same choices, the same regret
     fed = bo_run(name, "federated", seed=3, budget=budget)
     pooled = bo_run(name, "pooled_ar1", seed=3, budget=budget)
     check_run(fed, name, budget)
-    assert fed["level"].tolist() == pooled["level"].tolist() and set(fed["level"].iloc[1:]) != {"HF"}
-    assert fed["nested"].any()  # some point chosen for a higher level was first run below it
+    assert fed["fidelity"].tolist() == pooled["fidelity"].tolist() and set(fed["fidelity"].iloc[1:]) != {"HF"}
+    assert fed["nested"].any()  # some point chosen for a higher fidelity was first run below it
     np.testing.assert_allclose(fed["regret"], pooled["regret"], rtol=1e-9, atol=1e-12)
 
 
-def test_without_nesting_each_point_runs_at_its_own_level_only():
+def test_without_nesting_each_point_runs_at_its_own_fidelity_only():
     run = bo_run("branin", "pooled_ar1", seed=3, budget=75, nested=False)
     check_run(run, "branin", 75, nested=False)
-    assert (run["level"].iloc[1:] == "HF").any() and (run["level"].iloc[1:] != "HF").any()
+    assert (run["fidelity"].iloc[1:] == "HF").any() and (run["fidelity"].iloc[1:] != "HF").any()
 
 
 def test_a_study_in_two_workers_is_the_study_in_one():
@@ -139,7 +143,7 @@ def test_federated_beats_single_fidelity_on_hartmann_at_equal_cost():
 
 
 @pytest.mark.slow
-def test_the_study_federated_level_with_the_pooled_mfgp_and_below_single_fidelity_on_hartmann():
+def test_the_study_federated_fidelity_with_the_pooled_mfgp_and_below_single_fidelity_on_hartmann():
     """Issue 23's acceptance, as notebook 08 measures it (10 seeds, 2 workers on 2
     cores: 12 minutes): paired by seed in log10 regret at the budget, the federated loop is not
     distinguishable from the pooled multi-fidelity GP on any problem (paired t test, 5%
@@ -155,6 +159,6 @@ def test_the_study_federated_level_with_the_pooled_mfgp_and_below_single_fidelit
         diff = (log_final[a] - log_final[b]).groupby("task")
         return diff.mean() / diff.sem()
 
-    level, versus_single = t("federated", "pooled_mfgp"), t("federated", "single")
-    assert (level.abs() < cut).all(), level
+    fidelity, versus_single = t("federated", "pooled_mfgp"), t("federated", "single")
+    assert (fidelity.abs() < cut).all(), fidelity
     assert versus_single["hartmann"] < -cut, versus_single

@@ -72,15 +72,15 @@ def test_code_compat_variants_differ_only_where_the_spec_says():
     )
 
 
-def test_correlations_between_levels_match_the_spec():
+def test_correlations_between_fidelities_match_the_spec():
     rng = np.random.default_rng(1)
     for name, lo in (("currin", 0.99), ("park", 0.99), ("hartmann", 0.99), ("borehole", 0.999)):
         p = tf.problem(name)
         X = p.sample(5000, rng)
-        assert np.corrcoef(p.levels["HF"](X), p.levels["LF"](X))[0, 1] > lo, name
+        assert np.corrcoef(p.fidelities["HF"](X), p.fidelities["LF"](X))[0, 1] > lo, name
     p = tf.problem("branin")
     X = p.sample(5000, rng)
-    assert abs(np.corrcoef(p.levels["HF"](X), p.levels["MF"](X))[0, 1]) < 0.4  # strongly non-linear
+    assert abs(np.corrcoef(p.fidelities["HF"](X), p.fidelities["MF"](X))[0, 1]) < 0.4  # strongly non-linear
 
 
 def test_the_forrester_pair():
@@ -127,7 +127,7 @@ def test_fidelity_layouts():
 # --------------------------------------------------------------------------- AR1
 
 
-def test_ar1_with_exact_lower_level_recovers_an_affine_link():
+def test_ar1_with_exact_lower_fidelity_recovers_an_affine_link():
     # f_h = 2 f_l + 0.5 with f_l smooth: AR1 must find rho near 2 (on standardised scales, 1) and predict well
     rng = np.random.default_rng(3)
     f_l = lambda X: np.sin(20 * X[:, 0])  # noqa: E731
@@ -143,7 +143,7 @@ def test_ar1_with_exact_lower_level_recovers_an_affine_link():
     assert len(ar.rho) == 1 and abs(ar.rho[0] / 2 - 1) < 0.05, ar.rho
     # as fitted, on standardised scales, it is 2 sd(f_l at the LF points) / sd(y_h) = sd_l / sd(f_l(Xh))
     expected = np.std(f_l(Xl)) / np.std(f_l(Xh))
-    fitted = ar.summary().loc["rho[level1]", "standardized"]
+    fitted = ar.summary().loc["rho[fidelity1]", "standardized"]
     assert abs(fitted / expected - 1) < 0.05, (fitted, expected)
 
 
@@ -183,7 +183,7 @@ def test_federated_ar1_equals_centralised_ar1_and_shares_only_inputs_and_predict
 
     mf = fidelity_data("branin", seed=1, sizes={"LF": 60})
     order = ["LF", "MF", "HF"]
-    cen = AR1CoKriging(restarts=2).fit([mf.level_data(lv) for lv in order], seed=3)
+    cen = AR1CoKriging(restarts=2).fit([mf.fidelity_data(lv) for lv in order], seed=3)
     fed = FederatedAR1(restarts=2).fit(mf.train, order=order, seed=3)
     Xs = mf.X_test[:200]
     a, b = cen.predict(Xs, scale="standardized"), fed.predict(Xs, scale="standardized")
@@ -192,9 +192,9 @@ def test_federated_ar1_equals_centralised_ar1_and_shares_only_inputs_and_predict
     np.testing.assert_allclose(fed.rho, cen.rho, atol=1e-12)
     # the fit, one run of the runtime (kind "chain", 9 rounds: LF fits; MF asks, LF answers, MF
     # fits; HF asks, LF and MF answer, HF fits; all release). Down: each broadcast's task code
-    # (8 one-client rounds, 3 clients in the release), the queries to the answering levels, the
-    # mean to each fitting level and LF's moments to MF with HF's queries. Up: MF's and HF's
-    # inputs, the answers' means and variances, and each level's release: lengthscale,
+    # (8 one-client rounds, 3 clients in the release), the queries to the answering fidelities, the
+    # mean to each fitting fidelity and LF's moments to MF with HF's queries. Up: MF's and HF's
+    # inputs, the answers' means and variances, and each fidelity's release: lengthscale,
     # outputscale, noise, row count, mean, sd and rho (7 numbers)
     n_mf, n_hf = 40, 20
     comm = fed.communication
@@ -202,32 +202,32 @@ def test_federated_ar1_equals_centralised_ar1_and_shares_only_inputs_and_predict
     assert comm.bytes_down == 11 * 8 + (n_mf * 2 + n_hf * 2 * 2) * 8 + (n_mf + n_hf) * 8 + n_hf * 2 * 8
     assert comm.bytes_up == (n_mf * 2 + n_hf * 2) * 8 + (n_mf * 2 + n_hf * 2 * 2) * 8 + 3 * 7 * 8
     # predict (asked by HF): 200 x 2 to LF and MF, LF's moments to MF: in query_communication,
-    # after the levels rebuilt their GPs from their rows and releases (in process)
+    # after the fidelities rebuilt their GPs from their rows and releases (in process)
     q = fed.query_communication.by_kind
     assert set(q) == {"rebuild", "predict"}
     assert (q["predict"]["bytes_down"], q["predict"]["bytes_up"]) == ((200 * 2 * 2 + 200 * 2) * 8, 200 * 2 * 2 * 8)
 
 
-def test_ar1_options_reach_every_level_and_bad_ones_are_refused_at_fit():
+def test_ar1_options_reach_every_fidelity_and_bad_ones_are_refused_at_fit():
     from fedstats.gp.multifidelity import FederatedAR1
 
     mf = fidelity_data("branin", seed=1)
     order = ["LF", "MF", "HF"]
     opts = {"kernel": "matern", "nu": 2.5, "noise_floor": 1e-8, "restarts": 2}
-    cen = AR1CoKriging(**opts).fit([mf.level_data(lv) for lv in order], seed=0)
+    cen = AR1CoKriging(**opts).fit([mf.fidelity_data(lv) for lv in order], seed=0)
     fed = FederatedAR1(**opts).fit(mf.train, order=order, seed=0)
-    for spec in [lv.spec for lv in cen.levels + fed.levels]:
+    for spec in [lv.spec for lv in cen.fidelities + fed.fidelities]:
         assert (spec.kernel, spec.nu, spec.noise_floor) == ("matern", 2.5, 1e-8)
-    # the noise-free simulator's smooth lowest level: a noise variance below the default floor of 1e-4
-    assert float(cen.levels[0].hyper["noise"][0]) < 1e-4
+    # the noise-free simulator's smooth lowest fidelity: a noise variance below the default floor of 1e-4
+    assert float(cen.fidelities[0].hyper["noise"][0]) < 1e-4
     np.testing.assert_allclose(
         fed.predict(mf.X_test, scale="standardized")["mean"],
         cen.predict(mf.X_test, scale="standardized")["mean"],
         atol=1e-8,
     )
     # the estimator conventions: stored as given, refused when fit starts, in one error style
-    levels = [mf.level_data(lv) for lv in order]
-    for cls, fit in ((AR1CoKriging, lambda m: m.fit(levels)), (FederatedAR1, lambda m: m.fit(mf.train, order))):
+    fidelities = [mf.fidelity_data(lv) for lv in order]
+    for cls, fit in ((AR1CoKriging, lambda m: m.fit(fidelities)), (FederatedAR1, lambda m: m.fit(mf.train, order))):
         for bad, message in (
             ({"kernel": "cubic"}, "kernel must be one of 'rbf', 'matern', got 'cubic'"),
             ({"kernel": "matern", "nu": 2.0}, "nu must be one of 0.5, 1.5, 2.5, got 2.0"),

@@ -13,7 +13,7 @@ from fedstats.gp.chain_fit import ChainFit
 from fedstats.gp.chain_result import Wire
 from fedstats.gp.multifidelity import fidelity_data
 from fedstats.gp.nargp import NARGP, FederatedNARGP, mixture
-from fedstats.gp.nargp_result import NARGPLevel
+from fedstats.gp.nargp_result import NARGPFidelity
 
 
 def test_nargp_is_at_least_3x_better_than_ar1_on_the_nonlinear_pair():
@@ -47,24 +47,24 @@ def test_federated_nargp_equals_centralised_and_sends_only_queries_and_moments(m
 
     monkeypatch.setattr(ChainFit, "broadcast", spy_broadcast)
     monkeypatch.setattr(ChainFit, "client_step", spy_step)
-    cen = NARGP(restarts=1, samples=50).fit([mf.level_data(lv) for lv in order], seed=3)
+    cen = NARGP(restarts=1, samples=50).fit([mf.fidelity_data(lv) for lv in order], seed=3)
     fed = FederatedNARGP(restarts=1, samples=50).fit(mf.train, order=order, seed=3)
-    for a, b in zip(cen.levels, fed.levels):
+    for a, b in zip(cen.fidelities, fed.fidelities):
         for k in a.hyper:
             np.testing.assert_allclose(b.hyper[k], a.hyper[k], rtol=1e-10)
     Xs = mf.X_test[:100]
     p, q = cen.predict(Xs, scale="original"), fed.predict(Xs, scale="original")
     np.testing.assert_allclose(q["mean"], p["mean"], rtol=1e-8)
     np.testing.assert_allclose(q["sd"], p["sd"], rtol=1e-8)
-    # a prediction of 100 points: the two lower levels get the queries, the middle one level 1's
+    # a prediction of 100 points: the two lower fidelities get the queries, the middle one fidelity 1's
     # moments too (1 path), and each answers with its moments (1 path, then 50 paths); before
-    # it, each level rebuilt its GP from its rows and its release (the fit's chain again)
+    # it, each fidelity rebuilt its GP from its rows and its release (the fit's chain again)
     q = fed.query_communication.by_kind
     assert set(q) == {"rebuild", "predict"}
     assert q["predict"]["bytes_up"] + q["predict"]["bytes_down"] == (2 * 100 * 2 + 2 * 100 + 2 * 100 + 2 * 50 * 100) * 8
     # what crossed in the queries: queries down, moments up and down
     assert {w for _, _, w, _ in fed.messages} == {"queries", "moments", "moments from below"}
-    # the fit's release: each level's hyperparameters (three lengthscales above LF), row count,
+    # the fit's release: each fidelity's hyperparameters (three lengthscales above LF), row count,
     # and its outputs' mean and sd; no row of any array, in the fit or the queries, is a
     # client's outputs
     outputs = [np.asarray(mf.train[c].y) for c in order]
@@ -74,16 +74,16 @@ def test_federated_nargp_equals_centralised_and_sends_only_queries_and_moments(m
 
 
 def test_the_paths_give_the_mixture_that_quadrature_gives():
-    # two levels: the prediction at x is the mixture over f_1 ~ N(m_1(x), v_1(x)) of level 2's
+    # two fidelities: the prediction at x is the mixture over f_1 ~ N(m_1(x), v_1(x)) of fidelity 2's
     # predictive normal at (x, f_1); Gauss-Hermite quadrature in f_1 is the deterministic oracle
     # of its mean and variance, which 4,000 paths match within Monte-Carlo error
     import torch
 
     X1 = np.linspace(0, 1, 30)[:, None]
-    lo = NARGPLevel(X1, np.sin(6 * X1[:, 0]), 0, HyperSpec(d=1, ard=True))
+    lo = NARGPFidelity(X1, np.sin(6 * X1[:, 0]), 0, HyperSpec(d=1, ard=True))
     lo.fit(None)
     X2 = np.linspace(0, 1, 12)[:, None]
-    hi = NARGPLevel(X2, np.exp(np.sin(6 * X2[:, 0])), 1, HyperSpec(d=2, ard=True))
+    hi = NARGPFidelity(X2, np.exp(np.sin(6 * X2[:, 0])), 1, HyperSpec(d=2, ard=True))
     hi.fit(lo.answer(X2, None, 2, 0)[0][0])
     Xq = np.random.default_rng(0).uniform(size=(15, 1))
     m1, v1 = lo.answer(Xq, None, 4000, 0)
@@ -107,19 +107,19 @@ def test_the_paths_give_the_mixture_that_quadrature_gives():
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="^NARGP: samples must be an int >= 2, got 1$"):
         NARGP(samples=1).fit([(np.zeros((3, 1)), np.arange(3.0))] * 2)
-    with pytest.raises(ValueError, match="two fidelity levels"):
+    with pytest.raises(ValueError, match="two fidelities"):
         NARGP().fit([(np.zeros((3, 1)), np.zeros(3))])
     mf = fidelity_data("nonlinear_1d", seed=0)
     with pytest.raises(ValueError, match="order"):
         FederatedNARGP().fit(mf.train, order=["HF"])
-    na = NARGP(restarts=1, samples=10).fit([mf.level_data("LF"), mf.level_data("HF")])
+    na = NARGP(restarts=1, samples=10).fit([mf.fidelity_data("LF"), mf.fidelity_data("HF")])
     with pytest.raises(ValueError, match="column"):
         na.predict(np.zeros((3, 2)))
 
 
 def test_a_points_prediction_does_not_depend_on_the_rest_of_its_batch():
     mf = fidelity_data("nonlinear_1d", seed=0)
-    na = NARGP(restarts=3, samples=50).fit([mf.level_data("LF"), mf.level_data("HF")])
+    na = NARGP(restarts=3, samples=50).fit([mf.fidelity_data("LF"), mf.fidelity_data("HF")])
     whole = na.predict(mf.X_test[:40])
     part = na.predict(mf.X_test[:7])
     np.testing.assert_allclose(part["mean"], whole["mean"][:7], rtol=1e-12)

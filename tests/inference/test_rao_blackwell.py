@@ -96,7 +96,7 @@ def test_rao_blackwell_matches_importance_sampling_with_many_draws(kind, sigma_k
         assert r.draws["z"].shape == (4096, site.local_dim)
 
 
-def test_rao_blackwell_device_results_do_not_depend_on_the_batch():
+def test_rao_blackwell_client_results_do_not_depend_on_the_batch():
     site, m, c, stats = _federation("diag", False, B=4, seed=3)
     est, seeds = RaoBlackwellTilted(), np.array([11, 12, 13, 14])
     batch = est.estimate(site, m, c, stats, seeds)
@@ -107,12 +107,12 @@ def test_rao_blackwell_device_results_do_not_depend_on_the_batch():
 
 
 def test_rao_blackwell_memory_slices_give_the_same_answer(monkeypatch):
-    """Devices are evaluated in slices that bound the arrays' size: the answer is the same."""
+    """Clients are evaluated in slices that bound the arrays' size: the answer is the same."""
     from fedstats.inference.tilted import rao_blackwell
 
     site, m, c, stats = _federation("diag", True, B=5, seed=4)
     whole = RaoBlackwellTilted().estimate(site, m, c, stats, np.arange(5))
-    monkeypatch.setattr(rao_blackwell._Target, "max_entries", 9 * 256 * 2)  # two devices per slice
+    monkeypatch.setattr(rao_blackwell._Target, "max_entries", 9 * 256 * 2)  # two clients per slice
     sliced = RaoBlackwellTilted().estimate(site, m, c, stats, np.arange(5))
     for a, b in zip(whole, sliced):
         np.testing.assert_allclose(a.mean, b.mean, rtol=1e-12, atol=1e-12)
@@ -129,8 +129,8 @@ def test_rao_blackwell_refuses_sites_without_a_gaussian_block():
     assert isinstance(make_estimator("rao_blackwell", num_draws=100), RaoBlackwellTilted)
 
 
-def test_a_device_with_degenerate_weights_reports_not_ok_instead_of_raising():
-    """A cavity far from the device's likelihood (all weight on one draw) is a per-device
+def test_a_client_with_degenerate_weights_reports_not_ok_instead_of_raising():
+    """A cavity far from the client's likelihood (all weight on one draw) is a per-client
     ``ok=False``, not an exception that would fail the whole batch."""
     site, m, c, stats = _federation("diag", True, B=2, seed=5)
     m[1, 3:] = -60.0  # log tau far out: tau = e^-60

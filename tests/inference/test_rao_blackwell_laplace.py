@@ -74,7 +74,7 @@ def test_convolved_derivatives_equal_differences_of_its_value(kind, sigma_known)
 
 
 def _federation(kind="diag", sigma_known=False, B=3, seed=1, d=3, n=60, cavity_sd=0.15):
-    """Devices whose cavities are tight (as with many clients): the tilteds are near Gaussian."""
+    """Clients whose cavities are tight (as with many clients): the tilteds are near Gaussian."""
     rng = np.random.default_rng(seed)
     site = _site(kind, sigma_known, d)
     p = site.phi_dim
@@ -142,7 +142,7 @@ def test_second_order_moments_of_rotated_log_gamma_variables(a):
 @pytest.mark.parametrize("kind, sigma_known", [("diag", False), ("diag", True), ("iso", False)])
 def test_expanded_moments_match_importance_sampling_with_many_draws(kind, sigma_known):
     """The oracle: the sampled estimator with 2^17 draws from the Laplace proposal (its own
-    error below 0.001 sd). A loose cavity (sd 0.4) and 20 rows per device: Laplace's mode is
+    error below 0.001 sd). A loose cavity (sd 0.4) and 20 rows per client: Laplace's mode is
     0.02-0.04 sd from the means (measured), the expansion 0.001-0.004 sd."""
     site, m, c, stats = _federation(kind, sigma_known, B=3, n=20, cavity_sd=0.4)
     ref = RaoBlackwellTilted(num_draws=2**17, defensive=0.0).estimate(site, m, c, stats, np.arange(3))
@@ -175,15 +175,15 @@ def test_results_do_not_depend_on_the_batch_or_its_memory_slices(monkeypatch):
         alone = est.estimate(site, m[b : b + 1], c[b : b + 1], stats[b : b + 1], np.arange(1))[0]
         np.testing.assert_allclose(batch[b].mean, alone.mean, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(batch[b].cov, alone.cov, rtol=1e-10, atol=1e-12)
-    monkeypatch.setattr(rb._Target, "max_entries", 9 * 11**2 * 2)  # two devices per slice of Hessians
+    monkeypatch.setattr(rb._Target, "max_entries", 9 * 11**2 * 2)  # two clients per slice of Hessians
     sliced = est.estimate(site, m, c, stats, np.arange(4))
     for a, b in zip(batch, sliced):
         np.testing.assert_allclose(a.mean, b.mean, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(a.cov, b.cov, rtol=1e-12, atol=1e-14)
 
 
-def test_a_device_with_large_corrections_is_sampled_instead():
-    """A weak cavity and few rows: a skewed tilted. With ``max_correction=0`` every device
+def test_a_client_with_large_corrections_is_sampled_instead():
+    """A weak cavity and few rows: a skewed tilted. With ``max_correction=0`` every client
     falls back, and gets exactly the sampled estimator's moments (same seeds); with no
     limit none does."""
     site, m, c, stats = _federation(B=3, n=6, cavity_sd=1.0, seed=5)
@@ -202,18 +202,18 @@ def test_a_device_with_large_corrections_is_sampled_instead():
     assert all(r.diagnostics["fallback"] == 1.0 and r.diagnostics["correction"] > 0.3 for r in default)
 
 
-@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the broken device's NaNs
-def test_a_device_without_a_laplace_approximation_is_sampled_and_others_are_unaffected():
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the broken client's NaNs
+def test_a_client_without_a_laplace_approximation_is_sampled_and_others_are_unaffected():
     site, m, c, stats = _federation(B=3, seed=6)
     alone = RaoBlackwellLaplaceTilted().estimate(site, m[:1], c[:1], stats[:1], np.arange(1))[0]
-    stats[1] = dict(stats[1], c=np.array(np.nan))  # a broken device: no finite density anywhere
+    stats[1] = dict(stats[1], c=np.array(np.nan))  # a broken client: no finite density anywhere
     out = RaoBlackwellLaplaceTilted().estimate(site, m, c, stats, np.arange(3))
     assert out[1].diagnostics["fallback"] == 1.0 and not out[1].ok  # sampled, and reported, not raised
     assert out[0].ok and out[2].ok and out[0].diagnostics["fallback"] == 0.0
     np.testing.assert_allclose(out[0].mean, alone.mean, rtol=1e-12)
 
 
-def test_device_posterior_draws_are_the_sampled_estimator_s():
+def test_client_posterior_draws_are_the_sampled_estimator_s():
     site, m, c, stats = _federation(B=2, seed=7)
     got = RaoBlackwellLaplaceTilted(num_draws=128).estimate(site, m, c, stats, np.arange(2), keep_draws=True)
     want = RaoBlackwellTilted(num_draws=128).estimate(site, m, c, stats, np.arange(2), keep_draws=True)

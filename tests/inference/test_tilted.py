@@ -147,7 +147,7 @@ def test_make_estimator():
 
 def test_importance_falls_back_to_laplace_where_weights_degenerate():
     # 40 predictors (phi of dimension 80), the prior as cavity: the importance weights of every
-    # device collapse (measured ESS 2-50 of 4,000). Without the fallback no device answers and
+    # client collapse (measured ESS 2-50 of 4,000). Without the fallback no client answers and
     # an EP fit stays at the prior; with it each sends its Laplace moments, flagged.
     rng = np.random.default_rng(0)
     d = 40
@@ -225,15 +225,15 @@ def test_every_site_of_the_package_meets_the_site_protocol():
     assert not isinstance(glm, ExactSite) and not isinstance(object(), SiteModel)
 
 
-def test_importance_batch_equals_each_device_alone_with_an_unusable_laplace():
-    """Devices are sampled as batches grouped by proposal (defensive mixture, or the cavity
-    alone where the Laplace mode is unusable): each device's estimate is the one it gets
+def test_importance_batch_equals_each_client_alone_with_an_unusable_laplace():
+    """Clients are sampled as batches grouped by proposal (defensive mixture, or the cavity
+    alone where the Laplace mode is unusable): each client's estimate is the one it gets
     alone, whatever the others in its batch."""
     site, m, c, stats, exact = conjugate_case(B=4, seed=3)
     est = ImportanceTilted(num_draws=2000)
     real_modes = est._modes
 
-    def modes(model, cm, cc, st):  # device 2's Newton solve "fails" (as a NaN mode would)
+    def modes(model, cm, cc, st):  # client 2's Newton solve "fails" (as a NaN mode would)
         x, negH, g = (a.copy() for a in real_modes(model, cm, cc, st))
         bad = [i for i, s in enumerate(st) if s is stats[2]]
         x[bad] = np.nan
@@ -248,7 +248,7 @@ def test_importance_batch_equals_each_device_alone_with_an_unusable_laplace():
         np.testing.assert_allclose(batch[b].mean, alone.mean, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(batch[b].cov, alone.cov, rtol=1e-10, atol=1e-12)
         np.testing.assert_array_equal(batch[b].draws["phi"], alone.draws["phi"])
-    # the cavity-only device is still consistent (its tilted is Gaussian here)
+    # the cavity-only client is still consistent (its tilted is Gaussian here)
     em, ec = exact[2]
     assert np.all(np.abs(batch[2].mean - em) / np.sqrt(np.diag(ec)) < 0.1)
 

@@ -91,8 +91,8 @@ def test_separate_gd_converges_to_least_squares_and_rejects_bad_options():
 
 def test_averaging_servers_see_only_sums_of_the_coefficients(monkeypatch):
     """FedAvg, Ditto and distributed ridge declare the coefficients summed: their server steps
-    hold no device's ``theta``, only the sum over the devices that answered (the average is
-    that sum over their number). Separate keeps each device's coefficients: they are its fit."""
+    hold no client's ``theta``, only the sum over the clients that answered (the average is
+    that sum over their number). Separate keeps each client's coefficients: they are its fit."""
     from fedstats.linear import baselines
 
     seen = []

@@ -9,7 +9,7 @@ from fedstats.federation import run
 from fedstats.inference.ep import FederatedEP
 from fedstats.inference.ep_checks import check_invariants
 from fedstats.linear import HierarchicalLinearModel
-from fedstats.linear.ep_model import Devices
+from fedstats.linear.ep_model import ClientRows
 from fedstats.linear.hierarchical import HierarchicalResult
 
 TAU = np.array([0.5, 2.0, 1.0])
@@ -82,8 +82,8 @@ def test_exact_any_order_and_covering_pattern_then_fixed(schedule):
 
 
 def test_the_ep_server_step_sees_only_sums_of_the_site_changes(monkeypatch):
-    """FederatedEP declares the site changes summed: its server step never holds one device's
-    ``dr`` or ``dQ``, only their sums over the devices that answered; the exact fit, over
+    """FederatedEP declares the site changes summed: its server step never holds one client's
+    ``dr`` or ``dQ``, only their sums over the clients that answered; the exact fit, over
     rounds of different participants, still equals the pooled posterior."""
     seen = []
     real = FederatedEP.server_step
@@ -105,7 +105,7 @@ def test_the_ep_server_step_sees_only_sums_of_the_site_changes(monkeypatch):
         assert per_client == [set()] * len(who) and sums == {"dr", "dQ"}
 
 
-def test_exact_device_posteriors_equal_pooled_marginals_and_q_double_counts():
+def test_exact_client_posteriors_equal_pooled_marginals_and_q_double_counts():
     data = make_data()
     res = exact_model(rounds=2).fit(data)
     mean, cov = pooled_exact(data, TAU, SIGMA)
@@ -114,7 +114,7 @@ def test_exact_device_posteriors_equal_pooled_marginals_and_q_double_counts():
         i = slice((k + 1) * 3, (k + 2) * 3)
         np.testing.assert_allclose(post.mean, mean[i], atol=1e-10, rtol=0)
         np.testing.assert_allclose(post.cov, cov[i, i], atol=1e-10, rtol=0)
-    # Using q instead of the cavity counts the device's data twice: detectably over-confident.
+    # Using q instead of the cavity counts the client's data twice: detectably over-confident.
     alg = res.algorithm
     sites = alg.committed_sites(res.server, res.client_states)
     wrong = alg.local_tilted(
@@ -158,11 +158,11 @@ def _ep_run(data, rounds, est="importance", participation=1.0, fail=None, checkp
             Flaky.calls += 1
             if fail is not None and Flaky.calls == fail[1] + 1:
                 i = [np.array_equal(d[1], data[fail[0]].y) for d in datas].index(True)
-                out[i] = RuntimeError("device went offline")
+                out[i] = RuntimeError("client went offline")
             return out
 
     alg = Flaky(site, model._prior(site), model._estimator(site), damping=0.7)
-    dev = Devices(data, False)
+    dev = ClientRows(data, False)
     return alg, run(alg, dev, rounds=rounds, participation=participation, seed=3, checkpoint=checkpoint, resume=resume)
 
 
@@ -212,7 +212,7 @@ class _Overshooting:
     ],
 )
 def test_invariants_hold_through_server_backoff(participation):
-    # Rounds with back-off (gamma < 1) leave pending changes that devices commit, by the
+    # Rounds with back-off (gamma < 1) leave pending changes that clients commit, by the
     # accepted fraction, at their next broadcast, also after sitting rounds out.
     data = make_data(n=[40, 40, 40, 40, 40])
     model = exact_model()
@@ -221,7 +221,7 @@ def test_invariants_hold_through_server_backoff(participation):
     gammas = []
     for r in range(1, 7):
         alg = FederatedEP(site, model._prior(site), _Overshooting(), damping=1.0, tol=0.0)
-        out = run(alg, Devices(data, False, sig), rounds=r, participation=participation, seed=0)
+        out = run(alg, ClientRows(data, False, sig), rounds=r, participation=participation, seed=0)
         sites = alg.committed_sites(out.server_state, out.client_states)
         check_invariants(out.server_state, list(sites.values()))
         assert out.server_state.q.is_proper()
@@ -245,7 +245,7 @@ def test_fractional_cavity_removes_as_much_of_the_site_as_stays_pd():
         fractional_cavity(NaturalGaussian(np.zeros(2), -np.eye(2)), mild)
 
 
-def test_partial_participation_converges_only_after_every_device_answered():
+def test_partial_participation_converges_only_after_every_client_answered():
     data = make_data()
     res = exact_model(rounds=20, tol=10.0, participation=1).fit(data, seed=4)
     answered = [set(rec.answered) for rec in res.history]
@@ -341,7 +341,7 @@ def test_bad_options_raise(bad, match):
         HierarchicalLinearModel(**bad).fit(make_data())
 
 
-def test_fit_raises_when_no_device_ever_answers(monkeypatch):
+def test_fit_raises_when_no_client_ever_answers(monkeypatch):
     from fedstats.inference.tilted import RaoBlackwellTilted  # the default here
 
     def broken(self, *a, **k):
@@ -353,13 +353,13 @@ def test_fit_raises_when_no_device_ever_answers(monkeypatch):
 
 
 def test_fast_adaptation_three_levels():
-    """Spec A13: a new device adapts from q(phi) at the three levels of spec §2.6.
+    """Spec A13: a new client adapts from q(phi) at the three levels of spec §2.6.
 
     The spec suggests N = 5 points; with d = 4 and noise sd 0.05, five points identify theta
     and any prior gives the same answer to about 1e-3, so we use N = 3 < d, where the prior
     has to fill a direction the data do not see. Interval width is no virtue here: the
     population variances reach 2.5, so N(0, I) gives narrow intervals that under-cover. The
-    exact check of level 3 is calibration: devices drawn from the fitted population (level
+    exact check of level 3 is calibration: clients drawn from the fitted population (level
     2) get 90% intervals that cover their theta 90% of the time.
     """
     from fedstats.datasets.synthetic import UQ_MU, UQ_TAU, hm2_federation
@@ -367,16 +367,18 @@ def test_fast_adaptation_three_levels():
     data, truth = hm2_federation(n_clients=30, n_obs=100, sigma=0.05, seed=5)
     res = HierarchicalLinearModel(standardize=False, fit_intercept=False, sigma=0.05, rounds=6).fit(data, seed=0)
     q = res.global_posterior()
-    # level 1: plug-in population mean, E_q[mu], near the generator's mu
-    point = res.new_client_posterior(level=1)
+    # method "mean" (the paper's level 1): plug-in population mean, E_q[mu], near the generator's mu
+    point = res.new_client_posterior(method="mean")
     np.testing.assert_allclose(point, q.mean[:4])
+    with pytest.warns(DeprecationWarning, match=r"level=.*use method="):  # the former name, one release
+        np.testing.assert_array_equal(res.new_client_posterior(level=1), point)
     assert np.all(np.abs(point - UQ_MU) < 3 * q.sd[:4])
-    # level 2: prior predictive of theta_new; its variance adds E[tau] to Var(mu)
-    pp = res.new_client_posterior(level=2, n=20000)
+    # method "prior" (level 2): prior predictive of theta_new; its variance adds E[tau] to Var(mu)
+    pp = res.new_client_posterior(method="prior", n=20000)
     np.testing.assert_allclose(pp.mean, q.mean[:4], atol=0.05)
     expected_var = np.exp(q.mean[4:] + q.sd[4:] ** 2 / 2) + q.sd[:4] ** 2
     np.testing.assert_allclose(pp.sd**2, expected_var, rtol=0.1)
-    # level 3 against the N(0, I)-prior conjugate posterior
+    # method "data" (level 3) against the N(0, I)-prior conjugate posterior
     rng = np.random.default_rng(11)
     population = pp.sample(60, seed=rng)
     rmse_q, rmse_0, cover_q, cover_0 = [], [], [], []
@@ -397,15 +399,15 @@ def test_fast_adaptation_three_levels():
                 cover_q.append((lo <= th) & (th <= hi))
                 cover_0.append(np.abs(th - m0) <= 1.645 * np.sqrt(np.diag(np.linalg.inv(P0))))
     assert np.mean(rmse_q) < 0.8 * np.mean(rmse_0), (np.mean(rmse_q), np.mean(rmse_0))
-    # 240 intervals, correlated within a device: allow 0.06 around 0.9
+    # 240 intervals, correlated within a client: allow 0.06 around 0.9
     assert abs(np.mean(cover_q) - 0.9) < 0.06, np.mean(cover_q)
     assert np.mean(cover_0) < np.mean(cover_q) - 0.1, (np.mean(cover_0), np.mean(cover_q))
 
 
 def test_a_round_with_an_improper_cavity_keeps_its_batch_size():
-    """A device whose cavity is not positive definite sits the round out, and the estimator
+    """A client whose cavity is not positive definite sits the round out, and the estimator
     still receives the round's whole batch (the others, padded with a copy of the first, as
-    the estimators pad): a new batch size would be a new compilation. The other devices'
+    the estimators pad): a new batch size would be a new compilation. The other clients'
     replies equal those of a round without it."""
     from dataclasses import replace
 
@@ -425,9 +427,9 @@ def test_a_round_with_an_improper_cavity_keeps_its_batch_size():
 
     alg = FederatedEP(site, model._prior(site), Spy())
     sig = {f"c{k}": s for k, s in enumerate(SIGMA)}
-    devices = Devices(data, False, sig)
+    design = ClientRows(data, False, sig)
     rngs = lambda: [np.random.default_rng(k) for k in range(5)]  # noqa: E731
-    datas = [devices[c] for c in data.clients]
+    datas = [design[c] for c in data.clients]
     states = [alg.init_client(c, d, r) for c, d, r in zip(data.clients, datas, rngs())]
     msg = alg.broadcast(alg.init_server(data.clients, np.random.default_rng(0)), "c0", 0)
     # c2's site is more precise than q: its cavity q / site is improper
@@ -464,7 +466,7 @@ def test_nuts_mode_matches_exact_posterior_small_federation():
         assert not h.failed
     diag = [st.diagnostics for st in res.client_states.values()]
     assert all(d["rhat_max"] < 1.05 and d["ess_min"] > 400 for d in diag)
-    # Device posteriors (Rao-Blackwellised over the NUTS draws) match the exact marginals.
+    # Client posteriors (Rao-Blackwellised over the NUTS draws) match the exact marginals.
     for k, c in enumerate(data.clients):
         i = slice((k + 1) * 3, (k + 2) * 3)
         post = res.client_posterior(c)

@@ -113,8 +113,8 @@ def test_the_standardised_fit_is_the_fit_of_standardised_rows_mapped_back_exactl
     c = np.r_[my, np.zeros(d - 1)]
     assert res.rounds == ref.rounds and res.converged and ref.converged
     np.testing.assert_allclose(res.theta, A @ ref.theta + c[:, None], rtol=1e-9)
-    np.testing.assert_allclose(res.omega_, ref.omega_, rtol=1e-9)
-    np.testing.assert_allclose(res.posterior_omega_, ref.posterior_omega_, rtol=1e-9)
+    np.testing.assert_allclose(res.omega_array, ref.omega_array, rtol=1e-9)
+    np.testing.assert_allclose(res.posterior_omega_array, ref.posterior_omega_array, rtol=1e-9)
     np.testing.assert_allclose(res.posterior_mean, ref.posterior_mean @ A.T + c, rtol=1e-9)
     for k in range(data.n_clients):
         np.testing.assert_allclose(res.posterior_cov[k], A @ ref.posterior_cov[k] @ A.T, rtol=1e-8)
@@ -147,7 +147,7 @@ def test_changing_units_changes_the_numbers_by_the_units_only():
     np.testing.assert_allclose(s2["sd"], s1["sd"] * scale, rtol=1e-7)
     np.testing.assert_allclose(s2["p_value"], s1["p_value"], rtol=1e-6, atol=1e-12)
     np.testing.assert_allclose(r2.theta[1:], r1.theta[1:] * slope[:, None], rtol=1e-7)
-    np.testing.assert_allclose(r2.omega_, r1.omega_, rtol=1e-7)  # units-free
+    np.testing.assert_allclose(r2.omega_array, r1.omega_array, rtol=1e-7)  # units-free
 
 
 def test_theta_init_and_callback_are_on_the_datas_scale_and_federated_equals_centralised():
@@ -156,15 +156,15 @@ def test_theta_init_and_callback_are_on_the_datas_scale_and_federated_equals_cen
     seen = []
     fed = model.fit(data, seed=2, uncertainty=False, callback=lambda r, t, o: seen.append(t))
     np.testing.assert_allclose(seen[-1], fed.theta, rtol=1e-12)  # the callback sees the reported scale
-    cen = model.fit_centralised(data, seed=2)
+    cen = model.fit_centralized(data, seed=2)
     np.testing.assert_allclose(fed.theta, cen.theta, rtol=1e-10)
-    np.testing.assert_allclose(fed.omega_, cen.omega_, rtol=1e-10)
+    np.testing.assert_allclose(fed.omega_array, cen.omega_array, rtol=1e-10)
     # a start given on the data's scale is where the iteration starts: with no steps and no
     # prior step (shrink_scale = 0) one round leaves it where it was
     still = StructuralCovarianceModel(rounds=1, lr=1e-300, shrink_scale=0.0, tol=0)
     start = fed.theta + 1.0
     np.testing.assert_allclose(still.fit(data, uncertainty=False, theta_init=start).theta, start, rtol=1e-9)
-    np.testing.assert_allclose(still.fit_centralised(data, theta_init=start).theta, start, rtol=1e-9)
+    np.testing.assert_allclose(still.fit_centralized(data, theta_init=start).theta, start, rtol=1e-9)
 
 
 def test_a_standardised_fit_saves_and_loads_with_its_scaling(tmp_path):

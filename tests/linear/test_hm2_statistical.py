@@ -68,7 +68,7 @@ def test_nuts_mode_on_the_uncertainty_example_matches_pooled_nuts():
 
 def test_default_fit_of_the_uncertainty_example_matches_pooled_nuts_many_times_faster():
     """Issue 22's EP item on the paper's K = 100 example with the defaults (Rao-Blackwellised
-    moments, 256 quasi-random draws of log tau per device, no compilation): within 0.1
+    moments, 256 quasi-random draws of log tau per client, no compilation): within 0.1
     posterior sd of pooled NUTS and sd ratios in [0.9, 1.1], and many times faster. The
     benchmark (benchmarks/results/ep_vs_pooled.md) measures the ratio against 4 x (1000 +
     1000) draws; here 2 x (1000 + 1000), so the ratio is about half the benchmark's, asserted
@@ -98,9 +98,9 @@ def test_default_fit_of_the_uncertainty_example_matches_pooled_nuts_many_times_f
 
 @pytest.mark.parametrize("K, seed", [(10, 0), (10, 1), (20, 1), (20, 3), (50, 2)])
 def test_default_fit_converges_across_federations(K, seed):
-    """Regression: with defaults EP converges (no lock-up where every device skips, no divergence).
+    """Regression: with defaults EP converges (no lock-up where every client skips, no divergence).
 
-    (20, 1) once locked up (every device's importance sampler failed after a bad first round)
+    (20, 1) once locked up (every client's importance sampler failed after a bad first round)
     and (50, 2) diverged with damping 1; both converge with the saddle-free Newton proposal
     and the default damping.
     """
@@ -115,7 +115,7 @@ def test_default_fit_converges_across_federations(K, seed):
 
 @pytest.fixture(scope="module")
 def iso_federation():
-    """K = 8 devices, d = 2 plus intercept, unknown noise, one shared tau; pooled NUTS reference."""
+    """K = 8 clients, d = 2 plus intercept, unknown noise, one shared tau; pooled NUTS reference."""
     from fedstats.reference.hierarchical import pooled_nuts
 
     data, truth = hm2_federation(
@@ -152,7 +152,7 @@ def test_every_estimator_matches_pooled_nuts_unknown_noise_iso_tau(iso_federatio
     tol, band = (0.6, (0.7, 1.4)) if estimator == "laplace" else (0.2, (0.8, 1.25))
     assert np.all(np.abs(g.mean - rm) / rs < tol), np.abs(g.mean - rm) / rs
     assert np.all((g.sd / rs > band[0]) & (g.sd / rs < band[1])), g.sd / rs
-    # device posteriors against the pooled marginals of theta_k
+    # client posteriors against the pooled marginals of theta_k
     for k, c in enumerate(data.clients):
         post = res.client_posterior(c)
         th = ref["theta"][:, k, :]

@@ -9,7 +9,7 @@ thread that made the call until the chunks had run. The thunk executor runs inde
 concurrently, so two such calls could hold every thread of the pool while their chunks waited
 behind them: the process sat at 0% CPU forever. It began at 9 predictors (HM2's Laplace
 Newton solve with 9 predictors and the intercept: phi of dimension 20 + 1, 16 padded
-devices) because a batch is split only above
+clients) because a batch is split only above
 2e5 flops. ``pyproject.toml`` excludes those jaxlib versions; ``constraints.txt`` pins 0.9.2.
 """
 
@@ -151,7 +151,7 @@ def test_hm2_finishes_with_40_predictors_short(estimator, options):
     # rounds 19 s, importance 3 rounds 33 s, NUTS 2 rounds 45 s; each in a fresh process that
     # compiles, about 90-110 s in all; the default, Rao-Blackwellised Laplace moments, compiles
     # nothing). The importance estimator falls back to Laplace moments where importance
-    # weights degenerate, so every device answers from round 1. The full default fit is the
+    # weights degenerate, so every client answers from round 1. The full default fit is the
     # slow test below.
     out = run_script(FIT.format(cases=[(40, 20, 200, 0)], kw={"estimator": estimator, **options}), timeout=1200)
     line = out.split()

@@ -34,7 +34,7 @@ def as_on_nodes(res, release: bool):
         post = alg.client_result(alg.final_message(res.server, c), res.client_states[c], None, i, res.run_seed)
         states[c] = ClientRelease(c, post if release else None, f"{c}.fedstats")
     fields = {k: v for k, v in vars(res).items() if k != "influence"}  # set by the fit after construction
-    out = type(res)(**{**fields, "client_states": states, "_device_cache": {}, "_global_cache": {}})
+    out = type(res)(**{**fields, "client_states": states, "_client_cache": {}, "_global_cache": {}})
     return out
 
 

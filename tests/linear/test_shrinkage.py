@@ -26,13 +26,13 @@ def one_client(seed=0, n=60, d=5):
     ids=["ridge-importance", "lasso-gibbs", "lasso-nuts"],
 )
 def test_one_client_equals_pooled_nuts(cls, opts):
-    # One device: its posterior comes from the cavity (= the prior), so the federated fit is
+    # One client: its posterior comes from the cavity (= the prior), so the federated fit is
     # the exact posterior up to Monte-Carlo error; the reference is NumPyro NUTS on the
     # model written directly (Laplace or normal prior, not the scale mixture).
     data = one_client()
     model = cls(**opts)
     fed = model.fit(data, seed=0, progress=False)
-    ref = model.fit_centralised(data, seed=1, num_warmup=1000, num_samples=2000)
+    ref = model.fit_centralized(data, seed=1, num_warmup=1000, num_samples=2000)
     assert ref.diagnostics["rhat_max"] < 1.01
     a, b = fed.client_posterior("only"), ref.client_posterior("only")
     assert a.names == b.names == ["intercept", "x0", "x1", "x2", "x3", "x4"]
@@ -47,9 +47,9 @@ def test_one_client_equals_pooled_nuts(cls, opts):
 
 @pytest.mark.parametrize("cls", [BayesianLasso, BayesianRidge])
 def test_several_clients_match_pooled_nuts_of_the_same_model(cls):
-    # K = 4 unequal devices: the exact posterior of the federated model (per-device
+    # K = 4 unequal clients: the exact posterior of the federated model (per-client
     # coefficients, shared lambda and sigma^2) by pooled NUTS; EP approximates only the
-    # shared phi by a Gaussian, so device posteriors and decisions should match closely
+    # shared phi by a Gaussian, so client posteriors and decisions should match closely
     # (measured: max |mean diff| / sd 0.04, sd ratios within 4%).
     rng = np.random.default_rng(0)
     beta = np.array([1.0, 0.0, -0.5, 0.0, 0.2])
@@ -58,7 +58,7 @@ def test_several_clients_match_pooled_nuts_of_the_same_model(cls):
     data = FederatedData.from_arrays(Xs, ys)
     model = cls(damping=1.0)
     fed = model.fit(data, seed=0, progress=False)
-    ref = model.fit_centralised(data, seed=0, per_client=True, num_warmup=500, num_samples=1500)
+    ref = model.fit_centralized(data, seed=0, per_client=True, num_warmup=500, num_samples=1500)
     assert ref.clients == data.clients and ref.diagnostics["rhat_max"] < 1.01
     for c in data.clients:
         a, b = fed.client_posterior(c), ref.client_posterior(c)
@@ -78,7 +78,7 @@ def test_case_I_selection_and_accuracy():
     res = BayesianLasso().fit(train, seed=0, progress=False)
     assert res.converged
     diag = res.sampler_diagnostics()
-    assert set(diag["stage"]) == {"last round", "device posterior"} and len(diag) == 2 * train.n_clients
+    assert set(diag["stage"]) == {"last round", "client posterior"} and len(diag) == 2 * train.n_clients
     # the default sampler keeps 4 x 500 draws (thinned by 2): an ESS of phi of about 350-550
     assert diag["rhat_max"].max() < 1.05 and diag["ess_min"].min() > 250, diag
     sel = res.selected(0.9)
@@ -104,7 +104,7 @@ def test_selection_tests_and_joint_test_agree_with_intervals():
     assert 0 <= null["p_value"] <= 1 and null["df"] == 3
     with pytest.raises(ValueError, match="unknown coefficient"):
         res.joint_test(["nope"], client="c0")
-    # a device that took no part: the prior predictive is wider than a fitted device's
+    # a client that took no part: the prior predictive is wider than a fitted client's
     x = train["c0"].X[:3]
     own, new = res.predict(x, client="c0", level=0.9), res.predict(x, client=None, level=0.9)
     assert np.all(new["pred_upper"] - new["pred_lower"] > own["pred_upper"] - own["pred_lower"])
@@ -141,7 +141,7 @@ def test_table2_cases_over_runs(case, runs):
     # Spec A9 over several seeded runs (the notebook runs 30): false inclusion <= 0.12 and
     # correct inclusion >= 0.85 everywhere. A-RMSE of the posterior mean within 20% of the
     # paper in Cases I and II; in Case III the model's posterior mean is least squares on
-    # each device (the devices share only lambda and sigma^2, and one Laplace scale fits the
+    # each client (the clients share only lambda and sigma^2, and one Laplace scale fits the
     # coefficients of 3), so the posterior-mean A-RMSE is checked against OLS in the same run
     # and the paper's band is checked for the prediction with excluded coefficients zeroed.
     paper = {"I": 0.055, "II": 0.062, "III": 0.088}[case]
@@ -157,7 +157,7 @@ def test_table2_cases_over_runs(case, runs):
 
 def test_centralised_predictions_cover():
     data = one_client(n=80)
-    ref = BayesianRidge().fit_centralised(data, seed=0, num_warmup=300, num_samples=500, num_chains=2)
+    ref = BayesianRidge().fit_centralized(data, seed=0, num_warmup=300, num_samples=500, num_chains=2)
     rng = np.random.default_rng(5)
     X = rng.normal(size=(400, 5))
     y = 0.4 + X @ np.array([1.5, 0.0, -0.8, 0.0, 0.3]) + 0.7 * rng.normal(size=400)
@@ -181,7 +181,7 @@ def test_diabetes_single_client_against_long_pooled_nuts():
     data = FederatedData.from_arrays([X], [y], clients=["diabetes"], feature_names=ds.feature_names)
     model = BayesianLasso()
     fed = model.fit(data, seed=0, progress=False)
-    ref = model.fit_centralised(data, seed=1, num_warmup=2000, num_samples=8000)
+    ref = model.fit_centralized(data, seed=1, num_warmup=2000, num_samples=8000)
     assert ref.diagnostics["rhat_max"] < 1.01
     fmed = np.median(fed.client_posterior("diabetes").draws, axis=0)[1:]
     rmed = np.median(ref.client_posterior("diabetes").draws, axis=0)[1:]
@@ -210,7 +210,7 @@ def test_lasso_with_many_predictors_warms_up_with_laplace_rounds():
     stages = [rec.metrics["stage"] for rec in staged.history]
     assert stages[0] == 0 and stages[-1] == 1 and stages == sorted(stages) and stages.count(0) <= 4
     assert staged.converged and type(staged.algorithm.estimator).__name__ == "GibbsTilted"
-    # each device keeps where its chains stopped (its EP state): its Gibbs rounds after the first
+    # each client keeps where its chains stopped (its EP state): its Gibbs rounds after the first
     # and its posterior after the fit continue from there, with a short warm-up
     est = staged.algorithm.estimator
     assert stages.count(1) > 1
@@ -218,7 +218,7 @@ def test_lasso_with_many_predictors_warms_up_with_laplace_rounds():
         state = staged.client_states[c]
         assert state.tilted_state["x"].shape == (est.num_chains, 2 + 16)
         assert state.diagnostics["warmup"] == est.resume_warmup < est.num_warmup
-        assert staged._device_results()[c].diagnostics["warmup"] == est.resume_warmup
+        assert staged._client_results()[c].diagnostics["warmup"] == est.resume_warmup
     alone = BayesianLasso(damping=1.0, standardize=False, estimator="gibbs").fit(data, seed=0, progress=False)
     assert alone.converged and all("stage" not in rec.metrics for rec in alone.history)
     g, r = staged.global_posterior(), alone.global_posterior()
@@ -237,7 +237,7 @@ def test_lasso_with_many_predictors_warms_up_with_laplace_rounds():
 
 
 def test_federated_lasso_is_faster_than_pooled_nuts_of_the_same_model():
-    # Issue 22's speed item, Case I (K = 10, d = 8): the federated fit with every device's
+    # Issue 22's speed item, Case I (K = 10, d = 8): the federated fit with every client's
     # posterior against pooled NUTS of the same model, 4 x (1000 + 1000). Measured 3.8 s vs
     # 16.0 s (4.2x) in benchmarks/results/shrinkage_vs_pooled.md; asserted with room for a
     # busy machine (it was 1.0x before the Gibbs kernel's rework).
@@ -254,6 +254,6 @@ def test_federated_lasso_is_faster_than_pooled_nuts_of_the_same_model():
         fed.client_posterior(c)
     t_fed = time.perf_counter() - t0
     t0 = time.perf_counter()
-    model.fit_centralised(train, seed=1000, per_client=True, num_warmup=1000, num_samples=1000, num_chains=4)
+    model.fit_centralized(train, seed=1000, per_client=True, num_warmup=1000, num_samples=1000, num_chains=4)
     t_ref = time.perf_counter() - t0
     assert t_ref / t_fed > 2.0, (t_fed, t_ref)

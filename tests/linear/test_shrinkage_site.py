@@ -19,10 +19,10 @@ def design(n=25, d=4, seed=0):
     "penalty, scale, noise",
     [
         ("ridge", "sd", "shared"),
-        ("ridge", "sd", "device"),
+        ("ridge", "sd", "client"),
         ("lasso", "sd", "shared"),
         ("lasso", "variance", "shared"),
-        ("lasso", "sd", "device"),
+        ("lasso", "sd", "client"),
     ],
 )
 def test_collapsed_likelihood_equals_the_multivariate_normal(penalty, scale, noise):
@@ -35,9 +35,9 @@ def test_collapsed_likelihood_equals_the_multivariate_normal(penalty, scale, noi
         got = float(site.log_collapsed(jax.numpy.asarray(phi), jax.numpy.asarray(z), site.stats_from(X, y)))
     log_lam = phi[0]
     log_s2 = phi[1] if noise == "shared" else z[0]
-    u = z[int(noise == "device") :]
+    u = z[int(noise == "client") :]
     s2 = np.exp(log_s2)
-    lp_z = st.norm.logpdf(z[0]) if noise == "device" else 0.0
+    lp_z = st.norm.logpdf(z[0]) if noise == "client" else 0.0
     if penalty == "ridge":
         D = np.full(4, s2 / np.exp(log_lam))
     else:
@@ -118,7 +118,7 @@ def test_gibbs_conditional_draws():
         assert st.kstest(np.exp(-u[:, j]), st.invgauss(mu).cdf).pvalue > 1e-3, (j, mu)
 
 
-@pytest.mark.parametrize("noise", ["shared", "device"])
+@pytest.mark.parametrize("noise", ["shared", "client"])
 def test_gibbs_tilted_moments_equal_nuts(noise):
     # Two samplers of the same tilted target (Metropolis-within-Gibbs, NUTS on the collapsed
     # target): their phi moments must agree to Monte-Carlo error.
@@ -142,7 +142,7 @@ def test_gibbs_tilted_moments_equal_nuts(noise):
     [
         ("lasso", "sd", "shared", True),
         ("lasso", "variance", "shared", True),
-        ("lasso", "sd", "device", True),
+        ("lasso", "sd", "client", True),
         ("ridge", "sd", "shared", False),
     ],
 )
@@ -202,7 +202,7 @@ def test_collapsed_gradient_is_that_of_the_dense_marginal(penalty, scale, noise,
         np.testing.assert_allclose(jax.jacfwd(jax.grad(f))(x), jax.hessian(g)(x), rtol=1e-7, atol=1e-8)
 
 
-def test_gibbs_keeps_its_coefficient_draws_for_the_device_posterior():
+def test_gibbs_keeps_its_coefficient_draws_for_the_client_posterior():
     # draws["theta_draw"]: the coefficients step 2 drew, one per kept (phi, z), and their
     # reflections through the conditional mean (antithetic pairs, each with its (phi, z)):
     # each pair averages to the Gaussian conditional's mean at its draw (numpy's
@@ -226,11 +226,11 @@ def test_gibbs_keeps_its_coefficient_draws_for_the_device_posterior():
         np.testing.assert_allclose(th.std(axis=0) / sd, 1.0, atol=0.1)
 
 
-def test_gibbs_resumes_each_device_from_where_its_chains_stopped():
-    # A device's result carries its chains' end state; given back (``resume``) its chains
+def test_gibbs_resumes_each_client_from_where_its_chains_stopped():
+    # A client's result carries its chains' end state; given back (``resume``) its chains
     # continue from there with resume_warmup adaptation iterations (the same compiled
     # kernel), and its moments agree with a cold start's. A state that does not fit (other
-    # chain count or dimensions), or none, starts that device cold, in the same call.
+    # chain count or dimensions), or none, starts that client cold, in the same call.
     from fedstats.inference.tilted import GibbsTilted
 
     site = ShrinkageSite(d=4, penalty="lasso")

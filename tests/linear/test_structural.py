@@ -1,5 +1,5 @@
 """HM1 (Algorithm 1): exact fixed points (spec A2), the Omega update (A3), participation and
-what a device receives (A4), batched = looped, options and bad input."""
+what a client receives (A4), batched = looped, options and bad input."""
 
 from __future__ import annotations
 
@@ -118,13 +118,13 @@ def test_omega_update_invariants():
     data, _, _ = simulate(K=5, d=3, seed=4)
     # alpha = 1, one round: Omega = Theta^T Theta / d with the Theta after the round
     res = paper_model(rounds=1, alpha=1.0, lr=1e-3, eig_floor=0.0).fit(data, seed=1)
-    np.testing.assert_allclose(res.omega_, res.theta.T @ res.theta / 3, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(res.omega_array, res.theta.T @ res.theta / 3, rtol=0, atol=1e-14)
     # alpha in (0, 1) from the identity: symmetric, lambda_min >= (1 - alpha)^c
     alpha = 0.3
     res = paper_model(rounds=8, alpha=alpha, lr=1e-3).fit(data, seed=1)
     lam = np.array(res.history.metric("omega_min_eig"))
     assert np.all(lam >= (1 - alpha) ** np.arange(1, 9) * (1 - 1e-12))
-    np.testing.assert_array_equal(res.omega_, res.omega_.T)
+    np.testing.assert_array_equal(res.omega_array, res.omega_array.T)
 
 
 def test_jittered_solve_is_finite_on_a_singular_omega():
@@ -145,7 +145,7 @@ def test_omega_update_formula():
 
 
 class Spy(HM1Algorithm):
-    """Records what each device receives and the server state at each broadcast."""
+    """Records what each client receives and the server state at each broadcast."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -160,17 +160,17 @@ class Spy(HM1Algorithm):
         return super().client_step(message, state, data, rng)
 
 
-def test_partial_participation_and_what_a_device_receives():
+def test_partial_participation_and_what_a_client_receives():
     from fedstats.federation import run
-    from fedstats.linear.local import DeviceDesign
+    from fedstats.linear.local import ClientDesign
 
     data, _, _ = simulate(K=5, d=3, seed=7)
     alg = Spy(
         3, local_steps=4, lr=2e-3, alpha=0.2, batch_size=None, grad_reduction="sum", shrink_scale=1.0, init="normal"
     )
     schedule = [[0, 2], [1, 3, 4], [2]]
-    out = run(alg, DeviceDesign(data, False), rounds=3, participation=schedule, seed=0, batched=False)
-    # a device receives exactly its own theta_k and g_k = (Theta Omega^-1)[:, k] at the start of the round
+    out = run(alg, ClientDesign(data, False), rounds=3, participation=schedule, seed=0, batched=False)
+    # a client receives exactly its own theta_k and g_k = (Theta Omega^-1)[:, k] at the start of the round
     for msg, (rnd, client, theta0, omega0) in zip(alg.received, alg.starts):
         assert set(msg) == {"theta", "aggregate"}
         assert msg["theta"].shape == (3,) and msg["aggregate"].shape == (3,)
@@ -192,16 +192,16 @@ def test_batched_equals_looped_and_runs_are_seeded(batch_size, reduction):
     model = paper_model(rounds=10, batch_size=batch_size, grad_reduction=reduction)
     a, b = model.fit(data, seed=3, batched=True), model.fit(data, seed=3, batched=False)
     np.testing.assert_allclose(a.theta, b.theta, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(a.omega_, b.omega_, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(a.omega_array, b.omega_array, rtol=0, atol=1e-12)
     assert np.all(np.isfinite(a.theta))
     c = model.fit(data, seed=4)
     assert not np.allclose(c.theta, a.theta)  # the seed drives the initialisation (and batches)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_borrowing_strength_beats_separate_fits_when_devices_are_alike(seed):
-    # spec §9 item 6: where borrowing should help -- few rows per device (8 for 10
-    # coefficients), strongly correlated devices (0.95), noise variance 1/T as Algorithm 1
+def test_borrowing_strength_beats_separate_fits_when_clients_are_alike(seed):
+    # spec §9 item 6: where borrowing should help -- few rows per client (8 for 10
+    # coefficients), strongly correlated clients (0.95), noise variance 1/T as Algorithm 1
     # assumes -- HM1 must beat the same gradient budget without shrinkage by a wide margin
     from fedstats.linear.baselines import Separate
 
@@ -227,7 +227,7 @@ def test_uncertainty_intervals_and_prediction():
     np.testing.assert_allclose(p["mean"], X @ post.mean)
     np.testing.assert_allclose((p["lower"] + p["upper"]) / 2, p["mean"])
     np.testing.assert_allclose(p["estimate"], res.point_predict(X, 2))  # Algorithm 1's point, labelled
-    # the information share (up) and each device's posterior block (down) are in the fit's communication
+    # the information share (up) and each client's posterior block (down) are in the fit's communication
     assert res.communication.by_kind["information share"]["bytes_up"] == 4 * 8 * (9 + 3 + 1)
     assert res.communication.by_kind["posterior blocks"]["bytes_down"] == 4 * 8 * (3 + 9)
     assert res.communication.bytes_up == sum(v["bytes_up"] for v in res.communication.by_kind.values())
@@ -286,7 +286,7 @@ def test_bad_input_and_options():
         paper_model(rounds=2).fit(small, uncertainty=True)
     res = paper_model(rounds=2).fit(small, uncertainty=True, noise_sd=0.5)
     assert np.all(np.isfinite(res.posterior_mean))
-    # the default ("auto"): posteriors where every device can share, else Algorithm 1 with a warning
+    # the default ("auto"): posteriors where every client can share, else Algorithm 1 with a warning
     with pytest.warns(RuntimeWarning, match="Algorithm 1's point estimates only.*noise_sd"):
         point = paper_model(rounds=2).fit(small)
     assert not point.has_uncertainty and point.client_summary()["sd"].isna().all()
@@ -311,7 +311,7 @@ def test_separate_gd_starts_where_hm1_starts():
 
 def test_conditional_intervals_cover_at_the_nominal_level_where_omega_is_learnable():
     # The model holds (rows of Theta ~ N(0, Omega)), d = 30 coefficients inform the 4 x 4
-    # Omega, 100 rows per device estimate each noise variance, and the prior matters (the
+    # Omega, 100 rows per client estimate each noise variance, and the prior matters (the
     # posterior mean beats least squares). 30 seeded replicates, 3600 intervals at 90%.
     from fedstats.linear.baselines import Separate
 
@@ -343,11 +343,11 @@ def test_conditional_intervals_cover_at_the_nominal_level_where_omega_is_learnab
 def test_federated_equals_centralised(opts):
     data, _, _ = simulate(K=7, d=3, n=[20, 30, 25, 40, 12, 50, 9], seed=15)
     model = paper_model(rounds=25, **opts)
-    fed, cen = model.fit(data, seed=5), model.fit_centralised(data, seed=5)
+    fed, cen = model.fit(data, seed=5), model.fit_centralized(data, seed=5)
     np.testing.assert_allclose(fed.theta, cen.theta, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(fed.omega_, cen.omega_, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(fed.omega_array, cen.omega_array, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="full-batch"):
-        paper_model(batch_size=4).fit_centralised(data)
+        paper_model(batch_size=4).fit_centralized(data)
 
 
 def test_noise_estimates_need_residual_degrees_of_freedom():
@@ -446,9 +446,9 @@ def test_why_the_plug_in_of_algorithm_1s_omega_was_over_confident():
         with pytest.warns(RuntimeWarning, match="K = 10 > d = 5.*eig_floor"):
             fits[how] = paper_model(rounds=30, posterior_omega=how).fit(data, uncertainty=True, noise_sd=sigma)
     learned, em = fits["learned"], fits["em"]
-    np.testing.assert_allclose(np.linalg.eigvalsh(learned.omega_)[: K - d], 0.9**30, rtol=1e-4)
-    np.testing.assert_array_equal(learned.posterior_omega_, learned.omega_)
-    assert np.linalg.eigvalsh(em.posterior_omega_)[0] > 0.5
+    np.testing.assert_allclose(np.linalg.eigvalsh(learned.omega_array)[: K - d], 0.9**30, rtol=1e-4)
+    np.testing.assert_array_equal(learned.posterior_omega_array, learned.omega_array)
+    assert np.linalg.eigvalsh(em.posterior_omega_array)[0] > 0.5
     info = np.stack([data[c].X.T @ data[c].X / sigma**2 for c in data.clients])
     score = np.stack([data[c].X.T @ data[c].y / sigma**2 for c in data.clients])
     _, cov_true = conditional_posterior(omega, info, score)
@@ -537,7 +537,7 @@ def test_converged_means_small_relative_changes_of_theta_and_omega():
         warnings.simplefilter("error")
         full = paper_model(rounds=300, eig_floor=1e-2).fit(data)
         early = paper_model(rounds=300, eig_floor=1e-2, stop_early=True).fit(data)
-        cen = paper_model(rounds=300, eig_floor=1e-2, stop_early=True).fit_centralised(data)
+        cen = paper_model(rounds=300, eig_floor=1e-2, stop_early=True).fit_centralized(data)
     assert full.converged and full.rounds == 300
     # every round's record says whether it met the rule; the run went on (stop_early=False)
     flags = [r.converged for r in full.history]

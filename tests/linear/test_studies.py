@@ -18,8 +18,8 @@ def test_table2_run_case_II_against_least_squares():
     assert r["converged"] and r["rounds"] <= 6 and r["rhat_max"] < 1.05
     assert (r["n_nonzero_pairs"], r["n_zero_pairs"]) == (30, 50)
     assert r["correct"] == 1.0 and r["false"] <= 0.2
-    # Shrinking the five zero coefficients helps most at the two 20-point devices: the lasso
-    # beats least squares on each device alone, and is within 20% of the paper's 0.062.
+    # Shrinking the five zero coefficients helps most at the two 20-point clients: the lasso
+    # beats least squares on each client alone, and is within 20% of the paper's 0.062.
     assert r["a_rmse"] < r["a_rmse_ols"]
     assert 0.8 * 0.062 <= r["a_rmse"] <= 1.2 * 0.062
 

@@ -87,11 +87,11 @@ def test_one_client_equals_sklearn_bayesian_mixture(ct):
     res = VariationalGaussianMixture(
         3, covariance_type=ct, reg_covar=0, tol=0, rounds=K, vb_init=init, **_priors(sk)
     ).fit([X], seed=0)
-    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.weight_concentration_[0], sk.weight_concentration_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.degrees_of_freedom_, sk.degrees_of_freedom_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.mean_precision_, sk.mean_precision_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.means, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.weight_concentration[0], sk.weight_concentration_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.degrees_of_freedom, sk.degrees_of_freedom_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.mean_precision, sk.mean_precision_, atol=1e-10, rtol=0)
     assert res.elbo_trace()[-1] == pytest.approx(float(np.squeeze(sk.lower_bound_)), abs=1e-8)
     # the default priors are scikit-learn's, computed from federated sums
     dflt = VariationalGaussianMixture(3, covariance_type=ct, reg_covar=0, tol=0, rounds=1, vb_init=init).fit(
@@ -116,9 +116,9 @@ def test_shared_weights_equals_pooled_sklearn_bayesian(server_steps):
     # the server holds the shared Dirichlet, so no client sends a Dirichlet term
     assert len(_sees_only_sums(seen, "VBFedEMAlgorithm", VB_SUMS - {"weight_term"})) == 15
     _prior_round_sums_the_scatter_only(seen, len(data.clients))
-    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.weight_concentration_[data.clients[2]], sk.weight_concentration_, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(res.means, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.weight_concentration[data.clients[2]], sk.weight_concentration_, atol=1e-9, rtol=0)
 
 
 def test_per_client_vb_equals_centralised_reference(server_steps):
@@ -148,9 +148,9 @@ def test_per_client_vb_equals_centralised_reference(server_steps):
     res = VariationalGaussianMixture(3, tol=0, rounds=K, vb_init=init, **_priors(sk)).fit(data, seed=0)
     assert len(_sees_only_sums(seen, "VBFedEMAlgorithm", VB_SUMS)) == K
     _prior_round_sums_the_scatter_only(seen, len(data.clients))
-    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(np.stack([res.weight_concentration_[c] for c in data.clients]), alpha, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(res.means, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(np.stack([res.weight_concentration[c] for c in data.clients]), alpha, atol=1e-9, rtol=0)
     e = res.elbo_trace()
     assert np.all(np.diff(e) >= -1e-9 * np.abs(e[1:]))
     # the ELBO from the summed terms is scikit-learn's lower bound after the last update with
@@ -210,9 +210,9 @@ def test_partial_participation_equals_the_per_client_cache(ct, shared, server_st
     ).fit(data, seed=3)
     _sees_only_sums(seen, "VBFedEMAlgorithm", VB_SUMS - ({"weight_term"} if shared else set()))
     assert all(len(r.answered) == 3 for r in res.history[1:])
-    np.testing.assert_allclose(res.means_, means, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, cov, atol=1e-10, rtol=0)
-    np.testing.assert_allclose([res.weight_concentration_[c] for c in data.clients[:2]], conc, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(res.means, means, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, cov, atol=1e-10, rtol=0)
+    np.testing.assert_allclose([res.weight_concentration[c] for c in data.clients[:2]], conc, atol=1e-9, rtol=0)
     assert res.elbo_trace()[-1] == pytest.approx(elbo, abs=1e-9)
 
 
@@ -222,7 +222,7 @@ def test_vb_from_kmeans_start_recovers_and_intervals_match_draws():
     assert res.converged
     e = res.elbo_trace()
     assert np.all(np.diff(e[1:]) >= -1e-9 * np.abs(e[2:]))  # round 0 is the ML start
-    D = ((res.means_[:, None] - truth["means"][None]) ** 2).sum(-1)
+    D = ((res.means[:, None] - truth["means"][None]) ** 2).sum(-1)
     assert np.sqrt(D[linear_sum_assignment(D)]).max() < 0.3
     # closed-form marginals agree with exact draws from q
     s = res.summary(0.9)
@@ -248,7 +248,7 @@ def _coverage(reps, seed0=1000):
         )
         for bayes in (True, False):
             res = (VariationalGaussianMixture if bayes else FederatedGaussianMixture)(3, n_init=3).fit(data, seed=rep)
-            D = ((res.means_[:, None] - truth["means"][None]) ** 2).sum(-1)
+            D = ((res.means[:, None] - truth["means"][None]) ** 2).sum(-1)
             r, c = linear_sum_assignment(D)
             order = np.empty(3, int)
             order[c] = r
@@ -299,12 +299,12 @@ def test_wald_information_equals_autodiff_and_pooled_inverse(server_steps):
     with jax.enable_x64(True):
         hess = jax.jit(jax.hessian(_loglik_jax(M, d)))
         for k, c in enumerate(data.clients):
-            w = res.weights_[c]
+            w = res.weights[c]
             free = free_weights(w)  # log-ratios against the client's largest weight
             assert len(free) == M - 1
-            th = jnp.r_[res.means_.ravel(), np.log(w[free] / w.max())]
-            J = -np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(res.covariances_), np.eye(M)[free]))
-            Jtt, Jte, Jee = information_blocks(data[c].X, res.means_, res.covariances_, "full", w, free)
+            th = jnp.r_[res.means.ravel(), np.log(w[free] / w.max())]
+            J = -np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(res.covariances), np.eye(M)[free]))
+            Jtt, Jte, Jee = information_blocks(data[c].X, res.means, res.covariances, "full", w, free)
             scale = np.abs(J).max()
             np.testing.assert_allclose(Jtt, J[:P, :P], atol=1e-10 * scale)
             np.testing.assert_allclose(Jte, J[:P, P:], atol=1e-10 * scale)
@@ -318,10 +318,10 @@ def test_wald_information_equals_autodiff_and_pooled_inverse(server_steps):
     assert [s[1] for s in seen] == ["_schur_reply", "_weights_cov"]
     _sees_only_sums(seen, "OneShotSums", {"A"}, fn="_schur_reply")
     assert all(keys == set() for keys in seen[1][3]) and seen[1][4] == set()  # round 2 sends nothing
-    np.testing.assert_allclose(res.wald_info_["cov_means"], inv[:P, :P], rtol=1e-8, atol=1e-14)
+    np.testing.assert_allclose(res.wald_info["cov_means"], inv[:P, :P], rtol=1e-8, atol=1e-14)
     for k, c in enumerate(data.clients):
         s = slice(P + k * (M - 1), P + (k + 1) * (M - 1))
-        np.testing.assert_allclose(res.wald_info_["cov_eta"][c], inv[s, s], rtol=1e-8)
+        np.testing.assert_allclose(res.wald_info["cov_eta"][c], inv[s, s], rtol=1e-8)
     assert res.communication.by_kind["Wald round"]["bytes_up"] == C * P * P * 8  # only the P x P Schur term goes up
     assert np.all((w["lower"] > 0) & (w["upper"] < 1))
 
@@ -334,20 +334,20 @@ def test_wald_shared_weights_equals_autodiff(ct, server_steps):
     data, _ = gmm_federation(n_clients=3, n_components=3, d=2, n_obs=80, min_separation=4.0, seed=1)
     res = FederatedGaussianMixture(3, covariance_type=ct, shared_weights=True, n_init=3).fit(data, seed=0)
     M, d, P = 3, 2, 6
-    w = res.weights_[data.clients[0]]
+    w = res.weights[data.clients[0]]
     free = free_weights(w)
-    covs = full_covariances(res.covariances_, ct, M, d)
+    covs = full_covariances(res.covariances, ct, M, d)
     with jax.enable_x64(True):
         hess = jax.jit(jax.hessian(_loglik_jax(M, d)))
-        th = jnp.r_[res.means_.ravel(), np.log(w[free] / w.max())]
+        th = jnp.r_[res.means.ravel(), np.log(w[free] / w.max())]
         J = -sum(np.asarray(hess(th, jnp.asarray(data[c].X), jnp.asarray(covs), np.eye(M)[free])) for c in data.clients)
     inv = np.linalg.inv(J)
     seen = server_steps(OneShotSums)
     m, wt = res.wald_intervals(data, 0.9)
     assert len(_sees_only_sums(seen, "OneShotSums", {"A", "Jte", "Jee"}, fn="_schur_reply")) == 1
-    np.testing.assert_allclose(res.wald_info_["cov_means"], inv[:P, :P], rtol=1e-8, atol=1e-14)
+    np.testing.assert_allclose(res.wald_info["cov_means"], inv[:P, :P], rtol=1e-8, atol=1e-14)
     for c in data.clients:
-        np.testing.assert_allclose(res.wald_info_["cov_eta"][c], inv[P:, P:], rtol=1e-8)
+        np.testing.assert_allclose(res.wald_info["cov_eta"][c], inv[P:, P:], rtol=1e-8)
     np.testing.assert_allclose(m["sd"].to_numpy(), np.sqrt(np.diag(inv[:P, :P])), rtol=1e-8)
     assert res.communication.by_kind["Wald round"]["bytes_down"] > 0 and len(wt) == 9
 
@@ -373,7 +373,7 @@ def test_one_component_and_refusals():
     cs = vb.client_summary()
     assert np.all(cs["lower"] == 1) and np.all(cs["upper"] == 1)
     # siblings, not a subclass that refuses inherited calls: the variational result has no ML verbs
-    assert not any(hasattr(vb, v) for v in ("wald_intervals", "bic", "loglik_", "loglik_trace"))
+    assert not any(hasattr(vb, v) for v in ("wald_intervals", "bic", "loglik", "loglik_trace"))
     from fedstats.mixture import DecentralizedGaussianMixture
 
     dec = DecentralizedGaussianMixture(1, n_init=1, rounds=3).fit(Xs, seed=0)

@@ -46,11 +46,11 @@ def test_complete_graph_equals_fedem(fed, ct, server_steps):
     for _, _, _, per_client, sums in seen:
         assert len(per_client) == 12 and all(k == {"N", "S1", "S2"} for k in per_client)
         assert sums == {"loglik", "entropy"}
-    np.testing.assert_allclose(d.mixing_matrix_, np.full((12, 12), 1 / 12), atol=1e-15)
+    np.testing.assert_allclose(d.mixing_matrix, np.full((12, 12), 1 / 12), atol=1e-15)
     for c in data.clients:
-        np.testing.assert_allclose(d.client_means_[c], f.means_, atol=1e-10, rtol=0)
-        np.testing.assert_allclose(d.client_covariances_[c], f.covariances_, atol=1e-10, rtol=0)
-        np.testing.assert_allclose(d.weights_[c], f.weights_[c], atol=1e-10, rtol=0)
+        np.testing.assert_allclose(d.client_means[c], f.means, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(d.client_covariances[c], f.covariances, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(d.weights[c], f.weights[c], atol=1e-10, rtol=0)
     assert d.disagreement()[-1] < 1e-10
 
 
@@ -95,7 +95,7 @@ def test_fast_mixing_run_and_private_predictions(fed):
         3, graph=A, mixing="fast", gossip_steps=2, rounds=15, means_init=m0, covariances_init=c0
     ).fit(data, seed=0)
     f = FederatedGaussianMixture(3, rounds=15, tol=0, means_init=m0, covariances_init=c0).fit(data, seed=0)
-    assert np.abs(d.means_ - f.means_).max() < 0.05
+    assert np.abs(d.means - f.means).max() < 0.05
     X = data[3].X
     # a client predicts with its own copy of the components
     own = d.score(X, 3)
@@ -112,7 +112,7 @@ def test_weights_init_applies_and_a_bad_tol_is_refused(fed):
     w0 = {c: np.roll([0.8, 0.1, 0.1], k) for k, c in enumerate(data.clients)}
     one = DecentralizedGaussianMixture(M, graph="ring", rounds=1, n_init=2, weights_init=w0).fit(data, seed=0)
     uni = DecentralizedGaussianMixture(M, graph="ring", rounds=1, n_init=2).fit(data, seed=0)
-    assert any(not np.allclose(one.weights_[c], uni.weights_[c]) for c in data.clients)
+    assert any(not np.allclose(one.weights[c], uni.weights[c]) for c in data.clients)
     # tol is D-FedEM's convergence criterion since issue 40 (before, it had none and refused tol)
     with pytest.raises(ValueError, match="tol"):
         DecentralizedGaussianMixture(M, tol=-1.0).fit(data, seed=0)

@@ -80,9 +80,9 @@ def test_one_client_equals_sklearn(ct):
         M, covariance_type=ct, rounds=K, tol=0, means_init=m0, covariances_init=cov0, weights_init=w0
     ).fit([X], seed=0)
     assert res.rounds == K
-    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.weights_[0], sk.weights_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.means, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.weights[0], sk.weights_, atol=1e-10, rtol=0)
     assert res.score(X, 0) == pytest.approx(sk.score(X), abs=1e-10)
     np.testing.assert_allclose(res.predict_proba(X, 0), sk.predict_proba(X), atol=1e-10)
     np.testing.assert_array_equal(res.predict(X, 0), sk.predict(X))
@@ -124,9 +124,9 @@ def test_federated_equals_pooled_reference_em():
     ref_m, ref_c, ref_w = _pooled_reference_em(Xs, m0, cov0, K)
     res = FederatedGaussianMixture(3, rounds=K, tol=0, means_init=m0, covariances_init=cov0).fit(data, seed=0)
     assert res.rounds == K
-    np.testing.assert_allclose(res.means_, ref_m, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, ref_c, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(np.stack([res.weights_[c] for c in data.clients]), ref_w, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.means, ref_m, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, ref_c, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(np.stack([res.weights[c] for c in data.clients]), ref_w, atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("ct", ["full", "diag"])
@@ -139,10 +139,10 @@ def test_shared_weights_equals_pooled_sklearn(ct):
     res = FederatedGaussianMixture(
         3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0, covariances_init=cov0
     ).fit(data, seed=0)
-    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.means, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, sk.covariances_, atol=1e-10, rtol=0)
     for c in data.clients:
-        np.testing.assert_allclose(res.weights_[c], sk.weights_, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(res.weights[c], sk.weights_, atol=1e-10, rtol=0)
     # permuting the clients, or splitting one client in two, changes nothing with shared weights
     Xs = [data[c].X for c in data.clients]
     perm = FederatedGaussianMixture(
@@ -152,8 +152,8 @@ def test_shared_weights_equals_pooled_sklearn(ct):
         3, covariance_type=ct, rounds=K, tol=0, shared_weights=True, means_init=m0, covariances_init=cov0
     ).fit(FederatedData.from_arrays([Xs[0][:7], Xs[0][7:]] + Xs[1:], **NO_RULES), seed=0)
     for other in (perm, split):
-        np.testing.assert_allclose(other.means_, res.means_, atol=1e-10, rtol=0)
-        np.testing.assert_allclose(other.covariances_, res.covariances_, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(other.means, res.means, atol=1e-10, rtol=0)
+        np.testing.assert_allclose(other.covariances, res.covariances, atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("ct", COV_TYPES)
@@ -186,9 +186,9 @@ def test_batched_equals_looped_client_steps():
 def test_recovery_and_private_weights():
     data, truth = gmm_federation(n_clients=20, n_components=3, d=4, alpha=0.4, min_separation=8.0, seed=11)
     res = FederatedGaussianMixture(3, n_init=10, rounds=100).fit(data, seed=0)
-    order, err = _align(res.means_, truth["means"])
+    order, err = _align(res.means, truth["means"])
     assert err < 0.2
-    W = np.stack([res.weights_[c][order] for c in data.clients])
+    W = np.stack([res.weights[c][order] for c in data.clients])
     assert np.abs(W - truth["weights"]).mean() < 0.05
     assert res.converged
 
@@ -210,7 +210,7 @@ def test_weights_never_cross_the_network(monkeypatch):
     data, _ = gmm_federation(n_clients=5, n_components=3, d=2, alpha=0.5, seed=3)
     res = FederatedGaussianMixture(3, n_init=2).fit(data, seed=0)
     assert len(seen) >= 5 * (res.rounds + 4)  # every reply of every round went through the spy
-    for w in res.weights_.values():
+    for w in res.weights.values():
         for msg in seen:
             for k, v in msg.items():
                 v = np.ravel(v)
@@ -237,7 +237,7 @@ def test_init_centres_are_means_of_several_rows():
         np.r_[rng.standard_normal((20, d)), rng.standard_normal((20, d)) + 5]
     ]
     res = FederatedGaussianMixture(2, n_init=2).fit(FederatedData.from_arrays(Xs, **NO_RULES), seed=0)
-    assert np.ptp(res.means_[:, 0]) > 4
+    assert np.ptp(res.means[:, 0]) > 4
     tiny = FederatedData.from_arrays([rng.standard_normal((3, d)) for _ in range(4)], **NO_RULES)
     with pytest.raises(Exception, match="fewer than n_components"):
         FederatedGaussianMixture(3, n_init=1).fit(tiny, seed=0)
@@ -253,12 +253,12 @@ def test_translation_equivariance_far_from_the_origin(ct):
     off = 1e8
     a = FederatedGaussianMixture(3, covariance_type=ct, n_init=3).fit(Xs, seed=0)
     b = FederatedGaussianMixture(3, covariance_type=ct, n_init=3).fit([X + off for X in Xs], seed=0)
-    order, _ = _align(b.means_ - off, a.means_)
+    order, _ = _align(b.means - off, a.means)
     # 1e8 carries 1e-8 absolute rounding per coordinate in the data itself
-    np.testing.assert_allclose((b.means_ - off)[order], a.means_, atol=1e-5)
-    cov_b = b.covariances_ if ct == "tied" else b.covariances_[order]
-    np.testing.assert_allclose(cov_b, a.covariances_, rtol=1e-5, atol=1e-6)
-    assert b.loglik_ == pytest.approx(a.loglik_, rel=1e-7)
+    np.testing.assert_allclose((b.means - off)[order], a.means, atol=1e-5)
+    cov_b = b.covariances if ct == "tied" else b.covariances[order]
+    np.testing.assert_allclose(cov_b, a.covariances, rtol=1e-5, atol=1e-6)
+    assert b.loglik == pytest.approx(a.loglik, rel=1e-7)
     w = b.wald_intervals([X + off for X in Xs], 0.9)[0]
     sd_b = w["sd"].to_numpy().reshape(3, -1)[order].ravel()  # rows: mean[j, k], component by component
     np.testing.assert_allclose(sd_b, a.wald_intervals(Xs, 0.9)[0]["sd"], rtol=1e-4)
@@ -326,7 +326,7 @@ def test_client_failures_are_reported(monkeypatch):
     calls.update(n=0, fail=set(range(1, 100)))
     with pytest.warns(RuntimeWarning, match=f"not in the fit.*{bad!r}.*disk full"):
         res = FederatedGaussianMixture(2, n_init=2, rounds=10, tol=0).fit(data, seed=0)
-    assert list(res.excluded) == [bad] and "disk full" in res.excluded[bad] and bad not in res.weights_
+    assert list(res.excluded) == [bad] and "disk full" in res.excluded[bad] and bad not in res.weights
     rows = res.client_summary()
     assert rows.loc[rows["client"] == bad, "mean"].isna().all()
 
@@ -344,10 +344,10 @@ def test_bic_uses_the_final_parameters():
     data, _ = gmm_federation(n_clients=5, n_components=3, d=2, seed=2)
     res = FederatedGaussianMixture(3, n_init=2, rounds=3, tol=0).fit(data, seed=0)
     exact = sum(res.score(data[c].X, c) * data.n_obs[c] for c in data.clients)
-    assert res.loglik_ == pytest.approx(exact, rel=1e-12)
+    assert res.loglik == pytest.approx(exact, rel=1e-12)
     p = 3 * 2 + 3 * 3 + 5 * 2
     assert res.bic() == pytest.approx(-2 * exact + p * np.log(data.n_total), rel=1e-12)
-    assert res.history[-1].metrics["loglik"] < res.loglik_  # the last round's is at the previous parameters
+    assert res.history[-1].metrics["loglik"] < res.loglik  # the last round's is at the previous parameters
 
 
 def test_one_feature_equals_sklearn():
@@ -358,8 +358,8 @@ def test_one_feature_equals_sklearn():
     res = FederatedGaussianMixture(
         2, rounds=20, tol=0, means_init=m0, covariances_init=np.ones((2, 1, 1)), shared_weights=True
     ).fit([X], seed=0)
-    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10)
-    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10)
+    np.testing.assert_allclose(res.means, sk.means_, atol=1e-10)
+    np.testing.assert_allclose(res.covariances, sk.covariances_, atol=1e-10)
 
 
 def test_server_rule_guard_statistics_not_parameter_averaging():
@@ -374,7 +374,7 @@ def test_server_rule_guard_statistics_not_parameter_averaging():
     cov0 = np.stack([np.eye(2)] * 2)
     fed = FederatedGaussianMixture(2, rounds=1, tol=0, means_init=m0, covariances_init=cov0).fit(Xs, seed=0)
     ref_m, _, _ = _pooled_reference_em(Xs, m0, cov0, 1)
-    np.testing.assert_allclose(fed.means_, ref_m, atol=1e-12)
+    np.testing.assert_allclose(fed.means, ref_m, atol=1e-12)
     # what "averaging the clients' local M-steps with n_c/N" would give
     local = []
     for X in Xs:
@@ -383,7 +383,7 @@ def test_server_rule_guard_statistics_not_parameter_averaging():
         local.append((r.T @ X) / np.maximum(r.sum(0), 1e-12)[:, None])
     n = np.array([len(X) for X in Xs])
     averaged = np.tensordot(n / n.sum(), np.stack(local), axes=1)
-    assert np.abs(averaged - fed.means_).max() > 0.3
+    assert np.abs(averaged - fed.means).max() > 0.3
 
 
 def test_unseen_client_weights():
@@ -404,7 +404,7 @@ def test_unseen_client_weights():
 
     opt = minimize(negll, np.zeros(2), method="BFGS", options={"gtol": 1e-10})
     assert -negll(np.log(w[:2] / w[2])) == pytest.approx(-opt.fun, abs=1e-6)
-    order, _ = _align(res.means_, truth["means"])
+    order, _ = _align(res.means, truth["means"])
     assert np.abs(w[order] - p_new).max() < 0.1
     # n_iter=1: one E-step from uniform, then the weight update
     one = res.new_client_weights(Xn, n_iter=1)
@@ -424,7 +424,7 @@ def test_incremental_em_with_partial_participation():
     ll_full = sum(full.score(data[c].X, c) * data.n_obs[c] for c in data.clients)
     ll_part = sum(part.score(data[c].X, c) * data.n_obs[c] for c in data.clients)
     assert ll_part == pytest.approx(ll_full, rel=1e-6)
-    np.testing.assert_allclose(part.means_, full.means_, atol=1e-4)
+    np.testing.assert_allclose(part.means, full.means, atol=1e-4)
     # client ids that numpy would turn into arrays (tuples) are sampled by index
     tup = FederatedData.from_arrays({(k, "site"): data[c].X for k, c in enumerate(data.clients)}, **NO_RULES)
     res = FederatedGaussianMixture(3, participation=0.3, **dict(kw, rounds=5)).fit(tup, seed=0)
@@ -436,17 +436,17 @@ def test_degenerate_data_and_empty_component():
     # one client holds 30 copies of the same point, another a blob
     Xs = [np.tile([[5.0, 5.0]], (30, 1)), rng.standard_normal((50, 2))]
     res = FederatedGaussianMixture(2, n_init=2).fit(Xs, seed=0)
-    assert np.all(np.isfinite(res.means_)) and np.all(np.isfinite(res.covariances_))
-    assert np.all(np.linalg.eigvalsh(res.covariances_) > 0)
+    assert np.all(np.isfinite(res.means)) and np.all(np.isfinite(res.covariances))
+    assert np.all(np.linalg.eigvalsh(res.covariances) > 0)
     # a third component placed far away gets no mass: kept, flagged, warned about
     m0 = np.array([[5.0, 5.0], [0.0, 0.0], [1e3, 1e3]])
     with pytest.warns(RuntimeWarning, match="no mass"):
         res = FederatedGaussianMixture(
             3, rounds=5, tol=0, means_init=m0, covariances_init=np.stack([np.eye(2)] * 3)
         ).fit(Xs, seed=0)
-    np.testing.assert_array_equal(res.means_[2], m0[2])
+    np.testing.assert_array_equal(res.means[2], m0[2])
     assert res.history[-1].metrics["empty_components"] == 1
-    assert np.all(np.isfinite(res.covariances_))
+    assert np.all(np.isfinite(res.covariances))
 
 
 def test_bad_input_is_refused():
@@ -497,7 +497,7 @@ def test_save_load_roundtrip_and_tables(tmp_path):
         [data[c].X for c in data.clients], [np.zeros(data.n_obs[c]) for c in data.clients], **NO_RULES
     )
     res2 = FederatedGaussianMixture(3, n_init=2).fit(fd, seed=0)
-    np.testing.assert_allclose(res2.means_, res.means_)
+    np.testing.assert_allclose(res2.means, res.means)
 
 
 def _round_and_iteration_seconds(n_clients, n_obs, shared, repeats=3):
@@ -627,12 +627,12 @@ def test_the_server_steps_see_only_sums_and_the_fit_equals_pooled_em(server_step
     # the same start, then the oracle
     m0, cov0, _ = federated_kmeans_init(data, 3, "full", 1e-6, 3, 2)
     ref_m, ref_c, ref_w = _pooled_reference_em([data[c].X for c in data.clients], m0, cov0, 30)
-    np.testing.assert_allclose(res.means_, ref_m, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, ref_c, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(np.stack([res.weights_[c] for c in data.clients]), ref_w, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.means, ref_m, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, ref_c, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(np.stack([res.weights[c] for c in data.clients]), ref_w, atol=1e-10, rtol=0)
     # each client's log-likelihood (kept by the client, its reply summed) at the final parameters
     for c in data.clients:
-        assert res.client_loglik_[c] == pytest.approx(res.score(data[c].X, c) * data.n_obs[c], rel=1e-12)
+        assert res.client_loglik[c] == pytest.approx(res.score(data[c].X, c) * data.n_obs[c], rel=1e-12)
 
 
 def test_shared_weights_send_no_weight_term_and_equal_pooled_sklearn(server_steps):
@@ -646,9 +646,9 @@ def test_shared_weights_send_no_weight_term_and_equal_pooled_sklearn(server_step
         data, seed=0
     )
     _only_sums(seen, "FedEMAlgorithm", FEDEM_SUMS - {"weight_term"})
-    np.testing.assert_allclose(res.means_, sk.means_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, sk.covariances_, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.weights_[data.clients[4]], sk.weights_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.means, sk.means_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, sk.covariances_, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.weights[data.clients[4]], sk.weights_, atol=1e-10, rtol=0)
 
 
 def test_partial_participation_with_a_failure_equals_incremental_reference_em(
@@ -668,12 +668,12 @@ def test_partial_participation_with_a_failure_equals_incremental_reference_em(
     assert all(len(a) < len(data.clients) for a in answered[1:])
     cov0, _ = _init("full", 2, 2, v=1.5)
     ref_m, ref_c, ref_w = _pooled_reference_em([data[c].X for c in data.clients], m0, cov0, 12, answered=answered)
-    np.testing.assert_allclose(res.means_, ref_m, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, ref_c, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(np.stack([res.weights_[c] for c in data.clients]), ref_w, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.means, ref_m, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, ref_c, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(np.stack([res.weights[c] for c in data.clients]), ref_w, atol=1e-10, rtol=0)
     # and the fit the per-client cache gave before the sums (recorded)
     np.testing.assert_allclose(
-        res.means_, [[0.8965189001926782, 3.4526262507997445], [-4.029173063132342, 3.900536115203275]], atol=1e-10
+        res.means, [[0.8965189001926782, 3.4526262507997445], [-4.029173063132342, 3.900536115203275]], atol=1e-10
     )
     assert res.history[-1].metrics["free_energy"] == pytest.approx(-2798.380751154974, abs=1e-9)
 
@@ -733,9 +733,9 @@ def test_partial_participation_equals_the_per_client_cache(ct, shared, tol, serv
     res = model.fit(data, seed=3)
     _only_sums(seen, "FedEMAlgorithm", FEDEM_SUMS - ({"weight_term"} if shared else set()))
     assert res.rounds == rounds and res.converged == bool(tol)
-    np.testing.assert_allclose(res.means_, means, atol=1e-10, rtol=0)
-    np.testing.assert_allclose(res.covariances_, cov, atol=1e-10, rtol=0)
-    np.testing.assert_allclose([res.weights_[c] for c in data.clients[:2]], weights, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.means, means, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(res.covariances, cov, atol=1e-10, rtol=0)
+    np.testing.assert_allclose([res.weights[c] for c in data.clients[:2]], weights, atol=1e-10, rtol=0)
     assert res.history[-1].metrics["free_energy"] == pytest.approx(F, abs=1e-9)
     F_trace = np.array([r.metrics["free_energy"] for r in res.history])
     assert np.all(np.diff(F_trace) >= -1e-9 * np.abs(F_trace[1:]))
@@ -751,15 +751,15 @@ def test_resume_with_partial_participation_equals_a_straight_fit(tmp_path):
     assert first.fit(data, seed=3, checkpoint=path).rounds == 8
     resumed = model.fit(data, seed=3, checkpoint=path, resume=True)
     assert resumed.rounds == 15
-    np.testing.assert_array_equal(resumed.means_, straight.means_)
-    np.testing.assert_array_equal(resumed.covariances_, straight.covariances_)
+    np.testing.assert_array_equal(resumed.means, straight.means)
+    np.testing.assert_array_equal(resumed.covariances, straight.covariances)
     for c in data.clients:
-        np.testing.assert_array_equal(resumed.weights_[c], straight.weights_[c])
+        np.testing.assert_array_equal(resumed.weights[c], straight.weights[c])
     assert [r.metrics for r in resumed.history[8:]] == [r.metrics for r in straight.history[8:]]
     # a checkpoint of the per-client cache that came before the running totals is refused
     from fedstats.federation import Replies
 
-    algo = FedEMAlgorithm(straight.means_, straight.covariances_)
+    algo = FedEMAlgorithm(straight.means, straight.covariances)
     former = {k: v for k, v in algo.init_server(data.clients, None).items() if k != "weight_term"}
     with pytest.raises(ValueError, match="former per-client statistics"):
         algo.server_step(former, Replies(), 0)

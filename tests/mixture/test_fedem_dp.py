@@ -43,7 +43,7 @@ def _fit(dp, seed=0, Xs=XS, **kw):
 
 
 def _mean_error(res):
-    return float(np.abs(res.means_ - MU).max())  # components stay in the order of the start
+    return float(np.abs(res.means - MU).max())  # components stay in the order of the start
 
 
 # ---------------------------------------------------------------- (a) no noise: the plain fit
@@ -60,10 +60,10 @@ def test_noiseless_private_fit_with_a_loose_bound_is_the_plain_fit(cov_type, sha
     kw = {"covariance_type": cov_type, "shared_weights": shared, "means_init": START}
     plain = FederatedGaussianMixture(3, rounds=8, tol=None, **kw).fit(Xs, seed=1)
     private = FederatedGaussianMixture(3, dp=dp, dp_rounds=8, **kw).fit(Xs, seed=1)
-    np.testing.assert_allclose(private.means_, plain.means_, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(private.covariances_, plain.covariances_, rtol=0, atol=1e-10)
-    for c in plain.weights_:
-        np.testing.assert_allclose(private.weights_[c], plain.weights_[c], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(private.means, plain.means, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(private.covariances, plain.covariances, rtol=0, atol=1e-10)
+    for c in plain.weights:
+        np.testing.assert_allclose(private.weights[c], plain.weights[c], rtol=0, atol=1e-10)
     assert private.privacy.epsilon == np.inf and private.converged
 
 
@@ -185,7 +185,7 @@ def test_tables_say_the_intervals_exclude_the_noise_and_the_result_saves(tmp_pat
     back = type(res).load(res.save(tmp_path / "fit.fedstats"))
     assert back.privacy.epsilon == pytest.approx(res.privacy.epsilon)
     assert back.privacy.ledger.releases == res.privacy.ledger.releases
-    np.testing.assert_array_equal(back.means_, res.means_)
+    np.testing.assert_array_equal(back.means, res.means)
 
 
 def test_include_dp_noise_gives_intervals_of_the_noise_of_its_size():
@@ -202,7 +202,7 @@ def test_include_dp_noise_gives_intervals_of_the_noise_of_its_size():
     assert t.loc[rows, "sd"].gt(0).all() and t["lower"].lt(t["mean"]).all()
     with pytest.raises(ValueError, match="cannot include the DP noise of the per-client weights"):
         res.client_summary()
-    means = np.array([_fit(dp, seed=s, Xs=Xs, shared_weights=True, dp_rounds=10).means_ for s in range(1, 21)])
+    means = np.array([_fit(dp, seed=s, Xs=Xs, shared_weights=True, dp_rounds=10).means for s in range(1, 21)])
     ratio = means.std(0, ddof=1).ravel() / res.dp_noise_sd["means"].ravel()
     # 20 refits: a spread estimated within about +-35% (earlier rounds' noise adds a little)
     assert np.all((ratio > 0.5) & (ratio < 2.0)), ratio

@@ -1,10 +1,10 @@
 """Tilted-moment estimators for federated EP.
 
-A device's tilted distribution is ``cavity(phi) * f_k(phi)``, where ``f_k`` is its
-likelihood contribution with the device's local latents integrated out. EP needs the
+A client's tilted distribution is ``cavity(phi) * f_k(phi)``, where ``f_k`` is its
+likelihood contribution with the client's local latents integrated out. EP needs the
 mean and covariance of ``phi`` under it. The model supplies ``f_k`` through a
 :class:`SiteModel` (:mod:`.base`); an estimator turns it into moments. Estimators work on a
-*batch* of devices at once (compiled kernels, :mod:`.kernels`): every device's result
+*batch* of clients at once (compiled kernels, :mod:`.kernels`): every client's result
 depends only on its own inputs, so batching is a simulation speed-up, not a change of
 algorithm.
 
@@ -19,9 +19,9 @@ Estimators, one module each
     approximation, with control variates per stratum: Monte-Carlo noise enters mainly
     through the weights' spread (small when the tilted is close to Gaussian).
 ``NUTSTilted`` (:mod:`.nuts`)
-    NumPyro NUTS over the device's target (``augmented``: phi, theta_k and local
+    NumPyro NUTS over the client's target (``augmented``: phi, theta_k and local
     nuisances; or ``collapsed``: theta_k integrated out), several chains, vectorised over
-    devices and chains, keeping the phi draws (plus R-hat and ESS of every run).
+    clients and chains, keeping the phi draws (plus R-hat and ESS of every run).
 ``RaoBlackwellTilted`` (:mod:`.rao_blackwell`)
     Importance sampling of the coordinates that are not conditionally Gaussian, the
     Gaussian block of phi integrated in closed form; numpy only (nothing to compile).

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..gaussian import NaturalGaussian, chol_solve, cholesky, symmetrize
 
-#: one device's statistics: fixed-shape arrays by name (numpy outside a kernel, jax inside)
+#: one client's statistics: fixed-shape arrays by name (numpy outside a kernel, jax inside)
 Stats = dict[str, Any]
 
 
@@ -20,9 +20,9 @@ Stats = dict[str, Any]
 class SiteModel(Protocol):
     """What every estimator needs from a model's site (all jax functions pure).
 
-    ``stats`` is one device's dict of fixed-shape arrays (e.g. sufficient statistics, or its
-    rows padded to a common length), so that devices stack into a batch. ``phi`` has
-    ``phi_dim`` entries, the device's coefficients ``theta`` ``theta_dim``, its local
+    ``stats`` is one client's dict of fixed-shape arrays (e.g. sufficient statistics, or its
+    rows padded to a common length), so that clients stack into a batch. ``phi`` has
+    ``phi_dim`` entries, the client's coefficients ``theta`` ``theta_dim``, its local
     nuisances ``z`` (e.g. a log noise sd) ``local_dim``.
     """
 
@@ -54,7 +54,7 @@ class SiteModel(Protocol):
         ...
 
     def client_stats(self, data: Any) -> Stats:
-        """A device's statistics from its data (on the device)."""
+        """A client's statistics from its data (on the client)."""
         ...
 
     def log_collapsed(self, phi: Any, z: Any, stats: Stats) -> Any:
@@ -62,7 +62,7 @@ class SiteModel(Protocol):
         ...
 
     def init_local(self, stats: Stats) -> tuple[np.ndarray, np.ndarray]:
-        """``(theta0, z0)``: starting values of the device's own variables for samplers."""
+        """``(theta0, z0)``: starting values of the client's own variables for samplers."""
         ...
 
 
@@ -90,7 +90,7 @@ class ConditionallyGaussianSite(SiteModel, Protocol):
     of ``x = (psi, z)``.
 
     ``gaussian_given(x, stats)`` (numpy) takes ``x`` of shape ``(D, B, M)`` (coordinates
-    leading; B devices, M points each) and the devices' statistics stacked along a leading
+    leading; B clients, M points each) and the clients' statistics stacked along a leading
     axis (arrays ``(B, ...)``), and returns ``P`` (g, g, B, M), ``h`` (g, B, M) and ``c``
     (B, M), ``g = gaussian_dim``. ``P`` need not be positive definite (only ``P`` plus the
     cavity's conditional precision is)."""
@@ -112,10 +112,10 @@ class ConvolvedGaussianSite(ConditionallyGaussianSite, Protocol):
     averaged over a Gaussian ``beta ~ N(a, C)`` and its first two derivatives in ``(a, x)``
     (``RaoBlackwellTilted`` then finds the mode of ``x``'s marginal by Newton steps with exact
     derivatives instead of finite differences: with 16 predictors, one Hessian costs a
-    factorisation per device instead of 649).
+    factorisation per client instead of 649).
 
     ``convolved(a, C, x, stats, order=2)`` (numpy) takes ``a`` (B, M, g), ``C`` (B, g, g),
-    ``x`` (B, M, D) and the devices' statistics stacked along a leading axis, and returns
+    ``x`` (B, M, D) and the clients' statistics stacked along a leading axis, and returns
     ``log E[exp(log_collapsed(beta, x))]`` under ``beta ~ N(a, C)`` (B, M), its gradient
     (B, M, g + D) and Hessian (B, M, g + D, g + D) in ``(a, x)`` (``None`` beyond ``order``)."""
 
@@ -146,8 +146,8 @@ class GibbsSite(SiteModel, Protocol):
 
 @runtime_checkable
 class PreparedSite(SiteModel, Protocol):
-    """A site with per-device quantities that depend on the statistics only: ``prepare`` adds
-    them, once per device inside each compiled kernel, before any loop or batch over phi
+    """A site with per-client quantities that depend on the statistics only: ``prepare`` adds
+    them, once per client inside each compiled kernel, before any loop or batch over phi
     (``HierarchicalGLM``'s client estimate, the start of its inner Newton solves)."""
 
     def prepare(self, stats: Stats) -> Stats: ...
@@ -155,12 +155,12 @@ class PreparedSite(SiteModel, Protocol):
 
 @dataclass
 class TiltedResult:
-    """Moments of phi under one device's tilted distribution, and what produced them.
+    """Moments of phi under one client's tilted distribution, and what produced them.
 
     ``draws`` (when the estimator samples) maps ``"phi"``, ``"z"`` and possibly
     ``"theta"`` to arrays with a leading draw axis; ``weights`` are normalised importance
     weights (``None`` for equally weighted MCMC draws). ``state``: where a resumable
-    estimator's chains stopped (:attr:`TiltedEstimator.resumable`), kept by the device for
+    estimator's chains stopped (:attr:`TiltedEstimator.resumable`), kept by the client for
     its next call.
     """
 
@@ -181,11 +181,11 @@ class TiltedResult:
 
 
 class TiltedEstimator(ABC):
-    """Base class: ``estimate`` maps a batch of cavities and device statistics to moments."""
+    """Base class: ``estimate`` maps a batch of cavities and client statistics to moments."""
 
     name: str = "?"
     sampled: bool = False  # whether results carry draws (and Monte-Carlo noise)
-    #: whether ``estimate`` takes ``resume``: per device, the ``state`` of its previous result
+    #: whether ``estimate`` takes ``resume``: per client, the ``state`` of its previous result
     #: (or None), from which its chains continue (a warm start: a short warm-up instead of a
     #: full one)
     resumable: bool = False
@@ -201,7 +201,7 @@ class TiltedEstimator(ABC):
         *,
         keep_draws: bool = False,
     ) -> list[TiltedResult]:
-        """Tilted moments for B devices: ``cavity_mean`` (B, p), ``cavity_cov`` (B, p, p)."""
+        """Tilted moments for B clients: ``cavity_mean`` (B, p), ``cavity_cov`` (B, p, p)."""
 
     def check_model(self, model: SiteModel) -> None:
         """Raise ``ValueError`` when this estimator cannot handle ``model`` (checked before a fit)."""

@@ -1,5 +1,5 @@
 """Moments of phi from MCMC chains (NUTS, Gibbs): plain sample moments or zero-variance control
-variates from the chains' scores, with R-hat and ESS per device."""
+variates from the chains' scores, with R-hat and ESS per client."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Metropolis-within-Gibbs over a device's tilted target (for sites with exact conditionals)."""
+"""Metropolis-within-Gibbs over a client's tilted target (for sites with exact conditionals)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .base import SiteModel, TiltedEstimator, TiltedResult
 from .chains import chain_results
 from .kernels import KERNELS, cavity_precision, jit_kernel, pad_batch, prepare_stats, stack_stats
 
-#: chains in one call of the compiled kernel (devices x chains): larger batches run faster
+#: chains in one call of the compiled kernel (clients x chains): larger batches run faster
 #: per chain; each holds its kept draws (state, coefficients and their conditional mean,
 #: score: about 0.5 MB for 30 predictors and the default lengths)
 CHAINS_PER_CALL = 80
@@ -19,9 +19,9 @@ CHAINS_PER_CALL = 80
 @register
 class GibbsTilted(TiltedEstimator):
     """Metropolis-within-Gibbs on a tilted target whose coefficients and local scales have
-    closed-form conditionals (the shrinkage site), vectorised over devices and chains.
+    closed-form conditionals (the shrinkage site), vectorised over clients and chains.
 
-    Each iteration (all devices and chains in lockstep, every step of fixed cost):
+    Each iteration (all clients and chains in lockstep, every step of fixed cost):
 
     1. adaptive random-walk Metropolis on (phi, the first ``model.mh_locals`` entries of z)
        with the coefficients integrated out (``model.collapsed_factor``); the proposal
@@ -44,15 +44,15 @@ class GibbsTilted(TiltedEstimator):
     kernel's time at 30 predictors), R-hat and ESS from the chains. With ``keep_draws``,
     ``draws["theta_draw"]`` holds the coefficients drawn from their conditional at each kept
     (phi, z), and, where the site gives that conditional's mean (``model.theta_mean``), their
-    reflections through it, each with its (phi, z) again: antithetic pairs, so the device's
+    reflections through it, each with its (phi, z) again: antithetic pairs, so the client's
     posterior mean of the coefficients is the average of the conditional means
     (Rao-Blackwellised; on Table 2's Case III this took the largest difference from pooled
-    NUTS over 620 device coefficients from 0.08-0.12 sd to 0.051-0.056 over seven seeds). NUTS in
-    lockstep waits for the longest trajectory of the batch; these steps do not. One call runs at most ``CHAINS_PER_CALL`` chains (devices in equal
+    NUTS over 620 client coefficients from 0.08-0.12 sd to 0.051-0.056 over seven seeds). NUTS in
+    lockstep waits for the longest trajectory of the batch; these steps do not. One call runs at most ``CHAINS_PER_CALL`` chains (clients in equal
     chunks: one compiled shape per fit), whose paths it holds in memory.
 
-    A device's chains continue in its next call from where they stopped (``resume``, the
-    ``state`` of its last result, which EP keeps on the device): a warm start, with
+    A client's chains continue in its next call from where they stopped (``resume``, the
+    ``state`` of its last result, which EP keeps on the client): a warm start, with
     ``resume_warmup`` adaptation iterations from the proposal they had (its scale adapted
     further, its covariance kept), instead of ``num_warmup`` from the cavity. The proposal is
     frozen after the warm-up. (50 iterations were too few after an undamped EP step: R-hat
@@ -239,21 +239,21 @@ class GibbsTilted(TiltedEstimator):
             end = {"x": chain[0], "log_scale": chain[6], "log_step": chain[7], "L": L, "adapted": adapted + n_warm}
             return path, thetas, centres, scores, acc / (S * T), end
 
-        # one batch axis over (device, chain) pairs: half the tracing of a vmap over chains
-        # inside a vmap over devices
+        # one batch axis over (client, chain) pairs: half the tracing of a vmap over chains
+        # inside a vmap over clients
         fn = jit_kernel(jax.vmap(one_chain, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None, 0)))
         KERNELS[key] = fn
         return fn
 
     def _chunk(self, B: int) -> int:
-        """Devices per call of the kernel for a batch of ``B``: at most ``CHAINS_PER_CALL``
+        """Clients per call of the kernel for a batch of ``B``: at most ``CHAINS_PER_CALL``
         chains, in equal chunks."""
         per_call = max(1, CHAINS_PER_CALL // self.num_chains)
         return -(-B // -(-B // per_call))
 
     def _starts(self, model, cavity_mean, cavity_cov, stats, seeds, resume):
-        """Per device and chain: the key, the start, the proposal (log scale, log step along
-        the invariant direction, factor of the covariance) and the warm-up length. A device
+        """Per client and chain: the key, the start, the proposal (log scale, log step along
+        the invariant direction, factor of the covariance) and the warm-up length. A client
         whose ``resume`` state fits continues from it with ``resume_warmup`` iterations; the
         others start over the cavity (so that R-hat can see poor mixing) with ``num_warmup``."""
         B, p, C = len(stats), model.phi_dim, self.num_chains
@@ -296,10 +296,10 @@ class GibbsTilted(TiltedEstimator):
         starts, warm = self._starts(model, cavity_mean, np.asarray(cavity_cov), stats, seeds, resume)
         fn = self._compiled(model)
         cav_prec = cavity_precision(cavity_cov)
-        size = self._chunk(B)  # devices per call, the same for cold and warm calls (one compiled shape)
+        size = self._chunk(B)  # clients per call, the same for cold and warm calls (one compiled shape)
         got: list = [None] * B
-        # cold devices and warm ones in separate calls: each call's warm-up length is one
-        # number, and a device's result does not depend on the others of its batch
+        # cold clients and warm ones in separate calls: each call's warm-up length is one
+        # number, and a client's result does not depend on the others of its batch
         for is_warm in (False, True):
             todo = np.flatnonzero(warm == is_warm)
             for lo in range(0, len(todo), size):
@@ -337,14 +337,14 @@ class GibbsTilted(TiltedEstimator):
             extra={"acceptance": acc.mean(axis=-1), "warmup": n_warm},
             label="Gibbs",
         )
-        for b, r in enumerate(out):  # where each device's chains stopped: its next call continues there
+        for b, r in enumerate(out):  # where each client's chains stopped: its next call continues there
             if r.ok:
                 r.state = {k: v[b].copy() for k, v in ends.items()}
         if keep_draws:
             # the coefficients the sampler drew from their conditional at each kept draw's
             # (phi, z_mh), and their reflections through the conditional's mean (antithetic
             # pairs: where the site gives that mean, ``model.theta_mean``): draws of the
-            # device posterior of theta, each pair with its draw of (phi, z), whose average is
+            # client posterior of theta, each pair with its draw of (phi, z), whose average is
             # the Rao-Blackwellised mean (the average of the conditional means)
             for r, th, mu in zip(out, thetas, centres):
                 if r.draws is not None:

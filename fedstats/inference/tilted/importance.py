@@ -35,19 +35,19 @@ class ImportanceTilted(LaplaceTilted):
     Parameters
     ----------
     num_draws : int
-        Proposal draws per device (rounded up to a multiple of 4).
+        Proposal draws per client (rounded up to a multiple of 4).
     defensive : float in [0, 1)
         Weight of the cavity component in the proposal (0: Laplace only).
     min_ess_fraction : float
-        A device whose effective sample size falls below this fraction of ``num_draws``
+        A client whose effective sample size falls below this fraction of ``num_draws``
         does not send a noisy site: it falls back (see ``fallback``) or reports ``ok=False``
         (its update is skipped).
     fallback : {"laplace", None}
-        What a device with too small an ESS sends: the Laplace moments (default; the mode
+        What a client with too small an ESS sends: the Laplace moments (default; the mode
         and curvature were computed anyway; ``diagnostics["laplace_fallback"] = 1``) or
         nothing (``None``). Importance weights degenerate as the dimension grows: with 40
         predictors (phi of dimension 80) and the prior as cavity, the ESS of 4,000 draws
-        is 2-50, so without the fallback no device ever answered and the fit stayed at the
+        is 2-50, so without the fallback no client ever answered and the fit stayed at the
         prior; once the sites have moved q towards the tilteds, the ESS recovers.
     qmc : bool
         Draw each stratum from a scrambled Sobol sequence instead of pseudo-random normals
@@ -94,9 +94,9 @@ class ImportanceTilted(LaplaceTilted):
         if key not in KERNELS:
             log_target, _ = laplace_fns(model, 0)
             over_draws = jax.vmap(log_target, in_axes=(1, None, None, None))  # draws as columns (D, M)
-            # devices one after another, each device's draws vectorised: a model's inner loops
-            # (HierarchicalGLM's Newton steps) then stop when that device's draws have
-            # converged, not every device's
+            # clients one after another, each client's draws vectorised: a model's inner loops
+            # (HierarchicalGLM's Newton steps) then stop when that client's draws have
+            # converged, not every client's
             KERNELS[key] = jax.jit(
                 lambda *args: jax.lax.map(lambda a: over_draws(a[0], a[1], a[2], prepare_stats(model, a[3])), args)
             )
@@ -167,11 +167,11 @@ class ImportanceTilted(LaplaceTilted):
 
 
 def defensive_proposals(cav_mean, cav_cov, mode, negH, z_start, defensive: float):
-    """Every device's proposal over x = (phi, z), a mixture of components (weight, mean,
-    cov), grouped by its structure: ``[(devices, weights (J,), means (G, J, D), covs
+    """Every client's proposal over x = (phi, z), a mixture of components (weight, mean,
+    cov), grouped by its structure: ``[(clients, weights (J,), means (G, J, D), covs
     (G, J, D, D), laplace_ok)]``: the cavity over phi (B, p) times the Laplace marginal of z
     (weight ``defensive``) and the Laplace approximation ``N(mode, negH^-1)`` of the tilted.
-    A device whose Laplace approximation is unusable samples from the cavity alone, z from
+    A client whose Laplace approximation is unusable samples from the cavity alone, z from
     ``N(z_start(b), 0.25 I)``."""
     B, D = mode.shape
     p = cav_mean.shape[1]
@@ -209,12 +209,12 @@ def stratum_sizes(weights, M: int) -> list[int]:
 
 
 def mixture_draws(groups, seeds, B: int, D: int, M: int, qmc: bool | str):
-    """Every device's draws, one column each, (B, D, M), and their log proposal density (B, M).
+    """Every client's draws, one column each, (B, D, M), and their log proposal density (B, M).
 
     Draws per component in proportion to its weight (stratified), antithetic within each;
     the density uses the realised fractions n_j / M, so the weights are exact for the
-    mixture actually sampled. Each device's normals come from its own stream, one
-    sequence per device, consecutive blocks of it per stratum (for Sobol points each
+    mixture actually sampled. Each client's normals come from its own stream, one
+    sequence per client, consecutive blocks of it per stratum (for Sobol points each
     block is itself evenly spread; setting up a scrambled sequence is costly). Draws are
     columns so that every elementwise step runs along the M draws, not along D.
     """
@@ -239,7 +239,7 @@ def mixture_draws(groups, seeds, B: int, D: int, M: int, qmc: bool | str):
 
 
 def weighted_moments(groups, draws, logw, B: int):
-    """Every device's normalised weights, ESS, weighted mean and control-variate covariance
+    """Every client's normalised weights, ESS, weighted mean and control-variate covariance
     (see the class docs), at once per group (draws as columns, (B, D, M))."""
     D, M = draws.shape[1:]
     lw = np.where(np.isfinite(logw), logw, -np.inf)

@@ -1,6 +1,6 @@
-"""What the estimators share to run batches of devices in compiled kernels: the process's
+"""What the estimators share to run batches of clients in compiled kernels: the process's
 cache of compiled kernels, stacking and padding of a batch, normal draws (optionally
-quasi-random), and the model's per-device preparation."""
+quasi-random), and the model's per-client preparation."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def jit_kernel(fn):
 
 
 def stack_stats(stats: list[dict[str, np.ndarray]], pad_to: int) -> dict[str, np.ndarray]:
-    """Stack per-device stats along a new leading axis, padding by repeating the first."""
+    """Stack per-client stats along a new leading axis, padding by repeating the first."""
     keys = stats[0].keys()
     padded = list(stats) + [stats[0]] * (pad_to - len(stats))
     return {k: np.stack([np.asarray(s[k], dtype=float) for s in padded]) for k in keys}
@@ -75,7 +75,7 @@ def pad_batch(a: np.ndarray, pad_to: int) -> np.ndarray:
 def bucket(b: int) -> int:
     """Batch size rounded up to 1, 2, 4 or a multiple of 8: few distinct shapes (few
     compilations) when participation varies, little padding when it does not (padded
-    devices are computed, so a single device must not pay for eight)."""
+    clients are computed, so a single client must not pay for eight)."""
     if b <= 4:
         return 1 if b <= 1 else (2 if b == 2 else 4)
     return -(-b // 8) * 8

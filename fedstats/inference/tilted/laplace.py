@@ -1,5 +1,5 @@
 """Laplace approximation of the tilted target: damped, saddle-free Newton to its mode, covariance
-from the Hessian there (one compiled kernel for a batch of devices)."""
+from the Hessian there (one compiled kernel for a batch of clients)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .kernels import KERNELS, bucket, cavity_precision, pad_batch, prepare_stats
 
 
 def laplace_fns(model: SiteModel, newton_steps: int):
-    """Build (jit-able) functions: mode and Hessian of the collapsed tilted target, per device."""
+    """Build (jit-able) functions: mode and Hessian of the collapsed tilted target, per client."""
     import jax
     import jax.numpy as jnp
 
@@ -55,7 +55,7 @@ def laplace_fns(model: SiteModel, newton_steps: int):
 
         D = x0.shape[0]
         init = (jnp.zeros((), jnp.int32), x0, jnp.zeros((D, D), x0.dtype), jnp.zeros(D, x0.dtype), jnp.zeros((), bool))
-        # Until converged (under vmap: until every device has): an evaluation-only pass at the
+        # Until converged (under vmap: until every client has): an evaluation-only pass at the
         # final x ends the loop, so the returned Hessian and gradient are at the returned x.
         _, x, negH, g, _ = jax.lax.while_loop(lambda c: ~c[4], body, init)
         return x, negH, g
@@ -68,7 +68,7 @@ class LaplaceTilted(TiltedEstimator):
     """Laplace approximation of the collapsed tilted target (deterministic, vectorised).
 
     Fast and noise-free, but it matches the tilted's mode, not its mean: on skewed
-    parameters such as a log variance with few devices it is biased (0.53 posterior sd on
+    parameters such as a log variance with few clients it is biased (0.53 posterior sd on
     log tau with K = 8 in the test battery). Prefer ``ImportanceTilted`` there.
 
     Parameters
@@ -76,14 +76,14 @@ class LaplaceTilted(TiltedEstimator):
     newton_steps : int
         Damped Newton iterations from the cavity mean (each with a line search).
     num_draws : int
-        Draws from the Laplace Gaussian returned with ``keep_draws`` (device posteriors).
+        Draws from the Laplace Gaussian returned with ``keep_draws`` (client posteriors).
     """
 
     name = "laplace"
 
     def __init__(self, *, newton_steps: int = 30, num_draws: int = 4000) -> None:
         self.newton_steps = int(newton_steps)
-        self.num_draws = int(num_draws)  # only for keep_draws (device posteriors)
+        self.num_draws = int(num_draws)  # only for keep_draws (client posteriors)
 
     def __repr__(self) -> str:
         return f"LaplaceTilted(newton_steps={self.newton_steps})"
@@ -137,7 +137,7 @@ class LaplaceTilted(TiltedEstimator):
                 continue
             cov = symmetrize(np.linalg.inv(Hi))
             res = TiltedResult(xi[:p], cov[:p, :p], diagnostics={"grad_norm": float(np.linalg.norm(gi))})
-            if keep_draws:  # draws of (phi, z) from the Laplace Gaussian, for device posteriors
+            if keep_draws:  # draws of (phi, z) from the Laplace Gaussian, for client posteriors
                 xs = np.random.default_rng(int(seeds[b])).multivariate_normal(xi, cov, size=self.num_draws)
                 res.draws = {"phi": xs[:, :p], "z": xs[:, p:]}
             out.append(res)

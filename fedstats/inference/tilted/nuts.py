@@ -1,4 +1,4 @@
-"""NumPyro NUTS over a device's tilted target, chains and devices vectorised."""
+"""NumPyro NUTS over a client's tilted target, chains and clients vectorised."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from .kernels import KERNELS, bucket, cavity_precision, pad_batch, prepare_stats
 
 @register
 class NUTSTilted(TiltedEstimator):
-    """NumPyro NUTS on each device's tilted target, vectorised over devices and chains.
+    """NumPyro NUTS on each client's tilted target, vectorised over clients and chains.
 
     Parameters
     ----------
     num_warmup, num_samples, num_chains : int
-        Per device; the phi moments use all ``num_chains * num_samples`` draws.
+        Per client; the phi moments use all ``num_chains * num_samples`` draws.
     target : {"augmented", "collapsed"}
         ``augmented`` samples (phi, theta_k, z) as in the paper and its public code and
         keeps the phi draws; ``collapsed`` integrates theta_k out analytically (lower
@@ -33,13 +33,13 @@ class NUTSTilted(TiltedEstimator):
         Estimate the moments with zero-variance control variates built from the scores
         NUTS computes anyway (:func:`zero_variance_moments`): exact for a Gaussian tilted,
         and far less noisy near one. EP's sites are differences of nearly equal
-        precisions, so this noise reduction is what makes sampled EP work for many devices.
+        precisions, so this noise reduction is what makes sampled EP work for many clients.
     vectorize : {"all", "chains"}
-        ``"all"`` vectorises devices and chains; ``"chains"`` runs the devices one after
+        ``"all"`` vectorises clients and chains; ``"chains"`` runs the clients one after
         another, each with its chains vectorised. Vectorised NUTS moves in lockstep, every
         iteration as long as the longest trajectory in the batch, so "all" pays off only
         for cheap, similar targets; for targets whose trajectories differ in length across
-        devices, "chains" is faster.
+        clients, "chains" is faster.
     """
 
     name = "nuts"
@@ -137,7 +137,7 @@ class NUTSTilted(TiltedEstimator):
         chains = jax.vmap(one_chain, in_axes=(0, 0, None, None, None))
         if self.vectorize == "all":  # cheap, similar targets (HM2's 9 dimensions at K = 100)
             fn = jax.jit(jax.vmap(chains))
-        else:  # devices one after another, each device's chains in lockstep
+        else:  # clients one after another, each client's chains in lockstep
             fn = jax.jit(lambda *args: jax.lax.map(lambda a: chains(*a), args))
         KERNELS[key] = fn
         return fn

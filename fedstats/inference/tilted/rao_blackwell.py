@@ -42,7 +42,7 @@ class RaoBlackwellTilted(_OnOneBlasThread):
     the Gaussian block integrated exactly (:class:`~.base.ConditionallyGaussianSite`, e.g.
     HM2: Gaussian in ``mu`` given ``log tau`` and ``sigma_k``).
 
-    Write ``phi = (beta, psi)`` and ``x = (psi, z)`` (``z``: the device's locals). Given
+    Write ``phi = (beta, psi)`` and ``x = (psi, z)`` (``z``: the client's locals). Given
     ``x`` the cavity's conditional ``N(beta; a(psi), C)`` times the site's Gaussian factor in
     ``beta`` is Gaussian, so the tilted factorises as ``p(x) N(beta; m(x), S(x))`` with
     ``p(x)`` and ``(m, S)`` in closed form (one Cholesky factor of a ``dim(beta)`` matrix per
@@ -62,14 +62,14 @@ class RaoBlackwellTilted(_OnOneBlasThread):
 
     The Laplace approximation of ``p(x)`` is found by saddle-free Newton steps, with the
     exact derivatives of a :class:`~.base.ConvolvedGaussianSite` (one factorisation per
-    device and step), else with central finite differences (steps of 10% of each
+    client and step), else with central finite differences (steps of 10% of each
     coordinate's current sd; ``1 + 2 D^2`` evaluations, 649 for HM2 with 16 predictors), in
     numpy: nothing is compiled, which is most of this estimator's speed-up on a first fit.
 
     Parameters
     ----------
     num_draws : int
-        Draws of x per device (rounded up to a multiple of 4): quasi-random (Sobol points
+        Draws of x per client (rounded up to a multiple of 4): quasi-random (Sobol points
         under a random digital shift, :func:`~.kernels.normal_draws`), whose errors on
         HM2's example were a fifth to a tenth of pseudo-random draws' at the same number.
     defensive : float in [0, 1)
@@ -77,7 +77,7 @@ class RaoBlackwellTilted(_OnOneBlasThread):
     newton_steps : int
         Most Newton steps (each with a line search) from the cavity mean.
     min_ess_fraction : float
-        Below this fraction of ``num_draws`` a device reports ``ok=False`` (no update).
+        Below this fraction of ``num_draws`` a client reports ``ok=False`` (no update).
     """
 
     name = "rao_blackwell"
@@ -125,7 +125,7 @@ class RaoBlackwellTilted(_OnOneBlasThread):
         draw_seeds = np.array([np.random.default_rng([int(s), 0]).integers(2**63 - 1) for s in seeds])
         x, logq = mixture_draws(groups, draw_seeds, B, x0.shape[1], self.num_draws, "shift")
         logp, m, L = target.logp(x, conditional=True)
-        # (a device whose draws all have zero density gives NaN here, and ok=False below)
+        # (a client whose draws all have zero density gives NaN here, and ok=False below)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             w, ess, mx, cx = weighted_moments(groups, x, logp - logq, B)
 
@@ -136,7 +136,7 @@ class RaoBlackwellTilted(_OnOneBlasThread):
             cond = np.einsum("kibm,kjbm,bm->bij", Linv, Linv, w)
             dx, dm = x - mx[:, :, None], np.swapaxes(m, 0, 1) - mean_b[:, :, None]  # (B, D, M), (B, g, M)
             Sxx, Smx = (dx * w[:, None]) @ _t(dx), (dm * w[:, None]) @ _t(dx)
-            # (a device whose weights sit on a few draws has a singular Sxx; its ESS fails it below)
+            # (a client whose weights sit on a few draws has a singular Sxx; its ESS fails it below)
             ridge = 1e-12 * np.trace(Sxx, axis1=1, axis2=2)[:, None, None] * np.eye(Sxx.shape[1]) + 1e-300
             gamma = _t(np.linalg.solve(Sxx + ridge, _t(Smx)))  # (B, g, D)
             r = dm - gamma @ dx
@@ -178,11 +178,11 @@ def _newton(f, x0: np.ndarray, scale0: np.ndarray, steps: int, derivatives=None)
     gradient and Hessian from ``derivatives`` ((B, D) -> value (B,), gradient (B, D), minus
     the Hessian (B, D, D)) where given, else by central differences (steps of 10% of each
     coordinate's scale: at first ``scale0``, then the sd of the current Laplace
-    approximation). Returns the modes and minus the Hessians there (NaN for a device where
+    approximation). Returns the modes and minus the Hessians there (NaN for a client where
     they are not finite).
 
     Damped steps (a line search) until the Newton decrement falls below 1e-6, then two full
-    steps for every device that got there (or near, below 1e-4). Those make the mode a
+    steps for every client that got there (or near, below 1e-4). Those make the mode a
     smooth function of the inputs: where the loop stops, and which step the line search
     picks, then no longer shows. Steps of 10% of an sd rather than 1% keep the round-off of
     the differences (the site's log density is a difference of terms of 1e5 on HM2's
@@ -246,7 +246,7 @@ def _newton_steps(f, x0, scale0, steps, exact=None):
         vals = np.where(np.isfinite(vals), vals, -np.inf)
         t = np.where(active, _LINE_SEARCH[np.argmax(vals, axis=1)], 0.0)
         x = x + t[:, None] * direction
-        # a device that has stopped keeps what it had: its result does not depend on how long
+        # a client that has stopped keeps what it had: its result does not depend on how long
         # the others in its batch go on
         new = derivatives(x, scale)
         old = (ok, negH, direction, decrement, scale)
@@ -264,11 +264,11 @@ def _newton_steps(f, x0, scale0, steps, exact=None):
 
 
 class _Target:
-    """The tilted's marginal log density of ``x = (psi, z)`` (up to a constant per device)
-    and beta's conditional mean and precision factor, for a batch of devices' draws."""
+    """The tilted's marginal log density of ``x = (psi, z)`` (up to a constant per client)
+    and beta's conditional mean and precision factor, for a batch of clients' draws."""
 
-    #: devices per slice are chosen so that a (g, g, devices, draws) array stays below this
-    #: many entries (32 MiB): memory stays bounded with many predictors or devices
+    #: clients per slice are chosen so that a (g, g, clients, draws) array stays below this
+    #: many entries (32 MiB): memory stays bounded with many predictors or clients
     max_entries = 2**22
 
     def __init__(self, model, cavity_mean, cavity_cov, stats, g):
@@ -278,39 +278,39 @@ class _Target:
         Vpp_inv = symmetrize(np.linalg.inv(Vpp)) if Vpp.shape[1] else Vpp
         G = Vbp @ Vpp_inv  # beta's cavity mean moves by G per unit of psi
         Cinv = symmetrize(np.linalg.inv(symmetrize(Vbb - G @ np.swapaxes(Vbp, 1, 2))))
-        self.per_device = (cavity_mean[:, :g], cavity_mean[:, g:], G, Cinv, Vpp_inv)
+        self.per_client = (cavity_mean[:, :g], cavity_mean[:, g:], G, Cinv, Vpp_inv)
         self.C = symmetrize(Vbb - G @ np.swapaxes(Vbp, 1, 2))  # beta's conditional cavity covariance
 
-    def _convolved(self, x: np.ndarray, order: int, devices: slice | np.ndarray = slice(None)):
+    def _convolved(self, x: np.ndarray, order: int, clients: slice | np.ndarray = slice(None)):
         """``x`` (B, M, D) -> the site's convolved value and derivatives in ``(a, x)``
         (:class:`~.base.ConvolvedGaussianSite`) at ``a = a(psi)``, ``a`` and ``dpsi``, for
-        the ``devices`` of the batch that ``x`` holds."""
-        m_beta, m_psi, G = (v[devices] for v in self.per_device[:3])
+        the ``clients`` of the batch that ``x`` holds."""
+        m_beta, m_psi, G = (v[clients] for v in self.per_client[:3])
         dpsi = x[..., : m_psi.shape[1]] - m_psi[:, None]
         a = m_beta[:, None] + np.einsum("bgq,bmq->bmg", G, dpsi)
-        stats = {k: v[devices] for k, v in self.stats.items()}
-        return (*self.model.convolved(a, self.C[devices], x, stats, order=order), a, dpsi)
+        stats = {k: v[clients] for k, v in self.stats.items()}
+        return (*self.model.convolved(a, self.C[clients], x, stats, order=order), a, dpsi)
 
     def value(self, draws: np.ndarray) -> np.ndarray:
-        """log p(x) up to a constant per device (another constant than :meth:`logp`'s), from
+        """log p(x) up to a constant per client (another constant than :meth:`logp`'s), from
         the site's closed form: ``draws`` (B, D, K) -> (B, K)."""
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             v, _, _, _, dpsi = self._convolved(np.swapaxes(draws, 1, 2), 0)
-            v = v - 0.5 * np.einsum("bki,bij,bkj->bk", dpsi, self.per_device[4], dpsi)
+            v = v - 0.5 * np.einsum("bki,bij,bkj->bk", dpsi, self.per_client[4], dpsi)
         return np.where(np.isfinite(v), v, -np.inf)
 
-    def local_terms(self, x: np.ndarray, devices: slice | np.ndarray) -> tuple[np.ndarray, ...]:
-        """At points ``x`` (b, K, D) of the ``devices``: the Hessian of log p(x) (b, K, D, D),
+    def local_terms(self, x: np.ndarray, clients: slice | np.ndarray) -> tuple[np.ndarray, ...]:
+        """At points ``x`` (b, K, D) of the ``clients``: the Hessian of log p(x) (b, K, D, D),
         beta's conditional mean ``m(x) = a + C u`` (b, K, g), ``-R`` (b, K, g, g), and at the
         first point the Jacobian ``dm/dx`` (b, g, D), where ``u`` and ``-R`` are the convolved
         site's gradient and Hessian in ``a``: given ``x``, beta is Gaussian with that mean and
         covariance ``S(x) = C - C R C``. With ``a = a(psi)`` linear (``da/dpsi = G``), the
         Hessian is ``Hxx + E' Hax + Hxa E + E' Haa E`` with ``E = (G, 0)``."""
         g = self.g
-        G, Vpp_inv = self.per_device[2][devices], self.per_device[4][devices]
-        C = self.C[devices]
+        G, Vpp_inv = self.per_client[2][clients], self.per_client[4][clients]
+        C = self.C[clients]
         q = G.shape[2]
-        _, grad, H, a, _ = self._convolved(x, 2, devices)
+        _, grad, H, a, _ = self._convolved(x, 2, clients)
         Haa, Hax = H[..., :g, :g], H[..., :g, g:]
         Hx = H[..., g:, g:].copy()
         GH = np.einsum("bgq,bkgd->bkqd", G, Hax)  # G' Hax
@@ -327,7 +327,7 @@ class _Target:
         ``a = a(psi)`` linear, ``J = d(a, x) / dx``, the gradient is ``J' g - (Vpp^-1 dpsi,
         0)`` and the Hessian ``J' H J - diag(Vpp^-1, 0)``."""
         g, (B, D) = self.g, x.shape
-        G, Vpp_inv = self.per_device[2], self.per_device[4]
+        G, Vpp_inv = self.per_client[2], self.per_client[4]
         q = G.shape[2]
         v, grad, H, _, dpsi = self._convolved(x[:, None], 2)
         v, grad, H, dpsi = v[:, 0], grad[:, 0], H[:, 0], dpsi[:, 0]
@@ -353,14 +353,14 @@ class _Target:
             return logp
         return logp, np.concatenate([pt[1] for pt in parts], axis=1), np.concatenate([pt[2] for pt in parts], axis=2)
 
-    def _logp(self, devices: slice, draws: np.ndarray):
-        lead = lambda a: np.moveaxis(a[devices], 0, -1)[..., None]  # noqa: E731 - (B, ...) -> (..., B, 1)
-        m_beta, m_psi, G, Cinv, Vpp_inv = (lead(a) for a in self.per_device)
+    def _logp(self, clients: slice, draws: np.ndarray):
+        lead = lambda a: np.moveaxis(a[clients], 0, -1)[..., None]  # noqa: E731 - (B, ...) -> (..., B, 1)
+        m_beta, m_psi, G, Cinv, Vpp_inv = (lead(a) for a in self.per_client)
         x = np.moveaxis(draws, 1, 0)  # (D, B, M)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # far draws: -inf, masked below
             dpsi = x[: m_psi.shape[0]] - m_psi
             a = m_beta + bt.matvec(G, dpsi)
-            P, h, c = self.model.gaussian_given(x, {k: v[devices] for k, v in self.stats.items()})
+            P, h, c = self.model.gaussian_given(x, {k: v[clients] for k, v in self.stats.items()})
             L = bt.cholesky(Cinv + P)
             v = bt.solve_lower(L, bt.matvec(Cinv, a) + h)
             logp = (
@@ -408,7 +408,7 @@ class RaoBlackwellLaplaceTilted(_OnOneBlasThread):
     corrections are large (``correction``: the mean shift in Laplace sds, or the largest
     relative change of a variance along a principal axis, above ``max_correction``), or whose
     Laplace approximation fails, gets its moments from :class:`RaoBlackwellTilted` instead
-    (``diagnostics["fallback"] = 1``), as do the draws of ``keep_draws`` (device posteriors).
+    (``diagnostics["fallback"] = 1``), as do the draws of ``keep_draws`` (client posteriors).
 
     Parameters
     ----------
@@ -469,7 +469,7 @@ class RaoBlackwellLaplaceTilted(_OnOneBlasThread):
 
     def _estimate(self, model, cavity_mean, cavity_cov, stats, seeds, keep_draws) -> list[TiltedResult]:
         self.check_model(model)
-        if keep_draws:  # draws for device posteriors: the sampler's (weighted, Rao-Blackwellised)
+        if keep_draws:  # draws for client posteriors: the sampler's (weighted, Rao-Blackwellised)
             return self.sampler.estimate(model, cavity_mean, cavity_cov, stats, seeds, keep_draws=True)
         assert isinstance(model, ConvolvedGaussianSite)
         B, p = cavity_mean.shape
@@ -503,18 +503,18 @@ class RaoBlackwellLaplaceTilted(_OnOneBlasThread):
         return [r for r in out if r is not None]
 
 
-def _expansion(target: _Target, mode: np.ndarray, negH: np.ndarray, devices: np.ndarray, h: float):
-    """The second-order moments of :class:`RaoBlackwellLaplaceTilted` for ``devices`` (indices
+def _expansion(target: _Target, mode: np.ndarray, negH: np.ndarray, clients: np.ndarray, h: float):
+    """The second-order moments of :class:`RaoBlackwellLaplaceTilted` for ``clients`` (indices
     into the batch, each with a positive definite ``negH``): means (n, p), covariances (n, p, p)
-    and the size of the corrections (n,), in slices of devices that bound the Hessians' memory."""
+    and the size of the corrections (n,), in slices of clients that bound the Hessians' memory."""
     g = target.g
     D = mode.shape[1]
-    q = target.per_device[1].shape[1]
-    n = len(devices)
+    q = target.per_client[1].shape[1]
+    n = len(clients)
     mean, cov, size = np.empty((n, g + q)), np.empty((n, g + q, g + q)), np.empty(n)
     step = max(1, target.max_entries // ((2 * D + 1) * (g + D) ** 2))
     for lo in range(0, n, step):
-        sel = devices[lo : lo + step]
+        sel = clients[lo : lo + step]
         lo_hi = slice(lo, lo + len(sel))
         mean[lo_hi], cov[lo_hi], size[lo_hi] = _expand_slice(target, mode[sel], negH[sel], sel, h)
     return mean, cov, size
@@ -555,18 +555,18 @@ def second_order(
     return delta, cov, np.where(np.isfinite(size), size, np.inf)
 
 
-def _expand_slice(target: _Target, xh: np.ndarray, negH: np.ndarray, devices: np.ndarray, h: float):
-    """:func:`_expansion` for one slice of devices (see :class:`RaoBlackwellLaplaceTilted`)."""
+def _expand_slice(target: _Target, xh: np.ndarray, negH: np.ndarray, clients: np.ndarray, h: float):
+    """:func:`_expansion` for one slice of clients (see :class:`RaoBlackwellLaplaceTilted`)."""
     b, D = xh.shape
     g = target.g
-    q = target.per_device[1].shape[1]
+    q = target.per_client[1].shape[1]
     Sig, Sd, pts = principal_points(xh, negH, h)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        Hx, m, Haa, M10 = target.local_terms(pts, devices)
+        Hx, m, Haa, M10 = target.local_terms(pts, clients)
         delta, cov_x, size = second_order(Sig, Sd, Hx, h)
         # beta: second-order moments of its conditional mean and covariance; S(x) = C + C Haa C
         # is linear in Haa, so its derivatives are C (those of Haa) C
-        C = target.C[devices]
+        C = target.C[clients]
         m0 = m[:, 0]
         m2 = (m[:, 1 : D + 1] - 2 * m0[:, None] + m[:, D + 1 :]) / h**2  # m''[s_k, s_k]
         a_d = np.linalg.solve(Sd, delta[..., None])[..., 0]  # delta = sum_k a_d,k s_k
