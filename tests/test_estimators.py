@@ -44,9 +44,10 @@ def test_every_estimator_is_registered_or_named_here():
             if sub.__module__.startswith("fedstats.") and not sub.__name__.startswith("_"):
                 found.add(sub)
     registered = {d.estimator_class for d in declarations().values()}
-    from fedstats.mixture._common import MixtureEstimator  # the mixtures' base class
+    from fedstats.glm._design import GLMOptions  # the GLMs' parameters, declared once
+    from fedstats.mixture._common import MixtureEstimator, ServerMixture  # the mixtures' base classes
 
-    others = {BayesianShrinkage, PooledOracle, MixtureEstimator}
+    others = {BayesianShrinkage, PooledOracle, MixtureEstimator, ServerMixture, GLMOptions}
     assert found - registered - others == set(), "estimators with no declaration in fedstats.registry"
 
 

@@ -9,15 +9,37 @@ a bad value raises :class:`~fedstats.data.DataError` naming the client and the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from ..data import DataError
+from ..estimator import BOOL, NONE, Constraint, Estimator, Real
 
 SPECIAL = ("offset", "exposure", "weights", "trials")
+#: a special column's constraint: a column name, or None
+COLUMN = NONE | Constraint(lambda v: isinstance(v, str), "a column name")
+
+
+@dataclass(eq=False, repr=False)
+class GLMOptions(Estimator):
+    """The parameters every federated GLM has, declared once (the models are dataclasses whose
+    constructors add their own): the family and link, the intercept, the negative binomial's
+    fixed dispersion ``alpha`` and the special columns (:data:`SPECIAL`)."""
+
+    family: str = "gaussian"
+    link: str | None = None
+    _: KW_ONLY
+    fit_intercept: bool = True
+    alpha: float = 1.0
+    offset: str | None = None
+    exposure: str | None = None
+    weights: str | None = None
+    trials: str | None = None
+
+    _constraints = {"fit_intercept": BOOL, "alpha": Real(0, closed=(False, True)), **dict.fromkeys(SPECIAL, COLUMN)}
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ EP state.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from numpy.typing import ArrayLike
 
 from .. import streams
 from ..data import FederatedData, require_target
-from ..estimator import BOOL, NONE, Estimator, Int, OneOf, Real
+from ..estimator import BOOL, NONE, Int, OneOf, Real
 from ..federation import Communication, History
 from ..federation.scaling import LinearScaling, federated_scaling
 from ..fitting import RunOptions, federated_fit
@@ -42,30 +43,50 @@ from ..inference.posterior.tables import log_scale_rows, no_p_value
 from ..inference.tilted import ImportanceTilted, LaplaceTilted
 from ..result_file import register
 from ..results import FederatedResult, check_level, prediction_frame
-from ._design import SPECIAL, GLMDesign, GLMSetup, frame_rows, prediction_rows
+from ._design import SPECIAL, GLMDesign, GLMOptions, GLMSetup, frame_rows, prediction_rows
 from ._irls import design_check
 from .families import Family, family_of
-from .frequentist import _COLUMN
 from .sites import AUTO_QUADRATURE, BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite, n_pad
 
 __all__ = ["BayesianGLM", "HierarchicalGLM", "BayesianGLMResult", "HierarchicalGLMResult"]
 
 
-class _BayesBase(Estimator):
+@dataclass(eq=False, repr=False, kw_only=True)
+class _BayesBase(GLMOptions):
+    """The parameters both Bayesian GLMs have beyond every GLM's (their defaults are the
+    shared-coefficient model's; the hierarchical one changes some)."""
+
     _families = tuple(BAYES_LINKS)
 
-    # parameters both models' constructors set (and _family, _setup and _run_ep read)
-    family: str
-    link: str | None
-    alpha: float
-    trials: str | None
-    fit_intercept: bool
-    standardize: bool
-    num_draws: int
-    tilted: str
-    damping: float
-    tol: float
-    rounds: int
+    family: str = field(default="binomial", kw_only=False)
+    standardize: bool = True
+    rounds: int = 15
+    tol: float = 0.05
+    damping: float = 1.0
+    num_draws: int = 4000
+    tilted: str = "importance"
+
+    def _fitted(self, fam, design, roles, n_rows, out, history, scaling, seed: int) -> dict[str, Any]:
+        """What both results hold of an EP fit (the keyword arguments of their constructors)."""
+        return dict(
+            model=type(self).__name__,
+            family=fam.name,
+            link=fam.link.name,
+            alpha=float(self.alpha),
+            names=design.names,
+            predictors=design.predictors,
+            roles=roles,
+            fit_intercept=bool(self.fit_intercept),
+            clients=list(design.clients),
+            n_obs=n_rows,
+            q=(out.server_state.q.r, out.server_state.q.Q),
+            scaling=scaling,
+            history=History(history),
+            rounds=len(history),
+            converged=bool(out.converged),
+            communication=out.communication,
+            seed=seed,
+        )
 
     def _family(self) -> Family:
         self._validate_params()
@@ -121,13 +142,8 @@ def _intercept_mean(fam, ybar: float) -> float:
 
 
 _COMMON = {
+    **GLMOptions._constraints,
     "link": NONE | OneOf("identity", "log", "logit", "probit", "cloglog"),
-    "fit_intercept": BOOL,
-    "alpha": Real(0, closed=(False, True)),
-    "offset": _COLUMN,
-    "exposure": _COLUMN,
-    "weights": _COLUMN,
-    "trials": _COLUMN,
     "standardize": BOOL,
     "rounds": Int(1),
     "tol": Real(0, closed=(False, True)),
@@ -137,6 +153,7 @@ _COMMON = {
 }
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class BayesianGLM(_BayesBase):
     """GLM with coefficients shared by every client and a Normal prior, by federated EP.
 
@@ -171,31 +188,8 @@ class BayesianGLM(_BayesBase):
         "intercept_scale": Real(0, closed=(False, True)),
     }
 
-    def __init__(
-        self,
-        family: str = "binomial",
-        link: str | None = None,
-        *,
-        fit_intercept: bool = True,
-        alpha: float = 1.0,
-        offset: str | None = None,
-        exposure: str | None = None,
-        weights: str | None = None,
-        trials: str | None = None,
-        prior_scale: float = 2.5,
-        intercept_scale: float = 10.0,
-        standardize: bool = True,
-        rounds: int = 15,
-        tol: float = 0.05,
-        damping: float = 1.0,
-        num_draws: int = 4000,
-        tilted: str = "importance",
-    ) -> None:
-        self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
-        self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
-        self.prior_scale, self.intercept_scale, self.standardize = prior_scale, intercept_scale, standardize
-        self.rounds, self.tol, self.damping, self.num_draws = rounds, tol, damping, num_draws
-        self.tilted = tilted
+    prior_scale: float = 2.5
+    intercept_scale: float = 10.0
 
     @federated_fit
     def fit(self, data: FederatedData, run: RunOptions) -> BayesianGLMResult:
@@ -213,25 +207,7 @@ class BayesianGLM(_BayesBase):
             mean = np.r_[mean, np.log(y_sd) if fam.name == "gaussian" else 0.0]
             sd = np.r_[sd, 1.0 if fam.name == "gaussian" else 2.0]
         alg, out, history = self._run_ep(site, NaturalGaussian.from_moments(mean, np.diag(sd**2)), design, run)
-        return BayesianGLMResult(
-            model="BayesianGLM",
-            family=fam.name,
-            link=fam.link.name,
-            alpha=float(self.alpha),
-            names=design.names,
-            predictors=design.predictors,
-            roles=roles,
-            fit_intercept=bool(self.fit_intercept),
-            clients=list(design.clients),
-            n_obs=n_rows,
-            q=(out.server_state.q.r, out.server_state.q.Q),
-            scaling=scaling,
-            history=History(history),
-            rounds=len(history),
-            converged=bool(out.converged),
-            communication=out.communication,
-            seed=seed,
-        )
+        return BayesianGLMResult(**self._fitted(fam, design, roles, n_rows, out, history, scaling, seed))
 
 
 class _GLMPosteriorMixin:
@@ -348,6 +324,7 @@ class BayesianGLMResult(_GLMPosteriorMixin, FederatedResult):
         return self._prediction(eta, disp, level, rng, "client" if client is not None else "new client")
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class HierarchicalGLM(_BayesBase):
     """GLM with each client's own coefficients ``theta_k ~ N(mu, diag(tau))``, by federated EP.
 
@@ -373,32 +350,13 @@ class HierarchicalGLM(_BayesBase):
         "quadrature": OneOf("auto") | Int(1),
     }
 
-    def __init__(
-        self,
-        family: str = "binomial",
-        link: str | None = None,
-        *,
-        fit_intercept: bool = True,
-        alpha: float = 1.0,
-        offset: str | None = None,
-        exposure: str | None = None,
-        weights: str | None = None,
-        trials: str | None = None,
-        prior_mu_sd: float = 1.0,
-        prior_log_tau_sd: float = 1.0,
-        standardize: bool = True,
-        rounds: int = 30,
-        tol: float = 0.05,
-        damping: float = 0.5,
-        num_draws: int = 512,
-        tilted: str = "laplace+importance",
-        quadrature: int | str = "auto",
-    ) -> None:
-        self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
-        self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
-        self.prior_mu_sd, self.prior_log_tau_sd, self.standardize = prior_mu_sd, prior_log_tau_sd, standardize
-        self.rounds, self.tol, self.damping, self.num_draws = rounds, tol, damping, num_draws
-        self.tilted, self.quadrature = tilted, quadrature
+    prior_mu_sd: float = 1.0
+    prior_log_tau_sd: float = 1.0
+    rounds: int = 30
+    damping: float = 0.5
+    num_draws: int = 512
+    tilted: str = "laplace+importance"
+    quadrature: int | str = "auto"
 
     @federated_fit
     def fit(self, data: FederatedData, run: RunOptions) -> HierarchicalGLMResult:
@@ -423,24 +381,7 @@ class HierarchicalGLM(_BayesBase):
             who="HierarchicalGLM",
         )
         return HierarchicalGLMResult(
-            model="HierarchicalGLM",
-            family=fam.name,
-            link=fam.link.name,
-            alpha=float(self.alpha),
-            names=design.names,
-            predictors=design.predictors,
-            roles=roles,
-            fit_intercept=bool(self.fit_intercept),
-            clients=list(design.clients),
-            n_obs=n_rows,
-            q=(out.server_state.q.r, out.server_state.q.Q),
-            theta=theta,
-            scaling=scaling,
-            history=History(history),
-            rounds=len(history),
-            converged=bool(out.converged),
-            communication=out.communication,
-            seed=seed,
+            **self._fitted(fam, design, roles, n_rows, out, history, scaling, seed), theta=theta
         )
 
 

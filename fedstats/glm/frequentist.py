@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,7 @@ from scipy import stats
 
 from .._deprecation import renamed_attributes
 from ..data import DataError, FederatedData, require_target
-from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
+from ..estimator import BOOL, NONE, Constraint, Int, OneOf, Real
 from ..federation import Communication, History
 from ..federation import run as federation_run
 from ..federation.influence import to_leave_out
@@ -97,7 +98,7 @@ from ..fitting import RunOptions, federated_fit
 from ..privacy import DifferentialPrivacy
 from ..result_file import register
 from ..results import FederatedResult, check_level, prediction_frame
-from ._design import SPECIAL, GLMDesign, frame_rows, prediction_rows
+from ._design import SPECIAL, GLMDesign, GLMOptions, frame_rows, prediction_rows
 from ._irls import IRLS, Sandwich, design_check
 from ._private import fit_private
 from .families import FAMILIES, LINKS, Family, family_of
@@ -115,11 +116,11 @@ class GLMConvergenceWarning(UserWarning):
     """IRLS stopped at the round limit before the deviance settled."""
 
 
-_COLUMN = NONE | Constraint(lambda v: isinstance(v, str), "a column name")
 _DP = NONE | Constraint(lambda v: isinstance(v, DifferentialPrivacy), "a fedstats.privacy.DifferentialPrivacy")
 
 
-class FederatedGLM(Estimator):
+@dataclass(eq=False, repr=False, kw_only=True)
+class FederatedGLM(GLMOptions):
     """Generalised linear model fitted by federated IRLS (exact maximum likelihood).
 
     Parameters
@@ -165,14 +166,9 @@ class FederatedGLM(Estimator):
     """
 
     _constraints = {
+        **GLMOptions._constraints,
         "family": OneOf(*FAMILIES),
         "link": NONE | OneOf(*LINKS),
-        "fit_intercept": BOOL,
-        "alpha": Real(0, closed=(False, True)),
-        "offset": _COLUMN,
-        "exposure": _COLUMN,
-        "weights": _COLUMN,
-        "trials": _COLUMN,
         "cov_type": OneOf("nonrobust", "HC0"),
         "robust": BOOL,
         "rounds": Int(1),
@@ -182,29 +178,13 @@ class FederatedGLM(Estimator):
         "include_dp_noise": BOOL,
     }
 
-    def __init__(
-        self,
-        family: str = "gaussian",
-        link: str | None = None,
-        *,
-        fit_intercept: bool = True,
-        alpha: float = 1.0,
-        offset: str | None = None,
-        exposure: str | None = None,
-        weights: str | None = None,
-        trials: str | None = None,
-        cov_type: str = "nonrobust",
-        robust: bool = False,
-        rounds: int = 100,
-        tol: float = 1e-8,
-        dp: DifferentialPrivacy | None = None,
-        dp_rounds: int = 6,
-        include_dp_noise: bool = False,
-    ) -> None:
-        self.family, self.link, self.fit_intercept, self.alpha = family, link, fit_intercept, alpha
-        self.offset, self.exposure, self.weights, self.trials = offset, exposure, weights, trials
-        self.cov_type, self.robust, self.rounds, self.tol = cov_type, robust, rounds, tol
-        self.dp, self.dp_rounds, self.include_dp_noise = dp, dp_rounds, include_dp_noise
+    cov_type: str = "nonrobust"
+    robust: bool = False
+    rounds: int = 100
+    tol: float = 1e-8
+    dp: DifferentialPrivacy | None = None
+    dp_rounds: int = 6
+    include_dp_noise: bool = False
 
     def _family(self) -> Family:
         self._validate_params()

@@ -19,7 +19,7 @@ unchanged, multiplies ``rho_t`` by ``a`` and divides ``rho_{t+1}`` by it, as the
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,8 +30,7 @@ from torch.autograd.function import once_differentiable
 from ..data import FederatedData, UnknownClientError
 from ..result_file import register
 from ._core import HyperSpec, fit_mle, posterior
-from .chain_result import ChainResult, FederatedChain, Wire, check_fidelity_rows, check_queries
-from .fgpr_algorithm import standardize_y
+from .chain_result import ChainFidelity, ChainResult, FederatedChain, Wire, check_queries
 
 __all__ = ["AR1Fidelity", "AR1Result", "FederatedAR1Result", "ar1_chain"]
 
@@ -39,31 +38,22 @@ Moments = tuple[np.ndarray, np.ndarray]
 
 
 @register
-class AR1Fidelity:
-    """One fidelity of an AR1 fit: the GP prior of its own term (``spec``), its
-    hyperparameters (``hyper``) and link (``rho``; 0 at the lowest fidelity), both on its
-    standardised scale, the mean and sd that standardise its outputs (``mu``, ``sd``), its
-    number of rows ``n``, and, where the holder keeps them, its inputs ``X``, standardised
-    outputs ``z`` and the residuals ``resid`` its GP conditions on. A released fidelity
-    (:meth:`released`) has no ``X``, ``z`` or ``resid``."""
+class AR1Fidelity(ChainFidelity):
+    """One fidelity of an AR1 fit (:class:`~fedstats.gp.chain_result.ChainFidelity`): its GP
+    prior, hyperparameters and link ``rho`` (0 at the lowest fidelity), both on its
+    standardised scale, and, where the holder keeps them, its rows and the residuals ``resid``
+    its GP conditions on. A released fidelity (:meth:`released`) has no ``X``, ``z`` or
+    ``resid``."""
+
+    _rows = ("X", "z", "resid")
+    _link = ("rho",)
+    _transient = ("_gp",)  # its BoTorch model, built on the first BoTorch query
 
     def __init__(self, X: ArrayLike, y: ArrayLike, spec: HyperSpec, *, restarts: int = 1, seed: int = 0) -> None:
-        X = np.asarray(X, dtype=float)
-        self.X: np.ndarray = X[:, None] if X.ndim == 1 else X  # None once released
-        z, self.mu, self.sd = standardize_y(np.asarray(y, dtype=float).reshape(-1))
-        self.z: np.ndarray = z  # None once released
-        self.n, self.spec, self.restarts, self.seed = len(z), spec, int(restarts), int(seed)
-        self.hyper: dict[str, np.ndarray] = {}
+        super().__init__(X, y, spec, restarts=restarts, seed=seed)
         self.rho = 0.0
         self.resid: np.ndarray | None = None
-        self._gp: Any = None  # its BoTorch model, built on the first BoTorch query
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_gp"}
-
-    def __setstate__(self, state: Mapping[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._gp = None
+        self._gp: Any = None
 
     def fit(self, lower_mean: np.ndarray | None = None) -> AR1Fidelity:
         """Maximum likelihood of the fidelity's GP (and of ``rho`` on the fidelity below's posterior
@@ -78,29 +68,6 @@ class AR1Fidelity:
     def _condition(self, lower_mean: np.ndarray | None) -> None:
         self.resid = self.z if lower_mean is None else self.z - self.rho * lower_mean
         self._gp = None
-
-    def released(self) -> AR1Fidelity:
-        """What the fidelity's client releases: everything but its rows (``X``, ``z``, ``resid``)."""
-        out = object.__new__(AR1Fidelity)
-        out.__setstate__({**self.__getstate__(), "X": None, "z": None, "resid": None})
-        out.hyper = {k: np.array(v, copy=True) for k, v in self.hyper.items()}
-        return out
-
-    def check_rows(self, released: AR1Fidelity, name: Hashable) -> AR1Fidelity:
-        """Refuse rows that are not the fit's (another count, mean or sd than ``released``'s):
-        the client checks its own rows against its release before anything is exchanged."""
-        check_fidelity_rows(self, released, name)
-        return self
-
-    def restore(self, released: AR1Fidelity, lower_mean: np.ndarray | None, name: Hashable) -> AR1Fidelity:
-        """The fitted fidelity again from its own rows (this fidelity, checked by :meth:`check_rows`)
-        and its release: no refit, the same residuals as in the fit (``lower_mean``, the
-        fidelity below's mean at its inputs)."""
-        self.check_rows(released, name)
-        self.hyper = {k: np.array(v, copy=True) for k, v in released.hyper.items()}
-        self.rho = released.rho
-        self._condition(lower_mean)
-        return self
 
     def answer(self, Xq: np.ndarray, lower: Moments | None = None) -> Moments:
         """The fidelity's mean and latent variance at ``Xq`` on its standardised scale, given the

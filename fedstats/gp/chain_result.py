@@ -13,6 +13,7 @@ its own standardised outputs, reported and predicted on the data's scale.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeAlias
@@ -28,6 +29,7 @@ from ..federation import Communication
 from ..federation.records import record
 from ..results import FederatedResult, UnknownClientError, check_level
 from ._core import band_frame
+from .fgpr_algorithm import standardize_y
 
 __all__ = ["ChainResult", "Wire", "check_queries", "check_fidelities"]
 
@@ -84,14 +86,87 @@ def check_fidelities(fidelities: Fidelities, model: str) -> tuple[list[str], lis
     return names, out
 
 
-def check_fidelity_rows(fidelity: Any, released: Any, name: Hashable) -> None:
-    """Refuse a fidelity's rows that are not the fit's: another count, mean or sd of its outputs
-    than its ``released`` copy's (a client checks its own rows before anything is exchanged)."""
-    if (fidelity.n, fidelity.mu, fidelity.sd) != (released.n, released.mu, released.sd):
-        raise DataError(
-            f"client {name!r} holds other rows than the fit's: {fidelity.n} rows of mean {fidelity.mu:.6g} and sd "
-            f"{fidelity.sd:.6g}, the fit had {released.n} of mean {released.mu:.6g} and sd {released.sd:.6g}"
-        )
+def fit_pooled_chain(model: Any, result: type, fidelities: Fidelities, seed: int, what: str) -> Any:
+    """The centralised fit of a chain (``model`` an AR1 or NARGP model, ``what`` its name in
+    messages): its parameters checked, then each fidelity's GP (``model._fidelity``) fitted in
+    turn given the fitted ones below (``model._lower``), every fidelity's rows in one place."""
+    model._validate_params()
+    t0 = time.perf_counter()
+    names, pairs = check_fidelities(fidelities, what)
+    fitted: list[Any] = []
+    for t, (X, y) in enumerate(pairs):
+        lv = model._fidelity(X, y, t, seed)
+        fitted.append(lv.fit(None if t == 0 else model._lower(fitted, lv.X, t, seed)))
+    return result(
+        fidelities=fitted,
+        names=names,
+        feature_names=[f"x{j}" for j in range(pairs[0][0].shape[1])],
+        options=model.get_params(),
+        seed=seed,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+class ChainFidelity:
+    """What one fidelity of either chain (AR1's or NARGP's) holds and does alike: its GP's
+    prior ``spec`` and hyperparameters ``hyper`` on its standardised scale, the mean and sd that
+    standardise its outputs (``mu``, ``sd``), its number of rows ``n`` and, where the holder
+    keeps them, its rows (the attributes ``_rows``: its inputs ``X``, standardised outputs ``z``
+    and what its GP conditions on). A subclass fits (``fit``) and conditions its GP on the
+    fidelity below (``_condition``); ``_link`` names the fitted parameters besides ``hyper``."""
+
+    #: the attributes that hold the client's rows (none in a release)
+    _rows: tuple[str, ...] = ("X", "z")
+    #: fitted parameters besides ``hyper`` (copied from a release when restoring)
+    _link: tuple[str, ...] = ()
+    #: caches, not written to files
+    _transient: tuple[str, ...] = ()
+
+    def __init__(self, X: ArrayLike, y: ArrayLike, spec: Any, *, restarts: int = 1, seed: int = 0) -> None:
+        X = np.asarray(X, dtype=float)
+        self.X: np.ndarray = X[:, None] if X.ndim == 1 else X  # None once released
+        z, self.mu, self.sd = standardize_y(np.asarray(y, dtype=float).reshape(-1))
+        self.z: np.ndarray = z  # None once released
+        self.n, self.spec, self.restarts, self.seed = len(z), spec, int(restarts), int(seed)
+        self.hyper: dict[str, np.ndarray] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in self._transient}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__.update(dict.fromkeys(self._transient))
+
+    def _condition(self, lower_mean: np.ndarray | None) -> None:
+        raise NotImplementedError
+
+    def released(self) -> Any:
+        """What the fidelity's client releases: everything but its rows (``_rows``)."""
+        out = object.__new__(type(self))
+        out.__setstate__({**self.__getstate__(), **dict.fromkeys(self._rows)})
+        out.hyper = {k: np.array(v, copy=True) for k, v in self.hyper.items()}
+        return out
+
+    def check_rows(self, released: ChainFidelity, name: Hashable) -> Any:
+        """Refuse rows that are not the fit's: another count, mean or sd of its outputs than
+        ``released``'s (the client checks its own rows before anything is exchanged)."""
+        if (self.n, self.mu, self.sd) != (released.n, released.mu, released.sd):
+            raise DataError(
+                f"client {name!r} holds other rows than the fit's: {self.n} rows of mean {self.mu:.6g} and sd "
+                f"{self.sd:.6g}, the fit had {released.n} of mean {released.mu:.6g} and sd {released.sd:.6g}"
+            )
+        return self
+
+    def restore(self, released: ChainFidelity, lower_mean: np.ndarray | None, name: Hashable) -> Any:
+        """The fitted fidelity again from its own rows (this fidelity, checked by
+        :meth:`check_rows`) and its release: no refit, conditioned as in the fit
+        (``lower_mean``, the fidelity below's mean at its inputs)."""
+        self.check_rows(released, name)
+        self.hyper = {k: np.array(v, copy=True) for k, v in released.hyper.items()}
+        for k in self._link:
+            setattr(self, k, getattr(released, k))
+        self._condition(lower_mean)
+        return self
 
 
 class Wire:

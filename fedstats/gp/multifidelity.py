@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from ..fitting import RunOptions, federated_fit
 from ._core import NUS, HyperSpec, fit_mle
 from .ar1_result import AR1Fidelity, AR1Result, FederatedAR1Result, ar1_chain
 from .chain_fit import ChainFit
-from .chain_result import Fidelities, check_fidelities
+from .chain_result import Fidelities, fit_pooled_chain
 from .fgpr import FGPR, FGPRResult
 from .fgpr_algorithm import standardize_y
 from .testfunctions import Problem, problem
@@ -235,21 +234,14 @@ class AR1CoKriging(_AR1Options):
     def fit(self, fidelities: Fidelities, *, seed: int = 0) -> AR1Result:
         """``fidelities``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
         ``name -> (X, y)`` that names them; a list's fidelities are ``fidelity0``, ``fidelity1``, ...)."""
-        self._validate_params()
-        t0 = time.perf_counter()
-        names, pairs = check_fidelities(fidelities, "AR1 co-kriging")
-        fitted: list[AR1Fidelity] = []
-        for t, (X, y) in enumerate(pairs):
-            lv = AR1Fidelity(X, y, self.fidelity_spec(X.shape[1]), restarts=self.restarts, seed=seed + t)
-            fitted.append(lv.fit(None if t == 0 else ar1_chain(fitted, lv.X, t)[0]))
-        return AR1Result(
-            fidelities=fitted,
-            names=names,
-            feature_names=[f"x{j}" for j in range(pairs[0][0].shape[1])],
-            options=self.get_params(),
-            seed=seed,
-            seconds=time.perf_counter() - t0,
-        )
+        return fit_pooled_chain(self, AR1Result, fidelities, seed, "AR1 co-kriging")
+
+    def _fidelity(self, X: np.ndarray, y: np.ndarray, t: int, seed: int) -> AR1Fidelity:
+        return AR1Fidelity(X, y, self.fidelity_spec(X.shape[1]), restarts=self.restarts, seed=seed + t)
+
+    def _lower(self, fitted: list[AR1Fidelity], X: np.ndarray, t: int, seed: int) -> np.ndarray:
+        """The mean of the fidelities below ``t`` at ``X`` (the input of fidelity t's link)."""
+        return ar1_chain(fitted, X, t)[0]
 
 
 def chain_order(data: FederatedData, order: Sequence[Hashable] | None, model: str) -> list:

@@ -26,15 +26,16 @@ predictions, ``fidelity_moments`` and ``summary()`` on the data's scale by defau
 
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable, Sequence
+
+import numpy as np
 
 from .._deprecation import renamed_parameters
 from ..data import FederatedData
 from ..estimator import Estimator, Int, OneOf
 from ..fitting import RunOptions, federated_fit
 from ._core import HyperSpec
-from .chain_result import Fidelities, check_fidelities
+from .chain_result import Fidelities, fit_pooled_chain
 from .multifidelity import fit_chain
 from .nargp_result import FederatedNARGPResult, NARGPFidelity, NARGPResult, mixture, nargp_chain
 
@@ -82,22 +83,14 @@ class NARGP(_NARGPOptions):
     def fit(self, fidelities: Fidelities, *, seed: int = 0) -> NARGPResult:
         """``fidelities``: ``(X, y)`` per fidelity, lowest first, highest last (a list, or a dict
         ``name -> (X, y)`` that names them; a list's fidelities are ``fidelity0``, ``fidelity1``, ...)."""
-        self._validate_params()
-        t0 = time.perf_counter()
-        names, pairs = check_fidelities(fidelities, "NARGP")
-        fitted: list[NARGPFidelity] = []
-        for t, (X, y) in enumerate(pairs):
-            lv = NARGPFidelity(X, y, t, self.fidelity_spec(X.shape[1], t), restarts=self.restarts, seed=seed + t)
-            lower = None if t == 0 else mixture(nargp_chain(fitted, lv.X, t, self.samples, seed))[0]
-            fitted.append(lv.fit(lower))
-        return NARGPResult(
-            fidelities=fitted,
-            names=names,
-            feature_names=[f"x{j}" for j in range(pairs[0][0].shape[1])],
-            options=self.get_params(),
-            seed=seed,
-            seconds=time.perf_counter() - t0,
-        )
+        return fit_pooled_chain(self, NARGPResult, fidelities, seed, "NARGP")
+
+    def _fidelity(self, X: np.ndarray, y: np.ndarray, t: int, seed: int) -> NARGPFidelity:
+        return NARGPFidelity(X, y, t, self.fidelity_spec(X.shape[1], t), restarts=self.restarts, seed=seed + t)
+
+    def _lower(self, fitted: list[NARGPFidelity], X: np.ndarray, t: int, seed: int) -> np.ndarray:
+        """The paths' mixture mean of the fidelities below ``t`` at ``X`` (fidelity t's extra input)."""
+        return mixture(nargp_chain(fitted, X, t, self.samples, seed))[0]
 
 
 class FederatedNARGP(_NARGPOptions):

@@ -24,8 +24,7 @@ from ..data import FederatedData
 from ..result_file import register
 from ._core import HyperSpec, fit_mle, mixture, posterior
 from .ar1_result import _client_rows
-from .chain_result import ChainResult, FederatedChain, Wire, check_fidelity_rows
-from .fgpr_algorithm import standardize_y
+from .chain_result import ChainFidelity, ChainResult, FederatedChain, Wire
 
 __all__ = ["NARGPFidelity", "NARGPResult", "FederatedNARGPResult", "mixture", "nargp_chain"]
 
@@ -34,58 +33,31 @@ Paths = tuple[np.ndarray, np.ndarray]  # means and variances, (paths, points) ea
 
 
 @register
-class NARGPFidelity:
-    """One fidelity of a NARGP fit: its GP's prior (``spec``, on ``(x, z_{t-1})`` above
-    the lowest fidelity) and hyperparameters (``hyper``) on its standardised scale, the mean and
-    sd that standardise its outputs (``mu``, ``sd``), its index ``t`` and number of rows ``n``,
-    and, where the holder keeps them, its inputs ``X``, the GP's inputs ``Z`` (``X`` with the
-    fidelity below's mean there) and its standardised outputs ``z``. A released fidelity
-    (:meth:`released`) has no ``X``, ``Z`` or ``z``."""
+class NARGPFidelity(ChainFidelity):
+    """One fidelity of a NARGP fit (:class:`~fedstats.gp.chain_result.ChainFidelity`): its
+    GP's prior on ``(x, z_{t-1})`` above the lowest fidelity, its hyperparameters and index
+    ``t``, and, where the holder keeps them, its rows and the GP's inputs ``Z`` (``X`` with the
+    fidelity below's mean there). A released fidelity (:meth:`released`) has no ``X``, ``Z`` or
+    ``z``."""
+
+    _rows = ("X", "Z", "z")
 
     def __init__(
         self, X: ArrayLike, y: ArrayLike, t: int, spec: HyperSpec, *, restarts: int = 1, seed: int = 0
     ) -> None:
-        X = np.asarray(X, dtype=float)
-        self.X: np.ndarray = X[:, None] if X.ndim == 1 else X  # None once released
-        z, self.mu, self.sd = standardize_y(np.asarray(y, dtype=float).reshape(-1))
-        self.z: np.ndarray = z  # None once released
-        self.n, self.t, self.spec = len(z), int(t), spec
-        self.restarts, self.seed = int(restarts), int(seed)
-        self.hyper: dict[str, np.ndarray] = {}
+        super().__init__(X, y, spec, restarts=restarts, seed=seed)
+        self.t = int(t)
         self.Z: np.ndarray | None = None
 
-    def _inputs_at_design(self, lower_mean: np.ndarray | None) -> np.ndarray:
-        Z = self.X if lower_mean is None else np.column_stack([self.X, lower_mean])
-        self.Z = Z
-        return Z
+    def _condition(self, lower_mean: np.ndarray | None) -> None:
+        self.Z = self.X if lower_mean is None else np.column_stack([self.X, lower_mean])
 
     def fit(self, lower_mean: np.ndarray | None) -> NARGPFidelity:
         """Maximum likelihood of the fidelity's GP on ``(x, lower_mean)`` (the fidelity below's
         mixture mean at its inputs; ``x`` alone at the lowest fidelity)."""
-        Z = self._inputs_at_design(lower_mean)
-        self.hyper, _, _ = fit_mle(self.spec, Z, self.z, restarts=self.restarts, seed=self.seed)
-        return self
-
-    def released(self) -> NARGPFidelity:
-        """What the fidelity's client releases: everything but its rows (``X``, ``Z``, ``z``)."""
-        out = object.__new__(NARGPFidelity)
-        out.__dict__.update({**self.__dict__, "X": None, "Z": None, "z": None})
-        out.hyper = {k: np.array(v, copy=True) for k, v in self.hyper.items()}
-        return out
-
-    def check_rows(self, released: NARGPFidelity, name: Hashable) -> NARGPFidelity:
-        """Refuse rows that are not the fit's (another count, mean or sd than ``released``'s):
-        the client checks its own rows against its release before anything is exchanged."""
-        check_fidelity_rows(self, released, name)
-        return self
-
-    def restore(self, released: NARGPFidelity, lower_mean: np.ndarray | None, name: Hashable) -> NARGPFidelity:
-        """The fitted fidelity again from its own rows (this fidelity, checked by :meth:`check_rows`)
-        and its release: no refit, the same GP inputs as in the fit (``lower_mean``, the
-        fidelity below's mean at its inputs)."""
-        self.check_rows(released, name)
-        self.hyper = {k: np.array(v, copy=True) for k, v in released.hyper.items()}
-        self._inputs_at_design(lower_mean)
+        self._condition(lower_mean)
+        assert self.Z is not None  # _condition sets it
+        self.hyper, _, _ = fit_mle(self.spec, self.Z, self.z, restarts=self.restarts, seed=self.seed)
         return self
 
     def inputs(self, Xq: np.ndarray, lower: Paths | None, samples: int, seed: int) -> np.ndarray:

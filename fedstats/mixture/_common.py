@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -85,20 +87,22 @@ def still_in_fit(data: FederatedData) -> FederatedData:
     return data.subset([c for c in data.clients if c not in gone])
 
 
+@dataclass(eq=False, repr=False)
 class MixtureEstimator(Estimator):
-    """The parameters every federated mixture has, their checks and the federated start.
+    """The parameters every federated mixture has (each declared once, here: the models are
+    dataclasses whose constructors add their own), their checks and the federated start.
 
-    Subclasses declare their own parameters in their constructor and their constraints in
+    Subclasses declare their own parameters as fields and their constraints in
     ``_constraints`` (merged with these)."""
 
-    # the parameters every mixture's constructor sets
     n_components: int
-    covariance_type: str
-    reg_covar: float
-    rounds: int
-    n_init: int
-    means_init: ArrayLike | None
-    covariances_init: ArrayLike | None
+    _: KW_ONLY
+    covariance_type: str = "full"
+    reg_covar: float = 1e-6
+    rounds: int = 100
+    n_init: int = 10
+    means_init: ArrayLike | None = None
+    covariances_init: ArrayLike | None = None
 
     _constraints = {
         "n_components": Int(1),
@@ -145,12 +149,48 @@ class MixtureEstimator(Estimator):
             return means, np.array(self.covariances_init, dtype=float), {}
         return means, hard_covariances(data, means, ct, self.reg_covar, seed), {}
 
+    def _run_fields(self, data: FederatedData, res: Any, info: Any, converged: bool | None = None) -> dict[str, Any]:
+        """What every mixture's result holds of its run (keyword arguments of its constructor):
+        the data's names and sizes, the run's history, counters and convergence (``converged``
+        where the model judges it itself), the start and ``reg_covar``."""
+        return {
+            "feature_names": data.feature_names,
+            "n_obs": data.n_obs,
+            "history": res.history,
+            "communication": res.communication,
+            "rounds": res.rounds,
+            "converged": res.converged if converged is None else converged,
+            "init_info": info,
+            "reg_covar": self.reg_covar,
+        }
+
     def _participation(self, clients):
         return everyone_first(self.participation, clients)
 
 
-# the parameters of the two client-server models (FedEM and variational FedEM)
-SERVER_CONSTRAINTS = {"tol": NONE | Real(0), "shared_weights": BOOL, "participation": Real(0, 1, closed=(False, True))}
+@dataclass(eq=False, repr=False, kw_only=True)
+class ServerMixture(MixtureEstimator):
+    """The parameters of the two client-server models (FedEM and variational FedEM)."""
+
+    tol: float | None = 1e-6
+    shared_weights: bool = False
+    participation: float = 1.0
+
+    _constraints = {
+        **MixtureEstimator._constraints,
+        "tol": NONE | Real(0),
+        "shared_weights": BOOL,
+        "participation": Real(0, 1, closed=(False, True)),
+    }
+
+    def _warn_unconverged(self, res: Any, what: str) -> None:
+        """Warn where the run stopped at its round budget before its ``tol`` was met."""
+        if not res.converged and self.tol:
+            warnings.warn(
+                f"{what} did not converge in {self.rounds} rounds (tol={self.tol}); increase rounds",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 class RowStack:

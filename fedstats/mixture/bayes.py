@@ -29,7 +29,6 @@ coordinates (``nu_j d``), see :meth:`BayesianMixtureResult._marginal_params`.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
@@ -42,7 +41,7 @@ from ..estimator import MAPPING, NONE, Real
 from ..federation import client_function
 from ..fitting import RunOptions, federated_fit
 from ..result_file import register
-from ._common import SERVER_CONSTRAINTS, MixtureEstimator, check_failures, still_in_fit
+from ._common import ServerMixture, check_failures, still_in_fit
 from .bayes_result import BayesianMixtureResult
 from .fedem_algorithm import FedEMAlgorithm, SentStatistics
 from .gmm import cov_shape, m_step, precision_cholesky
@@ -247,7 +246,8 @@ class VBFedEMAlgorithm(FedEMAlgorithm):
 
 
 # ====================================================================== the model
-class VariationalGaussianMixture(MixtureEstimator):
+@dataclass(eq=False, repr=False, kw_only=True)
+class VariationalGaussianMixture(ServerMixture):
     """Variational FedEM: Dirichlet weights per client (private), Normal-Wishart components,
     closed-form credible intervals; the sibling of
     :class:`~fedstats.mixture.fedem.FederatedGaussianMixture` (maximum likelihood), with the
@@ -280,50 +280,19 @@ class VariationalGaussianMixture(MixtureEstimator):
     """
 
     _constraints = {
-        **MixtureEstimator._constraints,
-        **SERVER_CONSTRAINTS,
+        **ServerMixture._constraints,
         "weight_concentration_prior": NONE | Real(0, closed=(False, True)),
         "mean_precision_prior": NONE | Real(0, closed=(False, True)),
         "degrees_of_freedom_prior": NONE | Real(),
         "vb_init": NONE | MAPPING,
     }
 
-    def __init__(
-        self,
-        n_components: int,
-        *,
-        covariance_type: str = "full",
-        reg_covar: float = 1e-6,
-        rounds: int = 100,
-        tol: float | None = 1e-6,
-        shared_weights: bool = False,
-        n_init: int = 10,
-        means_init: ArrayLike | None = None,
-        covariances_init: ArrayLike | None = None,
-        participation: float = 1.0,
-        weight_concentration_prior: float | None = None,
-        mean_precision_prior: float | None = None,
-        mean_prior: ArrayLike | None = None,
-        degrees_of_freedom_prior: float | None = None,
-        covariance_prior: ArrayLike | None = None,
-        vb_init: Mapping[str, ArrayLike | Mapping[Hashable, ArrayLike]] | None = None,
-    ) -> None:
-        self.n_components = n_components
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.rounds = rounds
-        self.tol = tol
-        self.shared_weights = shared_weights
-        self.n_init = n_init
-        self.means_init = means_init
-        self.covariances_init = covariances_init
-        self.participation = participation
-        self.weight_concentration_prior = weight_concentration_prior
-        self.mean_precision_prior = mean_precision_prior
-        self.mean_prior = mean_prior
-        self.degrees_of_freedom_prior = degrees_of_freedom_prior
-        self.covariance_prior = covariance_prior
-        self.vb_init = vb_init
+    weight_concentration_prior: float | None = None
+    mean_precision_prior: float | None = None
+    mean_prior: ArrayLike | None = None
+    degrees_of_freedom_prior: float | None = None
+    covariance_prior: ArrayLike | None = None
+    vb_init: Mapping[str, ArrayLike | Mapping[Hashable, ArrayLike]] | None = None
 
     def _check(self, data):
         super()._check(data)
@@ -423,26 +392,14 @@ class VariationalGaussianMixture(MixtureEstimator):
             if self.shared_weights
             else {c: s.alpha for c, s in res.client_states.items() if c in data.clients}
         )
-        if not res.converged and self.tol:
-            warnings.warn(
-                f"variational FedEM did not converge in {self.rounds} rounds (tol={self.tol})",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        self._warn_unconverged(res, "variational FedEM")
         out = BayesianMixtureResult(
             means=hy["means"],
             covariances=hy["covariances"],
             weights={c: a / a.sum() for c, a in conc.items()},
             covariance_type=ct,
-            feature_names=data.feature_names,
-            n_obs=data.n_obs,
-            history=res.history,
-            communication=res.communication,
-            rounds=res.rounds,
-            converged=res.converged,
+            **self._run_fields(data, res, info),
             shared_weights=self.shared_weights,
-            init_info=info,
-            reg_covar=self.reg_covar,
         )
         out.weight_concentration = conc
         out.mean_precision = hy["mean_precision"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from typing import NoReturn
 
 import numpy as np
@@ -272,6 +273,7 @@ class DFedEMAlgorithm(FederatedAlgorithm):
         return {"N": N[0], "S1": S1r, "S2": S2r, "loglik": L, "entropy": H}, st
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class DecentralizedGaussianMixture(MixtureEstimator):
     """D-FedEM: a Gaussian mixture fitted without a server, by gossip over a client graph.
 
@@ -318,34 +320,11 @@ class DecentralizedGaussianMixture(MixtureEstimator):
         "tol": Real(0),
     }
 
-    def __init__(
-        self,
-        n_components: int,
-        *,
-        covariance_type: str = "full",
-        reg_covar: float = 1e-6,
-        rounds: int = 100,
-        n_init: int = 10,
-        means_init: ArrayLike | None = None,
-        covariances_init: ArrayLike | None = None,
-        weights_init: ArrayLike | Mapping[Hashable, ArrayLike] | None = None,
-        graph: str | ArrayLike = "complete",
-        gossip_steps: int = 1,
-        mixing: str = "metropolis",
-        tol: float = 1e-6,
-    ) -> None:
-        self.n_components = n_components
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.rounds = rounds
-        self.n_init = n_init
-        self.means_init = means_init
-        self.covariances_init = covariances_init
-        self.weights_init = weights_init
-        self.graph = graph
-        self.gossip_steps = gossip_steps
-        self.mixing = mixing
-        self.tol = tol
+    weights_init: ArrayLike | Mapping[Hashable, ArrayLike] | None = None
+    graph: str | ArrayLike = "complete"
+    gossip_steps: int = 1
+    mixing: str = "metropolis"
+    tol: float = 1e-6
 
     def mixing_matrix(self, n_clients: int, keep: ArrayLike | None = None) -> np.ndarray:
         """The gossip weights over the graph of ``n_clients`` nodes; with ``keep`` (the indices
@@ -427,15 +406,8 @@ class DecentralizedGaussianMixture(MixtureEstimator):
             covariances=np.mean([cc[c] for c in data.clients], 0),
             weights=weights,
             covariance_type=self.covariance_type,
-            feature_names=data.feature_names,
-            n_obs=data.n_obs,
-            history=res.history,
-            communication=res.communication,
-            rounds=res.rounds,
-            converged=converged,
+            **self._run_fields(data, res, info, converged),
             shared_weights=False,
-            init_info=info,
-            reg_covar=self.reg_covar,
         )
         out.client_means, out.client_covariances = cm, cc
         out.mixing_matrix = W

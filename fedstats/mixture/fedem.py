@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Hashable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -61,7 +61,7 @@ from ..federation.influence import to_leave_out
 from ..federation.records import exclude, excluded_now
 from ..fitting import RunOptions, federated_fit
 from ..privacy import DifferentialPrivacy
-from ._common import SERVER_CONSTRAINTS, WEIGHTS, MixtureEstimator, check_failures, log_weights, norm, still_in_fit
+from ._common import WEIGHTS, ServerMixture, check_failures, log_weights, norm, still_in_fit
 from ._init import federated_loglik
 from .fedem_algorithm import ClientMixtureState, FedEMAlgorithm, SentStatistics
 from .result import GaussianMixtureResult
@@ -71,7 +71,8 @@ __all__ = ["ClientMixtureState", "FedEMAlgorithm", "FederatedGaussianMixture", "
 _DP = NONE | Constraint(lambda v: isinstance(v, DifferentialPrivacy), "a fedstats.privacy.DifferentialPrivacy")
 
 
-class FederatedGaussianMixture(MixtureEstimator):
+@dataclass(eq=False, repr=False, kw_only=True)
+class FederatedGaussianMixture(ServerMixture):
     """Gaussian mixture fitted by FedEM: shared components, private per-client weights
     (maximum likelihood; :class:`~fedstats.mixture.bayes.VariationalGaussianMixture` is the
     variational sibling, :class:`~fedstats.mixture.decentralized.DecentralizedGaussianMixture`
@@ -158,8 +159,7 @@ class FederatedGaussianMixture(MixtureEstimator):
     """
 
     _constraints = {
-        **MixtureEstimator._constraints,
-        **SERVER_CONSTRAINTS,
+        **ServerMixture._constraints,
         "weights_init": NONE | WEIGHTS,
         "dp": _DP,
         "dp_rounds": Int(1),
@@ -167,40 +167,11 @@ class FederatedGaussianMixture(MixtureEstimator):
         "robust": BOOL,
     }
 
-    def __init__(
-        self,
-        n_components: int,
-        *,
-        covariance_type: str = "full",
-        reg_covar: float = 1e-6,
-        rounds: int = 100,
-        tol: float | None = 1e-6,
-        shared_weights: bool = False,
-        n_init: int = 10,
-        means_init: ArrayLike | None = None,
-        covariances_init: ArrayLike | None = None,
-        weights_init: ArrayLike | Mapping[Hashable, ArrayLike] | None = None,
-        participation: float = 1.0,
-        dp: DifferentialPrivacy | None = None,
-        dp_rounds: int = 20,
-        include_dp_noise: bool = False,
-        robust: bool = False,
-    ) -> None:
-        self.n_components = n_components
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.rounds = rounds
-        self.tol = tol
-        self.shared_weights = shared_weights
-        self.n_init = n_init
-        self.means_init = means_init
-        self.covariances_init = covariances_init
-        self.weights_init = weights_init
-        self.participation = participation
-        self.dp = dp
-        self.dp_rounds = dp_rounds
-        self.include_dp_noise = include_dp_noise
-        self.robust = robust
+    weights_init: ArrayLike | Mapping[Hashable, ArrayLike] | None = None
+    dp: DifferentialPrivacy | None = None
+    dp_rounds: int = 20
+    include_dp_noise: bool = False
+    robust: bool = False
 
     def _check(self, data: FederatedData) -> None:
         super()._check(data)
@@ -276,26 +247,14 @@ class FederatedGaussianMixture(MixtureEstimator):
                 RuntimeWarning,
                 stacklevel=2,
             )
-        if not res.converged and self.tol:
-            warnings.warn(
-                f"FedEM did not converge in {self.rounds} rounds (tol={self.tol}); increase rounds",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        self._warn_unconverged(res, "FedEM")
         out = GaussianMixtureResult(
             means=st["means"],
             covariances=st["cov"],
             weights=weights,
             covariance_type=self.covariance_type,
-            feature_names=data.feature_names,
-            n_obs=data.n_obs,
-            history=res.history,
-            communication=res.communication,
-            rounds=res.rounds,
-            converged=res.converged,
+            **self._run_fields(data, res, info),
             shared_weights=self.shared_weights,
-            init_info=info,
-            reg_covar=self.reg_covar,
             loglik=ll,
         )
         if uncertainty:
