@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from fedstats.registry import MODULES, commands, declarations
 from fedstats.registry.spec import load
 
 DECLARATIONS = declarations()
+SITES = Path(__file__).resolve().parent.parent / "examples" / "sites.csv"
 
 
 def test_reading_the_registry_imports_no_model():
@@ -65,3 +67,54 @@ def test_the_command_options_are_declared_alike_by_every_model_that_takes_them()
     assert "--rounds" in opts and set(opts["--rounds"][1]) == set(commands())
     for flag, (o, _) in opts.items():
         assert flag.startswith("--") and o.help and o.dest
+
+
+#: a model family declared outside fedstats, in one module: the Bayesian GLM under another name
+TOY = """
+from fedstats.registry.exchanges import exchange
+from fedstats.registry.spec import Array, Command, Declaration, Disclosure, Example
+
+
+def build(args):
+    from fedstats.glm import BayesianGLM
+
+    return BayesianGLM(family="gaussian", rounds=3, num_draws=200), {}
+
+
+DECLARATIONS = (
+    Declaration(
+        "toy",
+        "fedstats.glm:BayesianGLM",
+        "fedstats.glm:BayesianGLMResult",
+        "a toy family declared in one module",
+        (Disclosure("ToyModel", (exchange("toy rounds", "Toy", "every round", (Array("s", "its sums", "its sums"),), "all"),), "nothing"),),
+        Command("toy", "the toy family", (), build, lambda args, res, seconds: f"toy: {res.rounds} rounds"),
+        examples=(Example("toy", {"family": "binomial", "rounds": 2, "num_draws": 200},
+                          data="fedstats.datasets.synthetic:hierarchical_logistic"),),
+    ),
+)
+"""
+
+
+def test_a_new_family_is_one_module_and_one_registration(tmp_path):
+    """Registering a declaration module (one line in ``MODULES``) is all a new model needs: the
+    command line fits it by name, the threat-model page has its table, and its example's own
+    data source (a ``module:function`` path) feeds the tests that run every example."""
+    (tmp_path / "toy_family.py").write_text(TOY, encoding="utf-8")
+    code = f"""
+import sys
+sys.path.insert(0, {str(tmp_path)!r})
+import fedstats.registry as registry
+registry.MODULES = (*registry.MODULES, "toy_family")
+from fedstats.cli import main
+from fedstats.registry.threat_page import threat_model_tables
+assert "ToyModel" in threat_model_tables()
+ex = registry.declarations()["toy"].examples[0]
+data = ex.data_for({{}}, n_clients=5)
+res = registry.declarations()["toy"].estimator_class(**ex.params).fit(data, seed=0)
+assert len(data.clients) == 5 and res.rounds == 2
+sys.exit(main(["fit", {str(SITES)!r}, "--by", "site", "--target", "y", "--model", "toy"]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "toy: 3 rounds" in out.stdout
