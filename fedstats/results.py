@@ -160,6 +160,14 @@ def _empty_table(columns: Iterable[str], index_name: str | None = "parameter") -
     return pd.DataFrame({c: pd.Series(dtype=float) for c in columns}, index=pd.Index([], name=index_name, dtype=object))
 
 
+def printed_p_values(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its ``p_value`` column as printed: blank where the model states no null
+    hypothesis, ``< 1e-4`` rather than a misleading ``0.0000``."""
+    if "p_value" not in df.columns:
+        return df
+    return df.assign(p_value=["" if pd.isna(p) else "< 1e-4" if p < 1e-4 else f"{p:.4f}" for p in df["p_value"]])
+
+
 # --------------------------------------------------------------------------- base
 class FederatedResult:
     """Base of the results of fitted models: ``save``/``load`` in the format of this module.

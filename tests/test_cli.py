@@ -726,6 +726,27 @@ def test_glm_poisson_with_exposure_equals_statsmodels(counts, tmp_path, capsys):
     assert pred["mean"] == pytest.approx(want, rel=1e-8) and pred["lower"] < pred["mean"] < pred["upper"]
 
 
+def test_glm_exp_reports_odds_ratios_equal_to_exp_of_the_coefficients(counts, tmp_path, capsys):
+    """``--exp``: the ratio table (text and JSON) is exp of the coefficients and of their
+    interval, named by the link; links without a ratio scale and other models are refused."""
+    p, df = counts
+    out = tmp_path / "g.json"
+    base = ["fit", str(p), "--by", "site", "--target", "sick", "--features", "age", "smoker", "--model", "glm"]
+    assert main([*base, "--family", "binomial", "--exp", "--level", "0.9", "--output", str(out), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "Odds ratios: exp of the coefficients, Wald 90% intervals; p_value tests a ratio of 1" in printed
+    j = json.loads(out.read_text())
+    assert [r["name"] for r in j["ratios"]] == [r["name"] for r in j["global"]]
+    assert {r["kind"] for r in j["ratios"]} == {"odds ratio"}
+    for key, scale in (("ratio", "mean"), ("lower", "lower"), ("upper", "upper")):
+        np.testing.assert_allclose([r[key] for r in j["ratios"]], np.exp([r[scale] for r in j["global"]]), rtol=1e-12)
+    assert main([*base, "--family", "binomial", "--link", "probit", "--exp"]) == 2
+    assert "--exp needs the log or logit link" in capsys.readouterr().err
+    base[-1] = "bglm"
+    assert main([*base, "--family", "binomial", "--exp"]) == 2
+    assert "--exp: for --model glm only" in capsys.readouterr().err
+
+
 def test_glm_bad_input_is_one_line(counts, tmp_path, capsys):
     p, df = counts
     base = ["fit", str(p), "--by", "site", "--model", "glm", "-q"]

@@ -9,18 +9,11 @@ import numpy as np
 import pandas as pd
 
 
-def fmt_p(p) -> str:
-    """A p-value as printed: blank where the model states no null hypothesis, ``< 1e-4``
-    rather than a misleading ``0.0000``."""
-    if p is None or pd.isna(p):
-        return ""
-    return "< 1e-4" if p < 1e-4 else f"{p:.4f}"
-
-
 def table(df: pd.DataFrame) -> str:
-    if "p_value" in df.columns:
-        df = df.assign(p_value=[fmt_p(v) for v in df["p_value"]])
-    return df.to_string()
+    """A table as printed: p-values as :func:`fedstats.results.printed_p_values` shows them."""
+    from ..results import printed_p_values
+
+    return printed_p_values(df).to_string()
 
 
 def communication(res) -> dict:

@@ -78,7 +78,7 @@ second order only).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,7 @@ from ._design import SPECIAL, GLMDesign, GLMOptions, frame_rows, prediction_rows
 from ._irls import IRLS, Sandwich, design_check
 from ._private import fit_private
 from .families import FAMILIES, LINKS, Family, family_of
+from .hypotheses import GLMTests
 
 __all__ = ["FederatedGLM", "GLMResult", "SeparationError", "GLMConvergenceWarning"]
 
@@ -373,7 +374,7 @@ def _separation_message(names, betas, rms_x, intercept, fam, edge) -> str:
 
 @register
 @renamed_attributes(family_="_family")
-class GLMResult(FederatedResult):
+class GLMResult(GLMTests, FederatedResult):
     """A federated GLM fit: statsmodels' ``GLMResults`` quantities under the result contract.
 
     ``summary(level)``: ``mean`` (the estimate), ``sd`` (its standard error), the Wald
@@ -539,40 +540,3 @@ class GLMResult(FederatedResult):
                 predicted_for="client" if client is not None else "new client",
             )
         )
-
-    # -- tests
-    def lr_test(self, other: GLMResult) -> pd.Series:
-        """Likelihood-ratio test of the smaller of ``self`` and ``other`` (nested: its
-        coefficients a subset of the larger's, same family, link, rows and weights):
-        ``statistic = 2 (llf_large - llf_small)`` on the difference in coefficients;
-        returns ``statistic, df, p_value``."""
-        if not isinstance(other, GLMResult):
-            raise TypeError(f"lr_test compares two GLMResult fits, got {type(other).__name__}")
-        if self.privacy is not None or other.privacy is not None:
-            raise ValueError(
-                "lr_test needs the log-likelihoods, which a differentially private fit does not release; use wald_test"
-            )
-        big, small = (self, other) if len(self.names) >= len(other.names) else (other, self)
-        if (big.family, big.link, big.alpha) != (small.family, small.link, small.alpha):
-            raise ValueError(
-                f"lr_test needs the same family and link: {big.family}/{big.link} vs {small.family}/{small.link}"
-            )
-        if not set(small.names) < set(big.names):
-            raise ValueError(f"the models are not nested: {small.names} is not a subset of {big.names}")
-        if big.wnobs != small.wnobs or big.n_obs != small.n_obs:
-            raise ValueError("the two fits used different rows or weights")
-        stat = 2 * (big.llf - small.llf)
-        df = len(big.names) - len(small.names)
-        return pd.Series({"statistic": stat, "df": float(df), "p_value": float(stats.chi2.sf(stat, df))})
-
-    def wald_test(self, names: str | Sequence[str], value: ArrayLike = 0.0) -> pd.Series:
-        """Joint Wald test that the coefficients ``names`` equal ``value`` (a number or one
-        per name): ``statistic`` (chi-square on ``len(names)`` df), ``df``, ``p_value``."""
-        names = [names] if isinstance(names, str) else list(names)
-        unknown = [n for n in names if n not in self.names]
-        if unknown or not names:
-            raise ValueError(f"unknown coefficient(s) {unknown}; the coefficients are {self.names}")
-        idx = [self.names.index(n) for n in names]
-        diff = self.coef[idx] - np.broadcast_to(np.asarray(value, dtype=float), (len(idx),))
-        stat = float(diff @ np.linalg.solve(self.cov[np.ix_(idx, idx)], diff))
-        return pd.Series({"statistic": stat, "df": float(len(idx)), "p_value": float(stats.chi2.sf(stat, len(idx)))})

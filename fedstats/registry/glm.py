@@ -34,6 +34,12 @@ OPTIONS = (
 _IRLS_ROUNDS = rounds("IRLS iterations, at most")
 _EP_ROUNDS = rounds("EP rounds, stopping when converged")
 _ROBUST = Option("--robust", "HC0 sandwich standard errors (one more round)", {"action": "store_true"})
+_EXP = Option(
+    "--exp",
+    "also report exp of the coefficients with their intervals: odds ratios (logit link), risk or rate ratios "
+    '(log link); the JSON\'s "ratios"',
+    {"action": "store_true"},
+)
 
 
 def _links(model: str) -> dict[str, tuple[str, ...]]:
@@ -60,6 +66,13 @@ def _check(args) -> None:
         raise CLIError("--alpha is for --family negative_binomial")
     if args.alpha is not None and not args.alpha > 0:
         raise CLIError(f"--alpha must be positive, got {args.alpha}")
+    if getattr(args, "exp", False):
+        from ..glm import FAMILIES
+        from ..glm.hypotheses import ratio_kind
+
+        link = args.link or FAMILIES[args.family].links[0]
+        if ratio_kind(args.family, link) is None:
+            raise CLIError(f"--exp needs the log or logit link (exp of a coefficient is then a ratio), got {link}")
     used = [c for c in (getattr(args, r) for r in ROLES) if c is not None]
     if args.features and any(c not in args.features for c in used):  # the special columns are read too
         args.features = [*args.features, *(c for c in used if c not in args.features)]
@@ -83,7 +96,7 @@ def _roles(args) -> dict:
 
 
 # --------------------------------------------------------------------------- the exact GLM
-_GLM_OPTIONS = (*OPTIONS, _IRLS_ROUNDS, _ROBUST)
+_GLM_OPTIONS = (*OPTIONS, _IRLS_ROUNDS, _ROBUST, _EXP)
 
 
 def _glm_build(args):
@@ -103,8 +116,33 @@ def _glm_header(args, res, runtime: float) -> str:
     )
 
 
+def _ratios(args, res) -> list[dict]:
+    """With ``--exp``: one record per coefficient on the ratio scale (:meth:`GLMResult.ratios`)."""
+    if not args.exp:
+        return []
+    t = res.ratios(args.level)
+    return [
+        {"name": str(n), "kind": t.attrs["ratio"], **{c: float(v) for c, v in row.items()}} for n, row in t.iterrows()
+    ]
+
+
+def _glm_notes(args, res) -> list[str]:
+    if not args.exp:
+        return _notes(args, res)
+    import pandas as pd
+
+    from ..results import printed_p_values
+
+    t = res.ratios(args.level)
+    what = f"{t.attrs['ratio'].capitalize()}s: exp of the coefficients, Wald {100 * args.level:g}% intervals"
+    with pd.option_context("display.width", 120, "display.float_format", "{:.4f}".format):
+        shown = printed_p_values(t).to_string()
+    return [*_notes(args, res), f"{what}; p_value tests a ratio of 1", shown, "", "Coefficients (log scale)"]
+
+
 def _glm_extras(args, res, data, scaler) -> dict:
     return {
+        **({"ratios": _ratios(args, res)} if args.exp else {}),
         **_model_fields(res),
         "cov_type": res.cov_type,
         "deviance": res.deviance,
@@ -197,7 +235,7 @@ GLM = Declaration(
         _GLM_OPTIONS,
         _glm_build,
         _glm_header,
-        notes=_notes,
+        notes=_glm_notes,
         extras=_glm_extras,
         check=_check,
         standard_errors=True,

@@ -131,6 +131,35 @@ def test_hc0_sandwich_equals_statsmodels(family, link):
     assert res.communication.by_kind["sandwich round"]["rounds"] == 1
 
 
+RATIOS = {
+    ("binomial", "logit"): "odds ratio",
+    ("binomial", "log"): "risk ratio",
+    ("poisson", "log"): "rate ratio",
+    ("negative_binomial", "log"): "rate ratio",
+    ("gamma", "log"): "ratio of means",
+}
+
+
+@pytest.mark.parametrize("family,link", list(RATIOS), ids=[f"{f}-{l}" for f, l in RATIOS])
+def test_ratios_are_exp_of_the_pooled_coefficients_and_intervals(family, link):
+    """``ratios``: exp of statsmodels' coefficients and Wald interval on the pooled rows,
+    named by the link (odds, risk, rate ratio), with the coefficient's test of 0 (ratio 1)."""
+    Xs, ys = simulate(family, link, seed=zlib.crc32(f"{family}-{link}".encode()) % 1000)
+    res = FederatedGLM(family, link, alpha=ALPHA).fit(FederatedData.from_arrays(Xs, ys))
+    ref = pooled(family, link, sm.add_constant(np.vstack(Xs)), np.concatenate(ys))
+    t = res.ratios(0.9)
+    assert t.attrs["ratio"] == RATIOS[family, link] and list(t.columns) == ["ratio", "lower", "upper", "p_value"]
+    np.testing.assert_allclose(t["ratio"].to_numpy(), np.exp(ref.params), rtol=1e-7)
+    np.testing.assert_allclose(t[["lower", "upper"]].to_numpy(), np.exp(ref.conf_int(0.1)), rtol=1e-7)
+    np.testing.assert_allclose(t["p_value"].to_numpy(), ref.pvalues, rtol=1e-6, atol=TOL)
+
+
+def test_links_without_a_ratio_scale_refuse_ratios():
+    Xs, ys = simulate("binomial", "probit", seed=3)
+    with pytest.raises(ValueError, match="only under the log or logit link; this binomial fit has the probit link"):
+        FederatedGLM("binomial", "probit").fit(FederatedData.from_arrays(Xs, ys)).ratios()
+
+
 def test_the_server_steps_see_only_sums_of_information_and_score(monkeypatch):
     """IRLS and the sandwich round declare every reply a sum, the design check all but each
     client's row count and column ranges: their server steps cannot read one client's value."""

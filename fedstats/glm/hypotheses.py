@@ -1,0 +1,125 @@
+"""What a fitted exact GLM tests and reports beyond its coefficients (:class:`GLMTests`, a base
+of :class:`~fedstats.glm.GLMResult`): likelihood-ratio and Wald tests, and the coefficients on
+the ratio scale (odds, risk and rate ratios) with their intervals.
+
+>>> import numpy as np
+>>> from fedstats.glm import FederatedGLM
+>>> rng = np.random.default_rng(0)
+>>> Xs = [rng.normal(size=(200, 1)) for _ in range(3)]
+>>> ys = [rng.binomial(1, 1 / (1 + np.exp(-(0.5 + 0.7 * X[:, 0])))).astype(float) for X in Xs]
+>>> res = FederatedGLM("binomial").fit(list(zip(Xs, ys)))
+>>> table = res.ratios()
+>>> table.attrs["ratio"], list(table.columns)
+('odds ratio', ['ratio', 'lower', 'upper', 'p_value'])
+>>> bool(table.loc["x0", "lower"] < np.exp(0.7) < table.loc["x0", "upper"])
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+from scipy import stats
+
+__all__ = ["GLMTests", "ratio_kind"]
+
+
+def ratio_kind(family: str, link: str) -> str | None:
+    """What ``exp`` of a coefficient is under ``family`` and ``link``: ``"odds ratio"`` (logit
+    link), ``"risk ratio"`` (binomial, log link), ``"rate ratio"`` (poisson or negative
+    binomial, log link), ``"ratio of means"`` (another family's log link); ``None`` under any
+    other link, where it is no ratio."""
+    if link == "logit":
+        return "odds ratio"
+    if link != "log":
+        return None
+    return {"binomial": "risk ratio", "poisson": "rate ratio", "negative_binomial": "rate ratio"}.get(
+        family, "ratio of means"
+    )
+
+
+class GLMTests:
+    """The tests and ratio tables of a fitted exact GLM (its result's ``names``, ``coef``,
+    ``cov``, ``llf``, ``family``, ``link`` and the statsmodels-style ``params``, ``pvalues``,
+    ``conf_int``)."""
+
+    names: list[str]
+    coef: np.ndarray
+    cov: np.ndarray
+    family: str
+    link: str
+    alpha: float
+    llf: float
+    wnobs: float
+    n_obs: Any
+    privacy: Any
+    params: pd.Series
+    pvalues: pd.Series
+
+    def conf_int(self, level: float = 0.95) -> pd.DataFrame:
+        raise NotImplementedError
+
+    def lr_test(self, other: GLMTests) -> pd.Series:
+        """Likelihood-ratio test of the smaller of ``self`` and ``other`` (nested: its
+        coefficients a subset of the larger's, same family, link, rows and weights):
+        ``statistic = 2 (llf_large - llf_small)`` on the difference in coefficients;
+        returns ``statistic, df, p_value``."""
+        if not isinstance(other, GLMTests):
+            raise TypeError(f"lr_test compares two GLMResult fits, got {type(other).__name__}")
+        if self.privacy is not None or other.privacy is not None:
+            raise ValueError(
+                "lr_test needs the log-likelihoods, which a differentially private fit does not release; use wald_test"
+            )
+        big, small = (self, other) if len(self.names) >= len(other.names) else (other, self)
+        if (big.family, big.link, big.alpha) != (small.family, small.link, small.alpha):
+            raise ValueError(
+                f"lr_test needs the same family and link: {big.family}/{big.link} vs {small.family}/{small.link}"
+            )
+        if not set(small.names) < set(big.names):
+            raise ValueError(f"the models are not nested: {small.names} is not a subset of {big.names}")
+        if big.wnobs != small.wnobs or big.n_obs != small.n_obs:
+            raise ValueError("the two fits used different rows or weights")
+        stat = 2 * (big.llf - small.llf)
+        df = len(big.names) - len(small.names)
+        return pd.Series({"statistic": stat, "df": float(df), "p_value": float(stats.chi2.sf(stat, df))})
+
+    def wald_test(self, names: str | Sequence[str], value: ArrayLike = 0.0) -> pd.Series:
+        """Joint Wald test that the coefficients ``names`` equal ``value`` (a number or one
+        per name): ``statistic`` (chi-square on ``len(names)`` df), ``df``, ``p_value``."""
+        names = [names] if isinstance(names, str) else list(names)
+        unknown = [n for n in names if n not in self.names]
+        if unknown or not names:
+            raise ValueError(f"unknown coefficient(s) {unknown}; the coefficients are {self.names}")
+        idx = [self.names.index(n) for n in names]
+        diff = self.coef[idx] - np.broadcast_to(np.asarray(value, dtype=float), (len(idx),))
+        stat = float(diff @ np.linalg.solve(self.cov[np.ix_(idx, idx)], diff))
+        return pd.Series({"statistic": stat, "df": float(len(idx)), "p_value": float(stats.chi2.sf(stat, len(idx)))})
+
+    def ratios(self, level: float = 0.95) -> pd.DataFrame:
+        """The coefficients on the ratio scale: ``ratio = exp(coefficient)`` with the Wald
+        interval at ``level`` mapped the same way (``exp(lower)``, ``exp(upper)``) and the
+        test of ratio 1 (the coefficient's ``p_value``). What the ratio is (``attrs["ratio"]``)
+        follows the link (:func:`ratio_kind`): odds ratios under the logit link, risk or rate
+        ratios or ratios of means under the log link. The intercept's row is the baseline
+        odds, risk, rate or mean. Any other link has no ratio scale: ``ValueError``."""
+        kind = ratio_kind(self.family, self.link)
+        if kind is None:
+            raise ValueError(
+                f"exp of a coefficient is a ratio only under the log or logit link; this {self.family} fit has the "
+                f"{self.link} link"
+            )
+        ci = self.conf_int(level)
+        out = pd.DataFrame(
+            {
+                "ratio": np.exp(self.params),
+                "lower": np.exp(ci["lower"]),
+                "upper": np.exp(ci["upper"]),
+                "p_value": self.pvalues,
+            }
+        ).rename_axis("parameter")
+        out.attrs["ratio"] = kind
+        return out
