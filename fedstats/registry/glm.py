@@ -118,8 +118,6 @@ def _glm_header(args, res, runtime: float) -> str:
 
 def _ratios(args, res) -> list[dict]:
     """With ``--exp``: one record per coefficient on the ratio scale (:meth:`GLMResult.ratios`)."""
-    if not args.exp:
-        return []
     t = res.ratios(args.level)
     return [
         {"name": str(n), "kind": t.attrs["ratio"], **{c: float(v) for c, v in row.items()}} for n, row in t.iterrows()
