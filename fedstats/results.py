@@ -58,6 +58,7 @@ from .data.validation import ClientId
 
 # the file format's names, re-exported for every model
 from .result_file import FORMAT, MAX_ARRAY_BYTES, VERSION, ResultFileError, load_result, register, save_result  # noqa: F401
+from .summary_table import SummaryTable, labelled  # noqa: F401 (SummaryTable: what summary returns)
 
 if TYPE_CHECKING:
     from arviz import InferenceData
@@ -193,6 +194,15 @@ class FederatedResult:
     #: ``relative`` (that shift over what a client of its size typically causes); ``None``
     #: where the model or the fit (secure aggregation, differential privacy) has none
     influence: pd.DataFrame | None = None
+    #: what the summary tables' numbers are: ``"posterior"`` (posterior mean, sd, credible
+    #: interval, tail probability) or ``"estimate"`` (estimate, standard error, confidence
+    #: interval, p-value); their printed form says so (:mod:`fedstats.summary_table`)
+    estimates: str = "posterior"
+
+    def _estimates(self) -> str:
+        """What this fit's summary numbers are (see :attr:`estimates`); a model whose answer
+        depends on the fit (posteriors computed or not) overrides it."""
+        return self.estimates
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in self._transient}
@@ -286,7 +296,7 @@ class FederatedResult:
         parameters (see :meth:`client_summary`)."""
         level, kind = check_level(level), check_kind(kind)
         table = self._global_table(level, kind)
-        return contract_frame(table, SUMMARY_COLUMNS).rename_axis("parameter")
+        return labelled(contract_frame(table, SUMMARY_COLUMNS).rename_axis("parameter"), self._estimates(), level)
 
     def client_summary(self, level: float = 0.95, kind: str = "eti") -> pd.DataFrame:
         """Every client's own parameters in one long table: ``client, parameter, mean, sd,
@@ -300,7 +310,7 @@ class FederatedResult:
             t = self._client_table(c, level, kind)
             tables[c] = contract_frame(t, SUMMARY_COLUMNS).rename_axis("parameter").reset_index()
         if not tables or all(len(f) == 0 for f in tables.values()):
-            return _empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True)
+            return labelled(_empty_table(CLIENT_SUMMARY_COLUMNS, None).reset_index(drop=True), self._estimates(), level)
         frames = []
         template = next(iter(tables.values()))
         for c in self._all_clients():
@@ -314,7 +324,8 @@ class FederatedResult:
             if excluded:
                 t["excluded"] = excluded.get(c)
             frames.append(t)
-        return contract_frame(pd.concat(frames, ignore_index=True), CLIENT_SUMMARY_COLUMNS)
+        table = contract_frame(pd.concat(frames, ignore_index=True), CLIENT_SUMMARY_COLUMNS)
+        return labelled(table, self._estimates(), level)
 
     def to_arviz(self, n: int = 4000, seed: int = 0) -> InferenceData:
         """Every posterior of the result in one :class:`arviz.InferenceData`: variable

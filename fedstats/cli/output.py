@@ -9,11 +9,15 @@ import numpy as np
 import pandas as pd
 
 
-def table(df: pd.DataFrame) -> str:
-    """A table as printed: p-values as :func:`fedstats.results.printed_p_values` shows them."""
+def table(df: pd.DataFrame, estimates: str | None = None) -> str:
+    """A table as printed: p-values as :func:`fedstats.results.printed_p_values` shows them,
+    the columns named for what they hold when ``estimates`` says (``"posterior"`` or
+    ``"estimate"``, :data:`fedstats.summary_table.ESTIMATE_KINDS`)."""
     from ..results import printed_p_values
+    from ..summary_table import ESTIMATE_KINDS
 
-    return printed_p_values(df).to_string()
+    shown = pd.DataFrame(printed_p_values(df))
+    return shown.rename(columns=ESTIMATE_KINDS.get(estimates or "", {})).to_string()
 
 
 def communication(res) -> dict:
@@ -105,14 +109,19 @@ def print_tables(g, tables, res, args, head: list[str]) -> None:
     def shown(t):  # the columns with a value somewhere
         return t[[c for c in t.columns if t[c].notna().any()]]
 
+    from ..summary_table import table_note
+
     pct = f"{100 * args.level:g}%"
+    estimates = res._estimates()
     with pd.option_context(
         "display.width", 120, "display.max_columns", 10, "display.max_rows", 60, "display.float_format", "{:.4f}".format
     ):
         print("\n".join(head))
         if len(g):
-            print(table(shown(g)))
+            print(table(shown(g), estimates))
+            print(table_note(estimates, args.level))
         excluded = dict(getattr(res, "excluded", None) or {})
+        printed = False
         for c, s in tables.items():
             if c in excluded:
                 print(f"\nClient {c}: not in the fit, no numbers: {excluded[c]}")
@@ -126,8 +135,12 @@ def print_tables(g, tables, res, args, head: list[str]) -> None:
                                 if "selected" in s.columns
                                 else {}
                             )
-                        )
+                        ),
+                        estimates,
                     )
                 )
+                printed = True
+        if printed:
+            print(f"\nEvery client's table: {table_note(estimates, args.level)}")
         if any("selected" in s.columns for s in tables.values()):
             print(f"\nselected: the {pct} credible interval excludes 0 (the intercept is never penalised or selected)")

@@ -183,10 +183,10 @@ class _Surrogate:
 def bo_run(name: str, method: str, seed: int = 0, *, budget: float | None = None, nested: bool = True) -> pd.DataFrame:
     """One seeded run of the loop (see the module's docs) on task ``name`` with surrogate
     ``method``: a row for the initial design, then one per evaluation (``cost`` spent so far,
-    ``level`` evaluated, ``regret`` of the best highest-level evaluation so far, ``nested``:
+    ``fidelity`` evaluated, ``regret`` of the best highest-fidelity evaluation so far, ``nested``:
     whether it was made only to keep the design nested, ``x`` the point in the unit box).
     Each fidelity's initial design is drawn from its own stream of ``seed``; the single-fidelity
-    loop starts from as many highest-level points as the multi-fidelity initial design's cost
+    loop starts from as many highest-fidelity points as the multi-fidelity initial design's cost
     buys (at least ``d + 1``), the first of them those of the others' design.
 
     ``nested`` (default): a point chosen for a fidelity is first evaluated, and paid for, at every

@@ -392,6 +392,8 @@ class GLMResult(GLMTests, FederatedResult):
     ``attrs["privacy"]``, the sentence saying whether their intervals include the noise.
     """
 
+    estimates = "estimate"  # maximum likelihood: estimate, standard error, p-value
+
     #: differentially private fits only (None / False otherwise)
     dp_noise_cov: np.ndarray | None = None
     dp_noise_included: bool = False

@@ -217,6 +217,8 @@ class ChainResult(FederatedResult):
     it (federated models only: their predictions travel the chain).
     """
 
+    estimates = "estimate"  # maximum-likelihood hyperparameters
+
     model = "multi-fidelity chain"
     federated = False
 

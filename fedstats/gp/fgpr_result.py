@@ -46,6 +46,10 @@ class FGPRResult(FederatedResult):
     the log scale), :meth:`summary`'s sds and intervals, and ``predict(hyper_draws=S)``.
     """
 
+    def _estimates(self) -> str:
+        # the hyperparameters' Laplace approximation (flat prior) where the fit has one
+        return "posterior" if isinstance(self.laplace, dict) else "estimate"
+
     _transient = {"_data": None}  # the training data of an in-process fit: never written
     laplace: dict[str, np.ndarray] | str | None = None  # None: a result saved before it existed
 

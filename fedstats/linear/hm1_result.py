@@ -59,6 +59,9 @@ class StructuralResult(PointResult):
     ``posterior_omega`` and ``lr`` are. A client not in the fit (``excluded``) has NaN throughout.
     """
 
+    def _estimates(self) -> str:
+        return "posterior" if self.has_uncertainty else "estimate"
+
     omega_array: np.ndarray | None = None
     lr: float = 0.0
     posterior_mean: np.ndarray | None = None

@@ -237,6 +237,8 @@ class PointResult(FederatedResult):
     FedAvg, distributed ridge) and no rows otherwise; ``predict`` fills ``mean`` only;
     the posterior verbs raise :class:`~fedstats.results.NoPosteriorError`."""
 
+    estimates = "estimate"  # point estimates (no distribution)
+
     feature_names: list[str]
     clients: list
     theta: np.ndarray  # (d, K)

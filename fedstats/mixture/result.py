@@ -281,6 +281,8 @@ class GaussianMixtureResult(MixtureResult):
     client), ``loglik_trace``, ``bic`` and observed-information ``wald_intervals``.
     """
 
+    estimates = "estimate"  # maximum likelihood (with Wald errors when computed)
+
     @property
     def loglik(self) -> float:
         """Federated log-likelihood at the final parameters, each client with its weights."""

@@ -111,7 +111,7 @@ def _glm_header(args, res, runtime: float) -> str:
     return (
         f"GLM, {res.family} family, {res.link} link, maximum likelihood by federated IRLS: {res.rounds} rounds "
         f"({converged_text(res)}), {len(res.clients)} clients, {runtime:.1f} s; Wald {100 * args.level:g}% "
-        f"intervals, {errors} standard errors (sd); deviance {res.deviance:.4f} on {res.df_resid:g} df, "
+        f"intervals, {errors} standard errors; deviance {res.deviance:.4f} on {res.df_resid:g} df, "
         f"AIC {res.aic:.2f}, dispersion {res.scale:.4g}"
     )
 
