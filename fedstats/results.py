@@ -29,7 +29,7 @@ The contract every result keeps (:class:`FederatedResult`):
   silently predicted from the population. ``frame.attrs["predicted_for"]`` says which
   (``"client"`` or ``"new client"``). Mixtures keep scikit-learn's meaning instead:
   ``predict`` gives component labels and ``predict_proba`` the responsibilities.
-* ``to_arviz(n=4000, seed=0)``: every posterior of the result in one ``InferenceData``.
+* ``to_arviz(n=4000, seed=0, n_chains=4)``: every posterior of the result in one ``InferenceData``.
 * ``history``, ``rounds``, ``converged``, ``seconds``, ``communication`` (every exchange of
   the fit, with ``communication.by_kind``), ``save``/``load`` and a short ``repr``.
 * ``privacy``: what a differentially private fit spent (:class:`~fedstats.privacy.PrivacySpent`:
@@ -327,14 +327,27 @@ class FederatedResult:
         table = contract_frame(pd.concat(frames, ignore_index=True), CLIENT_SUMMARY_COLUMNS)
         return labelled(table, self._estimates(), level)
 
-    def to_arviz(self, n: int = 4000, seed: int = 0) -> InferenceData:
+    def to_arviz(self, n: int = 4000, seed: int = 0, *, n_chains: int = 4) -> InferenceData:
         """Every posterior of the result in one :class:`arviz.InferenceData`: variable
         ``global`` (dims ``chain, draw, global_parameter``) and ``local``, every client's own
-        parameters (``chain, draw, client, parameter``), as far as the model has them; ``n`` seeded draws in one chain
-        (weighted draws resampled by weight). :class:`NoPosteriorError` without any."""
+        parameters (``chain, draw, client, parameter``), as far as the model has them.
+
+        ``n`` seeded draws in all, in ``n_chains`` chains of ``n // n_chains`` (``n`` a
+        multiple of it): independent draws from each posterior (Gaussian approximations
+        sampled directly, weighted or MCMC draws resampled by weight), so the chains agree up
+        to Monte-Carlo error and ArviZ's R-hat and ESS are defined; they diagnose the export,
+        not the fit (the fit's own sampler diagnostics are on the models that sample, such as
+        the lasso's ``sampler_diagnostics()``). :class:`NoPosteriorError` without any
+        posterior. The Bayesian regressions also add the pointwise log-likelihood
+        (``log_likelihood=data``) for ``arviz.loo`` and ``arviz.waic``."""
         from .arviz_export import to_inference_data
 
+        if not isinstance(n_chains, int) or n_chains < 1 or not isinstance(n, int) or n < n_chains or n % n_chains:
+            raise ValueError(
+                f"n must be a positive multiple of n_chains (an int >= 1), got n={n!r}, n_chains={n_chains!r}"
+            )
         rng = np.random.default_rng(seed)
+        shape = (n_chains, n // n_chains)
         variables: dict[str, np.ndarray] = {}
         coords: dict[str, list[Any]] = {}
         dims: dict[str, list[str]] = {}
@@ -344,7 +357,7 @@ class FederatedResult:
         except NoPosteriorError:
             g = None
         if g is not None:
-            variables["global"] = g.sample(n, seed=rng)[None]
+            variables["global"] = g.sample(n, seed=rng).reshape(*shape, -1)
             coords["global_parameter"], dims["global"] = list(g.names), ["global_parameter"]
         clients = self._fitted_clients()
         try:
@@ -357,7 +370,9 @@ class FederatedResult:
                 raise ValueError(
                     "the clients' posteriors have different parameters; export each with client_posterior(c).to_arviz()"
                 )
-            variables["local"] = np.stack([p.sample(n, seed=rng) for p in posts], axis=1)[None]
+            variables["local"] = np.stack([p.sample(n, seed=rng) for p in posts], axis=1).reshape(
+                *shape, len(posts), -1
+            )
             coords["client"], coords["parameter"] = [str(c) for c in clients], names
             dims["local"] = ["client", "parameter"]
         if not variables:

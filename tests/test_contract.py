@@ -177,9 +177,9 @@ def test_to_arviz_holds_every_posterior(fit, result_name):
     post = idata.posterior
     assert ("global" in post) == has_global and ("local" in post) == has_client
     if has_global:
-        assert post["global"].shape == (1, 20, len(res.global_posterior().names))
+        assert post["global"].shape == (4, 5, len(res.global_posterior().names))  # 4 chains of 5 draws
     if has_client:
-        assert post["local"].shape[:3] == (1, 20, len(res.clients))
+        assert post["local"].shape[:3] == (4, 5, len(res.clients))
         assert list(post["local"].coords["client"].values) == [str(c) for c in res.clients]
 
 

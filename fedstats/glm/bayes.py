@@ -35,6 +35,7 @@ from ..estimator import BOOL, NONE, Int, OneOf, Real
 from ..federation import Communication, History
 from ..federation.scaling import LinearScaling, federated_scaling
 from ..fitting import RunOptions, federated_fit
+from ..inference.elpd import PointwiseLikelihood, stream
 from ..inference.ep import PosteriorRound, RowsEP, posterior_round
 from ..inference.ep_checks import check_run
 from ..inference.gaussian import NaturalGaussian
@@ -46,7 +47,7 @@ from ..results import FederatedResult, check_level, prediction_frame
 from ._design import SPECIAL, GLMDesign, GLMOptions, GLMSetup, frame_rows, prediction_rows
 from ._irls import design_check
 from .families import Family, family_of
-from .sites import AUTO_QUADRATURE, BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite, n_pad
+from .sites import AUTO_QUADRATURE, BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite, n_pad, pointwise_rows
 
 __all__ = ["BayesianGLM", "HierarchicalGLM", "BayesianGLMResult", "HierarchicalGLMResult"]
 
@@ -210,9 +211,10 @@ class BayesianGLM(_BayesBase):
         return BayesianGLMResult(**self._fitted(fam, design, roles, n_rows, out, history, scaling, seed))
 
 
-class _GLMPosteriorMixin:
-    """Predictions on the response scale from draws of the coefficients; with the attributes
-    both Bayesian GLM results are given by their fit (keyword arguments)."""
+class _GLMPosteriorMixin(PointwiseLikelihood):
+    """Predictions on the response scale from draws of the coefficients, and the rows'
+    pointwise log-likelihood (:mod:`fedstats.inference.elpd`); with the attributes both
+    Bayesian GLM results are given by their fit (keyword arguments)."""
 
     model: str
     family: str
@@ -232,6 +234,31 @@ class _GLMPosteriorMixin:
     communication: Communication
     seed: int
     seconds: float
+
+    def _coefficient_draws(self, client: Hashable, i: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+        raise NotImplementedError
+
+    def _loglik_specs(self, data: Any, n: int, seed: int) -> dict[Hashable, dict[str, Any]]:
+        """Each client's draws of the coefficients its rows depend on (and the log dispersion),
+        with the columns of its predictors and special columns."""
+        if self.roles.get("weights") is not None:
+            raise ValueError(
+                "the pointwise log-likelihood counts rows, and a fit with frequency weights makes a row several "
+                "observations: expand the rows (one per unit of weight) to compare such models by LOO or WAIC"
+            )
+        names = list(data.feature_names)
+        missing = [c for c in [*self.predictors, *(v for v in self.roles.values() if v)] if c not in names]
+        if missing:
+            raise ValueError(f"data lacks the fit's columns {missing}: pass the data the model was fitted to")
+        cols = {role: None if col is None else names.index(col) for role, col in self.roles.items()}
+        fixed = {"loglik": pointwise_rows, "family": self.family, "link": self.link, "alpha": self.alpha}
+        fixed |= {"intercept": self.fit_intercept, "keep": [names.index(p) for p in self.predictors]}
+        fixed |= {r: cols.get(r) for r in ("offset", "exposure", "trials")}
+        specs = {}
+        for i, c in enumerate(self._fitted_clients()):  # type: ignore[attr-defined]
+            coef, disp = self._coefficient_draws(c, i, n, seed)
+            specs[c] = {**fixed, "coef": coef, "disp": disp}
+        return specs
 
     def _eta_draws(
         self, X: ArrayLike, beta: np.ndarray, offset: ArrayLike | None, exposure: ArrayLike | None
@@ -291,6 +318,12 @@ class BayesianGLMResult(_GLMPosteriorMixin, FederatedResult):
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
         return no_p_value(self.global_posterior().summary(level=level, kind=kind), "log_")
+
+    def _coefficient_draws(self, client: Hashable, i: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+        # the shared coefficients: the same draws at every client
+        draws = self.global_posterior().sample(n, seed=stream(seed))
+        p = len(self.names)
+        return draws[:, :p], (draws[:, p] if draws.shape[1] > p else None)
 
     def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         # the coefficients are shared by every client: a client has none of its own
@@ -503,6 +536,10 @@ class HierarchicalGLMResult(_GLMPosteriorMixin, FederatedResult):
             return post
         A, c = self.scaling.coef_map()
         return post.affine(A, c, names=list(self.names))
+
+    def _coefficient_draws(self, client: Hashable, i: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+        # the client's own coefficients (the hierarchical families have no dispersion)
+        return self.client_posterior(client).sample(n, seed=stream(seed, i)), None
 
     def predict(
         self,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..federation.protocol import client_function
 from ..result_file import register
 
 #: families and links with a jax likelihood (the Bayesian models)
@@ -76,6 +77,31 @@ def loglik_rows(family: str, link: str, alpha: float, eta, y, n, disp):
         k = jnp.exp(disp)
         return k * disp - k * eta + (k - 1) * jnp.log(y) - k * y * jnp.exp(-eta) - gammaln(k)
     raise ValueError(family)
+
+
+@client_function
+def pointwise_rows(spec, X, y):
+    """``(draws, rows)`` log-likelihood of a client's GLM rows at the draws of ``spec``
+    (:mod:`fedstats.inference.elpd`): ``coef`` (``(draws, p)``, data scale), ``disp`` (the log
+    dispersion per draw, or None), ``family``, ``link``, ``alpha``, ``intercept`` and the
+    column indices of the predictors (``keep``) and of the ``offset``, ``exposure`` and
+    ``trials`` columns (None where unused)."""
+    D = X[:, list(spec["keep"])]
+    if spec["intercept"]:
+        D = np.column_stack([np.ones(len(X)), D])
+    off = np.zeros(len(X))
+    if spec["offset"] is not None:
+        off = off + X[:, spec["offset"]]
+    if spec["exposure"] is not None:
+        off = off + np.log(X[:, spec["exposure"]])
+    n = np.ones(len(X)) if spec["trials"] is None else X[:, spec["trials"]]
+    y = y if spec["trials"] is None else y / n
+    eta = np.asarray(spec["coef"], dtype=float) @ D.T + off
+    disp = 0.0 if spec["disp"] is None else np.asarray(spec["disp"], dtype=float)[:, None]
+    import jax
+
+    with jax.enable_x64(True):  # scoped, as every jax computation of fedstats
+        return np.asarray(loglik_rows(spec["family"], spec["link"], spec["alpha"], eta, y, n, disp), dtype=float)
 
 
 def eta_derivatives(family: str, link: str, alpha: float, eta, y, n):

@@ -25,6 +25,7 @@ from .. import streams
 from ..federation import ClientRelease
 from ..federation.scaling import LinearScaling, federated_scaling
 from ..fitting import RunOptions
+from ..inference.elpd import PointwiseLikelihood, normal_rows, stream
 from ..inference.ep import EPClientState, FederatedEP
 from ..inference.ep_checks import check_run
 from ..inference.gaussian import NaturalGaussian
@@ -249,7 +250,7 @@ def draws_prediction(Xd, mean, theta, sig, level: float, rng, predicted_for: str
 
 
 @dataclass(repr=False)
-class EPLinearResult(FederatedResult):
+class EPLinearResult(PointwiseLikelihood, FederatedResult):
     """A linear model fitted by federated EP: global and client posteriors, predictions,
     round history and communication. Subclasses name phi's components (``phi_names``)
     and say what a client that took no part in the fit looks like (``_population_draws``)."""
@@ -406,6 +407,15 @@ class EPLinearResult(FederatedResult):
         return noise_posterior(
             self.site, self._client_results()[client], self.client_states[client].stats, self.scaling
         )
+
+    def _loglik_specs(self, data: Any, n: int, seed: int) -> dict[Hashable, dict[str, Any]]:
+        """Each client's joint draws of its coefficients and noise sd (:mod:`fedstats.inference.elpd`)."""
+        specs = {}
+        for i, c in enumerate(self._fitted_clients()):
+            coef, sigma = self._joint_draws(c, n, stream(seed, i))
+            intercept = coef.shape[1] == data[c].X.shape[1] + 1
+            specs[c] = {"loglik": normal_rows, "coef": coef, "sigma": sigma, "intercept": intercept}
+        return specs
 
     def _joint_draws(self, client: Hashable, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``n`` joint draws of (coefficients, noise sd) from the client's posterior:

@@ -184,7 +184,7 @@ def test_summary_gives_natural_scale_intervals_around_the_estimate():
     np.testing.assert_allclose(t["mean"].iloc[:3], np.exp(g.mean[:3] + s**2 / 2))
     assert t["p_value"].iloc[:3].isna().all() and np.isfinite(t.loc["mean", "p_value"])
     ds = res.to_arviz(n=200)
-    assert ds.posterior["global"].shape == (1, 200, 4)
+    assert ds.posterior["global"].shape == (4, 50, 4)  # 4 chains of 50
 
 
 def test_without_the_approximation_the_tables_keep_the_estimate_and_say_why(tmp_path):
