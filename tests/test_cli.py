@@ -742,9 +742,58 @@ def test_glm_exp_reports_odds_ratios_equal_to_exp_of_the_coefficients(counts, tm
         np.testing.assert_allclose([r[key] for r in j["ratios"]], np.exp([r[scale] for r in j["global"]]), rtol=1e-12)
     assert main([*base, "--family", "binomial", "--link", "probit", "--exp"]) == 2
     assert "--exp needs the log or logit link" in capsys.readouterr().err
-    base[-1] = "bglm"
-    assert main([*base, "--family", "binomial", "--exp"]) == 2
-    assert "--exp: for --model glm only" in capsys.readouterr().err
+    base[-1] = "hm2"
+    assert main([*base[:-2], "--target", "visits", "--exp"]) == 2
+    assert "--exp: for --model glm, bglm and hglm only" in capsys.readouterr().err
+
+
+def test_bayesian_glm_exp_exponentiates_the_posterior_table(counts, tmp_path, capsys):
+    """``--exp`` with a Bayesian GLM: exp of the posterior means and of the credible interval's
+    ends (the hierarchical model: of the population means ``mu``), the tail probabilities kept."""
+    p, df = counts
+    out = tmp_path / "b.json"
+    base = ["fit", str(p), "--by", "site", "--target", "sick", "--features", "age", "smoker", "--family", "binomial"]
+    assert main([*base, "--model", "bglm", "--exp", "--level", "0.9", "--output", str(out), "-q"]) == 0
+    assert "p_value: tail probability of a ratio of 1" in capsys.readouterr().out
+    j = json.loads(out.read_text())
+    coef = {r["name"]: r for r in j["global"]}
+    for r in j["ratios"]:
+        g = coef[r["name"]]
+        assert r["kind"] == "odds ratio" and r["p_value"] == pytest.approx(g["p_value"])
+        np.testing.assert_allclose([r["ratio"], r["lower"], r["upper"]], np.exp([g["mean"], g["lower"], g["upper"]]))
+    assert (
+        main([*base[:-2], "--family", "gaussian", "--target", "age", "--features", "years", "--model", "bglm", "--exp"])
+        == 2
+    )
+    assert "--exp needs the log or logit link" in capsys.readouterr().err
+
+
+def test_glm_wald_and_lr_tests_equal_statsmodels(counts, tmp_path, capsys):
+    """``--wald`` and ``--lr-test`` on the command line: the Wald statistic of the named
+    coefficients (a categorical predictor's name: all its levels) and the likelihood-ratio
+    test against a fit without the named predictors, equal to statsmodels on the pooled rows."""
+    import statsmodels.api as sm
+
+    p, df = counts
+    out = tmp_path / "t.json"
+    base = ["fit", str(p), "--by", "site", "--target", "visits", "--features", "age", "smoker", "--model", "glm"]
+    base += ["--family", "poisson", "--exposure", "years"]
+    assert main([*base, "--wald", "smoker", "age", "--lr-test", "smoker", "--output", str(out), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "Wald test that smoker[yes], age are 0: chi-square" in printed
+    assert "Likelihood ratio test that smoker[yes] is 0" in printed
+    wald, lr = json.loads(out.read_text())["tests"]
+    X = sm.add_constant(np.column_stack([df["age"], (df["smoker"] == "yes").astype(float)]))
+    full = sm.GLM(df["visits"], X, family=sm.families.Poisson(), exposure=df["years"]).fit()
+    small = sm.GLM(df["visits"], X[:, :2], family=sm.families.Poisson(), exposure=df["years"]).fit()
+    ref = full.wald_test(np.eye(3)[[2, 1]], scalar=True)
+    assert wald["coefficients"] == ["smoker[yes]", "age"] and wald["df"] == 2
+    assert wald["statistic"] == pytest.approx(float(ref.statistic), rel=1e-8)
+    assert wald["p_value"] == pytest.approx(float(ref.pvalue), rel=1e-6)
+    assert lr["dropped"] == ["smoker[yes]"] and lr["df"] == 1
+    assert lr["statistic"] == pytest.approx(2 * (full.llf - small.llf), rel=1e-8)
+    assert main([*base, "--wald", "height", "-q"]) == 2
+    assert "--wald: no coefficient 'height'" in capsys.readouterr().err
 
 
 def test_glm_bad_input_is_one_line(counts, tmp_path, capsys):

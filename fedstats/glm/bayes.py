@@ -47,6 +47,7 @@ from ..results import FederatedResult, check_level, prediction_frame
 from ._design import SPECIAL, GLMDesign, GLMOptions, GLMSetup, frame_rows, prediction_rows
 from ._irls import design_check
 from .families import Family, family_of
+from .hypotheses import posterior_ratios
 from .sites import AUTO_QUADRATURE, BAYES_LINKS, DISPERSION, HierarchicalSite, SharedSite, n_pad, pointwise_rows
 
 __all__ = ["BayesianGLM", "HierarchicalGLM", "BayesianGLMResult", "HierarchicalGLMResult"]
@@ -237,6 +238,14 @@ class _GLMPosteriorMixin(PointwiseLikelihood):
 
     def _coefficient_draws(self, client: Hashable, i: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
         raise NotImplementedError
+
+    def ratios(self, level: float = 0.95) -> pd.DataFrame:
+        """The shared coefficients (``HierarchicalGLM``: their population means ``mu``) on the
+        ratio scale: odds ratios under the logit link, risk or rate ratios under the log link,
+        with their credible intervals (:func:`~fedstats.glm.hypotheses.posterior_ratios`)."""
+        table = self.summary(level)  # type: ignore[attr-defined]
+        rows = [r for r in table.index if r in self.names or (r.startswith("mu[") and r[3:-1] in self.names)]
+        return posterior_ratios(table, rows, self.family, self.link)
 
     def _loglik_specs(self, data: Any, n: int, seed: int) -> dict[Hashable, dict[str, Any]]:
         """Each client's draws of the coefficients its rows depend on (and the log dispersion),

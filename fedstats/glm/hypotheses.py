@@ -25,7 +25,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import stats
 
-__all__ = ["GLMTests", "ratio_kind"]
+__all__ = ["GLMTests", "ratio_kind", "posterior_ratios"]
 
 
 def ratio_kind(family: str, link: str) -> str | None:
@@ -40,6 +40,30 @@ def ratio_kind(family: str, link: str) -> str | None:
     return {"binomial": "risk ratio", "poisson": "rate ratio", "negative_binomial": "rate ratio"}.get(
         family, "ratio of means"
     )
+
+
+def posterior_ratios(table: pd.DataFrame, rows: Sequence[str], family: str, link: str) -> pd.DataFrame:
+    """A Bayesian GLM's coefficients (the rows ``rows`` of its summary ``table``) on the ratio
+    scale: ``ratio = exp(posterior mean)`` (the posterior median of the ratio when the posterior
+    is Gaussian), the credible interval's ends exponentiated (exact: exp is monotone) and the
+    coefficient's tail probability of 0 (of a ratio of 1). ``attrs["ratio"]`` as
+    :func:`ratio_kind`; another link: ``ValueError``."""
+    kind = ratio_kind(family, link)
+    if kind is None:
+        raise ValueError(
+            f"exp of a coefficient is a ratio only under the log or logit link; this fit has the {link} link"
+        )
+    t = table.loc[list(rows)]
+    out = pd.DataFrame(
+        {
+            "ratio": np.exp(t["mean"].astype(float)),
+            "lower": np.exp(t["lower"].astype(float)),
+            "upper": np.exp(t["upper"].astype(float)),
+            "p_value": t["p_value"],
+        }
+    ).rename_axis("parameter")
+    out.attrs["ratio"] = kind
+    return out
 
 
 class GLMTests:

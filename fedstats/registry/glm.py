@@ -96,7 +96,17 @@ def _roles(args) -> dict:
 
 
 # --------------------------------------------------------------------------- the exact GLM
-_GLM_OPTIONS = (*OPTIONS, _IRLS_ROUNDS, _ROBUST, _EXP)
+_WALD = Option(
+    "--wald",
+    "a Wald test that these coefficients are all 0 (a predictor's name tests all its levels); the JSON's \"tests\"",
+    {"nargs": "+", "metavar": "NAME"},
+)
+_LR = Option(
+    "--lr-test",
+    'fit again without these predictors and compare by a likelihood-ratio test; the JSON\'s "tests"',
+    {"nargs": "+", "metavar": "NAME"},
+)
+_GLM_OPTIONS = (*OPTIONS, _IRLS_ROUNDS, _ROBUST, _EXP, _WALD, _LR)
 
 
 def _glm_build(args):
@@ -124,23 +134,82 @@ def _ratios(args, res) -> list[dict]:
     ]
 
 
+def _matching(names: list[str], asked: list[str], what: str) -> list[str]:
+    """The coefficients or columns among ``names`` that ``asked`` names: each exactly, or a
+    categorical predictor's every level (``smoker`` -> ``smoker[yes]``, ...)."""
+    out: list[str] = []
+    for a in asked:
+        hit = [n for n in names if n == a or n.startswith(f"{a}[")]
+        if not hit:
+            raise CLIError(f"{what}: no coefficient {a!r}; the coefficients are {', '.join(names)}")
+        out += [n for n in hit if n not in out]
+    return out
+
+
+def _tests(args, res, data) -> list[dict]:
+    """With ``--wald`` / ``--lr-test``: the tests' records (:meth:`GLMResult.wald_test`,
+    :meth:`GLMResult.lr_test` against a fit without the named predictors)."""
+    out = []
+    if args.wald:
+        names = _matching(list(res.names), args.wald, "--wald")
+        out.append({"test": "wald", "coefficients": names, **res.wald_test(names).to_dict()})
+    if args.lr_test:
+        import numpy as np
+
+        from ..data import FederatedData
+
+        roles = set(_roles(args).values())
+        drop = _matching([c for c in data.feature_names if c not in roles], args.lr_test, "--lr-test")
+        keep = [j for j, c in enumerate(data.feature_names) if c not in drop]
+        smaller = FederatedData(  # each client leaves the columns out of its own rows
+            {c: np.asarray(data[c].X)[:, keep] for c in data.clients},
+            {c: np.asarray(data[c].y) for c in data.clients},
+            feature_names=[data.feature_names[j] for j in keep],
+            target_name=str(data.target_name),
+            min_rows=data.min_rows,
+            min_cell_count=data.min_cell_count,
+        )
+        small = _glm_build(args)[0].fit(smaller, progress=False)  # the same options
+        out.append({"test": "likelihood ratio", "dropped": drop, **res.lr_test(small).to_dict()})
+    return out
+
+
 def _glm_notes(args, res) -> list[str]:
+    import pandas as pd
+
+    from ..results import printed_p_values
+
+    lines = _notes(args, res)
+    for t in getattr(args, "glm_tests", []):
+        what = ", ".join(t.get("coefficients") or t.get("dropped"))
+        p = printed_p_values(pd.DataFrame({"p_value": [t["p_value"]]}))["p_value"].iloc[0]
+        lines.append(
+            f"{t['test'].capitalize()} test that {what} {'are' if ',' in what else 'is'} 0: "
+            f"chi-square {t['statistic']:.4f} on {t['df']:g} df, p-value {p}"
+        )
+    return _ratio_notes(args, res, lines, f"exp of the coefficients, Wald {100 * args.level:g}% intervals")
+
+
+def _ratio_notes(args, res, lines: list[str], what: str) -> list[str]:
+    """``lines``, then with ``--exp`` the ratio table (``what`` says how it was formed)."""
     if not args.exp:
-        return _notes(args, res)
+        return lines
     import pandas as pd
 
     from ..results import printed_p_values
 
     t = res.ratios(args.level)
-    what = f"{t.attrs['ratio'].capitalize()}s: exp of the coefficients, Wald {100 * args.level:g}% intervals"
+    test = "p_value tests a ratio of 1" if res.estimates == "estimate" else "p_value: tail probability of a ratio of 1"
     with pd.option_context("display.width", 120, "display.float_format", "{:.4f}".format):
         shown = printed_p_values(t).to_string()
-    return [*_notes(args, res), f"{what}; p_value tests a ratio of 1", shown, "", "Coefficients (log scale)"]
+    return [*lines, f"{t.attrs['ratio'].capitalize()}s: {what}; {test}", shown, "", "Coefficients (log scale)"]
 
 
 def _glm_extras(args, res, data, scaler) -> dict:
+    args.glm_tests = _tests(args, res, data)  # printed by _glm_notes, which comes after
     return {
         **({"ratios": _ratios(args, res)} if args.exp else {}),
+        **({"tests": args.glm_tests} if args.glm_tests else {}),
         **_model_fields(res),
         "cov_type": res.cov_type,
         "deviance": res.deviance,
@@ -252,7 +321,7 @@ GLM = Declaration(
 
 
 # --------------------------------------------------------------------------- Bayesian GLMs
-_BAYES_OPTIONS = (*OPTIONS, _EP_ROUNDS)
+_BAYES_OPTIONS = (*OPTIONS, _EP_ROUNDS, _EXP)
 _BAYES = Disclosure(
     "BayesianGLM, HierarchicalGLM",
     (
@@ -287,9 +356,12 @@ def _bayes_command(name: str, cls: str, help: str, what: str) -> Command:
         )
 
     def extras(args, res, data, scaler) -> dict:
-        return {**_model_fields(res), "roles": _roles(args)}
+        return {**({"ratios": _ratios(args, res)} if args.exp else {}), **_model_fields(res), "roles": _roles(args)}
 
-    return Command(name, help, _BAYES_OPTIONS, build, header, notes=_notes, extras=extras, check=_check)
+    def notes(args, res) -> list[str]:
+        return _ratio_notes(args, res, _notes(args, res), "posterior means and credible intervals, exponentiated")
+
+    return Command(name, help, _BAYES_OPTIONS, build, header, notes=notes, extras=extras, check=_check)
 
 
 _BINARY_FIT = {"seed": 0, "progress": False}

@@ -172,3 +172,29 @@ def test_successes_out_of_trials():
     assert np.max(np.abs(g.sd / mle.bse.to_numpy() - 1)) < 0.05
     hier = HierarchicalGLM("binomial", trials="n").fit(data)
     assert abs(hier.summary().loc["mu[x]", "mean"] - 0.7) < 0.3
+
+
+def test_ratios_exponentiate_the_posterior_coefficients():
+    """``ratios`` of a Bayesian GLM: exp of the posterior means and credible interval ends of
+    the shared coefficients (hierarchical: of ``mu``), the tail probabilities kept."""
+    import warnings
+
+    rng = np.random.default_rng(3)
+    Xs = [rng.normal(size=(60, 1)) for _ in range(4)]
+    ys = [rng.poisson(np.exp(0.3 + 0.5 * X[:, 0])).astype(float) for X in Xs]
+    data = FederatedData.from_arrays(Xs, ys)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model, rows in (
+            (BayesianGLM("poisson"), ["intercept", "x0"]),
+            (HierarchicalGLM("poisson"), ["mu[intercept]", "mu[x0]"]),
+        ):
+            res = model.fit(data, seed=0)
+            t, s = res.ratios(0.9), res.summary(0.9)
+            assert list(t.index) == rows and t.attrs["ratio"] == "rate ratio"
+            np.testing.assert_allclose(t[["ratio", "lower", "upper"]], np.exp(s.loc[rows, ["mean", "lower", "upper"]]))
+            np.testing.assert_allclose(t["p_value"], s.loc[rows, "p_value"])
+    pooled = FederatedGLM("poisson").fit(data).ratios(0.9)  # a vague prior: close to the MLE's ratios
+    np.testing.assert_allclose(
+        BayesianGLM("poisson").fit(data, seed=0).ratios(0.9)["ratio"], pooled["ratio"], rtol=0.02
+    )
