@@ -1,5 +1,5 @@
 """Renamed public names keep working for one release, with a :class:`DeprecationWarning` that
-names the new spelling (issue 42: one vocabulary). A leaf: it imports nothing of fedstats.
+names the new spelling (one vocabulary across the package). A leaf: it imports nothing of fedstats.
 
 * :func:`renamed_parameters`: a function's or constructor's keyword under its former name;
 * :func:`renamed_value`: a parameter's former value (``noise="device"``);

@@ -352,3 +352,29 @@ def test_a_fit_that_stops_unconverged_says_why(fit, result_name, fit_warnings):
         assert any(k in w for w in said for k in keys), said
     elif result_name in ONLINE:
         assert res.converged is None  # an online learner has no stopping rule
+
+
+def test_every_result_has_a_plot(fit, result_name):
+    """``fedstats.plots``: every model's result gives a Figure: its default plot (a mixture's
+    components over rows, a regression's forest plot, a GP's predictive band), and the trace
+    of its rounds wherever its history has per-round quantities."""
+    from matplotlib.figure import Figure
+
+    from fedstats import plots
+
+    res, data = fit
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if result_name in MIXTURES:
+            means = np.asarray(res.means, dtype=float)
+            fig = plots.mixture(res, np.vstack([means, means + 0.1]))
+            assert len(fig.axes[0].patches) == len(means)  # one ellipse per component
+        else:
+            fig = plots.plot(res, data)
+        assert isinstance(fig, Figure) and fig.axes
+        history = getattr(res, "history", None)
+        if history is not None and len(history):
+            try:
+                assert isinstance(plots.convergence(res), Figure)
+            except ValueError as e:  # only a run without per-round quantities of its own
+                assert "no per-round quantity" in str(e)

@@ -268,3 +268,26 @@ def test_the_chooser_answers_in_one_click(question, page):
     assert rows, f"no row of the chooser asks {question!r}"
     assert f"]({page})" in rows[0], rows[0]
     assert (DOCS / page).is_file()
+
+
+def test_every_image_a_page_shows_is_there_and_the_plots_page_makes_its_own():
+    for page in PAGES:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text()):
+            assert (page.parent / target).resolve().is_file(), f"{name(page)} shows {target}, which is missing"
+    # the figures of the plots page are what its code writes (regenerate them by running its
+    # blocks in docs/img/plots when the plots change)
+    plots_page = (DOCS / "how-to" / "plots.md").read_text()
+    written = set(re.findall(r'savefig\("([^"]+)"', plots_page))
+    shown = {Path(t).name for t in re.findall(r"\]\(\.\./img/plots/([^)]+)\)", plots_page)}
+    assert written == shown and written <= {p.name for p in (DOCS / "img" / "plots").iterdir()}
+
+
+def test_the_api_reference_cites_no_issue_of_the_project():
+    # the API pages are the docstrings: they cite the papers, never the project's tracker
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in sorted((ROOT / "fedstats").rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"\bissue (?:\d+|'s)", line, re.IGNORECASE)
+    ]
+    assert not hits, hits

@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--output", help="write the results as JSON here")
     f.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="write the fit's plot here (.png, .svg or .pdf): a forest plot of every client's estimates and the "
+        "population's for a regression, the components over a client's rows for a mixture, a client's predictive "
+        "band for fgpr (fedstats.plots)",
+    )
+    f.add_argument(
         "--predict",
         help="CSV of rows to predict (same client and feature columns); printed as a table unless --output is given",
     )

@@ -23,6 +23,8 @@ def command(args) -> None:
     """Fit, print the tables and write ``--output``; the per-round lines on stderr where shown."""
     if args.quiet and args.progress:
         raise CLIError("--quiet and --progress exclude each other")
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise CLIError(f"--plot writes .png, .svg or .pdf, got {args.plot}")
     show = args.progress or (not args.quiet and sys.stderr.isatty())
     from ..federation import round_lines
 
@@ -121,7 +123,21 @@ def fit(args) -> dict:
         out["predictions"] = predict(res, data, tdf, X if scaler is None else scaler.transform_X(X), args)
     notes = cmd.notes(args, res) if cmd.notes is not None else []
     print_tables(g, tables, res, args, [cmd.header(args, res, runtime), *notes])
+    if args.plot:  # in the data's units; the model's inputs through the scaler it was fitted with
+        write_plot(res, data, args.plot, None if scaler is None else scaler.transform_X)
     return out
+
+
+def write_plot(res, data, path: str, transform=None) -> None:
+    """``fedstats.plots.plot`` of the fit, written to ``path``."""
+    from ..plots import plot
+
+    fig = plot(res, data, transform=transform)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise CLIError(f"cannot write {path}: {exc.strerror}") from None
+    print(f"\nwrote plot {path}")
 
 
 def predict(res, data, test: pd.DataFrame, X: np.ndarray, args) -> list[dict]:

@@ -166,7 +166,7 @@ def hm1_clusters(
     mean: float = 0.0,
     seed: int = 0,
 ) -> tuple[FederatedData, np.ndarray, np.ndarray, np.ndarray]:
-    """A federation where HM1 can borrow strength (issue 18's sweep of HM1's defaults):
+    """A federation where HM1 can borrow strength (the study of HM1's defaults):
     clients in two clusters (even and odd index), coefficients ``mean + N(0, Omega)`` per
     predictor with correlation ``rho`` within a cluster and 0 across, ``X ~ N(1, I)``
     (predictors with mean 1), every other client data-poor (``n_poor`` rows, the rest

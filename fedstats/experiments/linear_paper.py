@@ -125,7 +125,7 @@ def student_study(
     (5 folds) on the same training rows, per school and pooled (penalty ``"lassocv"`` or
     ``"ridgecv"``, fit ``"per_school"`` or ``"pooled"``): the frequentist tools a user would
     compare with (scikit-learn is needed for these rows only). :func:`student_gate` reads the
-    maintainer's gate from such a table.
+    acceptance checks of the study from such a table.
     """
     from ..datasets.student import load_student
 
@@ -198,11 +198,11 @@ def _sklearn_rows(train, test, seed) -> list[dict]:
 
 
 def student_gate(table: pd.DataFrame) -> pd.DataFrame:
-    """The maintainer's gate on the student study (issue 18) from a :func:`student_study`
-    table with ``references=True``: per penalty (lasso, ridge), the mean A-RMSE over the
-    splits of the federated and the centralised fit and their difference (gate: at most
-    0.03), and the federated mean against the best mean of scikit-learn's four references
-    (gate: at most 5% above it)."""
+    """The acceptance checks of the student study from a :func:`student_study` table with
+    ``references=True``: per penalty (lasso, ridge), the mean A-RMSE over the splits of the
+    federated and the centralised fit and their difference (accepted: at most 0.03), and the
+    federated mean against the best mean of scikit-learn's four references (accepted: at most
+    5% above it)."""
     m = table.groupby(["penalty", "fit"])["a_rmse"].mean()
     best_ref = min(m[p][f] for p in ("lassocv", "ridgecv") for f in ("per_school", "pooled"))
     rows = {}

@@ -7,7 +7,7 @@ try:  # without importing jax: reading its version is free, importing it is not
     _JAXLIB = _md.version("jaxlib")
 except _md.PackageNotFoundError:  # pragma: no cover - jaxlib is a dependency
     _JAXLIB = ""
-# jaxlib releases whose parallel LAPACK batches deadlock vectorised fits (issue 17)
+# jaxlib releases whose parallel LAPACK batches deadlock vectorised fits
 DEADLOCKING_JAXLIB = ("0.10.", "0.11.0")
 if _JAXLIB.startswith(DEADLOCKING_JAXLIB):
     _warnings.warn(
