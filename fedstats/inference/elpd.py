@@ -123,7 +123,7 @@ class PointwiseLikelihood:
         reff = arviz_export.relative_efficiency(super().to_arviz(n, seed, n_chains=n_chains))  # type: ignore[misc]
         specs = self._loglik_specs(data, n, seed)
         algo = _ELPDRound(ELPD_KEYS, ELPD_KEYS, {"reff": np.array([reff])}, elpd_sums, private=specs)
-        replies, _ = run_once(algo, data.subset(list(specs)), seed=seed, what="the pointwise log-likelihood sums")
+        replies, _ = run_once(algo, data.subset(list(specs)), seed=seed, what="the LOO and WAIC sums")
         sums = {k: float(np.asarray(replies.sums[k])[0]) for k in ELPD_KEYS}
         return arviz_export.elpd_data(sums, n, kind)
 

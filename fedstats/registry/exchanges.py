@@ -75,6 +75,26 @@ EP_ROUNDS = exchange(
     "all",
 )
 ROWS_EP = EP_ROUNDS.__class__("EP rounds", "RowsEP", EP_ROUNDS.when, EP_ROUNDS.arrays, EP_ROUNDS.summed)
+#: PSIS-LOO and WAIC from sums over the clients (fedstats.inference.elpd), on request
+ELPD = exchange(
+    "LOO and WAIC sums",
+    "_ELPDRound",
+    "on request, after the fit: result.loo(data) or result.waic(data)",
+    (
+        Array("n", "row count", "its row count"),
+        Array(
+            "loo", "the sum of its rows' leave-one-out log predictive densities", "how well the fit predicts its rows"
+        ),
+        Array("loo_sq", "their sum of squares", "their spread"),
+        Array("lppd", "the sum of its rows' log predictive densities", "see `loo`"),
+        Array("bad_k", "its rows with a Pareto shape past ArviZ's threshold", "how many of its rows are influential"),
+        Array("waic", "the sum of its rows' WAIC terms", "see `loo`"),
+        Array("waic_sq", "their sum of squares", "their spread"),
+        Array("p_waic", "the sum of its rows' log-likelihood variances", "see `loo`"),
+        Array("high_var", "its rows whose variance ArviZ would warn about", "see `bad_k`"),
+    ),
+    "all",
+)
 CURVATURE = exchange(
     "step-size curvature",
     "_CurvatureShare",

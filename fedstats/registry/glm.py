@@ -4,7 +4,7 @@ the hierarchical GLM."""
 from __future__ import annotations
 
 from .common import converged_text, given, no_intercept, rounds
-from .exchanges import DP_NOTE, GLM_CHECK, ROWS_EP, SCALING, dp_exchange, exchange
+from .exchanges import DP_NOTE, ELPD, GLM_CHECK, ROWS_EP, SCALING, dp_exchange, exchange
 from .spec import Array, CLIError, Command, Declaration, Disclosure, Example, Expect, Option
 
 #: the special columns of a GLM (not predictors)
@@ -337,6 +337,7 @@ _BAYES = Disclosure(
                 Array("cov", "their posterior covariance", "their uncertainty"),
             ),
         ),
+        ELPD,
     ),
     "its EP site (its rows are rebuilt from its own data at each step, never kept).",
 )

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from .common import STANDARDIZE, converged_text, given, no_intercept, rounds, uncertainty
-from .exchanges import CURVATURE, DESIGN, EP_ROUNDS, LASSO_CHECK, SCALING, exchange
+from .exchanges import CURVATURE, DESIGN, ELPD, EP_ROUNDS, LASSO_CHECK, SCALING, exchange
 from .spec import Array, CLIError, Command, Declaration, Disclosure, Example, Expect, Option
 
 _NODE_POSTERIOR = (
@@ -61,7 +61,7 @@ HM2 = Declaration(
     "fedstats.linear:HierarchicalLinearModel",
     "fedstats.linear:HierarchicalResult",
     "hierarchical linear regression: each client's coefficients around a population, by federated EP",
-    (Disclosure("HierarchicalLinearModel (HM2)", (DESIGN, SCALING, EP_ROUNDS), _NODE_POSTERIOR),),
+    (Disclosure("HierarchicalLinearModel (HM2)", (DESIGN, SCALING, EP_ROUNDS, ELPD), _NODE_POSTERIOR),),
     _ep_command("hm2", "fedstats.linear:HierarchicalLinearModel", "hierarchical regression"),
     reference="fedstats.reference.hierarchical:pooled_nuts",
     examples=(
@@ -79,7 +79,9 @@ HM2 = Declaration(
     ),
     bad_parameter=("rounds", 0),
 )
-_SHRINKAGE = Disclosure("BayesianLasso, BayesianRidge", (LASSO_CHECK, DESIGN, SCALING, EP_ROUNDS), _NODE_POSTERIOR)
+_SHRINKAGE = Disclosure(
+    "BayesianLasso, BayesianRidge", (LASSO_CHECK, DESIGN, SCALING, EP_ROUNDS, ELPD), _NODE_POSTERIOR
+)
 _SELECTION = "with per-client variable selection"
 LASSO = Declaration(
     "lasso",

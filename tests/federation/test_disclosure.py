@@ -42,9 +42,12 @@ def as_declared(rec):
 
 @pytest.fixture(scope="module")
 def extra_exchanges(record_exchanges):
-    """Fits that make the optional exchanges (a robust GLM, Wald intervals, FEM-OMD's own start)."""
+    """Fits that make the optional exchanges (a robust GLM, Wald intervals, FEM-OMD's own start,
+    the LOO and WAIC sums of the Bayesian regressions)."""
+    from fedstats import HierarchicalLinearModel
     from fedstats.experiments.regret import MixtureStream
-    from fedstats.glm import FederatedGLM
+    from fedstats.glm import BayesianGLM, FederatedGLM
+    from fedstats.linear import BayesianRidge
     from fedstats.mixture import FEMOMD, FederatedGaussianMixture
 
     df = pd.read_csv(SITES)
@@ -59,7 +62,17 @@ def extra_exchanges(record_exchanges):
         out["FederatedGaussianMixture (FedEM)"], seen[:] = set(seen), []
         stream = MixtureStream(n_clients=4, n=40, d=2, n_components=2, process="fixed", seed=1)
         FEMOMD(2, horizon=2).partial_fit(stream.batch(1))
-        out["FEMOMD"] = set(seen)
+        out["FEMOMD"], seen[:] = set(seen), []
+        for model, name in (
+            (HierarchicalLinearModel(), "HierarchicalLinearModel (HM2)"),
+            (BayesianRidge(), "BayesianLasso, BayesianRidge"),
+            (BayesianGLM("gaussian"), "BayesianGLM, HierarchicalGLM"),
+        ):
+            res = model.fit(data, seed=0)
+            seen[:] = []
+            res.loo(data, n=40)
+            out[name] = set(seen)
+            seen[:] = []
     return out
 
 
