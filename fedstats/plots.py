@@ -87,7 +87,10 @@ def forest(result: Any, parameters: str | Sequence[str] | None = None, level: fl
             labels.append(pop if per_client else p)
             y = np.r_[y, 0.0]
         ax.set_yticks(y, labels)
-        ax.axvline(0.0, color="0.6", lw=0.8, ls=":")
+        shown = np.asarray([*lows, *highs, *means] + ([] if pop is None else list(glob.loc[pop, ["lower", "upper"]])))
+        shown = shown[np.isfinite(shown)]
+        if len(shown) and shown.min() - 0.1 * np.ptp(shown) <= 0.0 <= shown.max() + 0.1 * np.ptp(shown):
+            ax.axvline(0.0, color="0.6", lw=0.8, ls=":")  # 0 where it is in view, not squashing the rest
         ax.set_title(p)
         ax.set_xlabel(f"{kind}, {100 * level:g}% interval")
     return fig
