@@ -103,12 +103,12 @@ def test_rho_and_the_offset_move_with_each_fidelities_units_as_the_formulas_say(
     # the two standardised data sets agree to rounding, and L-BFGS stops within its tolerance of
     # the optimum from each: the HF lengthscale and outputscale were seen 1.7e-6 apart
     np.testing.assert_allclose(s2["standardized"], s1["standardized"], rtol=1e-5, atol=1e-9)
-    assert s2.loc["outputscale[HF]", "mean"] == pytest.approx(c**2 * s1.loc["outputscale[HF]", "mean"], rel=1e-6)
-    assert s2.loc["outputscale[LF]", "mean"] == pytest.approx(a**2 * s1.loc["outputscale[LF]", "mean"], rel=1e-6)
+    assert s2.loc["outputscale[HF]", "mean"] == pytest.approx(c**2 * s1.loc["outputscale[HF]", "mean"], rel=1e-5)
+    assert s2.loc["outputscale[LF]", "mean"] == pytest.approx(a**2 * s1.loc["outputscale[LF]", "mean"], rel=1e-5)
     assert s2.loc["mean[LF]", "mean"] == pytest.approx(a * yl.mean() + b, rel=1e-12)
     p1, p2 = one.predict(GRID[::10]), two.predict(GRID[::10])
     np.testing.assert_allclose(p2["mean"], c * p1["mean"] + d, rtol=1e-8, atol=1e-9)
-    np.testing.assert_allclose(p2["sd"], c * p1["sd"], rtol=1e-6)
+    np.testing.assert_allclose(p2["sd"], c * p1["sd"], rtol=1e-5)
     # by the formula from the standardised fit: rho = r s_HF / s_LF with the fidelities' own sds
     assert one.rho[0] == pytest.approx(s1.loc["rho[HF]", "standardized"] * yh.std() / yl.std(), rel=1e-12)
     assert one.offset[0] == pytest.approx(yh.mean() - one.rho[0] * yl.mean(), rel=1e-12)
