@@ -24,10 +24,12 @@ def _cell(text: str) -> str:
 
 def disclosures() -> list[Disclosure]:
     """Every table of the page, once each, in the registry's order."""
+    from .stats import STATS  # the statistics' functions: exchanges without a model
+
     out: list[Disclosure] = []
     for d in declarations().values():
         out += [t for t in d.disclosure if t not in out]
-    return out
+    return [*out, STATS]
 
 
 def threat_model_tables() -> str:
