@@ -155,23 +155,18 @@ def predictive_band(
     order = np.argsort(rows[:, j])
     x = rows[order, j]
     fig, (ax,) = _figure(1, width=6.0, height=4.0)
+    bands = [("lower", "upper", 0.35, "band of the mean")]
     if {"pred_lower", "pred_upper"} <= set(pred.columns) and pred["pred_lower"].notna().all():
+        bands.insert(0, ("pred_lower", "pred_upper", 0.15, "predictive band"))
+    for lo, hi, alpha, what in bands:
         ax.fill_between(
             x,
-            pred["pred_lower"].to_numpy()[order],
-            pred["pred_upper"].to_numpy()[order],
+            pred[lo].to_numpy()[order],
+            pred[hi].to_numpy()[order],
             color="C0",
-            alpha=0.15,
-            label=f"{100 * level:g}% predictive band",
+            alpha=alpha,
+            label=f"{100 * level:g}% {what}",
         )
-    ax.fill_between(
-        x,
-        pred["lower"].to_numpy()[order],
-        pred["upper"].to_numpy()[order],
-        color="C0",
-        alpha=0.35,
-        label=f"{100 * level:g}% band of the mean",
-    )
     ax.plot(x, pred["mean"].to_numpy()[order], color="C0", label="mean")
     if data is not None:
         Xd = np.asarray(data[0], dtype=float)
