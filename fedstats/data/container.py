@@ -98,6 +98,7 @@ class FederatedData:
         target_name: str = "y",
         min_rows: int | None = None,
         min_cell_count: int | None = None,
+        missing: str = "error",
     ) -> None:
         clients, X_list, y_list = pair_up(Xs, ys, clients)
         self._min_rows = MIN_ROWS if min_rows is None else check_setting("min_rows", min_rows)
@@ -110,7 +111,7 @@ class FederatedData:
         if ys is None:  # unsupervised data (e.g. for mixture models): no target at all
             target = None
 
-        Xd, yd, names = validated_arrays(clients, X_list, y_list, target, feature_names)
+        Xd, yd, names = validated_arrays(clients, X_list, y_list, target, feature_names, missing)
         self._X = Xd
         self._y = yd
         self._clients = list(clients)
@@ -129,6 +130,7 @@ class FederatedData:
         target_name: str = "y",
         min_rows: int | None = None,
         min_cell_count: int | None = None,
+        missing: str = "error",
     ) -> FederatedData:
         """Build from per-client arrays.
 
@@ -154,6 +156,10 @@ class FederatedData:
             The rule on small cells: in a 0/1 column (a category's dummy, a binary outcome), a
             client's count of 1s and of 0s must be at least this where the column varies at the
             client. Default 5; 1 turns it off.
+        missing : {"error", "keep"}, default "error"
+            ``"error"``: a NaN is refused, naming the client and column. ``"keep"``: NaN marks a
+            missing value, for the descriptive statistics and tests of :mod:`fedstats.stats`
+            (each uses the rows complete in its own columns); the models refuse such data.
 
         Returns
         -------
@@ -181,6 +187,7 @@ class FederatedData:
             target_name=target_name,
             min_rows=min_rows,
             min_cell_count=min_cell_count,
+            missing=missing,
         )
 
     @classmethod
@@ -195,6 +202,7 @@ class FederatedData:
         drop_first: bool = True,
         min_rows: int | None = None,
         min_cell_count: int | None = None,
+        missing: str = "error",
     ) -> FederatedData:
         """Build from a long data frame, one client per distinct value of column ``by``.
 
@@ -222,6 +230,9 @@ class FederatedData:
             sorted (a pandas categorical keeps its category order).
         min_rows, min_cell_count : int, optional
             The disclosure rules of this data, as in :meth:`from_arrays`.
+        missing : {"error", "keep"}, default "error"
+            As in :meth:`from_arrays`; with ``"keep"`` a missing value of a categorical
+            column is NaN in each of its dummies.
 
         Returns
         -------
@@ -243,10 +254,10 @@ class FederatedData:
         (['age', 'sex[m]'], {'a': 2, 'b': 2})
         """
         parts = frame_to_arrays(
-            df, by=by, target=target, features=features, categorical=categorical, drop_first=drop_first
+            df, by=by, target=target, features=features, categorical=categorical, drop_first=drop_first, missing=missing
         )
         encoding = parts.pop("encoding")
-        fd = cls(**parts, min_rows=min_rows, min_cell_count=min_cell_count)
+        fd = cls(**parts, min_rows=min_rows, min_cell_count=min_cell_count, missing=missing)
         fd._encoding = encoding
         return fd
 

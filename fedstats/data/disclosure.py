@@ -146,6 +146,13 @@ def check_disclosure(data: Any, model: str) -> None:
     deployment's nodes, which check their own against their policies) pass."""
     X_of = getattr(data, "_X", None)
     min_rows, min_cells = getattr(data, "min_rows", 1), getattr(data, "min_cell_count", 1)
+    for c in data.clients if X_of else ():
+        X, y = data._X[c], data._y[c]
+        if isinstance(X, np.ndarray) and (np.isnan(X).any() or (y is not None and np.isnan(y).any())):
+            raise DataError(
+                f"{model} needs complete rows, and client {c!r} has missing values (the data were built "
+                "with missing='keep', for fedstats.stats): drop or impute them first"
+            )
     if not X_of or min_rows == min_cells == 1:
         return
     for c in data.clients:

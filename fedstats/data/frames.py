@@ -25,6 +25,7 @@ def frame_to_arrays(
     features: Sequence[Hashable] | None,
     categorical: str,
     drop_first: bool,
+    missing: str = "error",
 ) -> dict[str, Any]:
     """The per-client arrays, ids and names of ``df`` (arguments of
     :meth:`FederatedData.from_dataframe`), as keyword arguments of ``FederatedData``."""
@@ -45,9 +46,9 @@ def frame_to_arrays(
         if isinstance(features, str):
             raise DataError("features must be a sequence of column names, not a single str")
         features = list(features)
-        missing = [c for c in features if c not in cols]
-        if missing:
-            raise DataError(f"feature column(s) not in the data frame: {preview(missing, 10)}")
+        absent_features = [c for c in features if c not in cols]
+        if absent_features:
+            raise DataError(f"feature column(s) not in the data frame: {preview(absent_features, 10)}")
         clash = [c for c in features if c == by or c == target]
         if clash:
             raise DataError(f"features must not include the by/target column(s): {preview(clash)}")
@@ -95,12 +96,12 @@ def frame_to_arrays(
             )
         else:
             na = s.isna().to_numpy()
-            if na.any():
+            if na.any() and missing != "keep":
                 raise DataError(
                     f"categorical feature column {col!r} has {int(na.sum())} missing "
                     f"value(s) (in {client_of(na)}); rows are never dropped silently"
                 )
-            levels = _levels(s)
+            levels = _levels(s[~na]) if na.any() else _levels(s)
             used = levels[1:] if drop_first else levels
             if not used:
                 warnings.warn(
@@ -114,7 +115,7 @@ def frame_to_arrays(
                 {"column": str(col), "levels": [_plain(v) for v in levels], "used": [_plain(v) for v in used]}
             )
             for lev in used:
-                blocks.append((values == lev).astype(np.float64)[:, None])
+                blocks.append(np.where(na, np.nan, (values == lev).astype(np.float64))[:, None])
                 names.append(f"{col}[{lev}]")
 
     y_all = None

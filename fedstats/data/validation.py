@@ -193,10 +193,12 @@ def validated_arrays(
     y_list: Sequence[Any],
     target: str | None,
     feature_names: Sequence[str] | None,
+    missing: str = "error",
 ) -> tuple[dict[ClientId, np.ndarray], dict[ClientId, np.ndarray | None], list[str]]:
     """Every client's ``X`` (2-D float, read-only) and ``y`` (1-D or ``None``), checked: shapes,
     rows (at least one), the same columns at every client, finite values (every client
-    with a non-finite value named at once); and the feature names. ``target`` is ``None`` for
+    with a non-finite value named at once; with ``missing="keep"``, NaN marks a missing value
+    and only infinities are refused); and the feature names. ``target`` is ``None`` for
     unsupervised data, whose ``X`` must have columns (with a target, none is an intercept-only
     model)."""
     Xd: dict[ClientId, np.ndarray] = {}
@@ -232,13 +234,16 @@ def validated_arrays(
 
     assert d is not None
     names = check_feature_names(feature_names, d, target)
+    if missing not in ("error", "keep"):
+        raise DataError(f"missing must be 'error' or 'keep', got {missing!r}")
+    keep = missing == "keep"
     reports = []  # every client with a non-finite value is named, not only the first
     for cid in clients:
-        reports.append(nonfinite_X(Xd[cid], cid, names))
+        reports.append(nonfinite_X(np.where(np.isnan(Xd[cid]), 0.0, Xd[cid]) if keep else Xd[cid], cid, names))
         readonly(Xd[cid])
         y_cid = yd[cid]
         if y_cid is not None:
-            reports.append(nonfinite_y(y_cid, cid, target))
+            reports.append(nonfinite_y(np.where(np.isnan(y_cid), 0.0, y_cid) if keep else y_cid, cid, target))
             readonly(y_cid)
     raise_nonfinite([r for r in reports if r is not None])
 

@@ -27,90 +27,63 @@ import pandas as pd
 
 from ..data import FederatedData
 from ..data.validation import DataError
-from ..federation.oneshot import OneShotSums, raise_failures, run_once
-from ..federation.protocol import ClientId, FederatedAlgorithm, Message, client_function
-from ..federation.runner import run
+from ..federation.backend import use_backend
+from ..federation.protocol import ClientId, FederatedAlgorithm, Message
+from ._columns import Column, codes, data_key, order_key, order_value, resolve, values
+from ._rounds import Exchanges, _Moments
 
-__all__ = ["quantiles", "QuantileResult", "QUANTILE_METHODS"]
+__all__ = ["quantiles", "QuantileResult", "QUANTILE_METHODS", "order_statistics"]
 
 #: numpy's definitions this module computes exactly (``numpy.quantile(..., method=)``)
 QUANTILE_METHODS = ("linear", "lower", "higher", "midpoint", "nearest")
-_SIGN = np.uint64(1) << np.uint64(63)
 _MAX_ROUNDS = 64
 
 
-def _key(x: np.ndarray) -> np.ndarray:
-    """An order-preserving map of float64 values to uint64 keys (``-0.0`` just below ``0.0``)."""
-    u = np.ascontiguousarray(x, dtype=np.float64).view(np.uint64)
-    return np.where(u & _SIGN, ~u, u | _SIGN)
-
-
-def _value(k: np.ndarray) -> np.ndarray:
-    """The float64 values of keys (:func:`_key` inverted)."""
-    k = np.asarray(k, dtype=np.uint64)
-    return np.where(k & _SIGN, k & ~_SIGN, ~k).view(np.float64)
-
-
-def _column(data: FederatedData, column: str) -> int | None:
-    """The position of ``column`` among the features, or ``None`` for the target."""
-    if column in data.feature_names:
-        return data.feature_names.index(column)
-    if data.has_target and column == data.target_name:
-        return None
-    raise DataError(
-        f"no column {column!r}; the columns are {[*data.feature_names, *([data.target_name] if data.has_target else [])]}"
-    )
-
-
-@client_function
-def row_count(payload: Message, X: np.ndarray, rng: np.random.Generator, private: Any) -> Message:
-    """A client's row count (summed over the clients)."""
-    return {"n": np.array([float(len(X))])}
-
-
-class _RowCount(OneShotSums):
-    """One round: each client's row count, summed over the clients."""
-
-    reply_keys = ("n",)
-    summed_keys = ("n",)
-
-    def __init__(self) -> None:
-        super().__init__(("n",), ("n",), {}, row_count)
-
-
 class _Bisection(FederatedAlgorithm):
-    """Rounds of counts below thresholds: each client sends, per threshold, how many of its
-    values of one column are ``<=`` it (summed over the clients); the server narrows each
-    order statistic's interval of keys by half."""
+    """Rounds of counts below thresholds. Each order statistic sought belongs to a *cell* (a
+    numeric column, within one level of a group column or over all rows); each round a client
+    sends, per order statistic, how many of its present values of that cell are at or below
+    the threshold (summed over the clients), and the server halves the statistic's interval of
+    the float64 order (:func:`~fedstats.stats._columns.order_key`)."""
 
     reply_keys = ("below",)
     summed_keys = ("below",)
     random_client_steps = False
 
-    def __init__(self, column: int | None, ranks: np.ndarray) -> None:
-        self.column = column
+    def __init__(self, cells: Sequence[tuple[Column, Column | None, int]], cell: np.ndarray, ranks: np.ndarray) -> None:
+        self.cells = tuple(cells)
+        self.cell = np.asarray(cell, dtype=np.int64)
         self.ranks = np.asarray(ranks, dtype=np.int64)
 
     def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, np.ndarray]:
         m = len(self.ranks)
-        lo = np.full(m, _key(np.array([-np.finfo(float).max]))[0], dtype=np.uint64)
-        hi = np.full(m, _key(np.array([np.finfo(float).max]))[0], dtype=np.uint64)
+        lo = np.full(m, order_key(np.array([-np.finfo(float).max]))[0], dtype=np.uint64)
+        hi = np.full(m, order_key(np.array([np.finfo(float).max]))[0], dtype=np.uint64)
         return {"lo": lo, "hi": hi}
 
-    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
-        return None
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> list[np.ndarray]:
+        """The client's sorted keys of each cell (kept on the client for every round)."""
+        out = []
+        for col, group, level in self.cells:
+            x = values(data, col)
+            ok = ~np.isnan(x) if group is None else ~np.isnan(x) & (codes(data, group) == level)
+            out.append(np.sort(data_key(x[ok])))
+        return out
 
     def _mid(self, state: Mapping[str, np.ndarray]) -> np.ndarray:
         lo, hi = state["lo"], state["hi"]
         return lo + (hi - lo) // np.uint64(2)
 
     def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
-        return {"threshold": _value(self._mid(server_state))}
+        return {"threshold": order_value(self._mid(server_state))}
 
     def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
-        x = np.asarray(data.y if self.column is None else data.X[:, self.column], dtype=float)
-        t = np.asarray(message["threshold"], dtype=float)
-        return {"below": np.sum(x[:, None] <= t[None, :], axis=0).astype(float)}, state
+        t = order_key(np.asarray(message["threshold"], dtype=float))
+        below = np.zeros(len(t))
+        for k, keys in enumerate(state):
+            at = self.cell == k
+            below[at] = np.searchsorted(keys, t[at], side="right")
+        return {"below": below}, state
 
     def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
         below = np.asarray(replies.sums["below"])  # type: ignore[attr-defined]
@@ -124,6 +97,48 @@ class _Bisection(FederatedAlgorithm):
 
     def converged(self, server_state: Any, metrics: Mapping[str, float]) -> bool:
         return metrics["open"] == 0
+
+
+def order_statistics(
+    ex: Exchanges, cells: Sequence[tuple[Column, Column | None, int]], cell: np.ndarray, ranks: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """The order statistics ``ranks`` (0-based) of their cells (``cell``), in one bisection:
+    ``(values, rounds)``."""
+    if len(ranks) == 0:
+        return np.empty(0), 0
+    state = ex.iterate(_Bisection(cells, cell, ranks), _MAX_ROUNDS, "quantile bisection")
+    assert np.all(state["lo"] == state["hi"])
+    return order_value(state["lo"]), int(ex.parts[-1].rounds)
+
+
+def quantile_values(
+    ex: Exchanges, cells: Sequence[tuple[Column, Column | None, int]], ns: Sequence[int], q: np.ndarray, method: str
+) -> tuple[np.ndarray, int]:
+    """The quantiles ``q`` of every cell (``ns``: its count of present values; a cell without
+    values gets NaN), in one bisection: ``(values (cells, len(q)), rounds)``."""
+    which: list[int] = []
+    ranks: list[int] = []
+    plan: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = []
+    for k, n in enumerate(ns):
+        if n < 1:
+            plan.append(None)
+            continue
+        low, high, gamma = _order_positions(int(n), q, method)
+        plan.append((low, high, gamma))
+        for r in np.unique(np.r_[low, high]):
+            which.append(k)
+            ranks.append(int(r))
+    found, rounds = order_statistics(ex, cells, np.asarray(which), np.asarray(ranks))
+    at = {(k, r): v for k, r, v in zip(which, ranks, found, strict=True)}
+    out = np.full((len(ns), len(q)), np.nan)
+    for k, p in enumerate(plan):
+        if p is None:
+            continue
+        low, high, gamma = p
+        a = np.array([at[k, int(i)] for i in low])
+        b = np.array([at[k, int(i)] for i in high])
+        out[k] = a if method in ("lower", "higher", "nearest") else _lerp(a, b, gamma)
+    return out, rounds
 
 
 @dataclass
@@ -181,11 +196,17 @@ def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def quantiles(
-    data: FederatedData, column: str, q: float | Sequence[float], *, method: str = "linear", seed: int = 0
+    data: FederatedData,
+    column: str,
+    q: float | Sequence[float],
+    *,
+    method: str = "linear",
+    seed: int = 0,
+    backend: Any = None,
 ) -> QuantileResult:
     """Exact quantiles of ``column`` (a feature or the target) over every client's rows, equal
-    to ``numpy.quantile(pooled, q, method=method)`` (see the module's docs for the rounds and
-    what the server learns).
+    to ``numpy.quantile(pooled, q, method=method)`` of its present values (see the module's
+    docs for the rounds and what the server learns).
 
     Parameters
     ----------
@@ -197,13 +218,16 @@ def quantiles(
         numpy's definition (default ``"linear"``, numpy's default).
     seed : int
         The runtime's seed (the rounds draw nothing).
+    backend : optional
+        Where the clients' steps run (as every model's ``fit``: ``"inprocess"``, ``"flower"``
+        or a :class:`~fedstats.federation.flower.FlowerSession`).
 
     Examples
     --------
     >>> import numpy as np
     >>> from fedstats import FederatedData
     >>> rng = np.random.default_rng(0)
-    >>> Xs = [rng.normal(size=(n, 1)) for n in (30, 50, 20)]
+    >>> Xs = [rng.normal(size=(30, 1)) for n in (30, 50, 20)]
     >>> data = FederatedData.from_arrays(Xs)
     >>> res = quantiles(data, "x0", [0.25, 0.5, 0.75])
     >>> bool(np.array_equal(res.values, np.quantile(np.concatenate(Xs)[:, 0], [0.25, 0.5, 0.75])))
@@ -214,19 +238,16 @@ def quantiles(
     qs = np.atleast_1d(np.asarray(q, dtype=float))
     if qs.ndim != 1 or not np.all((qs >= 0) & (qs <= 1)):
         raise ValueError(f"q must be probabilities in [0, 1], got {q!r}")
-    col = _column(data, column)
-    replies, _ = run_once(_RowCount(), data, seed=seed, what="the row count")
-    n = int(np.asarray(replies.sums["n"])[0])
-    if n < data.min_rows:
-        raise DataError(
-            f"quantiles of {n} rows would reveal rows: the disclosure rule min_rows asks for at least {data.min_rows}"
-        )
-    low, high, gamma = _order_positions(n, qs, method)
-    ranks = np.unique(np.r_[low, high])
-    r = run(_Bisection(col, ranks), data, rounds=_MAX_ROUNDS, seed=seed, progress=False, kind="quantile bisection")
-    raise_failures(r.history, "the quantile bisection")
-    found = dict(zip(ranks.tolist(), _value(r.server_state["lo"]).tolist(), strict=True))
-    a = np.array([found[i] for i in low])
-    b = np.array([found[i] for i in high])
-    values = a if method in ("lower", "higher", "nearest") else _lerp(a, b, gamma)
-    return QuantileResult(column, qs, np.asarray(values, dtype=float), method, n, 1 + len(r.history), r.communication)
+    with use_backend(backend):
+        col = resolve(data, column)
+        if col.categorical:
+            raise DataError(f"column {column!r} is categorical: its quantiles are not defined")
+        ex = Exchanges(data, [col], seed=seed, what="quantiles")
+        n = int(ex.sums(_Moments([col]), "row count")["n"][0, 0])
+        if n < data.min_rows:
+            raise DataError(
+                f"quantiles of {n} values would reveal rows: the disclosure rule min_rows asks for at least "
+                f"{data.min_rows} (data.with_rules(min_rows=...) to relax it)"
+            )
+        vals, rounds = quantile_values(ex, [(col, None, 0)], [n], qs, method)
+    return QuantileResult(column, qs, vals[0], method, n, 1 + rounds, ex.communication)

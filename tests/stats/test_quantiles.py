@@ -7,7 +7,10 @@ import pytest
 from fedstats import FederatedData
 from fedstats.data import DataError
 from fedstats.stats import QUANTILE_METHODS, quantiles
-from fedstats.stats.quantiles import _Bisection, _key, _value
+from fedstats.stats._columns import data_key
+from fedstats.stats._columns import order_key as _key
+from fedstats.stats._columns import order_value as _value
+from fedstats.stats.quantiles import _Bisection
 
 QS = np.r_[np.linspace(0, 1, 21), [0.001, 0.333, 0.999]]
 
@@ -48,6 +51,7 @@ def test_the_key_map_keeps_the_order_of_every_float():
     k = _key(x)
     assert np.all(np.diff(k.astype(object)) > 0)  # strictly increasing (-0.0 just below 0.0)
     np.testing.assert_array_equal(_value(k), x)
+    assert data_key(np.array([-0.0]))[0] == data_key(np.array([0.0]))[0]  # in data, equal values: one key
 
 
 def test_bad_input_is_refused():

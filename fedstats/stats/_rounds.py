@@ -1,0 +1,374 @@
+"""The exchanges of :mod:`fedstats.stats`: every reply array is declared summed, so under secure
+aggregation the server receives only sums over the clients.
+
+* :class:`_Table`: counts of the level combinations of categorical columns (a missing value
+  is a level of its own, the last);
+* :class:`_Moments`: per group, each column's count, sum and sum of squares about a centre the
+  server sends (a second round about the first round's means makes the variance exact), and
+  the cross-products of complete rows;
+* :class:`_Strata`: per client, the 2x2 table's terms of the Mantel-Haenszel estimate, its
+  variance and test, and (given the pooled odds ratio) the Breslow-Day terms: clients are the
+  strata, so no client's table leaves it;
+* :class:`_Histogram`: the distinct values of a column and how many rows of each group have
+  each, by splitting intervals of the float64 order (at most 64 rounds): the exact global
+  ranks of the rank tests.
+
+:class:`Exchanges` runs them for one call of a function: the data's disclosure rules first,
+every client must answer, and the bytes of all its rounds add up in one ``communication``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..data import FederatedData
+from ..data.disclosure import DisclosureError, breach
+from ..data.validation import DataError
+from ..federation.protocol import ClientId, FederatedAlgorithm, Message
+from ..federation.records import Communication
+from ..federation.runner import run
+from ._columns import Column, codes, data_key, values, with_levels
+from ._columns import order_key as _key
+from ._columns import order_value as _value
+
+_LOWEST = _key(np.array([-np.finfo(float).max]))[0]
+_HIGHEST = _key(np.array([np.finfo(float).max]))[0]
+MAX_SPLIT_ROUNDS = 65  # 64 halvings of the float64 order, and the first count
+
+
+class _SumRound(FederatedAlgorithm):
+    """One round; each client's reply (every array summed) from :meth:`sums`."""
+
+    random_client_steps = False
+
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict:
+        return {}
+
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
+        return None
+
+    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
+        return {}
+
+    def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
+        return {k: np.asarray(v, dtype=float) for k, v in self.sums(data).items()}, state
+
+    def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
+        return {k: np.asarray(v) for k, v in replies.sums.items()}, {}  # type: ignore[attr-defined]
+
+    def sums(self, data: Any) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+def _complete(data: Any, cols: Sequence[Column]) -> np.ndarray:
+    """The rows where none of ``cols`` is missing."""
+    n = len(data.X)
+    ok = np.ones(n, dtype=bool)
+    for c in cols:
+        ok &= codes(data, c) < c.n_levels if c.categorical else ~np.isnan(values(data, c))
+    return ok
+
+
+class _Table(_SumRound):
+    """Counts of every combination of the levels of ``columns`` (categorical), a missing value
+    counted as level ``L`` of its column: an array of shape ``(L1 + 1, L2 + 1, ...)``."""
+
+    reply_keys = summed_keys = ("counts",)
+
+    def __init__(self, columns: Sequence[Column]) -> None:
+        self.columns = tuple(columns)
+
+    def sums(self, data: Any) -> dict[str, np.ndarray]:
+        shape = tuple(c.n_levels + 1 for c in self.columns)
+        flat = np.ravel_multi_index(tuple(codes(data, c) for c in self.columns), shape)
+        return {"counts": np.bincount(flat, minlength=int(np.prod(shape))).reshape(shape)}
+
+
+class _Moments(_SumRound):
+    """Per level of ``group`` (one group without): for each of ``columns``, the count of its
+    present values, their sum and sum of squares about ``center`` (one per column); with
+    ``complete``, only rows where every column (and the group) is present count, and the
+    cross-products about the centre come too. Shapes ``(G, p)`` and ``(G, p, p)``."""
+
+    reply_keys = summed_keys = ("n", "s1", "s2", "cross")
+
+    def __init__(
+        self,
+        columns: Sequence[Column],
+        group: Column | None = None,
+        center: np.ndarray | None = None,
+        complete: bool = False,
+    ) -> None:
+        self.columns, self.group, self.complete = tuple(columns), group, bool(complete)
+        self.center = np.zeros((self.n_groups, len(self.columns))) if center is None else np.asarray(center, float)
+
+    @property
+    def n_groups(self) -> int:
+        return 1 if self.group is None else self.group.n_levels
+
+    def sums(self, data: Any) -> dict[str, np.ndarray]:
+        G, p = self.n_groups, len(self.columns)
+        V = np.column_stack([values(data, c) for c in self.columns]) if p else np.empty((len(data.X), 0))
+        g = np.zeros(len(V), dtype=np.int64) if self.group is None else codes(data, self.group)
+        keep = g < G
+        if self.complete:
+            keep &= ~np.isnan(V).any(axis=1)
+        V, g = V[keep], g[keep]
+        present = ~np.isnan(V)
+        D = np.where(present, V - self.center[g], 0.0)
+        n = np.zeros((G, p))
+        s1 = np.zeros((G, p))
+        s2 = np.zeros((G, p))
+        cross = np.zeros((G, p, p))
+        for k in range(G):
+            rows = g == k
+            Dk = D[rows]
+            n[k] = present[rows].sum(axis=0)
+            s1[k] = Dk.sum(axis=0)
+            s2[k] = (Dk * Dk).sum(axis=0)
+            if self.complete:
+                cross[k] = Dk.T @ Dk
+        return {"n": n, "s1": s1, "s2": s2, "cross": cross}
+
+
+class _Strata(_SumRound):
+    """Each client a stratum of a 2x2 table (``exposure`` rows, ``outcome`` columns, both with
+    two levels): the sums over the strata of the Mantel-Haenszel terms; with ``odds_ratio``, of
+    the Breslow-Day terms at that common odds ratio."""
+
+    reply_keys = summed_keys = ("terms",)
+
+    def __init__(self, exposure: Column, outcome: Column, odds_ratio: float | None = None) -> None:
+        self.exposure, self.outcome, self.odds_ratio = exposure, outcome, odds_ratio
+
+    def table(self, data: Any) -> np.ndarray:
+        e, o = codes(data, self.exposure), codes(data, self.outcome)
+        ok = (e < 2) & (o < 2)
+        return np.bincount(2 * e[ok] + o[ok], minlength=4).reshape(2, 2).astype(float)
+
+    def sums(self, data: Any) -> dict[str, np.ndarray]:
+        t = self.table(data)
+        return {"terms": mh_terms(t) if self.odds_ratio is None else bd_terms(t, self.odds_ratio)}
+
+
+#: the names of :func:`mh_terms`' sums
+MH_TERMS = ("strata", "a", "ad_n", "bc_n", "apd_ad_n2", "apd_bc_n2", "ad_n_rest", "bc_n_rest", "e_a", "var_a")
+
+
+def mh_terms(t: np.ndarray) -> np.ndarray:
+    """One stratum's terms of the Mantel-Haenszel estimate (statsmodels' ``StratifiedTable``:
+    the Robins-Breslow-Greenland variance and the Cochran-Mantel-Haenszel test)."""
+    (a, b), (c, d) = t
+    n = a + b + c + d
+    if n == 0:
+        return np.zeros(len(MH_TERMS))
+    apd, ad, bc = a + d, a * d, b * c
+    rest = 1 - apd / n
+    var = (a + b) * (c + d) * (a + c) * (b + d) / (n**2 * (n - 1)) if n > 1 else 0.0
+    return np.array(
+        [1.0, a, ad / n, bc / n, apd * ad / n**2, apd * bc / n**2, rest * ad / n, rest * bc / n,
+         (a + b) * (a + c) / n, var]
+    )  # fmt: skip
+
+
+BD_TERMS = ("chi2", "diff", "var", "strata")
+
+
+def bd_terms(t: np.ndarray, odds_ratio: float) -> np.ndarray:
+    """One stratum's Breslow-Day terms at the common ``odds_ratio``: ``(a - E)^2 / V``,
+    ``a - E``, ``V`` and 1, where ``E`` and ``V`` are the mean and variance of the first cell
+    given the margins and the odds ratio (statsmodels' ``test_equal_odds``). A stratum with
+    an empty row or column says nothing about its odds ratio: all zeros."""
+    (a, b), (c, d) = t
+    apb, apc, bpd, cpd = a + b, a + c, b + d, c + d
+    if min(apb, apc, bpd, cpd) == 0:
+        return np.zeros(len(BD_TERMS))
+    r = odds_ratio
+    qa, qb, qc = 1 - r, r * (apb + apc) + (d - a), -r * apb * apc
+    e = (-qb + np.sqrt(qb**2 - 4 * qa * qc)) / (2 * qa) if qa != 0 else -qc / qb
+    v = 1 / (1 / e + 1 / (apc - e) + 1 / (apb - e) + 1 / (d - a + e))
+    return np.array([(a - e) ** 2 / v, a - e, v, 1.0])
+
+
+class _Histogram(FederatedAlgorithm):
+    """The distinct values of ``column`` and how many rows of each level of ``group`` have each,
+    among the rows where ``column``, the group and every column of ``require`` are present.
+
+    Each round the server sends intervals of the float64 order (as keys); each client answers
+    how many of its values lie in each, per group (summed). The server splits every interval
+    that holds rows in two, drops the empty ones, and stops when each is a single value: at
+    most 65 rounds."""
+
+    reply_keys = summed_keys = ("counts",)
+    random_client_steps = False
+
+    def __init__(self, column: Column, group: Column | None = None, require: Sequence[Column] = ()) -> None:
+        self.column, self.group, self.require = column, group, tuple(require)
+
+    @property
+    def n_groups(self) -> int:
+        return 1 if self.group is None else self.group.n_levels
+
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {
+            "lo": np.array([_LOWEST]),
+            "hi": np.array([_HIGHEST]),
+            "counts": np.zeros((1, self.n_groups)),
+            "known": np.array([False]),
+        }
+
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> list[np.ndarray]:
+        x = values(data, self.column)
+        g = np.zeros(len(x), dtype=np.int64) if self.group is None else codes(data, self.group)
+        ok = _complete(data, (self.column, *self.require)) & (g < self.n_groups)
+        return [np.sort(data_key(x[ok & (g == k)])) for k in range(self.n_groups)]
+
+    def _ask(self, state: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The intervals of the next round: every open one split in two (the first round: the whole line)."""
+        lo, hi = state["lo"], state["hi"]
+        if not state["known"].any():
+            return lo, hi
+        mid = lo + (hi - lo) // np.uint64(2)
+        return np.ravel(np.c_[lo, mid + np.uint64(1)]), np.ravel(np.c_[mid, hi])
+
+    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
+        lo, hi = self._ask(server_state)
+        return {"lo": _value(lo), "hi": _value(hi)}
+
+    def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
+        lo, hi = _key(np.asarray(message["lo"])), _key(np.asarray(message["hi"]))
+        counts = np.stack(
+            [np.searchsorted(s, hi, side="right") - np.searchsorted(s, lo, side="left") for s in state], axis=1
+        )
+        return {"counts": counts.astype(float)}, state
+
+    def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
+        counts = np.asarray(replies.sums["counts"])  # type: ignore[attr-defined]
+        lo, hi = self._ask(server_state)
+        keep = counts.sum(axis=1) > 0
+        lo, hi, counts = lo[keep], hi[keep], counts[keep]
+        state = {"lo": lo, "hi": hi, "counts": counts, "known": np.ones(len(lo), dtype=bool)}
+        return state, {"open": float(np.sum(lo != hi))}
+
+    def converged(self, server_state: Any, metrics: Mapping[str, float]) -> bool:
+        return metrics["open"] == 0
+
+
+class Exchanges:
+    """The exchanges of one call of a :mod:`fedstats.stats` function over ``data``: the
+    disclosure rules of ``data`` first (each client's rows and small cells in the ``columns``
+    it reads), then rounds that every client must answer; ``communication`` adds them up."""
+
+    def __init__(self, data: FederatedData, columns: Sequence[Column], *, seed: int, what: str) -> None:
+        if not isinstance(data, FederatedData):
+            raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
+        self.data, self.seed, self.what = data, int(seed), what
+        self.parts: list[Communication] = []
+        check_clients(data, columns, what)
+
+    def _run(self, algorithm: FederatedAlgorithm, rounds: int, kind: str) -> Any:
+        r = run(algorithm, self.data, rounds=rounds, seed=self.seed, progress=False, batched=False, kind=kind)
+        self.parts.append(r.communication)
+        failed = {c: why for rec in r.history for c, why in rec.failed.items()}
+        if failed:
+            c, why = next(iter(failed.items()))
+            raise RuntimeError(f"{self.what}: {len(failed)} client(s) failed ({kind}); client {c!r}: {why}")
+        return r
+
+    def sums(self, algorithm: _SumRound, kind: str) -> dict[str, np.ndarray]:
+        """One summed round's sums."""
+        return self._run(algorithm, 1, kind).server_state
+
+    def histogram(self, column: Column, group: Column | None = None, require: Sequence[Column] = ()) -> tuple:
+        """``(distinct values, counts (m, G))`` of ``column`` (see :class:`_Histogram`)."""
+        r = self._run(_Histogram(column, group, require), MAX_SPLIT_ROUNDS, "rank counts")
+        s = r.server_state
+        assert np.all(s["lo"] == s["hi"]), "the interval splitting did not end on single values"
+        return _value(s["lo"]), s["counts"]
+
+    def categorical(self, col: Column, max_levels: int = 50) -> Column:
+        """``col`` as a categorical column: as it is, or a numeric column whose levels (its
+        distinct values, at most ``max_levels``) the interval splitting finds."""
+        if col.categorical:
+            return col
+        if col.minus is not None:
+            raise DataError(f"a paired difference ({col.name!r}) is not categorical")
+        distinct, _ = self.histogram(col)
+        if len(distinct) > max_levels:
+            raise DataError(
+                f"column {col.name!r} has {len(distinct)} distinct values, too many for a categorical column "
+                f"(at most {max_levels})"
+            )
+        if len(distinct) == 0:
+            raise DataError(f"column {col.name!r} has no values")
+        return with_levels(col, distinct)
+
+    def moments(
+        self, columns: Sequence[Column], group: Column | None = None, complete: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Per group: each column's count ``n``, ``mean``, sum of squares about the mean ``ss``
+        and (with ``complete``: rows complete in every column) the co-moments ``cross``, in two
+        rounds (the second about the first one's means, as a two-pass variance)."""
+        first = self.sums(_Moments(columns, group, complete=complete), "moments")
+        n = first["n"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(n > 0, first["s1"] / np.where(n > 0, n, 1), np.nan)
+        second = self.sums(_Moments(columns, group, np.nan_to_num(mean), complete), "centred moments")
+        d1 = second["s1"]
+        safe = np.where(n > 0, n, 1)
+        ss = second["s2"] - d1 * d1 / safe
+        cross = second["cross"] - d1[:, :, None] * d1[:, None, :] / safe[:, :, None]
+        return {"n": n, "mean": mean, "ss": ss, "cross": cross}
+
+    def iterate(self, algorithm: FederatedAlgorithm, rounds: int, kind: str) -> Any:
+        """An iterative exchange's final server state."""
+        return self._run(algorithm, rounds, kind).server_state
+
+    @property
+    def communication(self) -> Communication:
+        return Communication.combine(self.parts)
+
+
+def check_clients(data: FederatedData, columns: Sequence[Column], what: str) -> None:
+    """Refuse, naming the rule and the option, a client whose rows of ``columns`` break the
+    data's disclosure rules: fewer than ``min_rows`` rows, or a 0/1 column (a categorical
+    column's dummy, a binary numeric column) with fewer than ``min_cell_count`` 1s or 0s.
+    Data whose rows live on nodes pass (each node checks its own against its policy)."""
+    X_of = getattr(data, "_X", None)
+    if not X_of or not isinstance(next(iter(X_of.values())), np.ndarray):
+        return
+    for c, cd in data.items():
+        parts = []
+        for col in columns:
+            if col.categorical and not col.codes_of:
+                parts.append(cd.X[:, list(col.index or ())])
+            else:
+                x = values(cd, col)
+                parts.append(x[:, None])
+        X = np.hstack(parts) if parts else np.empty((cd.n, 0))
+        found = breach(X, None, min_rows=data.min_rows, min_cell_count=data.min_cell_count)
+        if found is None:
+            continue
+        rule, why, allowed = found
+        option = "min_cell_count" if rule == "min_cell_count" else "min_rows"
+        cli = "--min-cell-count" if option == "min_cell_count" else "--min-rows"
+        raise DisclosureError(
+            f"{what} refuses client {c!r} (rule {rule}): {why}. To allow it, set {option}={allowed} "
+            f"(data.with_rules({option}={allowed}), {cli} {allowed} on the command line, {option} in a node's policy)",
+            rule,
+            c,
+        )
+
+
+def disclosure_refusal(what: str, cell: str, count: int, min_cell_count: int) -> DisclosureError:
+    """The refusal of a result that would reveal a pooled cell below the minimum count."""
+    return DisclosureError(
+        f"{what} refuses to release a table whose cell {cell} holds {count} row(s), fewer than "
+        f"min_cell_count={min_cell_count} (rule min_cell_count): to allow it, set min_cell_count={max(count, 1)} "
+        "(data.with_rules(min_cell_count=...), --min-cell-count on the command line)",
+        "min_cell_count",
+        None,
+    )
