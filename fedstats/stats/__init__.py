@@ -3,6 +3,8 @@
 ``missing="keep"`` may hold missing values, and each function uses the rows complete in its
 own columns).
 
+* :func:`describe`: a "Table 1" (counts, missing values, means, sds, exact quartiles,
+  categories' counts and percentages; overall and per group; small cells suppressed);
 * :func:`quantiles`: exact quantiles of a column, equal to ``numpy.quantile`` of the pooled
   rows, by bisection on counts that the server receives only summed over the clients;
 * tests of means: :func:`ttest`, :func:`paired_ttest`, :func:`anova`, :func:`correlation`;
@@ -17,6 +19,7 @@ Every test returns a :class:`TestResult`; every function takes ``backend=`` as a
 """
 
 from .adjust import ADJUST_METHODS, adjust
+from .describe import DescribeResult, describe
 from .means import anova, correlation, paired_ttest, ttest
 from .quantiles import QUANTILE_METHODS, QuantileResult, quantiles
 from .ranks import kruskal, mannwhitneyu
@@ -24,6 +27,8 @@ from .result import TestResult
 from .tables import chi2_test, fisher_exact, mantel_haenszel, proportions_test
 
 __all__ = [
+    "describe",
+    "DescribeResult",
     "quantiles",
     "QuantileResult",
     "QUANTILE_METHODS",

@@ -87,11 +87,22 @@ class _Table(_SumRound):
         return {"counts": np.bincount(flat, minlength=int(np.prod(shape))).reshape(shape)}
 
 
+def group_masks(data: Any, group: Column | None, overall: bool) -> list[np.ndarray]:
+    """A client's rows of each level of ``group`` (and, with ``overall`` or without a group,
+    every row, last)."""
+    n = len(data.X)
+    if group is None:
+        return [np.ones(n, dtype=bool)]
+    g = codes(data, group)
+    return [g == k for k in range(group.n_levels)] + ([np.ones(n, dtype=bool)] if overall else [])
+
+
 class _Moments(_SumRound):
-    """Per level of ``group`` (one group without): for each of ``columns``, the count of its
-    present values, their sum and sum of squares about ``center`` (one per column); with
-    ``complete``, only rows where every column (and the group) is present count, and the
-    cross-products about the centre come too. Shapes ``(G, p)`` and ``(G, p, p)``."""
+    """Per level of ``group`` (one group without; with ``overall``, every row as a last
+    group too): for each of ``columns``, the count of its present values, their sum and sum of
+    squares about ``center`` (one row per group); with ``complete``, only rows where every
+    column is present count, and the cross-products about the centre come too. Shapes
+    ``(G, p)`` and ``(G, p, p)``."""
 
     reply_keys = summed_keys = ("n", "s1", "s2", "cross")
 
@@ -101,37 +112,59 @@ class _Moments(_SumRound):
         group: Column | None = None,
         center: np.ndarray | None = None,
         complete: bool = False,
+        overall: bool = False,
     ) -> None:
         self.columns, self.group, self.complete = tuple(columns), group, bool(complete)
+        self.overall = bool(overall) and group is not None
         self.center = np.zeros((self.n_groups, len(self.columns))) if center is None else np.asarray(center, float)
 
     @property
     def n_groups(self) -> int:
-        return 1 if self.group is None else self.group.n_levels
+        return 1 if self.group is None else self.group.n_levels + self.overall
 
     def sums(self, data: Any) -> dict[str, np.ndarray]:
         G, p = self.n_groups, len(self.columns)
         V = np.column_stack([values(data, c) for c in self.columns]) if p else np.empty((len(data.X), 0))
-        g = np.zeros(len(V), dtype=np.int64) if self.group is None else codes(data, self.group)
-        keep = g < G
-        if self.complete:
-            keep &= ~np.isnan(V).any(axis=1)
-        V, g = V[keep], g[keep]
-        present = ~np.isnan(V)
-        D = np.where(present, V - self.center[g], 0.0)
-        n = np.zeros((G, p))
-        s1 = np.zeros((G, p))
-        s2 = np.zeros((G, p))
+        full = ~np.isnan(V).any(axis=1) if self.complete else np.ones(len(V), dtype=bool)
+        n, s1, s2 = np.zeros((G, p)), np.zeros((G, p)), np.zeros((G, p))
         cross = np.zeros((G, p, p))
-        for k in range(G):
-            rows = g == k
-            Dk = D[rows]
-            n[k] = present[rows].sum(axis=0)
+        for k, rows in enumerate(group_masks(data, self.group, self.overall)):
+            Vk = V[rows & full]
+            present = ~np.isnan(Vk)
+            Dk = np.where(present, Vk - self.center[k], 0.0)
+            n[k] = present.sum(axis=0)
             s1[k] = Dk.sum(axis=0)
             s2[k] = (Dk * Dk).sum(axis=0)
             if self.complete:
                 cross[k] = Dk.T @ Dk
         return {"n": n, "s1": s1, "s2": s2, "cross": cross}
+
+
+class _Counts(_SumRound):
+    """Per level of ``group`` (and every row, last, with ``overall``): the rows, and each
+    categorical column's count of every level (a missing value the last), all in one array:
+    ``rows`` ``(G,)`` and ``counts`` (for each column, ``(G, L + 1)``, flattened and joined)."""
+
+    reply_keys = summed_keys = ("rows", "counts")
+
+    def __init__(self, columns: Sequence[Column], group: Column | None = None, overall: bool = False) -> None:
+        self.columns, self.group = tuple(columns), group
+        self.overall = bool(overall) and group is not None
+
+    def sums(self, data: Any) -> dict[str, np.ndarray]:
+        masks = group_masks(data, self.group, self.overall)
+        parts = []
+        for c in self.columns:
+            code = codes(data, c)
+            parts.append(np.stack([np.bincount(code[m], minlength=c.n_levels + 1) for m in masks]).ravel())
+        counts = np.concatenate(parts) if parts else np.zeros(0)
+        return {"rows": np.array([m.sum() for m in masks], dtype=float), "counts": counts}
+
+    def split(self, counts: np.ndarray) -> list[np.ndarray]:
+        """The summed ``counts`` as one ``(G, L + 1)`` table per column."""
+        G = 1 if self.group is None else self.group.n_levels + self.overall
+        ends = np.cumsum([G * (c.n_levels + 1) for c in self.columns])[:-1]
+        return [part.reshape(G, -1) for part in np.split(np.asarray(counts), ends)]
 
 
 class _Strata(_SumRound):
@@ -307,16 +340,17 @@ class Exchanges:
         return with_levels(col, distinct)
 
     def moments(
-        self, columns: Sequence[Column], group: Column | None = None, complete: bool = False
+        self, columns: Sequence[Column], group: Column | None = None, complete: bool = False, overall: bool = False
     ) -> dict[str, np.ndarray]:
-        """Per group: each column's count ``n``, ``mean``, sum of squares about the mean ``ss``
-        and (with ``complete``: rows complete in every column) the co-moments ``cross``, in two
-        rounds (the second about the first one's means, as a two-pass variance)."""
-        first = self.sums(_Moments(columns, group, complete=complete), "moments")
+        """Per group (see :class:`_Moments`): each column's count ``n``, ``mean``, sum of
+        squares about the mean ``ss`` and (with ``complete``: rows complete in every column)
+        the co-moments ``cross``, in two rounds (the second about the first one's means, as a
+        two-pass variance)."""
+        first = self.sums(_Moments(columns, group, complete=complete, overall=overall), "moments")
         n = first["n"]
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(n > 0, first["s1"] / np.where(n > 0, n, 1), np.nan)
-        second = self.sums(_Moments(columns, group, np.nan_to_num(mean), complete), "centred moments")
+        second = self.sums(_Moments(columns, group, np.nan_to_num(mean), complete, overall), "centred moments")
         d1 = second["s1"]
         safe = np.where(n > 0, n, 1)
         ss = second["s2"] - d1 * d1 / safe
@@ -334,22 +368,29 @@ class Exchanges:
 
 def check_clients(data: FederatedData, columns: Sequence[Column], what: str) -> None:
     """Refuse, naming the rule and the option, a client whose rows of ``columns`` break the
-    data's disclosure rules: fewer than ``min_rows`` rows, or a 0/1 column (a categorical
-    column's dummy, a binary numeric column) with fewer than ``min_cell_count`` 1s or 0s.
-    Data whose rows live on nodes pass (each node checks its own against its policy)."""
+    data's disclosure rules: fewer than ``min_rows`` rows; a level of a categorical column, or
+    a value of a 0/1 numeric column, held by 1 to ``min_cell_count - 1`` of its rows. Data
+    whose rows live on nodes pass (each node checks its own against its policy)."""
     X_of = getattr(data, "_X", None)
     if not X_of or not isinstance(next(iter(X_of.values())), np.ndarray):
         return
     for c, cd in data.items():
-        parts = []
-        for col in columns:
-            if col.categorical and not col.codes_of:
-                parts.append(cd.X[:, list(col.index or ())])
-            else:
-                x = values(cd, col)
-                parts.append(x[:, None])
-        X = np.hstack(parts) if parts else np.empty((cd.n, 0))
-        found = breach(X, None, min_rows=data.min_rows, min_cell_count=data.min_cell_count)
+        numeric = [col for col in columns if not col.categorical]
+        X = np.column_stack([values(cd, col) for col in numeric]) if numeric else np.empty((cd.n, 0))
+        found = breach(
+            X, None, min_rows=data.min_rows, min_cell_count=data.min_cell_count, names=[col.name for col in numeric]
+        )
+        for col in (col for col in columns if col.categorical and found is None and data.min_cell_count > 1):
+            counts = np.bincount(codes(cd, col), minlength=col.n_levels + 1)[: col.n_levels]
+            small = np.flatnonzero((counts > 0) & (counts < data.min_cell_count))
+            if len(small):
+                k = int(small[0])
+                found = (
+                    "min_cell_count",
+                    f"{counts[k]} of its rows have {col.name!r} = {col.levels[k]!r}, fewer than "
+                    f"{data.min_cell_count} (a small cell: the sums over those rows are their values)",
+                    int(counts[k]),
+                )
         if found is None:
             continue
         rule, why, allowed = found

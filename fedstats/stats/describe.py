@@ -1,0 +1,354 @@
+"""A federated "Table 1": per column, overall and per group, the count, the missing values, the
+mean and sd (with the mean's interval), the exact quartiles, and each category's count and
+percentage, equal to pandas and numpy on the pooled rows, with small cells suppressed.
+
+Rounds (every reply summed over the clients): the rows and the categories' counts (one
+round), the moments (two rounds: sums, then sums of squares about the pooled means), and the
+quartiles of every numeric column in every group together (one bisection, at most 64 rounds);
+a numeric ``by`` column first has its distinct values found (at most 65 rounds).
+
+Disclosure (the data's rules, :mod:`fedstats.data.disclosure`): every client must meet them
+on the columns described (as every function of :mod:`fedstats.stats`); in the table, a count
+from 1 to ``min_cell_count - 1`` is suppressed, and so are the statistics (mean, sd, interval,
+quartiles) of fewer than ``min_rows`` values; then, so that no suppressed count follows from
+the others by subtraction, wherever a sum (a column's levels and missing values adding up to
+the group's rows; the groups adding up to the overall count) has exactly one suppressed term,
+the smallest other term is suppressed too, until no sum has one. Suppressed cells are NaN in
+:meth:`DescribeResult.to_frame`, marked in ``suppressed`` and printed as ``<5`` or ``--``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..data import FederatedData
+from ..data.validation import DataError
+from ..federation.backend import use_backend
+from ._columns import column_names, resolve
+from ._rounds import Exchanges, _Counts
+from .means import check_level
+from .quantiles import quantile_values
+
+__all__ = ["describe", "DescribeResult"]
+
+_NUMERIC = ("n", "missing", "mean", "sd", "mean_lower", "mean_upper", "q1", "median", "q3")
+_COUNTS = ("n", "missing")  # the numeric rows that are counts
+
+
+@dataclass
+class DescribeResult:
+    """The table of :func:`describe`.
+
+    ``table``: a long DataFrame, one row per (``variable``, ``statistic``) (numeric columns:
+    ``n, missing, mean, sd, mean_lower, mean_upper, q1, median, q3``; categorical columns:
+    ``n`` and ``percent`` per level, ``missing``), one column per group (``overall`` first);
+    ``suppressed``: the same shape, True where a cell is withheld (NaN in ``table``); ``rows``:
+    each group's row count; ``kinds``: each variable's kind; ``level`` of the mean's interval;
+    ``min_cell_count`` and ``min_rows`` the rules applied; ``communication``.
+    """
+
+    table: pd.DataFrame
+    suppressed: pd.DataFrame
+    rows: pd.Series
+    kinds: dict[str, str]
+    by: str | None
+    level: float
+    min_cell_count: int
+    min_rows: int
+    communication: Any = None
+
+    def to_frame(self) -> pd.DataFrame:
+        """The long table (suppressed cells NaN)."""
+        return self.table.copy()
+
+    def table1(self, digits: int = 2) -> pd.DataFrame:
+        """The table as text, as a paper's "Table 1": ``mean (sd)``, ``median [Q1, Q3]``, the
+        missing values, and ``n (%)`` per category; ``<k`` or ``--`` where suppressed."""
+        t, sup = self.table, self.suppressed
+        small = f"<{self.min_cell_count}"
+        header = {g: (f"{g} (n={int(n)})" if not math.isnan(n) else f"{g} (n {small})") for g, n in self.rows.items()}
+        lines: list[tuple[str, list[str]]] = []
+
+        def num(v: float, s: bool) -> str:
+            return "--" if s else f"{v:.{digits}f}"
+
+        def count(v: float, s: bool) -> str:
+            return small if s else f"{int(v)}"
+
+        for var, kind in self.kinds.items():
+            if kind == "numeric":
+                row = t.loc[var]
+                srow = sup.loc[var]
+                lines.append(
+                    (
+                        f"{var}, mean (sd)",
+                        [
+                            "--"
+                            if srow.at["mean", g]
+                            else f"{num(row.at['mean', g], False)} ({num(row.at['sd', g], srow.at['sd', g])})"
+                            for g in t.columns
+                        ],
+                    )
+                )
+                lines.append(
+                    (
+                        "  median [Q1, Q3]",
+                        [
+                            "--"
+                            if srow.at["median", g]
+                            else f"{num(row.at['median', g], False)} [{num(row.at['q1', g], False)}, "
+                            f"{num(row.at['q3', g], False)}]"
+                            for g in t.columns
+                        ],
+                    )
+                )
+                lines.append(("  missing", [count(row.at["missing", g], srow.at["missing", g]) for g in t.columns]))
+            else:
+                lines.append((f"{var}, n (%)", [""] * len(t.columns)))
+                sub, ssub = t.loc[var], sup.loc[var]
+                for stat in sub.index:
+                    if not stat.startswith("n: "):
+                        continue
+                    lev = stat[3:]
+                    cells = []
+                    for g in t.columns:
+                        if ssub.at[stat, g]:
+                            cells.append(small)
+                        else:
+                            pct = sub.at[f"percent: {lev}", g]
+                            cells.append(f"{int(sub.at[stat, g])} ({pct:.1f}%)" if not math.isnan(pct) else "0")
+                    lines.append((f"  {lev}", cells))
+                lines.append(("  missing", [count(sub.at["missing", g], ssub.at["missing", g]) for g in t.columns]))
+        out = pd.DataFrame([c for _, c in lines], index=[name for name, _ in lines], columns=list(t.columns))
+        return out.rename(columns=header)
+
+    def __repr__(self) -> str:
+        note = (
+            f"(counts under {self.min_cell_count} shown as <{self.min_cell_count}; statistics of fewer than "
+            f"{self.min_rows} values as --; interval of the mean at {self.level:.0%} in to_frame())"
+        )
+        return self.table1().to_string() + "\n" + note
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def to_html(self) -> str:
+        """The "Table 1" as an HTML table."""
+        return self.table1().to_html(escape=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the groups and their rows, and per variable its kind and statistics
+        (a suppressed cell is ``None``, listed in ``suppressed``)."""
+        out: dict[str, Any] = {
+            "by": self.by,
+            "level": self.level,
+            "rules": {"min_cell_count": self.min_cell_count, "min_rows": self.min_rows},
+            "groups": [str(g) for g in self.table.columns],
+            "rows": {str(g): (None if math.isnan(v) else int(v)) for g, v in self.rows.items()},
+            "variables": {},
+        }
+        for var, kind in self.kinds.items():
+            sub, ssub = self.table.loc[var], self.suppressed.loc[var]
+            out["variables"][var] = {
+                "kind": kind,
+                "statistics": {
+                    str(stat): {
+                        str(g): (None if ssub.at[stat, g] or math.isnan(sub.at[stat, g]) else float(sub.at[stat, g]))
+                        for g in sub.columns
+                    }
+                    for stat in sub.index
+                },
+                "suppressed": [[str(stat), str(g)] for stat in sub.index for g in sub.columns if ssub.at[stat, g]],
+            }
+        return out
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+
+def describe(
+    data: FederatedData,
+    columns: Sequence[str] | None = None,
+    by: str | None = None,
+    *,
+    level: float = 0.95,
+    seed: int = 0,
+    backend: Any = None,
+) -> DescribeResult:
+    """A descriptive table of ``columns`` (default: every column but ``by``), over all rows
+    and per level of ``by``, equal to pandas/numpy on the pooled rows (see the module docs for
+    the rounds and the suppression of small cells).
+
+    Numeric columns: ``n`` (present values), ``missing``, ``mean``, ``sd`` (``ddof=1``), the
+    mean's t interval at ``level``, and the quartiles (``numpy.quantile``'s linear definition,
+    exact). Categorical columns (a data frame's text or category columns): per level its count
+    ``n: level`` and its share of the present values ``percent: level``, and ``missing``. Rows
+    whose ``by`` is missing count in ``overall`` only.
+
+    Examples
+    --------
+    >>> import numpy as np, pandas as pd
+    >>> from fedstats import FederatedData
+    >>> from fedstats.stats import describe
+    >>> rng = np.random.default_rng(0)
+    >>> df = pd.DataFrame({"site": np.repeat(["a", "b", "c"], 50), "age": rng.normal(50, 10, 150).round(),
+    ...                    "sex": rng.choice(["f", "m"], 150), "arm": np.tile(["t", "c"], 75)})
+    >>> tab = describe(FederatedData.from_dataframe(df, by="site"), by="arm")
+    >>> float(tab.to_frame().loc[("age", "median"), "overall"]) == float(df.age.median())
+    True
+    """
+    check_level(level)
+    from scipy import stats
+
+    with use_backend(backend):
+        names = [c for c in column_names(data) if c != by] if columns is None else list(columns)
+        if isinstance(columns, str):
+            raise DataError("columns must be a sequence of column names, not a single str")
+        if by is not None and by in names:
+            raise DataError(f"column {by!r} is the by column; it cannot be described in its own table")
+        if not names:
+            raise DataError("no columns to describe")
+        cols = [resolve(data, c) for c in names]
+        group0 = None if by is None else resolve(data, by)
+        ex = Exchanges(data, cols + ([group0] if group0 is not None else []), seed=seed, what="describe")
+        group = None if group0 is None else ex.categorical(group0)
+        numeric = [c for c in cols if not c.categorical]
+        categorical = [c for c in cols if c.categorical]
+        groups = ["overall"] + ([] if group is None else [f"{by} = {lv}" for lv in group.levels])
+        G = len(groups)
+        order = [G - 1, *range(G - 1)] if group is not None else [0]  # overall (computed last) first
+
+        counting = _Counts(categorical, group, overall=True)
+        summed = ex.sums(counting, "counts")
+        rows = np.asarray(summed["rows"])[order]
+        tables = [t[order] for t in counting.split(summed["counts"])]
+
+        stats_num: dict[str, np.ndarray] = {}
+        if numeric:
+            m = ex.moments(numeric, group, overall=True)
+            n = m["n"][order]  # (G, p)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                sd = np.sqrt(m["ss"][order] / (n - 1))
+                mean = m["mean"][order]
+                h = stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * sd / np.sqrt(n)
+            cells = [(c, group if k < G - 1 else None, k) for k in range(G) for c in numeric]
+            # no quartiles of fewer than min_rows values: the server would learn those rows' values
+            counts = [int(v) if v >= data.min_rows else 0 for v in m["n"].ravel()]
+            qv, _ = quantile_values(ex, cells, counts, np.array([0.25, 0.5, 0.75]), "linear")
+            qv = qv.reshape(G, len(numeric), 3)[order]
+            stats_num = {
+                "n": n,
+                "missing": rows[:, None] - n,
+                "mean": mean,
+                "sd": np.where(n > 1, sd, np.nan),
+                "mean_lower": np.where(n > 1, mean - h, np.nan),
+                "mean_upper": np.where(n > 1, mean + h, np.nan),
+                "q1": qv[:, :, 0],
+                "median": qv[:, :, 1],
+                "q3": qv[:, :, 2],
+            }
+
+    index, data_rows, kinds = [], [], {}
+    for c in cols:
+        if not c.categorical:
+            j = numeric.index(c)
+            kinds[c.name] = "numeric"
+            for stat in _NUMERIC:
+                index.append((c.name, stat))
+                data_rows.append(stats_num[stat][:, j])
+        else:
+            t = tables[categorical.index(c)]  # (G, L + 1)
+            kinds[c.name] = "categorical"
+            present = t[:, :-1].sum(axis=1)
+            for k, lv in enumerate(c.levels):
+                index.append((c.name, f"n: {lv}"))
+                data_rows.append(t[:, k])
+            for k, lv in enumerate(c.levels):
+                index.append((c.name, f"percent: {lv}"))
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    data_rows.append(np.where(present > 0, 100 * t[:, k] / present, np.nan))
+            index.append((c.name, "missing"))
+            data_rows.append(t[:, -1])
+    table = pd.DataFrame(
+        np.asarray(data_rows, dtype=float),
+        index=pd.MultiIndex.from_tuples(index, names=["variable", "statistic"]),
+        columns=pd.Index(groups, name="group"),
+    )
+    suppressed = _suppress(table, kinds, rows, data.min_cell_count, data.min_rows)
+    rows_s = pd.Series(rows.astype(float), index=groups)
+    small_group = (rows_s > 0) & (rows_s < data.min_cell_count)
+    rows_s[small_group] = np.nan
+    return DescribeResult(
+        table.mask(suppressed),
+        suppressed,
+        rows_s,
+        kinds,
+        by,
+        level,
+        data.min_cell_count,
+        data.min_rows,
+        ex.communication,
+    )
+
+
+def _suppress(
+    table: pd.DataFrame, kinds: dict[str, str], rows: np.ndarray, min_cell: int, min_rows: int
+) -> pd.DataFrame:
+    """The cells to withhold: small counts, statistics of few values, and (complementary
+    suppression) one more term of every sum with exactly one withheld term."""
+    values = table.to_numpy()
+    sup = np.zeros(values.shape, dtype=bool)
+    pos = {key: i for i, key in enumerate(table.index)}
+    G = values.shape[1]
+    count_rows: list[int] = []
+    sums: list[tuple[list[tuple[int, int]], tuple[int, int] | None]] = []  # (terms, published total)
+    for var, kind in kinds.items():
+        if kind == "numeric":
+            terms = [pos[var, "n"], pos[var, "missing"]]
+            count_rows += terms
+            for g in range(G):
+                sums.append(([(r, g) for r in terms], None))  # n + missing = the group's rows
+        else:
+            levels = [s for (v, s) in table.index if v == var and s.startswith("n: ")]
+            terms = [pos[var, s] for s in levels] + [pos[var, "missing"]]
+            count_rows += terms
+            for g in range(G):
+                sums.append(([(r, g) for r in terms], None))
+    for r in count_rows:  # groups add up to overall (column 0)
+        if G > 1:
+            sums.append(([(r, g) for g in range(1, G)], (r, 0)))
+    small = (values > 0) & (values < min_cell)
+    sup[count_rows] = small[count_rows]
+    changed = True
+    while changed:
+        changed = False
+        for terms, total in sums:
+            hidden = [t for t in terms if sup[t]]
+            if len(hidden) != 1:
+                continue
+            open_terms = [t for t in terms if not sup[t]]
+            if open_terms:
+                pick = min(open_terms, key=lambda t: values[t])
+            elif total is not None and not sup[total]:
+                pick = total
+            else:
+                continue
+            sup[pick] = True
+            changed = True
+    for var, kind in kinds.items():  # what depends on the suppressed counts
+        if kind == "numeric":
+            few = (values[pos[var, "n"]] < min_rows) | sup[pos[var, "n"]]
+            for stat in _NUMERIC:
+                if stat not in _COUNTS:
+                    sup[pos[var, stat]] |= few
+        else:
+            for s in [s for (v, s) in table.index if v == var and s.startswith("n: ")]:
+                sup[pos[var, "percent: " + s[3:]]] |= sup[pos[var, s]]
+    return pd.DataFrame(sup, index=table.index, columns=table.columns)
