@@ -49,13 +49,16 @@ class DescribeResult:
     ``table``: a long DataFrame, one row per (``variable``, ``statistic``) (numeric columns:
     ``n, missing, mean, sd, mean_lower, mean_upper, q1, median, q3``; categorical columns:
     ``n`` and ``percent`` per level, ``missing``), one column per group (``overall`` first);
-    ``suppressed``: the same shape, True where a cell is withheld (NaN in ``table``); ``rows``:
+    ``suppressed``: the same shape, True where a cell is withheld (NaN in ``table``);
+    ``small``: True where a count is withheld for being small (the others in ``suppressed``
+    are withheld so that it cannot be recovered by subtraction); ``rows``:
     each group's row count; ``kinds``: each variable's kind; ``level`` of the mean's interval;
     ``min_cell_count`` and ``min_rows`` the rules applied; ``communication``.
     """
 
     table: pd.DataFrame
     suppressed: pd.DataFrame
+    small: pd.DataFrame
     rows: pd.Series
     kinds: dict[str, str]
     by: str | None
@@ -79,8 +82,8 @@ class DescribeResult:
         def num(v: float, s: bool) -> str:
             return "--" if s else f"{v:.{digits}f}"
 
-        def count(v: float, s: bool) -> str:
-            return small if s else f"{int(v)}"
+        def count(v: float, s: bool, primary: bool) -> str:
+            return (small if primary else "--") if s else f"{int(v)}"
 
         for var, kind in self.kinds.items():
             if kind == "numeric":
@@ -109,7 +112,15 @@ class DescribeResult:
                         ],
                     )
                 )
-                lines.append(("  missing", [count(row.at["missing", g], srow.at["missing", g]) for g in t.columns]))
+                lines.append(
+                    (
+                        "  missing",
+                        [
+                            count(row.at["missing", g], srow.at["missing", g], self.small.at[(var, "missing"), g])
+                            for g in t.columns
+                        ],
+                    )
+                )
             else:
                 lines.append((f"{var}, n (%)", [""] * len(t.columns)))
                 sub, ssub = t.loc[var], sup.loc[var]
@@ -120,19 +131,28 @@ class DescribeResult:
                     cells = []
                     for g in t.columns:
                         if ssub.at[stat, g]:
-                            cells.append(small)
+                            cells.append(small if self.small.at[(var, stat), g] else "--")
                         else:
                             pct = sub.at[f"percent: {lev}", g]
                             cells.append(f"{int(sub.at[stat, g])} ({pct:.1f}%)" if not math.isnan(pct) else "0")
                     lines.append((f"  {lev}", cells))
-                lines.append(("  missing", [count(sub.at["missing", g], ssub.at["missing", g]) for g in t.columns]))
+                lines.append(
+                    (
+                        "  missing",
+                        [
+                            count(sub.at["missing", g], ssub.at["missing", g], self.small.at[(var, "missing"), g])
+                            for g in t.columns
+                        ],
+                    )
+                )
         out = pd.DataFrame([c for _, c in lines], index=[name for name, _ in lines], columns=list(t.columns))
         return out.rename(columns=header)
 
     def __repr__(self) -> str:
         note = (
-            f"(counts under {self.min_cell_count} shown as <{self.min_cell_count}; statistics of fewer than "
-            f"{self.min_rows} values as --; interval of the mean at {self.level:.0%} in to_frame())"
+            f"(counts under {self.min_cell_count} shown as <{self.min_cell_count}; --: withheld, a statistic of "
+            f"fewer than {self.min_rows} values or a count that would reveal a small one; interval of the mean at "
+            f"{self.level:.0%} in to_frame())"
         )
         return self.table1().to_string() + "\n" + note
 
@@ -281,13 +301,14 @@ def describe(
         index=pd.MultiIndex.from_tuples(index, names=["variable", "statistic"]),
         columns=pd.Index(groups, name="group"),
     )
-    suppressed = _suppress(table, kinds, rows, data.min_cell_count, data.min_rows)
+    suppressed, small = _suppress(table, kinds, rows, data.min_cell_count, data.min_rows)
     rows_s = pd.Series(rows.astype(float), index=groups)
     small_group = (rows_s > 0) & (rows_s < data.min_cell_count)
     rows_s[small_group] = np.nan
     return DescribeResult(
         table.mask(suppressed),
         suppressed,
+        small,
         rows_s,
         kinds,
         by,
@@ -300,9 +321,10 @@ def describe(
 
 def _suppress(
     table: pd.DataFrame, kinds: dict[str, str], rows: np.ndarray, min_cell: int, min_rows: int
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The cells to withhold: small counts, statistics of few values, and (complementary
-    suppression) one more term of every sum with exactly one withheld term."""
+    suppression) one more term of every sum with exactly one withheld term; and the small
+    counts alone."""
     values = table.to_numpy()
     sup = np.zeros(values.shape, dtype=bool)
     pos = {key: i for i, key in enumerate(table.index)}
@@ -326,19 +348,17 @@ def _suppress(
             sums.append(([(r, g) for g in range(1, G)], (r, 0)))
     small = (values > 0) & (values < min_cell)
     sup[count_rows] = small[count_rows]
+    primary = sup.copy()
     changed = True
     while changed:
         changed = False
-        for terms, total in sums:
-            hidden = [t for t in terms if sup[t]]
-            if len(hidden) != 1:
+        for members, total in sums:
+            if sum(bool(sup[t]) for t in members) != 1:
                 continue
-            open_terms = [t for t in terms if not sup[t]]
-            if open_terms:
-                pick = min(open_terms, key=lambda t: values[t])
-            elif total is not None and not sup[total]:
-                pick = total
-            else:
+            # the smallest other term (a non-zero one first: a zero is often known from the totals)
+            open_terms = sorted((t for t in members if not sup[t]), key=lambda t: (values[t] == 0, values[t]))
+            pick = open_terms[0] if open_terms else total
+            if pick is None or sup[pick]:
                 continue
             sup[pick] = True
             changed = True
@@ -351,4 +371,5 @@ def _suppress(
         else:
             for s in [s for (v, s) in table.index if v == var and s.startswith("n: ")]:
                 sup[pos[var, "percent: " + s[3:]]] |= sup[pos[var, s]]
-    return pd.DataFrame(sup, index=table.index, columns=table.columns)
+    frame = pd.DataFrame(sup, index=table.index, columns=table.columns)
+    return frame, pd.DataFrame(primary, index=table.index, columns=table.columns)
