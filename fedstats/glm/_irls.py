@@ -205,6 +205,8 @@ def evaluate(family, r, beta, start: bool, ybar: float):
     dev = np.sum(r.f * family.resid_dev(r.y, mu, r.n))
     pearson = np.sum(r.f * r.n * (r.y - mu) ** 2 / var)
     edge = ((mu < EDGE) & (r.y == 0)) | ((mu > upper - EDGE) & (r.y == upper))
+    if family.name not in COUNTS and family.name != "binomial":  # an unbounded mean has no edge
+        edge = np.zeros_like(edge)
     return {
         "xtwx": r.X.T @ Xw,
         "xtwz": Xw.T @ z,

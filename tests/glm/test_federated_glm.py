@@ -343,6 +343,18 @@ def test_a_poisson_category_without_events_is_separation():
         FederatedGLM("poisson").fit(FederatedData.from_arrays(Xs, ys))
 
 
+def test_a_gaussian_outcome_of_zero_where_the_fitted_mean_is_negative_is_no_separation():
+    # an unbounded mean has no edge: y = 0 with a fitted mean below 0 is an ordinary row
+    rng = np.random.default_rng(11)
+    Xs = [rng.normal(size=(80, 2)) for _ in range(3)]
+    ys = [np.round(X @ [2.0, -1.0] - 0.5 + rng.normal(size=80), 1) for X in Xs]
+    ys[0][:5] = 0.0
+    res = FederatedGLM("gaussian").fit(FederatedData.from_arrays(Xs, ys))
+    assert (np.column_stack([np.ones(240), np.vstack(Xs)]) @ res.coef < 0).any()
+    ref = sm.GLM(np.concatenate(ys), sm.add_constant(np.vstack(Xs)), family=sm.families.Gaussian()).fit()
+    np.testing.assert_allclose(res.coef, ref.params, rtol=1e-9)
+
+
 def test_bad_outcomes_name_the_client_and_column():
     Xs, ys = simulate("binomial", "logit", seed=12)
     ys[1] = ys[1].copy()
