@@ -17,7 +17,8 @@ per-kind breakdown. What differs per model is declared with the model
 few model-specific JSON fields. A client not in the fit is predicted as a new client (``new_client``)
 where the model has a rule for one, and refused before the fit by hm1 and fgpr.
 ``fedstats demo`` simulates a federation, fits it and prints the fit beside the pooled gold
-standard.
+standard. ``fedstats describe`` and ``fedstats test`` print a descriptive table and classical
+tests (:mod:`.stats`, on :mod:`fedstats.stats`).
 
 Bad input gives a one-line error on stderr and exit status 2 (1 for a failed fit).
 
@@ -35,7 +36,7 @@ from typing import NoReturn
 
 from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS
 from ..registry import commands
-from . import demo, fit, models
+from . import demo, fit, models, stats
 from .errors import CLIError
 
 __all__ = ["main", "build_parser", "CLIError"]
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--predict",
         help="CSV of rows to predict (same client and feature columns); printed as a table unless --output is given",
     )
+    stats.add_parsers(sub)
     d = sub.add_parser("demo", help="simulate a federation, fit it, compare with the pooled gold standard")
     d.add_argument("--seed", type=int, default=0)
     return p
@@ -120,7 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sp.error = parser.error
     try:
         args = parser.parse_args(argv)
-        {"demo": demo.command, "fit": fit.command}[args.command](args)
+        commands = {"demo": demo.command, "fit": fit.command}
+        commands |= {"describe": stats.describe_command, "test": stats.test_command}
+        commands[args.command](args)
         return 0
     except CLIError as exc:
         print(f"fedstats: error: {exc}", file=sys.stderr)

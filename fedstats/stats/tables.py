@@ -148,7 +148,7 @@ def fisher_exact(
         ci = orr.confidence_interval(confidence_level=level, alternative=alternative)
         return TestResult(
             "Fisher's exact test", float(res.statistic), float(res.pvalue), float(orr.statistic),
-            f"odds ratio of {b} {levels[1][1]!r} by {a} (conditional MLE)", float(ci.low), float(ci.high), level,
+            f"odds ratio of {b} = {levels[1][1]!r}, {a} {levels[0][1]!r} vs {levels[0][0]!r} (conditional MLE)", float(ci.low), float(ci.high), level,
             math.nan, "exact", int(table.sum()), alternative,
             {"levels": [list(lv) for lv in levels], "observed": table}, ex.communication,
         )  # fmt: skip
@@ -219,7 +219,7 @@ def mantel_haenszel(
         )  # fmt: skip
         return TestResult(
             "Mantel-Haenszel test", float(chi2), float(stats.chi2.sf(chi2, 1)), float(odds),
-            f"pooled odds ratio of {outcome} {levels[1][1]!r} by {exposure} {levels[0][0]!r} vs {levels[0][1]!r}",
+            f"pooled odds ratio of {outcome} = {levels[1][1]!r}, {exposure} {levels[0][1]!r} vs {levels[0][0]!r}",
             math.exp(math.log(odds) - z * se), math.exp(math.log(odds) + z * se), level, 1.0,
             "cmh" + (" (continuity)" if correction else ""), int(crude.sum()), "two-sided",
             {"homogeneity": homogeneity, "strata": int(T["strata"]), "log_odds_se": se, "crude": crude,
