@@ -16,7 +16,19 @@ import numpy as np
 from ..data import FederatedData
 from ..data.validation import DataError
 
-__all__ = ["Column", "resolve", "values", "codes", "column_names", "order_key", "order_value", "data_key"]
+__all__ = [
+    "Column",
+    "resolve",
+    "values",
+    "codes",
+    "column_names",
+    "order_key",
+    "order_value",
+    "data_key",
+    "split_points",
+    "BRANCHES",
+    "SEARCH_ROUNDS",
+]
 
 _SIGN = np.uint64(1) << np.uint64(63)
 
@@ -26,6 +38,24 @@ def order_key(x: np.ndarray) -> np.ndarray:
     a client maps its data with :func:`data_key`)."""
     u = np.ascontiguousarray(x, dtype=np.float64).view(np.uint64)
     return np.where(u & _SIGN, ~u, u | _SIGN)
+
+
+#: how many parts a search splits an interval of the float64 order into per round: 16 parts,
+#: 4 bits a round, so at most 16 rounds cover the 64 bits of a float64
+BRANCHES = 16
+SEARCH_ROUNDS = 16
+
+
+def split_points(lo: np.ndarray, hi: np.ndarray, parts: int = BRANCHES) -> np.ndarray:
+    """For each interval ``[lo, hi]`` of keys, the ends of its first ``parts - 1`` parts
+    (``floor((hi - lo) * j / parts)`` above ``lo``, j = 1 .. parts - 1, exactly in uint64),
+    shape ``(m, parts - 1)``: the parts are ``[lo, t1], [t1 + 1, t2], ..., [t_(parts-1) + 1, hi]``
+    (some empty when the interval holds fewer than ``parts`` keys)."""
+    lo = np.asarray(lo, dtype=np.uint64)[:, None]
+    w = np.asarray(hi, dtype=np.uint64)[:, None] - lo
+    j = np.arange(1, parts, dtype=np.uint64)[None, :]
+    b = np.uint64(parts)
+    return lo + (w // b) * j + ((w % b) * j) // b
 
 
 def data_key(x: np.ndarray) -> np.ndarray:

@@ -30,19 +30,21 @@ from ..data.validation import DataError
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message
 from ..federation.records import Communication
 from ..federation.runner import run
-from ._columns import Column, codes, data_key, values, with_levels
+from ._columns import SEARCH_ROUNDS, Column, codes, data_key, split_points, values, with_levels
 from ._columns import order_key as _key
 from ._columns import order_value as _value
 
 _LOWEST = _key(np.array([-np.finfo(float).max]))[0]
 _HIGHEST = _key(np.array([np.finfo(float).max]))[0]
-MAX_SPLIT_ROUNDS = 65  # 64 halvings of the float64 order, and the first count
+MAX_SPLIT_ROUNDS = SEARCH_ROUNDS + 1  # the first count, then 4 of the 64 bits of the float64 order a round
 
 
 class _SumRound(FederatedAlgorithm):
-    """One round; each client's reply (every array summed) from :meth:`sums`."""
+    """One round; each client's reply (every array summed) from :meth:`sums`. The sums of
+    ``count_keys`` are whole numbers: rounded (secure aggregation sums to within 2**-44)."""
 
     random_client_steps = False
+    count_keys: tuple[str, ...] = ()
 
     def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict:
         return {}
@@ -57,7 +59,8 @@ class _SumRound(FederatedAlgorithm):
         return {k: np.asarray(v, dtype=float) for k, v in self.sums(data).items()}, state
 
     def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
-        return {k: np.asarray(v) for k, v in replies.sums.items()}, {}  # type: ignore[attr-defined]
+        sums = replies.sums  # type: ignore[attr-defined]
+        return {k: np.rint(v) if k in self.count_keys else np.asarray(v) for k, v in sums.items()}, {}
 
     def sums(self, data: Any) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -76,7 +79,7 @@ class _Table(_SumRound):
     """Counts of every combination of the levels of ``columns`` (categorical), a missing value
     counted as level ``L`` of its column: an array of shape ``(L1 + 1, L2 + 1, ...)``."""
 
-    reply_keys = summed_keys = ("counts",)
+    reply_keys = summed_keys = count_keys = ("counts",)
 
     def __init__(self, columns: Sequence[Column]) -> None:
         self.columns = tuple(columns)
@@ -105,6 +108,7 @@ class _Moments(_SumRound):
     ``(G, p)`` and ``(G, p, p)``."""
 
     reply_keys = summed_keys = ("n", "s1", "s2", "cross")
+    count_keys = ("n",)
 
     def __init__(
         self,
@@ -145,7 +149,7 @@ class _Counts(_SumRound):
     categorical column's count of every level (a missing value the last), all in one array:
     ``rows`` ``(G,)`` and ``counts`` (for each column, ``(G, L + 1)``, flattened and joined)."""
 
-    reply_keys = summed_keys = ("rows", "counts")
+    reply_keys = summed_keys = count_keys = ("rows", "counts")
 
     def __init__(self, columns: Sequence[Column], group: Column | None = None, overall: bool = False) -> None:
         self.columns, self.group = tuple(columns), group
@@ -230,10 +234,10 @@ class _Histogram(FederatedAlgorithm):
     """The distinct values of ``column`` and how many rows of each level of ``group`` have each,
     among the rows where ``column``, the group and every column of ``require`` are present.
 
-    Each round the server sends intervals of the float64 order (as keys); each client answers
-    how many of its values lie in each, per group (summed). The server splits every interval
-    that holds rows in two, drops the empty ones, and stops when each is a single value: at
-    most 65 rounds."""
+    Each round the server sends intervals of the float64 order (as their end values); each
+    client answers how many of its values lie in each, per group (summed). The server splits
+    every interval that holds rows into 16 parts, drops the empty ones, and stops when each is
+    a single value: at most 17 rounds (the first count, then 4 of the 64 bits a round)."""
 
     reply_keys = summed_keys = ("counts",)
     random_client_steps = False
@@ -246,12 +250,8 @@ class _Histogram(FederatedAlgorithm):
         return 1 if self.group is None else self.group.n_levels
 
     def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return {
-            "lo": np.array([_LOWEST]),
-            "hi": np.array([_HIGHEST]),
-            "counts": np.zeros((1, self.n_groups)),
-            "known": np.array([False]),
-        }
+        return {"lo": np.array([_LOWEST]), "hi": np.array([_HIGHEST]), "counts": np.zeros((1, self.n_groups)),
+                "known": np.array([False])}  # fmt: skip
 
     def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> list[np.ndarray]:
         x = values(data, self.column)
@@ -260,12 +260,18 @@ class _Histogram(FederatedAlgorithm):
         return [np.sort(data_key(x[ok & (g == k)])) for k in range(self.n_groups)]
 
     def _ask(self, state: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """The intervals of the next round: every open one split in two (the first round: the whole line)."""
+        """The intervals of the next round: every open one split into 16 parts (the first
+        round: the whole line); the empty parts of a short interval left out."""
         lo, hi = state["lo"], state["hi"]
         if not state["known"].any():
             return lo, hi
-        mid = lo + (hi - lo) // np.uint64(2)
-        return np.ravel(np.c_[lo, mid + np.uint64(1)]), np.ravel(np.c_[mid, hi])
+        t = split_points(lo, hi)
+        starts = np.concatenate([lo[:, None], t + np.uint64(1)], axis=1).ravel()
+        ends = np.concatenate([t, hi[:, None]], axis=1).ravel()
+        single = np.repeat(lo == hi, t.shape[1] + 1)
+        first = np.tile(np.arange(t.shape[1] + 1) == 0, len(lo))
+        keep = np.where(single, first, starts <= ends)  # a found value once; no empty part
+        return np.where(single, np.repeat(lo, t.shape[1] + 1), starts)[keep], ends[keep]
 
     def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
         lo, hi = self._ask(server_state)
@@ -279,7 +285,7 @@ class _Histogram(FederatedAlgorithm):
         return {"counts": counts.astype(float)}, state
 
     def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
-        counts = np.asarray(replies.sums["counts"])  # type: ignore[attr-defined]
+        counts = np.rint(replies.sums["counts"])  # type: ignore[attr-defined]
         lo, hi = self._ask(server_state)
         keep = counts.sum(axis=1) > 0
         lo, hi, counts = lo[keep], hi[keep], counts[keep]

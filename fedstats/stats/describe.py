@@ -4,8 +4,8 @@ percentage, equal to pandas and numpy on the pooled rows, with small cells suppr
 
 Rounds (every reply summed over the clients): the rows and the categories' counts (one
 round), the moments (two rounds: sums, then sums of squares about the pooled means), and the
-quartiles of every numeric column in every group together (one bisection, at most 64 rounds);
-a numeric ``by`` column first has its distinct values found (at most 65 rounds).
+quartiles of every numeric column in every group together (one search, at most 16 rounds);
+a numeric ``by`` column first has its distinct values found (at most 17 rounds).
 
 Disclosure (the data's rules, :mod:`fedstats.data.disclosure`): every client must meet them
 on the columns described (as every function of :mod:`fedstats.stats`); in the table, a count

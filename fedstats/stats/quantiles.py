@@ -2,13 +2,14 @@
 
 A quantile of the pooled rows is an order statistic (or two, interpolated). The ``r``-th
 smallest value is the smallest ``t`` with at least ``r + 1`` pooled values ``<= t``, and that
-count is a sum over the clients. So the server bisects: each round it sends thresholds, each
+count is a sum over the clients. So the server searches: each round it sends thresholds, each
 client answers how many of its values are ``<=`` each one, and the server receives only the
 sums (declared summed: under secure aggregation it learns nothing else). The search runs over
-the float64 numbers in their order (an order-preserving map of their bits to integers), so it
-ends on a value exactly: 64 rounds at most (the bits of a float64), after one round that sums
-the clients' row counts. Every order statistic needed by every requested quantile is found in the same
-rounds (one threshold each per round).
+the float64 numbers in their order (an order-preserving map of their bits to integers), each
+round narrowing a statistic's interval to one of 16 parts (15 thresholds), so it ends on a
+value exactly: 16 rounds at most (4 of a float64's 64 bits a round), after one round that
+counts the present values. Every order statistic needed by every requested quantile is found
+in the same rounds.
 
 What the server learns: the row count, and for each threshold the number of values at or
 below it over all clients; at the end the order statistics themselves, which are values of
@@ -29,22 +30,23 @@ from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message
-from ._columns import Column, codes, data_key, order_key, order_value, resolve, values
+from ._columns import SEARCH_ROUNDS, Column, codes, data_key, order_key, order_value, resolve, split_points, values
 from ._rounds import Exchanges, _Moments
 
 __all__ = ["quantiles", "QuantileResult", "QUANTILE_METHODS", "order_statistics"]
 
 #: numpy's definitions this module computes exactly (``numpy.quantile(..., method=)``)
 QUANTILE_METHODS = ("linear", "lower", "higher", "midpoint", "nearest")
-_MAX_ROUNDS = 64
+_MAX_ROUNDS = SEARCH_ROUNDS
 
 
 class _Bisection(FederatedAlgorithm):
     """Rounds of counts below thresholds. Each order statistic sought belongs to a *cell* (a
-    numeric column, within one level of a group column or over all rows); each round a client
-    sends, per order statistic, how many of its present values of that cell are at or below
-    the threshold (summed over the clients), and the server halves the statistic's interval of
-    the float64 order (:func:`~fedstats.stats._columns.order_key`)."""
+    numeric column, within one level of a group column or over all rows); each round the server
+    splits the statistic's interval of the float64 order (:func:`~fedstats.stats._columns.order_key`)
+    into 16 parts, and a client sends, per statistic and part end, how many of its present
+    values of that cell are at or below it (summed over the clients); the server keeps the
+    part that holds the statistic: at most 16 rounds (4 of the 64 bits a round)."""
 
     reply_keys = ("below",)
     summed_keys = ("below",)
@@ -70,29 +72,29 @@ class _Bisection(FederatedAlgorithm):
             out.append(np.sort(data_key(x[ok])))
         return out
 
-    def _mid(self, state: Mapping[str, np.ndarray]) -> np.ndarray:
-        lo, hi = state["lo"], state["hi"]
-        return lo + (hi - lo) // np.uint64(2)
-
     def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
-        return {"threshold": order_value(self._mid(server_state))}
+        return {"threshold": order_value(split_points(server_state["lo"], server_state["hi"]))}
 
     def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
         t = order_key(np.asarray(message["threshold"], dtype=float))
-        below = np.zeros(len(t))
+        below = np.zeros(t.shape)
         for k, keys in enumerate(state):
             at = self.cell == k
             below[at] = np.searchsorted(keys, t[at], side="right")
         return {"below": below}, state
 
     def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
-        below = np.asarray(replies.sums["below"])  # type: ignore[attr-defined]
-        mid = self._mid(server_state)
-        enough = below >= self.ranks + 1
-        lo = np.where(enough, server_state["lo"], mid + np.uint64(1))
-        hi = np.where(enough, mid, server_state["hi"])
-        done = server_state["lo"] == server_state["hi"]  # already found: keep
-        lo, hi = np.where(done, server_state["lo"], lo), np.where(done, server_state["hi"], hi)
+        # whole counts (secure aggregation sums to within 2**-44)
+        below = np.rint(replies.sums["below"])  # type: ignore[attr-defined]
+        lo, hi = server_state["lo"], server_state["hi"]
+        t = split_points(lo, hi)
+        enough = below >= (self.ranks + 1)[:, None]
+        j = np.where(enough.any(axis=1), enough.argmax(axis=1), t.shape[1])  # the first part end with enough
+        rows = np.arange(len(lo))
+        new_hi = np.where(j < t.shape[1], t[rows, np.minimum(j, t.shape[1] - 1)], hi)
+        new_lo = np.where(j > 0, t[rows, np.maximum(j - 1, 0)] + np.uint64(1), lo)
+        done = lo == hi  # already found: keep
+        lo, hi = np.where(done, lo, new_lo), np.where(done, hi, new_hi)
         return {"lo": lo, "hi": hi}, {"open": float(np.sum(lo != hi))}
 
     def converged(self, server_state: Any, metrics: Mapping[str, float]) -> bool:
@@ -145,7 +147,7 @@ def quantile_values(
 class QuantileResult:
     """Exact quantiles of a column over the clients: ``values`` (one per ``q``), the ``method``
     (numpy's definition), the row count ``n``, the ``rounds`` (the row count's and the
-    bisection's: at most 65) and the bisection's ``communication``."""
+    search's: at most 17) and the run's ``communication``."""
 
     column: str
     q: np.ndarray

@@ -211,7 +211,7 @@ def mantel_haenszel(
             bd = sum((bd_terms(t, odds) for t in tables), np.zeros(len(BD_TERMS)))
         B = dict(zip(BD_TERMS, bd, strict=True))
         bd_stat = B["chi2"] - (B["diff"] ** 2 / B["var"] if tarone else 0.0)
-        k = int(B["strata"])
+        k = round(B["strata"])
         homogeneity = TestResult(
             "Breslow-Day test of homogeneity" + (" (Tarone)" if tarone else ""), float(bd_stat),
             float(stats.chi2.sf(bd_stat, k - 1)) if k > 1 else math.nan, odds, "common odds ratio",
@@ -222,7 +222,7 @@ def mantel_haenszel(
             f"pooled odds ratio of {outcome} = {levels[1][1]!r}, {exposure} {levels[0][1]!r} vs {levels[0][0]!r}",
             math.exp(math.log(odds) - z * se), math.exp(math.log(odds) + z * se), level, 1.0,
             "cmh" + (" (continuity)" if correction else ""), int(crude.sum()), "two-sided",
-            {"homogeneity": homogeneity, "strata": int(T["strata"]), "log_odds_se": se, "crude": crude,
+            {"homogeneity": homogeneity, "strata": round(T["strata"]), "log_odds_se": se, "crude": crude,
              "levels": [list(lv) for lv in levels], "strata_by": strata or "client"},
             ex.communication,
         )  # fmt: skip

@@ -1,5 +1,5 @@
 """Exact federated quantiles (fedstats.stats.quantiles): equal to numpy.quantile of the pooled
-rows for each of numpy's definitions it offers, in at most 65 rounds, from summed counts."""
+rows for each of numpy's definitions it offers, in at most 17 rounds, from summed counts."""
 
 import numpy as np
 import pytest
@@ -28,7 +28,7 @@ def test_equal_to_numpy_on_the_pooled_rows(method, seed):
     for column, values in (("x0", pooled[:, 0]), ("x1", pooled[:, 1]), ("y", np.concatenate(ys))):
         res = quantiles(data, column, QS, method=method)
         np.testing.assert_array_equal(res.values, np.quantile(values, QS, method=method))
-        assert res.n == len(values) and res.rounds <= 65
+        assert res.n == len(values) and res.rounds <= 17
 
 
 def test_a_real_data_set_split_into_sites():
