@@ -6,7 +6,7 @@ own columns).
 * :func:`describe`: a "Table 1" (counts, missing values, means, sds, exact quartiles,
   categories' counts and percentages; overall and per group; small cells suppressed);
 * :func:`quantiles`: exact quantiles of a column, equal to ``numpy.quantile`` of the pooled
-  rows, by bisection on counts that the server receives only summed over the clients;
+  rows, by a search on counts that the server receives only summed over the clients;
 * tests of means: :func:`ttest`, :func:`paired_ttest`, :func:`anova`, :func:`correlation`;
 * tests of counts: :func:`chi2_test`, :func:`fisher_exact`, :func:`mantel_haenszel`,
   :func:`proportions_test`;

@@ -1,15 +1,15 @@
 """The exchanges of :mod:`fedstats.stats`: every reply array is declared summed, so under secure
 aggregation the server receives only sums over the clients.
 
-* :class:`_Table`: counts of the level combinations of categorical columns (a missing value
+* :class:`_CrossTable`: counts of the level combinations of categorical columns (a missing value
   is a level of its own, the last);
-* :class:`_Moments`: per group, each column's count, sum and sum of squares about a centre the
+* :class:`_GroupMoments`: per group, each column's count, sum and sum of squares about a centre the
   server sends (a second round about the first round's means makes the variance exact), and
   the cross-products of complete rows;
-* :class:`_Strata`: per client, the 2x2 table's terms of the Mantel-Haenszel estimate, its
+* :class:`_StrataTerms`: per client, the 2x2 table's terms of the Mantel-Haenszel estimate, its
   variance and test, and (given the pooled odds ratio) the Breslow-Day terms: clients are the
   strata, so no client's table leaves it;
-* :class:`_Histogram`: the distinct values of a column and how many rows of each group have
+* :class:`_DistinctValues`: the distinct values of a column and how many rows of each group have
   each, by splitting intervals of the float64 order (at most 64 rounds): the exact global
   ranks of the rank tests.
 
@@ -39,9 +39,10 @@ _HIGHEST = _key(np.array([np.finfo(float).max]))[0]
 MAX_SPLIT_ROUNDS = SEARCH_ROUNDS + 1  # the first count, then 4 of the 64 bits of the float64 order a round
 
 
-class _SumRound(FederatedAlgorithm):
-    """One round; each client's reply (every array summed) from :meth:`sums`. The sums of
-    ``count_keys`` are whole numbers: rounded (secure aggregation sums to within 2**-44)."""
+class _SumRound:
+    """One round (a mixin of the one-round exchanges); each client's reply (every array
+    summed) from :meth:`sums`. The sums of ``count_keys`` are whole numbers: rounded (secure
+    aggregation sums to within 2**-44)."""
 
     random_client_steps = False
     count_keys: tuple[str, ...] = ()
@@ -75,7 +76,7 @@ def _complete(data: Any, cols: Sequence[Column]) -> np.ndarray:
     return ok
 
 
-class _Table(_SumRound):
+class _CrossTable(_SumRound, FederatedAlgorithm):
     """Counts of every combination of the levels of ``columns`` (categorical), a missing value
     counted as level ``L`` of its column: an array of shape ``(L1 + 1, L2 + 1, ...)``."""
 
@@ -100,7 +101,7 @@ def group_masks(data: Any, group: Column | None, overall: bool) -> list[np.ndarr
     return [g == k for k in range(group.n_levels)] + ([np.ones(n, dtype=bool)] if overall else [])
 
 
-class _Moments(_SumRound):
+class _GroupMoments(_SumRound, FederatedAlgorithm):
     """Per level of ``group`` (one group without; with ``overall``, every row as a last
     group too): for each of ``columns``, the count of its present values, their sum and sum of
     squares about ``center`` (one row per group); with ``complete``, only rows where every
@@ -144,7 +145,7 @@ class _Moments(_SumRound):
         return {"n": n, "s1": s1, "s2": s2, "cross": cross}
 
 
-class _Counts(_SumRound):
+class _LevelCounts(_SumRound, FederatedAlgorithm):
     """Per level of ``group`` (and every row, last, with ``overall``): the rows, and each
     categorical column's count of every level (a missing value the last), all in one array:
     ``rows`` ``(G,)`` and ``counts`` (for each column, ``(G, L + 1)``, flattened and joined)."""
@@ -171,7 +172,7 @@ class _Counts(_SumRound):
         return [part.reshape(G, -1) for part in np.split(np.asarray(counts), ends)]
 
 
-class _Strata(_SumRound):
+class _StrataTerms(_SumRound, FederatedAlgorithm):
     """Each client a stratum of a 2x2 table (``exposure`` rows, ``outcome`` columns, both with
     two levels): the sums over the strata of the Mantel-Haenszel terms; with ``odds_ratio``, of
     the Breslow-Day terms at that common odds ratio."""
@@ -230,7 +231,7 @@ def bd_terms(t: np.ndarray, odds_ratio: float) -> np.ndarray:
     return np.array([(a - e) ** 2 / v, a - e, v, 1.0])
 
 
-class _Histogram(FederatedAlgorithm):
+class _DistinctValues(FederatedAlgorithm):
     """The distinct values of ``column`` and how many rows of each level of ``group`` have each,
     among the rows where ``column``, the group and every column of ``require`` are present.
 
@@ -317,13 +318,13 @@ class Exchanges:
             raise RuntimeError(f"{self.what}: {len(failed)} client(s) failed ({kind}); client {c!r}: {why}")
         return r
 
-    def sums(self, algorithm: _SumRound, kind: str) -> dict[str, np.ndarray]:
+    def sums(self, algorithm: FederatedAlgorithm, kind: str) -> dict[str, np.ndarray]:
         """One summed round's sums."""
         return self._run(algorithm, 1, kind).server_state
 
     def histogram(self, column: Column, group: Column | None = None, require: Sequence[Column] = ()) -> tuple:
-        """``(distinct values, counts (m, G))`` of ``column`` (see :class:`_Histogram`)."""
-        r = self._run(_Histogram(column, group, require), MAX_SPLIT_ROUNDS, "rank counts")
+        """``(distinct values, counts (m, G))`` of ``column`` (see :class:`_DistinctValues`)."""
+        r = self._run(_DistinctValues(column, group, require), MAX_SPLIT_ROUNDS, "rank counts")
         s = r.server_state
         assert np.all(s["lo"] == s["hi"]), "the interval splitting did not end on single values"
         return _value(s["lo"]), s["counts"]
@@ -348,15 +349,15 @@ class Exchanges:
     def moments(
         self, columns: Sequence[Column], group: Column | None = None, complete: bool = False, overall: bool = False
     ) -> dict[str, np.ndarray]:
-        """Per group (see :class:`_Moments`): each column's count ``n``, ``mean``, sum of
+        """Per group (see :class:`_GroupMoments`): each column's count ``n``, ``mean``, sum of
         squares about the mean ``ss`` and (with ``complete``: rows complete in every column)
         the co-moments ``cross``, in two rounds (the second about the first one's means, as a
         two-pass variance)."""
-        first = self.sums(_Moments(columns, group, complete=complete, overall=overall), "moments")
+        first = self.sums(_GroupMoments(columns, group, complete=complete, overall=overall), "moments")
         n = first["n"]
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(n > 0, first["s1"] / np.where(n > 0, n, 1), np.nan)
-        second = self.sums(_Moments(columns, group, np.nan_to_num(mean), complete, overall), "centred moments")
+        second = self.sums(_GroupMoments(columns, group, np.nan_to_num(mean), complete, overall), "centred moments")
         d1 = second["s1"]
         safe = np.where(n > 0, n, 1)
         ss = second["s2"] - d1 * d1 / safe

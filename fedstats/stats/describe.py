@@ -32,7 +32,7 @@ from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ._columns import column_names, resolve
-from ._rounds import Exchanges, _Counts
+from ._rounds import Exchanges, _LevelCounts
 from .means import check_level
 from .quantiles import quantile_values
 
@@ -245,7 +245,7 @@ def describe(
         G = len(groups)
         order = [G - 1, *range(G - 1)] if group is not None else [0]  # overall (computed last) first
 
-        counting = _Counts(categorical, group, overall=True)
+        counting = _LevelCounts(categorical, group, overall=True)
         summed = ex.sums(counting, "counts")
         rows = np.asarray(summed["rows"])[order]
         tables = [t[order] for t in counting.split(summed["counts"])]

@@ -16,6 +16,7 @@ from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ._columns import Column, resolve
 from ._rounds import Exchanges
+from .bayes import difference_posterior, mean_posterior
 from .result import ALTERNATIVES, TestResult
 
 __all__ = ["ttest", "paired_ttest", "anova", "correlation", "t_interval", "check_level"]
@@ -94,7 +95,9 @@ def ttest(
     The estimate is the mean (one sample) or the difference of the two means (first level minus
     second; the levels in their order, or as ``groups=(a, b)`` gives them), with its t interval.
     Rows missing ``column`` (or ``group``) are left out, as scipy's ``nan_policy="omit"``.
-    ``details`` holds each group's n, mean and sd.
+    ``details`` holds each group's n, mean and sd, and ``details["bayes"]`` the Bayesian
+    comparison (:mod:`fedstats.stats.bayes`): the posterior mean, central credible interval
+    and the posterior probability that the mean (difference) is above ``mu``.
 
     Examples
     --------
@@ -136,7 +139,12 @@ def ttest(
                 f"t-test of mean = {mu:g}",
                 int(n),
                 alternative,
-                {"mu": mu, "mean": mean, "sd": sd},
+                {
+                    "mu": mu,
+                    "mean": mean,
+                    "sd": sd,
+                    "bayes": mean_posterior(mean, sd, n, level, mu, f"mean of {column}"),
+                },
                 ex.communication,
             )
         ex = Exchanges(data, [y, g0 := resolve(data, group)], seed=seed, what="ttest")
@@ -180,6 +188,9 @@ def ttest(
                 "mean": [float(means[i]), float(means[j])],
                 "sd": [math.sqrt(v1), math.sqrt(v2)],
                 "mu": mu,
+                "bayes": difference_posterior(
+                    means[i], math.sqrt(v1), ns[i], means[j], math.sqrt(v2), ns[j], level, equal_var, mu
+                ),
             },
             ex.communication,
         )
@@ -198,7 +209,7 @@ def paired_ttest(
 ) -> TestResult:
     """The paired t-test of the columns ``a`` and ``b`` of the same rows (``scipy.stats.ttest_rel``):
     a one-sample t-test of ``a - b`` on the rows where both are present. The estimate is the mean
-    difference with its t interval."""
+    difference with its t interval; ``details["bayes"]`` its posterior (as :func:`ttest`'s)."""
     check_level(level, alternative)
     with use_backend(backend):
         ca, cb = _numeric(data, a), _numeric(data, b)
@@ -223,7 +234,11 @@ def paired_ttest(
             "paired",
             int(n),
             alternative,
-            {"mu": mu, "sd": math.sqrt(ss / (n - 1))},
+            {
+                "mu": mu,
+                "sd": math.sqrt(ss / (n - 1)),
+                "bayes": mean_posterior(mean, math.sqrt(ss / (n - 1)), n, level, mu, f"mean difference {a} - {b}"),
+            },
             ex.communication,
         )
 

@@ -1,4 +1,4 @@
-"""Exact federated quantiles by bisection on summed counts.
+"""Exact federated quantiles by a search on summed counts.
 
 A quantile of the pooled rows is an order statistic (or two, interpolated). The ``r``-th
 smallest value is the smallest ``t`` with at least ``r + 1`` pooled values ``<= t``, and that
@@ -31,7 +31,7 @@ from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message
 from ._columns import SEARCH_ROUNDS, Column, codes, data_key, order_key, order_value, resolve, split_points, values
-from ._rounds import Exchanges, _Moments
+from ._rounds import Exchanges, _GroupMoments
 
 __all__ = ["quantiles", "QuantileResult", "QUANTILE_METHODS", "order_statistics"]
 
@@ -40,7 +40,7 @@ QUANTILE_METHODS = ("linear", "lower", "higher", "midpoint", "nearest")
 _MAX_ROUNDS = SEARCH_ROUNDS
 
 
-class _Bisection(FederatedAlgorithm):
+class _QuantileSearch(FederatedAlgorithm):
     """Rounds of counts below thresholds. Each order statistic sought belongs to a *cell* (a
     numeric column, within one level of a group column or over all rows); each round the server
     splits the statistic's interval of the float64 order (:func:`~fedstats.stats._columns.order_key`)
@@ -104,11 +104,11 @@ class _Bisection(FederatedAlgorithm):
 def order_statistics(
     ex: Exchanges, cells: Sequence[tuple[Column, Column | None, int]], cell: np.ndarray, ranks: np.ndarray
 ) -> tuple[np.ndarray, int]:
-    """The order statistics ``ranks`` (0-based) of their cells (``cell``), in one bisection:
+    """The order statistics ``ranks`` (0-based) of their cells (``cell``), in one search:
     ``(values, rounds)``."""
     if len(ranks) == 0:
         return np.empty(0), 0
-    state = ex.iterate(_Bisection(cells, cell, ranks), _MAX_ROUNDS, "quantile bisection")
+    state = ex.iterate(_QuantileSearch(cells, cell, ranks), _MAX_ROUNDS, "quantile search")
     assert np.all(state["lo"] == state["hi"])
     return order_value(state["lo"]), int(ex.parts[-1].rounds)
 
@@ -117,7 +117,7 @@ def quantile_values(
     ex: Exchanges, cells: Sequence[tuple[Column, Column | None, int]], ns: Sequence[int], q: np.ndarray, method: str
 ) -> tuple[np.ndarray, int]:
     """The quantiles ``q`` of every cell (``ns``: its count of present values; a cell without
-    values gets NaN), in one bisection: ``(values (cells, len(q)), rounds)``."""
+    values gets NaN), in one search: ``(values (cells, len(q)), rounds)``."""
     which: list[int] = []
     ranks: list[int] = []
     plan: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = []
@@ -245,7 +245,7 @@ def quantiles(
         if col.categorical:
             raise DataError(f"column {column!r} is categorical: its quantiles are not defined")
         ex = Exchanges(data, [col], seed=seed, what="quantiles")
-        n = int(ex.sums(_Moments([col]), "row count")["n"][0, 0])
+        n = int(ex.sums(_GroupMoments([col]), "row count")["n"][0, 0])
         if n < data.min_rows:
             raise DataError(
                 f"quantiles of {n} values would reveal rows: the disclosure rule min_rows asks for at least "

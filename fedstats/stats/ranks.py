@@ -2,7 +2,7 @@
 Kruskal-Wallis test (and Spearman's correlation, in :func:`~fedstats.stats.correlation`).
 
 No row moves: the server finds the column's distinct values and how many rows of each group
-have each (:class:`~fedstats.stats._rounds._Histogram`: at most 17 rounds of counts in
+have each (:class:`~fedstats.stats._rounds._DistinctValues`: at most 17 rounds of counts in
 intervals of the float64 order, summed over the clients), from which the pooled mid-ranks, the
 rank sums and the tie correction follow exactly. What the server learns: the pooled distinct
 values and their counts per group (under secure aggregation, not which client holds them).

@@ -17,7 +17,8 @@ from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ._columns import Column, resolve
-from ._rounds import BD_TERMS, MH_TERMS, Exchanges, _Strata, _Table, bd_terms, disclosure_refusal, mh_terms
+from ._rounds import BD_TERMS, MH_TERMS, Exchanges, _CrossTable, _StrataTerms, bd_terms, disclosure_refusal, mh_terms
+from .bayes import log_odds_ratio_posterior
 from .means import check_level
 from .result import TestResult
 
@@ -37,7 +38,7 @@ def contingency_table(
 ) -> tuple[np.ndarray, list[tuple[Any, ...]], np.ndarray]:
     """The pooled table of ``columns`` (categorical) over the rows complete in all of them:
     ``(table, levels per column, missing rows)``."""
-    counts = np.rint(ex.sums(_Table(columns), "counts")["counts"]).astype(np.int64)
+    counts = np.rint(ex.sums(_CrossTable(columns), "counts")["counts"]).astype(np.int64)
     inner = counts[tuple(slice(0, c.n_levels) for c in columns)]
     missing = float(counts.sum() - inner.sum())
     return inner, [c.levels for c in columns], np.asarray(missing)
@@ -131,7 +132,8 @@ def fisher_exact(
     """Fisher's exact test of the 2x2 table of ``a`` (rows) and ``b`` (columns), levels in their
     order: the statistic and p-value of ``scipy.stats.fisher_exact``; the effect is the
     conditional maximum-likelihood odds ratio with its exact interval
-    (``scipy.stats.contingency.odds_ratio``)."""
+    (``scipy.stats.contingency.odds_ratio``); ``details["bayes"]`` the posterior of the log odds
+    ratio under Jeffreys priors (:mod:`fedstats.stats.bayes`)."""
     check_level(level, alternative)
     from scipy import stats
 
@@ -150,7 +152,9 @@ def fisher_exact(
             "Fisher's exact test", float(res.statistic), float(res.pvalue), float(orr.statistic),
             f"odds ratio of {b} = {levels[1][1]!r}, {a} {levels[0][1]!r} vs {levels[0][0]!r} (conditional MLE)", float(ci.low), float(ci.high), level,
             math.nan, "exact", int(table.sum()), alternative,
-            {"levels": [list(lv) for lv in levels], "observed": table}, ex.communication,
+            {"levels": [list(lv) for lv in levels], "observed": table,
+             "bayes": log_odds_ratio_posterior(table[1, 1], table[1].sum(), table[0, 1], table[0].sum(), level)},
+            ex.communication,
         )  # fmt: skip
 
 
@@ -187,7 +191,7 @@ def mantel_haenszel(
         crude, levels, _ = contingency_table(ex, [e, o], "mantel_haenszel")
         _check_cells(crude, data, "mantel_haenszel", levels)
         if strata is None:
-            terms = ex.sums(_Strata(e, o), "Mantel-Haenszel terms")["terms"]
+            terms = ex.sums(_StrataTerms(e, o), "Mantel-Haenszel terms")["terms"]
         else:
             s = ex.categorical(resolve(data, strata))
             tables, _, _ = contingency_table(ex, [s, e, o], "mantel_haenszel")
@@ -206,7 +210,7 @@ def mantel_haenszel(
         num = abs(T["a"] - T["e_a"]) - (0.5 if correction else 0.0)
         chi2 = num**2 / T["var_a"]
         if strata is None:
-            bd = ex.sums(_Strata(e, o, odds), "Breslow-Day terms")["terms"]
+            bd = ex.sums(_StrataTerms(e, o, odds), "Breslow-Day terms")["terms"]
         else:
             bd = sum((bd_terms(t, odds) for t in tables), np.zeros(len(BD_TERMS)))
         B = dict(zip(BD_TERMS, bd, strict=True))
@@ -254,7 +258,8 @@ def proportions_test(
     estimate is the proportion with its Wilson interval), or two levels of ``group``
     (pooled under the null; the estimate is the difference of the proportions, first level
     minus second, with Newcomb's hybrid score interval, statsmodels'
-    ``confint_proportions_2indep`` default)."""
+    ``confint_proportions_2indep`` default; ``details["bayes"]``: the posterior of the log odds
+    ratio of the two groups under Jeffreys priors)."""
     check_level(level, alternative)
     from scipy import stats
 
@@ -300,7 +305,9 @@ def proportions_test(
             "two-sample z-test of proportions", z, p_of(z), d,
             f"difference of proportions of {column} = {y.levels[s]!r} ({group} {g.levels[i]!r} - {g.levels[j]!r})",
             lo, hi, level, math.nan, "pooled", int(n1 + n2), alternative,
-            {"groups": [g.levels[i], g.levels[j]], "count": [c1, c2], "n": [int(n1), int(n2)]}, ex.communication,
+            {"groups": [g.levels[i], g.levels[j]], "count": [c1, c2], "n": [int(n1), int(n2)],
+             "bayes": log_odds_ratio_posterior(c1, n1, c2, n2, level)},
+            ex.communication,
         )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from fedstats.stats import QUANTILE_METHODS, quantiles
 from fedstats.stats._columns import data_key
 from fedstats.stats._columns import order_key as _key
 from fedstats.stats._columns import order_value as _value
-from fedstats.stats.quantiles import _Bisection
+from fedstats.stats.quantiles import _QuantileSearch
 
 QS = np.r_[np.linspace(0, 1, 21), [0.001, 0.333, 0.999]]
 
@@ -43,7 +43,7 @@ def test_a_real_data_set_split_into_sites():
 
 
 def test_the_server_receives_only_sums():
-    assert _Bisection.summed_keys == _Bisection.reply_keys == ("below",)
+    assert _QuantileSearch.summed_keys == _QuantileSearch.reply_keys == ("below",)
 
 
 def test_the_key_map_keeps_the_order_of_every_float():
