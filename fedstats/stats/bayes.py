@@ -24,7 +24,6 @@ import numpy as np
 __all__ = ["mean_posterior", "difference_posterior", "log_odds_ratio_posterior"]
 
 
-
 def _tanh_sinh(h: float = 0.05, k: int = 80) -> tuple[np.ndarray, np.ndarray]:
     """Tanh-sinh nodes and weights on (0, 1): an expectation over the second variable as an
     integral over its quantile levels, E f(X2) = int_0^1 f(F2^-1(v)) dv, whose integrand is
