@@ -33,6 +33,8 @@ def frame_to_arrays(
         raise DataError(f"df must be a pandas DataFrame, got {type(df).__name__}")
     if categorical not in ("error", "onehot"):
         raise DataError(f"categorical must be 'error' or 'onehot', got {categorical!r}")
+    if missing not in ("error", "keep"):
+        raise DataError(f"missing must be 'error' or 'keep', got {missing!r}")
     cols = list(df.columns)
     absent = [c for c in (by, target) if c not in cols and not (c is target and target is None)]
     if absent:
