@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dp_fedem.py
 	$(BIN)/python benchmarks/glm_hierarchical.py
 	$(BIN)/python benchmarks/flower_overhead.py
+	$(BIN)/python benchmarks/stats.py
 	$(BIN)/python benchmarks/summary.py
 
 clean:

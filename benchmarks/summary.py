@@ -267,6 +267,19 @@ def glm(j):
     ]
 
 
+def stats(j):
+    return [
+        (
+            f"{r['case']}, {r['clients']} x {r['rows_per_client']}",
+            "federated / pooled pandas or scipy time",
+            num(r["ratio"]),
+            r.get("peak_rss_mib_federated"),
+            r.get("peak_rss_mib_pooled"),
+        )
+        for r in j["rows"]
+    ]
+
+
 def glm_hierarchical(j):
     out = []
     for r in j["rows"]:
@@ -430,6 +443,7 @@ EXTRACT = {
         flower_overhead,
         dp_glm,
         dp_fedem,
+        stats,
     )
 }
 

@@ -172,6 +172,45 @@ class _LevelCounts(_SumRound, FederatedAlgorithm):
         return [part.reshape(G, -1) for part in np.split(np.asarray(counts), ends)]
 
 
+class _ClientSummaries(FederatedAlgorithm):
+    """One round of each client's own summaries, per client (not summed): its rows, and per
+    numeric column the count, mean and sum of squares about that mean of its present values,
+    per categorical column its count of every level (a missing value the last). The node's
+    policy runs it only with ``release_statistics = true``."""
+
+    reply_keys = ("rows", "n", "mean", "ss", "counts")
+    summed_keys = ()
+    releases_statistics = True
+    random_client_steps = False
+
+    def __init__(self, numeric: Sequence[Column], categorical: Sequence[Column]) -> None:
+        self.numeric, self.categorical = tuple(numeric), tuple(categorical)
+
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict:
+        return {}
+
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
+        return None
+
+    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
+        return {}
+
+    def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
+        p = len(self.numeric)
+        V = np.column_stack([values(data, c) for c in self.numeric]) if p else np.empty((len(data.X), 0))
+        present = ~np.isnan(V)
+        n = present.sum(axis=0).astype(float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(n > 0, np.where(present, V, 0.0).sum(axis=0) / np.maximum(n, 1), 0.0)
+        ss = np.where(present, (V - mean) ** 2, 0.0).sum(axis=0)
+        parts = [np.bincount(codes(data, c), minlength=c.n_levels + 1) for c in self.categorical]
+        counts = np.concatenate(parts).astype(float) if parts else np.zeros(0)
+        return {"rows": np.array([float(len(V))]), "n": n, "mean": mean, "ss": ss, "counts": counts}, state
+
+    def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
+        return {c: dict(r) for c, r in replies.items()}, {}
+
+
 class _StrataTerms(_SumRound, FederatedAlgorithm):
     """Each client a stratum of a 2x2 table (``exposure`` rows, ``outcome`` columns, both with
     two levels): the sums over the strata of the Mantel-Haenszel terms; with ``odds_ratio``, of
@@ -320,6 +359,10 @@ class Exchanges:
 
     def sums(self, algorithm: FederatedAlgorithm, kind: str) -> dict[str, np.ndarray]:
         """One summed round's sums."""
+        return self._run(algorithm, 1, kind).server_state
+
+    def per_client(self, algorithm: FederatedAlgorithm, kind: str) -> dict[ClientId, dict[str, np.ndarray]]:
+        """One round's replies, client by client (an exchange whose replies are not summed)."""
         return self._run(algorithm, 1, kind).server_state
 
     def histogram(self, column: Column, group: Column | None = None, require: Sequence[Column] = ()) -> tuple:

@@ -31,8 +31,8 @@ import pandas as pd
 from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
-from ._columns import column_names, resolve
-from ._rounds import Exchanges, _LevelCounts
+from ._columns import Column, column_names, resolve
+from ._rounds import Exchanges, _ClientSummaries, _LevelCounts
 from .means import check_level
 from .quantiles import quantile_values
 
@@ -199,6 +199,7 @@ def describe(
     by: str | None = None,
     *,
     level: float = 0.95,
+    clients: bool = False,
     seed: int = 0,
     backend: Any = None,
 ) -> DescribeResult:
@@ -211,6 +212,11 @@ def describe(
     exact). Categorical columns (a data frame's text or category columns): per level its count
     ``n: level`` and its share of the present values ``percent: level``, and ``missing``. Rows
     whose ``by`` is missing count in ``overall`` only.
+
+    ``clients=True`` adds a column per client (``client = id``; its own n, missing values, mean,
+    sd and interval, and counts; no quartiles: they would be the client's own rows' values),
+    from an exchange whose replies are each client's statistics themselves, not sums: a node
+    runs it only if its policy says ``release_statistics = true``; the same suppression applies.
 
     Examples
     --------
@@ -225,8 +231,6 @@ def describe(
     True
     """
     check_level(level)
-    from scipy import stats
-
     with use_backend(backend):
         names = [c for c in column_names(data) if c != by] if columns is None else list(columns)
         if isinstance(columns, str):
@@ -253,55 +257,32 @@ def describe(
         stats_num: dict[str, np.ndarray] = {}
         if numeric:
             m = ex.moments(numeric, group, overall=True)
-            n = m["n"][order]  # (G, p)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                sd = np.sqrt(m["ss"][order] / (n - 1))
-                mean = m["mean"][order]
-                h = stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * sd / np.sqrt(n)
+            stats_num = _numeric_statistics(m["n"][order], m["mean"][order], m["ss"][order], rows, level)
             cells = [(c, group if k < G - 1 else None, k) for k in range(G) for c in numeric]
             # no quartiles of fewer than min_rows values: the server would learn those rows' values
             counts = [int(v) if v >= data.min_rows else 0 for v in m["n"].ravel()]
             qv, _ = quantile_values(ex, cells, counts, np.array([0.25, 0.5, 0.75]), "linear")
             qv = qv.reshape(G, len(numeric), 3)[order]
-            stats_num = {
-                "n": n,
-                "missing": rows[:, None] - n,
-                "mean": mean,
-                "sd": np.where(n > 1, sd, np.nan),
-                "mean_lower": np.where(n > 1, mean - h, np.nan),
-                "mean_upper": np.where(n > 1, mean + h, np.nan),
-                "q1": qv[:, :, 0],
-                "median": qv[:, :, 1],
-                "q3": qv[:, :, 2],
-            }
+            stats_num |= {"q1": qv[:, :, 0], "median": qv[:, :, 1], "q3": qv[:, :, 2]}
 
-    index, data_rows, kinds = [], [], {}
-    for c in cols:
-        if not c.categorical:
-            j = numeric.index(c)
-            kinds[c.name] = "numeric"
-            for stat in _NUMERIC:
-                index.append((c.name, stat))
-                data_rows.append(stats_num[stat][:, j])
-        else:
-            t = tables[categorical.index(c)]  # (G, L + 1)
-            kinds[c.name] = "categorical"
-            present = t[:, :-1].sum(axis=1)
-            for k, lv in enumerate(c.levels):
-                index.append((c.name, f"n: {lv}"))
-                data_rows.append(t[:, k])
-            for k, lv in enumerate(c.levels):
-                index.append((c.name, f"percent: {lv}"))
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    data_rows.append(np.where(present > 0, 100 * t[:, k] / present, np.nan))
-            index.append((c.name, "missing"))
-            data_rows.append(t[:, -1])
-    table = pd.DataFrame(
-        np.asarray(data_rows, dtype=float),
-        index=pd.MultiIndex.from_tuples(index, names=["variable", "statistic"]),
-        columns=pd.Index(groups, name="group"),
-    )
-    suppressed, small = _suppress(table, kinds, rows, data.min_cell_count, data.min_rows)
+        table = _long_table(cols, numeric, categorical, stats_num, tables, groups)
+        partitions = [list(range(1, G))] if G > 1 else []
+        if clients:
+            per = ex.per_client(_ClientSummaries(numeric, categorical), "client summaries")
+            ids = [c for c in data.clients if c in per]
+            client_table = _long_table(
+                cols,
+                numeric,
+                categorical,
+                *_client_statistics({c: per[c] for c in ids}, numeric, categorical, level),
+                [f"client = {c}" for c in ids],
+            )
+            table = pd.concat([table, client_table], axis=1)
+            partitions.append(list(range(G, G + len(ids))))
+            rows = np.r_[rows, [per[c]["rows"][0] for c in ids]]
+            groups = groups + list(client_table.columns)
+    kinds = {c.name: "categorical" if c.categorical else "numeric" for c in cols}
+    suppressed, small = _suppress(table, kinds, partitions, data.min_cell_count, data.min_rows)
     rows_s = pd.Series(rows.astype(float), index=groups)
     small_group = (rows_s > 0) & (rows_s < data.min_cell_count)
     rows_s[small_group] = np.nan
@@ -319,12 +300,86 @@ def describe(
     )
 
 
+def _long_table(
+    cols: Sequence[Column],
+    numeric: Sequence[Column],
+    categorical: Sequence[Column],
+    stats_num: dict[str, np.ndarray],
+    tables: Sequence[np.ndarray],
+    labels: Sequence[str],
+) -> pd.DataFrame:
+    """The long table: one row per (variable, statistic), one column per label, from the
+    numeric statistics (each ``(columns of the table, numeric columns)``) and the categorical
+    columns' counts (each ``(columns of the table, levels + 1)``)."""
+    index, data_rows = [], []
+    for c in cols:
+        if not c.categorical:
+            j = list(numeric).index(c)
+            for stat in _NUMERIC:
+                index.append((c.name, stat))
+                data_rows.append(stats_num[stat][:, j])
+        else:
+            t = tables[list(categorical).index(c)]
+            present = t[:, :-1].sum(axis=1)
+            for k, lv in enumerate(c.levels):
+                index.append((c.name, f"n: {lv}"))
+                data_rows.append(t[:, k])
+            for k, lv in enumerate(c.levels):
+                index.append((c.name, f"percent: {lv}"))
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    data_rows.append(np.where(present > 0, 100 * t[:, k] / present, np.nan))
+            index.append((c.name, "missing"))
+            data_rows.append(t[:, -1])
+    return pd.DataFrame(
+        np.asarray(data_rows, dtype=float).reshape(len(index), len(labels)),
+        index=pd.MultiIndex.from_tuples(index, names=["variable", "statistic"]),
+        columns=pd.Index(list(labels), name="group"),
+    )
+
+
+def _numeric_statistics(
+    n: np.ndarray, mean: np.ndarray, ss: np.ndarray, rows: np.ndarray, level: float
+) -> dict[str, np.ndarray]:
+    """n, missing, mean, sd and the mean's t interval (each ``(columns of the table, numeric columns)``)."""
+    from scipy import stats
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sd = np.sqrt(ss / (n - 1))
+        h = stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * sd / np.sqrt(n)
+    return {
+        "n": n,
+        "missing": rows[:, None] - n,
+        "mean": np.where(n > 0, mean, np.nan),
+        "sd": np.where(n > 1, sd, np.nan),
+        "mean_lower": np.where(n > 1, mean - h, np.nan),
+        "mean_upper": np.where(n > 1, mean + h, np.nan),
+    }
+
+
+def _client_statistics(
+    per: dict[Any, dict[str, np.ndarray]], numeric: Sequence[Column], categorical: Sequence[Column], level: float
+) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """The per-client columns' statistics (no quartiles: NaN) and counts from the clients' summaries."""
+    ids = list(per)  # in the data's order (describe orders them)
+    rows = np.array([per[c]["rows"][0] for c in ids])
+    stack = {k: np.array([np.asarray(per[c][k], dtype=float) for c in ids]) for k in ("n", "mean", "ss")}
+    out = _numeric_statistics(stack["n"].reshape(len(ids), -1), stack["mean"].reshape(len(ids), -1),
+                              stack["ss"].reshape(len(ids), -1), rows, level)  # fmt: skip
+    for q in ("q1", "median", "q3"):
+        out[q] = np.full(out["n"].shape, np.nan)
+    counts = np.array([np.asarray(per[c]["counts"], dtype=float) for c in ids]).reshape(len(ids), -1)
+    ends = np.cumsum([c.n_levels + 1 for c in categorical])[:-1]
+    tables = np.split(counts, ends, axis=1) if categorical else []
+    return out, tables
+
+
 def _suppress(
-    table: pd.DataFrame, kinds: dict[str, str], rows: np.ndarray, min_cell: int, min_rows: int
+    table: pd.DataFrame, kinds: dict[str, str], partitions: list[list[int]], min_cell: int, min_rows: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The cells to withhold: small counts, statistics of few values, and (complementary
-    suppression) one more term of every sum with exactly one withheld term; and the small
-    counts alone."""
+    suppression) one more term of every sum with exactly one withheld term (a variable's
+    counts within a column; each partition of the columns adding up to the first, overall);
+    and the small counts alone."""
     values = table.to_numpy()
     sup = np.zeros(values.shape, dtype=bool)
     pos = {key: i for i, key in enumerate(table.index)}
@@ -343,9 +398,9 @@ def _suppress(
             count_rows += terms
             for g in range(G):
                 sums.append(([(r, g) for r in terms], None))
-    for r in count_rows:  # groups add up to overall (column 0)
-        if G > 1:
-            sums.append(([(r, g) for g in range(1, G)], (r, 0)))
+    for r in count_rows:  # the groups, and the clients, add up to overall (column 0)
+        for part in partitions:
+            sums.append(([(r, g) for g in part], (r, 0)))
     small = (values > 0) & (values < min_cell)
     sup[count_rows] = small[count_rows]
     primary = sup.copy()

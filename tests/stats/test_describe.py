@@ -135,3 +135,30 @@ def test_the_reference_level_of_a_categorical_column_is_checked_too():
     df.loc[df.index[100:103], "grp"] = "u"  # the first level (no dummy of its own): 3 rows at s1
     with pytest.raises(DisclosureError, match=r"client 's1'.*'grp' = 'u'"):
         describe(FederatedData.from_dataframe(df, by="site"), ["grp"])
+
+
+def test_per_client_columns_equal_each_clients_rows_and_are_suppressed_alike():
+    df = frame(1, sizes=(30, 60, 90))
+    data = FederatedData.from_dataframe(df, by="site", missing="keep", min_rows=1, min_cell_count=1)
+    res = describe(data.with_rules(min_cell_count=3), ["y", "grp"], clients=True)
+    t, s = res.to_frame(), res.suppressed
+    assert list(t.columns) == ["overall", "client = s0", "client = s1", "client = s2"]
+    for site, part in df.groupby("site"):
+        label = f"client = {site}"
+        want = expected_numeric(part.y, len(part))
+        for stat in ("n", "missing", "mean", "sd", "mean_lower", "mean_upper"):
+            if not s.loc[("y", stat), label]:
+                np.testing.assert_allclose(t.loc[("y", stat), label], want[stat], rtol=1e-10)
+        assert np.isnan(t.loc[("y", "median"), label])  # a client's own quartiles: never computed
+        for lv in ("a", "b", "c"):
+            count = (part.grp == lv).sum()
+            if not s.loc[("grp", f"n: {lv}"), label]:
+                assert t.loc[("grp", f"n: {lv}"), label] == count
+            else:
+                assert s.loc[("grp", f"n: {lv}"), label] and (
+                    count < 3 or not res.small.loc[("grp", f"n: {lv}"), label]
+                )
+    # a small count is withheld, and so is one more in each of its sums (clients add up to overall)
+    levels = [("grp", f"n: {lv}") for lv in "abc"] + [("grp", "missing")]
+    for row in levels:
+        assert s.loc[row, [c for c in t.columns if c.startswith("client")]].sum() != 1 or s.loc[row, "overall"]
