@@ -68,3 +68,9 @@ def test_secure_aggregation_equals_in_process_and_hides_every_client(data, sessi
     a = describe(data, by="arm", backend=session)
     pd.testing.assert_frame_equal(a.to_frame(), describe(data, by="arm").to_frame(), rtol=TIGHT, atol=TIGHT)
     rec.check_no_client_value(SecureAggregation())
+
+
+def test_per_client_columns_need_the_nodes_release_of_statistics(data, session):
+    # the session's nodes keep the default policy: release_statistics = false
+    with pytest.raises(RuntimeError, match="rule release_statistics"):
+        describe(data, ["y"], clients=True, backend=session)
