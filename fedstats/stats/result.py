@@ -95,10 +95,11 @@ class TestResult:
 
     def __repr__(self) -> str:
         df = "" if _nan(self.df) else f", df={self.df}"
-        ci = "" if _nan(self.lower) and _nan(self.upper) else f" [{self.lower:.4g}, {self.upper:.4g}]"
+        both = _nan(self.lower) and _nan(self.upper)
+        ci = "" if both else f" [{self.lower:.4g}, {self.upper:.4g}] ({self.level:.0%})"
         return (
             f"{self.test}: statistic={self.statistic:.6g}{df}, p_value={self.p_value:.4g}; "
-            f"{self.estimate_name} {self.estimate:.6g}{ci} ({self.level:.0%}), n={self.n}"
+            f"{self.estimate_name} {self.estimate:.6g}{ci}, n={self.n}"
         )
 
 
