@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--predict",
         help="CSV of rows to predict (same client and feature columns); printed as a table unless --output is given",
     )
-    stats.add_parsers(sub)
+    stats.add_parsers(sub, f)
     d = sub.add_parser("demo", help="simulate a federation, fit it, compare with the pooled gold standard")
     d.add_argument("--seed", type=int, default=0)
     return p

@@ -36,8 +36,8 @@ TESTS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "proportions": ("proportions_test", "column", {}),
     "mannwhitney": ("mannwhitneyu", "column group", {}),
     "kruskal": ("kruskal", "column group", {}),
-    "wald": ("", "glm", {}),
-    "lr": ("", "glm", {}),
+    "wald": ("", "regression", {}),
+    "lr": ("", "regression", {}),
 }
 _WITH_ALTERNATIVE = {"ttest", "paired_ttest", "correlation", "fisher_exact", "proportions_test", "mannwhitneyu"}
 
@@ -63,7 +63,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_parsers(sub: Any) -> None:
+def add_parsers(sub: Any, fit_parser: argparse.ArgumentParser) -> None:
+    """The ``describe`` and ``test`` sub-commands (``fit_parser``: the ``fit`` sub-command's
+    parser, which ``--test wald|lr`` hands its fit to)."""
     d = sub.add_parser("describe", help='a "Table 1" of a CSV with one client per value of --by')
     _common(d)
     d.add_argument("--columns", nargs="+", help="columns to describe (default: all but --by and --group)")
@@ -86,6 +88,7 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--target", help="wald/lr: the GLM's response column")
     t.add_argument("--family", default="gaussian", help="wald/lr: the GLM's family (default gaussian)")
     t.add_argument("--output", help="write the results as JSON here")
+    t.set_defaults(fit_parser=fit_parser)
 
 
 def _data(df: pd.DataFrame, args: Any, columns: list[str]) -> Any:
@@ -141,8 +144,8 @@ def test_command(args: Any) -> None:
     from .. import stats
 
     name, needs, extra = TESTS[args.test]
-    if needs == "glm":
-        return _glm_test(args)
+    if needs == "regression":
+        return _regression_test(args)
     df = read_csv(args.data, args.decimal)
     columns = args.column or []
     if "pair" in needs and args.columns:
@@ -194,20 +197,25 @@ def test_command(args: Any) -> None:
         _write(Path(args.output), json.dumps(out, indent=2, allow_nan=False))
 
 
-def _glm_test(args: Any) -> None:
-    """``--test wald|lr``: the exact GLM of ``--target`` on ``--columns`` (and the other
-    columns given with ``--column``), and its Wald or likelihood-ratio test of ``--columns``."""
-    from . import build_parser, fit
+def _regression_test(args: Any) -> None:
+    """``--test wald|lr``: the fit of ``--target`` on ``--columns`` (and the ``--column``
+    values) by the registry's model that declares these tests (the exact GLM), and its Wald or
+    likelihood-ratio test of ``--columns``."""
+    from ..registry import commands
+    from . import fit
 
+    flag = "--wald" if args.test == "wald" else "--lr-test"
+    model = next((m for m, c in commands().items() if any(o.flag == flag for o in c.options)), None)
+    if model is None:
+        raise CLIError(f"no model declares {flag}")
     if not args.target or not args.columns:
         raise CLIError(f"--test {args.test} needs --target and --columns (the predictors tested)")
-    argv = ["fit", args.data, "--by", args.by, "--model", "glm", "--target", args.target, "-q"]
+    argv = [args.data, "--by", args.by, "--model", model, "--target", args.target, "-q"]
     argv += ["--features", *dict.fromkeys([*(args.column or []), *args.columns])]
     argv += ["--family", args.family, "--level", str(args.level), "--seed", str(args.seed)]
     argv += ["--min-rows", str(args.min_rows), "--min-cell-count", str(args.min_cell_count)]
-    argv += ["--decimal", args.decimal, "--wald" if args.test == "wald" else "--lr-test", *args.columns]
-    fit_args = build_parser().parse_args(argv)
-    fit_args.output = None
+    argv += ["--decimal", args.decimal, flag, *args.columns]
+    fit_args = args.fit_parser.parse_args(argv)
     out = fit.fit(fit_args)
     tests = out.get("tests", [])
     print(pd.DataFrame(tests).to_string(index=False))

@@ -231,8 +231,7 @@ class FederatedData:
         min_rows, min_cell_count : int, optional
             The disclosure rules of this data, as in :meth:`from_arrays`.
         missing : {"error", "keep"}, default "error"
-            As in :meth:`from_arrays`; with ``"keep"`` a missing value of a categorical
-            column is NaN in each of its dummies.
+            As in :meth:`from_arrays` (``"keep"``: a missing category is NaN in its dummies).
 
         Returns
         -------

@@ -75,8 +75,9 @@ class Column:
     """Where a column's values are in a client's arrays.
 
     ``index``: the feature positions (one for a numeric column; a categorical column's dummies),
-    ``None`` for the target. ``levels``: a categorical column's levels, in order (``()`` for a
-    numeric column). ``dummy_level``: the level of each dummy (by position in ``levels``);
+    ``None`` for the target. ``categories``: a categorical column's categories (its levels), in
+    order (``()`` for a numeric column). ``dummy_category``: the category of each dummy (by
+    position in ``categories``);
     ``reference``: the level of a row whose dummies are all 0 (-1: none). ``codes_of``: a
     numeric column read as categorical: the values that are its levels. ``minus``: a paired
     difference, this column's values minus those of ``minus`` (both numeric). ``ranks``: the
@@ -86,8 +87,8 @@ class Column:
 
     name: str
     index: tuple[int, ...] | None
-    levels: tuple[Any, ...] = ()
-    dummy_level: tuple[int, ...] = ()
+    categories: tuple[Any, ...] = ()
+    dummy_category: tuple[int, ...] = ()
     reference: int = -1
     codes_of: tuple[float, ...] = ()
     minus: Column | None = None  # a paired difference: this column's values minus ``minus``'s
@@ -95,11 +96,11 @@ class Column:
 
     @property
     def categorical(self) -> bool:
-        return bool(self.levels)
+        return bool(self.categories)
 
     @property
-    def n_levels(self) -> int:
-        return len(self.levels)
+    def n_categories(self) -> int:
+        return len(self.categories)
 
 
 def column_names(data: FederatedData) -> list[str]:
@@ -120,9 +121,9 @@ def resolve(data: FederatedData, name: str) -> Column:
             continue
         used = [f"{name}[{lev}]" for lev in f["used"]]
         levels = tuple(f["levels"])
-        dummy_level = tuple(levels.index(lev) for lev in f["used"])
-        rest = [i for i in range(len(levels)) if i not in dummy_level]
-        return Column(name, tuple(names.index(u) for u in used), levels, dummy_level, rest[0] if rest else -1)
+        dummy_category = tuple(levels.index(lev) for lev in f["used"])
+        rest = [i for i in range(len(levels)) if i not in dummy_category]
+        return Column(name, tuple(names.index(u) for u in used), levels, dummy_category, rest[0] if rest else -1)
     if name in names:
         return Column(name, (names.index(name),))
     if data.has_target and name == data.target_name:
@@ -130,9 +131,9 @@ def resolve(data: FederatedData, name: str) -> Column:
     raise DataError(f"no column {name!r}; the columns are {column_names(data)}")
 
 
-def with_levels(col: Column, levels: Sequence[float]) -> Column:
-    """A numeric column read as categorical, its levels the values ``levels``."""
-    lv = tuple(float(v) for v in levels)
+def with_categories(col: Column, values: Sequence[float]) -> Column:
+    """A numeric column read as categorical, its categories the ``values``."""
+    lv = tuple(float(v) for v in values)
     return Column(col.name, col.index, tuple(_plain(v) for v in lv), codes_of=lv)
 
 
@@ -143,7 +144,7 @@ def _plain(v: float) -> Any:
 def values(data: Any, col: Column) -> np.ndarray:
     """A client's values of numeric column ``col`` (NaN: missing)."""
     if col.categorical and not col.codes_of:
-        raise DataError(f"column {col.name!r} is categorical (levels {list(col.levels)}), not numeric")
+        raise DataError(f"column {col.name!r} is categorical (levels {list(col.categories)}), not numeric")
     x = np.asarray(data.y if col.index is None else data.X[:, col.index[0]], dtype=float)
     if col.minus is not None:
         x = x - values(data, col.minus)
@@ -156,7 +157,7 @@ def values(data: Any, col: Column) -> np.ndarray:
 
 def codes(data: Any, col: Column) -> np.ndarray:
     """A client's level codes of categorical column ``col`` (0 .. L-1; L marks a missing value)."""
-    L = col.n_levels
+    L = col.n_categories
     if col.codes_of:
         x = values(data, Column(col.name, col.index))
         out = np.full(len(x), L, dtype=np.int64)
@@ -165,7 +166,7 @@ def codes(data: Any, col: Column) -> np.ndarray:
         bad = (out == L) & ~np.isnan(x)
         if bad.any():
             raise DataError(
-                f"column {col.name!r} has values other than its levels {list(col.levels)} in {int(bad.sum())} row(s)"
+                f"column {col.name!r} has values other than its levels {list(col.categories)} in {int(bad.sum())} row(s)"
             )
         return out
     assert col.index is not None
@@ -174,8 +175,8 @@ def codes(data: Any, col: Column) -> np.ndarray:
     missing = np.isnan(D).any(axis=1)
     hot = D == 1
     any_hot = hot.any(axis=1)
-    if len(col.dummy_level):
-        out[any_hot] = np.asarray(col.dummy_level)[np.argmax(hot[any_hot], axis=1)]
+    if len(col.dummy_category):
+        out[any_hot] = np.asarray(col.dummy_category)[np.argmax(hot[any_hot], axis=1)]
     if col.reference >= 0:
         out[~any_hot] = col.reference
     out[missing] = L

@@ -30,7 +30,7 @@ from ..data.validation import DataError
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message
 from ..federation.records import Communication
 from ..federation.runner import run
-from ._columns import SEARCH_ROUNDS, Column, codes, data_key, split_points, values, with_levels
+from ._columns import SEARCH_ROUNDS, Column, codes, data_key, split_points, values, with_categories
 from ._columns import order_key as _key
 from ._columns import order_value as _value
 
@@ -72,7 +72,7 @@ def _complete(data: Any, cols: Sequence[Column]) -> np.ndarray:
     n = len(data.X)
     ok = np.ones(n, dtype=bool)
     for c in cols:
-        ok &= codes(data, c) < c.n_levels if c.categorical else ~np.isnan(values(data, c))
+        ok &= codes(data, c) < c.n_categories if c.categorical else ~np.isnan(values(data, c))
     return ok
 
 
@@ -86,7 +86,7 @@ class _CrossTable(_SumRound, FederatedAlgorithm):
         self.columns = tuple(columns)
 
     def sums(self, data: Any) -> dict[str, np.ndarray]:
-        shape = tuple(c.n_levels + 1 for c in self.columns)
+        shape = tuple(c.n_categories + 1 for c in self.columns)
         flat = np.ravel_multi_index(tuple(codes(data, c) for c in self.columns), shape)
         return {"counts": np.bincount(flat, minlength=int(np.prod(shape))).reshape(shape)}
 
@@ -98,7 +98,7 @@ def group_masks(data: Any, group: Column | None, overall: bool) -> list[np.ndarr
     if group is None:
         return [np.ones(n, dtype=bool)]
     g = codes(data, group)
-    return [g == k for k in range(group.n_levels)] + ([np.ones(n, dtype=bool)] if overall else [])
+    return [g == k for k in range(group.n_categories)] + ([np.ones(n, dtype=bool)] if overall else [])
 
 
 class _GroupMoments(_SumRound, FederatedAlgorithm):
@@ -125,7 +125,7 @@ class _GroupMoments(_SumRound, FederatedAlgorithm):
 
     @property
     def n_groups(self) -> int:
-        return 1 if self.group is None else self.group.n_levels + self.overall
+        return 1 if self.group is None else self.group.n_categories + self.overall
 
     def sums(self, data: Any) -> dict[str, np.ndarray]:
         G, p = self.n_groups, len(self.columns)
@@ -161,14 +161,14 @@ class _LevelCounts(_SumRound, FederatedAlgorithm):
         parts = []
         for c in self.columns:
             code = codes(data, c)
-            parts.append(np.stack([np.bincount(code[m], minlength=c.n_levels + 1) for m in masks]).ravel())
+            parts.append(np.stack([np.bincount(code[m], minlength=c.n_categories + 1) for m in masks]).ravel())
         counts = np.concatenate(parts) if parts else np.zeros(0)
         return {"rows": np.array([m.sum() for m in masks], dtype=float), "counts": counts}
 
     def split(self, counts: np.ndarray) -> list[np.ndarray]:
         """The summed ``counts`` as one ``(G, L + 1)`` table per column."""
-        G = 1 if self.group is None else self.group.n_levels + self.overall
-        ends = np.cumsum([G * (c.n_levels + 1) for c in self.columns])[:-1]
+        G = 1 if self.group is None else self.group.n_categories + self.overall
+        ends = np.cumsum([G * (c.n_categories + 1) for c in self.columns])[:-1]
         return [part.reshape(G, -1) for part in np.split(np.asarray(counts), ends)]
 
 
@@ -203,7 +203,7 @@ class _ClientSummaries(FederatedAlgorithm):
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(n > 0, np.where(present, V, 0.0).sum(axis=0) / np.maximum(n, 1), 0.0)
         ss = np.where(present, (V - mean) ** 2, 0.0).sum(axis=0)
-        parts = [np.bincount(codes(data, c), minlength=c.n_levels + 1) for c in self.categorical]
+        parts = [np.bincount(codes(data, c), minlength=c.n_categories + 1) for c in self.categorical]
         counts = np.concatenate(parts).astype(float) if parts else np.zeros(0)
         return {"rows": np.array([float(len(V))]), "n": n, "mean": mean, "ss": ss, "counts": counts}, state
 
@@ -287,7 +287,7 @@ class _DistinctValues(FederatedAlgorithm):
 
     @property
     def n_groups(self) -> int:
-        return 1 if self.group is None else self.group.n_levels
+        return 1 if self.group is None else self.group.n_categories
 
     def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, np.ndarray]:
         return {"lo": np.array([_LOWEST]), "hi": np.array([_HIGHEST]), "counts": np.zeros((1, self.n_groups)),
@@ -372,22 +372,22 @@ class Exchanges:
         assert np.all(s["lo"] == s["hi"]), "the interval splitting did not end on single values"
         return _value(s["lo"]), s["counts"]
 
-    def categorical(self, col: Column, max_levels: int = 50) -> Column:
+    def categorical(self, col: Column, max_categories: int = 50) -> Column:
         """``col`` as a categorical column: as it is, or a numeric column whose levels (its
-        distinct values, at most ``max_levels``) the interval splitting finds."""
+        distinct values, at most ``max_categories``) the interval splitting finds."""
         if col.categorical:
             return col
         if col.minus is not None:
             raise DataError(f"a paired difference ({col.name!r}) is not categorical")
         distinct, _ = self.histogram(col)
-        if len(distinct) > max_levels:
+        if len(distinct) > max_categories:
             raise DataError(
                 f"column {col.name!r} has {len(distinct)} distinct values, too many for a categorical column "
-                f"(at most {max_levels})"
+                f"(at most {max_categories})"
             )
         if len(distinct) == 0:
             raise DataError(f"column {col.name!r} has no values")
-        return with_levels(col, distinct)
+        return with_categories(col, distinct)
 
     def moments(
         self, columns: Sequence[Column], group: Column | None = None, complete: bool = False, overall: bool = False
@@ -431,13 +431,13 @@ def check_clients(data: FederatedData, columns: Sequence[Column], what: str) -> 
             X, None, min_rows=data.min_rows, min_cell_count=data.min_cell_count, names=[col.name for col in numeric]
         )
         for col in (col for col in columns if col.categorical and found is None and data.min_cell_count > 1):
-            counts = np.bincount(codes(cd, col), minlength=col.n_levels + 1)[: col.n_levels]
+            counts = np.bincount(codes(cd, col), minlength=col.n_categories + 1)[: col.n_categories]
             small = np.flatnonzero((counts > 0) & (counts < data.min_cell_count))
             if len(small):
                 k = int(small[0])
                 found = (
                     "min_cell_count",
-                    f"{counts[k]} of its rows have {col.name!r} = {col.levels[k]!r}, fewer than "
+                    f"{counts[k]} of its rows have {col.name!r} = {col.categories[k]!r}, fewer than "
                     f"{data.min_cell_count} (a small cell: the sums over those rows are their values)",
                     int(counts[k]),
                 )

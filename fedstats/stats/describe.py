@@ -32,8 +32,8 @@ from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ._columns import Column, column_names, resolve
+from ._common import check_level
 from ._rounds import Exchanges, _ClientSummaries, _LevelCounts
-from .means import check_level
 from .quantiles import quantile_values
 
 __all__ = ["describe", "DescribeResult"]
@@ -245,7 +245,7 @@ def describe(
         group = None if group0 is None else ex.categorical(group0)
         numeric = [c for c in cols if not c.categorical]
         categorical = [c for c in cols if c.categorical]
-        groups = ["overall"] + ([] if group is None else [f"{by} = {lv}" for lv in group.levels])
+        groups = ["overall"] + ([] if group is None else [f"{by} = {lv}" for lv in group.categories])
         G = len(groups)
         order = [G - 1, *range(G - 1)] if group is not None else [0]  # overall (computed last) first
 
@@ -321,10 +321,10 @@ def _long_table(
         else:
             t = tables[list(categorical).index(c)]
             present = t[:, :-1].sum(axis=1)
-            for k, lv in enumerate(c.levels):
+            for k, lv in enumerate(c.categories):
                 index.append((c.name, f"n: {lv}"))
                 data_rows.append(t[:, k])
-            for k, lv in enumerate(c.levels):
+            for k, lv in enumerate(c.categories):
                 index.append((c.name, f"percent: {lv}"))
                 with np.errstate(invalid="ignore", divide="ignore"):
                     data_rows.append(np.where(present > 0, 100 * t[:, k] / present, np.nan))
@@ -368,7 +368,7 @@ def _client_statistics(
     for q in ("q1", "median", "q3"):
         out[q] = np.full(out["n"].shape, np.nan)
     counts = np.array([np.asarray(per[c]["counts"], dtype=float) for c in ids]).reshape(len(ids), -1)
-    ends = np.cumsum([c.n_levels + 1 for c in categorical])[:-1]
+    ends = np.cumsum([c.n_categories + 1 for c in categorical])[:-1]
     tables = np.split(counts, ends, axis=1) if categorical else []
     return out, tables
 

@@ -15,64 +15,13 @@ from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ._columns import Column, resolve
+from ._common import check_level, need, numeric_column, t_interval, t_p_value, two_categories
 from ._rounds import Exchanges
 from .bayes import difference_posterior, mean_posterior
-from .result import ALTERNATIVES, TestResult
+from .ranks import rank_column
+from .result import TestResult
 
-__all__ = ["ttest", "paired_ttest", "anova", "correlation", "t_interval", "check_level"]
-
-
-def check_level(level: float, alternative: str = "two-sided") -> None:
-    if not (isinstance(level, (int, float)) and 0 < level < 1):
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
-    if alternative not in ALTERNATIVES:
-        raise ValueError(f"alternative must be one of {ALTERNATIVES}, got {alternative!r}")
-
-
-def t_p_value(t: float, df: float, alternative: str) -> float:
-    """scipy's p-value of a t statistic."""
-    from scipy import stats
-
-    if alternative == "less":
-        return float(stats.t.cdf(t, df))
-    if alternative == "greater":
-        return float(stats.t.sf(t, df))
-    return float(2 * stats.t.sf(abs(t), df))
-
-
-def t_interval(estimate: float, se: float, df: float, level: float, alternative: str) -> tuple[float, float]:
-    """The interval of a t-based estimate (scipy's ``confidence_interval``: one-sided for a
-    one-sided alternative)."""
-    from scipy import stats
-
-    if alternative == "two-sided":
-        h = float(stats.t.ppf(0.5 + level / 2, df)) * se
-        return estimate - h, estimate + h
-    h = float(stats.t.ppf(level, df)) * se
-    return (-math.inf, estimate + h) if alternative == "less" else (estimate - h, math.inf)
-
-
-def _two_levels(col: Column, groups: Sequence[Any] | None, n: np.ndarray) -> tuple[int, int]:
-    """The positions of the two compared levels of ``col`` (``groups``, or its only two present ones)."""
-    if groups is not None:
-        if len(groups) != 2:
-            raise ValueError(f"groups must name two levels, got {groups!r}")
-        missing = [g for g in groups if g not in col.levels]
-        if missing:
-            raise DataError(f"column {col.name!r} has no level(s) {missing}; its levels are {list(col.levels)}")
-        return col.levels.index(groups[0]), col.levels.index(groups[1])
-    present = [k for k in range(col.n_levels) if n[k] > 0]
-    if len(present) != 2:
-        raise DataError(
-            f"column {col.name!r} has {len(present)} levels with values ({[col.levels[k] for k in present]}); "
-            "a two-sample test compares two: name them with groups=(a, b)"
-        )
-    return present[0], present[1]
-
-
-def _need(n: float, at_least: int, what: str) -> None:
-    if n < at_least:
-        raise DataError(f"{what} has {int(n)} value(s); the test needs at least {at_least}")
+__all__ = ["ttest", "paired_ttest", "anova", "correlation"]
 
 
 def ttest(
@@ -116,12 +65,12 @@ def ttest(
     """
     check_level(level, alternative)
     with use_backend(backend):
-        y = _numeric(data, column)
+        y = numeric_column(data, column)
         if group is None:
             ex = Exchanges(data, [y], seed=seed, what="ttest")
             m = ex.moments([y])
             n, mean, ss = float(m["n"][0, 0]), float(m["mean"][0, 0]), float(m["ss"][0, 0])
-            _need(n, 2, f"column {column!r}")
+            need(n, 2, f"column {column!r}")
             sd = math.sqrt(ss / (n - 1))
             se = sd / math.sqrt(n)
             t = (mean - mu) / se
@@ -151,9 +100,9 @@ def ttest(
         g = ex.categorical(g0)
         m = ex.moments([y], g)
         ns, means, sss = m["n"][:, 0], m["mean"][:, 0], m["ss"][:, 0]
-        i, j = _two_levels(g, groups, ns)
+        i, j = two_categories(g, groups, ns)
         for k in (i, j):
-            _need(ns[k], 2, f"group {g.levels[k]!r} of {group!r}")
+            need(ns[k], 2, f"group {g.categories[k]!r} of {group!r}")
         v1, v2 = sss[i] / (ns[i] - 1), sss[j] / (ns[j] - 1)
         diff = means[i] - means[j] - mu
         if equal_var:
@@ -168,7 +117,7 @@ def ttest(
             name = "Welch's two-sample t-test"
         t = diff / se
         lo, hi = t_interval(means[i] - means[j], se, df, level, alternative)
-        levels = (g.levels[i], g.levels[j])
+        levels = (g.categories[i], g.categories[j])
         return TestResult(
             name,
             float(t),
@@ -212,12 +161,12 @@ def paired_ttest(
     difference with its t interval; ``details["bayes"]`` its posterior (as :func:`ttest`'s)."""
     check_level(level, alternative)
     with use_backend(backend):
-        ca, cb = _numeric(data, a), _numeric(data, b)
+        ca, cb = numeric_column(data, a), numeric_column(data, b)
         d = Column(f"{a} - {b}", ca.index, minus=cb)
         ex = Exchanges(data, [ca, cb], seed=seed, what="paired_ttest")
         m = ex.moments([d])
         n, mean, ss = float(m["n"][0, 0]), float(m["mean"][0, 0]), float(m["ss"][0, 0])
-        _need(n, 2, f"the pairs of {a!r} and {b!r}")
+        need(n, 2, f"the pairs of {a!r} and {b!r}")
         se = math.sqrt(ss / (n - 1)) / math.sqrt(n)
         t = (mean - mu) / se
         lo, hi = t_interval(mean, se, n - 1, level, alternative)
@@ -261,7 +210,7 @@ def anova(
     from scipy import stats
 
     with use_backend(backend):
-        y = _numeric(data, column)
+        y = numeric_column(data, column)
         ex = Exchanges(data, [y, g0 := resolve(data, group)], seed=seed, what="anova")
         g = ex.categorical(g0)
         m = ex.moments([y], g)
@@ -289,7 +238,7 @@ def anova(
             F = A / (1 + 2 * (k - 2) * tmp)
             df = (float(k - 1), 1 / (3 * tmp))
             name = "Welch's ANOVA"
-        levels = [g.levels[i] for i in np.flatnonzero(keep)]
+        levels = [g.categories[i] for i in np.flatnonzero(keep)]
         return TestResult(
             name,
             float(F),
@@ -336,17 +285,15 @@ def correlation(
     from scipy import stats
 
     with use_backend(backend):
-        cx, cy = _numeric(data, x), _numeric(data, y)
+        cx, cy = numeric_column(data, x), numeric_column(data, y)
         ex = Exchanges(data, [cx, cy], seed=seed, what="correlation")
         if method == "pearson":
             m = ex.moments([cx, cy], complete=True)
         else:
-            from .ranks import rank_column
-
             rx, ry = rank_column(ex, cx, require=[cy]), rank_column(ex, cy, require=[cx])
             m = ex.moments([rx, ry], complete=True)
         n = float(m["n"][0, 0])
-        _need(n, 3, f"the pairs of {x!r} and {y!r}")
+        need(n, 3, f"the pairs of {x!r} and {y!r}")
         C = m["cross"][0]
         r = float(C[0, 1] / math.sqrt(C[0, 0] * C[1, 1]))
         r = max(min(r, 1.0), -1.0)
@@ -377,10 +324,3 @@ def _fisher_interval(r: float, se: float, level: float, alternative: str) -> tup
         return math.tanh(z - h), math.tanh(z + h)
     h = float(stats.norm.ppf(level)) * se
     return (-1.0, math.tanh(z + h)) if alternative == "less" else (math.tanh(z - h), 1.0)
-
-
-def _numeric(data: FederatedData, name: str) -> Column:
-    col = resolve(data, name)
-    if col.categorical:
-        raise DataError(f"column {name!r} is categorical (levels {list(col.levels)}); the test needs a numeric one")
-    return col

@@ -21,8 +21,8 @@ from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ._columns import Column, resolve
+from ._common import check_level, need, numeric_column, two_categories
 from ._rounds import Exchanges
-from .means import _need, _numeric, _two_levels, check_level
 from .result import TestResult
 
 __all__ = ["mannwhitneyu", "kruskal", "rank_column", "mid_ranks"]
@@ -42,7 +42,7 @@ def rank_column(ex: Exchanges, col: Column, require: Sequence[Column] = ()) -> C
 
 def _group_counts(ex: Exchanges, data: FederatedData, column: str, group: str) -> tuple[Column, np.ndarray]:
     g = ex.categorical(resolve(data, group))
-    _, counts = ex.histogram(_numeric(data, column), g)
+    _, counts = ex.histogram(numeric_column(data, column), g)
     return g, counts
 
 
@@ -67,13 +67,13 @@ def mannwhitneyu(
     from scipy import stats
 
     with use_backend(backend):
-        ex = Exchanges(data, [_numeric(data, column), resolve(data, group)], seed=seed, what="mannwhitneyu")
+        ex = Exchanges(data, [numeric_column(data, column), resolve(data, group)], seed=seed, what="mannwhitneyu")
         g, counts = _group_counts(ex, data, column, group)
-        i, j = _two_levels(g, groups, counts.sum(axis=0))
+        i, j = two_categories(g, groups, counts.sum(axis=0))
         c = counts[:, [i, j]]
         c = c[c.sum(axis=1) > 0]
         n1, n2 = float(c[:, 0].sum()), float(c[:, 1].sum())
-        _need(min(n1, n2), 1, "a group")
+        need(min(n1, n2), 1, "a group")
         n = n1 + n2
         t = c.sum(axis=1)
         r1 = float((c[:, 0] * mid_ranks(t)).sum())
@@ -85,7 +85,7 @@ def mannwhitneyu(
         num = u - n1 * n2 / 2 - (0.5 if use_continuity else 0.0)
         z = num / s if s > 0 else math.copysign(math.inf, num) if num else math.nan
         p = min(max(float(stats.norm.sf(z)) * f, 0.0), 1.0)
-        levels = [g.levels[i], g.levels[j]]
+        levels = [g.categories[i], g.categories[j]]
         return TestResult(
             "Wilcoxon-Mann-Whitney rank-sum test", u1, p, u1 / (n1 * n2),
             f"P({column} of {group} {levels[0]!r} > {levels[1]!r})", math.nan, math.nan, level, math.nan,
@@ -104,7 +104,7 @@ def kruskal(
     from scipy import stats
 
     with use_backend(backend):
-        ex = Exchanges(data, [_numeric(data, column), resolve(data, group)], seed=seed, what="kruskal")
+        ex = Exchanges(data, [numeric_column(data, column), resolve(data, group)], seed=seed, what="kruskal")
         g, counts = _group_counts(ex, data, column, group)
         keep = counts.sum(axis=0) > 0
         c = counts[:, keep]
@@ -124,7 +124,7 @@ def kruskal(
             "Kruskal-Wallis H test", H, float(stats.chi2.sf(H, k - 1)), H / (n - 1),
             f"epsilon squared of {column} by {group}", math.nan, math.nan, level, float(k - 1), "asymptotic",
             int(n), "two-sided",
-            {"groups": [g.levels[q] for q in np.flatnonzero(keep)], "n": ng.astype(int).tolist(),
+            {"groups": [g.categories[q] for q in np.flatnonzero(keep)], "n": ng.astype(int).tolist(),
              "rank_sum": R.tolist()},
             ex.communication,
         )  # fmt: skip

@@ -17,9 +17,9 @@ from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ._columns import Column, resolve
+from ._common import check_level, two_categories
 from ._rounds import BD_TERMS, MH_TERMS, Exchanges, _CrossTable, _StrataTerms, bd_terms, disclosure_refusal, mh_terms
 from .bayes import log_odds_ratio_posterior
-from .means import check_level
 from .result import TestResult
 
 __all__ = ["chi2_test", "fisher_exact", "mantel_haenszel", "proportions_test", "contingency_table"]
@@ -39,14 +39,14 @@ def contingency_table(
     """The pooled table of ``columns`` (categorical) over the rows complete in all of them:
     ``(table, levels per column, missing rows)``."""
     counts = np.rint(ex.sums(_CrossTable(columns), "counts")["counts"]).astype(np.int64)
-    inner = counts[tuple(slice(0, c.n_levels) for c in columns)]
+    inner = counts[tuple(slice(0, c.n_categories) for c in columns)]
     missing = float(counts.sum() - inner.sum())
-    return inner, [c.levels for c in columns], np.asarray(missing)
+    return inner, [c.categories for c in columns], np.asarray(missing)
 
 
 def _binary(col: Column, what: str) -> None:
-    if col.n_levels != 2:
-        raise DataError(f"{what} needs two levels of {col.name!r}; it has {col.n_levels}: {list(col.levels)}")
+    if col.n_categories != 2:
+        raise DataError(f"{what} needs two levels of {col.name!r}; it has {col.n_categories}: {list(col.categories)}")
 
 
 def _drop_empty(table: np.ndarray, levels: list) -> tuple[np.ndarray, list]:
@@ -100,7 +100,7 @@ def chi2_test(
             return TestResult(
                 "chi-square goodness-of-fit test", float(res.statistic), float(res.pvalue), w,
                 f"Cohen's w of {a}", math.nan, math.nan, level, float(table.size - 1), "pearson", int(n),
-                "two-sided", {"levels": list(levels[0]), "observed": table, "expected": f_exp}, ex.communication,
+                "two-sided", {"categories": list(levels[0]), "observed": table, "expected": f_exp}, ex.communication,
             )  # fmt: skip
         if expected is not None:
             raise ValueError("expected= is for a goodness-of-fit test (b=None)")
@@ -114,7 +114,7 @@ def chi2_test(
             "chi-square test of independence", float(res.statistic), float(res.pvalue), v,
             f"Cramér's V of {a} and {b}", math.nan, math.nan, level, float(res.dof),
             "yates" if correction and table.shape == (2, 2) else "pearson", int(table.sum()), "two-sided",
-            {"levels": [list(lv) for lv in levels], "observed": table, "expected": res.expected_freq},
+            {"categories": [list(lv) for lv in levels], "observed": table, "expected": res.expected_freq},
             ex.communication,
         )  # fmt: skip
 
@@ -152,7 +152,7 @@ def fisher_exact(
             "Fisher's exact test", float(res.statistic), float(res.pvalue), float(orr.statistic),
             f"odds ratio of {b} = {levels[1][1]!r}, {a} {levels[0][1]!r} vs {levels[0][0]!r} (conditional MLE)", float(ci.low), float(ci.high), level,
             math.nan, "exact", int(table.sum()), alternative,
-            {"levels": [list(lv) for lv in levels], "observed": table,
+            {"categories": [list(lv) for lv in levels], "observed": table,
              "bayes": log_odds_ratio_posterior(table[1, 1], table[1].sum(), table[0, 1], table[0].sum(), level)},
             ex.communication,
         )  # fmt: skip
@@ -227,7 +227,7 @@ def mantel_haenszel(
             math.exp(math.log(odds) - z * se), math.exp(math.log(odds) + z * se), level, 1.0,
             "cmh" + (" (continuity)" if correction else ""), int(crude.sum()), "two-sided",
             {"homogeneity": homogeneity, "strata": round(T["strata"]), "log_odds_se": se, "crude": crude,
-             "levels": [list(lv) for lv in levels], "strata_by": strata or "client"},
+             "categories": [list(lv) for lv in levels], "strata_by": strata or "client"},
             ex.communication,
         )  # fmt: skip
 
@@ -269,7 +269,7 @@ def proportions_test(
         cols = [ex.categorical(c) for c in cols]
         y = cols[0]
         _binary(y, "proportions_test")
-        s = y.n_levels - 1 if success is None else _level(y, success)
+        s = y.n_categories - 1 if success is None else _category_index(y, success)
         table, levels, _ = contingency_table(ex, cols[::-1] if group else cols, "proportions_test")
         _check_cells(table, data, "proportions_test", levels)
         z_level = float(stats.norm.ppf(0.5 + level / 2))
@@ -286,12 +286,12 @@ def proportions_test(
             z = (p - v) / math.sqrt(p * (1 - p) / n)
             lo, hi = _wilson(count, n, z_level)
             return TestResult(
-                "one-sample z-test of a proportion", z, p_of(z), p, f"proportion of {column} = {y.levels[s]!r}",
+                "one-sample z-test of a proportion", z, p_of(z), p, f"proportion of {column} = {y.categories[s]!r}",
                 lo, hi, level, math.nan, "wald", int(n), alternative, {"count": count, "value": v},
                 ex.communication,
             )  # fmt: skip
         g = cols[1]
-        i, j = _pick(g, groups, table.sum(axis=1))
+        i, j = two_categories(g, groups, table.sum(axis=1))
         c1, n1, c2, n2 = float(table[i, s]), float(table[i].sum()), float(table[j, s]), float(table[j].sum())
         p1, p2 = c1 / n1, c2 / n2
         pooled = (c1 + c2) / (n1 + n2)
@@ -303,22 +303,16 @@ def proportions_test(
         lo, hi = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
         return TestResult(
             "two-sample z-test of proportions", z, p_of(z), d,
-            f"difference of proportions of {column} = {y.levels[s]!r} ({group} {g.levels[i]!r} - {g.levels[j]!r})",
+            f"difference of proportions of {column} = {y.categories[s]!r} ({group} {g.categories[i]!r} - {g.categories[j]!r})",
             lo, hi, level, math.nan, "pooled", int(n1 + n2), alternative,
-            {"groups": [g.levels[i], g.levels[j]], "count": [c1, c2], "n": [int(n1), int(n2)],
+            {"groups": [g.categories[i], g.categories[j]], "count": [c1, c2], "n": [int(n1), int(n2)],
              "bayes": log_odds_ratio_posterior(c1, n1, c2, n2, level)},
             ex.communication,
         )  # fmt: skip
 
 
-def _level(col: Column, level: Any) -> int:
-    for k, lv in enumerate(col.levels):
-        if lv == level:
+def _category_index(col: Column, value: Any) -> int:
+    for k, lv in enumerate(col.categories):
+        if lv == value:
             return k
-    raise DataError(f"column {col.name!r} has no level {level!r}; its levels are {list(col.levels)}")
-
-
-def _pick(g: Column, groups: Sequence[Any] | None, n: np.ndarray) -> tuple[int, int]:
-    from .means import _two_levels
-
-    return _two_levels(g, groups, n)
+    raise DataError(f"column {col.name!r} has no category {value!r}; its categories are {list(col.categories)}")
