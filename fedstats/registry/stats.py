@@ -3,7 +3,7 @@ statistics and classical tests (functions, not models: no estimator to declare).
 
 from __future__ import annotations
 
-from .exchanges import exchange
+from .exchanges import dp_exchange, exchange
 from .spec import Array, Disclosure
 
 _VALUES = "where its values lie: all of them, after enough rounds"
@@ -20,6 +20,18 @@ STATS = Disclosure(
                 Array("counts", "per group, each category's count (missing last)", "its table of counts"),
             ),
             "all",
+        ),
+        exchange(
+            "client summaries",
+            "_ClientSummaries",
+            "describe(clients=True): once; a node runs it only with release_statistics = true",
+            (
+                Array("rows", "its row count", "its row count"),
+                Array("n", "per numeric column, its count of present values", "its counts"),
+                Array("mean", "per numeric column, its mean", "its means"),
+                Array("ss", "per numeric column, its sum of squares about its mean", "its spread"),
+                Array("counts", "per categorical column, its count of each category", "its table of counts"),
+            ),
         ),
         exchange(
             "table",
@@ -71,9 +83,16 @@ STATS = Disclosure(
             (Array("counts", "per interval of values and group, how many of its values lie in it", _VALUES),),
             "all",
         ),
+        dp_exchange("private count", "_NoisyCount", "quantiles(dp=...): once, first", "n: 1 per present value"),
+        dp_exchange(
+            "private quantile search",
+            "_NoisyQuantileSearch",
+            "quantiles(dp=...): `rounds` rounds (default 8)",
+            "below: per threshold, 1 if the value is at or below it",
+        ),
     ),
     "nothing (the functions keep no state on a client).",
-    note="Every reply is summed: under secure aggregation the server learns only sums over the clients. "
+    note="Every reply but the per-client summaries of describe(clients=True) is summed: under secure aggregation the server learns only sums over the clients. "
     "What it learns then: the tables and moments the results are computed from; the quantiles, which are "
     "values of rows (the median of an odd number of rows is one row's value); for the rank tests, Spearman's "
     "correlation and a numeric column read as categorical, the pooled distinct values and how many rows of "

@@ -30,7 +30,19 @@ from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message
-from ._columns import SEARCH_ROUNDS, Column, codes, data_key, order_key, order_value, resolve, split_points, values
+from ..federation.runner import run
+from ._columns import (
+    BRANCHES,
+    SEARCH_ROUNDS,
+    Column,
+    codes,
+    data_key,
+    order_key,
+    order_value,
+    resolve,
+    split_points,
+    values,
+)
 from ._rounds import Exchanges, _GroupMoments
 
 __all__ = ["quantiles", "QuantileResult", "QUANTILE_METHODS", "order_statistics"]
@@ -101,6 +113,130 @@ class _QuantileSearch(FederatedAlgorithm):
         return metrics["open"] == 0
 
 
+class _NoisyQuantileSearch(FederatedAlgorithm):
+    """The differentially private search: each round, per sought quantile, 15 thresholds
+    evenly spaced in its interval of values; each client sends, per threshold, how many of its
+    present values (clipped into ``bounds``) are at or below it, with its share of Gaussian
+    noise (``privacy``); the server keeps the part where the noisy count first reaches the
+    quantile's noisy target count. A row's contribution is one 0/1 indicator per threshold, so
+    its L2 norm is at most ``sqrt(15 m)`` (m quantiles): that is the bound, and nothing is
+    clipped."""
+
+    reply_keys = summed_keys = ("below",)
+
+    def __init__(
+        self, column: Column, privacy: Any, n_clients: int, targets: np.ndarray, bounds: tuple[float, float]
+    ) -> None:
+        self.column, self.privacy, self.n_clients = column, privacy, int(n_clients)
+        self.targets = np.asarray(targets, dtype=float)
+        self.bounds = (float(bounds[0]), float(bounds[1]))
+
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        m = len(self.targets)
+        return {"a": np.full(m, self.bounds[0]), "b": np.full(m, self.bounds[1])}
+
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
+        return None
+
+    @staticmethod
+    def _thresholds(state: Mapping[str, np.ndarray]) -> np.ndarray:
+        j = np.arange(1, BRANCHES) / BRANCHES
+        return state["a"][:, None] + (state["b"] - state["a"])[:, None] * j[None, :]
+
+    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
+        return {"threshold": self._thresholds(server_state)}
+
+    def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
+        x = values(data, self.column)
+        x = np.clip(x[~np.isnan(x)], *self.bounds)
+        t = np.asarray(message["threshold"], dtype=float)
+        rows = {"below": (x[:, None, None] <= t[None]).reshape(len(x), -1).astype(float)}
+        out = self.privacy.client_sums(rows, rng, n_clients=self.n_clients)
+        return {"below": np.asarray(out.sums["below"], dtype=float).reshape(t.shape)}, state
+
+    def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
+        below = np.maximum.accumulate(np.asarray(replies.sums["below"]).reshape(len(self.targets), -1), axis=1)  # type: ignore[attr-defined]
+        t = self._thresholds(server_state)
+        enough = below >= self.targets[:, None]
+        j = np.where(enough.any(axis=1), enough.argmax(axis=1), t.shape[1])
+        ends = np.concatenate([server_state["a"][:, None], t, server_state["b"][:, None]], axis=1)
+        rows = np.arange(len(self.targets))
+        return {"a": ends[rows, j], "b": ends[rows, j + 1]}, {}
+
+
+def private_quantiles(
+    data: FederatedData, col: Column, qs: np.ndarray, dp: Any, bounds: Any, rounds: int, seed: int
+) -> tuple[np.ndarray, float, Any, Any]:
+    """The differentially private quantiles (see :func:`quantiles`): ``(values, the noisy
+    count, the privacy spent, the communication)``."""
+    from ..federation.records import Communication
+    from ..privacy import DifferentialPrivacy, PrivacyLedger, PrivacySpent, run_seed
+
+    if not isinstance(dp, DifferentialPrivacy):
+        raise TypeError(f"dp must be a fedstats.privacy.DifferentialPrivacy, got {type(dp).__name__}")
+    if bounds is None or len(bounds) != 2 or not (np.isfinite(bounds).all() and bounds[0] < bounds[1]):
+        raise ValueError(
+            f"the private quantiles search a public range of values: give bounds=(low, high), got {bounds!r}"
+        )
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    ledger = PrivacyLedger(dp.accountant)
+    K = data.n_clients
+
+    def option(bound: float) -> DifferentialPrivacy:
+        return DifferentialPrivacy(**{**dp.as_dict(), "clip": {"n" if bound == 1.0 else "below": bound}})
+
+    count = run(
+        _NoisyCount(col, option(1.0), K), data, rounds=1, seed=run_seed(seed, "private count"), progress=False,
+        batched=False, kind="private count", privacy_ledger=ledger,
+    )  # fmt: skip
+    _raise(count.history, "the private count")
+    n_noisy = float(count.server_state["n"][0])
+    targets = np.maximum(qs * max(n_noisy, 1.0), 0.5)
+    search = run(
+        _NoisyQuantileSearch(col, option(float(np.sqrt((BRANCHES - 1) * len(qs)))), K, targets, tuple(bounds)),
+        data, rounds=rounds, seed=run_seed(seed, "private quantile search"), progress=False, batched=False,
+        kind="private quantile search", privacy_ledger=ledger,
+    )  # fmt: skip
+    _raise(search.history, "the private quantile search")
+    s = search.server_state
+    comm = Communication.combine([count.communication, search.communication])
+    return (s["a"] + s["b"]) / 2, n_noisy, PrivacySpent(dp, ledger), comm
+
+
+class _NoisyCount(FederatedAlgorithm):
+    """The differentially private count of present values (each row's 1, with noise)."""
+
+    reply_keys = summed_keys = ("n",)
+
+    def __init__(self, column: Column, privacy: Any, n_clients: int) -> None:
+        self.column, self.privacy, self.n_clients = column, privacy, int(n_clients)
+
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict:
+        return {}
+
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
+        return None
+
+    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
+        return {}
+
+    def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
+        x = values(data, self.column)
+        out = self.privacy.client_sums({"n": np.ones(int(np.sum(~np.isnan(x))))}, rng, n_clients=self.n_clients)
+        return {"n": np.atleast_1d(np.asarray(out.sums["n"], dtype=float))}, state
+
+    def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
+        return {"n": np.asarray(replies.sums["n"], dtype=float)}, {}  # type: ignore[attr-defined]
+
+
+def _raise(history: Any, what: str) -> None:
+    failed = {c: why for rec in history for c, why in rec.failed.items()}
+    if failed:
+        c, why = next(iter(failed.items()))
+        raise RuntimeError(f"{what}: {len(failed)} client(s) failed; client {c!r}: {why}")
+
+
 def order_statistics(
     ex: Exchanges, cells: Sequence[tuple[Column, Column | None, int]], cell: np.ndarray, ranks: np.ndarray
 ) -> tuple[np.ndarray, int]:
@@ -156,6 +292,7 @@ class QuantileResult:
     n: int
     rounds: int
     communication: Any
+    privacy: Any = None
 
     def to_series(self) -> pd.Series:
         """The quantiles indexed by ``q``."""
@@ -169,6 +306,7 @@ class QuantileResult:
             "method": self.method,
             "n": self.n,
             "rounds": self.rounds,
+            **({} if self.privacy is None else {"epsilon": self.privacy.epsilon, "delta": self.privacy.delta}),
         }
 
     def summary(self) -> pd.DataFrame:
@@ -203,6 +341,9 @@ def quantiles(
     q: float | Sequence[float],
     *,
     method: str = "linear",
+    dp: Any = None,
+    bounds: tuple[float, float] | None = None,
+    rounds: int = 8,
     seed: int = 0,
     backend: Any = None,
 ) -> QuantileResult:
@@ -218,8 +359,21 @@ def quantiles(
         Probabilities in [0, 1].
     method : {"linear", "lower", "higher", "midpoint", "nearest"}
         numpy's definition (default ``"linear"``, numpy's default).
+    dp : DifferentialPrivacy, optional
+        Differentially private quantiles instead (:mod:`fedstats.privacy`: its
+        ``noise_multiplier``, ``delta``, ``accountant`` and ``placement``; the bound of each
+        row's contribution is set here, as nothing needs clipping): a noisy count of the
+        present values, then ``rounds`` rounds of noisy counts below 15 thresholds per
+        quantile in ``bounds``, values clipped into them. Each quantile is where the noisy
+        count of values at or below it first reaches ``q`` times the noisy count (no
+        interpolation: ``method`` does not apply), to within ``(high - low) / 16**rounds``
+        plus the noise's effect. ``result.privacy`` holds the epsilon spent (at ``delta``).
+    bounds : (float, float)
+        With ``dp``: the public range of the values (required).
+    rounds : int
+        With ``dp``: the rounds of the search (default 8).
     seed : int
-        The runtime's seed (the rounds draw nothing).
+        The runtime's seed (the exact rounds draw nothing; the private ones draw the noise).
     backend : optional
         Where the clients' steps run (as every model's ``fit``: ``"inprocess"``, ``"flower"``
         or a :class:`~fedstats.federation.flower.FlowerSession`).
@@ -244,6 +398,9 @@ def quantiles(
         col = resolve(data, column)
         if col.categorical:
             raise DataError(f"column {column!r} is categorical: its quantiles are not defined")
+        if dp is not None:
+            vals, n_noisy, spent, comm = private_quantiles(data, col, qs, dp, bounds, rounds, seed)
+            return QuantileResult(column, qs, vals, "private", int(round(n_noisy)), 1 + rounds, comm, spent)
         ex = Exchanges(data, [col], seed=seed, what="quantiles")
         n = int(ex.sums(_GroupMoments([col]), "row count")["n"][0, 0])
         if n < data.min_rows:
