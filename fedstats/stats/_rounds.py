@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..data import FederatedData
-from ..data.disclosure import DisclosureError, breach
+from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS, DisclosureError, breach
 from ..data.validation import DataError
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message
 from ..federation.records import Communication
@@ -416,13 +416,28 @@ class Exchanges:
         return Communication.combine(self.parts)
 
 
+def _rows_here(data: FederatedData) -> bool:
+    """Whether this process holds the clients' rows (not a deployment's view of them)."""
+    X_of: dict = getattr(data, "_X", None) or {}
+    return bool(X_of) and isinstance(next(iter(X_of.values())), np.ndarray)
+
+
+def released_rules(data: FederatedData) -> tuple[int, int]:
+    """``(min_rows, min_cell_count)`` for what a function releases (a table's cells, a
+    quartile): the data's rules; for data whose rows live on nodes (a deployment, whose nodes
+    check their own rows against their policies and whose view on the server has the rules
+    off), at least the defaults."""
+    if _rows_here(data):
+        return data.min_rows, data.min_cell_count
+    return max(data.min_rows, MIN_ROWS), max(data.min_cell_count, MIN_CELL_COUNT)
+
+
 def check_clients(data: FederatedData, columns: Sequence[Column], what: str) -> None:
     """Refuse, naming the rule and the option, a client whose rows of ``columns`` break the
     data's disclosure rules: fewer than ``min_rows`` rows; a level of a categorical column, or
     a value of a 0/1 numeric column, held by 1 to ``min_cell_count - 1`` of its rows. Data
     whose rows live on nodes pass (each node checks its own against its policy)."""
-    X_of = getattr(data, "_X", None)
-    if not X_of or not isinstance(next(iter(X_of.values())), np.ndarray):
+    if not _rows_here(data):
         return
     for c, cd in data.items():
         numeric = [col for col in columns if not col.categorical]

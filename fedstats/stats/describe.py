@@ -33,7 +33,7 @@ from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ._columns import Column, column_names, resolve
 from ._common import check_level
-from ._rounds import Exchanges, _ClientSummaries, _LevelCounts
+from ._rounds import Exchanges, _ClientSummaries, _LevelCounts, released_rules
 from .quantiles import quantile_values
 
 __all__ = ["describe", "DescribeResult"]
@@ -242,6 +242,7 @@ def describe(
         cols = [resolve(data, c) for c in names]
         group0 = None if by is None else resolve(data, by)
         ex = Exchanges(data, cols + ([group0] if group0 is not None else []), seed=seed, what="describe")
+        min_rows, min_cell_count = released_rules(data)
         group = None if group0 is None else ex.categorical(group0)
         numeric = [c for c in cols if not c.categorical]
         categorical = [c for c in cols if c.categorical]
@@ -260,7 +261,7 @@ def describe(
             stats_num = _numeric_statistics(m["n"][order], m["mean"][order], m["ss"][order], rows, level)
             cells = [(c, group if k < G - 1 else None, k) for k in range(G) for c in numeric]
             # no quartiles of fewer than min_rows values: the server would learn those rows' values
-            counts = [int(v) if v >= data.min_rows else 0 for v in m["n"].ravel()]
+            counts = [int(v) if v >= min_rows else 0 for v in m["n"].ravel()]
             qv, _ = quantile_values(ex, cells, counts, np.array([0.25, 0.5, 0.75]), "linear")
             qv = qv.reshape(G, len(numeric), 3)[order]
             stats_num |= {"q1": qv[:, :, 0], "median": qv[:, :, 1], "q3": qv[:, :, 2]}
@@ -282,21 +283,12 @@ def describe(
             rows = np.r_[rows, [per[c]["rows"][0] for c in ids]]
             groups = groups + list(client_table.columns)
     kinds = {c.name: "categorical" if c.categorical else "numeric" for c in cols}
-    suppressed, small = _suppress(table, kinds, partitions, data.min_cell_count, data.min_rows)
+    suppressed, small = _suppress(table, kinds, partitions, min_cell_count, min_rows)
     rows_s = pd.Series(rows.astype(float), index=groups)
-    small_group = (rows_s > 0) & (rows_s < data.min_cell_count)
+    small_group = (rows_s > 0) & (rows_s < min_cell_count)
     rows_s[small_group] = np.nan
     return DescribeResult(
-        table.mask(suppressed),
-        suppressed,
-        small,
-        rows_s,
-        kinds,
-        by,
-        level,
-        data.min_cell_count,
-        data.min_rows,
-        ex.communication,
+        table.mask(suppressed), suppressed, small, rows_s, kinds, by, level, min_cell_count, min_rows, ex.communication
     )
 
 

@@ -43,7 +43,7 @@ from ._columns import (
     split_points,
     values,
 )
-from ._rounds import Exchanges, _GroupMoments
+from ._rounds import Exchanges, _GroupMoments, released_rules
 
 __all__ = ["quantiles", "QuantileResult", "QUANTILE_METHODS", "order_statistics"]
 
@@ -403,10 +403,11 @@ def quantiles(
             return QuantileResult(column, qs, vals, "private", int(round(n_noisy)), 1 + rounds, comm, spent)
         ex = Exchanges(data, [col], seed=seed, what="quantiles")
         n = int(ex.sums(_GroupMoments([col]), "row count")["n"][0, 0])
-        if n < data.min_rows:
+        min_rows = released_rules(data)[0]
+        if n < min_rows:
             raise DataError(
                 f"quantiles of {n} values would reveal rows: the disclosure rule min_rows asks for at least "
-                f"{data.min_rows} (data.with_rules(min_rows=...) to relax it)"
+                f"{min_rows} (data.with_rules(min_rows=...) to relax it)"
             )
         vals, rounds = quantile_values(ex, [(col, None, 0)], [n], qs, method)
     return QuantileResult(column, qs, vals[0], method, n, 1 + rounds, ex.communication)

@@ -18,7 +18,17 @@ from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ._columns import Column, resolve
 from ._common import check_level, two_categories
-from ._rounds import BD_TERMS, MH_TERMS, Exchanges, _CrossTable, _StrataTerms, bd_terms, disclosure_refusal, mh_terms
+from ._rounds import (
+    BD_TERMS,
+    MH_TERMS,
+    Exchanges,
+    _CrossTable,
+    _StrataTerms,
+    bd_terms,
+    disclosure_refusal,
+    mh_terms,
+    released_rules,
+)
 from .bayes import log_odds_ratio_posterior
 from .result import TestResult
 
@@ -26,11 +36,12 @@ __all__ = ["chi2_test", "fisher_exact", "mantel_haenszel", "proportions_test", "
 
 
 def _check_cells(table: np.ndarray, data: FederatedData, what: str, labels: Sequence[Sequence[Any]]) -> None:
-    small = (table > 0) & (table < data.min_cell_count)
+    min_cell_count = released_rules(data)[1]
+    small = (table > 0) & (table < min_cell_count)
     if small.any():
         at = tuple(int(i[0]) for i in np.nonzero(small))
         cell = "(" + ", ".join(repr(labels[k][i]) for k, i in enumerate(at)) + ")"
-        raise disclosure_refusal(what, cell, int(table[at]), data.min_cell_count)
+        raise disclosure_refusal(what, cell, int(table[at]), min_cell_count)
 
 
 def contingency_table(

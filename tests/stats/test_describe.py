@@ -162,3 +162,15 @@ def test_per_client_columns_equal_each_clients_rows_and_are_suppressed_alike():
     levels = [("grp", f"n: {lv}") for lv in "abc"] + [("grp", "missing")]
     for row in levels:
         assert s.loc[row, [c for c in t.columns if c.startswith("client")]].sum() != 1 or s.loc[row, "overall"]
+
+
+def test_a_deployments_view_releases_no_cell_under_the_defaults():
+    # the server's view of a deployment has its rules off (each node checks its own rows);
+    # what describe and the tests release still follows the defaults
+    from fedstats.federation.flower.remote import RemoteFederatedData
+    from fedstats.stats._rounds import released_rules
+
+    view = RemoteFederatedData({"a": 40, "b": 50}, ["x", "grp[v]"], None)
+    assert (view.min_rows, view.min_cell_count) == (1, 1)
+    assert released_rules(view) == (10, 5)
+    assert released_rules(FederatedData.from_arrays([np.ones((3, 1))], min_rows=1, min_cell_count=2)) == (1, 2)
