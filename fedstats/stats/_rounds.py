@@ -40,9 +40,9 @@ MAX_SPLIT_ROUNDS = SEARCH_ROUNDS + 1  # the first count, then 4 of the 64 bits o
 
 
 class _SumRound:
-    """One round (a mixin of the one-round exchanges); each client's reply (every array
-    summed) from :meth:`sums`. The sums of ``count_keys`` are whole numbers: rounded (secure
-    aggregation sums to within 2**-44)."""
+    """One round (a mixin of the one-round exchanges); each client's reply from :meth:`sums`.
+    The sums of ``count_keys`` are whole numbers: rounded (secure aggregation sums to within
+    2**-44)."""
 
     random_client_steps = False
     count_keys: tuple[str, ...] = ()
@@ -172,7 +172,7 @@ class _LevelCounts(_SumRound, FederatedAlgorithm):
         return [part.reshape(G, -1) for part in np.split(np.asarray(counts), ends)]
 
 
-class _ClientSummaries(FederatedAlgorithm):
+class _ClientSummaries(_SumRound, FederatedAlgorithm):
     """One round of each client's own summaries, per client (not summed): its rows, and per
     numeric column the count, mean and sum of squares about that mean of its present values,
     per categorical column its count of every level (a missing value the last). The node's
@@ -181,21 +181,11 @@ class _ClientSummaries(FederatedAlgorithm):
     reply_keys = ("rows", "n", "mean", "ss", "counts")
     summed_keys = ()
     releases_statistics = True
-    random_client_steps = False
 
     def __init__(self, numeric: Sequence[Column], categorical: Sequence[Column]) -> None:
         self.numeric, self.categorical = tuple(numeric), tuple(categorical)
 
-    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict:
-        return {}
-
-    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
-        return None
-
-    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
-        return {}
-
-    def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
+    def sums(self, data: Any) -> dict[str, np.ndarray]:
         p = len(self.numeric)
         V = np.column_stack([values(data, c) for c in self.numeric]) if p else np.empty((len(data.X), 0))
         present = ~np.isnan(V)
@@ -205,7 +195,7 @@ class _ClientSummaries(FederatedAlgorithm):
         ss = np.where(present, (V - mean) ** 2, 0.0).sum(axis=0)
         parts = [np.bincount(codes(data, c), minlength=c.n_categories + 1) for c in self.categorical]
         counts = np.concatenate(parts).astype(float) if parts else np.zeros(0)
-        return {"rows": np.array([float(len(V))]), "n": n, "mean": mean, "ss": ss, "counts": counts}, state
+        return {"rows": np.array([float(len(V))]), "n": n, "mean": mean, "ss": ss, "counts": counts}
 
     def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
         return {c: dict(r) for c, r in replies.items()}, {}

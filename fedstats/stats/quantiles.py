@@ -43,7 +43,7 @@ from ._columns import (
     split_points,
     values,
 )
-from ._rounds import Exchanges, _GroupMoments, released_rules
+from ._rounds import Exchanges, _GroupMoments, _SumRound, released_rules
 
 __all__ = ["quantiles", "QuantileResult", "QUANTILE_METHODS", "order_statistics"]
 
@@ -204,30 +204,19 @@ def private_quantiles(
     return (s["a"] + s["b"]) / 2, n_noisy, PrivacySpent(dp, ledger), comm
 
 
-class _NoisyCount(FederatedAlgorithm):
+class _NoisyCount(_SumRound, FederatedAlgorithm):
     """The differentially private count of present values (each row's 1, with noise)."""
 
     reply_keys = summed_keys = ("n",)
+    random_client_steps = True
 
     def __init__(self, column: Column, privacy: Any, n_clients: int) -> None:
         self.column, self.privacy, self.n_clients = column, privacy, int(n_clients)
-
-    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict:
-        return {}
-
-    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
-        return None
-
-    def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
-        return {}
 
     def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
         x = values(data, self.column)
         out = self.privacy.client_sums({"n": np.ones(int(np.sum(~np.isnan(x))))}, rng, n_clients=self.n_clients)
         return {"n": np.atleast_1d(np.asarray(out.sums["n"], dtype=float))}, state
-
-    def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
-        return {"n": np.asarray(replies.sums["n"], dtype=float)}, {}  # type: ignore[attr-defined]
 
 
 def _raise(history: Any, what: str) -> None:
