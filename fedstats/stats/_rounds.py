@@ -280,8 +280,9 @@ class _DistinctValues(FederatedAlgorithm):
         return 1 if self.group is None else self.group.n_categories
 
     def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return {"lo": np.array([_LOWEST]), "hi": np.array([_HIGHEST]), "counts": np.zeros((1, self.n_groups)),
-                "known": np.array([False])}  # fmt: skip
+        G = self.n_groups
+        return {"lo": np.array([_LOWEST]), "hi": np.array([_HIGHEST]), "started": np.array([False]),
+                "found": np.zeros(0, dtype=np.uint64), "found_counts": np.zeros((0, G))}  # fmt: skip
 
     def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> list[np.ndarray]:
         x = values(data, self.column)
@@ -291,17 +292,16 @@ class _DistinctValues(FederatedAlgorithm):
 
     def _ask(self, state: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The intervals of the next round: every open one split into 16 parts (the first
-        round: the whole line); the empty parts of a short interval left out."""
+        round: the whole line); the empty parts of a short interval left out. Values already
+        found are not asked again."""
         lo, hi = state["lo"], state["hi"]
-        if not state["known"].any():
+        if not state["started"][0]:
             return lo, hi
         t = split_points(lo, hi)
         starts = np.concatenate([lo[:, None], t + np.uint64(1)], axis=1).ravel()
         ends = np.concatenate([t, hi[:, None]], axis=1).ravel()
-        single = np.repeat(lo == hi, t.shape[1] + 1)
-        first = np.tile(np.arange(t.shape[1] + 1) == 0, len(lo))
-        keep = np.where(single, first, starts <= ends)  # a found value once; no empty part
-        return np.where(single, np.repeat(lo, t.shape[1] + 1), starts)[keep], ends[keep]
+        keep = starts <= ends
+        return starts[keep], ends[keep]
 
     def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
         lo, hi = self._ask(server_state)
@@ -319,8 +319,15 @@ class _DistinctValues(FederatedAlgorithm):
         lo, hi = self._ask(server_state)
         keep = counts.sum(axis=1) > 0
         lo, hi, counts = lo[keep], hi[keep], counts[keep]
-        state = {"lo": lo, "hi": hi, "counts": counts, "known": np.ones(len(lo), dtype=bool)}
-        return state, {"open": float(np.sum(lo != hi))}
+        single = lo == hi
+        state = {
+            "lo": lo[~single],
+            "hi": hi[~single],
+            "started": np.array([True]),
+            "found": np.r_[server_state["found"], lo[single]],
+            "found_counts": np.concatenate([server_state["found_counts"], counts[single]]),
+        }
+        return state, {"open": float(np.sum(~single))}
 
     def converged(self, server_state: Any, metrics: Mapping[str, float]) -> bool:
         return metrics["open"] == 0
@@ -359,8 +366,9 @@ class Exchanges:
         """``(distinct values, counts (m, G))`` of ``column`` (see :class:`_DistinctValues`)."""
         r = self._run(_DistinctValues(column, group, require), MAX_SPLIT_ROUNDS, "rank counts")
         s = r.server_state
-        assert np.all(s["lo"] == s["hi"]), "the interval splitting did not end on single values"
-        return _value(s["lo"]), s["counts"]
+        assert len(s["lo"]) == 0, "the interval splitting did not end on single values"
+        order = np.argsort(s["found"])
+        return _value(s["found"][order]), s["found_counts"][order]
 
     def categorical(self, col: Column, max_categories: int = 50) -> Column:
         """``col`` as a categorical column: as it is, or a numeric column whose levels (its
