@@ -372,7 +372,7 @@ def quantiles(
     >>> import numpy as np
     >>> from fedstats import FederatedData
     >>> rng = np.random.default_rng(0)
-    >>> Xs = [rng.normal(size=(30, 1)) for n in (30, 50, 20)]
+    >>> Xs = [rng.normal(size=(n, 1)) for n in (30, 50, 20)]
     >>> data = FederatedData.from_arrays(Xs)
     >>> res = quantiles(data, "x0", [0.25, 0.5, 0.75])
     >>> bool(np.array_equal(res.values, np.quantile(np.concatenate(Xs)[:, 0], [0.25, 0.5, 0.75])))
