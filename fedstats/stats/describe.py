@@ -73,14 +73,15 @@ class DescribeResult:
 
     def table1(self, digits: int = 2) -> pd.DataFrame:
         """The table as text, as a paper's "Table 1": ``mean (sd)``, ``median [Q1, Q3]``, the
-        missing values, and ``n (%)`` per category; ``<k`` or ``--`` where suppressed."""
+        missing values, and ``n (%)`` per category; ``<k`` or ``--`` where suppressed, ``--``
+        where not computed (a client's quartiles)."""
         t, sup = self.table, self.suppressed
         small = f"<{self.min_cell_count}"
         header = {g: (f"{g} (n={int(n)})" if not math.isnan(n) else f"{g} (n {small})") for g, n in self.rows.items()}
         lines: list[tuple[str, list[str]]] = []
 
         def num(v: float, s: bool) -> str:
-            return "--" if s else f"{v:.{digits}f}"
+            return "--" if s or math.isnan(v) else f"{v:.{digits}f}"
 
         def count(v: float, s: bool, primary: bool) -> str:
             return (small if primary else "--") if s else f"{int(v)}"
@@ -94,7 +95,7 @@ class DescribeResult:
                         f"{var}, mean (sd)",
                         [
                             "--"
-                            if srow.at["mean", g]
+                            if srow.at["mean", g] or math.isnan(row.at["mean", g])
                             else f"{num(row.at['mean', g], False)} ({num(row.at['sd', g], srow.at['sd', g])})"
                             for g in t.columns
                         ],
@@ -105,7 +106,7 @@ class DescribeResult:
                         "  median [Q1, Q3]",
                         [
                             "--"
-                            if srow.at["median", g]
+                            if srow.at["median", g] or math.isnan(row.at["median", g])
                             else f"{num(row.at['median', g], False)} [{num(row.at['q1', g], False)}, "
                             f"{num(row.at['q3', g], False)}]"
                             for g in t.columns
