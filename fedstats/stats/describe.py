@@ -13,7 +13,8 @@ from 1 to ``min_cell_count - 1`` is suppressed, and so are the statistics (mean,
 quartiles) of fewer than ``min_rows`` values; then, so that no suppressed count follows from
 the others by subtraction, wherever a sum (a column's levels and missing values adding up to
 the group's rows; the groups adding up to the overall count) has exactly one suppressed term,
-the smallest other term is suppressed too, until no sum has one. Suppressed cells are NaN in
+the smallest other term is suppressed too, until no sum has one (a count withheld so takes
+the mean's interval with it, whose width would give the count away). Suppressed cells are NaN in
 :meth:`DescribeResult.to_frame`, marked in ``suppressed`` and printed as ``<5`` or ``--``.
 """
 
@@ -412,10 +413,14 @@ def _suppress(
             changed = True
     for var, kind in kinds.items():  # what depends on the suppressed counts
         if kind == "numeric":
-            few = (values[pos[var, "n"]] < min_rows) | sup[pos[var, "n"]]
+            # few or a small count: every statistic; a count withheld only to protect another:
+            # the mean's interval, whose width says the count
+            few = (values[pos[var, "n"]] < min_rows) | primary[pos[var, "n"]]
             for stat in _NUMERIC:
                 if stat not in _COUNTS:
                     sup[pos[var, stat]] |= few
+            for stat in ("mean_lower", "mean_upper"):
+                sup[pos[var, stat]] |= sup[pos[var, "n"]]
         else:
             for s in [s for (v, s) in table.index if v == var and s.startswith("n: ")]:
                 sup[pos[var, "percent: " + s[3:]]] |= sup[pos[var, s]]

@@ -174,3 +174,16 @@ def test_a_deployments_view_releases_no_cell_under_the_defaults():
     assert (view.min_rows, view.min_cell_count) == (1, 1)
     assert released_rules(view) == (10, 5)
     assert released_rules(FederatedData.from_arrays([np.ones((3, 1))], min_rows=1, min_cell_count=2)) == (1, 2)
+
+
+def test_a_count_withheld_to_protect_another_hides_the_interval_that_would_give_it_away():
+    df = frame(1, sizes=(30, 60, 90))
+    data = FederatedData.from_dataframe(df, by="site", missing="keep", min_rows=1, min_cell_count=3)
+    res = describe(data, ["y"], clients=True)
+    s, t = res.suppressed, res.to_frame()
+    assert res.small.loc[("y", "missing"), "client = s0"]  # 2 missing values at s0: a small count
+    withheld = [c for c in t.columns if s.loc[("y", "n"), c] and not res.small.loc[("y", "n"), c]]
+    assert withheld  # n withheld only so that the small count cannot be recovered
+    for c in withheld:
+        assert not s.loc[("y", "mean"), c] and not np.isnan(t.loc[("y", "mean"), c])
+        assert s.loc[("y", "mean_lower"), c] and s.loc[("y", "mean_upper"), c]
