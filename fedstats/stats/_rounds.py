@@ -30,6 +30,7 @@ from ..data.validation import DataError
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message
 from ..federation.records import Communication
 from ..federation.runner import run
+from ..privacy.ledger import run_seed
 from ._columns import SEARCH_ROUNDS, Column, codes, data_key, split_points, values, with_categories
 from ._columns import order_key as _key
 from ._columns import order_value as _value
@@ -345,8 +346,13 @@ class Exchanges:
         self.parts: list[Communication] = []
         check_clients(data, columns, what)
 
-    def _run(self, algorithm: FederatedAlgorithm, rounds: int, kind: str) -> Any:
-        r = run(algorithm, self.data, rounds=rounds, seed=self.seed, progress=False, batched=False, kind=kind)
+    def _run(self, algorithm: FederatedAlgorithm, rounds: int, kind: str, privacy_ledger: Any = None) -> Any:
+        # a differentially private run draws its noise from a seed of its own (a ledger refuses a repeat)
+        seed = self.seed if privacy_ledger is None else run_seed(self.seed, kind)
+        r = run(
+            algorithm, self.data, rounds=rounds, seed=seed, progress=False, batched=False, kind=kind,
+            privacy_ledger=privacy_ledger,
+        )  # fmt: skip
         self.parts.append(r.communication)
         failed = {c: why for rec in r.history for c, why in rec.failed.items()}
         if failed:
@@ -405,9 +411,10 @@ class Exchanges:
         cross = second["cross"] - d1[:, :, None] * d1[:, None, :] / safe[:, :, None]
         return {"n": n, "mean": mean, "ss": ss, "cross": cross}
 
-    def iterate(self, algorithm: FederatedAlgorithm, rounds: int, kind: str) -> Any:
-        """An iterative exchange's final server state."""
-        return self._run(algorithm, rounds, kind).server_state
+    def iterate(self, algorithm: FederatedAlgorithm, rounds: int, kind: str, privacy_ledger: Any = None) -> Any:
+        """An iterative exchange's final server state (a private one records its releases in
+        ``privacy_ledger``)."""
+        return self._run(algorithm, rounds, kind, privacy_ledger).server_state
 
     @property
     def communication(self) -> Communication:

@@ -30,7 +30,6 @@ from ..data import FederatedData
 from ..data.validation import DataError
 from ..federation.backend import use_backend
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message
-from ..federation.runner import run
 from ._columns import (
     BRANCHES,
     SEARCH_ROUNDS,
@@ -165,12 +164,11 @@ class _NoisyQuantileSearch(FederatedAlgorithm):
 
 
 def private_quantiles(
-    data: FederatedData, col: Column, qs: np.ndarray, dp: Any, bounds: Any, rounds: int, seed: int
-) -> tuple[np.ndarray, float, Any, Any]:
+    ex: Exchanges, col: Column, qs: np.ndarray, dp: Any, bounds: Any, rounds: int
+) -> tuple[np.ndarray, float, Any]:
     """The differentially private quantiles (see :func:`quantiles`): ``(values, the noisy
-    count, the privacy spent, the communication)``."""
-    from ..federation.records import Communication
-    from ..privacy import DifferentialPrivacy, PrivacyLedger, PrivacySpent, run_seed
+    count, the privacy spent)``."""
+    from ..privacy import DifferentialPrivacy, PrivacyLedger, PrivacySpent
 
     if not isinstance(dp, DifferentialPrivacy):
         raise TypeError(f"dp must be a fedstats.privacy.DifferentialPrivacy, got {type(dp).__name__}")
@@ -181,27 +179,16 @@ def private_quantiles(
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     ledger = PrivacyLedger(dp.accountant)
-    K = data.n_clients
+    K = ex.data.n_clients
 
     def option(bound: float) -> DifferentialPrivacy:
         return DifferentialPrivacy(**{**dp.as_dict(), "clip": {"n" if bound == 1.0 else "below": bound}})
 
-    count = run(
-        _NoisyCount(col, option(1.0), K), data, rounds=1, seed=run_seed(seed, "private count"), progress=False,
-        batched=False, kind="private count", privacy_ledger=ledger,
-    )  # fmt: skip
-    _raise(count.history, "the private count")
-    n_noisy = float(count.server_state["n"][0])
+    n_noisy = float(ex.iterate(_NoisyCount(col, option(1.0), K), 1, "private count", ledger)["n"][0])
     targets = np.maximum(qs * max(n_noisy, 1.0), 0.5)
-    search = run(
-        _NoisyQuantileSearch(col, option(float(np.sqrt((BRANCHES - 1) * len(qs)))), K, targets, tuple(bounds)),
-        data, rounds=rounds, seed=run_seed(seed, "private quantile search"), progress=False, batched=False,
-        kind="private quantile search", privacy_ledger=ledger,
-    )  # fmt: skip
-    _raise(search.history, "the private quantile search")
-    s = search.server_state
-    comm = Communication.combine([count.communication, search.communication])
-    return (s["a"] + s["b"]) / 2, n_noisy, PrivacySpent(dp, ledger), comm
+    search = _NoisyQuantileSearch(col, option(float(np.sqrt((BRANCHES - 1) * len(qs)))), K, targets, tuple(bounds))
+    s = ex.iterate(search, rounds, "private quantile search", ledger)
+    return (s["a"] + s["b"]) / 2, n_noisy, PrivacySpent(dp, ledger)
 
 
 class _NoisyCount(_SumRound, FederatedAlgorithm):
@@ -217,13 +204,6 @@ class _NoisyCount(_SumRound, FederatedAlgorithm):
         x = values(data, self.column)
         out = self.privacy.client_sums({"n": np.ones(int(np.sum(~np.isnan(x))))}, rng, n_clients=self.n_clients)
         return {"n": np.atleast_1d(np.asarray(out.sums["n"], dtype=float))}, state
-
-
-def _raise(history: Any, what: str) -> None:
-    failed = {c: why for rec in history for c, why in rec.failed.items()}
-    if failed:
-        c, why = next(iter(failed.items()))
-        raise RuntimeError(f"{what}: {len(failed)} client(s) failed; client {c!r}: {why}")
 
 
 def order_statistics(
@@ -387,10 +367,10 @@ def quantiles(
         col = resolve(data, column)
         if col.categorical:
             raise DataError(f"column {column!r} is categorical: its quantiles are not defined")
-        if dp is not None:
-            vals, n_noisy, spent, comm = private_quantiles(data, col, qs, dp, bounds, rounds, seed)
-            return QuantileResult(column, qs, vals, "private", int(round(n_noisy)), 1 + rounds, comm, spent)
         ex = Exchanges(data, [col], seed=seed, what="quantiles")
+        if dp is not None:
+            vals, n_noisy, spent = private_quantiles(ex, col, qs, dp, bounds, rounds)
+            return QuantileResult(column, qs, vals, "private", round(n_noisy), 1 + rounds, ex.communication, spent)
         n = int(ex.sums(_GroupMoments([col]), "row count")["n"][0, 0])
         min_rows = released_rules(data)[0]
         if n < min_rows:

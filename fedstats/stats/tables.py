@@ -44,15 +44,11 @@ def _check_cells(table: np.ndarray, data: FederatedData, what: str, labels: Sequ
         raise disclosure_refusal(what, cell, int(table[at]), min_cell_count)
 
 
-def contingency_table(
-    ex: Exchanges, columns: Sequence[Column], what: str
-) -> tuple[np.ndarray, list[tuple[Any, ...]], np.ndarray]:
-    """The pooled table of ``columns`` (categorical) over the rows complete in all of them:
-    ``(table, levels per column, missing rows)``."""
+def contingency_table(ex: Exchanges, columns: Sequence[Column]) -> tuple[np.ndarray, list[tuple[Any, ...]]]:
+    """The pooled table of ``columns`` (categorical) over the rows complete in all of them, and
+    each column's categories."""
     counts = np.rint(ex.sums(_CrossTable(columns), "counts")["counts"]).astype(np.int64)
-    inner = counts[tuple(slice(0, c.n_categories) for c in columns)]
-    missing = float(counts.sum() - inner.sum())
-    return inner, [c.categories for c in columns], np.asarray(missing)
+    return counts[tuple(slice(0, c.n_categories) for c in columns)], [c.categories for c in columns]
 
 
 def _binary(col: Column, what: str) -> None:
@@ -96,7 +92,7 @@ def chi2_test(
         cols = [resolve(data, a)] + ([] if b is None else [resolve(data, b)])
         ex = Exchanges(data, cols, seed=seed, what="chi2_test")
         cols = [ex.categorical(c) for c in cols]
-        table, levels, _ = contingency_table(ex, cols, "chi2_test")
+        table, levels = contingency_table(ex, cols)
         if b is None:
             if expected is None:
                 raise ValueError("a goodness-of-fit test needs expected= (one proportion or count per level)")
@@ -154,7 +150,7 @@ def fisher_exact(
         cols = [ex.categorical(c) for c in cols]
         for c in cols:
             _binary(c, "fisher_exact")
-        table, levels, _ = contingency_table(ex, cols, "fisher_exact")
+        table, levels = contingency_table(ex, cols)
         _check_cells(table, data, "fisher_exact", levels)
         res = stats.fisher_exact(table, alternative=alternative)
         orr = stats.contingency.odds_ratio(table.astype(np.int64))
@@ -199,13 +195,13 @@ def mantel_haenszel(
         e, o = (ex.categorical(c) for c in cols)
         _binary(e, "mantel_haenszel")
         _binary(o, "mantel_haenszel")
-        crude, levels, _ = contingency_table(ex, [e, o], "mantel_haenszel")
+        crude, levels = contingency_table(ex, [e, o])
         _check_cells(crude, data, "mantel_haenszel", levels)
         if strata is None:
             terms = ex.sums(_StrataTerms(e, o), "Mantel-Haenszel terms")["terms"]
         else:
             s = ex.categorical(resolve(data, strata))
-            tables, _, _ = contingency_table(ex, [s, e, o], "mantel_haenszel")
+            tables, _ = contingency_table(ex, [s, e, o])
             terms = sum((mh_terms(t) for t in tables), np.zeros(len(MH_TERMS)))
         T = dict(zip(MH_TERMS, terms, strict=True))
         if T["ad_n"] == 0 or T["bc_n"] == 0:
@@ -281,7 +277,7 @@ def proportions_test(
         y = cols[0]
         _binary(y, "proportions_test")
         s = y.n_categories - 1 if success is None else _category_index(y, success)
-        table, levels, _ = contingency_table(ex, cols[::-1] if group else cols, "proportions_test")
+        table, levels = contingency_table(ex, cols[::-1] if group else cols)
         _check_cells(table, data, "proportions_test", levels)
         z_level = float(stats.norm.ppf(0.5 + level / 2))
 
