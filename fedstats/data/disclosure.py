@@ -164,16 +164,21 @@ def check_disclosure(data: Any, model: str) -> None:
             names=data.feature_names,
             target_name=data.target_name,
         )
-        if found is None:
-            continue
-        rule, why, allowed = found
-        option = "min_cell_count" if rule == "min_cell_count" else "min_rows"
-        kind = "cell" if option == "min_cell_count" else "row"
-        off = f"; 1 turns the {kind} rules off" if allowed != 1 else f" (no {kind} rules)"
-        cli = "--min-cell-count" if option == "min_cell_count" else "--min-rows"
-        raise DisclosureError(
-            f"{model} refuses client {c!r} (rule {rule}): {why}. To allow it, set {option}={allowed}{off} "
-            f"(FederatedData's {option}=, {cli} {allowed} on the command line, {option} in a node's policy)",
-            rule,
-            c,
-        )
+        if found is not None:
+            raise refusal(model, c, found)
+
+
+def refusal(who: str, client: Any, found: tuple[str, str, int]) -> DisclosureError:
+    """The error of ``who`` refusing ``client`` for the rule :func:`breach` ``found``, naming
+    the option that would allow it."""
+    rule, why, allowed = found
+    option = "min_cell_count" if rule == "min_cell_count" else "min_rows"
+    kind = "cell" if option == "min_cell_count" else "row"
+    off = f"; 1 turns the {kind} rules off" if allowed != 1 else f" (no {kind} rules)"
+    cli = "--min-cell-count" if option == "min_cell_count" else "--min-rows"
+    return DisclosureError(
+        f"{who} refuses client {client!r} (rule {rule}): {why}. To allow it, set {option}={allowed}{off} "
+        f"(FederatedData's {option}=, {cli} {allowed} on the command line, {option} in a node's policy)",
+        rule,
+        client,
+    )

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..data import FederatedData
-from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS, DisclosureError, breach
+from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS, DisclosureError, breach, refusal
 from ..data.validation import DataError
 from ..federation.protocol import ClientId, FederatedAlgorithm, Message
 from ..federation.records import Communication
@@ -461,17 +461,8 @@ def check_clients(data: FederatedData, columns: Sequence[Column], what: str) -> 
                     f"{data.min_cell_count} (a small cell: the sums over those rows are their values)",
                     int(counts[k]),
                 )
-        if found is None:
-            continue
-        rule, why, allowed = found
-        option = "min_cell_count" if rule == "min_cell_count" else "min_rows"
-        cli = "--min-cell-count" if option == "min_cell_count" else "--min-rows"
-        raise DisclosureError(
-            f"{what} refuses client {c!r} (rule {rule}): {why}. To allow it, set {option}={allowed} "
-            f"(data.with_rules({option}={allowed}), {cli} {allowed} on the command line, {option} in a node's policy)",
-            rule,
-            c,
-        )
+        if found is not None:
+            raise refusal(what, c, found)
 
 
 def disclosure_refusal(what: str, cell: str, count: int, min_cell_count: int) -> DisclosureError:
