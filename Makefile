@@ -7,10 +7,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-slow test-deployment test-deployment-full bench install clean lint docs
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt oracles.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,flower,docs,privacy,bo,plots]"
+	$(BIN)/python -m pip install --quiet --no-deps -r oracles.txt
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 

@@ -38,6 +38,7 @@ MODULES = (
     "fedstats.registry.gp",
     "fedstats.registry.mixture",
     "fedstats.registry.custom",
+    "fedstats.registry.survival",
 )
 
 _DECLARATIONS: dict[str, Declaration] = {}

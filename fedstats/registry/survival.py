@@ -1,0 +1,201 @@
+"""Survival analysis's declarations: the Cox proportional hazards model (``fedstats fit --model
+cox``), with the threat-model tables of its exchanges and of the Kaplan-Meier curve and log-rank
+test (functions, not models)."""
+
+from __future__ import annotations
+
+from .common import converged_text, given, rounds
+from .exchanges import exchange
+from .spec import Array, Command, Declaration, Disclosure, Example, Expect, Option
+
+_TIMES = "where its event times lie (all of them, after enough rounds), and how many events at each"
+_SEARCH = (
+    Array("counts", "per interval of times (and group, event or censored), how many of its rows lie in it", _TIMES),
+)
+_CHECK = exchange(
+    "design check",
+    "_CoxCheck",
+    "once, first",
+    (
+        Array("rows", "its row count", "its row count"),
+        Array("events", "its number of events", "its number of events"),
+        Array("sx", "its predictors' sums", "its predictors' means"),
+        Array("sxx", "its predictors' cross-products", "their spread and correlation"),
+        Array("xd", "the sums of its events' predictors", "its events' predictor means"),
+    ),
+    "all",
+)
+COX = Disclosure(
+    "CoxPH",
+    (
+        _CHECK,
+        exchange("time counts", "_TimeCounts", "unstratified: at most 17 rounds, after the check", _SEARCH, "all"),
+        exchange(
+            "risk-set counts",
+            "_Leaving",
+            "unstratified: once, before the Newton rounds",
+            (Array("leaving", "per event time, how many of its rows leave the risk set after it", _TIMES),),
+            "all",
+        ),
+        exchange(
+            "Newton rounds",
+            "_CoxNewton",
+            "unstratified: two rounds a Newton step",
+            (
+                Array("s0", "per event time, the sum of exp(x'b) over its rows at risk", "its rows' risk scores"),
+                Array(
+                    "s1",
+                    "per event time, the sum of exp(x'b) x over its rows at risk",
+                    "with `s0`: the predictors of the rows that leave between two times",
+                ),
+                Array("d0", "Efron: per tied event time, the sum of exp(x'b) over its events there", "see `s1`"),
+                Array("d1", "Efron: per tied event time, the sum of exp(x'b) x over its events there", "see `s1`"),
+                Array(
+                    "h2",
+                    "its rows' exp(x'b) x x', weighted by the event times they are at risk at",
+                    "its predictors' weighted spread",
+                ),
+            ),
+            "all",
+        ),
+        exchange(
+            "Newton rounds",
+            "_CoxStrata",
+            "stratify=True: one round a Newton step",
+            (
+                Array("ll", "its own log partial likelihood", "how well the coefficients fit its rows"),
+                Array("score", "its own score", "with `info`: its own Newton step, close to its own fit"),
+                Array("info", "its own information", "its predictors' weighted spread"),
+            ),
+            "all",
+        ),
+        exchange(
+            "score residuals",
+            "_CoxScores",
+            "robust=True: once, at the fit",
+            (Array("meat", "the sum of its rows' score-residual outer products", "its rows' residual spread"),),
+            "all",
+        ),
+    ),
+    "nothing (no state is kept on a client).",
+    note="Every reply is summed: under secure aggregation the server learns only sums over the clients. "
+    "Unstratified, it learns the pooled event times and events at each, and the risk-set sums: two "
+    "consecutive ones differ by the rows that left the risk set between the two times, so the data's "
+    "`min_cell_count` applies to those groups (and to tied events under Efron's ties), checked on their "
+    "counts before any sum is sent; `bins=` coarsens the times on the clients. `stratify=True` sends "
+    "only each client's summed value, score and information: no time leaves a client.",
+)
+KM = Disclosure(
+    "Kaplan-Meier and log-rank (fedstats.survival)",
+    (
+        exchange("time counts", "_TimeCounts", "KaplanMeier, logrank_test: at most 17 rounds", _SEARCH, "all"),
+        exchange(
+            "binned counts",
+            "_BinnedCounts",
+            "with bins=: once",
+            (Array("counts", "per bin and group, its events and censored rows", "its binned counts"),),
+            "all",
+        ),
+        exchange(
+            "log-rank strata",
+            "_LogRankStrata",
+            "logrank_test(stratify=True): once",
+            (
+                Array("o_e", "per group, its observed minus expected events", "its groups' excess events"),
+                Array("v", "their covariance", "its at-risk balance"),
+            ),
+            "all",
+        ),
+    ),
+    "nothing (the functions keep no state on a client).",
+    note="Every reply is summed. Exact times: the server learns the pooled distinct times and, at each, the "
+    "summed events and censored rows per group (the curve's counts); a count of 1 to `min_cell_count - 1` "
+    "is refused before anything is returned. `bins=`: one round of counts in public bins, no exact time. "
+    "`logrank_test(stratify=True)`: only the summed test terms.",
+)
+
+_OPTIONS = (
+    Option("--event", "the 0/1 column of events (1: the event at the time; 0: censored); required", param="event"),
+    Option("--ties", "how tied event times count", {"choices": ("efron", "breslow")}, param="ties"),
+    Option(
+        "--stratify", "every client its own baseline hazard", {"action": "store_const", "const": True}, param="stratify"
+    ),
+    Option("--robust", "sandwich standard errors from score residuals (one more round)", {"action": "store_true"}),
+    rounds("Newton steps, at most"),
+)
+
+
+def _check(args) -> None:
+    from .spec import CLIError
+
+    if args.event is None:
+        raise CLIError("--model cox needs --event, the 0/1 column of events")
+    if args.features and args.event not in args.features:  # the event column is read too
+        args.features = [*args.features, args.event]
+
+
+def _build(args):
+    from ..survival import CoxPH
+
+    return CoxPH(**given(args, _OPTIONS), robust=bool(args.robust)), {}
+
+
+def _header(args, res, runtime: float) -> str:
+    strata = "stratified by client" if res.stratified else "one baseline hazard"
+    return (
+        f"Cox proportional hazards, {res.ties} ties, {strata}, by federated Newton steps: {res.rounds} rounds "
+        f"({converged_text(res)}), {len(res.clients)} clients, {res.nobs} rows, {res.n_events} events, "
+        f"{runtime:.1f} s; Wald {100 * args.level:g}% intervals, {res.cov_type} standard errors; log partial "
+        f"likelihood {res.llf:.4f}"
+    )
+
+
+def _extras(args, res, data, scaler) -> dict:
+    lr = res.lr_test()
+    return {
+        "event": res.event_name,
+        "ties": res.ties,
+        "stratified": res.stratified,
+        "cov_type": res.cov_type,
+        "llf": res.llf,
+        "llf_null": res.llf_null,
+        "n_events": res.n_events,
+        "n_iter": res.n_iter,
+        "lr_test": {k: float(v) for k, v in lr.items()},
+        "hazard_ratios": [
+            {"name": str(n), **{c: float(v) for c, v in row.items()}}
+            for n, row in res.hazard_ratios(args.level).iterrows()
+        ],
+    }
+
+
+CPH = Declaration(
+    "cox",
+    "fedstats.survival:CoxPH",
+    "fedstats.survival:CoxResult",
+    "Cox proportional hazards model by exact maximum partial likelihood, equal to the pooled fit",
+    (COX, KM),
+    Command(
+        "cox",
+        "Cox proportional hazards (the target is the time), needs --event",
+        _OPTIONS,
+        _build,
+        _header,
+        extras=_extras,
+        check=_check,
+        standard_errors=True,
+    ),
+    reference="statsmodels.duration.hazard_regression:PHReg",
+    examples=(
+        Example(
+            "cox",
+            {"event": "event"},
+            {"seed": 0, "progress": False},
+            data="fedstats.survival.simulate:proportional_hazards",
+            expect=Expect(remedy="HierarchicalCox", new_client="shared", client_rows=False, summary_sd=True),
+        ),
+    ),
+    bad_parameter=("ties", "exact"),
+)
+
+DECLARATIONS = (CPH,)
