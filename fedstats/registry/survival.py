@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .common import converged_text, given, rounds
 from .exchanges import exchange
-from .spec import Array, Command, Declaration, Disclosure, Example, Expect, Option
+from .spec import Array, Command, Declaration, Disclosure, Option
 
 _TIMES = "where its event times lie (all of them, after enough rounds), and how many events at each"
 _SEARCH = (
@@ -58,6 +58,18 @@ COX = Disclosure(
             ),
             "all",
         ),
+    ),
+    "nothing (no state is kept on a client).",
+    note="Every reply is summed: under secure aggregation the server learns only sums over the clients. "
+    "Unstratified, it learns the pooled event times and events at each, and the risk-set sums: two "
+    "consecutive ones differ by the rows that left the risk set between the two times, so the data's "
+    "`min_cell_count` applies to those groups (and to tied events under Efron's ties), checked on their "
+    "counts before any sum is sent; `bins=` coarsens the times on the clients. `stratify=True` sends "
+    "only each client's summed value, score and information: no time leaves a client.",
+)
+COX_OPTIONS = Disclosure(
+    "CoxPH (stratify=True, robust=True)",
+    (
         exchange(
             "Newton rounds",
             "_CoxStrata",
@@ -78,12 +90,8 @@ COX = Disclosure(
         ),
     ),
     "nothing (no state is kept on a client).",
-    note="Every reply is summed: under secure aggregation the server learns only sums over the clients. "
-    "Unstratified, it learns the pooled event times and events at each, and the risk-set sums: two "
-    "consecutive ones differ by the rows that left the risk set between the two times, so the data's "
-    "`min_cell_count` applies to those groups (and to tied events under Efron's ties), checked on their "
-    "counts before any sum is sent; `bins=` coarsens the times on the clients. `stratify=True` sends "
-    "only each client's summed value, score and information: no time leaves a client.",
+    note="`stratify=True` replaces the time counts, risk-set counts and Newton rounds above by these Newton "
+    "rounds: each client's own summed value, score and information, no time or risk-set sum.",
 )
 KM = Disclosure(
     "Kaplan-Meier and log-rank (fedstats.survival)",
@@ -174,7 +182,7 @@ CPH = Declaration(
     "fedstats.survival:CoxPH",
     "fedstats.survival:CoxResult",
     "Cox proportional hazards model by exact maximum partial likelihood, equal to the pooled fit",
-    (COX, KM),
+    (COX, COX_OPTIONS, KM),
     Command(
         "cox",
         "Cox proportional hazards (the target is the time), needs --event",
@@ -186,15 +194,6 @@ CPH = Declaration(
         standard_errors=True,
     ),
     reference="statsmodels.duration.hazard_regression:PHReg",
-    examples=(
-        Example(
-            "cox",
-            {"event": "event"},
-            {"seed": 0, "progress": False},
-            data="fedstats.survival.simulate:proportional_hazards",
-            expect=Expect(remedy="HierarchicalCox", new_client="shared", client_rows=False, summary_sd=True),
-        ),
-    ),
     bad_parameter=("ties", "exact"),
 )
 

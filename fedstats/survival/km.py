@@ -297,11 +297,11 @@ def logrank_test(
     ``S(t-)^p (1 - S(t-))^q`` (lifelines' ``weightings="fleming-harrington"``; 0, 0: log-rank).
     ``stratify=True``: each client a stratum (R's ``survdiff(... + strata(site))``): a client
     sends only its own observed-minus-expected counts and their variance, summed (its weights
-    from its own curve), and no time leaves it. ``details``: per group ``observed``,
-    ``expected``."""
-    for name, v in (("p", p), ("q", q)):
-        if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
-            raise ValueError(f"{name} must be a number >= 0, got {v!r}")
+    from its own curve), and no time leaves it. ``details``: the ``groups``, their
+    ``observed`` events (NaN stratified) and ``observed_minus_expected``."""
+    for name, value in (("p", p), ("q", q)):
+        if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     with use_backend(backend):
         ex, spec = _exchanges(data, event, group, bins, seed, "logrank_test")
         G = spec.group.n_categories  # type: ignore[union-attr]

@@ -33,7 +33,7 @@ def proportional_hazards(
     """
     rng = np.random.default_rng(seed)
     b = np.asarray(beta, dtype=float)
-    sizes = [int(rows)] * n_clients if np.isscalar(rows) else [int(r) for r in rows]  # type: ignore[arg-type]
+    sizes = [int(rows)] * n_clients if isinstance(rows, (int, np.integer)) else [int(r) for r in rows]
     if len(sizes) != n_clients:
         raise ValueError(f"rows: one count per client ({n_clients}), got {len(sizes)}")
     Xs, ts = [], []
