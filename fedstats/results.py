@@ -392,6 +392,76 @@ class FederatedResult:
         return load_result(path, expected=cls, max_bytes=max_bytes)
 
 
+class Coefficients:
+    """The statsmodels-style view of a maximum likelihood fit's coefficients ``coef`` (named
+    ``names``) with covariance ``cov``: ``params``, ``bse``, ``tvalues``, ``pvalues`` (two-sided
+    Wald), ``cov_params()``, ``conf_int(level)`` (normal quantiles), :meth:`wald_test`, and the
+    summary's Wald table (:meth:`_wald_table`). A base of the results that have them (the exact
+    GLM, the Cox model)."""
+
+    names: list[str]
+    coef: np.ndarray
+    cov: np.ndarray
+
+    @property
+    def params(self) -> pd.Series:
+        return pd.Series(self.coef, index=self.names, name="params")
+
+    @property
+    def bse(self) -> pd.Series:
+        return pd.Series(np.sqrt(np.diag(self.cov)), index=self.names, name="bse")
+
+    @property
+    def tvalues(self) -> pd.Series:
+        return (self.params / self.bse).rename("z")
+
+    @property
+    def pvalues(self) -> pd.Series:
+        from scipy import stats
+
+        return pd.Series(2 * stats.norm.sf(np.abs(self.tvalues.to_numpy())), index=self.names, name="p_value")
+
+    def cov_params(self) -> pd.DataFrame:
+        return pd.DataFrame(self.cov, index=self.names, columns=self.names)
+
+    def conf_int(self, level: float = 0.95) -> pd.DataFrame:
+        """Wald intervals at ``level`` (normal quantiles, as statsmodels' GLM)."""
+        from scipy import stats
+
+        q = stats.norm.ppf(0.5 + check_level(level) / 2)
+        b, se = self.params, self.bse
+        return pd.DataFrame({"lower": b - q * se, "upper": b + q * se})
+
+    def wald_test(self, names: str | Sequence[str], value: ArrayLike = 0.0) -> pd.Series:
+        """Joint Wald test that the coefficients ``names`` equal ``value`` (a number or one
+        per name): ``statistic`` (chi-square on ``len(names)`` df), ``df``, ``p_value``."""
+        from scipy import stats
+
+        names = [names] if isinstance(names, str) else list(names)
+        unknown = [n for n in names if n not in self.names]
+        if unknown or not names:
+            raise ValueError(f"unknown coefficient(s) {unknown}; the coefficients are {self.names}")
+        idx = [self.names.index(n) for n in names]
+        diff = self.coef[idx] - np.broadcast_to(np.asarray(value, dtype=float), (len(idx),))
+        stat = float(diff @ np.linalg.solve(self.cov[np.ix_(idx, idx)], diff))
+        return pd.Series({"statistic": stat, "df": float(len(idx)), "p_value": float(stats.chi2.sf(stat, len(idx)))})
+
+    def _wald_table(self, level: float) -> pd.DataFrame:
+        """The summary's columns: the estimate (``mean``), its standard error (``sd``), the Wald
+        interval, ``p_value`` and ``z``."""
+        ci = self.conf_int(level)
+        return pd.DataFrame(
+            {
+                "mean": self.params,
+                "sd": self.bse,
+                "lower": ci["lower"],
+                "upper": ci["upper"],
+                "p_value": self.pvalues,
+                "z": self.tvalues,
+            }
+        )
+
+
 def counted(fit: _F) -> _F:
     """Decorator for every model's ``fit``, the common entry: ``data`` (the first argument) may be
     anything :func:`fedstats.data.as_federated` converts, and every client of it must pass its

@@ -435,32 +435,6 @@ class GLMResult(GLMTests, FederatedResult):
         self.__dict__.update(state)
         self.seconds = 0.0
 
-    # -- statsmodels' names
-    @property
-    def params(self) -> pd.Series:
-        return pd.Series(self.coef, index=self.names, name="params")
-
-    @property
-    def bse(self) -> pd.Series:
-        return pd.Series(np.sqrt(np.diag(self.cov)), index=self.names, name="bse")
-
-    @property
-    def tvalues(self) -> pd.Series:
-        return (self.params / self.bse).rename("z")
-
-    @property
-    def pvalues(self) -> pd.Series:
-        return pd.Series(2 * stats.norm.sf(np.abs(self.tvalues.to_numpy())), index=self.names, name="p_value")
-
-    def cov_params(self) -> pd.DataFrame:
-        return pd.DataFrame(self.cov, index=self.names, columns=self.names)
-
-    def conf_int(self, level: float = 0.95) -> pd.DataFrame:
-        """Wald intervals at ``level`` (normal quantiles, as statsmodels' GLM)."""
-        q = stats.norm.ppf(0.5 + check_level(level) / 2)
-        b, se = self.params, self.bse
-        return pd.DataFrame({"lower": b - q * se, "upper": b + q * se})
-
     @property
     def _family(self) -> Family:
         return family_of(self.family, self.link, self.alpha)
@@ -487,17 +461,7 @@ class GLMResult(GLMTests, FederatedResult):
         )
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
-        ci = self.conf_int(level)
-        return pd.DataFrame(
-            {
-                "mean": self.params,
-                "sd": self.bse,
-                "lower": ci["lower"],
-                "upper": ci["upper"],
-                "p_value": self.pvalues,
-                "z": self.tvalues,
-            }
-        )
+        return self._wald_table(level)
 
     def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         # the coefficients are shared by every client: a client has none of its own

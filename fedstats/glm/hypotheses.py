@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from numpy.typing import ArrayLike
 from scipy import stats
+
+from ..results import Coefficients
 
 __all__ = ["GLMTests", "ratio_kind", "posterior_ratios"]
 
@@ -66,14 +67,11 @@ def posterior_ratios(table: pd.DataFrame, rows: Sequence[str], family: str, link
     return out
 
 
-class GLMTests:
-    """The tests and ratio tables of a fitted exact GLM (its result's ``names``, ``coef``,
-    ``cov``, ``llf``, ``family``, ``link`` and the statsmodels-style ``params``, ``pvalues``,
-    ``conf_int``)."""
+class GLMTests(Coefficients):
+    """The tests and ratio tables of a fitted exact GLM (its result's ``llf``, ``family``,
+    ``link`` and the coefficients' :class:`~fedstats.results.Coefficients` view, whose
+    :meth:`~fedstats.results.Coefficients.wald_test` it has)."""
 
-    names: list[str]
-    coef: np.ndarray
-    cov: np.ndarray
     family: str
     link: str
     alpha: float
@@ -81,11 +79,6 @@ class GLMTests:
     wnobs: float
     n_obs: Any
     privacy: Any
-    params: pd.Series
-    pvalues: pd.Series
-
-    def conf_int(self, level: float = 0.95) -> pd.DataFrame:
-        raise NotImplementedError
 
     def lr_test(self, other: GLMTests) -> pd.Series:
         """Likelihood-ratio test of the smaller of ``self`` and ``other`` (nested: its
@@ -110,18 +103,6 @@ class GLMTests:
         stat = 2 * (big.llf - small.llf)
         df = len(big.names) - len(small.names)
         return pd.Series({"statistic": stat, "df": float(df), "p_value": float(stats.chi2.sf(stat, df))})
-
-    def wald_test(self, names: str | Sequence[str], value: ArrayLike = 0.0) -> pd.Series:
-        """Joint Wald test that the coefficients ``names`` equal ``value`` (a number or one
-        per name): ``statistic`` (chi-square on ``len(names)`` df), ``df``, ``p_value``."""
-        names = [names] if isinstance(names, str) else list(names)
-        unknown = [n for n in names if n not in self.names]
-        if unknown or not names:
-            raise ValueError(f"unknown coefficient(s) {unknown}; the coefficients are {self.names}")
-        idx = [self.names.index(n) for n in names]
-        diff = self.coef[idx] - np.broadcast_to(np.asarray(value, dtype=float), (len(idx),))
-        stat = float(diff @ np.linalg.solve(self.cov[np.ix_(idx, idx)], diff))
-        return pd.Series({"statistic": stat, "df": float(len(idx)), "p_value": float(stats.chi2.sf(stat, len(idx)))})
 
     def ratios(self, level: float = 0.95) -> pd.DataFrame:
         """The coefficients on the ratio scale: ``ratio = exp(coefficient)`` with the Wald

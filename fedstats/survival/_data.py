@@ -57,8 +57,8 @@ class SurvivalColumns:
         bad_e = ~np.isin(e, (0.0, 1.0))
         if bad_e.any():
             raise DataError(
-                f"{where}event {self.event_name!r} must be 1 (the event happened) or 0 (censored), found "
-                f"{e[bad_e][0]:g} in {int(bad_e.sum())} row(s)"
+                f"{where}event {self.event_name!r} must be 1 (the event happened) or 0 (censored): "
+                f"{int(bad_e.sum())} row(s) hold another value"
             )
         if self.bins is not None:  # each time coarsened to the upper edge of its bin
             edges = np.asarray(self.bins)

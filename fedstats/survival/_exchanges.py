@@ -94,7 +94,6 @@ class _CoxCheck(_SumRound, FederatedAlgorithm):
 
     reply_keys = summed_keys = ("rows", "events", "sx", "sxx", "xd")
     count_keys = ("rows", "events")
-    psd_keys = ()
 
     def __init__(self, spec: SurvivalColumns) -> None:
         self.spec = spec
@@ -134,9 +133,12 @@ class _Newton:
     tol: float
     max_steps: int
 
-    def _start(self) -> dict[str, Any]:
+    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, Any]:
         return {"beta": np.zeros(self.p), "phase": 0, "accepted": None, "lls": [], "betas": [], "steps": 0,
                 "halvings": 0, "done": False, "converged": False, "info": None, "why": ""}  # fmt: skip
+
+    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
+        return None
 
     def _value(self, s: dict[str, Any], ll: float, score: np.ndarray, extra: dict[str, Any]) -> dict[str, Any]:
         """The log-likelihood at ``s["beta"]``: accept it, or halve the step if it fell."""
@@ -196,12 +198,6 @@ class _CoxNewton(_Newton, FederatedAlgorithm):
         self.mean, self.xd, self.efron = np.asarray(mean, float), np.asarray(xd, float), bool(efron)
         self.p, self.tol, self.max_steps = len(self.mean), float(tol), int(max_steps)
 
-    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, Any]:
-        return self._start()
-
-    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
-        return None
-
     def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
         s = server_state
         msg = {"beta": s["beta"], "phase": np.array([float(s["phase"])])}
@@ -240,18 +236,11 @@ class _CoxStrata(_Newton, FederatedAlgorithm):
     likelihood's log-likelihood ``ll``, score and information at the broadcast ``beta``."""
 
     reply_keys = summed_keys = ("ll", "score", "info")
-    psd_keys = ()
     random_client_steps = False
 
     def __init__(self, spec: SurvivalColumns, mean: np.ndarray, efron: bool, tol: float, max_steps: int) -> None:
         self.spec, self.mean, self.efron = spec, np.asarray(mean, float), bool(efron)
         self.p, self.tol, self.max_steps = len(self.mean), float(tol), int(max_steps)
-
-    def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, Any]:
-        return self._start()
-
-    def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> None:
-        return None
 
     def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
         return {"beta": server_state["beta"]}

@@ -60,7 +60,7 @@ from ..federation import Communication, History, run
 from ..federation.records import exclude, excluded_now
 from ..fitting import RunOptions, federated_fit
 from ..result_file import register
-from ..results import FederatedResult, check_level, prediction_frame
+from ..results import Coefficients, FederatedResult, check_level, prediction_frame
 from ..stats._columns import Column
 from ..stats._rounds import Exchanges, released_rules
 from ._data import check_bins, columns_of
@@ -297,7 +297,7 @@ def _check_groups(leaving: np.ndarray, d: np.ndarray, efron: bool, min_cell_coun
 
 
 @register
-class CoxResult(FederatedResult):
+class CoxResult(Coefficients, FederatedResult):
     """A fitted :class:`CoxPH`: the coefficients (log hazard ratios) with their standard errors,
     ``summary(level)`` (``mean``: the estimate, ``sd``: its standard error, Wald ``lower``,
     ``upper``, ``p_value``, then ``z`` and the hazard ratio ``exp_coef`` with its interval),
@@ -341,27 +341,6 @@ class CoxResult(FederatedResult):
         self.__dict__.update(state)
         self.seconds = 0.0
 
-    @property
-    def params(self) -> pd.Series:
-        return pd.Series(self.coef, index=self.names, name="params")
-
-    @property
-    def bse(self) -> pd.Series:
-        return pd.Series(np.sqrt(np.diag(self.cov)), index=self.names, name="bse")
-
-    @property
-    def pvalues(self) -> pd.Series:
-        z = self.coef / np.sqrt(np.diag(self.cov))
-        return pd.Series(2 * stats.norm.sf(np.abs(z)), index=self.names, name="p_value")
-
-    def cov_params(self) -> pd.DataFrame:
-        return pd.DataFrame(self.cov, index=self.names, columns=self.names)
-
-    def conf_int(self, level: float = 0.95) -> pd.DataFrame:
-        q = stats.norm.ppf(0.5 + check_level(level) / 2)
-        b, se = self.params, self.bse
-        return pd.DataFrame({"lower": b - q * se, "upper": b + q * se})
-
     def _no_posterior(self, what: str) -> str:
         return (
             f"CoxPH is a maximum partial likelihood fit: no {what} posterior (its summary gives Wald intervals); "
@@ -369,20 +348,8 @@ class CoxResult(FederatedResult):
         )
 
     def _global_table(self, level: float, kind: str) -> pd.DataFrame:
-        ci = self.conf_int(level)
-        return pd.DataFrame(
-            {
-                "mean": self.params,
-                "sd": self.bse,
-                "lower": ci["lower"],
-                "upper": ci["upper"],
-                "p_value": self.pvalues,
-                "z": self.params / self.bse,
-                "exp_coef": np.exp(self.params),
-                "exp_lower": np.exp(ci["lower"]),
-                "exp_upper": np.exp(ci["upper"]),
-            }
-        )
+        t = self._wald_table(level)
+        return t.assign(exp_coef=np.exp(t["mean"]), exp_lower=np.exp(t["lower"]), exp_upper=np.exp(t["upper"]))
 
     def _client_table(self, client: Hashable, level: float, kind: str) -> pd.DataFrame:
         # the coefficients are shared by every client: a client has none of its own
@@ -398,18 +365,6 @@ class CoxResult(FederatedResult):
         ).rename_axis("parameter")  # fmt: skip
         out.attrs["ratio"] = "hazard ratio"
         return out
-
-    def wald_test(self, names: str | Sequence[str], value: ArrayLike = 0.0) -> pd.Series:
-        """Joint Wald test that the coefficients ``names`` equal ``value``: ``statistic``
-        (chi-square on ``len(names)`` df), ``df``, ``p_value``."""
-        names = [names] if isinstance(names, str) else list(names)
-        unknown = [n for n in names if n not in self.names]
-        if unknown or not names:
-            raise ValueError(f"unknown coefficient(s) {unknown}; the coefficients are {self.names}")
-        idx = [self.names.index(n) for n in names]
-        diff = self.coef[idx] - np.broadcast_to(np.asarray(value, dtype=float), (len(idx),))
-        stat = float(diff @ np.linalg.solve(self.cov[np.ix_(idx, idx)], diff))
-        return pd.Series({"statistic": stat, "df": float(len(idx)), "p_value": float(stats.chi2.sf(stat, len(idx)))})
 
     def lr_test(self, other: CoxResult | None = None) -> pd.Series:
         """Likelihood-ratio test against ``other`` (a nested fit of the same rows, ties and
@@ -448,7 +403,8 @@ class CoxResult(FederatedResult):
         return pd.DataFrame({"baseline survival": np.exp(-np.cumsum(h))}, index=pd.Index(t, name=self.time_name))
 
     def _rows(self, X: Any) -> np.ndarray:
-        X = self._feature_rows(X, self.predictors) if isinstance(X, pd.DataFrame) else X
+        if isinstance(X, pd.DataFrame):  # by name; the event and time columns, if there, are no predictors
+            X = self._feature_rows(X.drop(columns=[self.event_name, self.time_name], errors="ignore"), self.predictors)
         X = np.asarray(X, dtype=float)
         if X.ndim == 1:
             X = X[None, :]

@@ -43,6 +43,7 @@ from scipy import stats
 from ..data import FederatedData
 from ..data.disclosure import DisclosureError
 from ..federation.backend import use_backend
+from ..results import check_level
 from ..stats._columns import Column, resolve
 from ..stats._rounds import MAX_SPLIT_ROUNDS, Exchanges, released_rules
 from ..stats._rounds import _value as order_value
@@ -52,12 +53,6 @@ from ._exchanges import _BinnedCounts, _LogRankStrata, _TimeCounts
 from ._partial import logrank_terms, risk_table
 
 __all__ = ["KaplanMeier", "KaplanMeierResult", "logrank_test"]
-
-
-def _check_level(level: float) -> float:
-    if not (isinstance(level, (int, float)) and 0 < level < 1):
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
-    return float(level)
 
 
 def time_counts(ex: Exchanges, spec: SurvivalColumns, events_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -75,14 +70,12 @@ def time_counts(ex: Exchanges, spec: SurvivalColumns, events_only: bool = False)
 
 def check_counts(counts: np.ndarray, min_cell_count: int, what: str, times: np.ndarray) -> None:
     """Refuse counts at a time of 1 .. ``min_cell_count - 1`` rows (a small cell)."""
-    small = (counts > 0) & (counts < min_cell_count)
-    if small.any():
-        k = int(np.flatnonzero(small.any(axis=1))[0])
+    small = ((counts > 0) & (counts < min_cell_count)).any(axis=1)
+    if small.any():  # the message names how many times, never one of them
         raise DisclosureError(
-            f"{what} refuses to release counts at {int(small.any(axis=1).sum())} time(s) held by fewer than "
-            f"min_cell_count={min_cell_count} rows (e.g. {int(counts[k][small[k]][0])} at time {times[k]:g}; rule "
-            "min_cell_count): coarsen the times with bins=[...] (each time becomes the upper edge of its bin), or "
-            "allow it with data.with_rules(min_cell_count=1)",
+            f"{what} refuses to release counts at {int(small.sum())} of {len(times)} time(s) held by 1 to "
+            f"{min_cell_count - 1} rows (rule min_cell_count={min_cell_count}): coarsen the times with bins=[...] "
+            "(each time becomes the upper edge of its bin), or allow it with data.with_rules(min_cell_count=1)",
             "min_cell_count",
             None,
         )
@@ -135,7 +128,7 @@ class KaplanMeierResult:
 
     def _bounds(self, k: int, level: float) -> tuple[np.ndarray, np.ndarray]:
         """The log(-log) Greenwood interval (lifelines' and R's survfit default) at the times."""
-        z = stats.norm.ppf(0.5 + _check_level(level) / 2)
+        z = stats.norm.ppf(0.5 + check_level(level) / 2)
         with np.errstate(invalid="ignore", divide="ignore"):
             v = np.log(self.survival[:, k])
             h = z * np.sqrt(self.greenwood[:, k]) / v
@@ -220,13 +213,6 @@ class KaplanMeierResult:
         return ax
 
 
-def _group(ex: Exchanges | None, data: FederatedData, name: str | None) -> Column | None:
-    if name is None:
-        return None
-    col = resolve(data, name)
-    return col if ex is None else ex.categorical(col)
-
-
 @dataclass
 class KaplanMeier:
     """The pooled Kaplan-Meier estimate of the survival curve (per level of ``group``).
@@ -271,7 +257,7 @@ def _exchanges(
     if group is not None:
         cols.append(resolve(data, group))
     ex = Exchanges(data, cols, seed=seed, what=what)
-    g = _group(ex, data, group)
+    g = None if group is None else ex.categorical(cols[-1])
     return ex, columns_of(data, event, what, group=g, bins=bins)
 
 
