@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import warnings
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -164,7 +165,16 @@ def fits(data, gm, df, **rules):
     binary = FederatedData.from_dataframe(
         df.assign(y=(df["y"] > df["y"].median()).astype(float)), by="site", target="y", **rules
     )
-    sources = {"regression": lambda: data, "binary": lambda: binary, "features": lambda: gm}
+    # survival: the outcome as a time (larger y, earlier event) in 8 steps (ties), every fourth row censored
+    steps = np.ceil(8 * (1 - (df["y"] - df["y"].min()) / (df["y"].max() - df["y"].min() + 1e-9)))
+    timed = df.assign(time=steps, event=(np.arange(len(df)) % 4 != 0).astype(float)).drop(columns="y")
+    survival = FederatedData.from_dataframe(timed, by="site", target="time", **rules)
+    sources = {
+        "regression": lambda: data,
+        "binary": lambda: binary,
+        "features": lambda: gm,
+        "survival": lambda: survival,
+    }
     return [(ex.name, functools.partial(_example_fit, d, ex, sources)) for d, ex in _examples()]
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from fedstats import FederatedData, streams
 from fedstats.datasets.synthetic import gmm_federation, hierarchical_logistic, hm2_federation
+from fedstats.survival.simulate import proportional_hazards
 
 
 def test_purposes_have_distinct_tags_and_fixed_indices():
@@ -45,6 +46,7 @@ def _fits():
         ],
         "binary": lambda: hierarchical_logistic(20, seed=1),
         "features": lambda: gmm_federation(n_clients=20, n_components=2, d=2, n_obs=40, seed=1)[0],
+        "survival": lambda: proportional_hazards(20, seed=1, rows=30, resolution=0.1),
     }
 
     def fit(d, ex):

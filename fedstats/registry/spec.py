@@ -201,7 +201,8 @@ class Example:
 
     ``params`` go to the estimator, ``fit`` to the fitting method ``method``; ``data`` names
     the data it takes: ``"regression"`` (the example sites with target y), ``"binary"`` (the
-    same with y made 0/1), ``"features"`` (the sites' two features, no target), ``"stream"``
+    same with y made 0/1), ``"features"`` (the sites' two features, no target), ``"survival"``
+    (the sites' features, y made a tied time with an ``event`` column), ``"stream"``
     (two batches of an online stream, given to ``partial_fit`` in turn), or, for data of
     another shape, a ``"module:function"`` path: ``function(n_clients=..., seed=...)`` returns
     the federation (each test asks for the number of clients it needs; see :meth:`data_for`).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .common import converged_text, given, rounds
 from .exchanges import exchange
-from .spec import Array, Command, Declaration, Disclosure, Option
+from .spec import Array, Command, Declaration, Disclosure, Example, Expect, Option
 
 _TIMES = "where its event times lie (all of them, after enough rounds), and how many events at each"
 _SEARCH = (
@@ -194,6 +194,15 @@ CPH = Declaration(
         standard_errors=True,
     ),
     reference="statsmodels.duration.hazard_regression:PHReg",
+    examples=(
+        Example(
+            "cox",
+            {"event": "event"},
+            {"seed": 0, "progress": False},
+            data="survival",
+            expect=Expect(remedy="HierarchicalCox", new_client="shared", client_rows=False, summary_sd=True),
+        ),
+    ),
     bad_parameter=("ties", "exact"),
 )
 

@@ -186,7 +186,7 @@ class CoxPH(Estimator):
         if events == 0:
             raise DataError(f"CoxPH: no row has an event ({self.event!r} is 0 everywhere): nothing to fit")
         mean = chk["sx"] / n
-        _check_predictors(spec.names, chk["sxx"] - n * np.outer(mean, mean), mean)
+        _check_predictors(spec.names, chk["sx"], chk["sxx"], n)
         xd = chk["xd"] - events * mean
         efron = self.ties == "efron"
         times = d = None
@@ -252,12 +252,15 @@ class CoxPH(Estimator):
         )
 
 
-def _check_predictors(names: Sequence[str], scatter: np.ndarray, mean: np.ndarray) -> None:
+def _check_predictors(names: Sequence[str], sx: np.ndarray, sxx: np.ndarray, n: float) -> None:
     """Refuse, by name, a predictor that is constant on the pooled rows (the baseline hazard
-    absorbs it) or a linear combination of others."""
+    absorbs it: its spread about the mean is 0 up to rounding, from the summed ``X'X``) or a
+    linear combination of others."""
+    mean = sx / n
+    scatter = sxx - n * np.outer(mean, mean)
     var = np.diag(scatter)
     for j, name in enumerate(names):
-        if var[j] <= 1e-12 * max(1.0, mean[j] ** 2) * max(1.0, scatter.shape[0]):
+        if var[j] <= 1e-12 * sxx[j, j]:
             raise DataError(
                 f"CoxPH: predictor {name!r} is constant ({mean[j]:g}) on the pooled rows: the baseline hazard "
                 "absorbs it; drop it"

@@ -51,7 +51,15 @@ def chain():
 
 
 FIDELITIES = ["LF", "MF", "HF"]
-SOURCES = {"regression": regression, "binary": binary, "features": blobs}
+
+
+def survival():
+    from fedstats.survival.simulate import proportional_hazards
+
+    return proportional_hazards(6, seed=0, rows=30, resolution=0.1)
+
+
+SOURCES = {"regression": regression, "binary": binary, "features": blobs, "survival": survival}
 
 
 def _from_examples():
