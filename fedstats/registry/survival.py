@@ -129,6 +129,12 @@ _OPTIONS = (
         "--stratify", "every client its own baseline hazard", {"action": "store_const", "const": True}, param="stratify"
     ),
     Option("--robust", "sandwich standard errors from score residuals (one more round)", {"action": "store_true"}),
+    Option(
+        "--bins",
+        "bin edges: each time becomes the upper edge of its bin (coarser times, fewer disclosure refusals)",
+        {"type": float, "nargs": "+", "metavar": "EDGE"},
+        param="bins",
+    ),
     rounds("Newton steps, at most"),
 )
 
@@ -165,6 +171,7 @@ def _extras(args, res, data, scaler) -> dict:
         "ties": res.ties,
         "stratified": res.stratified,
         "cov_type": res.cov_type,
+        "bins": list(res.bins) if res.bins is not None else None,
         "llf": res.llf,
         "llf_null": res.llf_null,
         "n_events": res.n_events,

@@ -292,8 +292,9 @@ def _check_groups(leaving: np.ndarray, d: np.ndarray, efron: bool, min_cell_coun
         raise DisclosureError(
             f"CoxPH refuses risk-set sums that would set apart fewer than min_cell_count={k} rows: at "
             f"{int(small.sum())} of {len(d)} event times the rows leaving the risk set (or the tied events) are "
-            f"fewer (rule min_cell_count). Coarsen the times with bins=[...], fit stratify=True (each client's "
-            "own baseline: no risk-set sum leaves it), or allow it with data.with_rules(min_cell_count=1)",
+            f"fewer (rule min_cell_count). Coarsen the times with bins=[...] (--bins), fit stratify=True (--stratify: "
+            "each client's own baseline, no risk-set sum leaves it), or allow it with "
+            "data.with_rules(min_cell_count=1) (--min-cell-count 1)",
             "min_cell_count",
             None,
         )

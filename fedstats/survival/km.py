@@ -75,7 +75,8 @@ def check_counts(counts: np.ndarray, min_cell_count: int, what: str, times: np.n
         raise DisclosureError(
             f"{what} refuses to release counts at {int(small.sum())} of {len(times)} time(s) held by 1 to "
             f"{min_cell_count - 1} rows (rule min_cell_count={min_cell_count}): coarsen the times with bins=[...] "
-            "(each time becomes the upper edge of its bin), or allow it with data.with_rules(min_cell_count=1)",
+            "(each time becomes the upper edge of its bin), or allow it with data.with_rules(min_cell_count=1) "
+            "(--min-cell-count 1 on the command line)",
             "min_cell_count",
             None,
         )
