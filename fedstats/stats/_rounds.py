@@ -265,10 +265,11 @@ class _DistinctValues(FederatedAlgorithm):
     """The distinct values of ``column`` and how many rows of each level of ``group`` have each,
     among the rows where ``column``, the group and every column of ``require`` are present.
 
-    Each round the server sends intervals of the float64 order (as their end values); each
-    client answers how many of its values lie in each, per group (summed). The server splits
-    every interval that holds rows into 16 parts, drops the empty ones, and stops when each is
-    a single value: at most 17 rounds (the first count, then 4 of the 64 bits a round)."""
+    Each round the server sends the open intervals of the float64 order (as their end values);
+    each client splits every one into 16 parts (the first round: the whole line, unsplit) and
+    answers how many of its values lie in each part, per group (summed). The server keeps the
+    parts that hold rows and stops when each is a single value: at most 17 rounds (the first
+    count, then 4 of the 64 bits a round)."""
 
     reply_keys = summed_keys = ("counts",)
     random_client_steps = False
@@ -291,34 +292,45 @@ class _DistinctValues(FederatedAlgorithm):
         ok = _complete(data, (self.column, *self.require)) & (g < self.n_groups)
         return [np.sort(data_key(x[ok & (g == k)])) for k in range(self.n_groups)]
 
-    def _ask(self, state: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """The intervals of the next round: every open one split into 16 parts (the first
-        round: the whole line); the empty parts of a short interval left out. Values already
-        found are not asked again."""
-        lo, hi = state["lo"], state["hi"]
-        if not state["started"][0]:
-            return lo, hi
-        t = split_points(lo, hi)
-        starts = np.concatenate([lo[:, None], t + np.uint64(1)], axis=1).ravel()
-        ends = np.concatenate([t, hi[:, None]], axis=1).ravel()
-        keep = starts <= ends
-        return starts[keep], ends[keep]
+    def final_state(self, state: Any) -> None:
+        """Nothing: the client's state is its sorted values, which never leave it (a remote
+        backend sends the final state to the server)."""
+        return None
 
     def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
-        lo, hi = self._ask(server_state)
-        return {"lo": _value(lo), "hi": _value(hi)}
+        """The open intervals (their end values); after the first round each client splits
+        every one into 16 parts itself (:func:`~fedstats.stats._columns.split_points`)."""
+        return {
+            "lo": _value(server_state["lo"]),
+            "hi": _value(server_state["hi"]),
+            "split": server_state["started"].astype(float),
+        }
+
+    @staticmethod
+    def _parts(lo: np.ndarray, hi: np.ndarray, split: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Each interval's parts' first keys and last keys, ``(m, 16)`` (``(m, 1)`` unsplit); a
+        part whose first key is past its last is empty (an interval of fewer than 16 keys)."""
+        if not split:
+            return lo[:, None], hi[:, None]
+        t = split_points(lo, hi)
+        return np.concatenate([lo[:, None], t + np.uint64(1)], axis=1), np.concatenate([t, hi[:, None]], axis=1)
 
     def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
         lo, hi = _key(np.asarray(message["lo"])), _key(np.asarray(message["hi"]))
-        counts = np.stack(
-            [np.searchsorted(s, hi, side="right") - np.searchsorted(s, lo, side="left") for s in state], axis=1
-        )
-        return {"counts": counts.astype(float)}, state
+        _, ends = self._parts(lo, hi, bool(message["split"][0]))
+        # the parts of an interval are contiguous: a part's count is the difference of the counts
+        # at or below consecutive ends (an empty part's end repeats the one before it)
+        counts = []
+        for s in state:
+            below = np.searchsorted(s, ends, side="right")
+            counts.append(np.diff(below, axis=1, prepend=np.searchsorted(s, lo, side="left")[:, None]).ravel())
+        return {"counts": np.stack(counts, axis=1).astype(float)}, state
 
     def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
         counts = np.rint(replies.sums["counts"])  # type: ignore[attr-defined]
-        lo, hi = self._ask(server_state)
-        keep = counts.sum(axis=1) > 0
+        starts, ends = self._parts(server_state["lo"], server_state["hi"], bool(server_state["started"][0]))
+        lo, hi = starts.ravel(), ends.ravel()
+        keep = (counts.sum(axis=1) > 0) & (lo <= hi)
         lo, hi, counts = lo[keep], hi[keep], counts[keep]
         single = lo == hi
         state = {

@@ -186,7 +186,7 @@ class _CoxNewton(_Newton, FederatedAlgorithm):
     """Newton's method on the pooled partial likelihood at the pooled event ``times`` (``d``
     events at each), the predictors centred at ``mean`` on the clients. Phase 0: each client's
     risk-set sums ``s0``, ``s1`` (and with Efron's ties, its events' sums ``d0``, ``d1`` at the
-    tied times); phase 1: its ``h2``, the information's second-moment part. A phase's reply
+    tied times, in their order); phase 1: its ``h2``, the information's second-moment part. A phase's reply
     leaves the other phase's arrays empty."""
 
     reply_keys = summed_keys = ("s0", "s1", "d0", "d1", "h2")
@@ -197,6 +197,7 @@ class _CoxNewton(_Newton, FederatedAlgorithm):
         self.spec, self.times, self.d = spec, np.asarray(times, float), np.asarray(d, float)
         self.mean, self.xd, self.efron = np.asarray(mean, float), np.asarray(xd, float), bool(efron)
         self.p, self.tol, self.max_steps = len(self.mean), float(tol), int(max_steps)
+        self.tied = self.d >= 2
 
     def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
         s = server_state
@@ -212,9 +213,8 @@ class _CoxNewton(_Newton, FederatedAlgorithm):
         p = self.p
         if message["phase"][0] == 0:
             sums = risk_sums(r.time, r.event, X, beta, self.times, self.efron)
-            if self.efron:  # an untied event's own sums are not used: they stay on the client
-                single = self.d < 2
-                sums["d0"][single], sums["d1"][single] = 0.0, 0.0
+            if self.efron:  # only the tied times' event sums are used: the others stay on the client
+                sums["d0"], sums["d1"] = sums["d0"][self.tied], sums["d1"][self.tied]
             return {**sums, "h2": np.zeros((0, p))}, None
         h2 = second_moment(r.time, r.event, X, beta, self.times, message["a1"], message["b1"])
         return {"s0": np.zeros(0), "s1": np.zeros((0, p)), "d0": np.zeros(0), "d1": np.zeros((0, p)), "h2": h2}, None
@@ -223,6 +223,11 @@ class _CoxNewton(_Newton, FederatedAlgorithm):
         sums = replies.sums  # type: ignore[attr-defined]
         s = server_state
         if s["phase"] == 0:
+            if self.efron:  # the event sums at the tied times, in place
+                for k, shape in (("d0", (len(self.d),)), ("d1", (len(self.d), self.p))):
+                    full = np.zeros(shape)
+                    full[self.tied] = sums[k]
+                    sums = {**sums, k: full}
             t = time_weights(sums, self.d, self.efron)
             extra = {"a1": t.a1, "b1": t.b1, "outer": t.outer, "s0": sums["s0"], "s1": sums["s1"]}
             s = self._value(s, float(self.xd @ s["beta"]) + t.ll, self.xd + t.score, extra)

@@ -104,3 +104,19 @@ def test_bins_coarsen_and_small_counts_are_refused(rossi):
     np.testing.assert_allclose(km.table()["survival"], ref.survival_function_.iloc[:, 0], atol=1e-12)
     at = km.at_risk_table([0, 13, 14, 52])
     assert list(at.iloc[:, 0]) == [432, 432, pd.Series(coarse >= 14).sum(), 432 - np.sum(coarse < 52)]
+
+
+def test_no_clients_values_leave_it_in_its_final_state(rossi):
+    # a remote backend sends each client's final state to the server: the searches' states (the
+    # client's sorted values) must not go
+    from fedstats.federation import run
+    from fedstats.stats._columns import resolve
+    from fedstats.stats._rounds import MAX_SPLIT_ROUNDS, _DistinctValues
+    from fedstats.survival._data import columns_of
+    from fedstats.survival._exchanges import _TimeCounts
+
+    _, fd = rossi
+    for alg in (_TimeCounts(columns_of(fd, "arrest", "test")), _DistinctValues(resolve(fd, "age"))):
+        r = run(alg, fd, rounds=MAX_SPLIT_ROUNDS, progress=False)
+        assert len(r.server_state["found"]) > 0
+        assert r.client_states and all(s is None for s in r.client_states.values())
