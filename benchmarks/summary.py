@@ -254,30 +254,29 @@ def fem_omd_defaults(j):
     return [(case, ratio, "-", j.get("peak_rss_mib_workers"), "-")]
 
 
-def glm(j):
+def _against_pooled(j, case, reference: str):
+    """One line per row of a federated-against-pooled benchmark: ``case(row)``, its ratio."""
     return [
-        (
-            f"{r['family']}, {r['clients']} x {r['rows_per_client']} x {r['predictors']}",
-            "federated / pooled statsmodels time",
-            num(r["ratio"]),
-            r.get("peak_rss_mib_federated"),
-            r.get("peak_rss_mib_pooled"),
-        )
+        (case(r), f"federated / pooled {reference} time", num(r["ratio"]), r.get("peak_rss_mib_federated"),
+         r.get("peak_rss_mib_pooled"))
         for r in j["rows"]
-    ]
+    ]  # fmt: skip
+
+
+def glm(j):
+    return _against_pooled(
+        j, lambda r: f"{r['family']}, {r['clients']} x {r['rows_per_client']} x {r['predictors']}", "statsmodels"
+    )
 
 
 def stats(j):
-    return [
-        (
-            f"{r['case']}, {r['clients']} x {r['rows_per_client']}",
-            "federated / pooled pandas or scipy time",
-            num(r["ratio"]),
-            r.get("peak_rss_mib_federated"),
-            r.get("peak_rss_mib_pooled"),
-        )
-        for r in j["rows"]
-    ]
+    return _against_pooled(j, lambda r: f"{r['case']}, {r['clients']} x {r['rows_per_client']}", "pandas or scipy")
+
+
+def survival(j):
+    return _against_pooled(
+        j, lambda r: f"{r['case']}, {r['clients']} x {r['rows_per_client']} x {r['covariates']}", "lifelines"
+    )
 
 
 def glm_hierarchical(j):
@@ -444,6 +443,7 @@ EXTRACT = {
         dp_glm,
         dp_fedem,
         stats,
+        survival,
     )
 }
 

@@ -80,7 +80,14 @@ STATS = Disclosure(
             "_DistinctValues",
             "mannwhitneyu, kruskal, correlation(method='spearman'), a numeric column read as categorical: at "
             "most 17 rounds",
-            (Array("counts", "per interval of values and group, how many of its values lie in it", _VALUES),),
+            (
+                Array("counts", "per interval of values and group, how many of its values lie in it", _VALUES),
+                Array(
+                    "limbs",
+                    "per interval, the sums and sums of squares of the bytes of its values' keys",
+                    "with `counts`: whether its values in an interval are one value, and which",
+                ),
+            ),
             "all",
         ),
         dp_exchange("private count", "_NoisyCount", "quantiles(dp=...): once, first", "n: 1 per present value"),

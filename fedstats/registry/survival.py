@@ -11,6 +11,7 @@ from .spec import Array, Command, Declaration, Disclosure, Example, Expect, Opti
 _TIMES = "where its event times lie (all of them, after enough rounds), and how many events at each"
 _SEARCH = (
     Array("counts", "per interval of times (and group, event or censored), how many of its rows lie in it", _TIMES),
+    Array("limbs", "per interval, the sums and sums of squares of the bytes of its times' keys", "see `counts`"),
 )
 _CHECK = exchange(
     "design check",

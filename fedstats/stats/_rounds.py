@@ -37,6 +37,12 @@ from ._columns import order_value as _value
 
 _LOWEST = _key(np.array([-np.finfo(float).max]))[0]
 _HIGHEST = _key(np.array([np.finfo(float).max]))[0]
+#: a key's bytes: the limbs whose sums and sums of squares tell an interval of one value
+_LIMBS = 8
+_SHIFTS = np.arange(0, 64, 8, dtype=np.uint64)
+#: a key's bytes: their sums and sums of squares over an interval's rows tell one value
+_LIMBS = 8
+_SHIFTS = np.arange(0, 64, 8, dtype=np.uint64)
 MAX_SPLIT_ROUNDS = SEARCH_ROUNDS + 1  # the first count, then 4 of the 64 bits of the float64 order a round
 
 
@@ -267,11 +273,16 @@ class _DistinctValues(FederatedAlgorithm):
 
     Each round the server sends the open intervals of the float64 order (as their end values);
     each client splits every one into 16 parts (the first round: the whole line, unsplit) and
-    answers how many of its values lie in each part, per group (summed). The server keeps the
-    parts that hold rows and stops when each is a single value: at most 17 rounds (the first
-    count, then 4 of the 64 bits a round)."""
+    answers how many of its values lie in each part, per group, and for each interval the sums
+    and sums of squares of the 8 bytes of its values' keys (all summed). An interval whose rows
+    all hold one value is found at once (every byte's sum of squares times its rows is the
+    byte's sum squared: the value is the bytes' means); the others' parts that hold rows are
+    the next round's intervals, a part of one key is found. At most 17 rounds (the first
+    count, then 4 of the 64 bits a round); values set apart by the splitting are found the
+    round after, not 4 bits at a time. The byte sums say nothing the found values and counts
+    do not."""
 
-    reply_keys = summed_keys = ("counts",)
+    reply_keys = summed_keys = ("counts", "limbs")
     random_client_steps = False
 
     def __init__(self, column: Column, group: Column | None = None, require: Sequence[Column] = ()) -> None:
@@ -284,7 +295,8 @@ class _DistinctValues(FederatedAlgorithm):
     def init_server(self, clients: Sequence[ClientId], rng: np.random.Generator) -> dict[str, np.ndarray]:
         G = self.n_groups
         return {"lo": np.array([_LOWEST]), "hi": np.array([_HIGHEST]), "started": np.array([False]),
-                "found": np.zeros(0, dtype=np.uint64), "found_counts": np.zeros((0, G))}  # fmt: skip
+                "n": np.zeros((1, G)), "found": np.zeros(0, dtype=np.uint64),
+                "found_counts": np.zeros((0, G))}  # fmt: skip
 
     def init_client(self, client: ClientId, data: Any, rng: np.random.Generator) -> list[np.ndarray]:
         x = values(data, self.column)
@@ -320,25 +332,44 @@ class _DistinctValues(FederatedAlgorithm):
         _, ends = self._parts(lo, hi, bool(message["split"][0]))
         # the parts of an interval are contiguous: a part's count is the difference of the counts
         # at or below consecutive ends (an empty part's end repeats the one before it)
-        counts = []
+        counts, limbs = [], np.zeros((len(lo), 2 * _LIMBS))
         for s in state:
+            first = np.searchsorted(s, lo, side="left")
             below = np.searchsorted(s, ends, side="right")
-            counts.append(np.diff(below, axis=1, prepend=np.searchsorted(s, lo, side="left")[:, None]).ravel())
-        return {"counts": np.stack(counts, axis=1).astype(float)}, state
+            counts.append(np.diff(below, axis=1, prepend=first[:, None]).ravel())
+            digits = ((s[:, None] >> _SHIFTS) & np.uint64(255)).astype(float)
+            prefix = np.vstack([np.zeros((1, 2 * _LIMBS)), np.cumsum(np.hstack([digits, digits**2]), axis=0)])
+            limbs += prefix[below[:, -1]] - prefix[first]
+        return {"counts": np.stack(counts, axis=1).astype(float), "limbs": limbs}, state
 
     def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
-        counts = np.rint(replies.sums["counts"])  # type: ignore[attr-defined]
-        starts, ends = self._parts(server_state["lo"], server_state["hi"], bool(server_state["started"][0]))
-        lo, hi = starts.ravel(), ends.ravel()
-        keep = (counts.sum(axis=1) > 0) & (lo <= hi)
-        lo, hi, counts = lo[keep], hi[keep], counts[keep]
+        sums = replies.sums  # type: ignore[attr-defined]
+        counts, limbs = np.rint(sums["counts"]), np.rint(sums["limbs"])
+        started = bool(server_state["started"][0])
+        # an interval whose rows all hold one value is found: every byte of their keys agrees
+        # (each byte's sum of squares times the rows is its sum squared)
+        # (each byte's mean d is whole and its sum of squares is rows * d^2: exact in float64 below
+        # 2**53 / 255**2 rows)
+        c = server_state["n"].sum(axis=1)[:, None]
+        s1, s2 = limbs[:, :_LIMBS], limbs[:, _LIMBS:]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d = s1 / c
+            one = started & (c[:, 0] > 0) & np.all((d == np.rint(d)) & (s2 == c * d * d), axis=1)
+        key = (d[one].astype(np.uint64) << _SHIFTS).sum(axis=1, dtype=np.uint64)
+        starts, ends = self._parts(server_state["lo"], server_state["hi"], started)
+        G = counts.shape[1]
+        parts = counts.reshape(len(starts), -1, G)[~one].reshape(-1, G)
+        lo, hi = starts[~one].ravel(), ends[~one].ravel()
+        keep = (parts.sum(axis=1) > 0) & (lo <= hi)
+        lo, hi, parts = lo[keep], hi[keep], parts[keep]
         single = lo == hi
         state = {
             "lo": lo[~single],
             "hi": hi[~single],
             "started": np.array([True]),
-            "found": np.r_[server_state["found"], lo[single]],
-            "found_counts": np.concatenate([server_state["found_counts"], counts[single]]),
+            "n": parts[~single],
+            "found": np.r_[server_state["found"], key, lo[single]],
+            "found_counts": np.concatenate([server_state["found_counts"], server_state["n"][one], parts[single]]),
         }
         return state, {"open": float(np.sum(~single))}
 
