@@ -112,6 +112,7 @@ KM = Disclosure(
             (
                 Array("o_e", "per group, its observed minus expected events", "its groups' excess events"),
                 Array("v", "their covariance", "its at-risk balance"),
+                Array("rows", "its row count", "its row count"),
             ),
             "all",
         ),

@@ -295,7 +295,7 @@ class _LogRankStrata(_SumRound, FederatedAlgorithm):
     variance ``v`` (``G x G``), under Fleming-Harrington weights ``S(t-)^p (1 - S(t-))^q`` (its own
     Kaplan-Meier curve; ``p = q = 0``: the log-rank test)."""
 
-    reply_keys = summed_keys = ("o_e", "v")
+    reply_keys = summed_keys = ("o_e", "v", "rows")
 
     def __init__(self, spec: SurvivalColumns, n_groups: int, p: float = 0.0, q: float = 0.0) -> None:
         self.spec, self.G, self.p, self.q = spec, int(n_groups), float(p), float(q)
@@ -307,4 +307,4 @@ class _LogRankStrata(_SumRound, FederatedAlgorithm):
         at = np.searchsorted(times, r.time)
         np.add.at(counts, (at, 2 * r.group + (~r.event).astype(np.int64)), 1.0)
         o_e, v = logrank_terms(*risk_table(counts), self.p, self.q)
-        return {"o_e": o_e, "v": v}
+        return {"o_e": o_e, "v": v, "rows": np.array([float(len(r.time))])}

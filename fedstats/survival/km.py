@@ -73,8 +73,8 @@ def check_counts(counts: np.ndarray, min_cell_count: int, what: str, times: np.n
     small = ((counts > 0) & (counts < min_cell_count)).any(axis=1)
     if small.any():  # the message names how many times, never one of them
         raise DisclosureError(
-            f"{what} refuses to release counts at {int(small.sum())} of {len(times)} time(s) held by 1 to "
-            f"{min_cell_count - 1} rows (rule min_cell_count={min_cell_count}): coarsen the times with bins=[...] "
+            f"{what} refuses to release counts at {int(small.sum())} of {len(times)} time(s) held by fewer than "
+            f"{min_cell_count} rows (rule min_cell_count): coarsen the times with bins=[...] "
             "(each time becomes the upper edge of its bin), or allow it with data.with_rules(min_cell_count=1) "
             "(--min-cell-count 1 on the command line)",
             "min_cell_count",
@@ -275,6 +275,7 @@ def logrank_test(
     p: float = 0.0,
     q: float = 0.0,
     bins: Sequence[float] | None = None,
+    level: float = 0.95,
     seed: int = 0,
     backend: Any = None,
 ) -> TestResult:
@@ -284,8 +285,11 @@ def logrank_test(
     ``S(t-)^p (1 - S(t-))^q`` (lifelines' ``weightings="fleming-harrington"``; 0, 0: log-rank).
     ``stratify=True``: each client a stratum (R's ``survdiff(... + strata(site))``): a client
     sends only its own observed-minus-expected counts and their variance, summed (its weights
-    from its own curve), and no time leaves it. ``details``: the ``groups``, their
-    ``observed`` events (NaN stratified) and ``observed_minus_expected``."""
+    from its own curve), and no time leaves it. With two levels and no weights the estimate is
+    Peto's one-step log hazard ratio of the second level against the first, ``(O - E) / V``,
+    with its ``level`` interval. ``details``: the ``groups``, their ``observed`` events (NaN
+    stratified), ``observed_minus_expected`` and its ``variance``."""
+    check_level(level)
     for name, value in (("p", p), ("q", q)):
         if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -294,9 +298,7 @@ def logrank_test(
         G = spec.group.n_categories  # type: ignore[union-attr]
         if stratify:
             s = ex.sums(_LogRankStrata(spec, G, p, q), "log-rank strata")
-            o_e, v = s["o_e"], s["v"]
-            observed = np.full(G, np.nan)
-            n_rows = math.nan
+            o_e, v, observed, n_rows = s["o_e"], s["v"], np.full(G, np.nan), float(s["rows"][0])
         else:
             times, counts = time_counts(ex, spec)
             check_counts(counts, released_rules(data)[1], "logrank_test", times)
@@ -310,15 +312,26 @@ def logrank_test(
         stat = float(o_e[k] @ np.linalg.pinv(v[np.ix_(k, k)]) @ o_e[k])
         df = len(present) - 1
         weights = "log-rank" if not (p or q) else f"Fleming-Harrington (p={p:g}, q={q:g})"
+        labels = _labels(spec)
+        effect, name, lo, hi = math.nan, "", math.nan, math.nan
+        if df == 1 and not (p or q):  # Peto's one-step log hazard ratio of the second level against the first
+            a, b = present
+            effect, se = float(o_e[b] / v[b, b]), float(1 / math.sqrt(v[b, b]))
+            name = f"log hazard ratio (Peto), {labels[b]} vs {labels[a]}"
+            z = float(stats.norm.ppf(0.5 + level / 2))
+            lo, hi = effect - z * se, effect + z * se
         return TestResult(
             "log-rank test" + (", stratified by client" if stratify else ""),
             stat,
             float(stats.chi2.sf(stat, df)),
-            math.nan,
-            "",
+            effect,
+            name,
+            lo,
+            hi,
+            level,
             df=float(df),
             method=f"{weights} weights, chi-square on {df} df",
-            n=int(n_rows) if math.isfinite(n_rows) else 0,
-            details={"groups": _labels(spec), "observed": observed, "observed_minus_expected": o_e},
+            n=int(n_rows),
+            details={"groups": labels, "observed": observed, "observed_minus_expected": o_e, "variance": v},
             communication=ex.communication,
         )

@@ -120,3 +120,17 @@ def test_no_clients_values_leave_it_in_its_final_state(rossi):
         r = run(alg, fd, rounds=MAX_SPLIT_ROUNDS, progress=False)
         assert len(r.server_state["found"]) > 0
         assert r.client_states and all(s is None for s in r.client_states.values())
+
+
+def test_two_group_logrank_gives_petos_log_hazard_ratio(rossi):
+    r, fd = rossi
+    res = logrank_test(fd, "arrest", "fin")
+    ref = lifelines.statistics.logrank_test(
+        r.week[r.fin == 0], r.week[r.fin == 1], r.arrest[r.fin == 0], r.arrest[r.fin == 1]
+    )
+    se = (res.upper - res.lower) / (2 * 1.959963984540054)
+    assert (res.estimate / se) ** 2 == pytest.approx(ref.test_statistic, rel=1e-9)  # (O - E)^2 / V
+    cox = lifelines.CoxPHFitter().fit(r[["week", "arrest", "fin"]], "week", "arrest")
+    assert res.estimate == pytest.approx(cox.params_["fin"], abs=0.02) and res.estimate < 0
+    assert res.estimate_name == "log hazard ratio (Peto), 1 vs 0" and res.n == len(r)
+    assert logrank_test(fd, "arrest", "fin", stratify=True).n == len(r)
