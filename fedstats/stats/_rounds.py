@@ -274,10 +274,11 @@ class _DistinctValues(FederatedAlgorithm):
     Each round the server sends the open intervals of the float64 order (as their end values);
     each client splits every one into 16 parts (the first round: the whole line, unsplit) and
     answers how many of its values lie in each part, per group, and for each interval the sums
-    and sums of squares of the 8 bytes of its values' keys (all summed). An interval whose rows
-    all hold one value is found at once (every byte's sum of squares times its rows is the
-    byte's sum squared: the value is the bytes' means); the others' parts that hold rows are
-    the next round's intervals, a part of one key is found. At most 17 rounds (the first
+    and sums of squares of the 8 bytes of its values' keys (all summed); an interval known to
+    hold one row is not split, its bytes are its value. An interval whose rows all hold one
+    value is found at once (every byte's sum of squares times its rows is the byte's sum
+    squared: the value is the bytes' means); the others' parts that hold rows are the next
+    round's intervals, a part of one key is found. At most 17 rounds (the first
     count, then 4 of the 64 bits a round); values set apart by the splitting are found the
     round after, not 4 bits at a time. The byte sums say nothing the found values and counts
     do not."""
@@ -309,14 +310,19 @@ class _DistinctValues(FederatedAlgorithm):
         backend sends the final state to the server)."""
         return None
 
+    @staticmethod
+    def _lone(state: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The open intervals that hold one row: its bytes alone give its value (no parts)."""
+        return bool(state["started"][0]) & (state["n"].sum(axis=1) == 1)
+
     def broadcast(self, server_state: Any, client: ClientId, round: int) -> Message:
-        """The open intervals (their end values); after the first round each client splits
-        every one into 16 parts itself (:func:`~fedstats.stats._columns.split_points`)."""
-        return {
-            "lo": _value(server_state["lo"]),
-            "hi": _value(server_state["hi"]),
-            "split": server_state["started"].astype(float),
-        }
+        """The open intervals (their end values): those of several rows, which each client
+        splits into 16 parts itself (:func:`~fedstats.stats._columns.split_points`; the first
+        round: the whole line, unsplit), and those of one row (``lo1``, ``hi1``)."""
+        lone = self._lone(server_state)
+        lo, hi = _value(server_state["lo"]), _value(server_state["hi"])
+        split = server_state["started"].astype(float)
+        return {"lo": lo[~lone], "hi": hi[~lone], "lo1": lo[lone], "hi1": hi[lone], "split": split}
 
     @staticmethod
     def _parts(lo: np.ndarray, hi: np.ndarray, split: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -329,37 +335,42 @@ class _DistinctValues(FederatedAlgorithm):
 
     def client_step(self, message: Message, state: Any, data: Any, rng: np.random.Generator) -> tuple[Message, Any]:
         lo, hi = _key(np.asarray(message["lo"])), _key(np.asarray(message["hi"]))
+        lo1, hi1 = _key(np.asarray(message["lo1"])), _key(np.asarray(message["hi1"]))
         _, ends = self._parts(lo, hi, bool(message["split"][0]))
         # the parts of an interval are contiguous: a part's count is the difference of the counts
         # at or below consecutive ends (an empty part's end repeats the one before it)
-        counts, limbs = [], np.zeros((len(lo), 2 * _LIMBS))
+        counts, limbs = [], np.zeros((len(lo) + len(lo1), 2 * _LIMBS))
         for s in state:
-            first = np.searchsorted(s, lo, side="left")
+            first = np.asarray(np.searchsorted(s, np.r_[lo, lo1], side="left"))
             below = np.searchsorted(s, ends, side="right")
-            counts.append(np.diff(below, axis=1, prepend=first[:, None]).ravel())
+            counts.append(np.diff(below, axis=1, prepend=first[: len(lo), None]).ravel())
+            last = np.r_[below[:, -1], np.searchsorted(s, hi1, side="right")]
             digits = ((s[:, None] >> _SHIFTS) & np.uint64(255)).astype(float)
             prefix = np.vstack([np.zeros((1, 2 * _LIMBS)), np.cumsum(np.hstack([digits, digits**2]), axis=0)])
-            limbs += prefix[below[:, -1]] - prefix[first]
+            limbs += prefix[last] - prefix[first]
         return {"counts": np.stack(counts, axis=1).astype(float), "limbs": limbs}, state
 
     def server_step(self, server_state: Any, replies: Mapping[ClientId, Message], round: int) -> tuple[Any, dict]:
         sums = replies.sums  # type: ignore[attr-defined]
         counts, limbs = np.rint(sums["counts"]), np.rint(sums["limbs"])
         started = bool(server_state["started"][0])
-        # an interval whose rows all hold one value is found: every byte of their keys agrees
-        # (each byte's sum of squares times the rows is its sum squared)
-        # (each byte's mean d is whole and its sum of squares is rows * d^2: exact in float64 below
-        # 2**53 / 255**2 rows)
-        c = server_state["n"].sum(axis=1)[:, None]
+        lone = self._lone(server_state)
+        order = np.r_[np.flatnonzero(~lone), np.flatnonzero(lone)]  # the limbs' rows: split intervals first
+        n = server_state["n"][order]
+        # an interval whose rows all hold one value is found: each byte's mean d is whole and its
+        # sum of squares is rows * d^2 (exact in float64 below 2**53 / 255**2 rows)
+        c = n.sum(axis=1)[:, None]
         s1, s2 = limbs[:, :_LIMBS], limbs[:, _LIMBS:]
         with np.errstate(invalid="ignore", divide="ignore"):
             d = s1 / c
             one = started & (c[:, 0] > 0) & np.all((d == np.rint(d)) & (s2 == c * d * d), axis=1)
         key = (d[one].astype(np.uint64) << _SHIFTS).sum(axis=1, dtype=np.uint64)
-        starts, ends = self._parts(server_state["lo"], server_state["hi"], started)
+        m = int(np.sum(~lone))
+        assert np.all(one[m:]), "an interval of one row did not give its value"
+        starts, ends = self._parts(server_state["lo"][~lone], server_state["hi"][~lone], started)
         G = counts.shape[1]
-        parts = counts.reshape(len(starts), -1, G)[~one].reshape(-1, G)
-        lo, hi = starts[~one].ravel(), ends[~one].ravel()
+        parts = counts.reshape(m, starts.shape[1], G)[~one[:m]].reshape(-1, G)
+        lo, hi = starts[~one[:m]].ravel(), ends[~one[:m]].ravel()
         keep = (parts.sum(axis=1) > 0) & (lo <= hi)
         lo, hi, parts = lo[keep], hi[keep], parts[keep]
         single = lo == hi
@@ -369,7 +380,7 @@ class _DistinctValues(FederatedAlgorithm):
             "started": np.array([True]),
             "n": parts[~single],
             "found": np.r_[server_state["found"], key, lo[single]],
-            "found_counts": np.concatenate([server_state["found_counts"], server_state["n"][one], parts[single]]),
+            "found_counts": np.concatenate([server_state["found_counts"], n[one], parts[single]]),
         }
         return state, {"open": float(np.sum(~single))}
 
