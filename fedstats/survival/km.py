@@ -68,15 +68,18 @@ def time_counts(ex: Exchanges, spec: SurvivalColumns, events_only: bool = False)
     return order_value(s["found"][order]), s["found_counts"][order]
 
 
-def check_counts(counts: np.ndarray, min_cell_count: int, what: str, times: np.ndarray) -> None:
-    """Refuse counts at a time of 1 .. ``min_cell_count - 1`` rows (a small cell)."""
+def check_counts(counts: np.ndarray, min_cell_count: int, what: str, times: np.ndarray, public: bool = False) -> None:
+    """Refuse counts at a time of 1 .. ``min_cell_count - 1`` rows (a small cell). With
+    ``public`` times (bin edges the user chose) the message names the bins; exact times it
+    never names."""
     small = ((counts > 0) & (counts < min_cell_count)).any(axis=1)
-    if small.any():  # the message names how many times, never one of them
+    if small.any():
+        where = f"bin(s) ending at {', '.join(f'{t:g}' for t in times[small])}" if public else "time(s)"
         raise DisclosureError(
-            f"{what} refuses to release counts at {int(small.sum())} of {len(times)} time(s) held by fewer than "
-            f"{min_cell_count} rows (rule min_cell_count): coarsen the times with bins=[...] "
-            "(each time becomes the upper edge of its bin), or allow it with data.with_rules(min_cell_count=1) "
-            "(--min-cell-count 1 on the command line)",
+            f"{what} refuses to release counts at {int(small.sum())} of {len(times)} {where}: held by fewer than "
+            f"{min_cell_count} rows (rule min_cell_count): coarsen the times with bins=[...] (each time becomes the "
+            "upper edge of its bin; wider bins where they are named), or allow it with "
+            "data.with_rules(min_cell_count=1) (--min-cell-count 1 on the command line)",
             "min_cell_count",
             None,
         )
@@ -240,7 +243,7 @@ class KaplanMeier:
         with use_backend(backend):
             ex, spec = _exchanges(data, self.event, self.group, self.bins, seed, "KaplanMeier")
             times, counts = time_counts(ex, spec)
-            check_counts(counts, released_rules(data)[1], "KaplanMeier", times)
+            check_counts(counts, released_rules(data)[1], "KaplanMeier", times, spec.bins is not None)
             d, n = risk_table(counts)
             return KaplanMeierResult(
                 times, _labels(spec), d, counts[:, 1::2], n, spec.time_name, self.event,
@@ -301,7 +304,7 @@ def logrank_test(
             o_e, v, observed, n_rows = s["o_e"], s["v"], np.full(G, np.nan), float(s["rows"][0])
         else:
             times, counts = time_counts(ex, spec)
-            check_counts(counts, released_rules(data)[1], "logrank_test", times)
+            check_counts(counts, released_rules(data)[1], "logrank_test", times, spec.bins is not None)
             d, n = risk_table(counts)
             o_e, v = logrank_terms(d, n, p, q)
             observed, n_rows = d.sum(axis=0), float(n[0].sum()) if len(n) else 0.0
