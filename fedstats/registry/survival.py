@@ -69,7 +69,7 @@ COX = Disclosure(
     "only each client's summed value, score and information: no time leaves a client.",
 )
 COX_OPTIONS = Disclosure(
-    "CoxPH (stratify=True, robust=True)",
+    "CoxPH (stratify=True, robust=True, the proportional hazards test)",
     (
         exchange(
             "Newton rounds",
@@ -87,6 +87,21 @@ COX_OPTIONS = Disclosure(
             "_CoxScores",
             "robust=True: once, at the fit",
             (Array("meat", "the sum of its rows' score-residual outer products", "its rows' residual spread"),),
+            "all",
+        ),
+        exchange(
+            "Schoenfeld residuals",
+            "_Schoenfeld",
+            "result.proportional_hazards_test(data): once",
+            (
+                Array(
+                    "r", "the sum of its events' Schoenfeld residuals", "its events' predictors against the risk sets"
+                ),
+                Array("gr", "their sum weighted by the events' transformed times", "how they move with time"),
+                Array("g", "the sum of its events' transformed times", "its events' times, on average"),
+                Array("gg", "the sum of their squares", "their spread"),
+                Array("d", "its number of events", "its number of events"),
+            ),
             "all",
         ),
     ),

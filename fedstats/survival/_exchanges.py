@@ -229,7 +229,10 @@ class _CoxNewton(_Newton, FederatedAlgorithm):
                     full[self.tied] = sums[k]
                     sums = {**sums, k: full}
             t = time_weights(sums, self.d, self.efron)
-            extra = {"a1": t.a1, "b1": t.b1, "outer": t.outer, "s0": sums["s0"], "s1": sums["s1"]}
+            # the Schoenfeld residuals' weighted means at the event times (Efron's: over the tied events)
+            wm = sums["s1"] * t.a1[:, None] - (sums["d1"] * t.b1[:, None] if self.efron else 0.0)
+            extra = {"a1": t.a1, "b1": t.b1, "outer": t.outer, "s0": sums["s0"], "s1": sums["s1"],
+                     "wm": wm / self.d[:, None]}  # fmt: skip
             s = self._value(s, float(self.xd @ s["beta"]) + t.ll, self.xd + t.score, extra)
         else:
             s = self._curvature(s, sums["h2"] - s["accepted"]["outer"])
@@ -288,6 +291,47 @@ class _CoxScores(_SumRound, FederatedAlgorithm):
             times, a, h = self.times, self.risk_mean, self.hazard
         U = score_residuals(r.time, r.event, X, self.beta, times, a, h)
         return {"meat": U.T @ U}
+
+
+class _Schoenfeld(_SumRound, FederatedAlgorithm):
+    """One round at the fit: the sums over a client's events of their Schoenfeld residuals
+    ``r`` (the event's predictors less the risk set's weighted mean at its time), of ``g r``
+    (``gr``, ``g`` the event's transformed time), of ``g`` and ``g^2``, and the events ``d``.
+    The server sends the pooled event ``times`` with their weighted means ``wm`` and, for the
+    Kaplan-Meier and rank transforms, ``g`` at each; without ``times`` (stratified) each client
+    forms its own means, and ``g`` is the time or its log."""
+
+    reply_keys = summed_keys = ("r", "gr", "g", "gg", "d")
+
+    def __init__(self, spec: SurvivalColumns, beta: np.ndarray, mean: np.ndarray, efron: bool, transform: str,
+                 times: np.ndarray | None = None, wm: np.ndarray | None = None,
+                 g: np.ndarray | None = None) -> None:  # fmt: skip
+        self.spec, self.beta, self.mean, self.efron = spec, np.asarray(beta, float), np.asarray(mean, float), efron
+        self.transform, self.times, self.wm, self.g = transform, times, wm, g
+
+    def sums(self, data: Any) -> dict[str, np.ndarray]:
+        r = self.spec.rows(data)
+        X = r.X - self.mean
+        times, wm = self.times, self.wm
+        if times is None:  # its own stratum
+            times, d = event_times(r.time, r.event)
+            if len(times) == 0:
+                p = len(self.beta)
+                return {"r": np.zeros(p), "gr": np.zeros(p), "g": np.zeros(1), "gg": np.zeros(1), "d": np.zeros(1)}
+            sums = risk_sums(r.time, r.event, X, self.beta, times, self.efron)
+            t = time_weights(sums, d, self.efron)
+            wm = sums["s1"] * t.a1[:, None] - (sums["d1"] * t.b1[:, None] if self.efron else 0.0)
+            wm = wm / d[:, None]
+        assert wm is not None
+        dead = r.event
+        idx = np.searchsorted(times, r.time[dead])
+        res = X[dead] - wm[idx]
+        if self.g is not None:
+            g = self.g[idx]
+        else:
+            g = r.time[dead] if self.transform == "identity" else np.log(r.time[dead])
+        return {"r": res.sum(axis=0), "gr": g @ res, "g": np.array([g.sum()]), "gg": np.array([g @ g]),
+                "d": np.array([float(dead.sum())])}  # fmt: skip
 
 
 class _LogRankStrata(_SumRound, FederatedAlgorithm):

@@ -63,8 +63,8 @@ from ..result_file import register
 from ..results import Coefficients, FederatedResult, check_level, prediction_frame
 from ..stats._columns import Column
 from ..stats._rounds import Exchanges, released_rules
-from ._data import check_bins, columns_of
-from ._exchanges import NEWTON_TOL, _CoxCheck, _CoxNewton, _CoxScores, _CoxStrata, _Leaving
+from ._data import SurvivalColumns, check_bins, columns_of
+from ._exchanges import NEWTON_TOL, _CoxCheck, _CoxNewton, _CoxScores, _CoxStrata, _Leaving, _Schoenfeld
 from .km import time_counts
 
 __all__ = ["CoxPH", "CoxResult", "CoxConvergenceWarning"]
@@ -189,7 +189,7 @@ class CoxPH(Estimator):
         _check_predictors(spec.names, chk["sx"], chk["sxx"], n)
         xd = chk["xd"] - events * mean
         efron = self.ties == "efron"
-        times = d = None
+        times = d = leaving = None
         if self.stratify:
             alg: Any = _CoxStrata(spec, mean, efron, self.tol, self.rounds)
         else:
@@ -241,6 +241,11 @@ class CoxPH(Estimator):
             mean=mean,
             times=times,
             hazard=hazard,
+            events=d,
+            information=info,
+            at_risk=None if leaving is None else np.cumsum(leaving[::-1])[::-1],
+            risk_mean=None if self.stratify else acc["wm"],
+            spec=spec,
             time_name=spec.time_name,
             event_name=self.event,
             bins=spec.bins,
@@ -331,6 +336,11 @@ class CoxResult(Coefficients, FederatedResult):
     mean: np.ndarray
     times: np.ndarray | None
     hazard: np.ndarray | None  # the Breslow baseline hazard increments at the event times
+    events: np.ndarray | None  # the events at the event times
+    information: np.ndarray  # the observed information at the fit
+    at_risk: np.ndarray | None  # the rows at risk at the event times
+    risk_mean: np.ndarray | None  # the Schoenfeld residuals' weighted means at the event times
+    spec: SurvivalColumns  # where each client finds its columns (for the exchanges after the fit)
     time_name: str
     event_name: str
     bins: tuple[float, ...] | None
@@ -387,6 +397,53 @@ class CoxResult(Coefficients, FederatedResult):
                 raise ValueError("lr_test needs fits of the same rows, ties and strata")
             stat, df = 2 * (big.llf - small.llf), len(big.names) - len(small.names)
         return pd.Series({"statistic": float(stat), "df": float(df), "p_value": float(stats.chi2.sf(stat, df))})
+
+    def proportional_hazards_test(
+        self, data: FederatedData, transform: str = "km", *, seed: int = 0, backend: Any = None
+    ) -> pd.DataFrame:
+        """The test that each coefficient is constant in time (Grambsch and Therneau's, from the
+        scaled Schoenfeld residuals against a transform of the event times; lifelines'
+        ``proportional_hazard_test``): per predictor ``statistic`` (chi-square on 1 df) and
+        ``p_value``. ``transform``: ``"km"`` (1 minus the pooled Kaplan-Meier curve), ``"rank"``
+        (the events' order; tied events share their mean rank), ``"identity"`` or ``"log"`` (the
+        time); a stratified fit takes ``"identity"`` or ``"log"`` (the pooled curve and ranks need
+        the event times, which stay on the clients). One more round over ``data``, the data of the
+        fit: each client sends its events' summed residuals and their products with the
+        transformed times."""
+        from ..federation.backend import use_backend
+
+        if transform not in ("km", "rank", "identity", "log"):
+            raise ValueError(f"transform must be 'km', 'rank', 'identity' or 'log', got {transform!r}")
+        efron = self.ties == "efron"
+        if self.stratified or self.times is None:
+            if transform in ("km", "rank"):
+                raise ValueError(
+                    f"a stratified fit keeps its event times on the clients: transform={transform!r} needs the pooled "
+                    "ones; use 'identity' or 'log'"
+                )
+            alg = _Schoenfeld(self.spec, self.coef, self.mean, efron, transform)
+        else:
+            d, at_risk = np.asarray(self.events), np.asarray(self.at_risk)
+            if transform == "km":  # 1 - the pooled Kaplan-Meier curve at the event times
+                g = 1 - np.cumprod(1 - d / at_risk)
+            elif transform == "rank":
+                g = np.cumsum(d) - (d - 1) / 2
+            else:
+                g = None
+            alg = _Schoenfeld(self.spec, self.coef, self.mean, efron, transform, self.times, self.risk_mean, g)
+        with use_backend(backend):
+            s = _Rounds(data, [], seed=seed, what="proportional_hazards_test").sums(alg, "Schoenfeld residuals")
+        events = float(s["d"][0])
+        gbar = float(s["g"][0]) / events
+        sgg = float(s["gg"][0]) - events * gbar**2
+        u = s["gr"] - gbar * s["r"]
+        # the scaled residuals n V r (V: the inverse information), their variance from the standard errors
+        stat = events * (np.linalg.solve(self.information, u)) ** 2 / (np.diag(self.cov) * sgg)
+        out = pd.DataFrame(
+            {"statistic": stat, "p_value": stats.chi2.sf(stat, 1)}, index=pd.Index(self.names, name="parameter")
+        )
+        out.attrs["transform"] = transform
+        return out
 
     def _baseline(self) -> tuple[np.ndarray, np.ndarray]:
         if self.stratified or self.hazard is None or self.times is None:

@@ -178,3 +178,43 @@ def test_secure_aggregation_record_no_client_count_reaches_the_server(federation
         res = CoxPH(event="event").fit(federation)
     kinds = set(res.communication.by_kind)
     assert {"design check", "time counts", "risk-set counts", "Newton rounds"} <= kinds
+
+
+def test_proportional_hazards_test_equals_lifelines(rossi):
+    from lifelines.statistics import proportional_hazard_test
+
+    fd = FederatedData.from_dataframe(rossi, by="site", target="week", min_rows=1, min_cell_count=1)
+    res = CoxPH(event="arrest").fit(fd)
+    df = rossi.drop(columns="site")
+    ref = lifelines.CoxPHFitter().fit(df, "week", "arrest", fit_options={"precision": 1e-12})
+    for transform in ("km", "identity", "log"):  # Rossi's weeks are tied: each the same for tied events
+        ours = res.proportional_hazards_test(fd, transform)
+        theirs = proportional_hazard_test(ref, df, time_transform=transform).summary.loc[res.names]
+        np.testing.assert_allclose(ours["statistic"], theirs["test_statistic"], rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(ours["p_value"], theirs["p"], rtol=1e-6)
+
+
+def test_proportional_hazards_test_rank_and_stratified():
+    from lifelines.statistics import proportional_hazard_test
+
+    fd = proportional_hazards(4, seed=7, rows=[30, 200, 90, 60], beta=(0.5, -0.5))  # no ties: ranks are defined
+    X, t, site = pooled(fd)
+    df = pd.DataFrame(X, columns=fd.feature_names).assign(time=t)
+    ref = lifelines.CoxPHFitter().fit(df, "time", "event", fit_options={"precision": 1e-12})
+    res = CoxPH(event="event").fit(fd)
+    ours = res.proportional_hazards_test(fd, "rank")
+    theirs = proportional_hazard_test(ref, df, time_transform="rank").summary.loc[res.names]
+    np.testing.assert_allclose(ours["statistic"], theirs["test_statistic"], rtol=1e-6, atol=1e-8)
+    # robust standard errors (lifelines' robust errors are ours where no times tie)
+    ref = lifelines.CoxPHFitter().fit(df, "time", "event", robust=True, fit_options={"precision": 1e-12})
+    ours = CoxPH(event="event", robust=True).fit(fd).proportional_hazards_test(fd, "km")
+    theirs = proportional_hazard_test(ref, df, time_transform="km").summary.loc[res.names]
+    np.testing.assert_allclose(ours["statistic"], theirs["test_statistic"], rtol=1e-6, atol=1e-8)
+    strat = CoxPH(event="event", stratify=True).fit(fd)
+    ref = lifelines.CoxPHFitter().fit(df.assign(site=site), "time", "event", strata=["site"],
+                                      fit_options={"precision": 1e-12})  # fmt: skip
+    ours = strat.proportional_hazards_test(fd, "log")
+    theirs = proportional_hazard_test(ref, df.assign(site=site), time_transform="log").summary.loc[res.names]
+    np.testing.assert_allclose(ours["statistic"], theirs["test_statistic"], rtol=1e-6, atol=1e-8)
+    with pytest.raises(ValueError, match="stratified fit keeps its event times"):
+        strat.proportional_hazards_test(fd, "km")
