@@ -30,6 +30,7 @@ from ..stats._columns import data_key
 from ..stats._rounds import _DistinctValues, _SumRound
 from ._data import SurvivalColumns
 from ._partial import (
+    event_means,
     event_times,
     logrank_terms,
     risk_sums,
@@ -229,10 +230,8 @@ class _CoxNewton(_Newton, FederatedAlgorithm):
                     full[self.tied] = sums[k]
                     sums = {**sums, k: full}
             t = time_weights(sums, self.d, self.efron)
-            # the Schoenfeld residuals' weighted means at the event times (Efron's: over the tied events)
-            wm = sums["s1"] * t.a1[:, None] - (sums["d1"] * t.b1[:, None] if self.efron else 0.0)
             extra = {"a1": t.a1, "b1": t.b1, "outer": t.outer, "s0": sums["s0"], "s1": sums["s1"],
-                     "wm": wm / self.d[:, None]}  # fmt: skip
+                     "wm": event_means(sums, t, self.d, self.efron)}  # fmt: skip
             s = self._value(s, float(self.xd @ s["beta"]) + t.ll, self.xd + t.score, extra)
         else:
             s = self._curvature(s, sums["h2"] - s["accepted"]["outer"])
@@ -319,9 +318,7 @@ class _Schoenfeld(_SumRound, FederatedAlgorithm):
                 p = len(self.beta)
                 return {"r": np.zeros(p), "gr": np.zeros(p), "g": np.zeros(1), "gg": np.zeros(1), "d": np.zeros(1)}
             sums = risk_sums(r.time, r.event, X, self.beta, times, self.efron)
-            t = time_weights(sums, d, self.efron)
-            wm = sums["s1"] * t.a1[:, None] - (sums["d1"] * t.b1[:, None] if self.efron else 0.0)
-            wm = wm / d[:, None]
+            wm = event_means(sums, time_weights(sums, d, self.efron), d, self.efron)
         assert wm is not None
         dead = r.event
         idx = np.searchsorted(times, r.time[dead])

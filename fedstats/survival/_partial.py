@@ -26,8 +26,8 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = [
-    "risk_sums", "time_weights", "second_moment", "stratum_terms", "score_residuals", "Terms", "risk_table",
-    "logrank_terms",
+    "risk_sums", "time_weights", "event_means", "second_moment", "stratum_terms", "score_residuals", "Terms",
+    "risk_table", "logrank_terms",
 ]  # fmt: skip
 
 
@@ -98,6 +98,13 @@ def time_weights(sums: dict[str, np.ndarray], d: np.ndarray, efron: bool) -> Ter
         sd = np.einsum("k,ki,kj->ij", b2, s1, d1)
         outer = outer - sd - sd.T + np.einsum("k,ki,kj->ij", c2, d1, d1)
     return Terms(ll, score, outer, a1, b1)
+
+
+def event_means(sums: dict[str, np.ndarray], t: Terms, d: np.ndarray, efron: bool) -> np.ndarray:
+    """The risk sets' weighted means that each event's Schoenfeld residual is taken from, ``(m, p)``:
+    ``sum_l psi / phi`` over the ``d`` tied events, divided by ``d`` (Breslow's: ``S1 / S0``)."""
+    wm = sums["s1"] * t.a1[:, None] - (sums["d1"] * t.b1[:, None] if efron else 0.0)
+    return wm / d[:, None]
 
 
 def second_moment(
