@@ -910,7 +910,7 @@ def test_bayesian_and_hierarchical_glms_from_the_command_line(counts, tmp_path, 
         )
         == 2
     )
-    assert "--robust: for --model glm only" in capsys.readouterr().err
+    assert "--robust: for --model glm and cox only" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- issue 40, item 6

@@ -24,9 +24,9 @@ Example
 ...     t = np.ceil(rng.exponential(10, 200))
 ...     parts.append((rng.integers(0, 2, (200, 1)).astype(float), t))
 >>> fd = FederatedData.from_arrays([X for X, _ in parts], [t for _, t in parts], feature_names=["E"], target_name="T")
->>> km = KaplanMeier(event="E").fit(fd)
->>> float(km.survival_at(0.0))
-1.0
+>>> km = KaplanMeier(event="E", bins=[5, 10, 20, 200]).fit(fd)  # exact days: too few rows on most
+>>> km.table()["at_risk"].tolist()
+[600.0, 600.0, 385.0, 236.0, 84.0]
 """
 
 from __future__ import annotations
