@@ -36,6 +36,7 @@ TESTS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "proportions": ("proportions_test", "column", {}),
     "mannwhitney": ("mannwhitneyu", "column group", {}),
     "kruskal": ("kruskal", "column group", {}),
+    "logrank": ("logrank_test", "survival", {}),
     "wald": ("", "regression", {}),
     "lr": ("", "regression", {}),
 }
@@ -85,6 +86,9 @@ def add_parsers(sub: Any, fit_parser: argparse.ArgumentParser) -> None:
     t.add_argument("--expected", nargs="+", type=float, help="chi2 with one column: the expected proportions")
     t.add_argument("--alternative", default="two-sided", choices=("two-sided", "less", "greater"))
     t.add_argument("--adjust", choices=("holm", "bh"), help="adjust the p-values of several --column tests")
+    t.add_argument("--event", help="logrank: the 0/1 event column (--column: the time; --group: the groups)")
+    t.add_argument("--stratify", action="store_true", help="logrank: each client a stratum (no time leaves it)")
+    t.add_argument("--bins", nargs="+", type=float, metavar="EDGE", help="logrank: coarsen the times to these edges")
     t.add_argument("--target", help="wald/lr: the GLM's response column")
     t.add_argument("--family", default="gaussian", help="wald/lr: the GLM's family (default gaussian)")
     t.add_argument("--output", help="write the results as JSON here")
@@ -146,6 +150,8 @@ def test_command(args: Any) -> None:
     name, needs, extra = TESTS[args.test]
     if needs == "regression":
         return _regression_test(args)
+    if needs == "survival":
+        return _survival_test(args)
     df = read_csv(args.data, args.decimal)
     columns = args.column or []
     if "pair" in needs and args.columns:
@@ -195,6 +201,38 @@ def test_command(args: Any) -> None:
             for rec, p in zip(out, table.p_adjusted, strict=True):
                 rec["p_adjusted"] = float(p)
         _write(Path(args.output), json.dumps(out, indent=2, allow_nan=False))
+
+
+def _survival_test(args: Any) -> None:
+    """``--test logrank``: the log-rank test of the times ``--column`` with events ``--event``
+    between the levels of ``--group`` (:func:`fedstats.survival.logrank_test`)."""
+    from ..data import DataError, FederatedData
+    from ..survival import logrank_test
+
+    if not args.column or len(args.column) != 1 or not args.event or not args.group:
+        raise CLIError(f"--test {args.test} needs one --column (the time), --event and --group")
+    time = args.column[0]
+    df = read_csv(args.data, args.decimal)
+    missing = [c for c in (args.by, time, args.event, args.group) if c not in df.columns]
+    if missing:
+        raise CLIError(f"{args.data}: column(s) not found: {', '.join(missing)}")
+    try:
+        data = FederatedData.from_dataframe(
+            df[[args.by, time, args.event, args.group]], by=args.by, target=time,
+            min_rows=args.min_rows, min_cell_count=args.min_cell_count,
+        )  # fmt: skip
+    except DataError as exc:
+        raise CLIError(f"{args.data}: {exc}") from None
+    try:
+        res = logrank_test(
+            data, args.event, args.group, stratify=args.stratify, bins=args.bins, level=args.level, seed=args.seed
+        )
+    except DataError as exc:  # a refusal by the disclosure rules too: its message names the options
+        raise CLIError(f"{args.data}: {exc}".replace("bins=[...]", "--bins")) from None
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(res.summary().to_string())
+    if args.output:
+        _write(Path(args.output), json.dumps([res.to_dict()], indent=2, allow_nan=False))
 
 
 def _regression_test(args: Any) -> None:

@@ -1,4 +1,4 @@
-"""``fedstats fit --model cox`` prints and writes what CoxPH returns."""
+"""``fedstats fit --model cox`` and ``fedstats test --test logrank`` print and write what the Python functions return."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from fedstats.cli import main
 from fedstats.data import FederatedData
-from fedstats.survival import CoxPH
+from fedstats.survival import CoxPH, logrank_test
 
 lifelines = pytest.importorskip("lifelines")
 
@@ -50,3 +50,21 @@ def test_fit_cox_refusal_names_the_command_line_remedies(rossi_csv, capsys):
     assert main([*argv, "--bins", "13", "26", "39", "52"]) == 0
     assert main(["fit", str(path), "--by", "site", "--target", "week", "--model", "cox"]) == 2
     assert "needs --event" in capsys.readouterr().err
+
+
+def test_logrank_from_the_command_line(rossi_csv, tmp_path, capsys):
+    r, path = rossi_csv
+    out = tmp_path / "lr.json"
+    argv = ["test", str(path), "--by", "site", "--test", "logrank", "--column", "week", "--event", "arrest"]
+    assert main([*argv, "--group", "fin", "--stratify", "--output", str(out)]) == 0
+    assert "log-rank test, stratified by client" in capsys.readouterr().out
+    fd = FederatedData.from_dataframe(r[["site", "week", "arrest", "fin"]], by="site", target="week")
+    res = logrank_test(fd, "arrest", "fin", stratify=True)
+    doc = json.loads(out.read_text())[0]
+    assert doc["statistic"] == pytest.approx(res.statistic, rel=1e-12) and doc["n"] == len(r)
+    # exact times: the default rules refuse, naming the command line's remedy
+    assert main([*argv, "--group", "fin"]) == 2
+    assert "--bins" in capsys.readouterr().err
+    assert main([*argv, "--group", "fin", "--bins", "13", "26", "39", "52"]) == 0
+    assert main([*argv]) == 2
+    assert "needs one --column (the time), --event and --group" in capsys.readouterr().err
