@@ -63,7 +63,7 @@ from ..result_file import register
 from ..results import Coefficients, FederatedResult, check_level, prediction_frame
 from ..stats._columns import Column
 from ..stats._rounds import Exchanges, released_rules
-from ._data import SurvivalColumns, check_bins, columns_of
+from ._data import check_bins, columns_of
 from ._exchanges import NEWTON_TOL, _CoxCheck, _CoxNewton, _CoxScores, _CoxStrata, _Leaving, _Schoenfeld
 from .km import time_counts
 
@@ -245,7 +245,6 @@ class CoxPH(Estimator):
             information=info,
             at_risk=None if leaving is None else np.cumsum(leaving[::-1])[::-1],
             risk_mean=None if self.stratify else acc["wm"],
-            spec=spec,
             time_name=spec.time_name,
             event_name=self.event,
             bins=spec.bins,
@@ -340,7 +339,6 @@ class CoxResult(Coefficients, FederatedResult):
     information: np.ndarray  # the observed information at the fit
     at_risk: np.ndarray | None  # the rows at risk at the event times
     risk_mean: np.ndarray | None  # the Schoenfeld residuals' weighted means at the event times
-    spec: SurvivalColumns  # where each client finds its columns (for the exchanges after the fit)
     time_name: str
     event_name: str
     bins: tuple[float, ...] | None
@@ -414,6 +412,12 @@ class CoxResult(Coefficients, FederatedResult):
 
         if transform not in ("km", "rank", "identity", "log"):
             raise ValueError(f"transform must be 'km', 'rank', 'identity' or 'log', got {transform!r}")
+        spec = columns_of(data, self.event_name, "proportional_hazards_test", bins=self.bins)
+        if list(spec.names) != list(self.predictors) or spec.time_name != self.time_name:
+            raise ValueError(
+                f"proportional_hazards_test needs the data of the fit: its predictors are {list(spec.names)} and "
+                f"its time {spec.time_name!r}, the fit's {self.predictors} and {self.time_name!r}"
+            )
         efron = self.ties == "efron"
         if self.stratified or self.times is None:
             if transform in ("km", "rank"):
@@ -421,7 +425,7 @@ class CoxResult(Coefficients, FederatedResult):
                     f"a stratified fit keeps its event times on the clients: transform={transform!r} needs the pooled "
                     "ones; use 'identity' or 'log'"
                 )
-            alg = _Schoenfeld(self.spec, self.coef, self.mean, efron, transform)
+            alg = _Schoenfeld(spec, self.coef, self.mean, efron, transform)
         else:
             d, at_risk = np.asarray(self.events), np.asarray(self.at_risk)
             if transform == "km":  # 1 - the pooled Kaplan-Meier curve at the event times
@@ -430,7 +434,7 @@ class CoxResult(Coefficients, FederatedResult):
                 g = np.cumsum(d) - (d - 1) / 2
             else:
                 g = None
-            alg = _Schoenfeld(self.spec, self.coef, self.mean, efron, transform, self.times, self.risk_mean, g)
+            alg = _Schoenfeld(spec, self.coef, self.mean, efron, transform, self.times, self.risk_mean, g)
         with use_backend(backend):
             s = _Rounds(data, [], seed=seed, what="proportional_hazards_test").sums(alg, "Schoenfeld residuals")
         events = float(s["d"][0])
