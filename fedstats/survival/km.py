@@ -221,6 +221,9 @@ class KaplanMeierResult:
 class KaplanMeier:
     """The pooled Kaplan-Meier estimate of the survival curve (per level of ``group``).
 
+    The curves' intervals (``table(level=)``, ``median_survival(level=)``) are Greenwood's on
+    the log(-log) scale (R's and lifelines' default).
+
     Parameters
     ----------
     event : str
@@ -231,8 +234,6 @@ class KaplanMeier:
     bins : sequence of float, optional
         Bin edges: each time becomes the upper edge of its bin (``(e_(k-1), e_k]``) on the
         client; one round of counts, and the server learns no exact time.
-    The curves' intervals (``table(level=)``, ``median_survival(level=)``) are Greenwood's on
-    the log(-log) scale (R's and lifelines' default).
     """
 
     event: str
