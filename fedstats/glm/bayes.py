@@ -404,8 +404,14 @@ class HierarchicalGLM(_BayesBase):
     def fit(self, data: FederatedData, run: RunOptions) -> HierarchicalGLMResult:
         """Fit by federated EP, then one counted round of client posteriors; returns a
         :class:`HierarchicalGLMResult`. ``batched`` as :meth:`BayesianGLM.fit`."""
+        return HierarchicalGLMResult(**self._ep_fit(self._setup(data, run.seed), run))
+
+    def _ep_fit(self, setup: GLMSetup, run: RunOptions) -> dict[str, Any]:
+        """The EP rounds and the round of client posteriors on a prepared design: the result's
+        state (also the fit of :class:`~fedstats.survival.HierarchicalCox`, whose design
+        expands each client's rows into pieces)."""
         seed = run.seed
-        fam, roles, design, scaling, n_rows, ybar, _ = self._setup(data, seed)
+        fam, roles, design, scaling, n_rows, ybar, _ = setup
         p = len(design.names)
         nodes = AUTO_QUADRATURE.get(p, 1) if self.quadrature == "auto" else int(self.quadrature)
         site = HierarchicalSite(
@@ -422,9 +428,7 @@ class HierarchicalGLM(_BayesBase):
             batched=run.batched,
             who="HierarchicalGLM",
         )
-        return HierarchicalGLMResult(
-            **self._fitted(fam, design, roles, n_rows, out, history, scaling, seed), theta=theta
-        )
+        return {**self._fitted(fam, design, roles, n_rows, out, history, scaling, seed), "theta": theta}
 
 
 class _ClientPosteriors(PosteriorRound):

@@ -256,7 +256,7 @@ class CoxPH(Estimator):
         )
 
 
-def _check_predictors(names: Sequence[str], sx: np.ndarray, sxx: np.ndarray, n: float) -> None:
+def _check_predictors(names: Sequence[str], sx: np.ndarray, sxx: np.ndarray, n: float, what: str = "CoxPH") -> None:
     """Refuse, by name, a predictor that is constant on the pooled rows (the baseline hazard
     absorbs it: its spread about the mean is 0 up to rounding, from the summed ``X'X``) or a
     linear combination of others."""
@@ -266,7 +266,7 @@ def _check_predictors(names: Sequence[str], sx: np.ndarray, sxx: np.ndarray, n: 
     for j, name in enumerate(names):
         if var[j] <= 1e-12 * sxx[j, j]:
             raise DataError(
-                f"CoxPH: predictor {name!r} is constant ({mean[j]:g}) on the pooled rows: the baseline hazard "
+                f"{what}: predictor {name!r} is constant ({mean[j]:g}) on the pooled rows: the baseline hazard "
                 "absorbs it; drop it"
             )
     sd = np.sqrt(var)
@@ -275,7 +275,7 @@ def _check_predictors(names: Sequence[str], sx: np.ndarray, sxx: np.ndarray, n: 
         ev = np.linalg.eigvalsh(C[: j + 1, : j + 1])
         if ev[0] < 1e-10 * ev[-1]:
             raise DataError(
-                f"CoxPH: predictor {names[j]!r} is a linear combination of {list(names[:j])} on the pooled rows: "
+                f"{what}: predictor {names[j]!r} is a linear combination of {list(names[:j])} on the pooled rows: "
                 "its coefficient is not identified; drop it"
             )
 
