@@ -613,7 +613,7 @@ def test_natural_units_standardise_by_default_and_the_options_opt_out(tmp_path, 
         )
         == 2
     )
-    assert "--no-standardize: for --model hm2, lasso, ridge and hm1 only" in capsys.readouterr().err
+    assert "--no-standardize: for --model hm2, lasso, ridge, hm1 and hcox only" in capsys.readouterr().err
 
 
 def test_csv_defects_are_refused_or_read_correctly(tmp_path, capsys):

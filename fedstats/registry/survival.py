@@ -1,11 +1,11 @@
 """Survival analysis's declarations: the Cox proportional hazards model (``fedstats fit --model
-cox``), with the threat-model tables of its exchanges and of the Kaplan-Meier curve and log-rank
-test (functions, not models)."""
+cox``) and the hierarchical Cox model (``--model hcox``), with the threat-model tables of their
+exchanges and of the Kaplan-Meier curve and log-rank test (functions, not models)."""
 
 from __future__ import annotations
 
-from .common import converged_text, given, rounds
-from .exchanges import exchange
+from .common import STANDARDIZE, converged_text, given, rounds
+from .exchanges import ROWS_EP, exchange
 from .spec import Array, Command, Declaration, Disclosure, Example, Expect, Option
 
 _TIMES = "where its event times lie (all of them, after enough rounds), and how many events at each"
@@ -230,4 +230,141 @@ CPH = Declaration(
     bad_parameter=("ties", "exact"),
 )
 
-DECLARATIONS = (CPH,)
+
+# --------------------------------------------------------------------------- hierarchical Cox
+_PIECES = "its rows' times, as the intervals they reach"
+HCOX_TABLE = Disclosure(
+    "HierarchicalCox",
+    (
+        _CHECK,
+        exchange(
+            "time sum",
+            "_GroupMoments",
+            "standardize=True: once, after the check",
+            (
+                Array("n", "its row count", "its row count"),
+                Array("s1", "the sum of its times", "its mean time"),
+                Array("s2", "the sum of their squares", "their spread"),
+                Array("cross", "their cross-product (one column: s2 again)", "see `s2`"),
+            ),
+            "all",
+        ),
+        exchange(
+            "quantile search",
+            "_QuantileSearch",
+            "without cuts=: at most 16 rounds",
+            (Array("below", "per threshold, how many of its event times are at or below it", _TIMES),),
+            "all",
+        ),
+        exchange(
+            "design check",
+            "DesignCheck",
+            "once, before the EP rounds",
+            (
+                Array("n_rows", "its number of pieces (a row's intervals up to its time)", _PIECES),
+                Array("sum_y", "its number of events", "its number of events"),
+                Array("wnobs", "its number of pieces", "see `n_rows`"),
+                Array("xtx", "X'X of its pieces", "its pieces per interval and its predictors' moments"),
+                Array("non_integer", "0 (events are whole numbers)", "nothing"),
+            ),
+            ("sum_y", "wnobs", "xtx", "non_integer"),
+        ),
+        ROWS_EP,
+        exchange(
+            "client posteriors",
+            "_ClientPosteriors",
+            "once, after the EP rounds",
+            (
+                Array("mean", "its log baseline hazards' and coefficients' posterior mean", "its own hazards"),
+                Array("cov", "their posterior covariance", "their uncertainty"),
+            ),
+        ),
+    ),
+    "its EP site (its pieces are made again from its own rows at each step, never kept).",
+    note="Each client splits its rows into pieces (one per interval a row lives into) on its own node. The "
+    "server learns the summed rows, events, predictor moments and times, the interval cuts (order statistics "
+    "of the pooled event times; none with `cuts=`), each client's number of pieces, and what every EP model "
+    "learns: each client's EP site, and after the fit its posterior of its own hazards and coefficients.",
+)
+_HCOX_OPTIONS = (
+    _OPTIONS[0],
+    Option(
+        "--intervals", "intervals of the baseline hazard, cut at event-time quantiles", {"type": int}, param="intervals"
+    ),
+    Option(
+        "--cuts",
+        "the interval edges instead (increasing times > 0; public: no event time is searched for)",
+        {"type": float, "nargs": "+", "metavar": "TIME"},
+        param="cuts",
+    ),
+    STANDARDIZE,
+    rounds("EP rounds, stopping when converged"),
+)
+
+
+def _hcox_check(args) -> None:
+    from .spec import CLIError
+
+    if args.event is None:
+        raise CLIError("--model hcox needs --event, the 0/1 column of events")
+    if args.features and args.event not in args.features:
+        args.features = [*args.features, args.event]
+
+
+def _hcox_build(args):
+    from ..survival import HierarchicalCox
+
+    return HierarchicalCox(**given(args, _HCOX_OPTIONS)), {}
+
+
+def _hcox_header(args, res, runtime: float) -> str:
+    return (
+        f"hierarchical Cox model, {len(res.edges)} intervals of a piecewise-constant baseline hazard, each "
+        f"client's own around the population (mu; tau: their variances), by federated EP: {res.rounds} rounds "
+        f"({converged_text(res)}), {len(res.clients)} clients, {res.events} events, {runtime:.1f} s; "
+        f"{100 * args.level:g}% credible intervals"
+    )
+
+
+def _hcox_extras(args, res, data, scaler) -> dict:
+    return {
+        "event": res.event_name,
+        "edges": [float(e) for e in res.edges],
+        "events": res.events,
+        "hazard_ratios": [
+            {"name": str(n), **{c: float(v) for c, v in row.items()}}
+            for n, row in res.hazard_ratios(level=args.level).iterrows()
+        ],
+    }
+
+
+HCOX = Declaration(
+    "hcox",
+    "fedstats.survival:HierarchicalCox",
+    "fedstats.survival:HierarchicalCoxResult",
+    "hierarchical Cox model: each client's baseline hazard and coefficients around a population, by federated EP",
+    (HCOX_TABLE,),
+    Command(
+        "hcox",
+        "hierarchical Cox model (the target is the time), needs --event",
+        _HCOX_OPTIONS,
+        _hcox_build,
+        _hcox_header,
+        extras=_hcox_extras,
+        check=_hcox_check,
+    ),
+    reference="fedstats.reference.glm:pooled_nuts",
+    examples=(
+        Example(
+            "hcox",
+            {"event": "event", "intervals": 2, "rounds": 2, "num_draws": 400},
+            {"seed": 0, "progress": False},
+            data="survival",
+            expect=Expect((True, True), new_client="population", bands=False, unconverged=True),
+            long={"rounds": 12, "num_draws": 200},
+        ),
+    ),
+    bad_parameter=("intervals", 0),
+)
+
+DECLARATIONS = (CPH, HCOX)

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+import pandas as pd
 
 from ..data import DataError, FederatedData
 from ..stats._columns import Column, codes, resolve
 
-__all__ = ["SurvivalColumns", "SurvivalRows", "columns_of"]
+__all__ = ["SurvivalColumns", "SurvivalRows", "columns_of", "predictor_rows"]
 
 
 class SurvivalRows(NamedTuple):
@@ -121,3 +122,24 @@ def columns_of(
         str(data.target_name), event, names.index(event), keep, tuple(names[j] for j in keep), group,
         check_bins(bins, what),
     )  # fmt: skip
+
+
+def predictor_rows(result: Any, X: Any) -> np.ndarray:
+    """Rows to predict for a survival ``result`` (its ``predictors``, ``feature_names``,
+    ``event_index``, ``event_name``, ``time_name``): a data frame read by column name (the time
+    and event columns, if there, ignored), or an array of the predictors in the fit's order, or
+    of all the data's feature columns (the event's ignored)."""
+    if isinstance(X, pd.DataFrame):
+        X = result._feature_rows(
+            X.drop(columns=[result.event_name, result.time_name], errors="ignore"), result.predictors
+        )
+    X = np.asarray(X, dtype=float)
+    if X.ndim == 1:
+        X = X[None, :]
+    if X.ndim == 2 and X.shape[1] == len(result.feature_names) != len(result.predictors):
+        X = np.delete(X, result.event_index, axis=1)
+    if X.ndim != 2 or X.shape[1] != len(result.predictors):
+        raise ValueError(f"X must have {len(result.predictors)} columns ({result.predictors}), got shape {X.shape}")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X has NaN or inf")
+    return X

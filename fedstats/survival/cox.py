@@ -44,9 +44,9 @@ True
 from __future__ import annotations
 
 import warnings
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -63,11 +63,14 @@ from ..result_file import register
 from ..results import Coefficients, FederatedResult, check_level, prediction_frame
 from ..stats._columns import Column
 from ..stats._rounds import Exchanges, released_rules
-from ._data import check_bins, columns_of
+from ._data import check_bins, columns_of, predictor_rows
 from ._exchanges import NEWTON_TOL, _CoxCheck, _CoxNewton, _CoxScores, _CoxStrata, _Leaving, _Schoenfeld
 from .km import time_counts
 
 __all__ = ["CoxPH", "CoxResult", "CoxConvergenceWarning"]
+
+
+_R = TypeVar("_R")
 
 
 class CoxConvergenceWarning(UserWarning):
@@ -87,7 +90,7 @@ class _Dropped(Exception):
         self.failed = failed
 
 
-def _failures(history: Any) -> None:
+def _failures(history: Any, what: str = "CoxPH") -> None:
     """Raise for the failures of a run: a client's bad data or a model failure stop the fit
     (a :class:`DataError` with the client's own message); a node that failed drops out
     (:class:`_Dropped`)."""
@@ -97,9 +100,24 @@ def _failures(history: Any) -> None:
             msg = why.removeprefix("DataError: ")
             raise DataError(msg if msg.startswith("client ") else f"client {c!r}: {msg}")
         if why.split(":", 1)[0] in MODEL_FAILURES:
-            raise RuntimeError(f"CoxPH: client {c!r} failed: {why}")
+            raise RuntimeError(f"{what}: client {c!r} failed: {why}")
     if failed:
         raise _Dropped(failed)
+
+
+def without_dropped(fit: Callable[[], _R], what: str) -> _R:
+    """``fit()``; when clients' nodes fail in it (:class:`_Dropped`), again without them (every
+    number of a fit from one set of clients), with a warning naming them."""
+    while True:
+        try:
+            return fit()
+        except _Dropped as exc:
+            exclude(exc.failed)
+            warnings.warn(
+                f"{what}: client(s) {list(exc.failed)[:5]} failed; fitting again without them",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
 
 class _Rounds(Exchanges):
@@ -107,7 +125,8 @@ class _Rounds(Exchanges):
 
     def _run(self, algorithm: Any, rounds: int, kind: str, privacy_ledger: Any = None) -> Any:
         r = run(algorithm, self.data, rounds=rounds, seed=self.seed, progress=False, batched=False, kind=kind)
-        _failures(r.history)
+        _failures(r.history, self.what)
+        self.parts.append(r.communication)
         return r
 
 
@@ -165,16 +184,7 @@ class CoxPH(Estimator):
         column), a constant or collinear predictor, or no events. A client whose node fails
         drops out, and the fit starts again without it (every number from one set of clients)."""
         require_target(data, "CoxPH")
-        while True:
-            try:
-                return self._fit(data, run)
-            except _Dropped as exc:
-                exclude(exc.failed)
-                warnings.warn(
-                    f"CoxPH: client(s) {list(exc.failed)[:5]} failed; fitting again without them",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+        return without_dropped(lambda: self._fit(data, run), "CoxPH")
 
     def _fit(self, data: FederatedData, run: RunOptions) -> CoxResult:
         spec = columns_of(data, self.event, "CoxPH", bins=self.bins)
@@ -468,18 +478,7 @@ class CoxResult(Coefficients, FederatedResult):
         return pd.DataFrame({"baseline survival": np.exp(-np.cumsum(h))}, index=pd.Index(t, name=self.time_name))
 
     def _rows(self, X: Any) -> np.ndarray:
-        if isinstance(X, pd.DataFrame):  # by name; the event and time columns, if there, are no predictors
-            X = self._feature_rows(X.drop(columns=[self.event_name, self.time_name], errors="ignore"), self.predictors)
-        X = np.asarray(X, dtype=float)
-        if X.ndim == 1:
-            X = X[None, :]
-        if X.ndim == 2 and X.shape[1] == len(self.feature_names) != len(self.predictors):
-            X = np.delete(X, self.event_index, axis=1)  # the data's own columns: the event is no predictor
-        if X.ndim != 2 or X.shape[1] != len(self.predictors):
-            raise ValueError(f"X must have {len(self.predictors)} columns ({self.predictors}), got shape {X.shape}")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X has NaN or inf")
-        return X - self.mean
+        return predictor_rows(self, X) - self.mean
 
     def predict(self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95) -> pd.DataFrame:
         """Each row's partial hazard ``exp((x - mean)'b)`` (its hazard over that of a row at the

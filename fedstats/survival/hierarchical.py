@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -61,11 +61,11 @@ from ..glm.hypotheses import posterior_ratios
 from ..result_file import register
 from ..results import check_level, prediction_frame
 from ..stats._columns import Column, with_categories
-from ..stats._rounds import Exchanges, _GroupMoments
+from ..stats._rounds import _GroupMoments
 from ..stats.quantiles import quantile_values
-from ._data import SurvivalColumns, columns_of
+from ._data import SurvivalColumns, columns_of, predictor_rows
 from ._exchanges import _CoxCheck
-from .cox import _check_predictors
+from .cox import _check_predictors, _Rounds, without_dropped
 
 __all__ = ["HierarchicalCox", "HierarchicalCoxResult", "PiecewiseDesign", "PiecewiseScaling"]
 
@@ -150,7 +150,7 @@ def pieces(
 
 
 _CUTS = NONE | Constraint(
-    lambda v: np.ndim(v) == 1 and len(v) >= 1 and np.all(np.isfinite(v)) and np.all(np.diff(v) > 0) and v[0] > 0,
+    lambda v: bool(np.ndim(v) == 1 and len(v) >= 1 and np.all(np.isfinite(v)) and np.all(np.diff(v) > 0) and v[0] > 0),
     "increasing finite times > 0",
 )
 
@@ -214,19 +214,21 @@ class HierarchicalCox(Estimator):
         :class:`HierarchicalCoxResult`. Raises :class:`~fedstats.data.DataError` for a bad
         time or event (naming the client), a constant or collinear predictor, or no events."""
         require_target(data, "HierarchicalCox")
-        setup = self.design(data, run.seed)
+        setup = without_dropped(lambda: self.design(data, run.seed), "HierarchicalCox")
         glm = HierarchicalGLM(
             "poisson", fit_intercept=False, standardize=False, prior_mu_sd=self.prior_mu_sd,
             prior_log_tau_sd=self.prior_log_tau_sd, rounds=self.rounds, tol=self.tol, damping=self.damping,
             num_draws=self.num_draws, tilted=self.tilted, quadrature=self.quadrature,
         )  # fmt: skip
         state = glm._ep_fit(setup, run)
-        design = setup.design
+        design = cast(PiecewiseDesign, setup.design)
         return HierarchicalCoxResult(
             **{**state, "model": "HierarchicalCox", "n_obs": {c: int(data.n_obs[c]) for c in state["clients"]}},
             edges=design.edges,
             event_name=self.event,
             time_name=design.spec.time_name,
+            feature_names=list(data.feature_names),
+            event_index=design.spec.event,
             events=int(round(setup.ybar * sum(setup.n_rows.values()))),
         )
 
@@ -241,7 +243,7 @@ class HierarchicalCox(Estimator):
                 "HierarchicalCox: no predictors (every column but the event is one; the time is the target)"
             )
         event = with_categories(Column(self.event, (spec.event,)), (0.0, 1.0))
-        ex = Exchanges(data, [event], seed=seed, what="HierarchicalCox")
+        ex = _Rounds(data, [event], seed=seed, what="HierarchicalCox")
         chk = ex.sums(_CoxCheck(spec), "design check")
         n, events = float(chk["rows"][0]), float(chk["events"][0])
         if events == 0:
@@ -274,7 +276,7 @@ class HierarchicalCox(Estimator):
                     "below the largest time"
                 ) from None
             raise
-        return GLMSetup(fam, {}, design, scaling, chk2["n_obs"], chk2["ybar"], 1.0)
+        return GLMSetup(fam, {}, cast(Any, design), scaling, chk2["n_obs"], chk2["ybar"], 1.0)
 
 
 @register
@@ -286,8 +288,11 @@ class HierarchicalCoxResult(HierarchicalGLMResult):
     :class:`~fedstats.glm.HierarchicalGLMResult`."""
 
     edges: np.ndarray
+    scaling: PiecewiseScaling  # type: ignore[assignment]
     event_name: str
     time_name: str
+    feature_names: list[str]
+    event_index: int
     events: int
 
     def intervals(self) -> pd.DataFrame:
@@ -338,18 +343,6 @@ class HierarchicalCoxResult(HierarchicalGLMResult):
         beta = phi[:, :p] + np.exp(0.5 * phi[:, p:]) * rng.standard_normal((n, p))
         return beta if self.scaling is None else self.scaling.coef_back(beta)
 
-    def _rows(self, X: Any) -> np.ndarray:
-        if isinstance(X, pd.DataFrame):  # by name; the event and time columns, if there, are no predictors
-            X = self._feature_rows(X.drop(columns=[self.event_name, self.time_name], errors="ignore"), self.predictors)
-        X = np.asarray(X, dtype=float)
-        if X.ndim == 1:
-            X = X[None, :]
-        if X.ndim != 2 or X.shape[1] != len(self.predictors):
-            raise ValueError(f"X must have {len(self.predictors)} columns ({self.predictors}), got shape {X.shape}")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X has NaN or inf")
-        return X
-
     def predict(  # type: ignore[override]
         self, X: ArrayLike, client: Hashable | None = None, *, level: float = 0.95, n: int = 4000, seed: int = 0
     ) -> pd.DataFrame:
@@ -358,7 +351,7 @@ class HierarchicalCoxResult(HierarchicalGLMResult):
         or a new client's (``client=None``)."""
         level = check_level(level)
         J = len(self.edges)
-        D = self._rows(X)
+        D = predictor_rows(self, X)
         eta = self._draws(client, n, seed)[:, J:] @ D.T
         a = (1 - level) / 2
         lo, hi = np.quantile(np.exp(eta), [a, 1 - a], axis=0)
@@ -384,7 +377,7 @@ class HierarchicalCoxResult(HierarchicalGLMResult):
         if t.ndim != 1 or not np.all(np.isfinite(t)) or np.any(t < 0):
             raise ValueError("times must be finite and >= 0")
         J = len(self.edges)
-        D = self._rows(X)
+        D = predictor_rows(self, X)
         theta = self._draws(client, n, seed)
         e = np.asarray(self.edges, dtype=float)
         spent = np.clip(t[:, None] - e[None, :], 0.0, np.r_[np.diff(e), np.inf][None, :])  # (times, J)

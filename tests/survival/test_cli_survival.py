@@ -68,3 +68,25 @@ def test_logrank_from_the_command_line(rossi_csv, tmp_path, capsys):
     assert main([*argv, "--group", "fin", "--bins", "13", "26", "39", "52"]) == 0
     assert main([*argv]) == 2
     assert "needs one --column (the time), --event and --group" in capsys.readouterr().err
+
+
+def test_fit_hcox_writes_the_python_fit(rossi_csv, tmp_path, capsys):
+    """The hierarchical Cox model from the command line (public cuts, three predictors): the JSON's
+    hazard ratios are the Python fit's."""
+    from fedstats.survival import HierarchicalCox
+
+    r, path = rossi_csv
+    out = tmp_path / "hcox.json"
+    argv = ["fit", str(path), "--by", "site", "--target", "week", "--model", "hcox", "--event", "arrest"]
+    argv += ["--features", "fin", "age", "prio", "--cuts", "13", "26", "39", "--rounds", "6"]
+    assert main([*argv, "--output", str(out)]) == 0
+    assert "hierarchical Cox model, 4 intervals" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    fd = FederatedData.from_dataframe(r[["site", "week", "fin", "age", "prio", "arrest"]], by="site", target="week")
+    res = HierarchicalCox(event="arrest", cuts=[13, 26, 39], rounds=6).fit(fd, seed=0, progress=False)
+    got = {row["name"]: row["ratio"] for row in doc["hazard_ratios"]}
+    for name, ratio in res.hazard_ratios()["ratio"].items():
+        assert got[name] == pytest.approx(ratio, rel=1e-9)
+    assert doc["edges"] == [0.0, 13.0, 26.0, 39.0] and doc["events"] == int(r["arrest"].sum())
+    assert main(["fit", str(path), "--by", "site", "--target", "week", "--model", "hcox"]) == 2
+    assert "needs --event" in capsys.readouterr().err
