@@ -274,9 +274,12 @@ def stats(j):
 
 
 def survival(j):
-    return _against_pooled(
-        j, lambda r: f"{r['case']}, {r['clients']} x {r['rows_per_client']} x {r['covariates']}", "lifelines"
-    )
+    return [
+        (f"{r['case']}, {r['clients']} x {r['rows_per_client']} x {r['covariates']}",
+         f"federated / pooled {r.get('reference', 'lifelines').removeprefix('pooled ')} time", num(r["ratio"]), r.get("peak_rss_mib_federated"),
+         r.get("peak_rss_mib_pooled"))
+        for r in j["rows"]
+    ]  # fmt: skip
 
 
 def glm_hierarchical(j):
