@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..data.disclosure import MIN_CELL_COUNT, MIN_ROWS
@@ -72,6 +73,11 @@ def add_parsers(sub: Any, fit_parser: argparse.ArgumentParser) -> None:
     d.add_argument("--columns", nargs="+", help="columns to describe (default: all but --by and --group)")
     d.add_argument("--group", help="describe per level of this column too")
     d.add_argument("--output", help="write the table here: .json, .csv (the long table) or .html (the Table 1)")
+    d.add_argument(
+        "--survival", metavar="TIME", help="the Kaplan-Meier curve of this time column instead (needs --event)"
+    )
+    d.add_argument("--event", help="--survival: the 0/1 event column (1: the event at the time; 0: censored)")
+    d.add_argument("--bins", nargs="+", type=float, metavar="EDGE", help="--survival: coarsen the times to these edges")
     t = sub.add_parser("test", help="a classical test on a CSV with one client per value of --by")
     _common(t)
     t.add_argument("--test", required=True, choices=list(TESTS), help="the test (see the docs' command-line page)")
@@ -120,6 +126,10 @@ def _data(df: pd.DataFrame, args: Any, columns: list[str]) -> Any:
 def describe_command(args: Any) -> None:
     from ..stats import describe
 
+    if args.survival:
+        return _survival_curves(args)
+    if args.event or args.bins:
+        raise CLIError("--event and --bins go with --survival TIME (the Kaplan-Meier curve)")
     df = read_csv(args.data, args.decimal)
     columns = list(args.columns) if args.columns else [c for c in df.columns if c not in (args.by, args.group)]
     data = _data(df, args, list(dict.fromkeys([*columns, *([args.group] if args.group else [])])))
@@ -206,23 +216,12 @@ def test_command(args: Any) -> None:
 def _survival_test(args: Any) -> None:
     """``--test logrank``: the log-rank test of the times ``--column`` with events ``--event``
     between the levels of ``--group`` (:func:`fedstats.survival.logrank_test`)."""
-    from ..data import DataError, FederatedData
+    from ..data import DataError
     from ..survival import logrank_test
 
     if not args.column or len(args.column) != 1 or not args.event or not args.group:
         raise CLIError(f"--test {args.test} needs one --column (the time), --event and --group")
-    time = args.column[0]
-    df = read_csv(args.data, args.decimal)
-    missing = [c for c in (args.by, time, args.event, args.group) if c not in df.columns]
-    if missing:
-        raise CLIError(f"{args.data}: column(s) not found: {', '.join(missing)}")
-    try:
-        data = FederatedData.from_dataframe(
-            df[[args.by, time, args.event, args.group]], by=args.by, target=time,
-            min_rows=args.min_rows, min_cell_count=args.min_cell_count,
-        )  # fmt: skip
-    except DataError as exc:
-        raise CLIError(f"{args.data}: {exc}") from None
+    data = _survival_data(args, args.column[0], [args.event, args.group])
     try:
         res = logrank_test(
             data, args.event, args.group, stratify=args.stratify, bins=args.bins, level=args.level, seed=args.seed
@@ -233,6 +232,71 @@ def _survival_test(args: Any) -> None:
         print(res.summary().to_string())
     if args.output:
         _write(Path(args.output), json.dumps([res.to_dict()], indent=2, allow_nan=False))
+
+
+def _survival_data(args: Any, time: str, columns: list[str]) -> Any:
+    """The CSV's ``time`` (the target) and ``columns``, by client."""
+    from ..data import DataError, FederatedData
+
+    df = read_csv(args.data, args.decimal)
+    missing = [c for c in (args.by, time, *columns) if c not in df.columns]
+    if missing:
+        raise CLIError(f"{args.data}: column(s) not found: {', '.join(missing)}")
+    try:
+        return FederatedData.from_dataframe(
+            df[[args.by, time, *columns]], by=args.by, target=time,
+            min_rows=args.min_rows, min_cell_count=args.min_cell_count,
+        )  # fmt: skip
+    except DataError as exc:
+        raise CLIError(f"{args.data}: {exc}") from None
+
+
+def _survival_curves(args: Any) -> None:
+    """``describe --survival TIME --event E [--group G] [--bins ...]``: the pooled Kaplan-Meier
+    curve of each group (:class:`fedstats.survival.KaplanMeier`), its median with interval and
+    its table."""
+    from ..data import DataError
+    from ..survival import KaplanMeier
+
+    if not args.event:
+        raise CLIError("--survival needs --event, the 0/1 column of events")
+    data = _survival_data(args, args.survival, [args.event, *([args.group] if args.group else [])])
+    try:
+        km = KaplanMeier(event=args.event, group=args.group, bins=args.bins).fit(data, seed=args.seed)
+    except DataError as exc:  # a refusal by the disclosure rules too: its message names the options
+        raise CLIError(f"{args.data}: {exc}".replace("bins=[...]", "--bins")) from None
+    pct = f"{100 * args.level:g}%"
+    out = []
+    for g in km.groups:
+        median, lo, hi = km.median_survival(g, args.level)
+        table = km.table(g, args.level)
+        name = "all rows" if args.group is None else f"{args.group} = {g}"
+        print(f"{name}: median {args.survival} {_reached(median)} ({pct} interval {_reached(lo)} to {_reached(hi)})")
+        with pd.option_context("display.width", 200, "display.max_rows", 40):
+            print(table.to_string(), end="\n\n")
+        out.append(
+            {
+                "group": None if args.group is None else str(g),
+                "median": _finite(median),
+                "median_lower": _finite(lo),
+                "median_upper": _finite(hi),
+                "table": [
+                    {args.survival: float(t), **{k: float(v) for k, v in row.items()}} for t, row in table.iterrows()
+                ],
+            }
+        )
+    if args.output:
+        doc = {"time": args.survival, "event": args.event, "group": args.group, "level": args.level, "curves": out}
+        _write(Path(args.output), json.dumps(doc, indent=2, allow_nan=False))
+
+
+def _reached(t: float) -> str:
+    return f"{t:g}" if np.isfinite(t) else "not reached"
+
+
+def _finite(t: float) -> float | None:
+    """A median or its bound in JSON: null where the curve never reaches 0.5."""
+    return float(t) if np.isfinite(t) else None
 
 
 def _regression_test(args: Any) -> None:

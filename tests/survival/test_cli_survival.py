@@ -90,3 +90,30 @@ def test_fit_hcox_writes_the_python_fit(rossi_csv, tmp_path, capsys):
     assert doc["edges"] == [0.0, 13.0, 26.0, 39.0] and doc["events"] == int(r["arrest"].sum())
     assert main(["fit", str(path), "--by", "site", "--target", "week", "--model", "hcox"]) == 2
     assert "needs --event" in capsys.readouterr().err
+
+
+def test_kaplan_meier_from_describe(rossi_csv, tmp_path, capsys):
+    """``describe --survival TIME --event E --group G --bins ...``: each group's curve and median
+    as KaplanMeier gives them, lifelines' on the coarsened times; refusals name the options."""
+    r, path = rossi_csv
+    out = tmp_path / "km.json"
+    bins = ["13", "26", "39", "52"]
+    argv = ["describe", str(path), "--by", "site", "--survival", "week", "--event", "arrest"]
+    assert main([*argv, "--group", "fin", "--bins", *bins, "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "fin = 0: median week not reached" in printed and "at_risk" in printed
+    doc = json.loads(out.read_text())
+    coarse = np.asarray(bins, dtype=float)[np.searchsorted(np.asarray(bins, dtype=float), r.week)]
+    for curve in doc["curves"]:
+        m = r.fin == float(curve["group"])
+        ref = lifelines.KaplanMeierFitter().fit(coarse[m], r.arrest[m])
+        got = {row["week"]: row["survival"] for row in curve["table"]}
+        for t, s in ref.survival_function_.iloc[:, 0].items():
+            assert got[t] == pytest.approx(s, abs=1e-12)
+        assert curve["median"] is None  # the curve stays above 0.5
+    assert main(argv) == 2
+    assert "--bins" in capsys.readouterr().err
+    assert main([*argv[:-2]]) == 2
+    assert "--survival needs --event" in capsys.readouterr().err
+    assert main(["describe", str(path), "--by", "site", "--event", "arrest"]) == 2
+    assert "go with --survival" in capsys.readouterr().err
