@@ -69,7 +69,7 @@ COX = Disclosure(
     "only each client's summed value, score and information: no time leaves a client.",
 )
 COX_OPTIONS = Disclosure(
-    "CoxPH (stratify=True, robust=True, the proportional hazards test)",
+    "CoxPH (stratify=True, robust=True, the proportional hazards test, the concordance)",
     (
         exchange(
             "Newton rounds",
@@ -104,10 +104,44 @@ COX_OPTIONS = Disclosure(
             ),
             "all",
         ),
+        exchange(
+            "concordant pairs",
+            "_WithinPairs",
+            "result.concordance(data, within_clients=True): once",
+            (
+                Array("correct", "its concordant pairs (of its own rows)", "how well the model ranks its rows"),
+                Array("tied", "its pairs tied in risk", "see `correct`"),
+                Array("pairs", "its comparable pairs", "with its row count: roughly its censoring"),
+            ),
+            "all",
+        ),
+        exchange(
+            "risk sums",
+            "_RiskSums",
+            "result.concordance(data) over all pairs: once",
+            (
+                Array("n", "its row count", "its row count"),
+                Array("s1", "the sum of its risk scores", "its rows' mean risk"),
+                Array("s2", "their sum of squares", "their spread"),
+            ),
+            "all",
+        ),
+        exchange(
+            "risk table",
+            "_RiskTable",
+            "result.concordance(data) over all pairs: once, after the risk sums",
+            (
+                Array("events", "per time cell and risk bin, its events", "its events' times and risk bins"),
+                Array("censored", "per time cell and risk bin, its censored rows", "see `events`"),
+            ),
+            "all",
+        ),
     ),
     "nothing (no state is kept on a client).",
     note="`stratify=True` replaces the time counts, risk-set counts and Newton rounds above by these Newton "
-    "rounds: each client's own summed value, score and information, no time or risk-set sum.",
+    "rounds: each client's own summed value, score and information, no time or risk-set sum. The "
+    "concordance over all pairs releases the summed table of counts (time cells by risk bins), under the "
+    "data's `min_cell_count`; within clients, three summed counts.",
 )
 KM = Disclosure(
     "Kaplan-Meier and log-rank (fedstats.survival)",

@@ -65,6 +65,7 @@ from ..stats._columns import Column
 from ..stats._rounds import Exchanges, released_rules
 from ._data import check_bins, columns_of, predictor_rows
 from ._exchanges import NEWTON_TOL, _CoxCheck, _CoxNewton, _CoxScores, _CoxStrata, _Leaving, _Schoenfeld
+from .concordance import Concordance
 from .km import time_counts
 
 __all__ = ["CoxPH", "CoxResult", "CoxConvergenceWarning"]
@@ -458,6 +459,46 @@ class CoxResult(Coefficients, FederatedResult):
         )
         out.attrs["transform"] = transform
         return out
+
+    def concordance(
+        self,
+        data: FederatedData,
+        *,
+        within_clients: bool | None = None,
+        bins: Sequence[float] | None = None,
+        risk_bins: int = 20,
+        seed: int = 0,
+        backend: Any = None,
+    ) -> Concordance:
+        """Harrell's concordance index of the fit's risk scores on ``data`` (the fit's data, or new
+        rows with the same columns), as :mod:`fedstats.survival.concordance` describes:
+        ``within_clients=True`` (the default of a stratified fit) counts each client's own pairs,
+        exactly; else every pair, from a table of counts per time cell and risk bin (time cells:
+        the fit's event times, or ``bins=``; ``risk_bins`` bins of the risk scores), exactly
+        where no pair is left unresolved and otherwise within the bounds it returns."""
+        from ..federation.backend import use_backend
+        from . import concordance as conc
+
+        if risk_bins < 2:
+            raise ValueError(f"risk_bins must be at least 2, got {risk_bins!r}")
+        within = self.stratified if within_clients is None else bool(within_clients)
+        edges = check_bins(bins, "concordance")
+        spec = columns_of(data, self.event_name, "concordance", bins=self.bins if edges is None else None)
+        if list(spec.names) != list(self.predictors):
+            raise ValueError(
+                f"concordance needs the fit's predictors {self.predictors}, the data has {list(spec.names)}"
+            )
+        if not within and edges is None and (self.stratified or self.times is None):
+            raise ValueError(
+                "a stratified fit keeps its event times on the clients: give bins=[...] (time bins) for the "
+                "concordance over all pairs, or within_clients=True"
+            )
+        times = None if within or edges is not None else np.asarray(self.times)
+        with use_backend(backend):
+            ex = _Rounds(data, [], seed=seed, what="concordance")
+            if within:
+                return conc.within_clients(ex, spec, self.coef)
+            return conc.over_all_pairs(ex, spec, self.coef, times, edges, int(risk_bins))
 
     def _baseline(self) -> tuple[np.ndarray, np.ndarray]:
         if self.stratified or self.hazard is None or self.times is None:

@@ -42,6 +42,7 @@ True
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -270,10 +271,12 @@ class HierarchicalCox(Estimator):
         try:
             chk2 = design_check(fam, design, False, seed, mle=False)
         except DataError as exc:
-            if "log_hazard_" in str(exc) and "0 on every row" in str(exc):
+            empty = re.search(r"'log_hazard_(\d+)' is 0 on every row", str(exc))
+            if empty:
+                start = edges[int(empty.group(1)) - 1]
                 raise DataError(
-                    f"HierarchicalCox: no row lives into the interval after {edges[-1]:g} ({spec.time_name!r}); give cuts "
-                    "below the largest time"
+                    f"HierarchicalCox: no row lives into the interval after {start:g} ({spec.time_name!r}): give cuts "
+                    "below the largest time, or fewer intervals"
                 ) from None
             raise
         return GLMSetup(fam, {}, cast(Any, design), scaling, chk2["n_obs"], chk2["ybar"], 1.0)

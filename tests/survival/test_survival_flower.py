@@ -48,6 +48,9 @@ def numbers(data, every=True, **kw):
     for model in models:
         res = model.fit(data, **kw)
         out += [res.coef, res.bse.to_numpy(), [res.llf]]
+        if every:  # within clients (a stratified fit), and over all pairs at the event times (small cells allowed)
+            c = res.concordance(data.with_rules(min_cell_count=1), risk_bins=3, **kw)
+            out.append([c.estimate, c.lower, c.upper])
     km = KaplanMeier(event="event", group="arm").fit(data, **kw)
     out += [km.survival.ravel(), km.greenwood.ravel()]
     for stratify in (False, True) if every else ():
