@@ -190,13 +190,18 @@ _OPTIONS = (
 )
 
 
-def _check(args) -> None:
-    from .spec import CLIError
+def _needs_event(model: str):
+    """The command line's check of ``--model model``: ``--event`` given, and read with the features."""
 
-    if args.event is None:
-        raise CLIError("--model cox needs --event, the 0/1 column of events")
-    if args.features and args.event not in args.features:  # the event column is read too
-        args.features = [*args.features, args.event]
+    def check(args) -> None:
+        from .spec import CLIError
+
+        if args.event is None:
+            raise CLIError(f"--model {model} needs --event, the 0/1 column of events")
+        if args.features and args.event not in args.features:  # the event column is read too
+            args.features = [*args.features, args.event]
+
+    return check
 
 
 def _build(args):
@@ -248,7 +253,7 @@ CPH = Declaration(
         _build,
         _header,
         extras=_extras,
-        check=_check,
+        check=_needs_event("cox"),
         standard_errors=True,
     ),
     reference="statsmodels.duration.hazard_regression:PHReg",
@@ -336,15 +341,6 @@ _HCOX_OPTIONS = (
 )
 
 
-def _hcox_check(args) -> None:
-    from .spec import CLIError
-
-    if args.event is None:
-        raise CLIError("--model hcox needs --event, the 0/1 column of events")
-    if args.features and args.event not in args.features:
-        args.features = [*args.features, args.event]
-
-
 def _hcox_build(args):
     from ..survival import HierarchicalCox
 
@@ -385,7 +381,7 @@ HCOX = Declaration(
         _hcox_build,
         _hcox_header,
         extras=_hcox_extras,
-        check=_hcox_check,
+        check=_needs_event("hcox"),
     ),
     reference="fedstats.reference.glm:pooled_nuts",
     examples=(

@@ -52,7 +52,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from ..data import DataError, FederatedData, require_target
-from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
+from ..estimator import NONE, Constraint, Estimator, Int
 from ..fitting import RunOptions, federated_fit
 from ..glm import HierarchicalGLM, HierarchicalGLMResult
 from ..glm._design import GLMSetup, Rows
@@ -150,6 +150,10 @@ def pieces(
     return X, y, np.log(spent[row, j] / time_scale)
 
 
+#: the options HierarchicalCox hands to the HierarchicalGLM that runs its EP
+_EP_OPTIONS = (
+    "prior_mu_sd", "prior_log_tau_sd", "standardize", "rounds", "tol", "damping", "num_draws", "tilted", "quadrature",
+)  # fmt: skip
 _CUTS = NONE | Constraint(
     lambda v: bool(np.ndim(v) == 1 and len(v) >= 1 and np.all(np.isfinite(v)) and np.all(np.diff(v) > 0) and v[0] > 0),
     "increasing finite times > 0",
@@ -185,15 +189,8 @@ class HierarchicalCox(Estimator):
         "event": Constraint(lambda v: isinstance(v, str), "a column name"),
         "intervals": Int(1),
         "cuts": _CUTS,
-        "prior_mu_sd": Real(0, closed=(False, True)),
-        "prior_log_tau_sd": Real(0, closed=(False, True)),
-        "standardize": BOOL,
-        "rounds": Int(1),
-        "tol": Real(0, closed=(False, True)),
-        "damping": Real(0, 1, closed=(False, True)),
-        "num_draws": Int(100),
-        "tilted": OneOf("importance", "laplace", "laplace+importance"),
-        "quadrature": OneOf("auto") | Int(1),
+        # the EP options: HierarchicalGLM's
+        **{k: v for k, v in HierarchicalGLM._constraints.items() if k in _EP_OPTIONS},
     }
 
     event: str = "event"
@@ -216,11 +213,8 @@ class HierarchicalCox(Estimator):
         time or event (naming the client), a constant or collinear predictor, or no events."""
         require_target(data, "HierarchicalCox")
         setup = without_dropped(lambda: self.design(data, run.seed), "HierarchicalCox")
-        glm = HierarchicalGLM(
-            "poisson", fit_intercept=False, standardize=False, prior_mu_sd=self.prior_mu_sd,
-            prior_log_tau_sd=self.prior_log_tau_sd, rounds=self.rounds, tol=self.tol, damping=self.damping,
-            num_draws=self.num_draws, tilted=self.tilted, quadrature=self.quadrature,
-        )  # fmt: skip
+        ep = {k: getattr(self, k) for k in _EP_OPTIONS if k != "standardize"}  # the pieces come standardised
+        glm = HierarchicalGLM("poisson", fit_intercept=False, standardize=False, **ep)
         state = glm._ep_fit(setup, run)
         design = cast(PiecewiseDesign, setup.design)
         return HierarchicalCoxResult(
