@@ -83,7 +83,7 @@ def test_no_standardize_is_the_papers_algorithm_in_the_datas_units(grunfeld, tmp
         (["--model", "hm1", "--learning-rate", "inf"], "--learning-rate must be a positive number, got inf"),
         (["--model", "hm2", "--eig-floor", "0.1"], "--eig-floor: for --model hm1 only"),
         (["--model", "fgpr", "--learning-rate", "0.1"], "--learning-rate: for --model hm1 only"),
-        (["--model", "fgpr", "--no-standardize"], "--no-standardize: for --model hm2, lasso, ridge and hm1 only"),
+        (["--model", "fgpr", "--no-standardize"], "--no-standardize: for --model hm2, lasso, ridge, hm1 and hcox only"),
     ],
 )
 def test_bad_hm1_options_give_one_line_errors(grunfeld, capsys, extra, message):
