@@ -53,6 +53,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
+from ._tails import chi2_sf, norm_ppf, norm_sf
 from .data import UnknownClientError  # a KeyError (and a DataError) naming the client
 from .data.validation import ClientId
 
@@ -417,26 +418,20 @@ class Coefficients:
 
     @property
     def pvalues(self) -> pd.Series:
-        from scipy import stats
-
-        return pd.Series(2 * stats.norm.sf(np.abs(self.tvalues.to_numpy())), index=self.names, name="p_value")
+        return pd.Series(2 * norm_sf(np.abs(self.tvalues.to_numpy())), index=self.names, name="p_value")
 
     def cov_params(self) -> pd.DataFrame:
         return pd.DataFrame(self.cov, index=self.names, columns=self.names)
 
     def conf_int(self, level: float = 0.95) -> pd.DataFrame:
         """Wald intervals at ``level`` (normal quantiles, as statsmodels' GLM)."""
-        from scipy import stats
-
-        q = stats.norm.ppf(0.5 + check_level(level) / 2)
+        q = norm_ppf(0.5 + check_level(level) / 2)
         b, se = self.params, self.bse
         return pd.DataFrame({"lower": b - q * se, "upper": b + q * se})
 
     def wald_test(self, names: str | Sequence[str], value: ArrayLike = 0.0) -> pd.Series:
         """Joint Wald test that the coefficients ``names`` equal ``value`` (a number or one
         per name): ``statistic`` (chi-square on ``len(names)`` df), ``df``, ``p_value``."""
-        from scipy import stats
-
         names = [names] if isinstance(names, str) else list(names)
         unknown = [n for n in names if n not in self.names]
         if unknown or not names:
@@ -444,7 +439,7 @@ class Coefficients:
         idx = [self.names.index(n) for n in names]
         diff = self.coef[idx] - np.broadcast_to(np.asarray(value, dtype=float), (len(idx),))
         stat = float(diff @ np.linalg.solve(self.cov[np.ix_(idx, idx)], diff))
-        return pd.Series({"statistic": stat, "df": float(len(idx)), "p_value": float(stats.chi2.sf(stat, len(idx)))})
+        return pd.Series({"statistic": stat, "df": float(len(idx)), "p_value": float(chi2_sf(stat, len(idx)))})
 
     def _wald_table(self, level: float) -> pd.DataFrame:
         """The summary's columns: the estimate (``mean``), its standard error (``sd``), the Wald

@@ -12,11 +12,30 @@
   exposure, frequency weights, binomial trials).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._design import SPECIAL as ROLES
-from .bayes import BayesianGLM, BayesianGLMResult, HierarchicalGLM, HierarchicalGLMResult
 from .families import FAMILIES, LINKS, family_of
 from .frequentist import FederatedGLM, GLMConvergenceWarning, GLMResult, SeparationError
 from .sites import BAYES_LINKS
+
+if TYPE_CHECKING:
+    from .bayes import BayesianGLM, BayesianGLMResult, HierarchicalGLM, HierarchicalGLMResult
+
+#: the Bayesian models load the inference package on first use: the exact GLM needs only numpy,
+#: pandas and scipy's special functions
+_BAYES = ("BayesianGLM", "BayesianGLMResult", "HierarchicalGLM", "HierarchicalGLMResult")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BAYES:
+        from . import bayes
+
+        value = getattr(bayes, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fedstats.glm' has no attribute {name!r}")
+
 
 __all__ = [
     "FederatedGLM",

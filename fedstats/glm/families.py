@@ -14,7 +14,8 @@ estimated dispersion (:meth:`Family.loglike_sums`, :meth:`Family.loglike`).
 from __future__ import annotations
 
 import numpy as np
-from scipy import special, stats
+
+from .._tails import norm_cdf, norm_pdf, norm_ppf, special
 
 __all__ = ["Link", "Family", "FAMILIES", "LINKS", "family_of"]
 
@@ -126,20 +127,20 @@ class Probit(Link):
     name = "probit"
 
     def __call__(self, p):
-        return stats.norm.ppf(_clip01(p))
+        return norm_ppf(_clip01(p))
 
     def inverse(self, eta):
-        return stats.norm.cdf(eta)
+        return norm_cdf(eta)
 
     def deriv(self, p):
-        return 1.0 / stats.norm.pdf(stats.norm.ppf(_clip01(p)))
+        return 1.0 / norm_pdf(norm_ppf(_clip01(p)))
 
     def deriv2(self, p):
-        z = stats.norm.ppf(_clip01(p))
-        return z / stats.norm.pdf(z) ** 2
+        z = norm_ppf(_clip01(p))
+        return z / norm_pdf(z) ** 2
 
     def inverse_deriv(self, eta):
-        return stats.norm.pdf(eta)
+        return norm_pdf(eta)
 
 
 class CLogLog(Link):

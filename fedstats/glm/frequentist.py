@@ -85,9 +85,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
-from scipy import stats
 
 from .._deprecation import renamed_attributes
+from .._tails import norm_ppf
 from ..data import DataError, FederatedData, require_target
 from ..estimator import BOOL, NONE, Constraint, Int, OneOf, Real
 from ..federation import Communication, History
@@ -483,7 +483,7 @@ class GLMResult(GLMTests, FederatedResult):
         predictive band of a new observation is given for the gaussian identity model only
         (NaN otherwise). ``offset``/``exposure``: per row, where the fit had them.
         ``client`` (a fitted one, or None) does not change the prediction."""
-        q = stats.norm.ppf(0.5 + check_level(level) / 2)
+        q = norm_ppf(0.5 + check_level(level) / 2)
         if client is not None:
             self._check_client(client)
         X, offset, exposure = frame_rows(self, X, offset, exposure)

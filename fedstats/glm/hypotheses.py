@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from .._tails import chi2_sf
 from ..results import Coefficients
 
 __all__ = ["GLMTests", "ratio_kind", "posterior_ratios"]
@@ -102,7 +102,7 @@ class GLMTests(Coefficients):
             raise ValueError("the two fits used different rows or weights")
         stat = 2 * (big.llf - small.llf)
         df = len(big.names) - len(small.names)
-        return pd.Series({"statistic": stat, "df": float(df), "p_value": float(stats.chi2.sf(stat, df))})
+        return pd.Series({"statistic": stat, "df": float(df), "p_value": float(chi2_sf(stat, df))})
 
     def ratios(self, level: float = 0.95) -> pd.DataFrame:
         """The coefficients on the ratio scale: ``ratio = exp(coefficient)`` with the Wald

@@ -51,8 +51,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
-from scipy import stats
 
+from .._tails import chi2_sf, norm_ppf
 from ..data import DataError, FederatedData, require_target
 from ..data.disclosure import DisclosureError
 from ..estimator import BOOL, NONE, Constraint, Estimator, Int, OneOf, Real
@@ -405,7 +405,7 @@ class CoxResult(Coefficients, FederatedResult):
                                                                       small.stratified):  # fmt: skip
                 raise ValueError("lr_test needs fits of the same rows, ties and strata")
             stat, df = 2 * (big.llf - small.llf), len(big.names) - len(small.names)
-        return pd.Series({"statistic": float(stat), "df": float(df), "p_value": float(stats.chi2.sf(stat, df))})
+        return pd.Series({"statistic": float(stat), "df": float(df), "p_value": float(chi2_sf(stat, df))})
 
     def proportional_hazards_test(
         self, data: FederatedData, transform: str = "km", *, seed: int = 0, backend: Any = None
@@ -455,7 +455,7 @@ class CoxResult(Coefficients, FederatedResult):
         # the scaled residuals n V r (V: the inverse information), their variance from the standard errors
         stat = events * (np.linalg.solve(self.information, u)) ** 2 / (np.diag(self.cov) * sgg)
         out = pd.DataFrame(
-            {"statistic": stat, "p_value": stats.chi2.sf(stat, 1)}, index=pd.Index(self.names, name="parameter")
+            {"statistic": stat, "p_value": chi2_sf(stat, 1)}, index=pd.Index(self.names, name="parameter")
         )
         out.attrs["transform"] = transform
         return out
@@ -527,7 +527,7 @@ class CoxResult(Coefficients, FederatedResult):
         data frame read by column name, or an array of the predictors in the order of
         ``predictors`` (or of all the data's feature columns, the event's ignored). ``client``
         (a fitted one, or None) does not change it."""
-        q = stats.norm.ppf(0.5 + check_level(level) / 2)
+        q = norm_ppf(0.5 + check_level(level) / 2)
         if client is not None:
             self._check_client(client)
         D = self._rows(X)

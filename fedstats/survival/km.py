@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from .._tails import chi2_sf, norm_ppf
 from ..data import FederatedData
 from ..data.disclosure import DisclosureError
 from ..federation.backend import use_backend
@@ -132,7 +132,7 @@ class KaplanMeierResult:
 
     def _bounds(self, k: int, level: float) -> tuple[np.ndarray, np.ndarray]:
         """The log(-log) Greenwood interval (lifelines' and R's survfit default) at the times."""
-        z = stats.norm.ppf(0.5 + check_level(level) / 2)
+        z = norm_ppf(0.5 + check_level(level) / 2)
         with np.errstate(invalid="ignore", divide="ignore"):
             v = np.log(self.survival[:, k])
             h = z * np.sqrt(self.greenwood[:, k]) / v
@@ -322,12 +322,12 @@ def logrank_test(
             a, b = present
             effect, se = float(o_e[b] / v[b, b]), float(1 / math.sqrt(v[b, b]))
             name = f"log hazard ratio (Peto), {labels[b]} vs {labels[a]}"
-            z = float(stats.norm.ppf(0.5 + level / 2))
+            z = float(norm_ppf(0.5 + level / 2))
             lo, hi = effect - z * se, effect + z * se
         return TestResult(
             "log-rank test" + (", stratified by client" if stratify else ""),
             stat,
-            float(stats.chi2.sf(stat, df)),
+            float(chi2_sf(stat, df)),
             effect,
             name,
             lo,
