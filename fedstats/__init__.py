@@ -4,8 +4,9 @@ Fit probabilistic models across data holders whose rows never leave them, and ge
 posteriors, credible intervals, tests and predictions with uncertainty.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_names
 from ._version import __version__
 from .data import ClientData, DataError, FederatedData, FederatedScaler
 
@@ -15,22 +16,14 @@ if TYPE_CHECKING:
 
 #: loaded on first use, so that ``import fedstats`` stays light (the inference package needs scipy's
 #: statistics; the exact GLM and the summaries do not)
-_LAZY = {
-    "GaussianPosterior": "fedstats.inference",
-    "SamplePosterior": "fedstats.inference",
-    "HierarchicalLinearModel": "fedstats.linear",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fedstats' has no attribute {name!r}")
-
+__getattr__ = lazy_names(
+    "fedstats",
+    {
+        "GaussianPosterior": "fedstats.inference",
+        "SamplePosterior": "fedstats.inference",
+        "HierarchicalLinearModel": "fedstats.linear",
+    },
+)
 
 __all__ = [
     "ClientData",

@@ -12,8 +12,9 @@
   exposure, frequency weights, binomial trials).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_names
 from ._design import SPECIAL as ROLES
 from .families import FAMILIES, LINKS, family_of
 from .frequentist import FederatedGLM, GLMConvergenceWarning, GLMResult, SeparationError
@@ -24,18 +25,12 @@ if TYPE_CHECKING:
 
 #: the Bayesian models load the inference package on first use: the exact GLM needs only numpy,
 #: pandas and scipy's special functions
-_BAYES = ("BayesianGLM", "BayesianGLMResult", "HierarchicalGLM", "HierarchicalGLMResult")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _BAYES:
-        from . import bayes
-
-        value = getattr(bayes, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fedstats.glm' has no attribute {name!r}")
-
+__getattr__ = lazy_names(
+    "fedstats.glm",
+    dict.fromkeys(
+        ("BayesianGLM", "BayesianGLMResult", "HierarchicalGLM", "HierarchicalGLMResult"), "fedstats.glm.bayes"
+    ),
+)
 
 __all__ = [
     "FederatedGLM",

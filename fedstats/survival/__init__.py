@@ -6,8 +6,9 @@ baseline hazard and coefficients around a population) by federated EP.
 The time is the data's target; ``event=`` names the 0/1 column of events, which each client
 takes out of its predictors itself (as the GLM's special columns)."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_names
 from .cox import CoxConvergenceWarning, CoxPH, CoxResult
 from .km import KaplanMeier, KaplanMeierResult, logrank_test
 
@@ -15,14 +16,10 @@ if TYPE_CHECKING:
     from .hierarchical import HierarchicalCox, HierarchicalCoxResult
 
 
-def __getattr__(name: str) -> Any:  # the hierarchical model loads the inference package on first use
-    if name in ("HierarchicalCox", "HierarchicalCoxResult"):
-        from . import hierarchical
-
-        value = getattr(hierarchical, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fedstats.survival' has no attribute {name!r}")
+#: the hierarchical model loads the inference package on first use
+__getattr__ = lazy_names(
+    "fedstats.survival", dict.fromkeys(("HierarchicalCox", "HierarchicalCoxResult"), "fedstats.survival.hierarchical")
+)
 
 
 __all__ = [
